@@ -1,0 +1,38 @@
+"""Shared timing helpers: medians over repeated runs, and ratio tables."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_seconds(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.05) -> float:
+    """Median time of one ``fn()`` call, each sample averaged over enough calls to last ``min_time``."""
+    fn()  # warm up caches (shadow copies, kernels)
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        if time.perf_counter() - start >= min_time / 4 or number >= 1 << 16:
+            break
+        number *= 4
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def print_table(title: str, rows: list[tuple[str, float]], baselines: dict[str, float]) -> None:
+    """Print medians and the ratio of each row against each named baseline time."""
+    names = list(baselines)
+    print(f"\n{title}")
+    header = f"  {'variant':<34}{'median':>12}" + "".join(f"{'/ ' + n:>20}" for n in names)
+    print(header)
+    for label, seconds in rows:
+        ratios = "".join(f"{seconds / baselines[n]:>19.2f}x" for n in names)
+        print(f"  {label:<34}{seconds * 1e6:>10.1f}us{ratios}")

@@ -1,0 +1,35 @@
+"""tdhook_fn: interpretability for PyTorch models as pure functions over ``torch.func``.
+
+The core: :func:`params` (a model's tensors as a TensorDict), :func:`call` (run a model
+with given params, never touching it), :func:`functional` (a pure ``f(params, td) -> td``),
+submodule paths, taps and targets. Methods live in :mod:`tdhook_fn.attribution` and
+:mod:`tdhook_fn.weights`; :mod:`tdhook_fn.compat` exposes tdhook's API on top.
+"""
+
+from ._call import call, call_with_taps
+from ._functional import Functional, functional
+from ._params import params
+from ._paths import parse_path, path_to_name, resolve_path
+from ._taps import Tap, capture, intervene, map_grad, perturb
+from ._targets import Target, as_target, label
+
+__all__ = [
+    "Functional",
+    "Tap",
+    "Target",
+    "as_target",
+    "call",
+    "call_with_taps",
+    "capture",
+    "functional",
+    "intervene",
+    "label",
+    "map_grad",
+    "params",
+    "parse_path",
+    "path_to_name",
+    "perturb",
+    "resolve_path",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,85 @@
+"""Running a model with given parameters, without touching the model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+from torch import nn
+
+from ._params import leaves
+from ._paths import resolve_path
+from ._shadow import shadow_of
+from ._taps import Captured, Tap
+
+__all__ = ["call", "call_with_taps", "run"]
+
+
+def run(
+    model: nn.Module,
+    params: TensorDictBase,
+    taps: Sequence[Tap],
+    invoke: Callable[[nn.Module], Any],
+) -> tuple[Any, Captured]:
+    """``invoke(shadow)`` on a private shadow of ``model`` holding ``params``, with ``taps``.
+
+    Everything registered for the call is removed on the way out, also when it raises.
+    """
+    if not isinstance(params, TensorDictBase):
+        raise TypeError(f"params must be a TensorDict (see tdhook_fn.params), got {type(params).__name__}")
+    values = leaves(params)
+    targets = [resolve_path(model, tap.path) for tap in taps]
+    captured: Captured = {}
+    with shadow_of(model) as shadow:
+        shadow.load(values)
+        handles = []
+        try:
+            for tap, target in zip(taps, targets, strict=False):
+                handles.append(tap.attach(shadow.module_for(target, tap.path), captured))
+            output = invoke(shadow.root)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return output, captured
+
+
+def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any) -> Any:
+    """Run ``model(*args, **kwargs)`` with ``params`` in place of its own tensors.
+
+    The model is never changed, not even while the call runs, so threads may share it
+    (see NOTE [shadow modules]). Works under ``torch.func`` transforms: ``vmap`` over a
+    stacked params TensorDict (batch ``[K]``) or over inputs, ``grad``/``vjp``/``jacrev``
+    with respect to params or inputs.
+
+    Args:
+        model (nn.Module): the module whose forward runs.
+        params (TensorDict): exactly the keys of :func:`tdhook_fn.params` ``(model)``.
+        *args, **kwargs: passed to the forward.
+
+    Returns:
+        Any: what the forward returns.
+
+    Raises:
+        ValueError: ``params`` lacks or adds keys (they are named).
+
+    >>> import torch, tdhook_fn
+    >>> net = torch.nn.Linear(3, 2)
+    >>> ensemble = torch.stack([tdhook_fn.params(net)] * 4)
+    >>> torch.func.vmap(tdhook_fn.call, (None, 0, None))(net, ensemble, torch.ones(3)).shape
+    torch.Size([4, 2])
+    """
+    output, _ = run(model, params, (), lambda root: root(*args, **kwargs))
+    return output
+
+
+def call_with_taps(
+    model: nn.Module, params: TensorDictBase, taps: Sequence[Tap], /, *args: Any, **kwargs: Any
+) -> tuple[Any, Captured]:
+    """Like :func:`call`, with ``taps`` active for this call only.
+
+    Returns:
+        tuple[Any, dict[str, Any]]: the forward's output and the captured activations
+        by tap key.
+    """
+    return run(model, params, taps, lambda root: root(*args, **kwargs))

@@ -1,0 +1,174 @@
+"""A model as a pure function ``f(params, td) -> td``."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import optree
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+from ._call import run
+from ._taps import Captured, Tap
+
+__all__ = ["Functional", "NestedKey", "functional"]
+
+NestedKey = str | tuple[str, ...]
+_NAMESPACE = "tdhook_fn"
+_registered: set[type] = set()
+_registering = threading.Lock()
+_MISSING: Any = object()
+
+
+class Functional:
+    """A pure function of ``(params, td)`` running ``model``; build it with :func:`functional`.
+
+    Calling it reads ``in_keys`` from ``td``, runs the model on its private shadow with
+    ``params`` (see :func:`tdhook_fn.call`) and returns a new TensorDict holding
+    ``out_keys`` and any captured activations (under their tap keys). ``td`` is not
+    modified. :meth:`with_taps` adds taps.
+
+    Attributes:
+        model (nn.Module): the module (or ``TensorDictModule``) that runs.
+        in_keys (tuple): keys read from the input TensorDict, passed positionally.
+        out_keys (tuple): keys for the leaves of the output, in optree order.
+        taps (tuple[Tap, ...]): taps active on every call.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        in_keys: Sequence[NestedKey],
+        out_keys: Sequence[NestedKey],
+        taps: Sequence[Tap] = (),
+    ):
+        self.model = model
+        self.in_keys = tuple(in_keys)
+        self.out_keys = tuple(out_keys)
+        self.taps = tuple(taps)
+
+    def with_taps(self, *taps: Tap) -> Functional:
+        """A new function with ``taps`` added after this one's."""
+        return Functional(self.model, self.in_keys, self.out_keys, self.taps + taps)
+
+    def __call__(self, params: TensorDictBase, td: TensorDictBase) -> TensorDict:
+        if isinstance(self.model, TensorDictModuleBase):
+            output, captured = run(self.model, params, self.taps, lambda root: root(td.copy()))
+            missing = [k for k in self.out_keys if k not in output.keys(include_nested=True)]
+            if missing:
+                raise KeyError(f"functional: the TensorDictModule wrote no {missing}")
+            leaves = [output.get(k) for k in self.out_keys]
+        else:
+            args = [_get_input(td, key) for key in self.in_keys]
+            output, captured = run(self.model, params, self.taps, lambda root: root(*args))
+            leaves = _output_leaves(output, self.out_keys)
+        return _pack(td.batch_size, dict(zip(self.out_keys, leaves, strict=False)), captured)
+
+    def __repr__(self) -> str:
+        taps = f", taps={list(self.taps)}" if self.taps else ""
+        model = type(self.model).__name__
+        return f"Functional({model}, in_keys={list(self.in_keys)}, out_keys={list(self.out_keys)}{taps})"
+
+
+def functional(
+    model: nn.Module,
+    in_keys: Sequence[NestedKey] | None = None,
+    out_keys: Sequence[NestedKey] | None = None,
+) -> Functional:
+    """Turn ``model`` into a pure ``f(params, td) -> td``.
+
+    Args:
+        model (nn.Module): an ``nn.Module`` or a ``TensorDictModule``.
+        in_keys (list | None): keys of the forward's positional arguments. Default:
+            ``["input"]``, or the ``TensorDictModule``'s own.
+        out_keys (list | None): keys for the output's leaves (tuples, lists, dicts and
+            dataclasses are flattened in optree order). Default: ``["output"]``, or the
+            ``TensorDictModule``'s own.
+
+    Returns:
+        Functional: ``f(params, td)`` with any batch size of ``td`` (``[]``, ``[3]``,
+        ``[2, 3]``); the result keeps as much of it as the outputs share.
+
+    >>> import torch, tdhook_fn
+    >>> from tensordict import TensorDict
+    >>> net = torch.nn.Linear(3, 2)
+    >>> f = tdhook_fn.functional(net)
+    >>> td = TensorDict(input=torch.ones(5, 3), batch_size=[5])
+    >>> f(tdhook_fn.params(net), td)["output"].shape
+    torch.Size([5, 2])
+    >>> torch.func.vmap(f, (None, 0))(tdhook_fn.params(net), td).batch_size
+    torch.Size([5])
+    """
+    if isinstance(model, TensorDictModuleBase):
+        in_keys = model.in_keys if in_keys is None else in_keys
+        out_keys = model.out_keys if out_keys is None else out_keys
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"functional: expected an nn.Module, got {type(model).__name__}")
+    in_keys = ["input"] if in_keys is None else list(in_keys)
+    out_keys = ["output"] if out_keys is None else list(out_keys)
+    if not out_keys:
+        raise ValueError("functional: out_keys must name at least one output")
+    return Functional(model, in_keys, out_keys)
+
+
+def _get_input(td: TensorDictBase, key: NestedKey) -> Any:
+    value = td.get(key, _MISSING)
+    if value is _MISSING:
+        raise KeyError(f"functional: in_key {key!r} is not in the TensorDict (keys: {list(td.keys())})")
+    return value
+
+
+def _register_dataclass(cls: type) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    optree.register_pytree_node(
+        cls,
+        lambda obj: ([getattr(obj, n) for n in names], None, names),
+        lambda _, children: cls(**dict(zip(names, children, strict=False))),
+        namespace=_NAMESPACE,
+    )
+    _registered.add(cls)
+
+
+def _is_new_dataclass(obj: Any) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type) and type(obj) not in _registered
+
+
+def _output_leaves(output: Any, out_keys: tuple[NestedKey, ...]) -> list[Any]:
+    # NOTE [dataclass outputs]: optree treats plain dataclasses as leaves; register each
+    # dataclass type met in an output (in our own namespace) and flatten again.
+    while True:
+        leaves = optree.tree_leaves(output, is_leaf=_is_new_dataclass, namespace=_NAMESPACE)
+        new = {type(leaf) for leaf in leaves if _is_new_dataclass(leaf)}
+        if not new:
+            break
+        with _registering:
+            for cls in new - _registered:
+                _register_dataclass(cls)
+    if len(leaves) != len(out_keys):
+        raise ValueError(
+            f"functional: the model returned {len(leaves)} leaves but out_keys names "
+            f"{len(out_keys)}: {list(out_keys)}"
+        )
+    return leaves
+
+
+def _pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:
+    values: dict[NestedKey, Any] = {**outputs}
+    values.update(captured)
+    for key, value in values.items():
+        if not isinstance(value, (torch.Tensor, TensorDictBase)):
+            raise TypeError(
+                f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
+                "TensorDict (give the tap an fn that selects one)"
+            )
+        while value.shape[: len(batch)] != batch:  # keep the batch dims the outputs share
+            batch = batch[:-1]
+    result = TensorDict({}, batch_size=batch)
+    for key, value in values.items():
+        result.set(key, value)
+    return result

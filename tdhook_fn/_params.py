@@ -1,0 +1,49 @@
+"""Parameters and buffers of a model as one nested TensorDict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+__all__ = ["Key", "leaves", "params"]
+
+Key = tuple[str, ...]
+
+
+def params(model: nn.Module) -> TensorDict:
+    """The parameters and buffers of ``model``, nested like its module tree.
+
+    Parameters are detached and share storage with the model (no copy; do not modify
+    them in place). Buffers are cloned, because modules in training mode update some
+    buffers in place (BatchNorm running statistics) and that must not reach the model.
+    Tied parameters appear once, under their first name, as in ``named_parameters``.
+
+    Args:
+        model (nn.Module): any module.
+
+    Returns:
+        TensorDict: batch size ``[]``; ``params(model)["0", "weight"]`` is the weight of
+        submodule ``"0"``. ``torch.stack`` several of them to get a batch ``[K]`` to
+        ``vmap`` over.
+
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    >>> sorted(params(net).keys(include_nested=True, leaves_only=True))[:2]
+    [('0', 'bias'), ('0', 'weight')]
+    """
+    td = TensorDict({}, batch_size=[])
+    for name, p in model.named_parameters():
+        td.set(tuple(name.split(".")), p.detach())
+    for name, b in model.named_buffers():
+        td.set(tuple(name.split(".")), b.detach().clone())
+    return td
+
+
+def leaves(params: TensorDictBase) -> dict[Key, Any]:
+    """The leaf tensors of a params TensorDict by key tuple."""
+    out: dict[Key, Any] = {}
+    for key, value in params.items(include_nested=True, leaves_only=True):
+        out[key if isinstance(key, tuple) else (key,)] = value
+    return out

@@ -1,0 +1,153 @@
+"""Taps: read, replace or re-route the gradient of an activation during one call.
+
+A tap names a submodule by path and a site, its ``"output"`` or its ``"input"`` (the
+first positional argument of its forward; ``fn`` sees all of them when there are
+several). Taps are given to :func:`tdhook_fn.call_with_taps` or to a
+:class:`tdhook_fn.Functional`, and exist only for that call, on the call's private
+shadow of the model (see NOTE [shadow modules]), so other calls, in this thread or
+others, never see them.
+
+# NOTE [layer gradients]
+The gradient of a target with respect to an activation is the gradient with respect to
+an additive zero perturbation of it: ``perturb(path, delta)`` with ``delta = zeros``
+turns layer attribution into a plain ``torch.func.grad`` with respect to ``delta``,
+under any transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import optree
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ._paths import path_to_name
+
+__all__ = ["Site", "Tap", "capture", "intervene", "map_grad", "perturb"]
+
+Site = Literal["output", "input"]
+Captured = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Tap:
+    """What to do with the activation at ``path``.
+
+    Build taps with :func:`capture`, :func:`intervene`, :func:`perturb` and
+    :func:`map_grad`.
+
+    Attributes:
+        path (str): submodule path (see :func:`tdhook_fn.resolve_path`).
+        kind (str): ``"capture"``, ``"intervene"`` or ``"map_grad"``.
+        fn (Callable | None): applied to the value (``capture``, ``intervene``) or to the
+            gradient flowing through it (``map_grad``).
+        site (str): ``"output"`` or ``"input"`` of the submodule.
+        key (str): where a capture is stored. Default: a name derived from the path.
+    """
+
+    path: str
+    kind: Literal["capture", "intervene", "map_grad"]
+    fn: Callable[[Any], Any] | None = None
+    site: Site = "output"
+    key: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if self.site not in ("output", "input"):
+            raise ValueError(f"tap site must be 'output' or 'input', got {self.site!r}")
+        if not self.key:
+            object.__setattr__(self, "key", path_to_name(self.path) or "root")
+
+    def attach(self, module: nn.Module, captured: Captured) -> RemovableHandle:
+        """Register this tap on ``module`` (a private shadow) for one call."""
+        transform = self._transform(captured)
+        if self.site == "output":
+            def output_hook(_m: nn.Module, _args: Any, output: Any) -> Any:
+                return transform(output)
+
+            return module.register_forward_hook(output_hook)
+
+        def input_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
+            if len(args) != 1:  # fn sees (and returns) all positional arguments
+                new = transform(args)
+                return None if new is None else tuple(new)
+            new = transform(args[0])
+            return None if new is None else (new,)
+
+        return module.register_forward_pre_hook(input_hook)
+
+    def _transform(self, captured: Captured) -> Callable[[Any], Any]:
+        fn, key = self.fn, self.key
+        if self.kind == "capture":
+            def store(value: Any) -> None:
+                captured[key] = value if fn is None else fn(value)
+
+            return store
+        if self.kind == "intervene":
+            assert fn is not None
+            return fn
+        assert fn is not None
+        return lambda value: optree.tree_map(lambda t: _map_grad(t, fn), value)
+
+
+class _MapGrad(torch.autograd.Function):
+    """Identity forward; ``fn`` applied to the gradient on the way back."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.fn = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.fn(grad), None
+
+
+def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return _MapGrad.apply(value, fn)  # type: ignore[no-untyped-call]
+
+
+def capture(
+    path: str, *, site: Site = "output", key: str = "", fn: Callable[[Any], Any] | None = None
+) -> Tap:
+    """Read the activation at ``path``: its value (or ``fn(value)``) is returned under ``key``.
+
+    >>> import torch, tdhook_fn
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    >>> out, seen = tdhook_fn.call_with_taps(net, tdhook_fn.params(net), [capture("[0]")],
+    ...                                      torch.ones(2))
+    >>> seen["0"].shape
+    torch.Size([3])
+    """
+    return Tap(path, "capture", fn, site, key)
+
+
+def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output") -> Tap:
+    """Replace the activation at ``path`` by ``fn(activation)``."""
+    return Tap(path, "intervene", fn, site)
+
+
+def perturb(path: str, delta: torch.Tensor, *, site: Site = "output") -> Tap:
+    """Add ``delta`` to the activation at ``path``; see NOTE [layer gradients]."""
+    return Tap(path, "intervene", lambda value: value + delta, site)
+
+
+def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Site = "output") -> Tap:
+    """Replace the gradient flowing through the activation at ``path`` by ``fn(gradient)``.
+
+    With ``site="output"`` this changes the gradient arriving at the module's output
+    (tdhook's ``bwd_pre`` direction); with ``site="input"`` the gradient leaving the module
+    through its input (tdhook's ``bwd``). The forward value is unchanged. ``fn`` must be a
+    pure tensor function (it runs under ``vmap`` inside transforms).
+    """
+    return Tap(path, "map_grad", fn, site)

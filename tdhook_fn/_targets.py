@@ -1,0 +1,98 @@
+"""Targets: what an attribution differentiates.
+
+# NOTE [one target rule]
+A target is a callable ``outputs_td -> TensorDict`` of target values, as tdhook's
+``init_attr_targets``; every target value is a tensor whose leading dimensions are the
+batch. Shortcuts: an ``int`` ``i`` selects ``output[..., i]`` of the single output; a tuple
+of ints selects ``output[..., (i, j, ...)]`` (several targets along the last dimension,
+summed or attributed one by one by the methods); :func:`label` selects, per sample, the
+class stored under another key of the TensorDict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+
+from ._functional import NestedKey
+
+__all__ = ["Target", "as_target", "label"]
+
+Target = int | tuple[int, ...] | Callable[[TensorDictBase], TensorDictBase]
+
+
+def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
+    items = list(td.items(include_nested=True, leaves_only=True))
+    if len(items) != 1:
+        keys = [k for k, _ in items]
+        raise ValueError(
+            f"an int or tuple target needs a single output, got {keys}; pass a callable target"
+        )
+    return items[0]
+
+
+def _select(index: int | list[int]) -> Callable[[TensorDictBase], TensorDictBase]:
+    def select(td: TensorDictBase) -> TensorDictBase:
+        key, value = _single_output(td)
+        return TensorDict({key: value[..., index]}, batch_size=td.batch_size)
+
+    return select
+
+
+def as_target(target: Target) -> Callable[[TensorDictBase], TensorDictBase]:
+    """The callable form of ``target`` (see NOTE [one target rule]).
+
+    Args:
+        target (int | tuple[int, ...] | Callable): an index, several indices, or a
+            callable ``outputs_td -> TensorDict``.
+
+    Returns:
+        Callable[[TensorDict], TensorDict]: the target values; for a tuple the last
+        dimension holds one value per index.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), batch_size=[2])
+    >>> as_target((0, 2))(td)["output"]
+    tensor([[0., 2.],
+            [3., 5.]])
+    """
+    if isinstance(target, bool):
+        raise TypeError("target must be an int, a tuple of ints or a callable, not a bool")
+    if isinstance(target, int):
+        return _select(target)
+    if isinstance(target, tuple):
+        if not target or not all(isinstance(i, int) and not isinstance(i, bool) for i in target):
+            raise TypeError(f"a tuple target must hold ints, got {target!r}")
+        return _select(list(target))
+    if callable(target):
+        return target
+    raise TypeError(f"target must be an int, a tuple of ints or a callable, got {target!r}")
+
+
+def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDictBase], TensorDictBase]:
+    """A target selecting, for each sample, the class index stored under ``key``.
+
+    The TensorDict given to the target must hold ``key`` (integer labels, one per sample)
+    and the output (``output``, or the single other entry).
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
+    ...                 batch_size=[2])
+    >>> label("y")(td)["output"]
+    tensor([2., 3.])
+    """
+
+    def select(td: TensorDictBase) -> TensorDictBase:
+        labels: Any = td.get(key)
+        if output is None:
+            out_key, value = _single_output(td.exclude(key))
+        else:
+            out_key, value = output, td.get(output)
+        picked = value.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+        return TensorDict({out_key: picked}, batch_size=td.batch_size)
+
+    return select

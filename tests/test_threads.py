@@ -1,0 +1,82 @@
+"""Threads sharing one model: every call sees only its own params and taps."""
+
+import threading
+
+import torch
+from torch import nn
+from zoo import same, snapshot
+
+import tdhook_fn
+
+N_THREADS, N_CALLS = 4, 150
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(32, 32), nn.Tanh())]).eval()
+
+
+def _run_threads(work):
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(N_THREADS)
+
+    def target(i):
+        try:
+            barrier.wait()
+            work(i)
+        except BaseException as e:  # collected and re-raised by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_four_threads_with_different_params_get_their_own_results():
+    model = _model()
+    before = snapshot(model)
+    base = tdhook_fn.params(model)
+    params = [base.apply(lambda t, i=i: t * (1.0 + 0.25 * i)) for i in range(N_THREADS)]
+    x = torch.randn(16, 32)
+    expected = [tdhook_fn.call(model, p, x) for p in params]
+    wrong = [0] * N_THREADS
+
+    def work(i):
+        for _ in range(N_CALLS):
+            if not torch.equal(tdhook_fn.call(model, params[i], x), expected[i]):
+                wrong[i] += 1
+
+    assert _run_threads(work) == []
+    assert sum(wrong) == 0
+    assert same(before, snapshot(model))
+
+
+def test_taps_are_private_to_their_call():
+    model = _model()
+    before = snapshot(model)
+    p = tdhook_fn.params(model)
+    x = torch.randn(16, 32)
+    paths = ["[0]", "[2]", "[4]", "[6]"]
+    reference = {path: tdhook_fn.call_with_taps(model, p, [tdhook_fn.capture(path)], x)[1] for path in paths}
+    failures = [0] * N_THREADS
+
+    def work(i):
+        path = paths[i]
+        scale = float(i + 1)
+        for _ in range(N_CALLS // 3):
+            taps = [tdhook_fn.capture(path), tdhook_fn.intervene(path, lambda v: v * scale)]
+            out, seen = tdhook_fn.call_with_taps(model, p, taps, x)
+            if seen.keys() != {tdhook_fn.path_to_name(path)}:
+                failures[i] += 1
+            elif not torch.equal(seen[tdhook_fn.path_to_name(path)], reference[path][tdhook_fn.path_to_name(path)]):
+                failures[i] += 1
+            check = tdhook_fn.call_with_taps(model, p, [tdhook_fn.intervene(path, lambda v: v * scale)], x)[0]
+            if not torch.equal(out, check):
+                failures[i] += 1
+
+    assert _run_threads(work) == []
+    assert sum(failures) == 0
+    assert same(before, snapshot(model))

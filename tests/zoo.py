@@ -1,0 +1,132 @@
+"""Small models and a snapshot of everything a call could change on a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class TwoInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(3, 6)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.a(x) + self.b(y)))
+
+
+@dataclass
+class Parts:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class DataclassOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> Parts:
+        h = torch.relu(self.body(x))
+        return Parts(self.head(h), h)
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(4, 4, bias=False)
+        self.dec = nn.Linear(4, 4, bias=False)
+        self.dec.weight = self.enc.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dec(torch.tanh(self.enc(x)))
+
+
+class Blocks(nn.Module):
+    """ModuleList, ModuleDict and names with '/' in one model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.heads = nn.ModuleDict({"main": nn.Linear(4, 2), "aux": nn.Linear(4, 1)})
+        self.add_module("block0/module", nn.Sequential(nn.Linear(4, 4), nn.GELU()))
+
+    def fn(self, i: int) -> nn.Module:
+        return self.layers[i]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = getattr(self, "block0/module")(x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.heads["main"](x) + self.heads["aux"](x)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 5, 4)
+    )
+
+
+def zoo() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    """name -> (model in eval mode, example positional inputs with a batch of 2)."""
+    torch.manual_seed(0)
+    models: dict[str, tuple[nn.Module, tuple[torch.Tensor, ...]]] = {
+        "mlp": (mlp(), (torch.randn(2, 4),)),
+        "cnn": (cnn(), (torch.randn(2, 1, 5, 5),)),
+        "two_input": (TwoInput(), (torch.randn(2, 4), torch.randn(2, 3))),
+        "tied": (Tied(), (torch.randn(2, 4),)),
+        "blocks": (Blocks(), (torch.randn(2, 4),)),
+        "transformer": (
+            nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True),
+            (torch.randn(2, 3, 8),),
+        ),
+    }
+    for model, _ in models.values():
+        model.eval()
+    return models
+
+
+def snapshot(model: nn.Module) -> dict[str, Any]:
+    """Everything about ``model`` a call must leave alone, comparable with ``same``."""
+    return {
+        "tensors": {
+            name: (id(t), t.detach().clone(), t.requires_grad, t.grad)
+            for name, t in [*model.named_parameters(), *model.named_buffers()]
+        },
+        "modules": [(name, id(m), m.training, dict(m.__dict__)) for name, m in model.named_modules()],
+        "hooks": [
+            (name, key, dict(getattr(m, key)))
+            for name, m in model.named_modules()
+            for key in vars(m)
+            if key.endswith("hooks") or "hooks_" in key
+        ],
+    }
+
+
+def same(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    if before["tensors"].keys() != after["tensors"].keys():
+        return False
+    for name, (ident, value, requires_grad, grad) in before["tensors"].items():
+        ident2, value2, requires_grad2, grad2 = after["tensors"][name]
+        if ident != ident2 or requires_grad != requires_grad2 or grad is not grad2:
+            return False
+        if value.dtype != value2.dtype or not torch.equal(value, value2):
+            return False
+    if len(before["modules"]) != len(after["modules"]):
+        return False
+    for (n, i, t, d), (n2, i2, t2, d2) in zip(before["modules"], after["modules"]):
+        if (n, i, t) != (n2, i2, t2) or d.keys() != d2.keys():
+            return False
+        if any(d[k] is not d2[k] for k in d):
+            return False
+    return bool(before["hooks"] == after["hooks"])
