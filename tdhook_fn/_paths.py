@@ -17,6 +17,7 @@ a function or method defined outside torch (torch's own methods such as ``train`
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import functools
 import inspect
@@ -28,7 +29,7 @@ from torch import nn
 
 __all__ = ["Attr", "Call", "Item", "Step", "parse_path", "path_to_name", "resolve_path"]
 
-_NAME = re.compile(r"[A-Za-z0-9_]+")
+_NAME = re.compile(r"\w+")  # identifiers, also digit-led ("layers.0") and non-ASCII
 _CLOSING = {"[": "]", "(": ")"}
 _CALLABLE_FROM_TORCH = ("get_submodule",)
 
@@ -58,8 +59,12 @@ class Call:
 Step = Attr | Item | Call
 
 
+class _PathError(ValueError):
+    """A ValueError that already names the path."""
+
+
 def _error(path: str, why: str) -> ValueError:
-    return ValueError(f"invalid submodule path {path!r}: {why}")
+    return _PathError(f"invalid submodule path {path!r}: {why}")
 
 
 def _find_closing(path: str, start: int) -> int:
@@ -128,7 +133,6 @@ def _parse_expression(path: str, source: str) -> ast.expr:
     return node
 
 
-@functools.lru_cache(maxsize=4096)
 def parse_path(path: str) -> tuple[Step, ...]:
     """Split a path into attribute, item and call steps.
 
@@ -146,6 +150,11 @@ def parse_path(path: str) -> tuple[Step, ...]:
     """
     if not isinstance(path, str):
         raise ValueError(f"a submodule path must be a str, got {type(path).__name__}")
+    return _parse(path)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(path: str) -> tuple[Step, ...]:
     steps: list[Step] = []
     i = 0
     name_allowed = True  # a bare name may start the path or follow '.' or '<...>'
@@ -220,7 +229,8 @@ def _apply(path: str, obj: Any, step: Step) -> Any:
         except (IndexError, KeyError, TypeError) as e:
             raise _error(path, f"{_nearest(obj, step.key)}; {type(e).__name__}: {e}") from None
     _check_callable(path, obj)
-    return obj(*step.args, **dict(step.kwargs))
+    # copies: a method that mutates its arguments must not change the cached parse
+    return obj(*copy.deepcopy(step.args), **copy.deepcopy(dict(step.kwargs)))
 
 
 def resolve_path(root: nn.Module, path: str) -> Any:
@@ -246,7 +256,7 @@ def resolve_path(root: nn.Module, path: str) -> Any:
     for step in parse_path(path):
         try:
             obj = _apply(path, obj, step)
-        except ValueError:
+        except _PathError:
             raise
         except Exception as e:  # a user method or property failed: still a bad path
             raise _error(path, f"{type(e).__name__}: {e}") from e

@@ -155,3 +155,12 @@ def test_missing_or_extra_params_are_named():
         tdhook_fn.call(model, p.clone().set(("extra", "w"), torch.ones(1)), x)
     with pytest.raises(TypeError, match="TensorDict"):
         tdhook_fn.call(model, dict(model.named_parameters()), x)
+
+
+def test_call_compiles():
+    model, (x,) = MODELS["mlp"]
+    p = tdhook_fn.params(model)
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(model, p, x), backend="aot_eager")
+    torch.testing.assert_close(compiled(p, x), model(x))
+    doubled = p.apply(lambda t: t * 2)
+    torch.testing.assert_close(compiled(doubled, x), tdhook_fn.call(model, doubled, x))

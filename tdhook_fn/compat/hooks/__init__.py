@@ -1,0 +1,47 @@
+"""Hook helpers with the public API of ``tdhook.hooks`` from tdhook 0.1.3.
+
+Names, signatures, defaults, error types and runtime behaviour follow tdhook, with one
+deliberate exception: submodule paths are never evaluated. ``resolve_submodule_path``
+walks them with :func:`tdhook_fn._paths.resolve_path` (see NOTE [safe paths] there), so a
+malformed or malicious path raises ``ValueError`` instead of running code.
+"""
+
+from ._caching import CacheProxy, EarlyStoppingException, HookFactory, MutableWeakRef, TensorDictRef
+from ._registration import (
+    DIRECTION_TO_PARAMS,
+    DIRECTION_TO_RETURN,
+    DIRECTION_TO_RETURN_INDEX,
+    DIRECTION_TO_TYPE,
+    HookDirection,
+    MultiHookHandle,
+    MultiHookManager,
+    RemovableHandleProtocol,
+    T,
+    _check_hook_signature,
+    merge_paths,
+    register_hook_to_module,
+    resolve_submodule_path,
+    submodule_path_to_name,
+)
+
+__all__ = [
+    "DIRECTION_TO_PARAMS",
+    "DIRECTION_TO_RETURN",
+    "DIRECTION_TO_RETURN_INDEX",
+    "DIRECTION_TO_TYPE",
+    "CacheProxy",
+    "EarlyStoppingException",
+    "HookDirection",
+    "HookFactory",
+    "MultiHookHandle",
+    "MultiHookManager",
+    "MutableWeakRef",
+    "RemovableHandleProtocol",
+    "T",
+    "TensorDictRef",
+    "_check_hook_signature",
+    "merge_paths",
+    "register_hook_to_module",
+    "resolve_submodule_path",
+    "submodule_path_to_name",
+]

@@ -1,0 +1,261 @@
+"""References to caches and the hook factory (``tdhook.hooks``, part 2)."""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, NoReturn
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from ._registration import DIRECTION_TO_RETURN_INDEX, HookDirection, T, _params_for, _UnraveledKey
+
+
+class MutableWeakRef(Generic[T]):
+    """A weak reference whose target can be replaced.
+
+    Args:
+        referee: the object to refer to (it must support weak references).
+    """
+
+    def __init__(self, referee: T) -> None:
+        self._ref: weakref.ref[T] = weakref.ref(referee)
+
+    def resolve(self) -> T | None:
+        """Return the target, or ``None`` once it has been garbage collected."""
+        return self._ref()
+
+    def set(self, referee: T) -> None:
+        """Refer to ``referee`` from now on."""
+        self._ref = weakref.ref(referee)
+
+
+class TensorDictRef:
+    """A strong, replaceable reference to a TensorDict.
+
+    Args:
+        td: the TensorDict, or ``None`` until :meth:`set` is called.
+    """
+
+    def __init__(self, td: TensorDict | None) -> None:
+        self._td = td
+
+    def resolve(self) -> TensorDict | None:
+        """Return the TensorDict (``None`` if none was set)."""
+        return self._td
+
+    def set(self, td: TensorDict) -> None:
+        """Refer to ``td`` from now on."""
+        self._td = td
+
+
+# What a caching hook or a CacheProxy may write to / read from.
+_Cache = TensorDict | MutableWeakRef[TensorDict] | TensorDictRef
+
+
+def _by_name(params: tuple[str, ...], args: tuple[Any, ...]) -> dict[str, Any]:
+    """Hook arguments keyed by their parameter names, as callbacks receive them."""
+    return dict(zip(params, args, strict=False))
+
+
+def _resolve_cache(cache: _Cache) -> TensorDict:
+    """The TensorDict behind ``cache``; ValueError when a reference has nothing behind it."""
+    target = cache.resolve() if isinstance(cache, (MutableWeakRef, TensorDictRef)) else cache
+    if target is None:
+        raise ValueError("Dead reference to cache")
+    return target
+
+
+class CacheProxy:
+    """Stands for ``cache[key]``, read only when :meth:`resolve` is called.
+
+    The cache is held weakly, so a proxy kept inside a hook does not keep a finished
+    run's cache alive.
+
+    Args:
+        key: the entry to read.
+        cache: a TensorDict, or a :class:`MutableWeakRef` / :class:`TensorDictRef` to one.
+    """
+
+    def __init__(self, key: _UnraveledKey, cache: _Cache) -> None:
+        self._key = key
+        self._cache: weakref.ref[_Cache] = weakref.ref(cache)
+
+    def resolve(self) -> Any:
+        """Read the entry now.
+
+        Returns:
+            ``cache.get(key)``.
+
+        Raises:
+            ValueError: the cache, or the TensorDict a reference points to, is gone.
+        """
+        cache = self._cache()
+        if cache is None:
+            raise ValueError("Dead reference to cache")
+        return _resolve_cache(cache).get(self._key)
+
+
+class EarlyStoppingException(Exception):
+    """Raised by a stopping hook to end a forward pass early.
+
+    Args:
+        key: names what triggered the stop.
+    """
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+        super().__init__(f"Early stopping triggered for key {key}")
+
+
+class HookFactory:
+    """Builds hooks that cache, replace, read or stop at a module's values."""
+
+    @staticmethod
+    def _check_callback_signature(
+        callback: Callable[..., Any] | None, expected_param_names: set[str]
+    ) -> None:
+        """Check that ``callback`` can receive the hook arguments by keyword.
+
+        Args:
+            callback: the callback; ``None`` passes.
+            expected_param_names: names it must accept unless it has ``**kwargs``.
+
+        Raises:
+            ValueError: it has positional-only parameters or lacks an expected name.
+        """
+        if callback is None:
+            return
+        params = inspect.signature(callback).parameters.values()
+        if any(p.kind is p.POSITIONAL_ONLY for p in params):
+            raise ValueError("Callback cannot take positional-only parameters: all go by name")
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        missing = expected_param_names - {p.name for p in params}
+        if missing:
+            raise ValueError(f"Callback missing required parameters: {missing}")
+
+    @staticmethod
+    def make_caching_hook(
+        key: _UnraveledKey,
+        cache: _Cache,
+        *,
+        callback: Callable[..., Any] | None = None,
+        direction: HookDirection = "fwd",
+    ) -> Callable[..., Any]:
+        """Make a hook that stores a value in ``cache[key]``.
+
+        Args:
+            key: the cache entry to write.
+            cache: a TensorDict, or a :class:`MutableWeakRef` / :class:`TensorDictRef` to one.
+            callback: if given, called with the hook arguments by name plus ``key`` and
+                ``direction``; its result is stored instead of the last hook argument.
+            direction: one of :data:`HookDirection`.
+
+        Returns:
+            The hook.
+
+        Raises:
+            ValueError: unknown direction or unfit callback. The hook itself raises
+                RuntimeError for a value that is not a tensor or TensorDict, and ValueError
+                when the cache reference is dead.
+        """
+        params = _params_for(direction)
+        HookFactory._check_callback_signature(callback, set(params))
+        # fwd_pre_kwargs hooks get (module, args, kwargs): store args, not the kwargs dict.
+        value_index = -2 if direction == "fwd_pre_kwargs" else -1
+
+        def hook(*args: Any) -> None:
+            if callback is None:
+                value = args[value_index]
+            else:
+                value = callback(**_by_name(params, args), key=key, direction=direction)
+            if not isinstance(value, (torch.Tensor, TensorDict)):
+                raise RuntimeError(
+                    f"{type(value).__name__} values cannot be cached; pass a `callback` that "
+                    "returns a tensor or a TensorDict"
+                )
+            _resolve_cache(cache)[key] = value
+
+        return hook
+
+    @staticmethod
+    def make_setting_hook(
+        value: Any, *, callback: Callable[..., Any] | None = None, direction: HookDirection = "fwd"
+    ) -> Callable[..., Any]:
+        """Make a hook that replaces the value torch lets a hook of ``direction`` replace.
+
+        Args:
+            value: the replacement; a :class:`CacheProxy` is read when the hook runs.
+            callback: if given, called with the hook arguments by name plus ``value`` and
+                ``direction``; its result is the replacement (``None`` keeps the original).
+            direction: one of :data:`HookDirection`.
+
+        Returns:
+            The hook.
+
+        Raises:
+            ValueError: unknown direction or unfit callback. The hook itself raises
+                RuntimeError when the replacement's type differs from the original's.
+        """
+        params = _params_for(direction)
+        slot = DIRECTION_TO_RETURN_INDEX[direction]
+        HookFactory._check_callback_signature(callback, set(params))
+
+        def hook(*args: Any) -> Any:
+            original_type = type(args[slot])
+            new = value.resolve() if isinstance(value, CacheProxy) else value
+            if callback is not None:
+                new = callback(**_by_name(params, args), value=new, direction=direction)
+            # torch accepts many replacements silently; insist on the exact original type.
+            if new is not None and type(new) is not original_type:
+                raise RuntimeError(
+                    f"Replacement of type {type(new).__name__} does not match the original "
+                    f"value's type {original_type.__name__}"
+                )
+            return new
+
+        return hook
+
+    @staticmethod
+    def make_reading_hook(
+        *, callback: Callable[..., Any], direction: HookDirection = "fwd"
+    ) -> Callable[..., Any]:
+        """Make a hook that passes its arguments to ``callback`` and changes nothing.
+
+        Args:
+            callback: called with the hook arguments by name plus ``direction``.
+            direction: one of :data:`HookDirection`.
+
+        Returns:
+            The hook.
+
+        Raises:
+            ValueError: unknown direction or unfit callback.
+        """
+        params = _params_for(direction)
+        HookFactory._check_callback_signature(callback, set(params))
+
+        def hook(*args: Any) -> None:
+            callback(**_by_name(params, args), direction=direction)
+
+        return hook
+
+    @staticmethod
+    def make_stopping_hook(key: str) -> Callable[..., Any]:
+        """Make a forward hook that raises :class:`EarlyStoppingException`.
+
+        Args:
+            key: passed to the exception.
+
+        Returns:
+            The hook.
+        """
+
+        def hook(module: nn.Module, args: Any, output: Any) -> NoReturn:
+            raise EarlyStoppingException(key)
+
+        return hook

@@ -1,0 +1,292 @@
+"""Hook directions, signature checks, paths and registration (``tdhook.hooks``, part 1)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal, Protocol, TypeVar
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from tdhook_fn._paths import path_to_name, resolve_path
+
+HookDirection = Literal["fwd", "bwd", "fwd_pre", "bwd_pre", "fwd_kwargs", "fwd_pre_kwargs"]
+T = TypeVar("T")
+
+# tdhook annotates cache keys with ``tdhook._types.UnraveledKey``: a str or a tuple of str.
+_UnraveledKey = str | tuple[str, ...]
+
+# Positional parameters torch passes to a hook of each direction, in order.
+DIRECTION_TO_PARAMS: dict[str, tuple[str, ...]] = {
+    "fwd": ("module", "args", "output"),
+    "bwd": ("module", "grad_input", "grad_output"),
+    "fwd_pre": ("module", "args"),
+    "bwd_pre": ("module", "grad_output"),
+    "fwd_kwargs": ("module", "args", "kwargs", "output"),
+    "fwd_pre_kwargs": ("module", "args", "kwargs"),
+}
+
+# The parameter whose value a hook of each direction replaces by returning something.
+DIRECTION_TO_RETURN: dict[str, str] = {
+    "fwd": "output",
+    "bwd": "grad_input",
+    "fwd_pre": "args",
+    "bwd_pre": "grad_output",
+    "fwd_kwargs": "output",
+    "fwd_pre_kwargs": "args",
+}
+
+DIRECTION_TO_RETURN_INDEX: dict[str, int] = {
+    direction: params.index(DIRECTION_TO_RETURN[direction])
+    for direction, params in DIRECTION_TO_PARAMS.items()
+}
+
+# What a hook of each direction sees, in tdhook's vocabulary.
+DIRECTION_TO_TYPE: dict[str, str] = {
+    "fwd": "output",
+    "bwd": "grad_input",
+    "fwd_pre": "input",
+    "bwd_pre": "grad_output",
+    "fwd_kwargs": "output",
+    "fwd_pre_kwargs": "input",
+}
+
+
+def _params_for(direction: str) -> tuple[str, ...]:
+    """The hook parameters of ``direction``; ValueError for an unknown direction."""
+    try:
+        return DIRECTION_TO_PARAMS[direction]
+    except (KeyError, TypeError):
+        raise ValueError(f"Invalid direction: {direction!r}") from None
+
+
+def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) -> None:
+    """Check that torch can call ``hook`` with the arguments of ``direction``.
+
+    The check counts parameters, as tdhook does: parameters with a default and a
+    ``**kwargs`` catch-all are allowed on top of the expected ones, and with ``*args`` the
+    count is only bounded from above.
+
+    Args:
+        hook: the hook to check.
+        direction: one of :data:`HookDirection`.
+
+    Raises:
+        ValueError: the direction is unknown or the parameter count does not fit.
+    """
+    expected = _params_for(direction)
+    params = inspect.signature(hook).parameters.values()
+    optional = sum(p.default is not p.empty or p.kind is p.VAR_KEYWORD for p in params)
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        limit = len(expected) + 1 + optional
+        if len(params) > limit:
+            raise ValueError(
+                f"Hook ({direction}) takes {len(params)} parameters, at most {limit} fit"
+            )
+        return
+    if len(params) != len(expected) + optional:
+        raise ValueError(f"Hook ({direction}) must take the parameters {expected}")
+
+
+def merge_paths(*paths: str) -> str:
+    """Join submodule paths with dots, dropping empty ones.
+
+    Args:
+        *paths: the paths, outermost first.
+
+    Returns:
+        The joined path.
+    """
+    return ".".join(path for path in paths if path)
+
+
+def resolve_submodule_path(root: nn.Module, path: str) -> Any:
+    """Follow a submodule path from ``root`` without evaluating it.
+
+    Accepts tdhook's forms: ``"[0]"``, ``"layers[-1]"``, ``"layers['attr']"``,
+    ``"layers.attention"``, ``"layers[1:3]"``, ``"fn(0)"``, ``"<block0/module>"`` (an
+    attribute whose name is not an identifier), ``"m1.<0>.layers"`` and ``"layers.0"``.
+
+    Args:
+        root: the module the path starts from.
+        path: the path; ``""`` names ``root`` itself.
+
+    Returns:
+        The object the path names, usually a submodule.
+
+    Raises:
+        ValueError: the path does not parse, names a dunder, calls something other than a
+            function defined outside torch, or does not resolve.
+    """
+    return resolve_path(root, path)
+
+
+def submodule_path_to_name(path: str) -> str:
+    """Turn a submodule path into a dotted name usable as a key.
+
+    Args:
+        path: the path.
+
+    Returns:
+        The path without quotes and with brackets as dots, or the path unchanged when it
+        holds a negative index, a slice or a call.
+    """
+    return path_to_name(path)
+
+
+def register_hook_to_module(
+    module: nn.Module,
+    hook: Callable[..., Any],
+    direction: HookDirection,
+    prepend: bool = False,
+) -> RemovableHandle:
+    """Register ``hook`` on ``module`` with the torch method matching ``direction``.
+
+    Args:
+        module: the module to hook.
+        hook: the hook; its signature is checked against ``direction`` first.
+        direction: one of :data:`HookDirection`.
+        prepend: run the hook before the hooks already registered.
+
+    Returns:
+        torch's handle for the hook.
+
+    Raises:
+        ValueError: the direction is unknown or the hook signature does not fit it.
+    """
+    _check_hook_signature(hook, direction)
+    if direction in ("fwd", "fwd_kwargs"):
+        return module.register_forward_hook(
+            hook, prepend=prepend, with_kwargs=direction == "fwd_kwargs"
+        )
+    if direction in ("fwd_pre", "fwd_pre_kwargs"):
+        return module.register_forward_pre_hook(
+            hook, prepend=prepend, with_kwargs=direction == "fwd_pre_kwargs"
+        )
+    if direction == "bwd":
+        return module.register_full_backward_hook(hook, prepend=prepend)
+    return module.register_full_backward_pre_hook(hook, prepend=prepend)
+
+
+class RemovableHandleProtocol(Protocol):
+    """Anything with a ``remove()`` method, such as torch's ``RemovableHandle``."""
+
+    def remove(self) -> object:
+        """Undo the registration."""
+        ...
+
+
+class MultiHookHandle:
+    """Several hook handles removed together; also a context manager and addable.
+
+    Args:
+        handles: the handles to group.
+    """
+
+    def __init__(self, handles: list[RemovableHandleProtocol] | None = None) -> None:
+        self._handles: list[RemovableHandleProtocol] = handles or []
+
+    def remove(self) -> None:
+        """Remove every grouped hook."""
+        for handle in self._handles:
+            handle.remove()
+
+    def __enter__(self) -> MultiHookHandle:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    def __add__(self, other: Any) -> MultiHookHandle:
+        if not isinstance(other, MultiHookHandle):
+            raise TypeError(f"MultiHookHandle cannot be added to {type(other).__name__}")
+        return MultiHookHandle(self._handles + other._handles)
+
+
+class MultiHookManager:
+    """Registers a hook on every submodule whose name matches a pattern.
+
+    Args:
+        pattern: a regular expression matched (``re.match``) against the names of
+            ``named_modules()``; ``None`` matches nothing.
+        classes_to_hook: only submodules that are instances of these are hooked.
+        classes_to_skip: submodules that are instances of these are never hooked.
+    """
+
+    def __init__(
+        self,
+        pattern: str | None = None,
+        classes_to_hook: tuple[type[nn.Module], ...] = (nn.Module,),
+        classes_to_skip: tuple[type[nn.Module], ...] = (),
+    ) -> None:
+        # "a^" can never match: nothing comes before the start of a string.
+        self._pattern: str = r"a^" if pattern is None else pattern
+        self._reg_exp: re.Pattern[str] = re.compile(self._pattern)
+        self._classes_to_hook = classes_to_hook
+        self._classes_to_skip = classes_to_skip
+
+    @property
+    def pattern(self) -> str:
+        """The regular expression module names are matched against."""
+        return self._pattern
+
+    @pattern.setter
+    def pattern(self, pattern: str) -> None:
+        self._reg_exp = re.compile(pattern)
+        self._pattern = pattern
+
+    def _selects(self, name: str, submodule: nn.Module) -> bool:
+        return (
+            name != ""
+            and isinstance(submodule, self._classes_to_hook)
+            and not isinstance(submodule, self._classes_to_skip)
+            and self._reg_exp.match(name) is not None
+        )
+
+    def register_hook(
+        self,
+        module: nn.Module,
+        hook_factory: Callable[[str], Callable[..., Any]],
+        *,
+        direction: HookDirection = "fwd",
+        prepend: bool = False,
+        relative_path: str | None = None,
+    ) -> MultiHookHandle:
+        """Register ``hook_factory(name)`` on every selected submodule.
+
+        Args:
+            module: the model to hook (the root itself is never hooked).
+            hook_factory: builds the hook for a submodule from its name, relative to the
+                module that ``relative_path`` names.
+            direction: one of :data:`HookDirection`.
+            prepend: run the hooks before those already registered.
+            relative_path: a submodule path; only modules below it are considered.
+
+        Returns:
+            A handle removing all the registered hooks.
+
+        Raises:
+            ValueError: ``relative_path`` does not resolve, or a hook does not fit
+                ``direction``.
+        """
+        root: nn.Module = resolve_submodule_path(module, relative_path) if relative_path else module
+        handles: list[RemovableHandleProtocol] = []
+        try:
+            for name, submodule in root.named_modules():
+                if self._selects(name, submodule):
+                    hook = hook_factory(name)
+                    handles.append(register_hook_to_module(submodule, hook, direction, prepend))
+        except BaseException:
+            # tdhook leaves the hooks registered before the failure in place; undo them so a
+            # failed call does not leave the model half hooked.
+            MultiHookHandle(handles).remove()
+            raise
+        return MultiHookHandle(handles)
