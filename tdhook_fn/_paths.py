@@ -96,8 +96,8 @@ def _find_closing(path: str, start: int) -> int:
 def _literal(path: str, node: ast.expr) -> Any:
     try:
         return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as e:
-        raise _error(path, f"only literals may appear in brackets ({e})") from None
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        raise _error(path, f"only literals may appear in brackets and call arguments, not {ast.unparse(node)!r}") from None
 
 
 def _parse_subscript(path: str, content: str) -> Any:
