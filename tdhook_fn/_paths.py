@@ -97,7 +97,8 @@ def _literal(path: str, node: ast.expr) -> Any:
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-        raise _error(path, f"only literals may appear in brackets and call arguments, not {ast.unparse(node)!r}") from None
+        source = ast.unparse(node)
+        raise _error(path, f"only literals may appear in brackets and call arguments, not {source!r}") from None
 
 
 def _parse_subscript(path: str, content: str) -> Any:
