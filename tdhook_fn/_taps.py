@@ -38,11 +38,12 @@ class Tap:
     """What to do with the activation at ``path``.
 
     Build taps with :func:`capture`, :func:`intervene`, :func:`perturb` and
-    :func:`map_grad`.
+    :func:`map_grad`. A subclass with ``kind="custom"`` overrides :meth:`attach` to register
+    any hook on the call's private shadow module (the compat layer does).
 
     Attributes:
         path (str): submodule path (see :func:`tdhook_fn.resolve_path`).
-        kind (str): ``"capture"``, ``"intervene"`` or ``"map_grad"``.
+        kind (str): ``"capture"``, ``"intervene"``, ``"map_grad"`` or ``"custom"``.
         fn (Callable | None): applied to the value (``capture``, ``intervene``) or to the
             gradient flowing through it (``map_grad``).
         site (str): ``"output"`` or ``"input"`` of the submodule.
@@ -50,7 +51,7 @@ class Tap:
     """
 
     path: str
-    kind: Literal["capture", "intervene", "map_grad"]
+    kind: Literal["capture", "intervene", "map_grad", "custom"]
     fn: Callable[[Any], Any] | None = None
     site: Site = "output"
     key: str = field(default="")
@@ -62,7 +63,15 @@ class Tap:
             object.__setattr__(self, "key", path_to_name(self.path) or "root")
 
     def attach(self, module: nn.Module, captured: Captured) -> RemovableHandle:
-        """Register this tap on ``module`` (a private shadow) for one call."""
+        """Register this tap on ``module`` (a private shadow) for one call.
+
+        Args:
+            module (nn.Module): the shadow of the submodule at ``path``.
+            captured (dict): this call's captures; store values under ``key``.
+
+        Returns:
+            RemovableHandle: removed when the call ends, also when it raises.
+        """
         transform = self._transform(captured)
         if self.site == "output":
             def output_hook(_m: nn.Module, _args: Any, output: Any) -> Any:
@@ -89,6 +98,8 @@ class Tap:
         if self.kind == "intervene":
             assert fn is not None
             return fn
+        if self.kind == "custom":
+            raise NotImplementedError("a custom tap overrides attach")
         assert fn is not None
         return lambda value: optree.tree_map(lambda t: _map_grad(t, fn), value)
 
