@@ -1,0 +1,199 @@
+"""The one mechanism behind every gradient method: a forward, a VJP, one-hot cotangents.
+
+# NOTE [attribution engine]
+``gradients`` runs ``f`` once under ``torch.func.vjp`` with respect to the attributed
+inputs and to a zero perturbation of each attributed layer (NOTE [layer gradients]).
+The target callable reads the outputs (plus activations of ``target_layers`` under their
+path, plus the inputs' extra keys such as labels). Then:
+
+- summed targets: one pullback of ``ones``;
+- ``per_target=True``: ``vmap`` of the pullback over one-hot cotangents on the targets'
+  last dimension, so T maps cost one forward and one batched backward.
+
+TensorDict batch dims are flattened to exactly one before the model runs (models expect
+one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
+methods accept any batch size, and work per sample under ``vmap`` even for models that
+cannot take an unbatched sample (``nn.Flatten``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import Functional, NestedKey
+from .._taps import Tap, capture
+
+__all__ = ["Gradients", "TargetFn", "gradients", "input_keys_of", "per_key"]
+
+TargetFn = Callable[[TensorDictBase], TensorDictBase]
+Replace = Callable[[torch.Tensor], torch.Tensor]
+_ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
+
+
+@dataclass
+class Gradients:
+    """What :func:`gradients` returns.
+
+    Attributes:
+        grads (TensorDict): by input key and layer path; batch ``[*B]``, or ``[T, *B]``
+            with ``per_target``.
+        activations (TensorDict): activations of the attributed layers, by path, ``[*B]``.
+        targets (TensorDict): the target values, ``[*B]`` (plus a last ``T`` dim for
+            several targets).
+    """
+
+    grads: TensorDict
+    activations: TensorDict
+    targets: TensorDictBase
+
+
+def input_keys_of(f: Callable[..., Any], inputs: TensorDictBase) -> tuple[NestedKey, ...]:
+    """The keys to attribute: ``f.in_keys`` for a Functional, else every float leaf."""
+    keys = getattr(f, "in_keys", None)
+    if keys is not None:
+        return tuple(keys)
+    return tuple(k for k, v in inputs.items(True, True) if isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
+def per_key(fn: Callable[..., torch.Tensor], td: TensorDictBase, *others: TensorDictBase) -> TensorDict:
+    """``fn(td[k], other[k], ...)`` for every leaf ``k`` of ``td``; keeps ``td``'s batch size."""
+    out = TensorDict({}, batch_size=td.batch_size)
+    for key, value in td.items(True, True):
+        out.set(key, fn(value, *(o.get(key) for o in others)))
+    return out
+
+
+def _unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
+    """Restore batch dims flattened to one, after ``lead`` leading dims."""
+    return t.reshape(*t.shape[:lead], *batch, *t.shape[lead + 1 :])
+
+
+def _layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str]) -> list[Any]:
+    """Shape and dtype of each activation, from a forward on meta tensors (no compute)."""
+    probe = f.with_taps(*(capture(p, key=f"{_ACT}{i}") for i, p in enumerate(paths)))
+    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
+    try:
+        out = probe(cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, td.apply(meta)))
+    except Exception:  # a forward that meta tensors cannot run (data-dependent): run it for real
+        with torch.no_grad():
+            out = probe(params, td)
+    return [(out.get(f"{_ACT}{i}").shape, out.get(f"{_ACT}{i}").dtype) for i in range(len(paths))]
+
+
+def _check_targets(values: Any) -> TensorDictBase:
+    if not isinstance(values, TensorDictBase):
+        raise TypeError(f"a target must return a TensorDict, got {type(values).__name__}")
+    for key, value in values.items(True, True):
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
+            raise ValueError(
+                f"target {key!r} does not depend differentiably on the attributed inputs or layers"
+            )
+    return values
+
+
+def _one_hots(values: TensorDictBase) -> TensorDictBase:
+    """Cotangents ``[T, *B, T]``: target ``t`` selected by a one-hot on the last dim."""
+    batch = values.batch_size
+    sizes = {v.shape[len(batch)] if v.dim() > len(batch) else 1 for v in values.values(True, True)}
+    if len(sizes) != 1:
+        raise ValueError(f"per_target needs the same number of targets in every target key, got {sizes}")
+    (n,) = sizes
+
+    def one_hot(v: torch.Tensor) -> torch.Tensor:
+        eye = torch.eye(n, dtype=v.dtype, device=v.device)
+        if v.dim() == len(batch):  # one target per sample: T = 1
+            return torch.ones_like(v).unsqueeze(0)
+        return eye.reshape(n, *([1] * len(batch)), n).expand(n, *v.shape)
+
+    return cast(TensorDictBase, values.apply(one_hot, batch_size=[n, *batch]))
+
+
+def gradients(
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    target: TargetFn,
+    *,
+    input_keys: Sequence[NestedKey],
+    layers: Mapping[str, Replace | None] | None = None,
+    target_layers: Sequence[str] = (),
+    taps: Sequence[Tap] = (),
+    per_target: bool = False,
+    cotangents: Callable[[TensorDictBase], TensorDictBase] | None = None,
+    use_outputs: bool = True,
+) -> Gradients:
+    """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].
+
+    ``layers`` maps a path to ``None`` (differentiate its activation) or to a function
+    whose result replaces the activation before the perturbation is added (layer
+    integrated gradients interpolates there).
+    """
+    layers = dict(layers or {})
+    tappable = f if isinstance(f, Functional) else None
+    if (layers or target_layers or taps) and tappable is None:
+        raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
+    batch = inputs.batch_size
+    flat = inputs.reshape(-1)
+    paths = list(layers)
+    specs = _layer_specs(tappable, params, flat, paths) if tappable is not None and paths else []
+    device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
+    deltas = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
+    extras = flat.exclude(*input_keys, *getattr(f, "in_keys", ()))  # e.g. labels, for the target
+
+    def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
+        feed = flat.copy()
+        feed.update(diff[0])
+        tapped: Any = f
+        if tappable is not None and (paths or target_layers or taps):
+            tapped = tappable.with_taps(*_layer_taps(paths, layers, diff[1]), *(
+                capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *taps)
+        out = tapped(params, feed)
+        acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
+        seen = TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)}, batch_size=out.batch_size)
+        private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
+        offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
+        offered.update(seen)
+        for key, value in extras.items(True, True):
+            if key not in offered.keys(True, True):
+                offered.set(key, value)
+        offered, acts = offered.reshape(batch), acts.reshape(batch)
+        return _check_targets(target(offered)), acts
+
+    diff = (flat.select(*input_keys), deltas)
+    values, pullback, acts = cast(Any, torch.func.vjp(forward, diff, has_aux=True))
+    if cotangents is not None:
+        cot = cotangents(values)
+        if not isinstance(cot, TensorDictBase):
+            raise TypeError(f"cotangents must return a TensorDict, got {type(cot).__name__}")
+        (d_inputs, d_layers), lead = pullback(cot)[0], 0
+    elif per_target:
+        cot = _one_hots(values)
+        (d_inputs, d_layers), lead = torch.func.vmap(pullback)(cot)[0], 1
+    else:
+        (d_inputs, d_layers), lead = pullback(values.apply(torch.ones_like))[0], 0
+    grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
+    for key, value in d_inputs.items(True, True):
+        grads.set(key, _unflatten(value, lead, batch))
+    for path, value in zip(paths, d_layers, strict=True):
+        grads.set(path, _unflatten(value, lead, batch))
+    return Gradients(grads, acts, values)
+
+
+def _layer_taps(paths: list[str], layers: Mapping[str, Replace | None], deltas: Sequence[torch.Tensor]) -> list[Tap]:
+    taps = []
+    for i, (path, delta) in enumerate(zip(paths, deltas, strict=True)):
+        replace = layers[path]
+        taps.append(Tap(path, "intervene", _plus(replace, delta)))
+        taps.append(capture(path, key=f"{_ACT}{i}"))
+    return taps
+
+
+def _plus(replace: Replace | None, delta: torch.Tensor) -> Replace:
+    if replace is None:
+        return lambda act: act + delta
+    return lambda act: replace(act) + delta

@@ -1,0 +1,77 @@
+"""Guided backpropagation (Springenberg et al. 2014), as tdhook applies it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .._functional import Functional
+from .._taps import Tap, map_grad
+from .._targets import Target
+from ._saliency import GradFn, saliency
+
+__all__ = ["guided_backprop", "module_paths"]
+
+
+def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] = ()) -> list[str]:
+    """Paths of every submodule below the root, except instances of ``classes_to_skip``.
+
+    >>> module_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), (nn.Linear,))
+    ['1']
+    """
+    return [
+        ".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split("."))
+        for name, module in model.named_modules()
+        if name and not isinstance(module, classes_to_skip)
+    ]
+
+
+def guided_backprop(
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    *,
+    target: Target,
+    classes_to_skip: tuple[type[nn.Module], ...] = (),
+    multiply_by_inputs: bool = False,
+    per_target: bool = False,
+    layers: Sequence[str] = (),
+    target_layers: Sequence[str] = (),
+    grad_fns: Mapping[str, GradFn] | None = None,
+    taps: Sequence[Tap] = (),
+) -> TensorDict:
+    """Gradients with a ReLU applied to them wherever they leave a module through its inputs.
+
+    As tdhook does, every submodule of ``f.model`` (not the root, not an instance of
+    ``classes_to_skip``) passes back ``relu(grad_input)``. Skipping every class but
+    ``nn.ReLU`` gives textbook guided backprop, equal to captum's ``GuidedBackprop``.
+
+    Args:
+        f (Functional): pure function of a model.
+        classes_to_skip (tuple[type, ...]): module classes left alone.
+        multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
+        params, inputs, target, per_target, layers, target_layers, grad_fns, taps:
+            as in :func:`saliency`.
+
+    Returns:
+        TensorDict: keyed like the inputs (and layer paths), ``[*B]`` or ``[T, *B]``.
+
+    >>> import torch, tdhook_fn
+    >>> from tensordict import TensorDict
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    >>> guided_backprop(f, p, x, target=1)["input"].shape
+    torch.Size([5, 3])
+    """
+    if not isinstance(f, Functional):
+        raise TypeError("guided_backprop needs f to be a tdhook_fn.Functional (it taps every submodule)")
+    guides = [map_grad(path, torch.relu, site="input") for path in module_paths(f.model, classes_to_skip)]
+    return saliency(
+        f, params, inputs, target=target, multiply_by_inputs=multiply_by_inputs, per_target=per_target,
+        layers=layers, target_layers=target_layers, grad_fns=grad_fns, taps=[*guides, *taps],
+    )

@@ -1,0 +1,105 @@
+"""Saliency: gradients, their absolute value, or input x gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import NestedKey
+from .._taps import Tap, map_grad
+from .._targets import Target, as_target
+from ._engine import gradients, input_keys_of, per_key
+
+__all__ = ["saliency"]
+
+GradFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def grad_taps(grad_fns: Mapping[str, GradFn] | None, taps: Sequence[Tap]) -> list[Tap]:
+    """tdhook's ``output_grad_callbacks`` as taps, followed by any extra taps."""
+    return [map_grad(path, fn) for path, fn in (grad_fns or {}).items()] + list(taps)
+
+
+def saliency(
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    *,
+    target: Target,
+    abs: bool = False,
+    multiply_by_inputs: bool = False,
+    per_target: bool = False,
+    layers: Sequence[str] = (),
+    target_layers: Sequence[str] = (),
+    use_inputs: bool = True,
+    input_keys: Sequence[NestedKey] | None = None,
+    grad_fns: Mapping[str, GradFn] | None = None,
+    taps: Sequence[Tap] = (),
+) -> TensorDict:
+    """Gradient of the target with respect to the inputs (and layer activations).
+
+    ``abs`` gives saliency maps |dy/dx| (Simonyan et al.), ``multiply_by_inputs`` input x
+    gradient (captum's ``InputXGradient``); both apply in that order, as in tdhook.
+    Only the attributed inputs and the perturbations of ``layers`` are differentiated;
+    ``params`` are constants here (wrap the call in ``torch.func.grad`` to differentiate
+    them).
+
+    Args:
+        f (Functional | Callable): pure ``f(params, td) -> td``, e.g. :func:`tdhook_fn.functional`.
+        params (TensorDict): parameters for ``f``.
+        inputs (TensorDict): inputs with any batch size ``[*B]``.
+        target (int | tuple[int, ...] | Callable): see :func:`tdhook_fn.as_target`.
+        abs (bool): absolute value of the gradient. Default: ``False``.
+        multiply_by_inputs (bool): multiply by the inputs (activations for layers).
+            Default: ``False``.
+        per_target (bool): one map per target along a new leading dim ``T``, from one
+            forward. Default: ``False`` (the targets' sum).
+        layers (Sequence[str]): paths whose activations are attributed too (tdhook's
+            ``input_modules``; captum's ``LayerGradientXActivation`` with
+            ``multiply_by_inputs``). Keys of the result are the paths.
+        target_layers (Sequence[str]): paths whose activations the target sees, under
+            their path (tdhook's ``target_modules``).
+        use_inputs (bool): attribute the inputs. Default: ``True``.
+        input_keys (Sequence | None): which inputs. Default: ``f.in_keys``.
+        grad_fns (Mapping[str, Callable] | None): path -> function applied to the
+            gradient at that module's output (tdhook's ``output_grad_callbacks``).
+        taps (Sequence[Tap]): any further taps for the call.
+
+    Returns:
+        TensorDict: keyed like the attributed inputs (and layer paths), batch ``[*B]`` or
+        ``[T, *B]``.
+
+    >>> import torch, tdhook_fn
+    >>> from tensordict import TensorDict
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    >>> saliency(f, p, x, target=1)["input"].shape
+    torch.Size([5, 3])
+    >>> per_sample = torch.func.vmap(lambda td: saliency(f, p, td, target=1))(x)
+    >>> torch.allclose(per_sample["input"], saliency(f, p, x, target=1)["input"])
+    True
+    """
+    keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
+    result = gradients(
+        f, params, inputs, as_target(target), input_keys=keys, layers=dict.fromkeys(layers),
+        target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target,
+    )
+    grads = result.grads
+    if abs:
+        grads = per_key(torch.abs, grads)
+    if multiply_by_inputs:
+        values = inputs.select(*keys).update(result.activations) if keys else result.activations
+        grads = per_key(torch.mul, grads, _broadcastable(values, grads))
+    return grads
+
+
+def _broadcastable(values: TensorDictBase, like: TensorDictBase) -> TensorDictBase:
+    """``values`` with the leading target dim of ``like`` (size 1) when it has one."""
+    extra = len(like.batch_size) - len(values.batch_size)
+    batch = [1] * extra + list(values.batch_size)
+    shaped = values.apply(lambda v: v.reshape(*([1] * extra), *v.shape), batch_size=batch)
+    return cast(TensorDictBase, shaped)
