@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _timing import median_seconds, print_table
 from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from _timing import median_seconds, print_table
 from tdhook_fn.attribution import integrated_gradients, quadrature
 
 warnings.filterwarnings("ignore")

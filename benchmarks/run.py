@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import platform
-import sys
-from pathlib import Path
-
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_call
+import bench_ig
+import torch
 
 
 def main() -> None:
     print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}, "
-          f"torch {torch.__version__}, 1 intra-op thread")
+          f"torch {torch.__version__}, 1 intra-op thread; times are medians, ratios per column")
     bench_call.main()
+    bench_ig.main()
 
 
 if __name__ == "__main__":
