@@ -1,0 +1,327 @@
+"""Hooking contexts with the public API of ``tdhook.contexts`` from tdhook 0.1.3.
+
+``HookingContextFactory().prepare(model)`` gives a context; entering it gives a
+:class:`~tdhook_fn.compat.modules.HookedModule` that runs ``model`` with hooks. Unlike
+tdhook, entering a context changes nothing on the model: hooks are virtual and every
+call runs on a private shadow of the model (see :mod:`tdhook_fn.compat.modules`).
+
+Subclasses customise the same steps as in tdhook: ``_prepare_module`` turns the working
+module into the module to run (it receives a
+:class:`~tdhook_fn.compat.modules.RoutedModule`, whose ``functional()`` and ``params()``
+give the model as a pure function at call time), ``_restore_module`` undoes it,
+``_spawn_hooked_module`` wraps it and ``_hook_module`` registers the context's own
+hooks on the hooked module. ``_hooking_context_class``, ``_hooked_module_class``,
+``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
+extra arguments.
+
+Differences from tdhook 0.1.3: a failed ``__enter__`` leaves the context closed (tdhook
+leaves it marked as entered); ``disable()`` yields the raw model without re-preparing
+it and attaching it to the hooked module as ``.module`` afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from types import TracebackType
+from typing import Any, Literal, overload
+
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from torch import nn
+
+from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
+from tdhook_fn.compat.modules import HookedModule, RoutedModule
+
+__all__ = [
+    "CompositeHookingContextFactory",
+    "HookingContext",
+    "HookingContextFactory",
+    "HookingContextWithCache",
+]
+
+Keys = list[Any]
+InKeys = list[Any] | dict[Any, str]
+
+
+def _is_unraveled(key: Any) -> bool:
+    """A str, or a non-empty tuple of str (tdhook's ``UnraveledKey``)."""
+    return isinstance(key, str) or (isinstance(key, tuple) and bool(key) and all(isinstance(k, str) for k in key))
+
+
+class HookingContext:
+    """Prepares a module on entry and restores it on exit.
+
+    Args:
+        factory (HookingContextFactory): supplies the prepare/restore/spawn/hook steps.
+        module (nn.Module): the model; an ``nn.Module`` is wrapped in a
+            ``TensorDictModule(module, in_keys or ["input"], out_keys or ["output"])``.
+        in_keys, out_keys: the keys of that wrapper.
+        pre_factories (list | None): factories whose contexts are entered first, each
+            preparing the module the next one receives.
+    """
+
+    def __init__(
+        self,
+        factory: HookingContextFactory,
+        module: nn.Module,
+        in_keys: InKeys | None = None,
+        out_keys: Keys | None = None,
+        pre_factories: list[HookingContextFactory] | None = None,
+    ) -> None:
+        self._prepare = factory._prepare_module
+        self._restore = factory._restore_module
+        self._spawn = factory._spawn_hooked_module
+        self._hook = factory._hook_module
+        self._in_context = False
+        self._handle: RemovableHandleProtocol | None = None
+        self._hooked_module: HookedModule | None = None
+        self._pre_factories = pre_factories or []
+        self._stack: ExitStack | None = None
+        self._module: TensorDictModuleBase
+        if isinstance(module, TensorDictModuleBase):
+            self._module, self._extra_relative_path = module, ""
+        else:
+            self._module = TensorDictModule(module, in_keys or ["input"], out_keys or ["output"])
+            self._extra_relative_path = "module"
+        self._in_keys: Keys = list(self._module.in_keys)
+        self._out_keys: Keys = list(self._module.out_keys)
+        self._managed_by_context_manager = False
+
+    def _enter(self, managed_by_context_manager: bool = True) -> HookedModule:
+        if self._in_context:
+            raise RuntimeError("Cannot enter context twice")
+        self._in_context = True
+        self._managed_by_context_manager = managed_by_context_manager
+        try:
+            working: TensorDictModuleBase = self._module
+            with ExitStack() as stack:
+                for factory in self._pre_factories:
+                    working = stack.enter_context(factory.prepare(working, self._in_keys, self._out_keys))
+                self._stack = stack.pop_all()
+            if working is self._module:  # pre-factories hand over modules that already route
+                working = RoutedModule(self._module, self._extra_relative_path)
+            prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
+            self._hooked_module = self._spawn(prepared, self, self._extra_relative_path)
+            self._handle = self._hook(self._hooked_module)
+        except BaseException as e:
+            self._close(type(e), e, e.__traceback__)
+            raise
+        return self._hooked_module
+
+    def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        self._in_context = False
+        self._hooked_module = None
+        self._handle = None
+        if stack is not None:
+            stack.__exit__(exc_type, exc_value, traceback)
+
+    def __enter__(self) -> HookedModule:
+        return self._enter(managed_by_context_manager=True)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if not self._in_context:
+            raise RuntimeError("Cannot exit a context that was not entered")
+        try:
+            if self._handle is not None:
+                self._handle.remove()
+            self._restore(self._module, self._in_keys, self._out_keys, self._extra_relative_path)
+        finally:
+            self._close(exc_type, exc_value, traceback)
+
+    @contextmanager
+    def disable_hooks(self) -> Iterator[None]:
+        """Remove the hooks ``_hook_module`` registered, and register them again after."""
+        if not self._in_context or self._hooked_module is None:
+            raise RuntimeError("Cannot disable hooks outside of context")
+        if self._handle is not None:
+            self._handle.remove()
+        try:
+            yield
+        finally:
+            self._handle = self._hook(self._hooked_module)
+
+    @contextmanager
+    def disable(self) -> Iterator[Any]:
+        """Yield the restored raw module (the user's model) with the context's hooks off.
+
+        The model runs plainly when called directly: no virtual hook fires on it.
+        """
+        if not self._in_context or self._hooked_module is None:
+            raise RuntimeError("Cannot disable context outside of context")
+        with self.disable_hooks():
+            yield self._restore(self._hooked_module.module, self._in_keys, self._out_keys, self._extra_relative_path)
+
+
+class HookingContextWithCache(HookingContext):
+    """A context owning a cache TensorDict, cleared on entry unless ``clear_cache=False``.
+
+    Args:
+        *args, **kwargs: as :class:`HookingContext`.
+        cache (TensorDict | None): the cache. Default: a new TensorDict.
+        clear_cache (bool): clear it on every entry. Default: ``True``.
+    """
+
+    def __init__(self, *args: Any, cache: TensorDict | None = None, clear_cache: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cache = TensorDict() if cache is None else cache
+        self._clear_cache = clear_cache
+
+    @property
+    def cache(self) -> TensorDict:
+        return self._cache
+
+    def clear(self) -> None:
+        """Empty the cache."""
+        self._cache.clear()
+
+    def _enter(self, managed_by_context_manager: bool = True) -> HookedModule:
+        if self._clear_cache:
+            self.clear()
+        return super()._enter(managed_by_context_manager=managed_by_context_manager)
+
+
+class HookingContextFactory:
+    """Makes hooking contexts; subclass it to build a method on the hooked module."""
+
+    _hooked_module_class: type[HookedModule] = HookedModule
+    _hooking_context_class: type[HookingContext] = HookingContext
+
+    def __init__(self) -> None:
+        self._hooking_context_kwargs: dict[str, Any] = {}
+        self._hooked_module_kwargs: dict[str, Any] = {}
+
+    @overload
+    def prepare(
+        self,
+        module: nn.Module,
+        in_keys: InKeys | None = None,
+        out_keys: Keys | None = None,
+        *,
+        return_context: Literal[True] = True,
+    ) -> HookingContext: ...
+
+    @overload
+    def prepare(
+        self,
+        module: nn.Module,
+        in_keys: InKeys | None = None,
+        out_keys: Keys | None = None,
+        *,
+        return_context: Literal[False],
+    ) -> HookedModule: ...
+
+    def prepare(
+        self,
+        module: nn.Module,
+        in_keys: InKeys | None = None,
+        out_keys: Keys | None = None,
+        *,
+        return_context: bool = True,
+    ) -> HookingContext | HookedModule:
+        """A context over ``module``, or (``return_context=False``) its entered hooked module.
+
+        Args:
+            module (nn.Module): an ``nn.Module`` or a TensorDictModule.
+            in_keys (list | dict | None): for an ``nn.Module``, its input keys (Default:
+                ``["input"]``); for a TensorDictModule, a subset of its ``in_keys``.
+            out_keys (list | None): likewise for outputs (Default: ``["output"]``).
+            return_context (bool): return the context (to use with ``with``). When
+                ``False`` the context is entered and its hooked module returned; call
+                its ``restore()`` when done. Default: ``True``.
+
+        Raises:
+            ValueError: for a TensorDictModule, a key that is not a str or tuple of str,
+                or is not among the module's keys.
+        """
+        if isinstance(module, TensorDictModuleBase):
+            for name, keys, known in (("in_keys", in_keys, module.in_keys), ("out_keys", out_keys, module.out_keys)):
+                for key in keys or ():
+                    if not _is_unraveled(key):
+                        raise ValueError(f"{name} must be unraveled, got {type(key)}")
+                    if key not in known:
+                        raise ValueError(f"Key {key} not in module.{name}")
+        context = self._hooking_context_class(self, module, in_keys, out_keys, **self._hooking_context_kwargs)
+        if return_context:
+            return context
+        return context._enter(managed_by_context_manager=False)
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself."""
+        return module
+
+    def _restore_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> Any:
+        """Undo :meth:`_prepare_module` on exit. Default: return ``module``."""
+        return module
+
+    def _spawn_hooked_module(
+        self, prep_module: TensorDictModuleBase, hooking_context: HookingContext, extra_relative_path: str
+    ) -> HookedModule:
+        """Wrap the prepared module in ``_hooked_module_class``."""
+        base = self._hooked_module_kwargs.get("relative_path", "td_module")
+        kwargs = {**self._hooked_module_kwargs, "relative_path": merge_paths(base, extra_relative_path)}
+        return self._hooked_module_class(prep_module, hooking_context=hooking_context, **kwargs)
+
+    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
+        """Register the context's own hooks on ``module``. Default: none."""
+        return MultiHookHandle()
+
+
+class CompositeHookingContextFactory(HookingContextFactory):
+    """Chains factories: prepares in order, restores in reverse, hooks with all of them.
+
+    Raises:
+        ValueError: a factory overrides ``_spawn_hooked_module``,
+            ``_hooking_context_class`` or ``_hooked_module_class`` and the composite
+            does not.
+    """
+
+    _OVERRIDABLE = ("_spawn_hooked_module", "_hooking_context_class", "_hooked_module_class")
+
+    def __init__(self, *contexts: HookingContextFactory) -> None:
+        super().__init__()
+        self._contexts = contexts
+        free = [attr for attr in self._OVERRIDABLE if not self._overrides(type(self), attr)]
+        for context in contexts:
+            for attr in free:
+                if self._overrides(type(context), attr):
+                    raise ValueError(
+                        f"Cannot compose factories that override {attr}, consider subclassing this factory "
+                        f"to override {attr}"
+                    )
+
+    @staticmethod
+    def _overrides(cls: type, attr: str) -> bool:
+        return bool(getattr(cls, attr) != getattr(HookingContextFactory, attr))
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        for context in self._contexts:
+            module = context._prepare_module(module, in_keys, out_keys, extra_relative_path)
+        return module
+
+    def _restore_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> Any:
+        for context in reversed(self._contexts):
+            module = context._restore_module(module, in_keys, out_keys, extra_relative_path)
+        return module
+
+    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
+        return MultiHookHandle([context._hook_module(module) for context in self._contexts])

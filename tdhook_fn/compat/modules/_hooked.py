@@ -1,0 +1,246 @@
+"""HookedModule, with virtual hooks (see NOTE [virtual hooks])."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from textwrap import indent
+from typing import TYPE_CHECKING, Any
+
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
+from torch import nn
+
+from tdhook_fn.compat.hooks import (
+    DIRECTION_TO_TYPE,
+    CacheProxy,
+    HookDirection,
+    HookFactory,
+    RemovableHandleProtocol,
+    _check_hook_signature,
+    resolve_submodule_path,
+)
+
+from ._routed import RoutedModule
+from ._run import HookedModuleRun
+from ._virtual import VirtualHooks, module_path, recording_target, route
+
+if TYPE_CHECKING:
+    from tdhook_fn.compat.contexts import HookingContext
+
+__all__ = ["HookedModule"]
+
+
+class _NoHandle:
+    """The handle of a hook that can never fire (tdhook hooks such modules anyway)."""
+
+    def remove(self) -> None:
+        return None
+
+    def __enter__(self) -> _NoHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class HookedModule(TensorDictModuleWrapper):
+    """A TensorDictModule whose submodules can be hooked without touching them.
+
+    ``set``/``get``/``stop`` and their variants record *virtual* hooks (see NOTE
+    [virtual hooks]) and return handles whose ``remove()`` drops them; calls of this
+    module run the model on a private shadow with those hooks attached there.
+
+    Args:
+        td_module (TensorDictModuleBase): the module to run.
+        hooking_context (HookingContext | None): the context that made this module;
+            it must be active when the module is called.
+        relative_path (str): reported as in tdhook. Keys with ``relative=True`` start
+            at the user's model (for a contextual module, the model the context was
+            prepared with; otherwise the module ``relative_path`` names).
+            Default: ``"td_module"``.
+    """
+
+    def __init__(
+        self,
+        td_module: TensorDictModuleBase,
+        hooking_context: HookingContext | None = None,
+        relative_path: str = "td_module",
+    ) -> None:
+        super().__init__(td_module)
+        self._hooking_context = hooking_context
+        self._relative_path = relative_path
+        self._virtual_hooks = VirtualHooks()
+
+    @property
+    def relative_path(self) -> str:
+        return self._relative_path
+
+    @property
+    def hooking_context(self) -> HookingContext | None:
+        return self._hooking_context
+
+    def __repr__(self) -> str:
+        fields = indent(f"td_module={self.td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}", 4 * " ")
+        return f"{type(self).__name__}(\n{fields})"
+
+    @classmethod
+    def from_module(
+        cls,
+        module: Callable[..., Any],
+        in_keys: list[Any],
+        out_keys: list[Any],
+        *,
+        hooking_context: HookingContext | None = None,
+        **kwargs: Any,
+    ) -> HookedModule:
+        """Wrap ``module`` in a ``TensorDictModule(module, in_keys, out_keys, **kwargs)``."""
+        return cls(TensorDictModule(module, in_keys, out_keys, **kwargs), hooking_context=hooking_context)
+
+    def run(
+        self,
+        data: TensorDict,
+        cache: TensorDict | None = None,
+        run_name: str | None = None,
+        run_sep: str | None = None,
+        run_cache: TensorDict | None = None,
+        grad_enabled: bool = False,
+        run_callback: Callable[..., Any] | None = None,
+    ) -> HookedModuleRun:
+        """A :class:`HookedModuleRun` of this module on ``data``."""
+        return HookedModuleRun(self, data, cache, run_name, run_sep, run_cache, grad_enabled, run_callback)
+
+    def _model(self) -> nn.Module:
+        """The module tree hooks may target: the context's module, else ``td_module``."""
+        module = getattr(self._hooking_context, "_module", None)
+        return module if isinstance(module, nn.Module) else self.td_module
+
+    def _key_root(self) -> Any:
+        context = self._hooking_context
+        if context is not None and isinstance(getattr(context, "_module", None), nn.Module):
+            return resolve_submodule_path(context._module, context._extra_relative_path)
+        return resolve_submodule_path(self, self._relative_path)
+
+    def register_submodule_hook(
+        self,
+        key: str,
+        hook: Callable[..., Any],
+        direction: HookDirection,
+        prepend: bool = False,
+        relative: bool = True,
+    ) -> RemovableHandleProtocol:
+        """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self).
+
+        Raises:
+            ValueError: ``key`` does not resolve, names no module of the model, or the
+                hook does not fit ``direction``.
+        """
+        root = self._key_root() if relative else self
+        submodule = resolve_submodule_path(root, key)
+        if isinstance(submodule, nn.ModuleList):
+            warnings.warn(f"You are hooking a ModuleList ({key}), which will never be executed.", stacklevel=2)
+        if not isinstance(submodule, nn.Module):
+            raise ValueError(f"{key!r} resolves to a {type(submodule).__name__}, not to a module")
+        if module_path(self._model(), submodule) is None:
+            if isinstance(submodule, nn.ModuleList):  # e.g. a slice: never executed anyway
+                _check_hook_signature(hook, direction)
+                return _NoHandle()
+            raise ValueError(
+                f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
+                "only the model's own submodules can be hooked"
+            )
+        target = recording_target()  # a HookedModuleRun records into its own registry
+        registry = self._virtual_hooks if target is None else target
+        return registry.add(submodule, hook, direction, prepend)
+
+    def set(
+        self,
+        module_key: str,
+        value: Any,
+        callback: Callable[..., Any] | None = None,
+        direction: HookDirection = "fwd",
+        prepend: bool = False,
+        relative: bool = True,
+    ) -> RemovableHandleProtocol:
+        """Replace the value at ``module_key`` by ``value`` (or ``callback``'s result)."""
+        hook = HookFactory.make_setting_hook(value, callback=callback, direction=direction)
+        return self.register_submodule_hook(module_key, hook, direction, prepend, relative)
+
+    def get(
+        self,
+        cache: Any,
+        module_key: str,
+        cache_key: Any = None,
+        callback: Callable[..., Any] | None = None,
+        direction: HookDirection = "fwd",
+        prepend: bool = False,
+        relative: bool = True,
+    ) -> tuple[RemovableHandleProtocol, CacheProxy]:
+        """Store the value at ``module_key`` in ``cache[cache_key]``.
+
+        ``cache_key`` defaults to ``"{module_key}_{type}"`` (``output``, ``input``,
+        ``grad_input``, ``grad_output``).
+        """
+        cache_key = cache_key or f"{module_key}_{DIRECTION_TO_TYPE[direction]}"
+        proxy = CacheProxy(cache_key, cache)
+        hook = HookFactory.make_caching_hook(cache_key, cache, callback=callback, direction=direction)
+        return self.register_submodule_hook(module_key, hook, direction, prepend, relative), proxy
+
+    def set_input(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
+        return self.set(*args, **{**kwargs, "direction": "fwd_pre"})
+
+    def get_input(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
+        return self.get(*args, **{**kwargs, "direction": "fwd_pre"})
+
+    def set_grad(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
+        return self.set(*args, **{**kwargs, "direction": "bwd"})
+
+    def get_grad(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
+        return self.get(*args, **{**kwargs, "direction": "bwd"})
+
+    def set_grad_output(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
+        return self.set(*args, **{**kwargs, "direction": "bwd_pre"})
+
+    def get_grad_output(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
+        return self.get(*args, **{**kwargs, "direction": "bwd_pre"})
+
+    def stop(self, key: str) -> RemovableHandleProtocol:
+        """Raise EarlyStoppingException when the module at ``key`` has run."""
+        return self.register_submodule_hook(key, HookFactory.make_stopping_hook(key), "fwd")
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        context = self._hooking_context
+        if context is not None and not context._in_context:
+            raise RuntimeError("Contextual HookedModule must be called in context")
+        with self._virtual_hooks.active():
+            if context is None and not isinstance(self.td_module, RoutedModule):
+                return route(self.td_module, lambda root: root(*args, **kwargs))
+            return self.td_module(*args, **kwargs)  # the prepared module routes the model
+
+    @contextmanager
+    def disable_context_hooks(self) -> Iterator[None]:
+        """Remove the context's own hooks for the duration (``HookingContext.disable_hooks``)."""
+        if self._hooking_context is None:
+            raise RuntimeError("No hooking context provided to this module")
+        with self._hooking_context.disable_hooks():
+            yield
+
+    @contextmanager
+    def disable_context(self) -> Iterator[Any]:
+        """Yield the raw model with the context's hooks off (``HookingContext.disable``)."""
+        if self._hooking_context is None:
+            raise RuntimeError("No hooking context provided to this module")
+        with self._hooking_context.disable() as raw_module:
+            yield raw_module
+
+    def restore(self) -> None:
+        """Exit the context of a module made with ``prepare(..., return_context=False)``."""
+        context = self._hooking_context
+        if context is None:
+            raise RuntimeError("No hooking context provided to this module")
+        if not context._in_context:
+            raise RuntimeError("Context is not active")
+        if context._managed_by_context_manager:
+            raise RuntimeError("Cannot call restore() when context is managed by a context manager. ")
+        context.__exit__(None, None, None)

@@ -1,0 +1,214 @@
+"""HookedModuleRun: one run of a hooked module with hooks of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict
+
+from tdhook_fn.compat.hooks import (
+    DIRECTION_TO_TYPE,
+    CacheProxy,
+    EarlyStoppingException,
+    HookDirection,
+    RemovableHandleProtocol,
+)
+
+from ._virtual import VirtualHooks, recording_into
+
+if TYPE_CHECKING:
+    from ._hooked import HookedModule
+
+__all__ = ["HookedModuleRun"]
+
+
+class HookedModuleRun:
+    """A context manager that runs a hooked module once, when it exits.
+
+    Hooks registered through the run (``get``, ``save``, ``set``, ``stop`` and their
+    ``_input``, ``_grad``, ``_grad_output`` variants) apply to that run only and are
+    removed afterwards. They live in a registry of the run's own, active in the thread
+    that exits the run, so runs in different threads do not see each other's hooks.
+    An :class:`~tdhook_fn.compat.hooks.EarlyStoppingException` ends the run quietly.
+
+    Args:
+        module (HookedModule): the module to run.
+        data (TensorDict): its input.
+        cache (TensorDict | None): where :meth:`save` stores. Default: the run cache.
+        run_name (str | None): prefix of :meth:`save`'s keys. Default: ``"run"``.
+        run_sep (str | None): separator after it. Default: ``"."``.
+        run_cache (TensorDict | None): where :meth:`get` stores. Default: a new one.
+        grad_enabled (bool): run with autograd on. Default: ``False``; the ``*_grad``
+            methods turn it on.
+        run_callback (Callable | None): ``run_callback(module, data)`` performs the run.
+            Default: ``module(data)``.
+    """
+
+    def __init__(
+        self,
+        module: HookedModule,
+        data: TensorDict,
+        cache: TensorDict | None = None,
+        run_name: str | None = None,
+        run_sep: str | None = None,
+        run_cache: TensorDict | None = None,
+        grad_enabled: bool = False,
+        run_callback: Callable[..., Any] | None = None,
+    ) -> None:
+        self._module = module
+        self._data = data
+        self._outer_cache = cache
+        self._name = run_name or "run"
+        self._sep = run_sep or "."
+        self._cache = TensorDict() if run_cache is None else run_cache
+        self._grad_enabled = grad_enabled
+        self._run_callback = run_callback or (lambda module, data: module(data))
+        self._save_cache = self._cache if cache is None else cache
+        self._handles: list[RemovableHandleProtocol] = []
+        self._in_context = False
+        self._hooks = VirtualHooks()
+
+    @property
+    def cache(self) -> TensorDict:
+        """The run cache, where :meth:`get` stores."""
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: TensorDict) -> None:
+        self._cache = cache
+
+    def __enter__(self) -> HookedModuleRun:
+        self._in_context = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        # As tdhook: the run happens on exit, also when the body raised.
+        try:
+            with self._hooks.active(), torch.set_grad_enabled(self._grad_enabled):
+                self._run_callback(self._module, self._data)
+        except EarlyStoppingException:
+            pass
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._in_context = False
+
+    def _ensure_in_context(self, method: str) -> None:
+        if not self._in_context:
+            raise RuntimeError(f"Not in context, method {method} must be called in context or directly on the module")
+
+    def _record(self, register: Callable[[], Any]) -> Any:
+        with recording_into(self._hooks):
+            return register()
+
+    def set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        callback: Callable[..., Any] | None = None,
+        direction: HookDirection = "fwd",
+        prepend: bool = False,
+        relative: bool = True,
+    ) -> None:
+        """Replace the value at ``key`` during the run (see :meth:`HookedModule.set`)."""
+        self._ensure_in_context("set")
+        handle = self._record(
+            lambda: self._module.set(
+                key, value, callback=callback, direction=direction, prepend=prepend, relative=relative
+            )
+        )
+        self._handles.append(handle)
+
+    def get(
+        self,
+        key: str,
+        *,
+        cache_key: str | None = None,
+        callback: Callable[..., Any] | None = None,
+        direction: HookDirection = "fwd",
+        prepend: bool = False,
+        relative: bool = True,
+    ) -> CacheProxy:
+        """Store the value at ``key`` in the run cache; read it from the proxy after the run."""
+        self._ensure_in_context("get")
+        handle, proxy = self._record(
+            lambda: self._module.get(
+                self._cache, key, cache_key, callback=callback, direction=direction, prepend=prepend, relative=relative
+            )
+        )
+        self._handles.append(handle)
+        return proxy  # type: ignore[no-any-return]
+
+    def save(
+        self,
+        key: str,
+        *,
+        cache_key: str | None = None,
+        callback: Callable[..., Any] | None = None,
+        direction: HookDirection = "fwd",
+        prepend: bool = False,
+        relative: bool = True,
+    ) -> CacheProxy:
+        """Like :meth:`get`, into the outer cache, under ``"{run_name}{run_sep}{key}_{type}"``."""
+        self._ensure_in_context("save")
+        cache_key = cache_key or f"{self._name}{self._sep}{key}_{DIRECTION_TO_TYPE[direction]}"
+        handle, proxy = self._record(
+            lambda: self._module.get(
+                self._save_cache,
+                key,
+                cache_key=cache_key,
+                callback=callback,
+                direction=direction,
+                prepend=prepend,
+                relative=relative,
+            )
+        )
+        self._handles.append(handle)
+        return proxy  # type: ignore[no-any-return]
+
+    def set_grad(self, *args: Any, **kwargs: Any) -> None:
+        self._ensure_in_context("set_grad")
+        self._grad_enabled = True
+        self.set(*args, **{**kwargs, "direction": "bwd"})
+
+    def get_grad(self, *args: Any, **kwargs: Any) -> CacheProxy:
+        self._ensure_in_context("get_grad")
+        self._grad_enabled = True
+        return self.get(*args, **{**kwargs, "direction": "bwd"})
+
+    def save_grad(self, *args: Any, **kwargs: Any) -> CacheProxy:
+        self._ensure_in_context("save_grad")
+        self._grad_enabled = True
+        return self.save(*args, **{**kwargs, "direction": "bwd"})
+
+    def set_input(self, *args: Any, **kwargs: Any) -> None:
+        self.set(*args, **{**kwargs, "direction": "fwd_pre"})
+
+    def get_input(self, *args: Any, **kwargs: Any) -> CacheProxy:
+        return self.get(*args, **{**kwargs, "direction": "fwd_pre"})
+
+    def save_input(self, *args: Any, **kwargs: Any) -> CacheProxy:
+        return self.save(*args, **{**kwargs, "direction": "fwd_pre"})
+
+    def set_grad_output(self, *args: Any, **kwargs: Any) -> None:
+        self.set(*args, **{**kwargs, "direction": "bwd_pre"})
+
+    def get_grad_output(self, *args: Any, **kwargs: Any) -> CacheProxy:
+        return self.get(*args, **{**kwargs, "direction": "bwd_pre"})
+
+    def save_grad_output(self, *args: Any, **kwargs: Any) -> CacheProxy:
+        return self.save(*args, **{**kwargs, "direction": "bwd_pre"})
+
+    def stop(self, key: str) -> None:
+        """End the run when the module at ``key`` has run."""
+        self._ensure_in_context("stop")
+        self._handles.append(self._record(lambda: self._module.stop(key)))

@@ -1,0 +1,276 @@
+"""Virtual hooks: recorded off the model, attached to each call's private shadow.
+
+# NOTE [virtual hooks]
+tdhook 0.1.3 registers torch hooks on the user's model while a context is open, so the
+model changes under every thread that shares it and keeps any hook nobody removed. Here
+a hook is only *recorded*: a :class:`VirtualHooks` registry holds entries (target
+submodule, direction, hook, prepend). Every execution of the model goes through
+:func:`route`, which runs it on the core's private shadow (:func:`tdhook_fn._call.run`)
+with the entries of the registries *active* at that moment turned into custom taps.
+
+A registry is active while its owner runs: ``HookedModule.forward`` and a
+``HookedModuleRun`` push theirs on a context variable. Context variables are per thread
+(and per asyncio task), so a call sees the hooks of the hooked modules it runs inside,
+including outer ones (a context's pre-factories), and never another thread's.
+
+Entries name their target by identity, as torch hooks do: a hook on ``model.layers[0]``
+fires wherever that submodule runs inside the routed model, and is mapped to a path of
+the routed root at call time. Hook functions receive the user's own submodule as their
+``module`` argument, never the shadow, so callbacks see what tdhook shows them.
+
+# NOTE [live parameters]
+Routed calls run with the model's own tensors (``named_parameters`` and
+``named_buffers``, not detached): ``loss.backward()`` after a hooked call fills
+``model.weight.grad`` and backward hooks fire, as tdhook users expect. Buffers are the
+model's own too, so a module in training mode updates them in place exactly as a plain
+forward would (BatchNorm's running statistics and ``num_batches_tracked``). A forward
+that *rebinds* a buffer attribute (``self.buf = new``) instead of updating it in place
+writes to the shadow, and the new value is dropped after the call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from tdhook_fn._call import run
+from tdhook_fn._taps import Captured, Tap
+from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
+
+__all__ = [
+    "HookTap",
+    "VirtualHook",
+    "VirtualHookHandle",
+    "VirtualHooks",
+    "active_hooks",
+    "live_params",
+    "module_path",
+    "recording_into",
+    "recording_target",
+    "route",
+    "taps_for",
+]
+
+_ACTIVE: ContextVar[tuple[VirtualHooks, ...]] = ContextVar("tdhook_fn_active_hooks", default=())
+_RECORDING: ContextVar[VirtualHooks | None] = ContextVar("tdhook_fn_recording_hooks", default=None)
+_ORDER = itertools.count()  # global registration order; next() is atomic under the GIL
+
+
+@dataclass(frozen=True)
+class VirtualHook:
+    """One recorded hook: ``hook`` on ``target`` for ``direction``."""
+
+    order: int
+    target: nn.Module
+    direction: HookDirection
+    hook: Callable[..., Any]
+    prepend: bool
+
+
+class VirtualHookHandle:
+    """Removes one virtual hook from its registry; removing twice is harmless."""
+
+    def __init__(self, registry: VirtualHooks, order: int) -> None:
+        self._registry = registry
+        self._order = order
+
+    def remove(self) -> None:
+        self._registry.discard(self._order)
+
+    def __enter__(self) -> VirtualHookHandle:  # as torch's RemovableHandle
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+
+class VirtualHooks:
+    """A thread-safe registry of virtual hooks (see NOTE [virtual hooks])."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, VirtualHook] = {}
+        self._lock = threading.Lock()
+
+    def add(
+        self, target: nn.Module, hook: Callable[..., Any], direction: HookDirection, prepend: bool = False
+    ) -> VirtualHookHandle:
+        """Record ``hook``; its signature is checked now, as torch registration would."""
+        _check_hook_signature(hook, direction)
+        entry = VirtualHook(next(_ORDER), target, direction, hook, prepend)
+        with self._lock:
+            self._entries[entry.order] = entry
+        return VirtualHookHandle(self, entry.order)
+
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle: a lock cannot be copied
+        return {"_entries": self.entries()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._entries = {entry.order: entry for entry in state["_entries"]}
+        self._lock = threading.Lock()
+
+    def discard(self, order: int) -> None:
+        with self._lock:
+            self._entries.pop(order, None)
+
+    def entries(self) -> list[VirtualHook]:
+        with self._lock:
+            return list(self._entries.values())
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Make these hooks apply to every routed call in this thread until exit."""
+        token = _ACTIVE.set((*_ACTIVE.get(), self))
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+
+
+def active_hooks() -> list[VirtualHook]:
+    """The hooks of every active registry, in registration order."""
+    seen: set[int] = set()
+    entries: list[VirtualHook] = []
+    for registry in _ACTIVE.get():
+        if id(registry) not in seen:
+            seen.add(id(registry))
+            entries.extend(registry.entries())
+    return sorted(entries, key=lambda entry: entry.order)
+
+
+@contextmanager
+def recording_into(registry: VirtualHooks) -> Iterator[None]:
+    """Send hooks registered through a HookedModule in this thread to ``registry``."""
+    token = _RECORDING.set(registry)
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def recording_target() -> VirtualHooks | None:
+    """The registry set by :func:`recording_into`, if any."""
+    return _RECORDING.get()
+
+
+@dataclass(frozen=True)
+class HookTap(Tap):
+    """A custom tap registering a tdhook-style hook on the call's shadow submodule.
+
+    Attributes:
+        direction (str): one of ``HookDirection``.
+        prepend (bool): run before the hooks already on the module.
+        target (nn.Module): the user's submodule, passed to ``fn`` as its ``module``.
+    """
+
+    direction: HookDirection = "fwd"
+    prepend: bool = False
+    target: Any = field(default=None, compare=False, repr=False)
+
+    def attach(self, module: nn.Module, captured: Captured) -> RemovableHandle:
+        hook, original = self.fn, self.target
+        assert hook is not None
+
+        def relay(_shadow: nn.Module, *args: Any) -> Any:
+            return hook(original, *args)
+
+        return _register(module, relay, self.direction, self.prepend)
+
+
+def _register(module: nn.Module, hook: Callable[..., Any], direction: HookDirection, prepend: bool) -> RemovableHandle:
+    """``register_hook_to_module`` without its signature check, done at recording time."""
+    if direction in ("fwd", "fwd_kwargs"):
+        return module.register_forward_hook(hook, prepend=prepend, with_kwargs=direction == "fwd_kwargs")
+    if direction in ("fwd_pre", "fwd_pre_kwargs"):
+        return module.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=direction == "fwd_pre_kwargs")
+    if direction == "bwd":
+        return module.register_full_backward_hook(hook, prepend=prepend)
+    return module.register_full_backward_pre_hook(hook, prepend=prepend)
+
+
+def _segment(name: str) -> str:
+    if not name or ">" in name or name.startswith("__"):
+        raise ValueError(f"cannot hook a submodule named {name!r}: the name has no path form")
+    return f"<{name}>"
+
+
+def module_paths(root: nn.Module) -> dict[int, str]:
+    """``id(submodule) -> path`` from ``root``, each submodule at its first name."""
+    paths: dict[int, str] = {}
+    for name, module in root.named_modules(remove_duplicate=False):
+        if id(module) not in paths:
+            paths[id(module)] = ".".join(_segment(part) for part in name.split(".")) if name else ""
+    return paths
+
+
+def module_path(root: nn.Module, target: nn.Module) -> str | None:
+    """The path of ``target`` from ``root``, or ``None`` when it is not inside it."""
+    return module_paths(root).get(id(target))
+
+
+def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
+    """``hooks`` as taps on ``root``; hooks on modules outside ``root`` are left out."""
+    if not hooks:
+        return ()
+    paths = module_paths(root)
+    return tuple(
+        HookTap(paths[id(h.target)], "custom", h.hook, direction=h.direction, prepend=h.prepend, target=h.target)
+        for h in hooks
+        if id(h.target) in paths
+    )
+
+
+def live_params(model: nn.Module) -> TensorDict:
+    """The model's own parameters and buffers, not detached (see NOTE [live parameters])."""
+    return _build([*model.named_parameters(), *model.named_buffers()])
+
+
+def _build(named: list[tuple[str, Any]]) -> TensorDict:
+    td = TensorDict({}, batch_size=[])
+    for name, tensor in named:
+        td.set(tuple(name.split(".")), tensor)
+    return td
+
+
+# Building the TensorDict costs more than a small model's forward: routed calls reuse it
+# while the model holds the same tensors. The cached TensorDict keeps those tensors
+# alive, so equal ids mean the same tensors. Only read, never handed out.
+_live_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[tuple[str, int], ...], TensorDict]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _cached_live_params(model: nn.Module) -> TensorDict:
+    named = [*model.named_parameters(), *model.named_buffers()]
+    fingerprint = tuple((name, id(tensor)) for name, tensor in named)
+    hit = _live_cache.get(model)
+    if hit is not None and hit[0] == fingerprint:
+        return hit[1]
+    td = _build(named)
+    _live_cache[model] = (fingerprint, td)
+    return td
+
+
+def route(model: nn.Module, invoke: Callable[[nn.Module], Any], params: TensorDictBase | None = None) -> Any:
+    """``invoke(shadow)`` on a private shadow of ``model`` with the active virtual hooks.
+
+    Args:
+        model (nn.Module): the module to run; it is never changed.
+        invoke (Callable): receives the shadow root and runs it.
+        params (TensorDict | None): the model's tensors. Default: its own, live.
+
+    Returns:
+        Any: what ``invoke`` returns.
+    """
+    taps = taps_for(model, active_hooks())
+    output, _ = run(model, _cached_live_params(model) if params is None else params, taps, invoke)
+    return output
