@@ -28,9 +28,10 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 
-__all__ = ["Gradients", "TargetFn", "gradients", "input_keys_of", "per_key"]
+__all__ = ["Cotangents", "Gradients", "TargetFn", "gradients", "input_keys_of", "per_key"]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
+Cotangents = Callable[[TensorDictBase], TensorDictBase]
 Replace = Callable[[torch.Tensor], torch.Tensor]
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 
@@ -124,7 +125,7 @@ def gradients(
     target_layers: Sequence[str] = (),
     taps: Sequence[Tap] = (),
     per_target: bool = False,
-    cotangents: Callable[[TensorDictBase], TensorDictBase] | None = None,
+    cotangents: Cotangents | None = None,
     use_outputs: bool = True,
 ) -> Gradients:
     """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].

@@ -9,7 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._taps import Tap
 from .._targets import Target, as_target
-from ._engine import gradients
+from ._engine import Cotangents, gradients
 from ._saliency import GradFn, grad_taps
 
 __all__ = ["DimsConfig", "grad_cam"]
@@ -50,6 +50,7 @@ def grad_cam(
     target_layers: Sequence[str] = (),
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
+    cotangents: Cotangents | None = None,
 ) -> TensorDict:
     """Class activation maps: activations weighted by their pooled gradients.
 
@@ -65,7 +66,7 @@ def grad_cam(
         layers (Mapping[str, DimsConfig]): path -> dims (see :class:`DimsConfig`).
         absolute (bool): pool ``|grad|``. Default: ``False``.
         per_target (bool): one map per target on a leading dim ``T``. Default: ``False``.
-        target_layers, grad_fns, taps: as in :func:`saliency`.
+        target_layers, grad_fns, taps, cotangents: as in :func:`saliency`.
 
     Returns:
         TensorDict: one map per layer path, batch ``[*B]`` or ``[T, *B]``.
@@ -81,7 +82,7 @@ def grad_cam(
     """
     result = gradients(
         f, params, inputs, as_target(target), input_keys=(), layers=dict.fromkeys(layers),
-        target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target,
+        target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
     )
     lead = len(result.grads.batch_size) - len(inputs.batch_size)
     offset = len(result.grads.batch_size)

@@ -12,6 +12,7 @@ from torch import nn
 from .._functional import Functional
 from .._taps import Tap, map_grad
 from .._targets import Target
+from ._engine import Cotangents
 from ._saliency import GradFn, saliency
 
 __all__ = ["guided_backprop", "module_paths"]
@@ -43,6 +44,7 @@ def guided_backprop(
     target_layers: Sequence[str] = (),
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
+    cotangents: Cotangents | None = None,
 ) -> TensorDict:
     """Gradients with a ReLU applied to them wherever they leave a module through its inputs.
 
@@ -54,7 +56,7 @@ def guided_backprop(
         f (Functional): pure function of a model.
         classes_to_skip (tuple[type, ...]): module classes left alone.
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
-        params, inputs, target, per_target, layers, target_layers, grad_fns, taps:
+        params, inputs, target, per_target, layers, target_layers, grad_fns, taps, cotangents:
             as in :func:`saliency`.
 
     Returns:
@@ -73,5 +75,5 @@ def guided_backprop(
     guides = [map_grad(path, torch.relu, site="input") for path in module_paths(f.model, classes_to_skip)]
     return saliency(
         f, params, inputs, target=target, multiply_by_inputs=multiply_by_inputs, per_target=per_target,
-        layers=layers, target_layers=target_layers, grad_fns=grad_fns, taps=[*guides, *taps],
+        layers=layers, target_layers=target_layers, grad_fns=grad_fns, taps=[*guides, *taps], cotangents=cotangents,
     )

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 from .._targets import Target, as_target
-from ._engine import TargetFn, gradients, input_keys_of, per_key
+from ._engine import Cotangents, TargetFn, gradients, input_keys_of, per_key
 from ._quadrature import quadrature
 from ._saliency import GradFn, grad_taps
 
@@ -40,6 +40,7 @@ def integrated_gradients(
     input_keys: Sequence[NestedKey] | None = None,
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
+    cotangents: Cotangents | None = None,
 ) -> TensorDict | tuple[TensorDict, torch.Tensor]:
     """Integrated gradients along the straight line from ``baselines`` to ``inputs``.
 
@@ -70,7 +71,7 @@ def integrated_gradients(
             interpolates the inputs and integrates the gradients read at the layers
             (tdhook's ``IntegratedGradients`` with ``input_modules``; layer results are
             not multiplied).
-        target_layers, use_inputs, input_keys, grad_fns, taps: as in :func:`saliency`.
+        target_layers, use_inputs, input_keys, grad_fns, taps, cotangents: as in :func:`saliency`.
 
     Returns:
         TensorDict | tuple[TensorDict, Tensor]: attributions keyed like the attributed
@@ -103,7 +104,8 @@ def integrated_gradients(
     target_fn = as_target(target)
     ends = _layer_ends(f, params, inputs, base, layers) if in_layer_space else {}
     options: dict[str, Any] = dict(
-        input_keys=keys, target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target)
+        input_keys=keys, target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target,
+        cotangents=cotangents)
     total: TensorDict | None = None
     size = chunk_size or n_steps
     for start in range(0, n_steps, size):

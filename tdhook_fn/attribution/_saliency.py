@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._taps import Tap, map_grad
 from .._targets import Target, as_target
-from ._engine import gradients, input_keys_of, per_key
+from ._engine import Cotangents, gradients, input_keys_of, per_key
 
 __all__ = ["saliency"]
 
@@ -38,6 +38,7 @@ def saliency(
     input_keys: Sequence[NestedKey] | None = None,
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
+    cotangents: Cotangents | None = None,
 ) -> TensorDict:
     """Gradient of the target with respect to the inputs (and layer activations).
 
@@ -67,6 +68,9 @@ def saliency(
         grad_fns (Mapping[str, Callable] | None): path -> function applied to the
             gradient at that module's output (tdhook's ``output_grad_callbacks``).
         taps (Sequence[Tap]): any further taps for the call.
+        cotangents (Callable | None): ``target_values -> TensorDict`` of the gradients fed
+            back from the targets (tdhook's ``init_attr_grads``). Default: ones (per-target
+            one-hots with ``per_target``).
 
     Returns:
         TensorDict: keyed like the attributed inputs (and layer paths), batch ``[*B]`` or
@@ -86,7 +90,7 @@ def saliency(
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
     result = gradients(
         f, params, inputs, as_target(target), input_keys=keys, layers=dict.fromkeys(layers),
-        target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target,
+        target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
     )
     grads = result.grads
     if abs:
