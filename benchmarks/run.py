@@ -6,6 +6,7 @@ import platform
 
 import bench_call
 import bench_ig
+import bench_weights
 import torch
 
 
@@ -14,6 +15,7 @@ def main() -> None:
           f"torch {torch.__version__}, 1 intra-op thread; times are medians, ratios per column")
     bench_call.main()
     bench_ig.main()
+    bench_weights.main()
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def sweep_alphas(
     dominates); a loop wins on large evaluation sets, where a vmapped matmul over K
     weight sets is slower than K plain ones and holds K copies of the parameters. With
     ``chunk_size=None`` the choice is measured: two alphas run alone (the second timed),
-    the next four in one ``vmap``, and the cheaper way per alpha evaluates the rest. ``fn`` that
+    the next two in one ``vmap``, and the cheaper way per alpha evaluates the rest. ``fn`` that
     cannot be vmapped (``.item()``, data-dependent control flow) falls back to the loop.
 
     Args:
@@ -131,7 +131,7 @@ def _measured(one: Callable[[Any], torch.Tensor], many: Callable[[torch.Tensor],
     start = time.perf_counter()
     results.append(one(values[1]))
     per_alpha_loop = time.perf_counter() - start
-    probe = values[2:6]
+    probe = values[2:4]
     if len(probe) == 0:
         return torch.stack(results)
     try:
