@@ -52,6 +52,8 @@ class Adapted(Functional):
         weights = params.get(self.key)
         taps: list[Tap] = []
         for name, adapter in self.adapters.items():
+            if name not in weights.keys():
+                raise KeyError(f"adapted function: params[{self.key!r}] has no weights for adapter {name!r}")
             taps += _splice(name, adapter, weights.get(name))
         run = Functional(self.model, self.in_keys, self.out_keys, (*self.base_taps, *taps, *self.taps))
         return run(params.exclude(self.key), td)
@@ -111,13 +113,20 @@ def with_adapters(
     if not isinstance(f, Functional):
         raise TypeError("with_adapters needs a tdhook_fn.Functional")
     resolved = {name: _as_adapter(a) for name, a in adapters.items()}
+    base_taps: tuple[Tap, ...] = f.taps
+    later_taps: tuple[Tap, ...] = ()
+    if isinstance(f, Adapted):  # adapters added to an adapted function join the existing ones
+        if f.key != key or resolved.keys() & f.adapters.keys():
+            raise ValueError(f"with_adapters: nested adapters must share key {f.key!r} and have new names")
+        resolved = {**f.adapters, **resolved}
+        base_taps, later_taps = f.base_taps, f.taps
     for name, adapter in resolved.items():
         for path in (adapter.in_path, adapter.out_path):
             try:
                 resolve_path(f.model, path)
             except ValueError as e:
                 raise ValueError(f"adapter {name!r}: path {path!r} does not resolve: {e}") from None
-    return Adapted(f, resolved, key)
+    return Adapted(Functional(f.model, f.in_keys, f.out_keys, base_taps), resolved, key, later_taps)
 
 
 def adapter_params(

@@ -154,11 +154,17 @@ def pruning_scores(
     [('0', 'weight'), ('1', 'weight')]
     """
     scores = TensorDict({}, batch_size=[])
+    seen: set[int] = set()  # a tied parameter is scored once, under its first name, as in params()
     for name, module in model.named_modules():
         if skip is not None and skip(name, module):
             continue
-        for param_name, _ in module.named_parameters(recurse=False):
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
             key = (*name.split("."), param_name) if name else (param_name,)
+            if key not in params.keys(True, True):
+                raise KeyError(f"pruning_scores: params have no {'.'.join(key)!r}")
             score = importance(module_key=name, parameter_name=param_name, parameter=params.get(key))
             if score is not None:
                 scores.set(key, score)
