@@ -259,5 +259,6 @@ def test_pruning_scores_score_a_tied_weight_once():
     from tdhook_fn.weights import pruning_scores
 
     model = Tied()
-    scores = pruning_scores(model, tdhook_fn.params(model), lambda module_key, parameter_name, parameter: parameter.abs())
+    importance = lambda module_key, parameter_name, parameter: parameter.abs()
+    scores = pruning_scores(model, tdhook_fn.params(model), importance)
     assert {".".join(k) for k in scores.keys(True, True)} == {"enc.weight"}
