@@ -11,7 +11,7 @@ class stored under another key of the TensorDict.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
@@ -33,20 +33,25 @@ def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
     return items[0]
 
 
-def _select(index: int | list[int]) -> Callable[[TensorDictBase], TensorDictBase]:
+def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Callable[[TensorDictBase], TensorDictBase]:
     def select(td: TensorDictBase) -> TensorDictBase:
-        key, value = _single_output(td)
+        key, value = _single_output(td if outputs is None else td.select(*outputs))
         return TensorDict({key: value[..., index]}, batch_size=td.batch_size)
 
     return select
 
 
-def as_target(target: Target) -> Callable[[TensorDictBase], TensorDictBase]:
+def as_target(
+    target: Target, *, outputs: Sequence[NestedKey] | None = None
+) -> Callable[[TensorDictBase], TensorDictBase]:
     """The callable form of ``target`` (see NOTE [one target rule]).
 
     Args:
         target (int | tuple[int, ...] | Callable): an index, several indices, or a
             callable ``outputs_td -> TensorDict``.
+        outputs (Sequence | None): the keys among which an index looks for the single
+            output (methods pass the model's outputs, so extra keys such as labels do
+            not count). Default: every key.
 
     Returns:
         Callable[[TensorDict], TensorDict]: the target values; for a tuple the last
@@ -62,11 +67,11 @@ def as_target(target: Target) -> Callable[[TensorDictBase], TensorDictBase]:
     if isinstance(target, bool):
         raise TypeError("target must be an int, a tuple of ints or a callable, not a bool")
     if isinstance(target, int):
-        return _select(target)
+        return _select(target, outputs)
     if isinstance(target, tuple):
         if not target or not all(isinstance(i, int) and not isinstance(i, bool) for i in target):
             raise TypeError(f"a tuple target must hold ints, got {target!r}")
-        return _select(list(target))
+        return _select(list(target), outputs)
     if callable(target):
         return target
     raise TypeError(f"target must be an int, a tuple of ints or a callable, got {target!r}")

@@ -27,8 +27,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
+from .._targets import Target, as_target
 
-__all__ = ["Cotangents", "Gradients", "TargetFn", "gradients", "input_keys_of", "per_key"]
+__all__ = ["Cotangents", "Gradients", "TargetFn", "gradients", "input_keys_of", "per_key", "target_values"]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
@@ -114,11 +115,50 @@ def _one_hots(values: TensorDictBase) -> TensorDictBase:
     return cast(TensorDictBase, values.apply(one_hot, batch_size=[n, *batch]))
 
 
+def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
+    if isinstance(f, Functional):
+        return f
+    if needs_taps:
+        raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
+    return None
+
+
+def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase:
+    """Inputs the model does not read (labels, weights): offered to the target."""
+    return flat.exclude(*input_keys, *getattr(f, "in_keys", ()))
+
+
+def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase,
+           batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
+    """Target values from the outputs, the target layers' activations and the extras."""
+    offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
+    select = as_target(target, outputs=list(offered.keys(True, True)))
+    offered.update(seen)
+    for key, value in extras.items(True, True):
+        if key not in offered.keys(True, True):
+            offered.set(key, value)
+    values = select(offered.reshape(batch))
+    return _check_targets(values) if check else values
+
+
+def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target, *,
+                  target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
+    """The target values of ``f(params, inputs)``, seen as :func:`gradients` sees them."""
+    tappable = _tappable(f, bool(target_layers or taps))
+    flat = inputs.reshape(-1)
+    run: Any = f if tappable is None else tappable.with_taps(
+        *(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *taps)
+    out = run(params, flat)
+    private = [f"{_TGT}{i}" for i in range(len(target_layers))]
+    seen = TensorDict({p: out.get(k) for p, k in zip(target_layers, private, strict=True)}, batch_size=out.batch_size)
+    return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
+
+
 def gradients(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
     inputs: TensorDictBase,
-    target: TargetFn,
+    target: Target,
     *,
     input_keys: Sequence[NestedKey],
     layers: Mapping[str, Replace | None] | None = None,
@@ -132,19 +172,19 @@ def gradients(
 
     ``layers`` maps a path to ``None`` (differentiate its activation) or to a function
     whose result replaces the activation before the perturbation is added (layer
-    integrated gradients interpolates there).
+    integrated gradients interpolates there). An int or tuple ``target`` indexes the
+    single output of ``f`` (extra input keys and target layers do not count).
     """
     layers = dict(layers or {})
-    tappable = f if isinstance(f, Functional) else None
-    if (layers or target_layers or taps) and tappable is None:
-        raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
+    tappable = _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
     flat = inputs.reshape(-1)
     paths = list(layers)
-    specs = _layer_specs(tappable, params, flat, paths) if tappable is not None and paths else []
+    specs = _layer_specs(tappable.with_taps(*taps), params, flat, paths) if tappable is not None and paths else []
     device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
     deltas = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
-    extras = flat.exclude(*input_keys, *getattr(f, "in_keys", ()))  # e.g. labels, for the target
+    extras = _extras(f, flat, input_keys)
+    private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
 
     def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
         feed = flat.copy()
@@ -156,14 +196,7 @@ def gradients(
         out = tapped(params, feed)
         acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
         seen = TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)}, batch_size=out.batch_size)
-        private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
-        offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
-        offered.update(seen)
-        for key, value in extras.items(True, True):
-            if key not in offered.keys(True, True):
-                offered.set(key, value)
-        offered, acts = offered.reshape(batch), acts.reshape(batch)
-        return _check_targets(target(offered)), acts
+        return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts.reshape(batch)
 
     diff = (flat.select(*input_keys), deltas)
     values, pullback, acts = cast(Any, torch.func.vjp(forward, diff, has_aux=True))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tensordict import TensorDict, TensorDictBase
 
 from .._taps import Tap
-from .._targets import Target, as_target
+from .._targets import Target
 from ._engine import Cotangents, gradients
 from ._saliency import GradFn, grad_taps
 
@@ -81,7 +81,7 @@ def grad_cam(
     torch.Size([2, 6, 6])
     """
     result = gradients(
-        f, params, inputs, as_target(target), input_keys=(), layers=dict.fromkeys(layers),
+        f, params, inputs, target, input_keys=(), layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
     )
     lead = len(result.grads.batch_size) - len(inputs.batch_size)

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 from .._targets import Target, as_target
-from ._engine import Cotangents, TargetFn, gradients, input_keys_of, per_key
+from ._engine import Cotangents, gradients, input_keys_of, target_values
 from ._quadrature import quadrature
 from ._saliency import GradFn, grad_taps
 
@@ -101,28 +101,32 @@ def integrated_gradients(
     base = _baselines(inputs, baselines, base_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
     keys = () if in_layer_space or not use_inputs else base_keys
-    target_fn = as_target(target)
-    ends = _layer_ends(f, params, inputs, base, layers) if in_layer_space else {}
+    as_target(target)  # fail early on a malformed target
+    all_taps = grad_taps(grad_fns, taps)
+    ends = _layer_ends(f, params, inputs, base, layers, all_taps) if in_layer_space else {}
     options: dict[str, Any] = dict(
-        input_keys=keys, target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target,
-        cotangents=cotangents)
+        input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents)
     total: TensorDict | None = None
     size = chunk_size or n_steps
     for start in range(0, n_steps, size):
         chunk = slice(start, min(start + size, n_steps))
         points = _path_points(inputs, base, path_keys, alphas[chunk])
         replace = {p: _interpolator(*ends[p], alphas[chunk]) for p in ends} if ends else dict.fromkeys(layers)
-        grads = gradients(f, params, points, target_fn, layers=replace, **options).grads
+        grads = gradients(f, params, points, target, layers=replace, **options).grads
         total = _fold(total, grads, steps[chunk], lead=1 if per_target else 0)
     assert total is not None
     attrs = total
-    if multiply_by_inputs:
+    if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
         differences = {k: inputs.get(k) - base.get(k) for k in keys}
         differences.update({p: x - b for p, (b, x) in ends.items()})
-        attrs = per_key(lambda g, d: g * d, total, _as_td(differences, inputs.batch_size, total))
+        lead = [1] * (len(total.batch_size) - len(inputs.batch_size))
+        attrs = total.clone(False)
+        for key, d in differences.items():
+            attrs.set(key, total.get(key) * d.reshape(*lead, *d.shape))
     if not return_convergence_delta:
         return attrs
-    return attrs, _convergence_delta(f, params, inputs, base, target_fn, attrs, per_target)
+    values = target_values(f, params, _ends_batch(inputs, base), target, target_layers=target_layers, taps=all_taps)
+    return attrs, _convergence_delta(values, inputs.batch_size, attrs, per_target)
 
 
 def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | float, keys: Sequence[NestedKey]) -> TensorDict:
@@ -161,11 +165,11 @@ def _path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[Ne
 
 
 def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,
-                layers: Sequence[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+                layers: Sequence[str], taps: Sequence[Tap]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Activations at the baselines and at the inputs, for layer-space interpolation."""
     if not isinstance(f, Functional):
         raise TypeError("layer attribution needs f to be a tdhook_fn.Functional")
-    probe = f.with_taps(*(capture(p, key=f"_tdhook_fn_end_{i}") for i, p in enumerate(layers)))
+    probe = f.with_taps(*taps, *(capture(p, key=f"_tdhook_fn_end_{i}") for i, p in enumerate(layers)))
     batch = inputs.batch_size
     flat = _ends_batch(inputs, base)
     out = probe(params, flat)
@@ -225,17 +229,9 @@ def _ends_batch(inputs: TensorDictBase, base: TensorDictBase) -> TensorDictBase:
     return cast(TensorDictBase, torch.stack([starts, inputs]).reshape(-1))
 
 
-def _convergence_delta(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,
-                       target: TargetFn, attrs: TensorDict, per_target: bool) -> torch.Tensor:
-    """``sum(attr) - (F(x) - F(b))`` per sample (and target), targets summed over their keys."""
-    batch = inputs.batch_size
-    flat = _ends_batch(inputs, base)
-    outputs = f(params, flat)
-    extras = flat.exclude(*getattr(f, "in_keys", ()), *base.keys(True, True))
-    for key, value in extras.items(True, True):
-        if key not in outputs.keys(True, True):
-            outputs.set(key, value)
-    values = target(outputs.reshape(2, *batch))
+def _convergence_delta(values: TensorDictBase, batch: torch.Size, attrs: TensorDict, per_target: bool) -> torch.Tensor:
+    """``sum(attr) - (F(x) - F(b))`` per sample (and target); ``values`` are ``[2 * N]`` targets."""
+    values = values.reshape(2, *batch)
     lead = 1 if per_target else 0
     ends = None
     for v in values.values(True, True):

@@ -10,7 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._taps import Tap, map_grad
-from .._targets import Target, as_target
+from .._targets import Target
 from ._engine import Cotangents, gradients, input_keys_of, per_key
 
 __all__ = ["saliency"]
@@ -89,7 +89,7 @@ def saliency(
     """
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
     result = gradients(
-        f, params, inputs, as_target(target), input_keys=keys, layers=dict.fromkeys(layers),
+        f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
     )
     grads = result.grads
