@@ -1,0 +1,241 @@
+"""Task vectors with the public API of ``tdhook.weights.task_vectors`` from tdhook 0.1.3.
+
+The numbers come from :mod:`tdhook_fn.weights` (:func:`~tdhook_fn.weights.task_vector`,
+:func:`~tdhook_fn.weights.forget_vector`, :func:`~tdhook_fn.weights.apply_vectors`,
+:func:`~tdhook_fn.weights.best_alpha`); no weight is ever written into the user's model.
+
+# NOTE [applied vectors]
+tdhook's ``with_applied_vectors`` loads the new weights into the model itself
+(``TensorDict.to_module``) and yields the hooked module. Here it yields the hooked module
+too, but the weights are only *registered* for it, in a context variable: while the
+``with`` block runs, calls of the hooked module made in that thread (or asyncio task) run
+the model on its private shadow with those weights
+(:meth:`~tdhook_fn.compat.modules.RoutedModule.forward_with_params`). The model, and calls
+made through it directly or from other threads, keep the original weights.
+
+Differences from tdhook 0.1.3:
+
+- Vectors are keyed like :func:`tdhook_fn.params` of the model, which is
+  ``TensorDict.from_module``'s layout (nested by submodule, parameters and buffers) except
+  that a tied parameter appears once, under its first name.
+- Integer buffers (``num_batches_tracked``) keep the model's value in applied weights;
+  tdhook adds ``alpha * vector`` to them and turns them into floats.
+- The stored base weights are detached; buffers are a copy taken on entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
+from torch import nn
+
+from tdhook_fn import params as params_of
+from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
+from tdhook_fn.compat.modules import HookedModule, RoutedModule
+from tdhook_fn.weights import apply_vectors, best_alpha, forget_vector, task_vector
+
+__all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
+
+Keys = list[Any]
+
+# (id of a prepared module, the weights its calls use), innermost last; see NOTE [applied vectors].
+_APPLIED: ContextVar[tuple[tuple[int, TensorDictBase], ...]] = ContextVar("tdhook_fn_applied_vectors", default=())
+
+
+class _VectorsModule(TensorDictModuleWrapper):
+    """The prepared module: the routed model, with the applied weights when there are some."""
+
+    def __init__(self, routed: RoutedModule) -> None:
+        super().__init__(routed)
+
+    @property
+    def routed(self) -> RoutedModule:
+        return cast(RoutedModule, self.td_module)
+
+    def forward(self, tensordict: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
+        routed = self.routed
+        for owner, weights in reversed(_APPLIED.get()):
+            if owner == id(self):
+                return routed.forward_with_params(weights, tensordict, *args, **kwargs)
+        return routed(tensordict, *args, **kwargs)
+
+
+class TaskVectorsContext(HookingContext):
+    """The context of :class:`TaskVectors`: finds the best scaling of a vector.
+
+    Args:
+        *args, **kwargs: as :class:`~tdhook_fn.compat.contexts.HookingContext`.
+        alphas (Iterable[float]): the scalings :meth:`compute_alpha` tries, in order.
+        get_test_accuracy (Callable): ``get_test_accuracy(module) -> float``, the score of
+            the hooked module running with applied vectors.
+        get_control_adequacy (Callable): ``get_control_adequacy(module) -> bool``, whether
+            that module is acceptable on the control task.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        alphas: Iterable[float],
+        get_test_accuracy: Callable[[nn.Module], float],
+        get_control_adequacy: Callable[[nn.Module], bool],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.alphas = alphas
+        self.get_test_accuracy = get_test_accuracy
+        self.get_control_adequacy = get_control_adequacy
+
+    def compute_alpha(self, vector: TensorDictBase) -> float:
+        """The alpha of highest test accuracy among those with adequate control, as tdhook.
+
+        Each alpha is tried on the hooked module with ``vector`` applied (see
+        :meth:`TaskVectorsModule.with_applied_vectors`); the accuracy is only asked for
+        adequate ones. Ties go to the earliest alpha.
+
+        Raises:
+            RuntimeError: outside the context, or no alpha is adequate.
+        """
+        hooked = self._hooked_module
+        if hooked is None or not self._in_context:
+            raise RuntimeError("Cannot compute alpha outside of context")
+        if not isinstance(hooked, TaskVectorsModule):
+            raise TypeError(f"compute_alpha needs a TaskVectorsModule, the context made a {type(hooked).__name__}")
+        adequate: list[float] = []
+        scores: list[float] = []
+        for alpha in self.alphas:
+            with hooked.with_applied_vectors(vector, alpha=alpha) as module:
+                if self.get_control_adequacy(module):
+                    adequate.append(alpha)
+                    scores.append(self.get_test_accuracy(module))
+        chosen = best_alpha(adequate, scores, [True] * len(adequate))
+        return next(alpha for alpha in adequate if float(alpha) == chosen)  # the alpha as given
+
+
+class TaskVectorsModule(HookedModule):
+    """The hooked module of :class:`TaskVectors`: task vectors of the model and their use.
+
+    The model's weights (:func:`tdhook_fn.params`) are taken when the context is entered
+    and are the base of every vector and of :meth:`get_weights`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        target = self.module  # tdhook's vectors are keyed from the module the wrappers hold
+        if not isinstance(target, nn.Module):
+            raise TypeError(f"TaskVectors needs an nn.Module to take weights from, got {type(target).__name__}")
+        self._weights = params_of(target)
+        self._prefix = self._prefix_of(target)
+
+    def _prefix_of(self, target: nn.Module) -> tuple[str, ...]:
+        """The key of ``target`` from the routed model, to nest weights for its calls."""
+        prepared = self.td_module
+        if not isinstance(prepared, _VectorsModule):
+            return ()
+        root = prepared.routed.model
+        for name, submodule in root.named_modules():
+            if submodule is target:
+                return tuple(name.split(".")) if name else ()
+        raise ValueError(f"TaskVectors: the module {type(target).__name__} is not inside the hooked model")
+
+    def get_task_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
+        """``params(finetuned_module) - params(model)``.
+
+        Raises:
+            ValueError: the two modules' parameters differ in keys or shapes.
+        """
+        return task_vector(self._weights, params_of(finetuned_module))
+
+    def get_forget_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
+        """``params(model) - params(finetuned_module)``, the negated task vector."""
+        return forget_vector(self._weights, params_of(finetuned_module))
+
+    def get_weights(self, *vectors: TensorDictBase, alpha: float | None = None) -> TensorDictBase:
+        """``params(model) + alpha * sum(vectors)``.
+
+        Args:
+            *vectors (TensorDict): keyed like the model's params.
+            alpha (float | None): the scaling. Default: the context's
+                :meth:`TaskVectorsContext.compute_alpha` of ``sum(vectors)``.
+
+        Raises:
+            RuntimeError: ``alpha`` is ``None`` and the module was not made by
+                :class:`TaskVectors` (or no alpha is adequate).
+        """
+        if alpha is None:
+            context = self.hooking_context
+            if context is None or not isinstance(context, TaskVectorsContext):
+                raise RuntimeError("Module was not prepared with TaskVectors")
+            alpha = context.compute_alpha(self._sum(vectors))
+        return apply_vectors(self._weights, *vectors, alpha=alpha)
+
+    def _sum(self, vectors: tuple[TensorDictBase, ...]) -> TensorDictBase:
+        if not vectors:
+            return cast(TensorDictBase, self._weights.apply(torch.zeros_like))
+        return cast(TensorDictBase, sum(vectors[1:], vectors[0]))
+
+    @contextmanager
+    def with_applied_vectors(self, *vectors: TensorDictBase, alpha: float | None = None) -> Iterator[TaskVectorsModule]:
+        """Yield this module, whose calls run the model with :meth:`get_weights` meanwhile.
+
+        The model itself keeps its weights (see NOTE [applied vectors]).
+        """
+        weights = self.get_weights(*vectors, alpha=alpha)
+        if self._prefix:
+            nested = TensorDict({}, batch_size=[])
+            nested.set(self._prefix, weights)
+            weights = nested
+        token = _APPLIED.set((*_APPLIED.get(), (id(self.td_module), weights)))
+        try:
+            yield self
+        finally:
+            _APPLIED.reset(token)
+
+
+class TaskVectors(HookingContextFactory):
+    """Task vectors (Ilharco et al. 2022), as tdhook's ``TaskVectors``.
+
+    Args:
+        alphas (Iterable[float]): the scalings tried by ``compute_alpha``.
+        get_test_accuracy (Callable[[nn.Module], float]): score of a module on the task.
+        get_control_adequacy (Callable[[nn.Module], bool]): whether a module is still
+            acceptable on the control task.
+
+    >>> import copy, torch
+    >>> net = torch.nn.Linear(2, 1)
+    >>> tuned = copy.deepcopy(net)
+    >>> with torch.no_grad():
+    ...     _ = tuned.bias.add_(1.0)
+    >>> factory = TaskVectors([0.5, 1.0], lambda m: 0.0, lambda m: True)
+    >>> with factory.prepare(net) as hooked:
+    ...     vector = hooked.get_task_vector(tuned)
+    ...     torch.equal(hooked.get_weights(vector, alpha=1.0)["bias"], tuned.bias.detach())
+    True
+    """
+
+    _hooking_context_class = TaskVectorsContext
+    _hooked_module_class = TaskVectorsModule
+
+    def __init__(
+        self,
+        alphas: Iterable[float],
+        get_test_accuracy: Callable[[nn.Module], float],
+        get_control_adequacy: Callable[[nn.Module], bool],
+    ) -> None:
+        super().__init__()
+        self._hooking_context_kwargs.update(
+            alphas=alphas, get_test_accuracy=get_test_accuracy, get_control_adequacy=get_control_adequacy
+        )
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        """Wrap the routed model so that applied vectors reach its calls."""
+        if not isinstance(module, RoutedModule):
+            raise TypeError(f"TaskVectors prepares a RoutedModule, got {type(module).__name__}")
+        return _VectorsModule(module)
