@@ -12,7 +12,7 @@ __all__ = ["Key", "leaves", "params"]
 Key = tuple[str, ...]
 
 
-def params(model: nn.Module) -> TensorDict:
+def params(model: nn.Module, *, detach: bool = True) -> TensorDict:
     """The parameters and buffers of ``model``, nested like its module tree.
 
     Parameters are detached and share storage with the model (no copy; do not modify
@@ -22,6 +22,9 @@ def params(model: nn.Module) -> TensorDict:
 
     Args:
         model (nn.Module): any module.
+        detach (bool): ``False`` gives the model's own tensors instead, live: gradients
+            reach ``model.weight.grad`` and in-place buffer updates reach the model (what
+            the compat layer needs to behave as a plain forward). Default: ``True``.
 
     Returns:
         TensorDict: batch size ``[]``; ``params(model)["0", "weight"]`` is the weight of
@@ -35,9 +38,9 @@ def params(model: nn.Module) -> TensorDict:
     """
     td = TensorDict({}, batch_size=[])
     for name, p in model.named_parameters():
-        td.set(tuple(name.split(".")), p.detach())
+        td.set(tuple(name.split(".")), p.detach() if detach else p)
     for name, b in model.named_buffers():
-        td.set(tuple(name.split(".")), b.detach().clone())
+        td.set(tuple(name.split(".")), b.detach().clone() if detach else b)
     return td
 
 

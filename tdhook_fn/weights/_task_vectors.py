@@ -154,7 +154,7 @@ def best_alpha(alphas: Sequence[float], scores: Sequence[float] | torch.Tensor,
                adequate: Sequence[bool] | torch.Tensor) -> float:
     """The alpha with the highest score among the adequate ones, as tdhook picks it.
 
-    Ties go to the earliest alpha.
+    Ties go to the earliest alpha; the alpha is returned as given.
 
     Raises:
         RuntimeError: no alpha is adequate (tdhook's error).
@@ -162,7 +162,7 @@ def best_alpha(alphas: Sequence[float], scores: Sequence[float] | torch.Tensor,
     >>> best_alpha([0.5, 1.0, 1.5], [0.9, 0.95, 0.97], [True, True, False])
     1.0
     """
-    candidates = [(float(a), float(s)) for a, s, ok in zip(alphas, scores, adequate, strict=True) if bool(ok)]
+    candidates = [(a, float(s)) for a, s, ok in zip(alphas, scores, adequate, strict=True) if bool(ok)]
     if not candidates:
         raise RuntimeError("No value satisfies the control adequacy criterion")
     return max(candidates, key=lambda pair: pair[1])[0]

@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdhook_fn._call import run
+from tdhook_fn._params import params
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
 
@@ -231,7 +232,7 @@ def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
 
 def live_params(model: nn.Module) -> TensorDict:
     """The model's own parameters and buffers, not detached (see NOTE [live parameters])."""
-    return _build([*model.named_parameters(), *model.named_buffers()])
+    return params(model, detach=False)
 
 
 def _build(named: list[tuple[str, Any]]) -> TensorDict:
