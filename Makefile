@@ -10,7 +10,7 @@ STAMP := $(VENV)/.stamp-install
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+	$(PIP) install -q --disable-pip-version-check -c constraints.txt -e ".[test,examples,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
