@@ -1,0 +1,23 @@
+"""Gradient attribution contexts with the API of ``tdhook.attribution`` from tdhook 0.1.3.
+
+Each class is a :class:`~tdhook_fn.compat.contexts.HookingContextFactory` whose numbers
+come from the pure methods of :mod:`tdhook_fn.attribution`; see
+:mod:`tdhook_fn.compat.attribution.gradient_helpers.common` for what differs from tdhook.
+``LRP`` and ``ActivationMaximisation`` are not provided.
+
+>>> import torch
+>>> from tensordict import TensorDict
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+>>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+>>> with Saliency(input_modules=["[1]"]).prepare(model) as hooked:
+...     out = hooked(td)
+>>> out["attr", "input"].shape, out["attr", "[1]"].shape
+(torch.Size([5, 3]), torch.Size([5, 4]))
+"""
+
+from .grad_cam import GradCAM
+from .guided_backpropagation import GuidedBackpropagation
+from .integrated_gradients import IntegratedGradients
+from .saliency import Saliency
+
+__all__ = ["GradCAM", "GuidedBackpropagation", "IntegratedGradients", "Saliency"]

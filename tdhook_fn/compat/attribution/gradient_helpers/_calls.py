@@ -1,0 +1,261 @@
+"""One call of a prepared attribution module, phrased in the terms of the pure methods.
+
+# NOTE [tdhook's targets, pure]
+tdhook builds its targets from a TensorDict of the model outputs (``use_outputs``) updated
+with the activations of ``target_modules`` (keyed by their path), and hands it with the
+``additional_init_keys`` entries to ``init_attr_targets(targets, additional)``. The pure
+methods give their target callable the outputs, the ``target_layers`` activations under
+their path and the inputs' extra keys: :func:`make_target` rebuilds tdhook's call from
+that, with ``additional`` taken from the caller's TensorDict, exactly as tdhook takes it.
+
+Two details keep user callables seeing what tdhook shows them:
+
+- Layout. tdhook's integrated gradients put the path points on a *trailing* batch dim
+  (``[*B, n]``); the pure method puts them first (``[n, *B]``, or flattened, ``[n * N]``,
+  for the two ends of the convergence delta). With ``stepped`` the wrappers give user
+  callables ``[*B, n]`` and turn their results back.
+- Convergence delta. tdhook evaluates ``init_attr_targets`` on the plain model outputs at
+  the baselines and at the inputs (no target-module activation, whatever ``use_outputs``
+  says). So a target TensorDict holding no target-layer key takes the outputs: that is
+  what the pure method's delta offers when it does not capture the target layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+import tdhook_fn
+from tdhook_fn import Functional, Tap, capture
+from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.modules import RoutedModule
+
+__all__ = [
+    "AttributionCall",
+    "CachedOutput",
+    "UserFn",
+    "activations",
+    "grad_output_fn",
+    "make_cotangents",
+    "make_target",
+    "model_of",
+    "rebatch",
+    "steps_first",
+    "steps_last",
+    "user_model",
+]
+
+UserFn = Callable[[TensorDict, TensorDict], TensorDict]
+TdFn = Callable[[TensorDictBase], TensorDictBase]
+GradFn = Callable[[torch.Tensor], torch.Tensor]
+_CACHE_IN = "_tdhook_fn_cache_in_"
+
+
+@dataclass(frozen=True)
+class AttributionCall:
+    """What one call of a prepared module passes to a pure method.
+
+    Attributes:
+        f (Functional): the model with the hooked module's active virtual hooks.
+        params (TensorDict): the model's parameters and buffers, detached.
+        inputs (TensorDict): the ``in_keys`` and ``additional_init_keys`` entries, ``[*B]``.
+        input_keys (tuple): the attributed (for integrated gradients, interpolated) inputs.
+        use_inputs (bool): attribute the inputs.
+        layers (tuple[str, ...]): attributed module paths (``input_modules``).
+        target_layers (tuple[str, ...]): paths whose activations the target sees.
+        target (Callable): the target callable, see :func:`make_target`.
+        cotangents (Callable | None): ``init_attr_grads`` for the method, or ``None``.
+        grad_fns (Mapping[str, Callable]): ``output_grad_callbacks`` as gradient maps.
+        taps (tuple[Tap, ...]): extra taps (``cache_callback`` captures).
+    """
+
+    f: Functional
+    params: TensorDictBase
+    inputs: TensorDictBase
+    input_keys: tuple[Any, ...]
+    use_inputs: bool
+    layers: tuple[str, ...]
+    target_layers: tuple[str, ...]
+    target: TdFn
+    cotangents: TdFn | None
+    grad_fns: Mapping[str, GradFn]
+    taps: tuple[Tap, ...]
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments every pure method takes."""
+        return {
+            "target": self.target,
+            "target_layers": self.target_layers,
+            "grad_fns": self.grad_fns,
+            "taps": self.taps,
+            "cotangents": self.cotangents,
+        }
+
+
+def user_model(module: TensorDictModuleBase) -> nn.Module:
+    """The user's model inside the module a context hands to ``_prepare_module``."""
+    return module.model if isinstance(module, RoutedModule) else module
+
+
+def model_of(module: TensorDictModuleBase) -> tuple[Functional, TensorDictBase]:
+    """The model of a prepared module as ``(f, detached params)``, read at call time."""
+    f = module.functional() if isinstance(module, RoutedModule) else tdhook_fn.functional(module)
+    return f, tdhook_fn.params(user_model(module))
+
+
+def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
+    """Move batch dim ``source`` of every leaf to ``dest`` (the batch size follows).
+
+    The batch size is read from the leaves, so a TensorDict returned by a user function
+    without a batch size is moved too.
+    """
+    leaves = list(td.items(True, True))
+    if not leaves:
+        return TensorDict({}, batch_size=[])
+    dims = max(source, dest) + 1
+    shape = list(leaves[0][1].shape[:dims])
+    shape.insert(dest, shape.pop(source))
+    out = TensorDict({}, batch_size=shape)
+    for key, value in leaves:
+        out.set(key, value.movedim(source, dest))
+    return out
+
+
+def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDict:
+    """The method's ``[n, *B]`` (or ``[n * N]``) as tdhook's ``[*B, n]``."""
+    if td.batch_size[1:] != batch:
+        td = td.reshape(-1, *batch)
+    return rebatch(td, 0, len(batch))
+
+
+def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDict:
+    """tdhook's ``[*B, n]`` back to the method's batch ``like``."""
+    out = rebatch(td, len(batch), 0)
+    return out if out.batch_size == like else out.reshape(like)
+
+
+def make_target(
+    out_keys: Sequence[Any],
+    target_modules: Sequence[str],
+    use_outputs: bool,
+    init_attr_targets: UserFn | None,
+    additional: TensorDict,
+    stepped: bool,
+    renamed: Mapping[str, str] | None = None,
+) -> TdFn:
+    """tdhook's target construction as a target callable (see NOTE [tdhook's targets, pure]).
+
+    Args:
+        out_keys: the context's output keys.
+        target_modules: paths whose activations join the targets.
+        use_outputs: include the outputs.
+        init_attr_targets: tdhook's ``init_attr_targets``, or ``None`` (all targets).
+        additional: the ``additional_init_keys`` entries of the caller's TensorDict.
+        stepped: the method puts path points on a leading batch dim (integrated gradients).
+        renamed: private capture key -> path, for activations captured through
+            ``cache_callback``.
+    """
+    batch = additional.batch_size
+
+    def target(seen: TensorDictBase) -> TensorDictBase:
+        like = seen.batch_size
+        if stepped:
+            seen = steps_last(seen, batch)
+        if renamed:
+            seen = seen.copy()
+            for private, path in renamed.items():
+                if private in seen.keys():
+                    seen.set(path, seen.get(private))
+        present = [path for path in target_modules if path in seen.keys()]
+        keys = [*(out_keys if use_outputs or not present else ()), *present]
+        targets = seen.select(*keys)
+        if init_attr_targets is not None:
+            targets = init_attr_targets(targets, additional)
+            if not isinstance(targets, TensorDictBase):
+                raise ValueError("init_attr_targets function must return a TensorDict")
+        return steps_first(targets, batch, like) if stepped else targets
+
+    return target
+
+
+def make_cotangents(init_attr_grads: UserFn, additional: TensorDict, stepped: bool) -> TdFn:
+    """tdhook's ``init_attr_grads`` as the pure methods' ``cotangents``, with tdhook's checks."""
+    batch = additional.batch_size
+
+    def cotangents(values: TensorDictBase) -> TensorDictBase:
+        targets = steps_last(values, batch) if stepped else values
+        grads = init_attr_grads(targets, additional)
+        if not isinstance(grads, TensorDictBase):
+            raise ValueError("init_attr_grads function must return a TensorDict")
+        if grads.batch_size != targets.batch_size:
+            raise ValueError("init_grads should have the same batch size as targets")
+        if set(grads.keys(True, True)) != set(targets.keys(True, True)):
+            raise ValueError("Targets and init_grads must have the same keys")
+        return steps_first(grads, batch, values.batch_size) if stepped else grads
+
+    return cotangents
+
+
+def activations(f: Functional, params: TensorDictBase, inputs: TensorDictBase, paths: Sequence[str]) -> TensorDict:
+    """Activations at ``paths`` (keyed by path) for ``inputs`` with the batch flattened, no grad."""
+    flat = inputs.reshape(-1)
+    probe = f.with_taps(*(capture(path, key=f"{_CACHE_IN}{i}") for i, path in enumerate(paths)))
+    with torch.no_grad():
+        out = probe(params, flat)
+    result = TensorDict({}, batch_size=flat.batch_size)
+    for i, path in enumerate(paths):
+        result.set(path, out.get(f"{_CACHE_IN}{i}"))
+    return result
+
+
+def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn:
+    """An ``output_grad_callbacks`` entry as a gradient map (:func:`tdhook_fn.map_grad`).
+
+    The callback is called as tdhook's ``set_grad_output`` hook calls it: with
+    ``module`` (the user's submodule), ``grad_output`` (a one-tuple), ``value=None`` and
+    ``direction="bwd_pre"``; it returns a tuple or ``None`` (keep the gradient).
+    """
+    hook = HookFactory.make_setting_hook(None, callback=callback, direction="bwd_pre")
+
+    def fn(grad: torch.Tensor) -> torch.Tensor:
+        new = hook(submodule, (grad,))
+        return grad if new is None else new[0]
+
+    return fn
+
+
+@dataclass(frozen=True)
+class CachedOutput(Tap):
+    """A custom tap storing ``cache_callback``'s result for a target module under ``key``.
+
+    The callback is called as tdhook's caching hook calls it: ``module`` (the user's
+    submodule), ``args``, ``output``, ``key=("_cache_out", path)`` and ``direction="fwd"``.
+
+    Attributes:
+        target (nn.Module): the user's submodule at ``path``.
+    """
+
+    target: Any = field(default=None, compare=False, repr=False)
+
+    def attach(self, module: nn.Module, captured: dict[str, Any]) -> RemovableHandle:
+        callback: Callable[..., Any] | None = self.fn
+        original, key, path = self.target, self.key, self.path
+        assert callback is not None
+
+        def hook(_shadow: nn.Module, args: Any, output: Any) -> None:
+            value = callback(module=original, args=args, output=output, key=("_cache_out", path), direction="fwd")
+            if not isinstance(value, (torch.Tensor, TensorDictBase)):
+                raise RuntimeError(
+                    f"{type(value).__name__} values cannot be cached; cache_callback must return a tensor "
+                    "or a TensorDict"
+                )
+            captured[key] = value
+
+        return module.register_forward_hook(hook)

@@ -1,0 +1,314 @@
+"""``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
+
+Same constructor arguments, defaults, TensorDict keys and errors as tdhook 0.1.3, with a
+different inside: a prepared module is one :class:`~tdhook_fn.compat.modules.FunctionModule`
+that, on each call, reads the model as a pure function (with the hooked module's active
+virtual hooks), calls a method of :mod:`tdhook_fn.attribution` and writes
+``(attribution_key, key)`` entries (and ``"convergence_delta"``) into the TensorDict.
+No hook is registered on the model and nothing is cached between calls, so a prepared
+context can be called from several threads at once (tdhook's shared caches break there).
+
+Differences from tdhook 0.1.3:
+
+- The TensorDict receives only the documented entries: the attributions under
+  ``attribution_key`` (replacing that entry, as tdhook does), and ``"convergence_delta"``.
+  tdhook also writes its pipeline's intermediate entries (``_register_in``, ``_mod_in``,
+  ``_mod_out``) and leaves them there for baseline methods, where its cleaner is dropped.
+  There is nothing to clean, so ``clean_intermediate_keys`` has no effect. The caller's
+  TensorDict is filled in place and returned; inputs are not set to require grad.
+- ``init_attr_inputs`` and ``init_attr_cache_in`` *select*: the keys they return are the
+  inputs and ``input_modules`` attributed. (In tdhook a returned tensor that is not the one
+  the model ran on fails in ``autograd.grad``, so selecting is all they can do there
+  either.) ``init_attr_cache_in`` sees the activations for the un-interpolated inputs.
+- ``cache_callback`` applies to ``target_modules``; combined with ``input_modules`` it
+  raises ``NotImplementedError`` (layer gradients are taken at the module output itself).
+- ``output_grad_callbacks`` receive one gradient per output tensor (``grad_output`` a
+  one-tuple); they run inside ``torch.func`` transforms, so must be pure tensor functions.
+- Convergence deltas work with ``input_modules`` and ``target_modules`` (tdhook's cache
+  hooks fail in the delta's forwards) and with ``init_attr_targets_with_labels``.
+- A callable returning something other than a TensorDict always gets tdhook's
+  ``ValueError`` (for ``init_attr_inputs`` tdhook fails earlier with an AttributeError).
+- Guided backpropagation applies its ReLU at a target module reached only through its
+  activation; tdhook's full backward hook does not fire there.
+- Calls run with the model's parameters detached: nothing reaches the model's ``.grad``.
+- ``relative_path`` of the hooked module keeps its default (``"td_module"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+from tdhook_fn import resolve_path
+from tdhook_fn.attribution import saliency
+from tdhook_fn.compat.contexts import HookingContextFactory
+from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.modules import FunctionModule
+
+from ._calls import (
+    AttributionCall,
+    CachedOutput,
+    GradFn,
+    UserFn,
+    activations,
+    grad_output_fn,
+    make_cotangents,
+    make_target,
+    model_of,
+    user_model,
+)
+
+__all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
+
+Keys = list[Any]
+_CACHE_OUT = "_tdhook_fn_cache_out_"
+
+
+def _under(prefix: Any, key: Any) -> tuple[str, ...]:
+    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
+    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
+
+
+class GradientAttribution(HookingContextFactory):
+    """Base class of gradient attributions: gradients of targets w.r.t. inputs and modules.
+
+    Subclasses implement :meth:`_attribute` (call a method of :mod:`tdhook_fn.attribution`),
+    or, as in tdhook, :meth:`_grad_attr` (turn plain gradients into attributions).
+
+    Args:
+        use_inputs (bool): attribute the inputs. Default: ``True``.
+        use_outputs (bool): the outputs are targets. Default: ``True``.
+        input_modules (list[str] | None): module paths whose outputs are attributed, under
+            ``(attribution_key, path)``. Default: none.
+        target_modules (list[str] | None): module paths whose outputs are targets, seen by
+            ``init_attr_targets`` under their path. Default: none.
+        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of
+            the values to differentiate. Default: all targets.
+        init_attr_inputs (Callable | None): ``(inputs, additional) -> TensorDict`` whose
+            keys are the inputs attributed. Default: all ``in_keys``.
+        init_attr_cache_in (Callable | None): ``(activations, additional) -> TensorDict``
+            whose keys are the ``input_modules`` attributed.
+        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the
+            gradients fed back from the targets. Default: ones.
+        additional_init_keys (list | None): keys of the input TensorDict passed to the
+            callables above as ``additional``; not ``in_keys`` nor ``out_keys``.
+        output_grad_callbacks (dict[str, Callable] | None): path -> callback replacing the
+            gradient at that module's output (tdhook's ``set_grad_output`` callbacks).
+        attribution_key (str | tuple[str, ...]): where results go. Default: ``"attr"``.
+        clean_intermediate_keys (bool): accepted; there are no intermediate keys.
+        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value``
+            giving the value of each ``target_modules`` entry.
+
+    Raises:
+        NotImplementedError: ``cache_callback`` with ``input_modules``.
+        ValueError: (on entering a context) ``additional_init_keys`` overlap ``in_keys``
+            or ``out_keys``; a callable's result is not a TensorDict (on calling).
+    """
+
+    _stepped = False  # the method puts path points on a leading batch dim
+
+    def __init__(
+        self,
+        use_inputs: bool = True,
+        use_outputs: bool = True,
+        input_modules: list[str] | None = None,
+        target_modules: list[str] | None = None,
+        init_attr_targets: UserFn | None = None,
+        init_attr_inputs: UserFn | None = None,
+        init_attr_cache_in: UserFn | None = None,
+        init_attr_grads: UserFn | None = None,
+        additional_init_keys: list[Any] | None = None,
+        output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
+        attribution_key: Any = "attr",
+        clean_intermediate_keys: bool = True,
+        cache_callback: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self._use_inputs = use_inputs
+        self._use_outputs = use_outputs
+        self._input_modules: list[str] = list(input_modules or [])
+        self._target_modules: list[str] = list(target_modules or [])
+        self._init_attr_targets = init_attr_targets
+        self._init_attr_inputs = init_attr_inputs
+        self._init_attr_cache_in = init_attr_cache_in
+        self._init_attr_grads = init_attr_grads
+        self._output_grad_callbacks = dict(output_grad_callbacks or {})
+        self._cache_callback = cache_callback
+        self._additional_init_keys: list[Any] = list(additional_init_keys or [])
+        self._attr_key = attribution_key
+        self._clean_intermediate_keys = clean_intermediate_keys
+        if cache_callback is not None and self._input_modules:
+            raise NotImplementedError(
+                "cache_callback with input_modules is not supported: layer gradients are taken at the "
+                "module output itself (cache_callback still applies to target_modules)"
+            )
+        for callback in self._output_grad_callbacks.values():
+            HookFactory._check_callback_signature(callback, {"module", "grad_output"})
+        if cache_callback is not None:
+            HookFactory._check_callback_signature(cache_callback, {"module", "args", "output"})
+
+    # -- the prepared module -------------------------------------------------------------
+
+    def _module_keys(self, in_keys: Keys) -> tuple[Keys, Keys]:
+        """``in_keys`` and ``out_keys`` of the prepared module."""
+        return [*in_keys, *self._additional_init_keys], [_under(self._attr_key, key) for key in in_keys]
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        """A module computing the attributions of ``module``'s model on each call.
+
+        Raises:
+            ValueError: ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``; a
+                module path does not resolve.
+        """
+        if set(self._additional_init_keys) & (set(in_keys) | set(out_keys)):
+            raise ValueError("Additional init keys must not be in the in_keys or out_keys")
+        model = user_model(module)
+        for path in [*self._input_modules, *self._target_modules]:
+            resolve_path(model, path)  # fail on entry, as tdhook's hook registration does
+        grad_fns = {
+            path: grad_output_fn(callback, resolve_path(model, path))
+            for path, callback in self._output_grad_callbacks.items()
+        }
+        cached = tuple(
+            CachedOutput(path, "custom", self._cache_callback, key=f"{_CACHE_OUT}{i}", target=resolve_path(model, path))
+            for i, path in enumerate(self._target_modules)
+            if self._cache_callback is not None
+        )
+
+        def attribute(td: TensorDict) -> TensorDict:
+            call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
+            td.set(self._attr_key, self._attribute(call, td))
+            return td
+
+        module_in, module_out = self._module_keys(list(in_keys))
+        return FunctionModule(attribute, module_in, module_out)
+
+    def _call(
+        self,
+        module: TensorDictModuleBase,
+        td: TensorDict,
+        in_keys: Keys,
+        out_keys: Keys,
+        grad_fns: dict[str, GradFn],
+        cached: tuple[CachedOutput, ...],
+    ) -> AttributionCall:
+        """Everything the pure method needs for ``td``."""
+        f, params = model_of(module)
+        additional = td.select(*self._additional_init_keys)
+        inputs = td.select(*in_keys, *self._additional_init_keys)
+        input_keys = self._attributed_inputs(td.select(*in_keys), additional)
+        layers = self._attributed_layers(f, params, inputs, additional)
+        renamed = {tap.key: tap.path for tap in cached}
+        target = make_target(
+            out_keys, self._target_modules, self._use_outputs, self._init_attr_targets, additional, self._stepped,
+            renamed,
+        )
+        cotangents = None
+        if self._init_attr_grads is not None:
+            cotangents = make_cotangents(self._init_attr_grads, additional, self._stepped)
+        return AttributionCall(
+            f, params, inputs, input_keys, self._use_inputs, layers,
+            () if cached else tuple(self._target_modules), target, cotangents, grad_fns, cached,
+        )
+
+    def _attributed_inputs(self, inputs: TensorDict, additional: TensorDict) -> tuple[Any, ...]:
+        if self._init_attr_inputs is None:
+            return tuple(inputs.keys(True, True))
+        chosen = self._init_attr_inputs(inputs, additional)
+        if not isinstance(chosen, TensorDictBase):
+            raise ValueError("init_attr_inputs function must return a TensorDict")
+        return tuple(chosen.keys(True, True))
+
+    def _attributed_layers(
+        self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
+    ) -> tuple[str, ...]:
+        if self._init_attr_cache_in is None:
+            return tuple(self._input_modules)
+        cache_in = (
+            activations(f, params, inputs, self._input_modules)
+            if self._input_modules
+            else TensorDict({}, batch_size=[])
+        )
+        chosen = self._init_attr_cache_in(cache_in, additional)
+        if not isinstance(chosen, TensorDictBase):
+            raise ValueError("init_attr_cache_in function must return a TensorDict")
+        keys = set(chosen.keys(True, True))
+        unknown = keys - set(self._input_modules)
+        if unknown:
+            raise ValueError(
+                f"init_attr_cache_in returned keys that are not input_modules: {sorted(map(str, unknown))}"
+            )
+        return tuple(path for path in self._input_modules if path in keys)
+
+    # -- the method ----------------------------------------------------------------------
+
+    def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
+        """The attributions for one call, keyed by input key and module path, batch ``[*B]``.
+
+        Default: plain gradients (:func:`tdhook_fn.attribution.saliency`) given to
+        :meth:`_grad_attr` with the attributed inputs and module activations.
+        """
+        grads = saliency(
+            call.f, call.params, call.inputs, layers=call.layers, use_inputs=call.use_inputs,
+            input_keys=call.input_keys, **call.options(),
+        )
+        values = call.inputs.select(*call.input_keys) if call.use_inputs else TensorDict({}, batch_size=td.batch_size)
+        if call.layers:
+            values.update(activations(call.f, call.params, call.inputs, call.layers).reshape(td.batch_size))
+        return self._grad_attr(grads, values)
+
+    def _grad_attr(self, grads: TensorDict, inputs: TensorDict) -> TensorDict:
+        """Attributions from gradients and the values they are taken at (tdhook's hook)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _attribute or _grad_attr")
+
+
+class GradientAttributionWithBaseline(GradientAttribution):
+    """A gradient attribution against baselines, read from ``(baseline_key, key)``.
+
+    Args:
+        *args, **kwargs: as :class:`GradientAttribution`.
+        compute_convergence_delta (bool): also write ``"convergence_delta"``:
+            ``sum(attr) - (F(x) - F(baseline))`` per sample. Default: ``False``.
+        baseline_key (str | tuple[str, ...]): where the baselines are. Default: ``"baseline"``.
+        multiply_by_inputs (bool): multiply input attributions by ``x - baseline``.
+            Default: ``False``.
+
+    Raises:
+        KeyError: (on calling) ``baseline_key`` is not in the TensorDict.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        compute_convergence_delta: bool = False,
+        baseline_key: Any = "baseline",
+        multiply_by_inputs: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._compute_convergence_delta = compute_convergence_delta
+        self._baseline_key = baseline_key
+        self._multiply_by_inputs = multiply_by_inputs
+
+    def _module_keys(self, in_keys: Keys) -> tuple[Keys, Keys]:
+        module_in, module_out = super()._module_keys(in_keys)
+        module_in += [_under(self._baseline_key, key) for key in in_keys]
+        return module_in, module_out + (["convergence_delta"] if self._compute_convergence_delta else [])
+
+    def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
+        baselines = td[self._baseline_key]  # KeyError naming it, as tdhook
+        attrs, delta = self._attribute_with_baselines(call, baselines)
+        if delta is not None:
+            td.set("convergence_delta", delta)
+        return attrs
+
+    def _attribute_with_baselines(
+        self, call: AttributionCall, baselines: TensorDictBase
+    ) -> tuple[TensorDictBase, Any]:
+        """Attributions and the convergence delta (``None`` unless asked for)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _attribute_with_baselines")

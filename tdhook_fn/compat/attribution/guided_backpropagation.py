@@ -1,0 +1,78 @@
+"""``GuidedBackpropagation`` (``tdhook.attribution.guided_backpropagation``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from tdhook_fn.attribution import guided_backprop
+
+from .gradient_helpers import GradientAttribution
+from .gradient_helpers._calls import AttributionCall, UserFn
+
+__all__ = ["GuidedBackpropagation"]
+
+
+class GuidedBackpropagation(GradientAttribution):
+    """Guided backpropagation (Springenberg et al. 2014), as tdhook applies it.
+
+    Every submodule of the model except those of ``classes_to_skip`` passes back the
+    ReLU of its input gradients; computed by :func:`tdhook_fn.attribution.guided_backprop`.
+    Unlike tdhook, no backward hook is put on the model.
+
+    Args:
+        use_inputs, use_outputs, input_modules, target_modules, init_attr_targets,
+        init_attr_inputs, init_attr_cache_in, init_attr_grads, additional_init_keys,
+        output_grad_callbacks, attribution_key, clean_intermediate_keys, cache_callback:
+            see :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttribution`.
+        multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
+        classes_to_skip (tuple[type, ...]): module classes left alone. Default: none.
+    """
+
+    def __init__(
+        self,
+        use_inputs: bool = True,
+        use_outputs: bool = True,
+        input_modules: list[str] | None = None,
+        target_modules: list[str] | None = None,
+        init_attr_targets: UserFn | None = None,
+        init_attr_inputs: UserFn | None = None,
+        init_attr_cache_in: UserFn | None = None,
+        init_attr_grads: UserFn | None = None,
+        additional_init_keys: list[Any] | None = None,
+        output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
+        attribution_key: Any = "attr",
+        clean_intermediate_keys: bool = True,
+        cache_callback: Callable[..., Any] | None = None,
+        multiply_by_inputs: bool = False,
+        classes_to_skip: tuple[type[nn.Module], ...] = (),
+    ) -> None:
+        super().__init__(
+            use_inputs=use_inputs,
+            use_outputs=use_outputs,
+            input_modules=input_modules,
+            target_modules=target_modules,
+            init_attr_targets=init_attr_targets,
+            init_attr_inputs=init_attr_inputs,
+            init_attr_cache_in=init_attr_cache_in,
+            init_attr_grads=init_attr_grads,
+            additional_init_keys=additional_init_keys,
+            output_grad_callbacks=output_grad_callbacks,
+            attribution_key=attribution_key,
+            clean_intermediate_keys=clean_intermediate_keys,
+            cache_callback=cache_callback,
+        )
+        self._classes_to_skip = tuple(classes_to_skip)
+        self._multiply_by_inputs = multiply_by_inputs
+
+    def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
+        attrs = guided_backprop(
+            call.f, call.params, call.inputs, classes_to_skip=self._classes_to_skip,
+            multiply_by_inputs=self._multiply_by_inputs, layers=call.layers, **call.options(),
+        )
+        # guided_backprop attributes every input; keep the ones asked for (gradients per key
+        # do not depend on which others are taken).
+        return attrs.select(*(call.input_keys if call.use_inputs else ()), *call.layers)

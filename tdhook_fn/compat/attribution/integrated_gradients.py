@@ -1,0 +1,133 @@
+"""``IntegratedGradients`` (``tdhook.attribution.integrated_gradients``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+
+from tdhook_fn import label
+from tdhook_fn.attribution import integrated_gradients
+
+from .gradient_helpers import GradientAttributionWithBaseline
+from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.helpers import approximation_parameters
+
+__all__ = ["IntegratedGradients"]
+
+
+class IntegratedGradients(GradientAttributionWithBaseline):
+    """Integrated gradients (Sundararajan et al. 2017), and with ``input_modules`` their
+    conditional (layer) variant (Dhamdhere et al. 2018) as tdhook computes it.
+
+    Computed by :func:`tdhook_fn.attribution.integrated_gradients` with
+    ``interpolate="inputs"``: the inputs move from the baselines, the gradients at the
+    inputs and at ``input_modules`` are integrated, and only input attributions are
+    multiplied by ``x - baseline``. ``init_attr_targets`` and ``init_attr_grads`` see the
+    path points on a trailing batch dim (``[*B, n_steps]``), as in tdhook (and the
+    convergence delta's two ends on a trailing dim ``[*B, 2]``). The convergence delta sums
+    every attribution, module ones included, as tdhook's formula does (tdhook 0.1.3 fails
+    to compute it with ``input_modules`` or ``target_modules``).
+
+    Args:
+        use_inputs, use_outputs, input_modules, target_modules, init_attr_targets,
+        init_attr_inputs, init_attr_cache_in, init_attr_grads, additional_init_keys,
+        output_grad_callbacks, attribution_key, clean_intermediate_keys, cache_callback,
+        compute_convergence_delta, baseline_key, multiply_by_inputs: see
+            :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttributionWithBaseline`.
+        method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
+            Default: ``"gausslegendre"``.
+        n_steps (int): number of path points. Default: 50.
+
+    Raises:
+        ValueError: unknown method or too few steps.
+    """
+
+    _stepped = True
+
+    def __init__(
+        self,
+        use_inputs: bool = True,
+        use_outputs: bool = True,
+        input_modules: list[str] | None = None,
+        target_modules: list[str] | None = None,
+        init_attr_targets: UserFn | None = None,
+        init_attr_inputs: UserFn | None = None,
+        init_attr_cache_in: UserFn | None = None,
+        init_attr_grads: UserFn | None = None,
+        additional_init_keys: list[Any] | None = None,
+        output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
+        attribution_key: Any = "attr",
+        clean_intermediate_keys: bool = True,
+        cache_callback: Callable[..., Any] | None = None,
+        compute_convergence_delta: bool = False,
+        baseline_key: Any = "baseline",
+        multiply_by_inputs: bool = False,
+        method: str = "gausslegendre",
+        n_steps: int = 50,
+    ) -> None:
+        super().__init__(
+            use_inputs=use_inputs,
+            use_outputs=use_outputs,
+            input_modules=input_modules,
+            target_modules=target_modules,
+            init_attr_targets=init_attr_targets,
+            init_attr_inputs=init_attr_inputs,
+            init_attr_cache_in=init_attr_cache_in,
+            init_attr_grads=init_attr_grads,
+            additional_init_keys=additional_init_keys,
+            output_grad_callbacks=output_grad_callbacks,
+            attribution_key=attribution_key,
+            clean_intermediate_keys=clean_intermediate_keys,
+            cache_callback=cache_callback,
+            compute_convergence_delta=compute_convergence_delta,
+            baseline_key=baseline_key,
+            multiply_by_inputs=multiply_by_inputs,
+        )
+        self._method = method
+        self._n_steps = n_steps
+        step_sizes, alphas = approximation_parameters(method)
+        self._step_sizes, self._alphas = step_sizes(n_steps), alphas(n_steps)
+
+    def _attribute_with_baselines(
+        self, call: AttributionCall, baselines: TensorDictBase
+    ) -> tuple[TensorDictBase, Any]:
+        result = integrated_gradients(
+            call.f, call.params, call.inputs, baselines, n_steps=self._n_steps, method=self._method,
+            multiply_by_inputs=self._multiply_by_inputs, return_convergence_delta=self._compute_convergence_delta,
+            layers=call.layers, interpolate="inputs", use_inputs=call.use_inputs, input_keys=call.input_keys,
+            **call.options(),
+        )
+        return result if isinstance(result, tuple) else (result, None)
+
+    @staticmethod
+    def init_attr_targets_with_labels(
+        outputs: TensorDict,
+        additional_init_tensors: TensorDict,
+        selected_out_keys: list[Any],
+        label_key: Any = "label",
+    ) -> TensorDict:
+        """A target: for each of ``selected_out_keys``, the class ``label_key`` names.
+
+        Use as ``init_attr_targets=functools.partial(IntegratedGradients.init_attr_targets_with_labels,
+        selected_out_keys=["output"])`` with ``additional_init_keys=["label"]``. The labels
+        are a TensorDict keyed like the outputs (as tdhook needs) or one tensor for all
+        (which tdhook 0.1.3 rejects), with the batch shape ``[*B]``; they are broadcast
+        over the trailing path-point dim.
+
+        Raises:
+            ValueError: an output has more than one dim after the batch dims.
+        """
+        targets = outputs.select(*selected_out_keys)
+        labels = additional_init_tensors[label_key]
+        picked = TensorDict({}, batch_size=targets.batch_size)
+        for key, value in targets.items(True, True):
+            chosen = labels[key] if isinstance(labels, TensorDictBase) else labels
+            chosen = chosen.reshape(*chosen.shape, *[1] * (targets.batch_dims - chosen.dim()))
+            expected = (*targets.batch_size, value.shape[-1])
+            if value.shape != expected:
+                raise ValueError(f"One-hot labels shape {expected} does not match target shape {tuple(value.shape)}")
+            both = TensorDict(value=value, label=chosen.expand(targets.batch_size), batch_size=targets.batch_size)
+            picked.set(key, label("label", "value")(both).get("value"))
+        return picked

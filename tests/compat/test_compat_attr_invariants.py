@@ -1,0 +1,155 @@
+"""Invariants of tdhook_fn.compat.attribution that tdhook 0.1.3 does not keep.
+
+The model carries no hook during a context and is bitwise unchanged after it (also when
+the body or a call raises); inputs are not set to require grad; one prepared context is
+safe to call from several threads; results are those of the pure methods.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+from test_compat_attr_api import CASES, OURS, run
+from zoo import same, snapshot
+
+import tdhook_fn
+from tdhook_fn.attribution import DimsConfig, grad_cam, guided_backprop, integrated_gradients, saliency
+
+MLP, CNN = CASES["mlp"], CASES["cnn"]
+FACTORIES = {
+    "saliency": lambda: OURS.Saliency(input_modules=["[2]"], output_grad_callbacks={"[2]": lambda **kw: None}),
+    "ig": lambda: OURS.IntegratedGradients(n_steps=4, input_modules=["[2]"], compute_convergence_delta=True),
+    "grad_cam": lambda: OURS.GradCAM({"[0]": OURS.DimsConfig((2, 3), (1,))}),
+    "guided": lambda: OURS.GuidedBackpropagation(input_modules=["[2]"]),
+}
+EACH = pytest.mark.parametrize("name", list(FACTORIES))
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    return sum(len(getattr(m, key)) for m in model.modules() for key in vars(m)
+               if key.endswith("hooks") or "hooks_" in key)
+
+
+@EACH
+def test_no_hooks_during_context_and_model_unchanged(name: str) -> None:
+    model = CNN.model()
+    before = snapshot(model)
+    td = CNN.data((2, 3))
+    x = td["input"]
+    with FACTORIES[name]().prepare(model) as hooked:
+        assert hook_count(model) == 0
+        out = hooked(td)
+        assert hook_count(model) == 0
+    assert same(before, snapshot(model))
+    assert out["input"] is x and not x.requires_grad  # tdhook sets requires_grad on the caller's tensor
+    assert out.batch_size == torch.Size([2, 3])
+
+
+@EACH
+def test_model_unchanged_when_the_body_raises(name: str) -> None:
+    model = CNN.model()
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="body"), FACTORIES[name]().prepare(model) as hooked:
+        hooked(CNN.data())
+        raise RuntimeError("body")
+    assert same(before, snapshot(model))
+
+
+def test_model_unchanged_when_a_call_raises() -> None:
+    model = MLP.model()
+    before = snapshot(model)
+    bad = OURS.Saliency(input_modules=["[1]"], init_attr_targets=lambda t, e: TensorDict(t=torch.zeros(3)))
+    with pytest.raises(ValueError, match="'t'"), bad.prepare(model) as hooked:
+        hooked(MLP.data())
+    assert same(before, snapshot(model))
+    with OURS.Saliency().prepare(model) as hooked:  # the model still works
+        assert hooked(MLP.data())["attr", "input"].shape == torch.Size([3, 4])
+
+
+def test_concurrent_layer_attribution_on_one_context() -> None:
+    """3 threads x 40 calls of one prepared Saliency(input_modules): no error, right numbers.
+
+    The same scenario makes tdhook 0.1.3 raise (KeyError, RuntimeError) in a share of the
+    calls that depends on timing: its context shares one cache reference between calls.
+    """
+    model = MLP.model()
+    inputs = [MLP.data((5,), seed=10 + i, baseline=False) for i in range(3)]
+    factory = OURS.Saliency(input_modules=["[1]"], multiply_by_inputs=True)
+    with factory.prepare(model) as hooked:
+        expected = [hooked(td.clone()) for td in inputs]
+        errors: list[BaseException] = []
+        wrong: list[int] = []
+        barrier = threading.Barrier(3)
+
+        def work(i: int) -> None:
+            barrier.wait()
+            for _ in range(40):
+                try:
+                    out = hooked(inputs[i].clone())
+                    for key in (("attr", "input"), ("attr", "[1]")):
+                        if not torch.equal(out[key], expected[i][key]):
+                            wrong.append(i)
+                except BaseException as e:
+                    errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and wrong == []
+    assert hook_count(model) == 0
+
+
+def test_user_virtual_hooks_apply_inside_the_method() -> None:
+    """A hook set on the hooked module changes the attributed model (as tdhook's real hooks do)."""
+    results = {}
+    for lib_name, lib in (("ours", OURS), ("ref", __import__("test_compat_attr_api").REF)):
+        model = MLP.model()
+        with lib.Saliency(input_modules=["[1]"]).prepare(model) as hooked:
+            handle = hooked.set("[0]", None, callback=lambda output, **kw: output * 2)
+            results[lib_name] = hooked(MLP.data())
+            handle.remove()
+            results[lib_name + "_plain"] = hooked(MLP.data())
+    for key in (("attr", "input"), ("attr", "[1]")):
+        torch.testing.assert_close(results["ours"][key], results["ref"][key])
+        torch.testing.assert_close(results["ours_plain"][key], results["ref_plain"][key])
+    assert not torch.equal(results["ours"]["attr", "input"], results["ours_plain"]["attr", "input"])
+
+
+def _pure(model: torch.nn.Module, in_keys: list[str]) -> tuple[Any, Any]:
+    return tdhook_fn.functional(model, in_keys, ["output"]), tdhook_fn.params(model)
+
+
+def test_results_are_the_pure_methods() -> None:
+    """compat adds no maths: each class returns exactly what its pure method returns."""
+    model = CNN.model()
+    td = CNN.data((2, 3))
+    f, p = _pure(model, ["input"])
+    x = td.select("input")
+    everything = lambda out: TensorDict(out=out["output"], batch_size=out.batch_size)
+
+    out = run(OURS, lambda lib: lib.Saliency(input_modules=["[2]"], absolute=True), model, td, ["input"])
+    pure = saliency(f, p, x, target=everything, abs=True, layers=["[2]"])
+    assert torch.equal(out["attr", "input"], pure["input"]) and torch.equal(out["attr", "[2]"], pure["[2]"])
+
+    out = run(OURS, lambda lib: lib.IntegratedGradients(n_steps=6, multiply_by_inputs=True,
+                                                        compute_convergence_delta=True), model, td, ["input"])
+    attrs, delta = integrated_gradients(f, p, x, td["baseline"], target=everything, n_steps=6,
+                                        return_convergence_delta=True)
+    assert torch.equal(out["attr", "input"], attrs["input"]) and torch.equal(out["convergence_delta"], delta)
+
+    out = run(OURS, lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((2, 3), (1,))}), model, td, ["input"])
+    pure = grad_cam(f, p, x, target=everything, layers={"[0]": DimsConfig((1, 2), (0,))})
+    assert torch.equal(out["attr", "[0]"], pure["[0]"])
+
+    out = run(OURS, lambda lib: lib.GuidedBackpropagation(target_modules=["[0]"], use_outputs=False,
+                                                          init_attr_targets=lambda t, e: t), model, td, ["input"])
+    pure = guided_backprop(f, p, x, target=lambda o: o.select("[0]"), target_layers=["[0]"])
+    # NOTE: tdhook 0.1.3 skips the guided ReLU of a target module reached only through its
+    # cached activation (torch's full backward hook does not fire there); we apply it.
+    assert torch.equal(out["attr", "input"], pure["input"])
