@@ -18,21 +18,26 @@ __all__ = ["call", "call_with_taps", "run"]
 
 def run(
     model: nn.Module,
-    params: TensorDictBase,
+    params: TensorDictBase | None,
     taps: Sequence[Tap],
     invoke: Callable[[nn.Module], Any],
 ) -> tuple[Any, Captured]:
     """``invoke(shadow)`` on a private shadow of ``model`` holding ``params``, with ``taps``.
 
-    Everything registered for the call is removed on the way out, also when it raises.
+    ``params=None`` runs with the model's own tensors, live (the compat layer's plain
+    forward). Everything registered for the call is removed on the way out, also when it
+    raises.
     """
-    if not isinstance(params, TensorDictBase):
+    if params is not None and not isinstance(params, TensorDictBase):
         raise TypeError(f"params must be a TensorDict (see tdhook_fn.params), got {type(params).__name__}")
-    values = leaves(params)
+    values = None if params is None else leaves(params)
     targets = [resolve_path(model, tap.path) for tap in taps]
     captured: Captured = {}
     with shadow_of(model) as shadow:
-        shadow.load(values)
+        if values is None:
+            shadow.load_own()
+        else:
+            shadow.load(values)
         handles = []
         try:
             for tap, target in zip(taps, targets, strict=False):

@@ -87,6 +87,7 @@ class Shadow:
         self.by_id: dict[int, nn.Module] = {}  # id(original submodule) -> shadow
         self.root = self._copy(model)
         self.slots: list[tuple[dict[str, Any], str, Key]] = []
+        self.own_slots: list[tuple[dict[str, Any], dict[str, Any], str]] = []
         self.keys: set[Key] = set()
         canonical: dict[int, Key] = {}
         for prefix, module in model.named_modules(remove_duplicate=False):
@@ -98,6 +99,7 @@ class Shadow:
                     key = canonical.setdefault(id(tensor), tuple(f"{prefix}.{name}".lstrip(".").split(".")))
                     self.keys.add(key)
                     self.slots.append((shadow.__dict__[kind], name, key))
+                    self.own_slots.append((shadow.__dict__[kind], module.__dict__[kind], name))
 
     def _copy(self, module: nn.Module) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -129,6 +131,11 @@ class Shadow:
             _raise_key_mismatch(self.keys, set(values))
         for slots, name, key in self.slots:
             slots[name] = values[key]
+
+    def load_own(self) -> None:
+        """Put the model's own tensors in the slots (live: gradients and in-place updates reach it)."""
+        for slots, theirs, name in self.own_slots:
+            slots[name] = theirs[name]
 
     def unload(self) -> None:
         for slots, name, _ in self.slots:

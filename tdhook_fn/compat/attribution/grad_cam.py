@@ -64,13 +64,13 @@ class GradCAM(GradientAttribution):
     Results go under ``(attribution_key, path)``; computed by
     :func:`tdhook_fn.attribution.grad_cam`. As in tdhook, inputs are not attributed,
     the outputs are the targets, and ``use_inputs``, ``use_outputs``, ``target_modules``,
-    ``init_attr_inputs`` and ``cache_callback`` are accepted and ignored.
+    ``init_attr_inputs`` and ``cache_callback`` are accepted and ignored. The other
+    arguments are those of
+    :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttribution`.
 
     Args:
         modules_to_attribute (dict[str, DimsConfig] | None): path -> dims.
         absolute (bool): pool ``|grad|``. Default: ``False``.
-        other arguments: see
-            :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttribution`.
 
     Raises:
         ValueError: a dims config names dim 0 (the batch dim).

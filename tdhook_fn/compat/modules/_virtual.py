@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -235,32 +234,6 @@ def live_params(model: nn.Module) -> TensorDict:
     return params(model, detach=False)
 
 
-def _build(named: list[tuple[str, Any]]) -> TensorDict:
-    td = TensorDict({}, batch_size=[])
-    for name, tensor in named:
-        td.set(tuple(name.split(".")), tensor)
-    return td
-
-
-# Building the TensorDict costs more than a small model's forward: routed calls reuse it
-# while the model holds the same tensors. The cached TensorDict keeps those tensors
-# alive, so equal ids mean the same tensors. Only read, never handed out.
-_live_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[tuple[str, int], ...], TensorDict]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _cached_live_params(model: nn.Module) -> TensorDict:
-    named = [*model.named_parameters(), *model.named_buffers()]
-    fingerprint = tuple((name, id(tensor)) for name, tensor in named)
-    hit = _live_cache.get(model)
-    if hit is not None and hit[0] == fingerprint:
-        return hit[1]
-    td = _build(named)
-    _live_cache[model] = (fingerprint, td)
-    return td
-
-
 def route(model: nn.Module, invoke: Callable[[nn.Module], Any], params: TensorDictBase | None = None) -> Any:
     """``invoke(shadow)`` on a private shadow of ``model`` with the active virtual hooks.
 
@@ -273,5 +246,5 @@ def route(model: nn.Module, invoke: Callable[[nn.Module], Any], params: TensorDi
         Any: what ``invoke`` returns.
     """
     taps = taps_for(model, active_hooks())
-    output, _ = run(model, _cached_live_params(model) if params is None else params, taps, invoke)
+    output, _ = run(model, params, taps, invoke)
     return output
