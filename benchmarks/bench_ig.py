@@ -71,8 +71,14 @@ def captum_loop(model: nn.Module, x: torch.Tensor, targets: list[int], per_targe
     return summed.attribute(x, n_steps=N_STEPS)
 
 
-def tdhook_ig(model: nn.Module, x: torch.Tensor, targets: list[int], per_target: bool) -> torch.Tensor:
-    from tdhook.attribution import IntegratedGradients
+def tdhook_ig(
+    model: nn.Module, x: torch.Tensor, targets: list[int], per_target: bool, compat: bool = False
+) -> torch.Tensor:
+    """tdhook's IntegratedGradients context (or ours, with compat): a loop for per-target maps."""
+    if compat:
+        from tdhook_fn.compat.attribution import IntegratedGradients
+    else:
+        from tdhook.attribution import IntegratedGradients
 
     def run(ts: list[int]) -> torch.Tensor:
         pick = lambda out, _: TensorDict(out=out["output"][..., ts].sum(-1), batch_size=out.batch_size)
@@ -101,6 +107,8 @@ def _compare(name: str, model: nn.Module, x: torch.Tensor) -> None:
             "hand-written vjp floor": lambda: floor(model, x, targets, per_target),
             "tdhook_fn.integrated_gradients": lambda: ours(model, x, targets, per_target),
             "captum 0.9" + (" (loop)" if per_target else ""): lambda: captum_loop(model, x, targets, per_target),
+            "tdhook_fn.compat" + (" (loop)" if per_target else ""): lambda: tdhook_ig(
+                model, x, targets, per_target, compat=True),
             "tdhook 0.1.3" + (" (loop)" if per_target else ""): lambda: tdhook_ig(model, x, targets, per_target),
         }
         reference = impls["hand-written vjp floor"]()
