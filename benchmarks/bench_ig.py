@@ -43,7 +43,11 @@ def cnn() -> tuple[nn.Module, torch.Tensor]:
 
 
 def floor(model: nn.Module, x: torch.Tensor, targets: list[int], per_target: bool) -> torch.Tensor:
-    """Hand-written IG: one batched forward of all path points, one (vmapped) VJP."""
+    """Hand-written IG: one batched forward of all path points, one VJP per target.
+
+    Per-target maps pull each one-hot back in turn: on the CPU that beats ``vmap`` of the
+    pullback (twice as fast for convolutions, equal for MLPs).
+    """
     alphas, steps = quadrature("gausslegendre", N_STEPS)
     a = torch.tensor(alphas).reshape(-1, *[1] * x.dim())
     points = (a * x).reshape(-1, *x.shape[1:])  # zero baseline
@@ -53,7 +57,7 @@ def floor(model: nn.Module, x: torch.Tensor, targets: list[int], per_target: boo
         cot = torch.zeros(len(targets), *out.shape)
         for i, t in enumerate(targets):
             cot[i, :, t] = 1
-        (g,) = torch.func.vmap(pullback)(cot)
+        g = torch.stack([pullback(c)[0] for c in cot])
         return (g.reshape(len(targets), N_STEPS, *x.shape) * w).sum(1) * x
     cot = torch.zeros_like(out)
     cot[:, targets] = 1
