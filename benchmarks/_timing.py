@@ -36,3 +36,23 @@ def print_table(title: str, rows: list[tuple[str, float]], baselines: dict[str, 
     for label, seconds in rows:
         ratios = "".join(f"{seconds / baselines[n]:>19.2f}x" for n in names)
         print(f"  {label:<34}{seconds * 1e6:>10.1f}us{ratios}")
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
+    """Peak resident memory ``fn()`` adds, in MiB (Linux: ``VmHWM`` after resetting it).
+
+    ``ru_maxrss`` cannot be reset, and import-time peaks hide smaller ones after them.
+    """
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # resets VmHWM to the current RSS
+    before = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - before) / 1024

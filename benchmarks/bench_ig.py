@@ -124,8 +124,9 @@ def _compare(name: str, model: nn.Module, x: torch.Tensor) -> None:
 
 
 _MEMORY_SCRIPT = """
-import resource, sys, torch
+import sys, torch
 sys.path.insert(0, {here!r})
+from _timing import peak_rss_growth_mib
 from bench_ig import mlp
 import tdhook_fn
 from tensordict import TensorDict
@@ -134,9 +135,7 @@ model, x = mlp()
 f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
 td = TensorDict(input=x, batch_size=[64])
 integrated_gradients(f, p, td[:2], 0.0, target=3, n_steps=8)  # warm up
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-integrated_gradients(f, p, td, 0.0, target=3, n_steps=256, chunk_size={chunk})
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+print(peak_rss_growth_mib(lambda: integrated_gradients(f, p, td, 0.0, target=3, n_steps=256, chunk_size={chunk})))
 """
 
 
@@ -152,7 +151,7 @@ def main() -> None:
     _compare("MLP 128-256x4-10", *mlp())
     _compare("CNN 2 conv 8x8", *cnn())
     full, chunked = peak_memory(None), peak_memory(32)
-    print("\nintegrated gradients peak memory, MLP, batch 64, n_steps=256 (RSS growth)")
+    print("\nintegrated gradients peak memory, MLP, batch 64, n_steps=256 (peak RSS growth)")
     print(f"  chunk_size=None   {full:8.1f} MiB")
     print(f"  chunk_size=32     {chunked:8.1f} MiB   ({full / max(chunked, 1e-9):.1f}x less)")
 

@@ -82,22 +82,24 @@ def _sweeps(n: int) -> None:
 
 
 _MEMORY_SCRIPT = """
-import resource, torch
+import torch
 from torch import nn
+from _timing import peak_rss_growth_mib
+import tdhook_fn
+from tdhook.weights import Pruning
+from tdhook_fn.weights import global_unstructured_masks, pruning_scores, default_skip
 torch.manual_seed(0)
 model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(10)])  # ~10.5M parameters
 importance = lambda module_key, parameter_name, parameter: parameter.abs()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if {tdhook!r}:
-    from tdhook.weights import Pruning
+
+def tdhook_context():
     with Pruning(importance, amount_to_prune=0.5).prepare(model):
         pass
-else:
-    import tdhook_fn
-    from tdhook_fn.weights import global_unstructured_masks, pruning_scores, default_skip
-    masks = global_unstructured_masks(pruning_scores(model, tdhook_fn.params(model), importance,
-                                                      skip=default_skip), 0.5)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+
+def ours():
+    global_unstructured_masks(pruning_scores(model, tdhook_fn.params(model), importance, skip=default_skip), 0.5)
+
+print(peak_rss_growth_mib(tdhook_context if {tdhook!r} else ours))
 """
 
 
