@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.stamp-install
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 
 def median_seconds(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.05) -> float:
-    """Median time of one ``fn()`` call, each sample averaged over enough calls to last ``min_time``."""
+    """Median time of one ``fn()`` call; each sample averages enough calls to last ``min_time / 4``."""
     fn()  # warm up caches (shadow copies, kernels)
     number = 1
     while True:

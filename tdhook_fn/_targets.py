@@ -94,7 +94,11 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
     def select(td: TensorDictBase) -> TensorDictBase:
         labels: Any = td.get(key)
         if output is None:
-            out_key, value = _single_output(td.exclude(key))
+            candidates = td.exclude(key)
+            if len(list(candidates.keys(True, True))) != 1:
+                names = [k for k in candidates.keys(True, True)]
+                raise ValueError(f"label({key!r}): several candidate outputs {names}; name one with output=")
+            out_key, value = _single_output(candidates)
         else:
             out_key, value = output, td.get(output)
         picked = value.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,385 @@
+"""Draw the pictures of the method pages into docs/img/.
+
+Run from the repository root: ``python docs/gen_images.py`` (about half a minute on a laptop
+CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
+(``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
+is computed with tdhook_fn's pure methods on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import DimsConfig, grad_cam, guided_backprop, integrated_gradients, saliency
+from tdhook_fn.weights import (
+    Adapter,
+    adapter_params,
+    apply_masks,
+    best_alpha,
+    global_unstructured_masks,
+    ln_structured_mask,
+    pruning_scores,
+    sweep_alphas,
+    task_vector,
+    with_adapters,
+)
+
+OUT = Path(__file__).resolve().parent / "img"
+LAST_CONV = "[3]"  # the ReLU after the second conv: Grad-CAM's layer
+HIDDEN = "[6]"  # the ReLU after the 64-unit linear layer: where the adapter goes
+DPI = 100
+
+
+# -- data, model, training -------------------------------------------------------------------
+
+
+def load() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Train and test digits ``[N, 1, 8, 8]`` in ``[0, 1]`` and their labels (fixed split)."""
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    test, train = order[:450], order[450:]
+    return x[train], y[train], x[test], y[test]
+
+
+def make_cnn() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+
+
+def make_gap_cnn() -> nn.Sequential:
+    """The CNN for Grad-CAM: global average pooling before the classifier, so Grad-CAM is CAM."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float = 3e-3) -> nn.Module:
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(1)
+    model.train()
+    for _ in range(epochs):
+        for batch in torch.randperm(len(y), generator=generator).split(64):
+            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model.eval()
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return (logits.argmax(-1) == labels).float().mean()
+
+
+# -- drawing helpers ----------------------------------------------------------------------------
+
+
+def show(ax: plt.Axes, image: torch.Tensor, cmap: str = "gray_r", symmetric: bool = False,
+         bound: float | None = None) -> None:
+    """``image`` without ticks; ``symmetric`` centres the colour map on 0 (at ``bound`` or the max)."""
+    image = image.detach().squeeze()
+    if symmetric:
+        bound = bound or float(image.abs().max()) or 1.0
+        ax.imshow(image, cmap=cmap, vmin=-bound, vmax=bound)
+    else:
+        ax.imshow(image, cmap=cmap)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def save(fig: plt.Figure, name: str) -> None:
+    path = OUT / name
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    print(f"{path.relative_to(OUT.parent.parent)}: {path.stat().st_size // 1024} KB")
+
+
+def image_grid(rows: list[tuple[str, torch.Tensor, str, bool]], titles: list[str], suptitle: str,
+               name: str) -> None:
+    """One row per ``(label, images [n, 8, 8], cmap, symmetric)``, one column per sample."""
+    n = len(titles)
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.45 * n + 0.6, 1.5 * len(rows) + 0.5), squeeze=False)
+    for r, (row_label, images, cmap, symmetric) in enumerate(rows):
+        for c in range(n):
+            show(axes[r, c], images[c], cmap, symmetric)
+            if r == 0:
+                axes[r, c].set_title(titles[c], fontsize=10)
+        axes[r, 0].set_ylabel(row_label, fontsize=10)
+    fig.suptitle(suptitle, fontsize=12)
+    fig.tight_layout()
+    save(fig, name)
+
+
+# -- one picture per method -------------------------------------------------------------------
+
+
+def pick(model: nn.Module, x: torch.Tensor, y: torch.Tensor, classes: tuple[int, ...],
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first test image of each class in ``classes`` that ``model`` classifies correctly."""
+    right = model(x).argmax(-1) == y
+    index = torch.stack([torch.nonzero((y == c) & right)[0, 0] for c in classes])
+    return x[index], y[index]
+
+
+def draw_saliency(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    sal = saliency(f, p, inputs, target=target, abs=True)["input"]
+    ixg = saliency(f, p, inputs, target=target, multiply_by_inputs=True)["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("|gradient|", sal, "magma", False),
+         ("input x gradient", ixg, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Saliency and input x gradient of the true class's logit (red +, blue -)",
+        "saliency.png",
+    )
+
+
+def draw_integrated_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                              test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    one = TensorDict(input=x[:1], batch_size=[1])
+    classes = (int(y[0]), 5, 8)
+    attrs = integrated_gradients(f, p, one, 0.0, target=classes, per_target=True, n_steps=32)["input"]
+
+    fig = plt.figure(figsize=(7.5, 6.8))
+    grid = fig.add_gridspec(2, 4, height_ratios=[1, 2.4], hspace=0.25, top=0.86)
+    ax = fig.add_subplot(grid[0, 0])
+    show(ax, x[0])
+    ax.set_title("input", fontsize=10)
+    for t, c in enumerate(classes):
+        ax = fig.add_subplot(grid[0, t + 1])
+        show(ax, attrs[t, 0], "RdBu_r", symmetric=True, bound=float(attrs.abs().max()))
+        ax.set_title(f"target {c}", fontsize=10)
+
+    batch = TensorDict(input=test_x[:64], label=test_y[:64], batch_size=[64])
+    steps = [2, 4, 8, 16, 32, 64]
+    ax = fig.add_subplot(grid[1, :])
+    for method in ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre"):
+        deltas = [float(integrated_gradients(f, p, batch, 0.0, target=tdhook_fn.label("label"), n_steps=n,
+                                             method=method, return_convergence_delta=True)[1].abs().mean())
+                  for n in steps]
+        ax.plot(steps, deltas, marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(steps, [str(n) for n in steps])
+    ax.minorticks_off()
+    ax.set_xlabel("n_steps")
+    ax.set_ylabel("mean |convergence delta| (logit units)")
+    ax.set_title("Completeness error by quadrature, true class, 64 test digits", fontsize=10)
+    ax.legend(fontsize=9)
+    ax.grid(True, alpha=0.3)
+    fig.suptitle("Integrated gradients: one map per target, one colour scale\n(per_target=True, red +, blue -)",
+                 fontsize=11)
+    save(fig, "integrated_gradients.png")
+
+
+def draw_grad_cam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    logits = tdhook_fn.call(model, p, x)
+    top2 = logits.topk(2, dim=-1).indices
+    inputs = TensorDict(input=x, first=top2[:, 0], second=top2[:, 1], batch_size=[len(y)])
+    dims = {LAST_CONV: DimsConfig(weight_pooling_dims=(1, 2), feature_sum_dims=(0,))}
+    first = grad_cam(f, p, inputs, target=tdhook_fn.label("first", "output"), layers=dims)[LAST_CONV]
+    second = grad_cam(f, p, inputs, target=tdhook_fn.label("second", "output"), layers=dims)[LAST_CONV]
+
+    n = len(y)
+    fig, axes = plt.subplots(3, n, figsize=(1.45 * n + 0.6, 5.6))
+    for c in range(n):
+        show(axes[0, c], x[c])
+        axes[0, c].set_title(f"digit {int(y[c])}", fontsize=10)
+        for r, (cams, cls) in enumerate(((first, top2[:, 0]), (second, top2[:, 1])), start=1):
+            ax = axes[r, c]
+            show(ax, cams[c], "RdBu_r", symmetric=True)
+            ax.contour(x[c, 0], levels=[0.5], colors="black", linewidths=0.7)
+            ax.set_title(f"class {int(cls[c])}", fontsize=9)
+    axes[0, 0].set_ylabel("input", fontsize=10)
+    axes[1, 0].set_ylabel("predicted\nclass", fontsize=10)
+    axes[2, 0].set_ylabel("runner-up\nclass", fontsize=10)
+    fig.suptitle(f"Grad-CAM at the last conv layer ({LAST_CONV}, 8x8) of a CNN with global average pooling,\n"
+                 "no ReLU (red +, blue -; black line: the digit's outline)", fontsize=11)
+    fig.tight_layout()
+    save(fig, "grad_cam.png")
+
+
+def draw_guided_backprop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    grad = saliency(f, p, inputs, target=target)["input"]
+    everywhere = guided_backprop(f, p, inputs, target=target)["input"]
+    relu_only = guided_backprop(f, p, inputs, target=target,
+                                classes_to_skip=(nn.Conv2d, nn.Linear, nn.Flatten))["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("gradient", grad, "RdBu_r", True),
+         ("guided,\nevery module", everywhere, "RdBu_r", True), ("guided,\nReLUs only", relu_only, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Guided backpropagation of the true class's logit (red +, blue -)",
+        "guided_backprop.png",
+    )
+
+
+def draw_task_vectors(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
+                      test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    """Task: mirrored digits. Control: the ordinary digits the base model was trained on."""
+    base = tdhook_fn.params(model)
+    tuned_model = make_cnn()
+    tuned_model.load_state_dict(model.state_dict())
+    train(tuned_model, train_x.flip(-1), train_y, epochs=4, lr=1e-3)
+    vector = task_vector(base, tdhook_fn.params(tuned_model))
+
+    mirrored = test_x.flip(-1)
+
+    def scores(p: TensorDict) -> torch.Tensor:
+        return torch.stack([accuracy(tdhook_fn.call(model, p, mirrored), test_y),
+                            accuracy(tdhook_fn.call(model, p, test_x), test_y)])
+
+    alphas = [i / 10 for i in range(-10, 21)]
+    task, control = sweep_alphas(scores, base, vector, alphas).T
+    threshold = 0.9 * float(control[alphas.index(0.0)])
+    chosen = best_alpha(alphas, task, control >= threshold)
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(alphas, task, marker="o", ms=3, label="task: mirrored digits")
+    ax.plot(alphas, control, marker="o", ms=3, label="control: ordinary digits")
+    ax.axhline(threshold, color="gray", ls="--", lw=1, label="adequacy: 90% of base control")
+    ax.axvline(chosen, color="black", ls=":", lw=1.5, label=f"best_alpha = {chosen:.1f}")
+    ax.axvspan(-1.0, 0.0, color="0.92", zorder=0)
+    ax.text(-0.95, 0.03, "alpha < 0: forget vector", fontsize=8.5)
+    ax.set_xlabel("alpha   (params = base + alpha * task vector)")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Task vector sweep: 31 alphas in one sweep_alphas call", fontsize=11)
+    ax.legend(fontsize=8, loc="center right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save(fig, "task_vectors.png")
+
+
+def draw_pruning(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    p = tdhook_fn.params(model)
+    weights = lambda module_key, parameter_name, parameter: parameter if parameter_name == "weight" else None
+    scores = pruning_scores(model, p, weights)
+    noise = scores.apply(lambda s: torch.rand(s.shape, generator=torch.Generator().manual_seed(0)))
+    hidden = scores.select(("0", "weight"), ("2", "weight"), ("5", "weight"))  # the last layer is kept whole
+    amounts = np.linspace(0.0, 0.95, 20)
+    curves: dict[str, list[float]] = {"global magnitude (L1 unstructured)": [], "random unstructured": [],
+                                      "L2 structured (output channels, per layer)": []}
+    for amount in amounts:
+        masks = [global_unstructured_masks(scores, float(amount)), global_unstructured_masks(noise, float(amount)),
+                 ln_structured_mask(hidden, float(amount), dim=0, n=2)]
+        for name, mask in zip(curves, masks, strict=True):
+            curves[name].append(float(accuracy(tdhook_fn.call(model, apply_masks(p, mask), test_x), test_y)))
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for name, values in curves.items():
+        ax.plot(amounts, values, marker="o", ms=3, label=name)
+    ax.set_xlabel("fraction of weights (or channels) pruned")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Pruning masks applied as params * mask (model untouched)", fontsize=11)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save(fig, "pruning.png")
+
+
+def draw_adapters(model: nn.Module, train_x: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    """A sparse autoencoder at the hidden layer, trained end to end by torch.func.grad."""
+    torch.manual_seed(0)
+    sae = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    spec = {"sae": Adapter(sae, HIDDEN, HIDDEN)}
+    f = tdhook_fn.functional(model)
+    adapted = with_adapters(f, spec)
+    frozen = tdhook_fn.params(model)
+    tapped = f.with_taps(tdhook_fn.capture(HIDDEN, key="hidden"))
+    teacher = f(frozen, TensorDict(input=train_x, batch_size=[len(train_x)]))["output"].argmax(-1)
+    hidden = tapped(frozen, TensorDict(input=train_x, batch_size=[len(train_x)]))["hidden"]
+
+    def loss(weights: TensorDict, x: torch.Tensor, labels: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        p = frozen.clone(False).update(weights)
+        logits = adapted(p, TensorDict(input=x, batch_size=[len(x)]))["output"]
+        latents = torch.relu(tdhook_fn.call(sae[0], weights["adapters", "sae", "0"], h))
+        return nn.functional.cross_entropy(logits, labels) + 3e-3 * latents.abs().sum(-1).mean()
+
+    weights = adapter_params(spec)
+    optimizer_state = weights.apply(torch.zeros_like)
+    steps, accuracies, active = [], [], []
+    generator = torch.Generator().manual_seed(2)
+    test = TensorDict(input=test_x, batch_size=[len(test_x)])
+    test_hidden = tapped(frozen, test)["hidden"]
+    for step in range(301):
+        if step % 20 == 0:
+            p = frozen.clone(False).update(weights)
+            steps.append(step)
+            accuracies.append(float(accuracy(adapted(p, test)["output"], test_y)))
+            latents = torch.relu(tdhook_fn.call(sae[0], weights["adapters", "sae", "0"], test_hidden))
+            active.append(float((latents > 0).float().sum(-1).mean()))
+        batch = torch.randint(len(train_x), (128,), generator=generator)
+        grads = torch.func.grad(loss)(weights, train_x[batch], teacher[batch], hidden[batch])
+        optimizer_state = optimizer_state * 0.9 + grads  # SGD with momentum, in TensorDict arithmetic
+        weights = weights - 0.05 * optimizer_state
+
+    original = float(accuracy(tdhook_fn.call(model, frozen, test_x), test_y))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    left.plot(steps, accuracies, marker="o", ms=3, label="model with the SAE spliced in")
+    left.axhline(original, color="gray", ls="--", lw=1, label="original model")
+    left.set_xlabel("training step")
+    left.set_ylabel("test accuracy")
+    left.set_ylim(0, 1.02)
+    left.set_title("Accuracy through the adapter", fontsize=10)
+    left.legend(fontsize=8, loc="lower right")
+    left.grid(alpha=0.3)
+    right.plot(steps, active, marker="o", ms=3, color="tab:orange")
+    right.set_xlabel("training step")
+    right.set_ylabel("active latents per digit (of 256)")
+    right.set_title("Sparsity of the SAE's latents", fontsize=10)
+    right.grid(alpha=0.3)
+    fig.suptitle(f"Sparse autoencoder (64 -> 256 -> 64) at {HIDDEN}, trained by torch.func.grad", fontsize=11)
+    fig.tight_layout()
+    save(fig, "adapters.png")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    model = train(make_cnn(), train_x, train_y, epochs=8)
+    print(f"test accuracy: {float(accuracy(model(test_x), test_y)):.3f}")
+    classes = (0, 2, 3, 4, 7, 9)
+    x, y = pick(model, test_x, test_y, classes)
+    draw_saliency(model, x, y)
+    draw_integrated_gradients(model, x[2:], y[2:], test_x, test_y)
+    gap_model = train(make_gap_cnn(), train_x, train_y, epochs=40, lr=5e-3)
+    print(f"test accuracy, global-average-pooling CNN: {float(accuracy(gap_model(test_x), test_y)):.3f}")
+    draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
+    draw_guided_backprop(model, x, y)
+    draw_task_vectors(model, train_x, train_y, test_x, test_y)
+    draw_pruning(model, test_x, test_y)
+    draw_adapters(model, train_x, test_x, test_y)
+
+
+if __name__ == "__main__":
+    main()
