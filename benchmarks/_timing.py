@@ -56,3 +56,20 @@ def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
     before = _status_kib("VmRSS")
     fn()
     return (_status_kib("VmHWM") - before) / 1024
+
+
+def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9) -> dict[str, float]:
+    """Median seconds per call of each implementation, measured in alternating rounds.
+
+    On a shared machine the speed drifts over seconds; timing the implementations one
+    after the other in every round exposes them all to the same drift.
+    """
+    for fn in impls.values():
+        fn()  # warm up
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _timing import median_seconds, print_table
+from _timing import interleaved_medians, print_table
 from tensordict import TensorDict
 from torch import nn
 
@@ -51,7 +51,8 @@ def floor(model: nn.Module, x: torch.Tensor, targets: list[int], per_target: boo
     alphas, steps = quadrature("gausslegendre", N_STEPS)
     a = torch.tensor(alphas).reshape(-1, *[1] * x.dim())
     points = (a * x).reshape(-1, *x.shape[1:])  # zero baseline
-    out, pullback = torch.func.vjp(model, points)
+    weights = {name: t.detach() for name, t in model.named_parameters()}  # constants, as in ours
+    out, pullback = torch.func.vjp(lambda p: torch.func.functional_call(model, weights, (p,)), points)
     w = torch.tensor(steps).reshape(-1, *[1] * x.dim())
     if per_target:
         cot = torch.zeros(len(targets), *out.shape)
@@ -118,7 +119,7 @@ def _compare(name: str, model: nn.Module, x: torch.Tensor) -> None:
         reference = impls["hand-written vjp floor"]()
         for impl_name, fn in impls.items():
             torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-5, msg=f"{impl_name} disagrees")
-        times = {impl_name: median_seconds(fn, repeat=5, min_time=0.3) for impl_name, fn in impls.items()}
+        times = interleaved_medians(impls)
         baselines = {"floor": times["hand-written vjp floor"], "ours": times["tdhook_fn.integrated_gradients"]}
         print_table(f"integrated gradients, {name}, batch {x.shape[0]}, {label}", list(times.items()), baselines)
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _timing import median_seconds, print_table
+from _timing import interleaved_medians, print_table
 from tensordict import TensorDict
 from torch import nn
 from torch.func import functional_call, vmap
@@ -75,7 +75,7 @@ def _sweeps(n: int) -> None:
     for name, fn in impls.items():
         torch.testing.assert_close(fn(), reference, msg=f"{name} disagrees")
     with torch.no_grad():
-        times = {name: median_seconds(fn, repeat=5, min_time=0.2) for name, fn in impls.items()}
+        times = interleaved_medians(impls, rounds=15)
     better = min(times["hand-written loop floor"], times["hand-written vmap floor"])
     print_table(f"task-vector alpha sweep, 16 alphas, MLP 64-128-128-10, {n} samples", list(times.items()),
                 {"better floor": better, "tdhook": times["tdhook 0.1.3 with_applied_vectors"]})
