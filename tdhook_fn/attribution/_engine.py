@@ -34,7 +34,7 @@ from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 from .._targets import Target, as_target
 
-__all__ = ["Cotangents", "Gradients", "TargetFn", "gradients", "input_keys_of", "per_key", "target_values"]
+__all__ = ["Cotangents", "Gradients", "TargetFn", "gradients", "input_keys_of", "per_key", "scaled", "target_values"]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
@@ -72,6 +72,19 @@ def per_key(fn: Callable[..., torch.Tensor], td: TensorDictBase, *others: Tensor
     out = TensorDict({}, batch_size=td.batch_size)
     for key, value in td.items(True, True):
         out.set(key, fn(value, *(o.get(key) for o in others)))
+    return out
+
+
+def scaled(grads: TensorDict, factors: Mapping[Any, torch.Tensor]) -> TensorDict:
+    """``grads`` with each key in ``factors`` multiplied by it (input x gradient and kin).
+
+    ``factors`` are shaped like one map (batch ``[*B]``); a leading target dim of
+    ``grads`` broadcasts. Keys without a factor are left as they are.
+    """
+    out = grads.clone(False)
+    for key, factor in factors.items():
+        grad = grads.get(key)
+        out.set(key, grad * factor.reshape(*[1] * (grad.dim() - factor.dim()), *factor.shape))
     return out
 
 

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 from .._targets import Target, as_target
-from ._engine import Cotangents, gradients, input_keys_of, target_values
+from ._engine import Cotangents, gradients, input_keys_of, scaled, target_values
 from ._quadrature import quadrature
 from ._saliency import GradFn, grad_taps
 
@@ -119,10 +119,7 @@ def integrated_gradients(
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
         differences = {k: inputs.get(k) - base.get(k) for k in keys}
         differences.update({p: x - b for p, (b, x) in ends.items()})
-        lead = [1] * (len(total.batch_size) - len(inputs.batch_size))
-        attrs = total.clone(False)
-        for key, d in differences.items():
-            attrs.set(key, total.get(key) * d.reshape(*lead, *d.shape))
+        attrs = scaled(total, differences)
     if not return_convergence_delta:
         return attrs
     values = target_values(f, params, _ends_batch(inputs, base), target, target_layers=target_layers, taps=all_taps)
@@ -211,14 +208,6 @@ def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float],
         for k, w in enumerate(weights):
             acc = g.select(lead, k) * w if acc is None else torch.add(acc, g.select(lead, k), alpha=w)
         out.set(key, acc)
-    return out
-
-
-def _as_td(values: dict[Any, torch.Tensor], batch: torch.Size, like: TensorDictBase) -> TensorDict:
-    extra = len(like.batch_size) - len(batch)
-    out = TensorDict({}, batch_size=[1] * extra + list(batch))
-    for key, v in values.items():
-        out.set(key, v.reshape(*[1] * extra, *v.shape))
     return out
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -11,7 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._taps import Tap, map_grad
 from .._targets import Target
-from ._engine import Cotangents, gradients, input_keys_of, per_key
+from ._engine import Cotangents, gradients, input_keys_of, per_key, scaled
 
 __all__ = ["saliency"]
 
@@ -96,14 +95,7 @@ def saliency(
     if abs:
         grads = per_key(torch.abs, grads)
     if multiply_by_inputs:
-        values = inputs.select(*keys).update(result.activations) if keys else result.activations
-        grads = per_key(torch.mul, grads, _broadcastable(values, grads))
+        factors = {k: inputs.get(k) for k in keys}
+        factors.update(result.activations.items(True, True))
+        grads = scaled(grads, factors)
     return grads
-
-
-def _broadcastable(values: TensorDictBase, like: TensorDictBase) -> TensorDictBase:
-    """``values`` with the leading target dim of ``like`` (size 1) when it has one."""
-    extra = len(like.batch_size) - len(values.batch_size)
-    batch = [1] * extra + list(values.batch_size)
-    shaped = values.apply(lambda v: v.reshape(*([1] * extra), *v.shape), batch_size=batch)
-    return cast(TensorDictBase, shaped)
