@@ -140,13 +140,7 @@ class HookedModuleRun:
     ) -> CacheProxy:
         """Store the value at ``key`` in the run cache; read it from the proxy after the run."""
         self._ensure_in_context("get")
-        handle, proxy = self._record(
-            lambda: self._module.get(
-                self._cache, key, cache_key, callback=callback, direction=direction, prepend=prepend, relative=relative
-            )
-        )
-        self._handles.append(handle)
-        return proxy  # type: ignore[no-any-return]
+        return self._cache_into(self._cache, key, cache_key, callback, direction, prepend, relative)
 
     def save(
         self,
@@ -161,15 +155,21 @@ class HookedModuleRun:
         """Like :meth:`get`, into the outer cache, under ``"{run_name}{run_sep}{key}_{type}"``."""
         self._ensure_in_context("save")
         cache_key = cache_key or f"{self._name}{self._sep}{key}_{DIRECTION_TO_TYPE[direction]}"
+        return self._cache_into(self._save_cache, key, cache_key, callback, direction, prepend, relative)
+
+    def _cache_into(
+        self,
+        cache: TensorDict,
+        key: str,
+        cache_key: str | None,
+        callback: Callable[..., Any] | None,
+        direction: HookDirection,
+        prepend: bool,
+        relative: bool,
+    ) -> CacheProxy:
         handle, proxy = self._record(
             lambda: self._module.get(
-                self._save_cache,
-                key,
-                cache_key=cache_key,
-                callback=callback,
-                direction=direction,
-                prepend=prepend,
-                relative=relative,
+                cache, key, cache_key, callback=callback, direction=direction, prepend=prepend, relative=relative
             )
         )
         self._handles.append(handle)
