@@ -9,10 +9,11 @@ from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
 from tdhook_fn._functional import Functional, functional
+from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
-from ._virtual import active_hooks, live_params, module_path, route, taps_for
+from ._virtual import active_hooks, module_path, route, taps_for
 
 __all__ = ["RoutedModule"]
 
@@ -55,7 +56,7 @@ class RoutedModule(TensorDictModuleWrapper):
 
     def params(self) -> TensorDict:
         """The model's own parameters and buffers, live: gradients reach the model."""
-        return live_params(self.model)
+        return params_of(self.model, detach=False)
 
     def taps(self) -> tuple[Tap, ...]:
         """The virtual hooks active now, as taps with paths relative to :attr:`model`."""

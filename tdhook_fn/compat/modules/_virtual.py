@@ -38,12 +38,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdhook_fn._call import run
-from tdhook_fn._params import params
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
 
@@ -53,7 +52,6 @@ __all__ = [
     "VirtualHookHandle",
     "VirtualHooks",
     "active_hooks",
-    "live_params",
     "module_path",
     "recording_into",
     "recording_target",
@@ -227,11 +225,6 @@ def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
         for h in hooks
         if id(h.target) in paths
     )
-
-
-def live_params(model: nn.Module) -> TensorDict:
-    """The model's own parameters and buffers, not detached (see NOTE [live parameters])."""
-    return params(model, detach=False)
 
 
 def route(model: nn.Module, invoke: Callable[[nn.Module], Any], params: TensorDictBase | None = None) -> Any:

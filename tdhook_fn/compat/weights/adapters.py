@@ -43,11 +43,12 @@ from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
 from tdhook_fn import Functional
+from tdhook_fn._params import params as params_of
 from tdhook_fn._taps import Site
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, RemovableHandleProtocol, resolve_submodule_path
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
-from tdhook_fn.compat.modules._virtual import live_params, module_path
+from tdhook_fn.compat.modules._virtual import module_path
 from tdhook_fn.weights import Adapter, with_adapters
 
 from ._adapter_call import AdapterCall, ArgsRecorder, recording_args
@@ -101,7 +102,7 @@ class _AdaptedModule(TensorDictModuleWrapper):
         adapters = {str(i): Adapter(call, path, path, site) for i, (call, path, site) in enumerate(splices)}
         recorders = [ArgsRecorder(path, "custom", spec=call.spec) for call, path, _ in splices if call.spec.needs_args]
         adapted = with_adapters(bare, adapters, key=key).with_taps(*recorders, *hooked.taps)
-        weights = TensorDict({name: live_params(a.module) for name, a in adapters.items()}, batch_size=[])
+        weights = TensorDict({name: params_of(a.module, detach=False) for name, a in adapters.items()}, batch_size=[])
         params.set(key, weights)
         with recording_args():
             outputs = adapted(params, tensordict)

@@ -43,10 +43,10 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
+from tdhook_fn._params import params as params_of
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.hooks import resolve_submodule_path
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
-from tdhook_fn.compat.modules._virtual import live_params
 from tdhook_fn.weights import (
     apply_masks,
     default_skip,
@@ -213,7 +213,7 @@ class Pruning(HookingContextFactory):
         return module
 
     def _global_targets(self, root: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        live = live_params(root)  # the model's own Parameters: callbacks may read .grad
+        live = params_of(root, detach=False)  # the model's own Parameters: callbacks may read .grad
         scores = pruning_scores(root, live, self._importance_callback, skip=self._skip_modules or None)
         assert self._amount_to_prune is not None  # checked in __init__
         masks = global_unstructured_masks(scores, self._amount_to_prune)
