@@ -6,12 +6,31 @@ threads calling one model with different parameters see each other's tensors, an
 exception at the wrong time leaves the model changed. Instead every call runs on a
 *shadow*: an instance of each submodule's class whose ``__dict__`` is refreshed from the
 original's before each call, except for its own ``_parameters``, ``_buffers``, ``_modules``
-and hook dictionaries. The caller's tensors are put in the shadow's slots for the duration
-of the call and removed afterwards. Shadows are pooled per model; one shadow serves one
-call at a time, so hooks registered on it by taps are invisible to every other call.
-A change to the model's structure (a submodule or parameter replaced or added) is seen
-at the next call, which then builds a new shadow; mode flags and other attributes
-(``training``, ``dropout.p``) are read from the model on every call.
+and hook dictionaries. Values in it that refer back to the model (bound methods, partials,
+back-references: accelerate's hooks) are rebound to the shadows (NOTE [rebinding]). The
+caller's tensors are put in the shadow's slots for the duration of the call, and
+everything copied from the model is dropped afterwards.
+
+Shadows are pooled per model; one shadow serves one call at a time, so hooks registered on
+it by taps are invisible to every other call. A change to the model's structure (a
+submodule or parameter replaced or added) is seen at the next call, which then builds a
+new shadow; mode flags and other attributes (``training``, ``dropout.p``) are read from
+the model on every call.
+
+# NOTE [shadows hold the model weakly]
+The pool is keyed weakly by the model, and an idle shadow keeps no strong reference to
+anything of the model (its nodes hold weak references, its ``__dict__`` is emptied down
+to its own slots after each call). Otherwise a model that refers to itself (a bound
+method as a hook, a child holding its parent) would be kept alive by its own pool entry.
+
+# NOTE [pure buffers]
+The caller's params are never written. A forward may update buffers in place (BatchNorm's
+running statistics in training mode, counters): buffers are cloned for each call (they are
+small next to the parameters), so the forward computes what its mode computes and the
+updates are dropped with the copies. Parameters are used as given, never copied.
+A forward that replaces one of its *parameters* while it runs (accelerate's offloading
+hooks load weights from their own store) would silently ignore the given params, so it
+raises after the forward.
 """
 
 from __future__ import annotations
@@ -27,6 +46,7 @@ import torch
 from torch import nn
 
 from ._params import Key
+from ._rebind import Rebinder
 
 __all__ = ["Shadow", "shadow_of"]
 
@@ -42,38 +62,68 @@ _HOOK_DICTS = (
 )
 _POOL_SIZE = 16
 
+# (the shadow's slot dict, the name in it, the params key, the expected shape or None)
+Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
+
+
+def _signature(state: dict[str, Any]) -> tuple[Any, ...]:
+    """What a shadow's structure depends on: names and identities of children and tensors."""
+    mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
+    return (tuple(mods), tuple(map(id, mods.values())), tuple(params), tuple(map(id, params.values())),
+            tuple(bufs), tuple(map(id, bufs.values())))
+
+
+def _shape(tensor: torch.Tensor) -> torch.Size | None:
+    return None if isinstance(tensor, nn.parameter.UninitializedTensorMixin) else tensor.shape  # type: ignore[attr-defined]
+
 
 class _Node:
-    """One original module, its shadow and the shadow's own state."""
+    """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("children", "original", "own", "shadow", "tensor_ids")
+    __slots__ = ("buffers", "module", "own", "params", "path", "shadow", "signature")
 
-    def __init__(self, original: dict[str, Any], shadow: nn.Module, own: dict[str, Any]):
-        self.original = original  # the original's __dict__: no reference to the module itself
+    def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
+        self.module = weakref.ref(module)
         self.shadow = shadow
         self.own = own
-        self.children = dict(original["_modules"])
-        self.tensor_ids = _tensor_ids(original)
+        self.path = path
+        self.signature = _signature(module.__dict__)
+        self.params: list[Slot] = []
+        self.buffers: list[Slot] = []
+
+    def original(self) -> dict[str, Any] | None:
+        module = self.module()
+        return None if module is None else module.__dict__
 
     def is_current(self) -> bool:
-        original = self.original
-        return original["_modules"] == self.children and _tensor_ids(original) == self.tensor_ids
+        state = self.original()
+        return state is not None and _signature(state) == self.signature
 
-    def refresh(self) -> None:
+    def refresh(self, rebinder: Rebinder) -> None:
+        original = self.original()
+        assert original is not None  # the caller holds the model
         state = self.shadow.__dict__
         state.clear()
-        state.update(self.original)
+        state.update(original)
         own = self.own
         for name in _HOOK_DICTS:  # the model's own hooks still run, on a private copy
-            theirs, ours = self.original.get(name), own[name]
+            theirs, ours = original.get(name), own[name]
             if theirs or ours:
                 ours.clear()
                 ours.update(theirs or {})
+                if theirs and rebinder.may_refer(theirs.values()):
+                    rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
         state.update(own)
+        if rebinder.may_refer(original.values()):
+            rebinder.rebind_all(state, {k: v for k, v in original.items() if k not in own}, self.path, "attribute ")
 
-
-def _tensor_ids(state: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-    return tuple((n, id(t)) for d in (state["_parameters"], state["_buffers"]) for n, t in d.items())
+    def release(self) -> None:
+        """Drop everything copied from the original; keep the shadow's own (emptied) slots."""
+        state = self.shadow.__dict__
+        state.clear()
+        for name in _HOOK_DICTS:
+            self.own[name].clear()
+        state.update(self.own)
 
 
 class Shadow:
@@ -85,37 +135,38 @@ class Shadow:
     def __init__(self, model: nn.Module):
         self.nodes: list[_Node] = []
         self.by_id: dict[int, nn.Module] = {}  # id(original submodule) -> shadow
-        self.root = self._copy(model)
-        self.slots: list[tuple[dict[str, Any], str, Key]] = []
-        self.own_slots: list[tuple[dict[str, Any], dict[str, Any], str]] = []
+        self.node_of: dict[int, _Node] = {}
+        names = {id(m): name for name, m in reversed(list(model.named_modules(remove_duplicate=False)))}
+        self.root = self._copy(model, names)
+        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()})
         self.keys: set[Key] = set()
         canonical: dict[int, Key] = {}
         for prefix, module in model.named_modules(remove_duplicate=False):
-            shadow = self.by_id[id(module)]
-            for kind in ("_parameters", "_buffers"):
+            node = self.node_of[id(module)]
+            for kind, slots in (("_parameters", node.params), ("_buffers", node.buffers)):
                 for name, tensor in module.__dict__[kind].items():
                     if tensor is None:
                         continue
                     key = canonical.setdefault(id(tensor), tuple(f"{prefix}.{name}".lstrip(".").split(".")))
                     self.keys.add(key)
-                    self.slots.append((shadow.__dict__[kind], name, key))
-                    self.own_slots.append((shadow.__dict__[kind], module.__dict__[kind], name))
+                    slots.append((node.own[kind], name, key, _shape(tensor)))
 
-    def _copy(self, module: nn.Module) -> nn.Module:
+    def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
             return self.by_id[id(module)]
         shadow = type(module).__new__(type(module))
         self.by_id[id(module)] = shadow
         state = module.__dict__
         own: dict[str, Any] = {
-            "_parameters": {n: None for n in state["_parameters"]},
-            "_buffers": {n: None for n in state["_buffers"]},
-            "_modules": {n: None if m is None else self._copy(m) for n, m in state["_modules"].items()},
+            "_parameters": dict.fromkeys(state["_parameters"]),
+            "_buffers": dict.fromkeys(state["_buffers"]),
+            "_modules": {n: None if m is None else self._copy(m, names) for n, m in state["_modules"].items()},
         }
         own.update((name, OrderedDict()) for name in _HOOK_DICTS)
-        shadow.__dict__.update(state)
         shadow.__dict__.update(own)
-        self.nodes.append(_Node(state, shadow, own))
+        node = _Node(module, shadow, own, names.get(id(module), ""))
+        self.nodes.append(node)
+        self.node_of[id(module)] = node
         return shadow
 
     def is_current(self) -> bool:
@@ -123,23 +174,60 @@ class Shadow:
 
     def refresh(self) -> None:
         for node in self.nodes:
-            node.refresh()
+            node.refresh(self.rebinder)
 
     def load(self, values: dict[Key, torch.Tensor]) -> None:
-        """Put ``values`` in the slots; the keys must be exactly the model's."""
+        """Put ``values`` in the slots; the keys and shapes must be exactly the model's.
+
+        Buffers get private copies for the call (NOTE [pure buffers]).
+        """
         if len(values) != len(self.keys) or not self.keys.issuperset(values):
             _raise_key_mismatch(self.keys, set(values))
-        for slots, name, key in self.slots:
-            slots[name] = values[key]
+        wrong: list[str] = []
+        copies: dict[Key, Any] = {}
+        for node in self.nodes:
+            for slots, name, key, shape in node.params:
+                value = slots[name] = values[key]
+                if shape is not None and value.shape != shape:
+                    wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
+            for slots, name, key, shape in node.buffers:
+                value = values[key]
+                if shape is not None and value.shape != shape:
+                    wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
+                if key not in copies:  # a buffer shared by two modules stays shared
+                    copies[key] = value.clone() if isinstance(value, torch.Tensor) else value
+                slots[name] = copies[key]
+        if wrong:
+            self.unload()
+            raise ValueError(f"params do not match the model's shapes: {'; '.join(wrong)}")
 
     def load_own(self) -> None:
         """Put the model's own tensors in the slots (live: gradients and in-place updates reach it)."""
-        for slots, theirs, name in self.own_slots:
-            slots[name] = theirs[name]
+        for node in self.nodes:
+            original = node.original()
+            assert original is not None
+            for kind, slots in (("_parameters", node.params), ("_buffers", node.buffers)):
+                theirs = original[kind]
+                for own, name, _, _ in slots:
+                    own[name] = theirs[name]
+
+    def check_params_kept(self, values: dict[Key, torch.Tensor]) -> None:
+        """Raise if the forward replaced one of the given parameters (NOTE [pure buffers])."""
+        for node in self.nodes:
+            for slots, name, key, _ in node.params:
+                if slots[name] is not values[key]:
+                    raise RuntimeError(
+                        f"module {node.path or '<root>'!r} ({type(node.shadow).__name__}) replaced its parameter "
+                        f"{name!r} while it ran, so it did not compute with the params you gave (an accelerate "
+                        "offloading hook, or a forward assigning to the parameter, does this). Remove the hook "
+                        "(accelerate.hooks.remove_hook_from_module) or load the model without offloading"
+                    )
 
     def unload(self) -> None:
-        for slots, name, _ in self.slots:
-            slots[name] = None
+        for node in self.nodes:
+            for slots, name, _, _ in (*node.params, *node.buffers):
+                slots[name] = None
+            node.release()
 
     def module_for(self, original: Any, path: str) -> nn.Module:
         shadow = self.by_id.get(id(original))
@@ -149,6 +237,10 @@ class Shadow:
                 "the model that its forward calls"
             )
         return shadow
+
+    def training_with_buffers(self) -> list[str]:
+        """Paths of the modules (as the current call sees them) in training mode that own buffers."""
+        return [n.path or "<root>" for n in self.nodes if n.buffers and n.shadow.__dict__.get("training", False)]
 
 
 def _raise_key_mismatch(expected: set[Key], given: set[Key]) -> None:
@@ -173,8 +265,8 @@ def shadow_of(model: nn.Module) -> Iterator[Shadow]:
         shadow = pool.pop() if pool else None
     if shadow is None or not shadow.is_current():
         shadow = Shadow(model)
-    shadow.refresh()
     try:
+        shadow.refresh()
         yield shadow
     finally:
         shadow.unload()

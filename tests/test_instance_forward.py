@@ -1,0 +1,215 @@
+"""Modules whose instance holds references to the model: accelerate hooks, partials, bound methods.
+
+The shadow copies each module's attributes; anything in them that still refers to an
+original module must be rebound to its shadow (or refused), or the call silently runs the
+model's own tensors instead of the given params.
+"""
+
+import functools
+import types
+
+import pytest
+import torch
+from accelerate.hooks import AlignDevicesHook, ModelHook, add_hook_to_module
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import saliency
+from tdhook_fn.compat.modules import HookedModule
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+
+
+def _zeros(net):
+    return tdhook_fn.params(net).apply(torch.zeros_like)
+
+
+def _accelerate(net):
+    add_hook_to_module(net[0], ModelHook())
+
+
+def _accelerate_align(net):
+    add_hook_to_module(net[0], AlignDevicesHook(execution_device="cpu", io_same_device=True))
+
+
+def _partial(net):
+    net[0].forward = functools.partial(nn.Linear.forward, net[0])
+
+
+def _method(net):
+    net[0].forward = types.MethodType(nn.Linear.forward, net[0])
+
+
+def _parent(net):
+    add_hook_to_module(net, ModelHook())
+
+
+def _wrapped_partial(net):
+    inner = net[0]
+    net[0].forward = functools.update_wrapper(functools.partial(type(inner).forward, inner), inner.forward)
+
+
+PATCHES = {
+    "accelerate": _accelerate,
+    "accelerate-align": _accelerate_align,
+    "partial": _partial,
+    "method": _method,
+    "parent": _parent,
+    "wrapped-partial": _wrapped_partial,
+}
+
+
+@pytest.fixture(params=sorted(PATCHES))
+def patched(request):
+    net = _net()
+    PATCHES[request.param](net)
+    return net
+
+
+def test_params_are_used(patched):
+    p = tdhook_fn.params(patched)
+    p["0"] = p["0"].apply(torch.zeros_like)  # the patched module computes with the given zeros
+    x = torch.ones(2, 4)
+    expected = patched[2](torch.tanh(torch.zeros(2, 3)))
+    assert torch.equal(tdhook_fn.call(patched, p, x), expected)
+
+
+def test_matches_unpatched_model(patched):
+    plain = _net()
+    p = tdhook_fn.params(plain).apply(lambda t: t * 2)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(tdhook_fn.call(patched, p, x), tdhook_fn.call(plain, p, x), rtol=0, atol=0)
+
+
+def test_grads_reach_params(patched):
+    p = tdhook_fn.params(patched)
+    x = torch.randn(3, 4)
+    g = torch.func.grad(lambda q: tdhook_fn.call(patched, q, x).sum())(p)
+    expected = torch.func.grad(lambda q: tdhook_fn.call(_net(), q, x).sum())(tdhook_fn.params(_net()))
+    assert all(torch.equal(g.get(k), expected.get(k)) for k in expected.keys(True, True))
+    assert g["0", "weight"].abs().sum() > 0
+
+
+def test_taps_inside_fire(patched):
+    f = tdhook_fn.functional(patched).with_taps(tdhook_fn.capture("[0]"), tdhook_fn.intervene("[1]", torch.zeros_like))
+    out = f(tdhook_fn.params(patched), TensorDict(input=torch.randn(3, 4), batch_size=[3]))
+    assert out["0"].shape == (3, 3)
+    assert torch.equal(out["output"], patched[2].bias.detach().expand(3, 2))
+
+
+def test_saliency_on_patched(patched):
+    f, p = tdhook_fn.functional(patched), tdhook_fn.params(patched)
+    x = TensorDict(input=torch.randn(3, 4), batch_size=[3])
+    plain = _net()
+    expected = saliency(tdhook_fn.functional(plain), tdhook_fn.params(plain), x, target=0)
+    assert torch.equal(saliency(f, p, x, target=0)["input"], expected["input"])
+
+
+def test_model_untouched(patched):
+    forward = patched[0].__dict__.get("forward")
+    before = {k: v.clone() for k, v in patched.state_dict().items()}
+    tdhook_fn.call(patched, _zeros(patched), torch.ones(1, 4))
+    assert patched[0].__dict__.get("forward") is forward
+    assert all(torch.equal(before[k], v) for k, v in patched.state_dict().items())
+
+
+def test_compat_set_applies_on_accelerate():
+    net = _net()
+    _accelerate(net)
+    hooked = HookedModule.from_module(net, in_keys=["input"], out_keys=["output"])
+    td = TensorDict(input=torch.randn(2, 4), batch_size=[2])
+    with hooked.run(td) as run:
+        run.set("module[0]", torch.zeros(2, 3))
+    expected = net[2](torch.tanh(torch.zeros(2, 3)))
+    torch.testing.assert_close(td["output"], expected)
+
+
+def test_hook_bound_to_own_method_sees_params():
+    class SelfHooked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.register_forward_hook(self.add_bias)
+
+        def add_bias(self, module, args, output):
+            return output + self.lin.bias  # reads its own submodule's tensor
+
+        def forward(self, x):
+            return self.lin(x)
+
+    m = SelfHooked()
+    out = tdhook_fn.call(m, _zeros(m), torch.ones(1, 3))
+    assert torch.equal(out, torch.zeros(1, 3))
+
+
+def test_back_reference_to_parent_sees_params():
+    class Child(nn.Module):
+        def __init__(self, parent):
+            super().__init__()
+            object.__setattr__(self, "parent", parent)  # not registered: a plain back-reference
+
+        def forward(self, x):
+            return x * self.parent.scale
+
+    class Parent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(3.0))
+            self.child = Child(self)
+
+        def forward(self, x):
+            return self.child(x)
+
+    m = Parent()
+    assert torch.equal(tdhook_fn.call(m, _zeros(m), torch.ones(2)), torch.zeros(2))
+
+
+def test_opaque_closure_is_refused():
+    net = _net()
+    inner = net[0]
+    original = inner.forward
+    inner.forward = lambda x: original(x)  # a closure over the model's bound method: cannot be rebound
+    with pytest.raises(ValueError, match=r"'0'.*forward"):
+        tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
+
+
+def test_closure_over_module_is_refused():
+    net = _net()
+    inner = net[0]
+    inner.forward = lambda x: torch.nn.functional.linear(x, inner.weight, inner.bias)
+    with pytest.raises(ValueError, match=r"'0'.*closure"):
+        tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
+
+
+def test_plain_function_forward_is_fine():
+    net = _net()
+    net[1].forward = torch.sigmoid  # no reference to any module
+    x = torch.randn(2, 4)
+    p = tdhook_fn.params(net)
+    expected = net[2](torch.sigmoid(net[0](x)))
+    torch.testing.assert_close(tdhook_fn.call(net, p, x), expected)
+
+
+def test_offloading_hook_fails_loudly():
+    """accelerate's offloading hook loads weights from its own store into the module: never silently."""
+    net = _net()
+    weights = {k: v.clone() for k, v in net[0].state_dict().items()}
+    add_hook_to_module(net[0], AlignDevicesHook(execution_device="cpu", offload=True, weights_map=weights))
+    with pytest.raises((RuntimeError, TypeError)):
+        tdhook_fn.call(net, tdhook_fn.params(net).apply(torch.zeros_like), torch.ones(1, 4))
+
+
+def test_forward_replacing_its_parameter_is_refused():
+    class Reloading(nn.Linear):
+        def forward(self, x):
+            self._parameters["weight"] = self.store  # as an offloading hook does
+            return super().forward(x)
+
+    net = nn.Sequential(Reloading(4, 3))
+    object.__setattr__(net[0], "store", torch.ones(3, 4))
+    with pytest.raises(RuntimeError, match=r"'0'.*replaced its parameter 'weight'"):
+        tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
