@@ -50,6 +50,11 @@ class Adapted(Functional):
         if self.key not in params.keys():
             raise KeyError(f"adapted function: params have no {self.key!r} entry (see adapter_params)")
         weights = params.get(self.key)
+        if not isinstance(weights, TensorDictBase):
+            raise TypeError(
+                f"adapted function: params[{self.key!r}] is a {type(weights).__name__}, not a TensorDict of "
+                "adapter weights (see adapter_params)"
+            )
         taps: list[Tap] = []
         for name, adapter in self.adapters.items():
             if name not in weights.keys():
@@ -77,13 +82,61 @@ def _splice(name: str, adapter: Adapter, weights: TensorDictBase) -> list[Tap]:
             Tap(adapter.out_path, "intervene", replace, adapter.site)]
 
 
-def _as_adapter(value: Adapter | tuple[nn.Module, str, str]) -> Adapter:
-    return value if isinstance(value, Adapter) else Adapter(*value)
+AdapterSpec = Adapter | tuple[nn.Module, str, str]
 
 
-def with_adapters(
-    f: Functional, adapters: Mapping[str, Adapter | tuple[nn.Module, str, str]], *, key: str = "adapters"
-) -> Adapted:
+def _as_adapters(what: str, adapters: Mapping[str, AdapterSpec]) -> dict[str, Adapter]:
+    """``adapters`` as name -> :class:`Adapter`, or a TypeError/ValueError naming the bad one."""
+    if not isinstance(adapters, Mapping):
+        raise TypeError(
+            f"{what}: adapters must be a mapping name -> Adapter or (module, in_path, out_path), "
+            f"e.g. {{'sae': (sae, '[1]', '[1]')}}; got {type(adapters).__name__}"
+        )
+    return {name: _as_adapter(what, name, value) for name, value in adapters.items()}
+
+
+def _as_adapter(what: str, name: object, value: object) -> Adapter:
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: adapter names must be strings (they key the params), got {name!r}")
+    if isinstance(value, Adapter):
+        adapter = value
+    elif isinstance(value, tuple) and len(value) == 3:
+        adapter = Adapter(*value)
+    else:
+        got = f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
+        raise TypeError(
+            f"{what}: adapter {name!r} must be an Adapter or a (module, in_path, out_path) tuple, got {got}"
+        )
+    if not isinstance(adapter.module, nn.Module):
+        raise TypeError(
+            f"{what}: adapter {name!r} has a {type(adapter.module).__name__}, not an nn.Module: wrap it in one, "
+            "so that its weights can live in the params"
+        )
+    for path in (adapter.in_path, adapter.out_path):
+        if not isinstance(path, str):
+            raise TypeError(
+                f"{what}: adapter {name!r} has path {path!r}: paths are strings such as '[1]' or 'layers[0]'"
+            )
+    if adapter.site not in ("output", "input"):
+        raise ValueError(f"{what}: adapter {name!r} has site={adapter.site!r}: site must be 'output' or 'input'")
+    return adapter
+
+
+def _check_key(model: nn.Module, key: object) -> None:
+    """The adapters' key must not be a top-level name of the model's own params."""
+    if not isinstance(key, str):
+        raise TypeError(f"with_adapters: key must be a string, got {key!r}")
+    names = {n for n, _ in model.named_children()}
+    names |= {n for n, _ in model.named_parameters(recurse=False)} | {n for n, _ in model.named_buffers(recurse=False)}
+    if key in names:
+        free = next(k for k in (f"_{key}" + "_" * i for i in range(len(names) + 1)) if k not in names)
+        raise ValueError(
+            f"with_adapters: key={key!r} is also a name in the model (a submodule, parameter or buffer), so the "
+            f"adapters' weights would mix with the model's own: pass another key, e.g. key={free!r}"
+        )
+
+
+def with_adapters(f: Functional, adapters: Mapping[str, AdapterSpec], *, key: str = "adapters") -> Adapted:
     """``f`` with each adapter's output replacing the activation at its ``out_path``.
 
     The adapters' weights are read from ``params[key][name]`` on every call, so
@@ -99,7 +152,11 @@ def with_adapters(
         Adapted: a pure ``g(params, td) -> td``.
 
     Raises:
-        ValueError: an adapter path does not resolve in ``f.model`` (it is named).
+        TypeError: ``f`` is not a Functional, ``adapters`` not a mapping, an adapter not an
+            :class:`Adapter` or ``(module, in_path, out_path)`` with an ``nn.Module`` (named).
+        ValueError: an adapter path does not resolve in ``f.model``, its ``site`` is not
+            ``"output"`` or ``"input"`` (the adapter is named), or ``key`` is also a name in
+            the model.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -111,8 +168,12 @@ def with_adapters(
     torch.Size([5, 2])
     """
     if not isinstance(f, Functional):
-        raise TypeError("with_adapters needs a tdhook_fn.Functional")
-    resolved = {name: _as_adapter(a) for name, a in adapters.items()}
+        raise TypeError(
+            f"with_adapters: f must be a tdhook_fn.Functional, e.g. tdhook_fn.functional(model), "
+            f"got {type(f).__name__}"
+        )
+    resolved = _as_adapters("with_adapters", adapters)
+    _check_key(f.model, key)
     base_taps: tuple[Tap, ...] = f.taps
     later_taps: tuple[Tap, ...] = ()
     if isinstance(f, Adapted):  # adapters added to an adapted function join the existing ones
@@ -129,11 +190,14 @@ def with_adapters(
     return Adapted(Functional(f.model, f.in_keys, f.out_keys, base_taps), resolved, key, later_taps)
 
 
-def adapter_params(
-    adapters: Mapping[str, Adapter | tuple[nn.Module, str, str]], *, key: str = "adapters"
-) -> TensorDict:
-    """``{key: {name: params(adapter module)}}``, to merge into a model's params."""
+def adapter_params(adapters: Mapping[str, AdapterSpec], *, key: str = "adapters") -> TensorDict:
+    """``{key: {name: params(adapter module)}}``, to merge into a model's params.
+
+    Raises:
+        TypeError: ``adapters`` is not a mapping, or an adapter is malformed (it is named).
+        ValueError: an adapter's ``site`` is not ``"output"`` or ``"input"``.
+    """
     weights = TensorDict({}, batch_size=[])
-    for name, adapter in adapters.items():
-        weights.set(name, params_of(_as_adapter(adapter).module))
+    for name, adapter in _as_adapters("adapter_params", adapters).items():
+        weights.set(name, params_of(adapter.module))
     return TensorDict({key: weights}, batch_size=[])

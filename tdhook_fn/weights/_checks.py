@@ -1,10 +1,35 @@
-"""Checks shared by the weight methods: parameter sets that must line up key by key."""
+"""Checks shared by the weight methods: arguments that must be TensorDicts, parameter sets
+that must line up key by key, and key names as messages print them."""
 
 from __future__ import annotations
 
-from tensordict import TensorDictBase
+from typing import Any
 
-__all__ = ["check_same_structure"]
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+__all__ = ["check_same_structure", "check_tensordict", "key_name"]
+
+
+def key_name(key: str | tuple[str, ...]) -> str:
+    """``("0", "weight")`` -> ``"0.weight"``: a TensorDict key as the module tree names it."""
+    return key if isinstance(key, str) else ".".join(key)
+
+
+def check_tensordict(what: str, name: str, value: Any, hint: str = "e.g. tdhook_fn.params(model)") -> None:
+    """TypeError naming ``what``'s argument ``name`` unless ``value`` is a TensorDict."""
+    if isinstance(value, TensorDictBase):
+        return
+    if isinstance(value, nn.Module):
+        got = f"the module {type(value).__name__}: pass tdhook_fn.params(module) instead"
+    elif isinstance(value, dict):
+        got = "a dict: wrap it as TensorDict(d, batch_size=[])"
+    elif isinstance(value, torch.Tensor):
+        got = f"a Tensor of shape {tuple(value.shape)}"
+    else:
+        got = f"{type(value).__name__} {value!r}"
+    raise TypeError(f"{what}: {name} must be a TensorDict ({hint}), got {got}")
 
 
 def check_same_structure(what: str, a: TensorDictBase, b: TensorDictBase) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -9,7 +11,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
-from ._checks import check_same_structure
+from ._checks import check_same_structure, check_tensordict
 
 __all__ = ["apply_vectors", "best_alpha", "forget_vector", "sweep_alphas", "task_vector"]
 
@@ -22,6 +24,7 @@ def task_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBa
         finetuned (TensorDict): parameters after, with the same keys and shapes.
 
     Raises:
+        TypeError: an argument is not a TensorDict (e.g. a module: pass ``tdhook_fn.params(it)``).
         ValueError: the keys or shapes differ (they are named).
 
     >>> import torch, tdhook_fn
@@ -31,18 +34,49 @@ def task_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBa
     >>> torch.equal(apply_vectors(base, task_vector(base, tuned))["weight"], tuned["weight"])
     True
     """
+    check_tensordict("task_vector", "base", base)
+    check_tensordict("task_vector", "finetuned", finetuned)
     check_same_structure("task_vector", base, finetuned)
     return finetuned - base
 
 
 def forget_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBase:
-    """``base - finetuned``: the negated task vector, to unlearn the task."""
+    """``base - finetuned``: the negated task vector, to unlearn the task.
+
+    Raises:
+        TypeError: an argument is not a TensorDict.
+        ValueError: the keys or shapes differ (they are named).
+    """
+    check_tensordict("forget_vector", "base", base)
+    check_tensordict("forget_vector", "finetuned", finetuned)
     check_same_structure("forget_vector", base, finetuned)
     return base - finetuned
 
 
-def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float = 1.0) -> TensorDictBase:
+def _check_alpha(alpha: object) -> None:
+    if isinstance(alpha, torch.Tensor):
+        if alpha.dim() != 0:
+            raise ValueError(f"apply_vectors: alpha must be a number or a 0-d tensor, got shape {tuple(alpha.shape)}")
+        return
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"apply_vectors: alpha must be a number (or a 0-d tensor), e.g. alpha=0.5, got {alpha!r}")
+    if not math.isfinite(alpha):
+        raise ValueError(f"apply_vectors: alpha must be finite, got {alpha!r}")
+
+
+def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float | torch.Tensor = 1.0) -> TensorDictBase:
     """``base + alpha * sum(vectors)`` on floating tensors; integer buffers stay ``base``'s.
+
+    Args:
+        base (TensorDict): parameters to start from.
+        *vectors (TensorDict): task or forget vectors keyed and shaped like ``base``.
+        alpha (float | Tensor): keyword-only scale of their sum; a 0-d tensor can be
+            differentiated. Default: 1.0.
+
+    Raises:
+        TypeError: ``base`` or a vector is not a TensorDict (a number among the vectors is
+            taken for a positional alpha: pass ``alpha=...``), or ``alpha`` is not a number.
+        ValueError: a vector's keys or shapes differ from ``base``'s, or ``alpha`` is not finite.
 
     >>> import torch, tdhook_fn
     >>> base = tdhook_fn.params(torch.nn.Linear(2, 2))
@@ -50,8 +84,17 @@ def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float =
     >>> torch.allclose(doubled["weight"], 2 * base["weight"])
     True
     """
-    for vector in vectors:
+    check_tensordict("apply_vectors", "base", base)
+    for i, vector in enumerate(vectors):
+        if isinstance(vector, numbers.Number) or (isinstance(vector, torch.Tensor) and vector.dim() == 0):
+            shown = vector.item() if isinstance(vector, torch.Tensor) else vector
+            raise TypeError(
+                f"apply_vectors: positional argument {i + 2} is {vector!r}, not a vector TensorDict: "
+                f"alpha is keyword-only, pass alpha={shown!r}"
+            )
+        check_tensordict("apply_vectors", f"vectors[{i}]", vector, "e.g. from task_vector or forget_vector")
         check_same_structure("apply_vectors", base, vector)
+    _check_alpha(alpha)
     if not vectors:
         return base.clone()
     total = vectors[0] if len(vectors) == 1 else cast(TensorDictBase, sum(vectors[1:], vectors[0]))
@@ -60,6 +103,41 @@ def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float =
         return b + alpha * v if b.is_floating_point() else b
 
     return cast(TensorDictBase, base.apply(shift, total))
+
+
+def _alpha_values(alphas: object) -> torch.Tensor:
+    """``alphas`` as a 1-d float64 tensor, or the error saying what they should be."""
+    if isinstance(alphas, torch.Tensor) or hasattr(alphas, "__array__"):
+        values = torch.as_tensor(alphas).detach()
+        if values.dim() != 1:
+            fix = "for one alpha pass [a]" if values.dim() == 0 else "pass alphas.flatten()"
+            raise ValueError(f"sweep_alphas: alphas must be 1-d, got shape {tuple(values.shape)}: {fix}")
+        if values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"sweep_alphas: alphas must hold real numbers, got dtype {values.dtype}")
+        values = values.to(torch.float64)
+    elif isinstance(alphas, numbers.Real):
+        raise TypeError(
+            f"sweep_alphas: alphas must be a sequence of numbers, got the number {alphas!r}: pass alphas=[{alphas!r}], "
+            f"or apply_vectors(base, vector, alpha={alphas!r}) for the one parameter set"
+        )
+    elif isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence):
+        got = "None" if alphas is None else f"{type(alphas).__name__} {alphas!r}"
+        raise TypeError(
+            f"sweep_alphas: alphas must be a sequence of numbers or a 1-d tensor, e.g. [0.0, 0.5, 1.0], got {got}"
+        )
+    else:
+        for i, a in enumerate(alphas):
+            number = isinstance(a, numbers.Real) or (isinstance(a, torch.Tensor) and a.dim() == 0)
+            if isinstance(a, bool) or not number:
+                raise TypeError(f"sweep_alphas: alphas[{i}] is {a!r}, not a number")
+        values = torch.tensor([float(a) for a in alphas], dtype=torch.float64)
+    if len(values) == 0:
+        raise ValueError("sweep_alphas: alphas is empty: pass at least one alpha, e.g. alphas=[0.0, 0.5, 1.0]")
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        i = int((~finite).nonzero()[0])
+        raise ValueError(f"sweep_alphas: alphas[{i}] is {float(values[i])}: every alpha must be a finite number")
+    return values
 
 
 def _stacked(base: TensorDictBase, vector: TensorDictBase, alphas: torch.Tensor) -> TensorDictBase:
@@ -106,11 +184,23 @@ def sweep_alphas(
 
     Returns:
         Tensor: ``[len(alphas), *fn_output_shape]``.
+
+    Raises:
+        TypeError: ``fn`` is not callable, ``base`` or ``vector`` is not a TensorDict, or
+            ``alphas`` is not a sequence of numbers or a 1-d tensor (a single number included:
+            pass ``[a]``).
+        ValueError: the structures differ, ``alphas`` is empty, not 1-d or not finite, or
+            ``chunk_size`` is not ``None`` or an int > 0.
     """
+    if not callable(fn):
+        raise TypeError(
+            f"sweep_alphas: fn must be callable (a score of one parameter set), got {type(fn).__name__}: "
+            "call sweep_alphas(fn, base, vector, alphas)"
+        )
+    check_tensordict("sweep_alphas", "base", base)
+    check_tensordict("sweep_alphas", "vector", vector, "e.g. from task_vector or forget_vector")
     check_same_structure("sweep_alphas", base, vector)
-    values = torch.as_tensor(alphas, dtype=torch.float64).flatten()
-    if len(values) == 0:
-        raise ValueError("sweep_alphas: alphas is empty")
+    values = _alpha_values(alphas)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"sweep_alphas: chunk_size should be None or an int > 0, got {chunk_size!r}")
     def one(a: torch.Tensor) -> torch.Tensor:
@@ -160,11 +250,18 @@ def best_alpha(alphas: Sequence[float], scores: Sequence[float] | torch.Tensor,
     Ties go to the earliest alpha; the alpha is returned as given.
 
     Raises:
+        ValueError: ``alphas``, ``scores`` and ``adequate`` differ in length.
         RuntimeError: no alpha is adequate (tdhook's error).
 
     >>> best_alpha([0.5, 1.0, 1.5], [0.9, 0.95, 0.97], [True, True, False])
     1.0
     """
+    lengths = len(alphas), len(scores), len(adequate)
+    if len(set(lengths)) != 1:
+        raise ValueError(
+            f"best_alpha: got {lengths[0]} alphas, {lengths[1]} scores and {lengths[2]} adequacy flags: pass one "
+            "score and one flag per alpha (e.g. both from sweep_alphas over the same alphas)"
+        )
     candidates = [(a, float(s)) for a, s, ok in zip(alphas, scores, adequate, strict=True) if bool(ok)]
     if not candidates:
         raise RuntimeError("No value satisfies the control adequacy criterion")

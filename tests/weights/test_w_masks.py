@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -130,9 +132,30 @@ def test_ln_structured_equals_torch_prune(module: nn.Module, dim: int, amount, n
     weight = module.weight.detach()
     score = weight.abs() if kind == "abs" else torch.randint(-2, 3, weight.shape, generator=gen).float()
     expected = torch_ln_mask(module, "weight", score, amount, dim, n)
-    mask = ln_structured_mask(score, amount, dim, n)
+    mask = ln_structured_mask(score, amount, dim, n=n)
     assert mask.dtype == torch.bool
     assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize("n", ["fro", 0, -1, 0.5, 3, math.inf, -math.inf])
+@pytest.mark.parametrize("module", [nn.Linear(7, 5), nn.Conv2d(3, 6, (3, 2)), nn.Conv1d(2, 4, 3)], ids=str)
+def test_ln_structured_takes_every_norm_torch_prune_takes(module: nn.Module, n) -> None:
+    """torch.nn.utils.prune passes ``n`` to ``torch.norm``: 'fro', 0, negatives and infinities too."""
+    score = torch.randint(-2, 3, module.weight.shape, generator=torch.Generator().manual_seed(3)).float()
+    for dim in (0, -1):
+        if n == "fro" and score.dim() > 3:  # torch.norm refuses 'fro' over 3 dims; it is the 2-norm
+            expected = torch_ln_mask(module, "weight", score, 0.5, dim, 2)
+        else:
+            expected = torch_ln_mask(module, "weight", score, 0.5, dim, n)
+        assert torch.equal(ln_structured_mask(score, 0.5, dim, n=n), expected)
+
+
+def test_ln_structured_nuclear_norm_on_3d_scores_equals_torch_prune() -> None:
+    module = nn.Conv1d(3, 6, 4)
+    score = module.weight.detach().abs()
+    for dim in (0, 1, 2):
+        expected = torch_ln_mask(module, "weight", score, 2, dim, "nuc")
+        assert torch.equal(ln_structured_mask(score, 2, dim, n="nuc"), expected)
 
 
 def test_ln_structured_on_tensordict_masks_each_entry() -> None:
@@ -244,7 +267,7 @@ def test_ln_structured_prunes_whole_slices(data, shape, n: int) -> None:
         expected = round(amount * size)
     else:
         amount = expected = data.draw(st.integers(0, size))
-    mask = ln_structured_mask(score, amount, dim, n)
+    mask = ln_structured_mask(score, amount, dim, n=n)
     assert mask.shape == score.shape
     per_slice = mask.movedim(dim, 0).reshape(size, -1)
     all_true, all_false = per_slice.all(dim=1), (~per_slice).all(dim=1)

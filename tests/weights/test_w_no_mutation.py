@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -112,3 +113,21 @@ def test_adapter_functions_change_nothing() -> None:
     assert set(grads.keys(True, True)) == set(p.keys(True, True))
     assert same(before_model, snapshot(model)) and same(before_sae, snapshot(sae))
     assert td_same(seen_p, p) and td_same(seen_td, td)
+
+
+def test_failed_calls_leave_their_arguments_as_they_were() -> None:
+    """A bad mask or score after good ones: refused before anything is written."""
+    params = tdhook_fn.params(nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2)))
+    vector = params.apply(torch.ones_like)
+    good = torch.ones(2, 3, dtype=torch.bool)
+    masks = TensorDict({"0": {"weight": good}, "1": {"weight": torch.full((2, 2), 0.5)}}, batch_size=[])
+    seen_params, seen_masks = td_snapshot(params), td_snapshot(masks)
+    with pytest.raises(TypeError, match="'1.weight'"):
+        apply_masks(params, masks)
+    with pytest.raises(ValueError, match="'0.bias'"):
+        ln_structured_mask(params, 1, 0)
+    with pytest.raises(TypeError, match="alpha=0.5"):
+        apply_vectors(params, vector, 0.5)
+    with pytest.raises(ValueError, match="finite"):
+        sweep_alphas(lambda p: p["0", "weight"].sum(), params, vector, [0.0, float("inf")])
+    assert td_same(seen_params, params) and td_same(seen_masks, masks)

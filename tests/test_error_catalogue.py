@@ -1,0 +1,200 @@
+"""Every bad input gets our error: the right type, and a message naming the culprit and the fix.
+
+A row is ``(id, call, exception type, words)``: ``call`` takes no arguments, builds what it
+needs and makes one bad call; the message must contain every word (case-insensitive).
+Rows are grouped in one list per area; append a new area's list to ``ROWS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.weights import (
+    Adapter,
+    adapter_params,
+    apply_masks,
+    apply_vectors,
+    best_alpha,
+    global_unstructured_masks,
+    ln_structured_mask,
+    pruning_scores,
+    sweep_alphas,
+    task_vector,
+    with_adapters,
+)
+
+Row = tuple[str, Callable[[], Any], type[BaseException], tuple[str, ...]]
+
+# ---------------------------------------------------------------- shared fixtures
+
+
+def tiny_model(seed: int = 0) -> nn.Sequential:
+    """``Linear(3, 4) -> ReLU -> Linear(4, 2)``; params ``0.weight`` is ``(4, 3)``."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+
+
+def tiny_params(seed: int = 0) -> TensorDict:
+    return tdhook_fn.params(tiny_model(seed))
+
+
+def tiny_inputs() -> TensorDict:
+    return TensorDict(input=torch.randn(5, 3), batch_size=[5])
+
+
+def tiny_f() -> tdhook_fn.Functional:
+    return tdhook_fn.functional(tiny_model())
+
+
+# ---------------------------------------------------------------- weights
+
+
+def _weight_masks() -> TensorDict:
+    """Boolean keep-masks over the weights of :func:`tiny_params`, half of them pruned."""
+    p = tiny_params()
+    return global_unstructured_masks(p.select(("0", "weight"), ("2", "weight")).abs(), 0.5)
+
+
+def _vector() -> TensorDict:
+    return task_vector(tiny_params(0), tiny_params(1))
+
+
+def _sweep(alphas: Any) -> Any:
+    p = tiny_params()
+    return sweep_alphas(lambda q: q["0", "weight"].sum(), p, _vector(), alphas)
+
+
+def _importance(module_key: str, parameter_name: str, parameter: torch.Tensor) -> torch.Tensor:
+    return parameter.abs()
+
+
+def _mask(shape: tuple[int, ...], key: str = "weight", dtype: torch.dtype = torch.bool) -> TensorDict:
+    return TensorDict({"0": {key: torch.ones(shape, dtype=dtype)}}, batch_size=[])
+
+
+class _WithAdaptersChild(nn.Module):
+    """A model with a submodule named ``adapters``: the default adapter key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adapters = nn.Linear(3, 3)
+        self.out = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.adapters(x))
+
+
+def _adapted_call_with_tensor_entry() -> Any:
+    model = tiny_model()
+    g = with_adapters(tdhook_fn.functional(model), {"sae": (nn.Linear(4, 4), "[0]", "[0]")})
+    p = tdhook_fn.params(model)
+    p.set("adapters", torch.zeros(4))
+    return g(p, tiny_inputs())
+
+
+WEIGHTS_ROWS: list[Row] = [
+    # apply_masks
+    ("apply_masks-float-mask", lambda: apply_masks(tiny_params(), _mask((4, 3), dtype=torch.float32) * 0.5),
+     TypeError, ("apply_masks", "'0.weight'", "bool", "mask.bool()")),
+    ("apply_masks-integer-mask", lambda: apply_masks(tiny_params(), _mask((4, 3), dtype=torch.uint8)),
+     TypeError, ("apply_masks", "'0.weight'", "torch.uint8", "bool")),
+    ("apply_masks-swapped", lambda: apply_masks(_weight_masks(), tiny_params()),
+     TypeError, ("apply_masks", "swapped", "apply_masks(params, masks)")),
+    ("apply_masks-dict-masks", lambda: apply_masks(tiny_params(), {"0": {"weight": torch.ones(4, 3) > 0}}),
+     TypeError, ("apply_masks", "masks", "TensorDict", "dict")),
+    ("apply_masks-unknown-key", lambda: apply_masks(tiny_params(), _mask((4, 3), key="nope")),
+     ValueError, ("apply_masks", "'0.nope'", "keyed like params")),
+    ("apply_masks-shape", lambda: apply_masks(tiny_params(), _mask((3, 4))),
+     ValueError, ("apply_masks", "'0.weight'", "(3, 4)", "(4, 3)")),
+    # ln_structured_mask / global_unstructured_masks / pruning_scores
+    ("ln_structured_mask-unknown-norm", lambda: ln_structured_mask(torch.randn(4, 3), 2, 0, n="abc"),
+     ValueError, ("ln_structured_mask", "n='abc'", "'fro'", "'nuc'", "inf")),
+    ("ln_structured_mask-nuc-on-2d", lambda: ln_structured_mask(torch.randn(4, 3), 2, 0, n="nuc"),
+     ValueError, ("ln_structured_mask", "n='nuc'", "3-d", "(4, 3)")),
+    ("ln_structured_mask-n-none", lambda: ln_structured_mask(torch.randn(4, 3), 2, 0, n=None),
+     TypeError, ("ln_structured_mask", "n=None", "n=2")),
+    ("ln_structured_mask-n-nan", lambda: ln_structured_mask(torch.randn(4, 3), 2, 0, n=float("nan")),
+     ValueError, ("ln_structured_mask", "n=nan")),
+    ("ln_structured_mask-positional-n", lambda: ln_structured_mask(torch.randn(4, 3), 2, 0, 2),
+     TypeError, ("ln_structured_mask", "positional")),
+    ("ln_structured_mask-float-dim", lambda: ln_structured_mask(torch.randn(4, 3), 2, 1.5),
+     TypeError, ("ln_structured_mask", "dim", "int", "1.5")),
+    ("ln_structured_mask-1d-entry-named", lambda: ln_structured_mask(tiny_params().select(("0", "bias")), 1, 0),
+     ValueError, ("ln_structured_mask", "'0.bias'", "2 dims")),
+    ("ln_structured_mask-dict-scores", lambda: ln_structured_mask({"w": torch.randn(4, 3)}, 1, 0),
+     TypeError, ("ln_structured_mask", "scores", "TensorDict", "dict")),
+    ("global_unstructured_masks-dict-scores", lambda: global_unstructured_masks({"w": torch.randn(4, 3)}, 1),
+     TypeError, ("global_unstructured_masks", "scores", "TensorDict", "dict")),
+    ("pruning_scores-swapped", lambda: pruning_scores(tiny_params(), tiny_model(), _importance),
+     TypeError, ("pruning_scores", "model", "nn.Module")),
+    ("pruning_scores-importance-not-callable", lambda: pruning_scores(tiny_model(), tiny_params(), "abs"),
+     TypeError, ("pruning_scores", "importance", "callable")),
+    ("pruning_scores-score-shape", lambda: pruning_scores(tiny_model(), tiny_params(), lambda **kw: torch.ones(3)),
+     ValueError, ("pruning_scores", "'0.weight'", "(3,)", "(4, 3)")),
+    # task vectors
+    ("apply_vectors-positional-alpha", lambda: apply_vectors(tiny_params(), _vector(), 0.5),
+     TypeError, ("apply_vectors", "keyword", "alpha=0.5")),
+    ("apply_vectors-alpha-none", lambda: apply_vectors(tiny_params(), _vector(), alpha=None),
+     TypeError, ("apply_vectors", "alpha", "number", "None")),
+    ("apply_vectors-module-base", lambda: apply_vectors(tiny_model(), _vector()),
+     TypeError, ("apply_vectors", "base", "Sequential", "tdhook_fn.params")),
+    ("task_vector-module-finetuned", lambda: task_vector(tiny_params(), tiny_model(1)),
+     TypeError, ("task_vector", "finetuned", "Sequential", "tdhook_fn.params")),
+    ("sweep_alphas-none", lambda: _sweep(None),
+     TypeError, ("sweep_alphas", "alphas", "sequence", "None")),
+    ("sweep_alphas-scalar", lambda: _sweep(0.5),
+     TypeError, ("sweep_alphas", "alphas", "[0.5]", "apply_vectors")),
+    ("sweep_alphas-string", lambda: _sweep("0.5"),
+     TypeError, ("sweep_alphas", "alphas", "str")),
+    ("sweep_alphas-2d-tensor", lambda: _sweep(torch.ones(2, 2)),
+     ValueError, ("sweep_alphas", "alphas", "1-d", "(2, 2)")),
+    ("sweep_alphas-nan", lambda: _sweep([0.0, float("nan")]),
+     ValueError, ("sweep_alphas", "alphas[1]", "finite")),
+    ("sweep_alphas-empty", lambda: _sweep([]),
+     ValueError, ("sweep_alphas", "alphas", "empty", "at least one")),
+    ("sweep_alphas-fn-not-callable", lambda: sweep_alphas(tiny_params(), _vector(), lambda q: q, [0.5]),
+     TypeError, ("sweep_alphas", "fn", "callable")),
+    ("best_alpha-lengths", lambda: best_alpha([0.5, 1.0, 1.5], [0.1, 0.2], [True, True, True]),
+     ValueError, ("best_alpha", "3 alphas", "2 scores")),
+    # adapters
+    ("with_adapters-list", lambda: with_adapters(tiny_f(), [(nn.Identity(), "[0]", "[0]")]),
+     TypeError, ("with_adapters", "adapters", "mapping", "list")),
+    ("with_adapters-short-tuple", lambda: with_adapters(tiny_f(), {"sae": (nn.Identity(), "[0]")}),
+     TypeError, ("with_adapters", "'sae'", "(module, in_path, out_path)")),
+    ("with_adapters-not-a-module", lambda: with_adapters(tiny_f(), {"sae": (abs, "[0]", "[0]")}),
+     TypeError, ("with_adapters", "'sae'", "nn.Module")),
+    ("with_adapters-bad-site", lambda: with_adapters(tiny_f(),
+                                                     {"sae": Adapter(nn.Identity(), "[0]", "[0]", "middle")}),  # type: ignore[arg-type]
+     ValueError, ("with_adapters", "'sae'", "site", "'output'", "'input'")),
+    ("with_adapters-key-collision", lambda: with_adapters(tdhook_fn.functional(_WithAdaptersChild()),
+                                                          {"sae": (nn.Identity(), "out", "out")}),
+     ValueError, ("with_adapters", "key='adapters'", "model", "another key")),
+    ("adapter_params-list", lambda: adapter_params([(nn.Identity(), "[0]", "[0]")]),
+     TypeError, ("adapter_params", "adapters", "mapping", "list")),
+    ("adapted-call-tensor-entry", _adapted_call_with_tensor_entry,
+     TypeError, ("'adapters'", "Tensor", "adapter_params")),
+]
+
+ROWS: list[Row] = [*WEIGHTS_ROWS]
+
+
+@pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])
+def test_bad_input_gets_a_clear_error(call: Callable[[], Any], exc: type[BaseException],
+                                      words: tuple[str, ...]) -> None:
+    with pytest.raises(exc) as info:
+        call()
+    message = str(info.value).lower()
+    missing = [w for w in words if w.lower() not in message]
+    assert not missing, f"{missing} missing from {type(info.value).__name__}: {info.value}"
+
+
+def test_row_ids_are_unique() -> None:
+    ids = [row[0] for row in ROWS]
+    assert len(ids) == len(set(ids))
