@@ -9,12 +9,13 @@ submodule paths, taps and targets. Methods live in :mod:`tdhook_fn.attribution` 
 from ._call import call, call_with_taps
 from ._functional import Functional, functional
 from ._params import params
-from ._paths import parse_path, path_to_name, resolve_path
+from ._paths import PathError, parse_path, path_to_name, resolve_path
 from ._taps import Tap, capture, intervene, map_grad, perturb
 from ._targets import Target, as_target, label
 
 __all__ = [
     "Functional",
+    "PathError",
     "Tap",
     "Target",
     "as_target",

@@ -9,9 +9,32 @@ A path names something reachable from a root module, in the syntax of tdhook's
 # NOTE [safe paths]
 tdhook 0.1.3 hands these strings to ``eval``, so a path can run arbitrary code. Here a
 path is scanned into steps (attribute, item, call) whose operands are Python literals
-read by ``ast.literal_eval``. Dunder names are refused, and a call step may only invoke
-a function or method defined outside torch (torch's own methods such as ``train``,
-``to`` or ``ModuleList.pop`` change the model).
+read by ``ast.literal_eval``, and resolving a path never changes the model:
+
+- Dunder names are refused. Paths longer than 10,000 characters are refused before
+  they are parsed.
+- A call must directly follow a name (``fn(0)``, ``<fn>(0)``); calling the result of an
+  item or of another call (``[0](1)``, ``fn(0)(1)``) is refused, as its name cannot be
+  checked.
+- A call is refused by the *name* it calls, overridden or not, when that name is part of
+  an API that can change a model: anything defined on ``torch.nn.Module`` and its
+  containers, the module classes of ``torch.nn`` and ``tensordict.nn``, ``torch.Tensor``,
+  ``tensordict.TensorDictBase``, and transformers' ``PreTrainedModel`` and
+  ``GenerationMixin`` once transformers is imported (we never import it); and any name
+  ending in ``_``. So a user class overriding ``train`` cannot be switched to eval by
+  ``"train(False)"``, nor a TensorDictModule re-initialised by
+  ``"reset_parameters_recursive()"``. The read-only lookups ``get_submodule``,
+  ``get_parameter`` and ``get_buffer`` stay callable. By name, not by where the function
+  is defined: an override lives in user code and calls the library's version, and
+  tensordict's and transformers' methods are not torch's, so a check of ``__module__``
+  lets both through. See ``_path_calls.py``.
+- The whole path is parsed and every call name checked *before* the first step is
+  applied, so a refused call anywhere in a path means nothing in it ran. When a call is
+  made, the object must be a Python function or method (no builtins, no classes), whose
+  own name passes the rule and which is not defined in torch, tensordict or transformers
+  (an alias such as ``self.fn = self.train`` is refused there).
+- Parses are cached (``_path_cache.py``): at most 4,096 paths and 1 MiB of paths, steps
+  and literals together, least recently used out first. Failed parses are not cached.
 """
 
 from __future__ import annotations
@@ -19,36 +42,37 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
-import functools
-import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-__all__ = ["Attr", "Call", "Item", "Step", "parse_path", "path_to_name", "resolve_path"]
+from ._path_cache import ParseCache
+from ._path_calls import call_refusal, callable_refusal
+
+__all__ = ["Attr", "Call", "Item", "PathError", "Step", "parse_path", "path_to_name", "resolve_path"]
 
 _NAME = re.compile(r"\w+")  # identifiers, also digit-led ("layers.0") and non-ASCII
 _CLOSING = {"[": "]", "(": ")"}
-_CALLABLE_FROM_TORCH = ("get_submodule",)
+_MAX_LENGTH = 10_000  # characters; longer paths are refused before parsing
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Attr:
     """``getattr(obj, name)``."""
 
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """``obj[key]`` with a literal key (int, str, slice, ...)."""
 
     key: Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """``obj(*args, **kwargs)`` with literal arguments."""
 
@@ -59,12 +83,16 @@ class Call:
 Step = Attr | Item | Call
 
 
-class _PathError(ValueError):
-    """A ValueError that already names the path."""
+class PathError(ValueError):
+    """A submodule path that does not parse, is refused, or does not resolve.
+
+    The message names the path and says why. A ``ValueError``, so code catching
+    ``ValueError`` (as for tdhook) keeps working.
+    """
 
 
-def _error(path: str, why: str) -> ValueError:
-    return _PathError(f"invalid submodule path {path!r}: {why}")
+def _error(path: str, why: str) -> PathError:
+    return PathError(f"invalid submodule path {path!r}: {why}")
 
 
 def _find_closing(path: str, start: int) -> int:
@@ -137,6 +165,9 @@ def _parse_expression(path: str, source: str) -> ast.expr:
 def parse_path(path: str) -> tuple[Step, ...]:
     """Split a path into attribute, item and call steps.
 
+    Only the syntax is checked here; :func:`resolve_path` also refuses calls by name (see
+    NOTE [safe paths]).
+
     Args:
         path (str): a submodule path; ``""`` is the root itself.
 
@@ -144,47 +175,77 @@ def parse_path(path: str) -> tuple[Step, ...]:
         tuple[Step, ...]: the steps, applied left to right from the root.
 
     Raises:
-        ValueError: the path is not in the grammar, or names a dunder attribute.
+        PathError: the path is not in the grammar, names a dunder attribute, calls
+            something that does not directly follow a name, or is longer than 10,000
+            characters.
 
     >>> parse_path("layers[0].<block/0>.fn(1)")
     (Attr(name='layers'), Item(key=0), Attr(name='block/0'), Attr(name='fn'), Call(args=(1,), kwargs=()))
     """
     if not isinstance(path, str):
-        raise ValueError(f"a submodule path must be a str, got {type(path).__name__}")
+        raise PathError(f"a submodule path must be a str, got {type(path).__name__}")
+    if len(path) > _MAX_LENGTH:
+        raise PathError(
+            f"invalid submodule path {path[:40]!r}... ({len(path)} characters): "
+            f"paths longer than {_MAX_LENGTH} characters are refused"
+        )
     return _parse(path)
 
 
-@functools.lru_cache(maxsize=4096)
+_CACHE: ParseCache[tuple[Step, ...]] = ParseCache(max_entries=4096, max_bytes=1 << 20)
+
+
 def _parse(path: str) -> tuple[Step, ...]:
+    """:func:`_parse_steps`, cached (failures are not cached)."""
+    steps = _CACHE.get(path)
+    if steps is None:
+        steps = _parse_steps(path)
+        _CACHE.put(path, steps)
+    return steps
+
+
+def _parse_steps(path: str) -> tuple[Step, ...]:
     steps: list[Step] = []
     i = 0
     name_allowed = True  # a bare name may start the path or follow '.' or '<...>'
+    after_name = False  # the last token was a name: only then may a call follow
     while i < len(path):
         c = path[i]
         if c == ".":
-            i, name_allowed = i + 1, True
+            i, name_allowed, after_name = i + 1, True, False
         elif c == "<":
             end = path.find(">", i + 1)
             if end < 0:
                 raise _error(path, "missing closing '>'")
             steps.append(_checked_attr(path, path[i + 1 : end]))
-            i, name_allowed = end + 1, True
+            i, name_allowed, after_name = end + 1, True, True
         elif c == "[":
             end = _find_closing(path, i)
             steps.append(Item(_parse_subscript(path, path[i + 1 : end])))
-            i, name_allowed = end + 1, False
+            i, name_allowed, after_name = end + 1, False, False
         elif c == "(":
-            if not steps:
-                raise _error(path, "a call needs something to call")
+            if not after_name:
+                raise _error(path, _misplaced_call(steps, i))
             end = _find_closing(path, i)
             steps.append(_parse_arguments(path, path[i + 1 : end]))
-            i, name_allowed = end + 1, False
+            i, name_allowed, after_name = end + 1, False, False
         elif (match := _NAME.match(path, i)) and name_allowed:
             steps.append(_checked_attr(path, match.group()))
-            i, name_allowed = match.end(), False
+            i, name_allowed, after_name = match.end(), False, True
         else:
             raise _error(path, f"unexpected {c!r} at position {i}")
     return tuple(steps)
+
+
+def _misplaced_call(steps: list[Step], i: int) -> str:
+    if not steps:
+        return "a call needs a method name before it, as in 'fn(0)'"
+    if isinstance(steps[-1], Attr):
+        return f"a call must directly follow a method name, as in 'fn(0)' ('(' at position {i})"
+    return (
+        f"calling the result of an item or of another call ('(' at position {i}) is not allowed: "
+        "a call must directly follow a method name, whose name is checked"
+    )
 
 
 def _checked_attr(path: str, name: str) -> Attr:
@@ -206,19 +267,25 @@ def _nearest(obj: Any, wanted: Any) -> str:
     return f"{type(obj).__name__} has no {wanted!r} ({hint})"
 
 
-def _check_callable(path: str, fn: Any) -> None:
-    """Refuse torch's own methods (they can change the model) and builtins."""
-    func = getattr(fn, "__func__", fn)
-    name = getattr(func, "__name__", "")
-    if name in _CALLABLE_FROM_TORCH and inspect.ismethod(fn):
-        return
-    module = getattr(func, "__module__", None) or ""
-    if not inspect.isfunction(func) or module == "torch" or module.startswith("torch."):
-        raise _error(path, f"calling {name or type(fn).__name__!r} is not allowed: only functions "
-                     "and methods defined outside torch may be called from a path")
+def _check_calls(path: str, steps: tuple[Step, ...]) -> None:
+    """Refuse the path if any of its calls is refused by name; nothing has run yet."""
+    for i, step in enumerate(steps):
+        if isinstance(step, Call):
+            name = _called_name(steps, i)
+            why = call_refusal(name)
+            if why is not None:
+                raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
 
 
-def _apply(path: str, obj: Any, step: Step) -> Any:
+def _called_name(steps: tuple[Step, ...], i: int) -> str:
+    before = steps[i - 1] if i > 0 else None
+    if not isinstance(before, Attr):  # steps come from _parse_steps, which prevents this
+        raise AssertionError(f"call step {i} does not follow a name")
+    return before.name
+
+
+def _apply(path: str, obj: Any, steps: tuple[Step, ...], i: int) -> Any:
+    step = steps[i]
     if isinstance(step, Attr):
         try:
             return getattr(obj, step.name)
@@ -226,16 +293,38 @@ def _apply(path: str, obj: Any, step: Step) -> Any:
             raise _error(path, _nearest(obj, step.name)) from None
     if isinstance(step, Item):
         try:
-            return obj[step.key]
+            return obj[_fresh(step.key)]
         except (IndexError, KeyError, TypeError) as e:
             raise _error(path, f"{_nearest(obj, step.key)}; {type(e).__name__}: {e}") from None
-    _check_callable(path, obj)
-    # copies: a method that mutates its arguments must not change the cached parse
-    return obj(*copy.deepcopy(step.args), **copy.deepcopy(dict(step.kwargs)))
+    why = callable_refusal(obj)
+    if why is not None:
+        raise _error(path, f"calling {_called_name(steps, i)!r} is not allowed in a path: {why}")
+    return obj(*_fresh(step.args), **_fresh(dict(step.kwargs)))
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
+
+
+def _fresh(value: Any) -> Any:
+    """``value`` or, if it holds anything mutable, a deep copy: code that mutates its
+    arguments or keys must not change the cached parse."""
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value):
+        return value
+    if isinstance(value, slice) and all(isinstance(v, _IMMUTABLE) for v in (value.start, value.stop, value.step)):
+        return value
+    if isinstance(value, dict) and all(isinstance(v, _IMMUTABLE) for v in value.values()):
+        return value  # a new dict each call (from step.kwargs); its keys are str
+    return copy.deepcopy(value)
 
 
 def resolve_path(root: nn.Module, path: str) -> Any:
-    """Follow ``path`` from ``root`` without evaluating it.
+    """Follow ``path`` from ``root`` without evaluating it, and without changing ``root``.
+
+    The whole path is parsed and its calls checked before the first step is taken (see
+    NOTE [safe paths]): a path may call only your own methods (``"fn(0)"``) and
+    ``get_submodule``, ``get_parameter``, ``get_buffer``.
 
     Args:
         root (nn.Module): where the path starts.
@@ -245,19 +334,22 @@ def resolve_path(root: nn.Module, path: str) -> Any:
         Any: the object the path names, usually a submodule.
 
     Raises:
-        ValueError: the path does not parse, names a dunder, or does not resolve; the
-            message names the path and the nearest existing names.
+        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls
+            something it may not, or does not resolve; the message names the path and
+            the nearest existing names, or the refused method and why.
 
     >>> from torch import nn
     >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     >>> resolve_path(net, "[0]") is net[0] and resolve_path(net, "<1>") is net[1]
     True
     """
+    steps = parse_path(path)
+    _check_calls(path, steps)
     obj: Any = root
-    for step in parse_path(path):
+    for i in range(len(steps)):
         try:
-            obj = _apply(path, obj, step)
-        except _PathError:
+            obj = _apply(path, obj, steps, i)
+        except PathError:
             raise
         except Exception as e:  # a user method or property failed: still a bad path
             raise _error(path, f"{type(e).__name__}: {e}") from e

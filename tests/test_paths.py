@@ -209,7 +209,8 @@ def test_slices_match_tdhook(name, path):
         ("layers.0abc", (Attr("layers"), Attr("0abc"))),
         ("<a>b", (Attr("a"), Attr("b"))),
         ("..a..b.", (Attr("a"), Attr("b"))),
-        ("a[0][1](2)[3]", (Attr("a"), Item(0), Item(1), Call((2,), ()), Item(3))),
+        ("a[0][1].fn(2)[3]", (Attr("a"), Item(0), Item(1), Attr("fn"), Call((2,), ()), Item(3))),
+        ("<fn>(2)", (Attr("fn"), Call((2,), ()))),
         ("_private", (Attr("_private"),)),
     ],
 )

@@ -5,9 +5,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from tdhook_fn._paths import Attr, _parse, parse_path, resolve_path
+from tdhook_fn._paths import Attr, _parse_steps, parse_path, resolve_path
 
 SENTINEL_CALLS: list[object] = []
+OK_CALLS: list[object] = []
 
 
 def sentinel(*args, **kwargs):
@@ -23,6 +24,10 @@ class Net(nn.Module):
         self.register_buffer("x", torch.arange(3.0))
 
     def fn(self, i):
+        return self.layers[i]
+
+    def ok(self, i=0):
+        OK_CALLS.append(i)
         return self.layers[i]
 
 
@@ -129,16 +134,38 @@ def test_parse_is_deterministic_and_never_yields_dunders(path):
     except ValueError as e:
         # uncached parse fails the same way
         try:
-            _parse.__wrapped__(path)
+            _parse_steps(path)
         except ValueError as again:
             assert str(again) == str(e)
         else:
             raise AssertionError(f"{path!r} parsed uncached but not cached") from None
         return
     assert isinstance(steps, tuple)
-    assert repr(_parse.__wrapped__(path)) == repr(steps)
+    assert repr(_parse_steps(path)) == repr(steps)
     assert all(not s.name.startswith("__") for s in steps if isinstance(s, Attr))
     assert SENTINEL_CALLS == []
+
+
+# Paths whose allowed calls come before a refused one: the allowed calls must not run either.
+CALL_PREFIXES = ["ok()", "ok(1)", "ok(0)[0]", "ok(2).0", "<ok>(1)", "layers[0]", "fn(0)", "x"]
+refused_after_calls = st.tuples(
+    st.lists(st.sampled_from(CALL_PREFIXES), min_size=1, max_size=2).map(".".join),
+    st.sampled_from([a for a in ATTACKS if "(" in a]),
+    tails,
+).map("".join)
+
+
+@FUZZ
+@given(refused_after_calls)
+def test_a_refused_call_anywhere_means_no_call_runs(path):
+    try:
+        resolve_path(MODEL, path)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"{path!r} resolved")
+    assert OK_CALLS == [] and SENTINEL_CALLS == []
+    _model_unchanged()
 
 
 @settings(max_examples=50, deadline=None)
@@ -155,3 +182,7 @@ def test_sentinel_is_live():
     assert SENTINEL_CALLS == [((1,), {})]
     SENTINEL_CALLS.clear()
     assert MODEL.fn.__func__.__globals__["sentinel"] is sentinel
+    # and ok() records its calls when a path may make them
+    assert resolve_path(MODEL, "ok(1)") is MODEL.layers[1]
+    assert OK_CALLS == [1]
+    OK_CALLS.clear()

@@ -118,8 +118,9 @@ def resolve_submodule_path(root: nn.Module, path: str) -> Any:
         The object the path names, usually a submodule.
 
     Raises:
-        ValueError: the path does not parse, names a dunder, calls something other than a
-            function defined outside torch, or does not resolve.
+        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls a
+            method a path may not call (checked for the whole path before anything in it
+            runs; see NOTE [safe paths] in :mod:`tdhook_fn._paths`), or does not resolve.
     """
     return resolve_path(root, path)
 

@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdhook_fn._call import run
+from tdhook_fn._paths import PathError
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
 
@@ -197,7 +198,7 @@ def _register(module: nn.Module, hook: Callable[..., Any], direction: HookDirect
 
 def _segment(name: str) -> str:
     if not name or ">" in name or name.startswith("__"):
-        raise ValueError(f"cannot hook a submodule named {name!r}: the name has no path form")
+        raise PathError(f"cannot hook a submodule named {name!r}: the name has no path form")
     return f"<{name}>"
 
 
@@ -227,17 +228,23 @@ def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
     )
 
 
-def route(model: nn.Module, invoke: Callable[[nn.Module], Any], params: TensorDictBase | None = None) -> Any:
+def route(
+    model: nn.Module,
+    invoke: Callable[[nn.Module], Any],
+    params: TensorDictBase | None = None,
+    *,
+    taps: Sequence[Tap] = (),
+) -> Any:
     """``invoke(shadow)`` on a private shadow of ``model`` with the active virtual hooks.
 
     Args:
         model (nn.Module): the module to run; it is never changed.
         invoke (Callable): receives the shadow root and runs it.
         params (TensorDict | None): the model's tensors. Default: its own, live.
+        taps (Sequence[Tap]): more taps for this call, after the hooks'. Default: none.
 
     Returns:
         Any: what ``invoke`` returns.
     """
-    taps = taps_for(model, active_hooks())
-    output, _ = run(model, params, taps, invoke)
+    output, _ = run(model, params, (*taps_for(model, active_hooks()), *taps), invoke)
     return output

@@ -42,7 +42,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
-from tdhook_fn import Functional
+from tdhook_fn import Functional, PathError
 from tdhook_fn._params import params as params_of
 from tdhook_fn._taps import Site
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
@@ -218,7 +218,7 @@ class Adapters(HookingContextFactory):
                     target = resolve_submodule_path(root, out_key)
                     path = module_path(model, target) if isinstance(target, nn.Module) else None
                     if path is None:
-                        raise ValueError(f"Adapters: adapter {name!r}: {out_key!r} names no submodule of the model")
+                        raise PathError(f"Adapters: adapter {name!r}: {out_key!r} names no submodule of the model")
                     splices.append((AdapterCall(adapter, direction, target, proxy), path, _SITES[direction]))
             handles.append(prepared.attach(tuple(splices)))
         except BaseException:
