@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optree
@@ -36,7 +36,8 @@ class Functional:
     Attributes:
         model (nn.Module): the module (or ``TensorDictModule``) that runs.
         in_keys (tuple): keys read from the input TensorDict, passed positionally.
-        out_keys (tuple): keys for the leaves of the output, in optree order.
+        out_keys (tuple): entries of a dict output by key, else keys for the leaves of
+            the output in optree order.
         taps (tuple[Tap, ...]): taps active on every call.
     """
 
@@ -57,6 +58,11 @@ class Functional:
         return Functional(self.model, self.in_keys, self.out_keys, self.taps + taps)
 
     def __call__(self, params: TensorDictBase, td: TensorDictBase) -> TensorDict:
+        if not isinstance(td, TensorDictBase):
+            raise TypeError(
+                f"functional: f(params, td) takes the inputs as a TensorDict, got {type(td).__name__}; wrap a batch "
+                f"x as TensorDict({self.in_keys[0] if self.in_keys else 'input'}=x, batch_size=[len(x)])"
+            )
         if isinstance(self.model, TensorDictModuleBase):
             output, captured = run(self.model, params, self.taps, lambda root: root(td.copy()))
             missing = [k for k in self.out_keys if k not in output.keys(include_nested=True)]
@@ -86,7 +92,9 @@ def functional(
         model (nn.Module): an ``nn.Module`` or a ``TensorDictModule``.
         in_keys (list | None): keys of the forward's positional arguments. Default:
             ``["input"]``, or the ``TensorDictModule``'s own.
-        out_keys (list | None): keys for the output's leaves (tuples, lists, dicts and
+        out_keys (list | None): for a dict (or other ``Mapping``, e.g. a transformers
+            ``ModelOutput``) output, the entries to keep, by key (a tuple walks nested
+            dicts); otherwise keys for the output's leaves in order (tuples, lists and
             dataclasses are flattened in optree order). Default: ``["output"]``, or the
             ``TensorDictModule``'s own.
 
@@ -139,6 +147,18 @@ def _is_new_dataclass(obj: Any) -> bool:
 
 
 def _output_leaves(output: Any, out_keys: tuple[NestedKey, ...]) -> list[Any]:
+    """The values for ``out_keys``: by key from a mapping, else the leaves in optree order.
+
+    # NOTE [outputs by key]
+    A forward returning a dict (or a ``Mapping`` such as transformers' ``ModelOutput``)
+    is read by key: ``out_keys=["logits"]`` takes ``output["logits"]``, a tuple key walks
+    nested mappings, and a key the output lacks is an error naming the keys it has.
+    optree would flatten a dict in *sorted* key order, so zipping its leaves with
+    ``out_keys`` would store values under the wrong names. Tuples, lists and
+    dataclasses have an order of their own and are flattened as before.
+    """
+    if isinstance(output, Mapping):
+        return [_by_key(output, key) for key in out_keys]
     # NOTE [dataclass outputs]: optree treats plain dataclasses as leaves; register each
     # dataclass type met in an output (in our own namespace) and flatten again.
     while True:
@@ -155,6 +175,19 @@ def _output_leaves(output: Any, out_keys: tuple[NestedKey, ...]) -> list[Any]:
             f"{len(out_keys)}: {list(out_keys)}"
         )
     return leaves
+
+
+def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:
+    value: Any = output
+    for part in (key,) if isinstance(key, str) else key:
+        if not isinstance(value, Mapping) or part not in value:
+            have = list(value.keys()) if isinstance(value, Mapping) else type(value).__name__
+            raise KeyError(
+                f"functional: out_key {key!r}: the model's output has no {part!r} (it has {have}); out_keys "
+                "name the entries of a dict output by key"
+            )
+        value = value[part]
+    return value
 
 
 def _pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:

@@ -12,14 +12,16 @@ params. So every such value is rebound to the shadow of the module it refers to:
 - a module of the model becomes its shadow;
 - a bound method of one is bound to its shadow instead;
 - a ``functools.partial`` is rebuilt with its function and arguments rebound (and the
-  attributes ``functools.update_wrapper`` gave it);
-- a list or tuple holding any of these is rebuilt.
+  attributes ``functools.update_wrapper`` gave it), as is a list or tuple *inside* one;
 
-A plain function whose closure cells or defaults refer to a module of the model cannot
-be rebound safely (its cells may be shared state), so it is refused with an error
-naming the module and the attribute. Values that only reach the model through other
-objects cannot be seen here; ``accelerate``'s offloading hooks, which replace the
-module's parameters while it runs, are caught after the forward (see ``_shadow``).
+- a function whose closure cells or defaults hold any of these is rebuilt with new cells
+  for those values (its other cells stay shared with the original function).
+
+A callable *object* used as ``forward`` or as a hook, whose attributes refer to a module
+of the model, cannot be rebound without copying it: it is refused with an error naming
+the module and the attribute. Values that reach the model only through other objects
+cannot be seen here; ``accelerate``'s offloading hooks, which replace the module's
+parameters while it runs, are caught after the forward (see ``_shadow``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ __all__ = ["RebindError", "Rebinder"]
 
 _CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType})
 _CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple})
+# NOTE [what is scanned]: every call scans each module's attributes for these types only
+# (a C-level pass). A module of the model held in a plain list or tuple attribute is not
+# looked into: modules belong in nn.ModuleList / nn.ModuleDict, where the shadow has
+# its own. Lists and tuples are looked into inside partials and closures.
 
 
 class RebindError(ValueError):
@@ -52,7 +58,8 @@ class Rebinder:
 
     def __init__(self, shadows: Mapping[int, nn.Module], module_types: set[type]):
         self.shadows = shadows
-        self.suspects = frozenset(module_types) | _CALLABLE_TYPES | _CONTAINER_TYPES
+        self.suspects = frozenset(module_types) | _CALLABLE_TYPES
+        self.inner_suspects = self.suspects | _CONTAINER_TYPES
 
     def may_refer(self, values: Any) -> bool:
         """Whether any of ``values`` has a type that can refer to the model (fast path)."""
@@ -60,10 +67,12 @@ class Rebinder:
 
     def rebind_all(self, state: dict[str, Any], source: Mapping[str, Any], path: str, what: str) -> None:
         """Replace in ``state`` each value of ``source`` that refers to the model."""
+        suspects = self.suspects
         for name, value in source.items():
-            new = self.rebind(value, path, f"{what}{name}")
-            if new is not value:
-                state[name] = new
+            if type(value) in suspects:
+                new = self.rebind(value, path, f"{what}{name}")
+                if new is not value:
+                    state[name] = new
 
     def rebind(self, value: Any, path: str, attr: str) -> Any:
         """``value`` pointing at shadows; ``value`` itself when it does not refer to the model."""
@@ -77,9 +86,10 @@ class Rebinder:
         if kind is functools.partial:
             return self._partial(value, path, attr)
         if kind is types.FunctionType:
-            self._check_function(value, path, attr)
-            return value
+            return self._function(value, path, attr)
         if kind in _CONTAINER_TYPES:
+            if self.inner_suspects.isdisjoint(map(type, value)):
+                return value
             items = [self.rebind(v, path, attr) for v in value]
             if all(a is b for a, b in zip(items, value, strict=True)):
                 return value
@@ -98,17 +108,39 @@ class Rebinder:
         new.__dict__.update({k: self.rebind(v, path, attr) for k, v in value.__dict__.items()})
         return new
 
-    def _check_function(self, fn: types.FunctionType, path: str, attr: str) -> None:
-        cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
-        for value in (*cells, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
-            if self._refers(value):
-                raise RebindError(
-                    f"module {path or '<root>'!r}: its {attr} is the function {fn.__qualname__!r}, whose closure or "
-                    "defaults refer to a module of the model; tdhook_fn runs calls on a private copy and cannot "
-                    "point that closure at it, so the call would read the model's own tensors. Make it a method "
-                    "(types.MethodType), a functools.partial taking the module, or a hook that uses its module "
-                    "argument"
-                )
+    def _function(self, fn: types.FunctionType, path: str, attr: str) -> Any:
+        """A closure over the model's modules, rebuilt with new cells for those (others stay shared)."""
+        closure = fn.__closure__ or ()
+        if not closure and not fn.__kwdefaults__ and self.inner_suspects.isdisjoint(map(type, fn.__defaults__ or ())):
+            return fn
+        cells = [_rebound_cell(c, self, path, attr) for c in closure]
+        defaults = tuple(self.rebind(d, path, attr) for d in fn.__defaults__ or ())
+        kwdefaults = {k: self.rebind(v, path, attr) for k, v in (fn.__kwdefaults__ or {}).items()}
+        same = all(a is b for a, b in zip(cells, closure, strict=True)) and all(
+            a is b for a, b in zip(defaults, fn.__defaults__ or (), strict=True)) and all(
+            kwdefaults[k] is v for k, v in (fn.__kwdefaults__ or {}).items())
+        if same:
+            return fn
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, defaults or None, tuple(cells) or None)
+        new.__kwdefaults__ = kwdefaults or None
+        new.__dict__.update(fn.__dict__)
+        new.__qualname__ = fn.__qualname__
+        return new
+
+    def check_opaque(self, value: Any, path: str, attr: str) -> None:
+        """Refuse a callable object (not a function) whose attributes refer to a module of the model."""
+        if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial, type)):
+            return
+        state = getattr(value, "__dict__", None)
+        if not callable(value) or not isinstance(state, dict):
+            return
+        if any(self._refers(v) for v in state.values()):
+            raise RebindError(
+                f"module {path or '<root>'!r}: its {attr} is a {type(value).__name__} object that refers to a module "
+                "of the model; tdhook_fn runs calls on a private copy of the model and cannot point that object at "
+                "it, so the call would read the model's own tensors. Use a method (types.MethodType), a "
+                "functools.partial taking the module, or a hook that uses its module argument"
+            )
 
     def _refers(self, value: Any) -> bool:
         kind = type(value)
@@ -117,6 +149,13 @@ class Rebinder:
         if kind is functools.partial:
             return any(self._refers(v) for v in (value.func, *value.args, *value.keywords.values()))
         return id(value) in self.shadows and isinstance(value, nn.Module)
+
+
+def _rebound_cell(cell: types.CellType, rebinder: Rebinder, path: str, attr: str) -> types.CellType:
+    if not _filled(cell):
+        return cell
+    new = rebinder.rebind(cell.cell_contents, path, attr)
+    return cell if new is cell.cell_contents else types.CellType(new)
 
 
 def _filled(cell: types.CellType) -> bool:

@@ -80,7 +80,7 @@ def _shape(tensor: torch.Tensor) -> torch.Size | None:
 class _Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "module", "own", "params", "path", "shadow", "signature")
+    __slots__ = ("buffers", "filled", "module", "own", "params", "path", "shadow", "signature")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -90,6 +90,7 @@ class _Node:
         self.signature = _signature(module.__dict__)
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []
+        self.filled: list[dict[Any, Any]] = []  # hook dicts filled by the last refresh
 
     def original(self) -> dict[str, Any] | None:
         module = self.module()
@@ -107,22 +108,28 @@ class _Node:
         state.update(original)
         own = self.own
         for name in _HOOK_DICTS:  # the model's own hooks still run, on a private copy
-            theirs, ours = original.get(name), own[name]
-            if theirs or ours:
-                ours.clear()
-                ours.update(theirs or {})
-                if theirs and rebinder.may_refer(theirs.values()):
+            theirs = original.get(name)
+            if theirs:
+                ours = own[name]
+                ours.update(theirs)
+                self.filled.append(ours)
+                for hook in theirs.values():
+                    rebinder.check_opaque(hook, self.path, f"{name} entry")
+                if rebinder.may_refer(theirs.values()):
                     rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
         state.update(own)
+        if "forward" in original:
+            rebinder.check_opaque(original["forward"], self.path, "forward")
         if rebinder.may_refer(original.values()):
-            rebinder.rebind_all(state, {k: v for k, v in original.items() if k not in own}, self.path, "attribute ")
+            rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
 
     def release(self) -> None:
         """Drop everything copied from the original; keep the shadow's own (emptied) slots."""
         state = self.shadow.__dict__
         state.clear()
-        for name in _HOOK_DICTS:
-            self.own[name].clear()
+        for hooks in self.filled:
+            hooks.clear()
+        self.filled.clear()
         state.update(self.own)
 
 

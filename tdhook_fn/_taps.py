@@ -48,6 +48,9 @@ class Tap:
             gradient flowing through it (``map_grad``).
         site (str): ``"output"`` or ``"input"`` of the submodule.
         key (str): where a capture is stored. Default: a name derived from the path.
+        call (int | None): for a submodule that runs more than once in one forward, act
+            only at its ``call``-th run (0 is the first). Default: ``None``, every run
+            (a capture then keeps the last).
     """
 
     path: str
@@ -55,10 +58,13 @@ class Tap:
     fn: Callable[[Any], Any] | None = None
     site: Site = "output"
     key: str = field(default="")
+    call: int | None = None
 
     def __post_init__(self) -> None:
         if self.site not in ("output", "input"):
             raise ValueError(f"tap site must be 'output' or 'input', got {self.site!r}")
+        if self.call is not None and (isinstance(self.call, bool) or not isinstance(self.call, int) or self.call < 0):
+            raise ValueError(f"tap call must be None or an int >= 0, got {self.call!r}")
         if not self.key:
             object.__setattr__(self, "key", path_to_name(self.path) or "root")
 
@@ -73,6 +79,8 @@ class Tap:
             RemovableHandle: removed when the call ends, also when it raises.
         """
         transform = self._transform(captured)
+        if self.call is not None:
+            transform = _at_run(transform, self.call)
         if self.site == "output":
             def output_hook(_m: nn.Module, _args: Any, output: Any) -> Any:
                 return transform(output)
@@ -104,6 +112,18 @@ class Tap:
         return lambda value: optree.tree_map(lambda t: _map_grad(t, fn), value)
 
 
+def _at_run(transform: Callable[[Any], Any], index: int) -> Callable[[Any], Any]:
+    """``transform`` applied at the ``index``-th run of the module in this call only."""
+    runs = 0
+
+    def at_run(value: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        return transform(value) if runs == index + 1 else None
+
+    return at_run
+
+
 class _MapGrad(torch.autograd.Function):
     """Identity forward; ``fn`` applied to the gradient on the way back."""
 
@@ -129,7 +149,8 @@ def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def capture(
-    path: str, *, site: Site = "output", key: str = "", fn: Callable[[Any], Any] | None = None
+    path: str, *, site: Site = "output", key: str = "", fn: Callable[[Any], Any] | None = None,
+    call: int | None = None,
 ) -> Tap:
     """Read the activation at ``path``: its value (or ``fn(value)``) is returned under ``key``.
 
@@ -140,17 +161,17 @@ def capture(
     >>> seen["0"].shape
     torch.Size([3])
     """
-    return Tap(path, "capture", fn, site, key)
+    return Tap(path, "capture", fn, site, key, call)
 
 
-def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output") -> Tap:
-    """Replace the activation at ``path`` by ``fn(activation)``."""
-    return Tap(path, "intervene", fn, site)
+def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output", call: int | None = None) -> Tap:
+    """Replace the activation at ``path`` by ``fn(activation)`` (at every run, or at run ``call``)."""
+    return Tap(path, "intervene", fn, site, call=call)
 
 
-def perturb(path: str, delta: torch.Tensor, *, site: Site = "output") -> Tap:
+def perturb(path: str, delta: torch.Tensor, *, site: Site = "output", call: int | None = None) -> Tap:
     """Add ``delta`` to the activation at ``path``; see NOTE [layer gradients]."""
-    return Tap(path, "intervene", lambda value: value + delta, site)
+    return Tap(path, "intervene", lambda value: value + delta, site, call=call)
 
 
 def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Site = "output") -> Tap:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ._functional import NestedKey
@@ -36,7 +37,17 @@ def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
 def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Callable[[TensorDictBase], TensorDictBase]:
     def select(td: TensorDictBase) -> TensorDictBase:
         key, value = _single_output(td if outputs is None else td.select(*outputs))
-        return TensorDict({key: value[..., index]}, batch_size=td.batch_size)
+        picked = value[..., index]
+        extra = picked.dim() - len(td.batch_size) - (0 if isinstance(index, int) else 1)
+        if extra != 0:
+            raise ValueError(
+                f"target {index!r} reads output {key!r} of shape {tuple(value.shape)} as [*batch, classes], but the "
+                f"batch is {list(td.batch_size)}: one value per sample would have shape "
+                f"{[*td.batch_size, *([] if isinstance(index, int) else [len(index)])]}, not {list(picked.shape)}. "
+                "If the inputs hold a batch, give their TensorDict that batch_size (TensorDict(..., "
+                "batch_size=[len(x)])); to read a multi-dim output (tokens, pixels), pass a callable target"
+            )
+        return TensorDict({key: picked}, batch_size=td.batch_size)
 
     return select
 
@@ -92,7 +103,15 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
     """
 
     def select(td: TensorDictBase) -> TensorDictBase:
-        labels: Any = td.get(key)
+        labels: Any = td.get(key, None)
+        if labels is None:
+            raise KeyError(f"label({key!r}): the inputs have no {key!r} (keys: {list(td.keys(True, True))}); "
+                           "put the labels in the input TensorDict under that key")
+        if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex() \
+                or labels.dtype == torch.bool:
+            kind = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise TypeError(f"label({key!r}): labels must be integer class indices, got {kind}; "
+                            "convert them with .long() if they are whole numbers")
         if output is None:
             candidates = td.exclude(key)
             if len(list(candidates.keys(True, True))) != 1:
@@ -101,6 +120,9 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
             out_key, value = _single_output(candidates)
         else:
             out_key, value = output, td.get(output)
+        if labels.shape != value.shape[:-1]:
+            raise ValueError(f"label({key!r}): labels have shape {tuple(labels.shape)}, but output {out_key!r} of "
+                             f"shape {tuple(value.shape)} needs one label per sample: {tuple(value.shape[:-1])}")
         picked = value.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
         return TensorDict({out_key: picked}, batch_size=td.batch_size)
 

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
+from tdhook_fn import attribution
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -182,7 +183,118 @@ WEIGHTS_ROWS: list[Row] = [
      TypeError, ("'adapters'", "Tensor", "adapter_params")),
 ]
 
-ROWS: list[Row] = [*WEIGHTS_ROWS]
+# ---------------------------------------------------------------- core and attribution
+
+
+def _td_of(x: torch.Tensor, **more: torch.Tensor) -> TensorDict:
+    return TensorDict(input=x, **more, batch_size=[len(x)])
+
+
+def _with_shape(key: tuple[str, ...], shape: tuple[int, ...]) -> TensorDict:
+    p = tiny_params()
+    p[key] = torch.zeros(shape)
+    return p
+
+
+def _cnn() -> tuple[tdhook_fn.Functional, TensorDict, TensorDict]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()
+    return tdhook_fn.functional(net), tdhook_fn.params(net), TensorDict(input=torch.randn(2, 1, 8, 8), batch_size=[2])
+
+
+class _WithSpare(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.spare = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def _hooked() -> Any:
+    from tdhook_fn.compat.modules import HookedModule
+
+    return HookedModule.from_module(tiny_model(), in_keys=["input"], out_keys=["output"])
+
+
+CORE_ROWS: list[Row] = [
+    ("params-wrong-shape", lambda: tdhook_fn.call(tiny_model(), _with_shape(("0", "bias"), (1,)), torch.ones(3)),
+     ValueError, ("shapes", "0.bias", "(1,)", "(4,)")),
+    ("functional-plain-tensor", lambda: tiny_f()(tiny_params(), torch.randn(5, 3)),
+     TypeError, ("functional", "TensorDict", "Tensor", "batch_size")),
+    ("call-plain-tensor-params", lambda: tdhook_fn.call(tiny_model(), torch.ones(3), torch.ones(3)),
+     TypeError, ("params", "TensorDict", "tdhook_fn.params")),
+    ("label-float", lambda: attribution.saliency(
+        tiny_f(), tiny_params(), _td_of(torch.randn(5, 3), y=torch.full((5,), 1.7)), target=tdhook_fn.label("y")),
+     TypeError, ("label('y')", "integer", "torch.float32")),
+    ("label-missing-key", lambda: attribution.saliency(tiny_f(), tiny_params(), tiny_inputs(),
+                                                       target=tdhook_fn.label("y")),
+     KeyError, ("label('y')", "no 'y'", "input")),
+    ("label-shape", lambda: attribution.saliency(
+        tiny_f(), tiny_params(), _td_of(torch.randn(5, 3), y=torch.zeros(5, 2, dtype=torch.long)),
+        target=tdhook_fn.label("y")),
+     ValueError, ("label('y')", "(5, 2)", "one label per sample")),
+    ("layers-never-run", lambda: attribution.saliency(
+        tdhook_fn.functional(_WithSpare()), tdhook_fn.params(_WithSpare()), tiny_inputs(), target=0,
+        layers=["spare"]),
+     ValueError, ("'spare'", "never ran")),
+    ("layers-a-string", lambda: attribution.saliency(tiny_f(), tiny_params(), tiny_inputs(), target=0, layers="[0]"),
+     TypeError, ("layers", "list of submodule paths", "layers=['[0]']")),
+    ("ig-layers-a-string", lambda: attribution.integrated_gradients(
+        tiny_f(), tiny_params(), tiny_inputs(), 0.0, target=0, layers="[0]"),
+     TypeError, ("integrated_gradients", "layers=['[0]']")),
+    ("grad-cam-layers-a-list", lambda: attribution.grad_cam(tiny_f(), tiny_params(), tiny_inputs(), target=0,
+                                                             layers=["[0]"]),
+     TypeError, ("grad_cam", "map each submodule path to a DimsConfig")),
+    ("ig-method-a-list", lambda: attribution.integrated_gradients(
+        tiny_f(), tiny_params(), tiny_inputs(), 0.0, target=0, method=["riemann_left"]),
+     ValueError, ("unknown integration method", "riemann_left", "gausslegendre")),
+    ("saliency-plain-tensor", lambda: attribution.saliency(tiny_f(), tiny_params(), torch.randn(5, 3), target=0),
+     TypeError, ("saliency", "inputs must be a TensorDict", "batch_size=[len(x)]")),
+    ("saliency-model-as-f", lambda: attribution.saliency(tiny_model(), tiny_params(), tiny_inputs(), target=0),
+     TypeError, ("saliency", "module Sequential", "tdhook_fn.functional(model)")),
+    ("ig-model-as-f", lambda: attribution.integrated_gradients(tiny_model(), tiny_params(), tiny_inputs(), 0.0,
+                                                               target=0),
+     TypeError, ("integrated_gradients", "tdhook_fn.functional(model)")),
+    ("saliency-batch-without-batch-size", lambda: attribution.saliency(
+        tiny_f(), tiny_params(), TensorDict(input=torch.randn(5, 3)), target=0),
+     ValueError, ("target 0", "batch is []", "batch_size")),
+    ("saliency-integer-input", lambda: attribution.saliency(
+        tdhook_fn.functional(nn.Embedding(5, 2), in_keys=["ids"]), tdhook_fn.params(nn.Embedding(5, 2)),
+        TensorDict(ids=torch.zeros(3, 2, dtype=torch.long), batch_size=[3]), target=0),
+     TypeError, ("saliency", "'ids'", "torch.int64", "embedding layer")),
+    ("ig-interpolate-integer-input", lambda: attribution.integrated_gradients(
+        tdhook_fn.functional(nn.Embedding(5, 2), in_keys=["ids"]), tdhook_fn.params(nn.Embedding(5, 2)),
+        TensorDict(ids=torch.zeros(3, 2, dtype=torch.long), batch_size=[3]), 0.0, target=0, layers=[""],
+        interpolate="inputs", use_inputs=False),
+     TypeError, ("integrated_gradients", "'ids'", "cannot be interpolated", "interpolate='layers'")),
+    ("grad-cam-dim-out-of-range", lambda: attribution.grad_cam(*_cnn(), target=0,
+                                                                layers={"[1]": attribution.DimsConfig((5,))}),
+     ValueError, ("grad_cam", "'[1]'", "dim 5", "3 dims", "[4, 6, 6]")),
+    ("grad-cam-tdhook-style-dims", lambda: attribution.grad_cam(
+        *_cnn(), target=0, layers={"[1]": attribution.DimsConfig((2, 3), (1,))}),
+     ValueError, ("grad_cam", "dim 3", "counting the batch dim", "subtract 1", "compat")),
+    ("compat-grad-cam-dim-out-of-range", lambda: _compat_grad_cam((5,)),
+     ValueError, ("grad_cam", "dim 4", "dim 5 counting the batch dim")),
+    ("compat-hooked-tensor", lambda: _hooked()(torch.randn(5, 3)),
+     TypeError, ("HookedModule", "TensorDict", "Tensor", "['input']")),
+    ("path-error-public", lambda: tdhook_fn.resolve_path(tiny_model(), "train(False)"),
+     tdhook_fn.PathError, ("train", "not allowed")),
+]
+
+
+def _compat_grad_cam(dims: tuple[int, ...]) -> Any:
+    from tdhook_fn.compat.attribution import GradCAM
+    from tdhook_fn.compat.attribution.grad_cam import DimsConfig
+
+    f, _, td = _cnn()
+    with GradCAM({"[1]": DimsConfig(dims)}).prepare(f.model, in_keys=["input"],
+                                                                   out_keys=["output"]) as hooked:
+        return hooked(td)
+
+
+ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -94,18 +94,23 @@ def test_grads_reach_params(patched):
     assert g["0", "weight"].abs().sum() > 0
 
 
+def _doubled(net):
+    return tdhook_fn.params(net).apply(lambda t: t * 2)
+
+
 def test_taps_inside_fire(patched):
     f = tdhook_fn.functional(patched).with_taps(tdhook_fn.capture("[0]"), tdhook_fn.intervene("[1]", torch.zeros_like))
-    out = f(tdhook_fn.params(patched), TensorDict(input=torch.randn(3, 4), batch_size=[3]))
-    assert out["0"].shape == (3, 3)
-    assert torch.equal(out["output"], patched[2].bias.detach().expand(3, 2))
+    p, x = _doubled(patched), torch.randn(3, 4)
+    out = f(p, TensorDict(input=x, batch_size=[3]))
+    torch.testing.assert_close(out["0"], x @ p["0", "weight"].T + p["0", "bias"], rtol=0, atol=0)
+    assert torch.equal(out["output"], p["2", "bias"].expand(3, 2))
 
 
 def test_saliency_on_patched(patched):
-    f, p = tdhook_fn.functional(patched), tdhook_fn.params(patched)
+    f, p = tdhook_fn.functional(patched), _doubled(patched)
     x = TensorDict(input=torch.randn(3, 4), batch_size=[3])
     plain = _net()
-    expected = saliency(tdhook_fn.functional(plain), tdhook_fn.params(plain), x, target=0)
+    expected = saliency(tdhook_fn.functional(plain), _doubled(plain), x, target=0)
     assert torch.equal(saliency(f, p, x, target=0)["input"], expected["input"])
 
 
@@ -117,14 +122,12 @@ def test_model_untouched(patched):
     assert all(torch.equal(before[k], v) for k, v in patched.state_dict().items())
 
 
-def test_compat_set_applies_on_accelerate():
-    net = _net()
-    _accelerate(net)
-    hooked = HookedModule.from_module(net, in_keys=["input"], out_keys=["output"])
+def test_compat_set_applies_on_patched(patched):
+    hooked = HookedModule.from_module(patched, in_keys=["input"], out_keys=["output"])
     td = TensorDict(input=torch.randn(2, 4), batch_size=[2])
     with hooked.run(td) as run:
         run.set("module[0]", torch.zeros(2, 3))
-    expected = net[2](torch.tanh(torch.zeros(2, 3)))
+    expected = patched[2](torch.tanh(torch.zeros(2, 3)))
     torch.testing.assert_close(td["output"], expected)
 
 
@@ -168,20 +171,52 @@ def test_back_reference_to_parent_sees_params():
     assert torch.equal(tdhook_fn.call(m, _zeros(m), torch.ones(2)), torch.zeros(2))
 
 
-def test_opaque_closure_is_refused():
+def test_closure_over_bound_method_is_rebound():
     net = _net()
     inner = net[0]
     original = inner.forward
-    inner.forward = lambda x: original(x)  # a closure over the model's bound method: cannot be rebound
-    with pytest.raises(ValueError, match=r"'0'.*forward"):
-        tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
+    inner.forward = lambda x: original(x)  # a closure over the model's bound method
+    expected = net[2](torch.tanh(torch.zeros(1, 3)))
+    p = tdhook_fn.params(net)
+    p["0"] = p["0"].apply(torch.zeros_like)
+    assert torch.equal(tdhook_fn.call(net, p, torch.ones(1, 4)), expected)
+    assert inner.forward.__closure__[0].cell_contents is original  # the model's closure is untouched
 
 
-def test_closure_over_module_is_refused():
+def test_closure_over_module_is_rebound():
     net = _net()
     inner = net[0]
     inner.forward = lambda x: torch.nn.functional.linear(x, inner.weight, inner.bias)
-    with pytest.raises(ValueError, match=r"'0'.*closure"):
+    p = tdhook_fn.params(net)
+    p["0"] = p["0"].apply(torch.zeros_like)
+    assert torch.equal(tdhook_fn.call(net, p, torch.ones(1, 4)), net[2](torch.tanh(torch.zeros(1, 3))))
+
+
+def test_callable_object_referring_to_the_module_is_refused():
+    class Caller:
+        def __init__(self, module):
+            self.module = module
+
+        def __call__(self, x):
+            return torch.nn.functional.linear(x, self.module.weight, self.module.bias)
+
+    net = _net()
+    net[0].forward = Caller(net[0])
+    with pytest.raises(ValueError, match=r"module '0': its forward is a Caller object"):
+        tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
+
+
+def test_callable_object_hook_referring_to_the_model_is_refused():
+    class Scale:
+        def __init__(self, module):
+            self.module = module
+
+        def __call__(self, module, args, output):
+            return output * self.module.weight.sum()
+
+    net = _net()
+    net[2].register_forward_hook(Scale(net[0]))
+    with pytest.raises(ValueError, match=r"module '2': its _forward_hooks entry is a Scale object"):
         tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
 
 

@@ -13,7 +13,8 @@ path, plus the inputs' extra keys such as labels). Then:
   on the CPU it is called once per target, because ``vmap`` of a convolution's
   backward is about twice as slow there as the same backwards one by one (measured on
   torch 2.13: 950 vs 450 ms for ten maps of a small CNN; equal for MLPs). Both give the
-  same maps.
+  same maps up to a few ulps (a vmapped backward runs batched kernels, which may round
+  differently).
 
 TensorDict batch dims are flattened to exactly one before the model runs (models expect
 one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
@@ -29,12 +30,27 @@ from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch import nn
 
 from .._functional import Functional, NestedKey
+from .._modes import check_attribution_modes
 from .._taps import Tap, capture
 from .._targets import Target, as_target
 
-__all__ = ["Cotangents", "Gradients", "TargetFn", "gradients", "input_keys_of", "per_key", "scaled", "target_values"]
+__all__ = [
+    "Cotangents",
+    "Gradients",
+    "LayerSpec",
+    "TargetFn",
+    "check_call",
+    "check_layers",
+    "gradients",
+    "input_keys_of",
+    "layer_specs",
+    "per_key",
+    "scaled",
+    "target_values",
+]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
@@ -93,16 +109,72 @@ def _unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
     return t.reshape(*t.shape[:lead], *batch, *t.shape[lead + 1 :])
 
 
-def _layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str]) -> list[Any]:
-    """Shape and dtype of each activation, from a forward on meta tensors (no compute)."""
-    probe = f.with_taps(*(capture(p, key=f"{_ACT}{i}") for i, p in enumerate(paths)))
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one probe forward tells about an attributed layer: its activation and which run."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    call: int | None  # the run attributed; None when the module runs once
+
+
+def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
+                layer_calls: Mapping[str, int] | None = None, *, method: str = "attribution") -> list[LayerSpec]:
+    """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute).
+
+    # NOTE [modules that run more than once]
+    A module called several times in one forward (a shared block, a weight-tied layer) has
+    one activation per run. The gradient and the activation of a layer always come from the
+    same run: the one ``layer_calls[path]`` names (``0`` first, ``-1`` last). Without an
+    entry such a layer raises, naming the path and the number of runs, rather than mixing
+    the gradient summed over runs with the last run's activation.
+    """
+    seen: dict[str, list[tuple[torch.Size, torch.dtype]]] = {path: [] for path in paths}
+
+    def recorder(path: str) -> Callable[[Any], Any]:
+        def record(value: Any) -> Any:
+            seen[path].append((value.shape, value.dtype))
+            return value
+        return record
+
+    wanted = dict(layer_calls or {})
+    unknown = sorted(set(wanted) - set(paths))
+    if unknown:
+        raise ValueError(f"{method}: layer_calls names {unknown}, which are not among the layers {list(paths)}")
+    probe = f.with_taps(*(Tap(p, "capture", recorder(p), key=f"{_ACT}{i}") for i, p in enumerate(paths)))
     meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
     try:
-        out = probe(cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, td.apply(meta)))
+        probe(cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, td.apply(meta)))
     except Exception:  # a forward that meta tensors cannot run (data-dependent): run it for real
+        for runs in seen.values():
+            runs.clear()
         with torch.no_grad():
-            out = probe(params, td)
-    return [(out.get(f"{_ACT}{i}").shape, out.get(f"{_ACT}{i}").dtype) for i in range(len(paths))]
+            probe(params, td)
+    specs = []
+    for path in paths:
+        call = _chosen_run(method, path, len(seen[path]), wanted.get(path))
+        shape, dtype = seen[path][call or 0]
+        specs.append(LayerSpec(shape, dtype, call))
+    return specs
+
+
+def _chosen_run(method: str, path: str, runs: int, wanted: int | None) -> int | None:
+    if runs == 0:
+        raise ValueError(
+            f"{method}: layer {path!r} never ran in the forward (the module exists, but the model's forward does "
+            "not call it); attribute a module that runs"
+        )
+    if wanted is None:
+        if runs > 1:
+            raise ValueError(
+                f"{method}: layer {path!r} runs {runs} times in one forward; say which run to attribute with "
+                f"layer_calls={{{path!r}: k}} (0 is the first, -1 the last; gradient and activation both come "
+                "from that run)"
+            )
+        return None
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not -runs <= wanted < runs:
+        raise ValueError(f"{method}: layer_calls[{path!r}] must be an int in [{-runs}, {runs}), got {wanted!r}")
+    return wanted % runs if runs > 1 else None
 
 
 def _check_targets(values: Any) -> TensorDictBase:
@@ -185,6 +257,8 @@ def gradients(
     per_target: bool = False,
     cotangents: Cotangents | None = None,
     use_outputs: bool = True,
+    layer_calls: Mapping[str, int] | None = None,
+    method: str = "attribution",
 ) -> Gradients:
     """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].
 
@@ -192,15 +266,20 @@ def gradients(
     whose result replaces the activation before the perturbation is added (layer
     integrated gradients interpolates there). An int or tuple ``target`` indexes the
     single output of ``f`` (extra input keys and target layers do not count).
+    ``layer_calls`` picks the run of a layer whose module runs more than once (NOTE
+    [modules that run more than once]); ``method`` names the caller in errors.
     """
+    check_call(method, f, params, inputs, input_keys)
     layers = dict(layers or {})
     tappable = _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
     flat = inputs.reshape(-1)
     paths = list(layers)
-    specs = _layer_specs(tappable.with_taps(*taps), params, flat, paths) if tappable is not None and paths else []
+    specs = layer_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls,
+                        method=method) if tappable is not None and paths else []
     device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
-    deltas = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
+    deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
+    runs = [spec.call for spec in specs]
     extras = _extras(f, flat, input_keys)
     private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
 
@@ -209,7 +288,7 @@ def gradients(
         feed.update(diff[0])
         tapped: Any = f
         if tappable is not None and (paths or target_layers or taps):
-            tapped = tappable.with_taps(*_layer_taps(paths, layers, diff[1]), *(
+            tapped = tappable.with_taps(*_layer_taps(paths, layers, diff[1], runs), *(
                 capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *taps)
         out = tapped(params, feed)
         acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
@@ -247,12 +326,13 @@ def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
     return inputs, layers
 
 
-def _layer_taps(paths: list[str], layers: Mapping[str, Replace | None], deltas: Sequence[torch.Tensor]) -> list[Tap]:
+def _layer_taps(paths: list[str], layers: Mapping[str, Replace | None], deltas: Sequence[torch.Tensor],
+                runs: Sequence[int | None]) -> list[Tap]:
     taps = []
-    for i, (path, delta) in enumerate(zip(paths, deltas, strict=True)):
+    for i, (path, delta, run) in enumerate(zip(paths, deltas, runs, strict=True)):
         replace = layers[path]
-        taps.append(Tap(path, "intervene", _plus(replace, delta)))
-        taps.append(capture(path, key=f"{_ACT}{i}"))
+        taps.append(Tap(path, "intervene", _plus(replace, delta), call=run))
+        taps.append(capture(path, key=f"{_ACT}{i}", call=run))
     return taps
 
 
@@ -260,3 +340,48 @@ def _plus(replace: Replace | None, delta: torch.Tensor) -> Replace:
     if replace is None:
         return lambda act: act + delta
     return lambda act: replace(act) + delta
+
+
+def check_layers(method: str, layers: Any, name: str = "layers") -> None:
+    """``layers`` must be a sequence of path strings (a lone string would be read per character)."""
+    if isinstance(layers, str) or not isinstance(layers, (Sequence, Mapping)):
+        raise TypeError(f"{method}: {name} must be a list of submodule paths, got {layers!r}; write {name}=[{layers!r}]"
+                        if isinstance(layers, str) else f"{method}: {name} must be a list of submodule paths, got "
+                        f"{type(layers).__name__}")
+    for path in layers:
+        if not isinstance(path, str):
+            raise TypeError(f"{method}: each of {name} must be a submodule path (str), got {path!r}")
+
+
+def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequence[NestedKey] = ()) -> None:
+    """The arguments every method shares, checked before anything runs.
+
+    Raises:
+        TypeError: ``f`` is a module or not callable, ``params`` or ``inputs`` is not a
+            TensorDict, an attributed input is not floating point (named, with what to do).
+        KeyError: an attributed input key is missing.
+    """
+    if isinstance(f, nn.Module):
+        raise TypeError(f"{method}: f is the module {type(f).__name__}; pass the pure function "
+                        "tdhook_fn.functional(model) (with its in_keys and out_keys) instead")
+    if not callable(f):
+        raise TypeError(f"{method}: f must be a pure function f(params, td) -> td, got {type(f).__name__}")
+    if not isinstance(params, TensorDictBase):
+        raise TypeError(f"{method}: params must be a TensorDict (tdhook_fn.params(model)), got {type(params).__name__}")
+    if not isinstance(inputs, TensorDictBase):
+        raise TypeError(f"{method}: inputs must be a TensorDict, got {type(inputs).__name__}; wrap a batch x as "
+                        "TensorDict(input=x, batch_size=[len(x)])")
+    for key in input_keys:
+        value = inputs.get(key, None)
+        if value is None:
+            keys = list(inputs.keys(True, True))
+            raise KeyError(f"{method}: the inputs have no attributed key {key!r} (keys: {keys})")
+        if isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex()):
+            raise TypeError(
+                f"{method}: input {key!r} is {value.dtype}, and gradients exist only for floating-point inputs; "
+                "for token ids attribute the embedding layer instead (layers=['<embedding path>'], "
+                "use_inputs=False; integrated gradients: interpolate='layers')"
+            )
+    model = getattr(f, "model", None)
+    if isinstance(model, nn.Module):
+        check_attribution_modes(model, method)

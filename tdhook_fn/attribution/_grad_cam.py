@@ -26,7 +26,7 @@ class DimsConfig:
             these dims; ``None`` keeps them all.
 
     Dims count within one sample (``0`` is the channel dim of a ``[C, H, W]`` activation),
-    so results are the same batched and per sample under ``vmap``; negative dims count
+    so one config serves batched calls and per-sample calls under ``vmap``; negative dims count
     from the end. For a conv layer, ``DimsConfig((1, 2), (0,))`` is captum's ``LayerGradCam``.
     """
 
@@ -36,6 +36,32 @@ class DimsConfig:
 
 def _shift(dims: tuple[int, ...], offset: int) -> tuple[int, ...]:
     return tuple(d + offset if d >= 0 else d for d in dims)
+
+
+def _check_dims(layers: object) -> None:
+    if not isinstance(layers, Mapping):
+        raise TypeError(
+            f"grad_cam: layers must map each submodule path to a DimsConfig, got {type(layers).__name__}; e.g. "
+            "layers={'features[3]': DimsConfig(weight_pooling_dims=(1, 2), feature_sum_dims=(0,))}"
+        )
+    for path, dims in layers.items():
+        if not isinstance(path, str) or not isinstance(dims, DimsConfig):
+            raise TypeError(f"grad_cam: layers[{path!r}] must be a DimsConfig for a path (str), got {dims!r}")
+
+
+def _check_rank(path: str, dims: DimsConfig, shape: tuple[int, ...]) -> None:
+    rank = len(shape)
+    for field in ("weight_pooling_dims", "feature_sum_dims"):
+        for d in getattr(dims, field) or ():
+            if isinstance(d, bool) or not isinstance(d, int) or not -rank <= d < rank:
+                tdhook = f"{d + 1}" if isinstance(d, int) and d >= 0 else f"{d}"
+                raise ValueError(
+                    f"grad_cam: layers[{path!r}].{field} names dim {d!r} (dim {tdhook} counting the batch dim first, "
+                    f"as tdhook does), but one sample's activation there has {rank} dims (shape {list(shape)}; "
+                    f"{rank + 1} with the batch dim). tdhook_fn.attribution.DimsConfig counts within one sample, 0 "
+                    "being its first dim (the channels of [C, H, W]): subtract 1 from tdhook-style dims, or use "
+                    "tdhook_fn.compat.attribution.grad_cam.DimsConfig"
+                )
 
 
 def grad_cam(
@@ -51,6 +77,7 @@ def grad_cam(
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
+    layer_calls: Mapping[str, int] | None = None,
 ) -> TensorDict:
     """Class activation maps: activations weighted by their pooled gradients.
 
@@ -66,7 +93,7 @@ def grad_cam(
         layers (Mapping[str, DimsConfig]): path -> dims (see :class:`DimsConfig`).
         absolute (bool): pool ``|grad|``. Default: ``False``.
         per_target (bool): one map per target on a leading dim ``T``. Default: ``False``.
-        target_layers, grad_fns, taps, cotangents: as in :func:`saliency`.
+        target_layers, grad_fns, taps, cotangents, layer_calls: as in :func:`saliency`.
 
     Returns:
         TensorDict: one map per layer path, batch ``[*B]`` or ``[T, *B]``.
@@ -80,14 +107,17 @@ def grad_cam(
     >>> grad_cam(f, p, x, target=0, layers={"[1]": DimsConfig((1, 2), (0,))})["[1]"].shape
     torch.Size([2, 6, 6])
     """
+    _check_dims(layers)
     result = gradients(
         f, params, inputs, target, input_keys=(), layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
+        layer_calls=layer_calls, method="grad_cam",
     )
     lead = len(result.grads.batch_size) - len(inputs.batch_size)
     offset = len(result.grads.batch_size)
     maps = TensorDict({}, batch_size=result.grads.batch_size)
     for path, dims in layers.items():
+        _check_rank(path, dims, result.activations.get(path).shape[len(inputs.batch_size):])
         grad = result.grads.get(path)
         grad = grad.abs() if absolute else grad
         act = result.activations.get(path).reshape(*[1] * lead, *result.activations.get(path).shape)

@@ -45,6 +45,7 @@ def guided_backprop(
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
+    layer_calls: Mapping[str, int] | None = None,
 ) -> TensorDict:
     """Gradients with a ReLU applied to them wherever they leave a module through its inputs.
 
@@ -56,7 +57,7 @@ def guided_backprop(
         f (Functional): pure function of a model.
         classes_to_skip (tuple[type, ...]): module classes left alone.
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
-        params, inputs, target, per_target, layers, target_layers, grad_fns, taps, cotangents:
+        params, inputs, target, per_target, layers, target_layers, grad_fns, taps, cotangents, layer_calls:
             as in :func:`saliency`.
 
     Returns:
@@ -76,4 +77,5 @@ def guided_backprop(
     return saliency(
         f, params, inputs, target=target, multiply_by_inputs=multiply_by_inputs, per_target=per_target,
         layers=layers, target_layers=target_layers, grad_fns=grad_fns, taps=[*guides, *taps], cotangents=cotangents,
+        layer_calls=layer_calls,
     )

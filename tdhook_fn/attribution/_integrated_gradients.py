@@ -11,7 +11,16 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 from .._targets import Target, as_target
-from ._engine import Cotangents, gradients, input_keys_of, scaled, target_values
+from ._engine import (
+    Cotangents,
+    check_call,
+    check_layers,
+    gradients,
+    input_keys_of,
+    layer_specs,
+    scaled,
+    target_values,
+)
 from ._quadrature import quadrature
 from ._saliency import GradFn, grad_taps
 
@@ -41,6 +50,7 @@ def integrated_gradients(
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
+    layer_calls: Mapping[str, int] | None = None,
 ) -> TensorDict | tuple[TensorDict, torch.Tensor]:
     """Integrated gradients along the straight line from ``baselines`` to ``inputs``.
 
@@ -61,7 +71,8 @@ def integrated_gradients(
         multiply_by_inputs (bool): multiply by ``x - b`` (the integrated gradients of the
             paper; ``False`` gives the path-averaged gradient). Default: ``True``.
         per_target (bool): one map per target on a new leading dim ``T``. Default: the sum.
-        chunk_size (int | None): path points per forward; bounds memory, same result.
+        chunk_size (int | None): path points per forward; bounds memory. The result is
+            the same up to a few ulps (NOTE [chunk-invariant sums]).
         return_convergence_delta (bool): also return ``sum(attr) - (F(x) - F(b))`` per
             sample (and per target), as captum defines it.
         layers (Sequence[str]): attribute activations at these paths instead.
@@ -71,7 +82,8 @@ def integrated_gradients(
             interpolates the inputs and integrates the gradients read at the layers
             (tdhook's ``IntegratedGradients`` with ``input_modules``; layer results are
             not multiplied).
-        target_layers, use_inputs, input_keys, grad_fns, taps, cotangents: as in :func:`saliency`.
+        target_layers, use_inputs, input_keys, grad_fns, taps, cotangents, layer_calls: as in
+            :func:`saliency`.
 
     Returns:
         TensorDict | tuple[TensorDict, Tensor]: attributions keyed like the attributed
@@ -81,6 +93,8 @@ def integrated_gradients(
     Raises:
         KeyError: a baseline is missing for an attributed key.
         ValueError: baseline and input shapes differ; unknown method or too few steps.
+        TypeError: an input to interpolate is not floating point (token ids: interpolate at
+            the embedding layer with ``layers=[...]``, ``interpolate="layers"``).
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -97,15 +111,19 @@ def integrated_gradients(
     in_layer_space = bool(layers) and interpolate == "layers"
     if interpolate not in ("layers", "inputs"):
         raise ValueError(f"interpolate must be 'layers' or 'inputs', got {interpolate!r}")
+    check_layers("integrated_gradients", layers)
+    check_call("integrated_gradients", f, params, inputs)
     base_keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys)
-    base = _baselines(inputs, baselines, base_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
+    _check_interpolable(inputs, path_keys)
+    base = _baselines(inputs, baselines, base_keys)
     keys = () if in_layer_space or not use_inputs else base_keys
     as_target(target)  # fail early on a malformed target
     all_taps = grad_taps(grad_fns, taps)
-    ends = _layer_ends(f, params, inputs, base, layers, all_taps) if in_layer_space else {}
+    ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
     options: dict[str, Any] = dict(
-        input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents)
+        input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents,
+        layer_calls=layer_calls, method="integrated_gradients")
     total: TensorDict | None = None
     size = chunk_size or n_steps
     for start in range(0, n_steps, size):
@@ -124,6 +142,17 @@ def integrated_gradients(
         return attrs
     values = target_values(f, params, _ends_batch(inputs, base), target, target_layers=target_layers, taps=all_taps)
     return attrs, _convergence_delta(values, inputs.batch_size, attrs, per_target)
+
+
+def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
+    for key in keys:
+        value = inputs.get(key, None)
+        if isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex()):
+            raise TypeError(
+                f"integrated_gradients: input {key!r} is {value.dtype} and cannot be interpolated between baseline "
+                "and input (every path point would round to the baseline). For token ids interpolate at the "
+                "embedding layer: layers=['<embedding path>'], interpolate='layers'"
+            )
 
 
 def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | float, keys: Sequence[NestedKey]) -> TensorDict:
@@ -162,13 +191,16 @@ def _path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[Ne
 
 
 def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,
-                layers: Sequence[str], taps: Sequence[Tap]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+                layers: Sequence[str], taps: Sequence[Tap],
+                layer_calls: Mapping[str, int] | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Activations at the baselines and at the inputs, for layer-space interpolation."""
     if not isinstance(f, Functional):
         raise TypeError("layer attribution needs f to be a tdhook_fn.Functional")
-    probe = f.with_taps(*taps, *(capture(p, key=f"_tdhook_fn_end_{i}") for i, p in enumerate(layers)))
     batch = inputs.batch_size
     flat = _ends_batch(inputs, base)
+    specs = layer_specs(f.with_taps(*taps), params, flat, layers, layer_calls, method="integrated_gradients")
+    probe = f.with_taps(*taps, *(capture(p, key=f"_tdhook_fn_end_{i}", call=spec.call)
+                                 for i, (p, spec) in enumerate(zip(layers, specs, strict=True))))
     out = probe(params, flat)
     ends = {}
     for i, path in enumerate(layers):
@@ -196,10 +228,14 @@ def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float],
     """``total + sum_k w_k * grads[k]``, added one step at a time.
 
     # NOTE [chunk-invariant sums]
-    Adding the path points one by one, in order, makes the result independent of
-    ``chunk_size`` to the last bit. captum reduces with ``torch.sum`` over all steps at
-    once, whose blocked order differs from a sequential one by an ulp or so in float32.
-    In float64 captum also rounds the weights to float32; ours keep the input's dtype.
+    The path points are added one by one, in order, so every ``chunk_size`` folds the same
+    terms in the same order. The terms themselves may differ in the last bits: a chunk's
+    gradients come from one forward and VJP over ``chunk * N`` points, and CPU kernels
+    (MKL and oneDNN gemms) may block and reduce differently for another batch size and
+    instruction set. Results for different ``chunk_size`` agree to a few ulps, not always
+    bitwise. captum reduces with ``torch.sum`` over all steps at once, whose blocked order
+    differs from a sequential one by an ulp or so in float32. In float64 captum also rounds
+    the weights to float32; ours keep the input's dtype.
     """
     out = TensorDict({}, batch_size=[s for i, s in enumerate(grads.batch_size) if i != lead])
     for key, g in grads.items(True, True):

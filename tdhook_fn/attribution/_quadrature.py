@@ -39,7 +39,6 @@ def _gauss_legendre(n: int) -> tuple[list[float], list[float]]:
     return (0.5 * (1 + points)).tolist(), (0.5 * weights).tolist()
 
 
-@functools.lru_cache(maxsize=64)
 def quadrature(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Nodes ``alphas`` in ``[0, 1]`` and weights ``steps`` of a quadrature rule.
 
@@ -57,10 +56,15 @@ def quadrature(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[floa
     >>> quadrature("riemann_trapezoid", 3)
     ((0.0, 0.5, 1.0), (0.16666666666666666, 0.3333333333333333, 0.16666666666666666))
     """
-    if method not in SUPPORTED_METHODS:
+    if not isinstance(method, str) or method not in SUPPORTED_METHODS:
         raise ValueError(f"unknown integration method {method!r}; supported: {list(SUPPORTED_METHODS)}")
     least = 1 if method == "gausslegendre" else 2
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < least:
         raise ValueError(f"n_steps must be an int >= {least} for {method!r}, got {n_steps!r}")
+    return _nodes(method, n_steps)
+
+
+@functools.lru_cache(maxsize=64)
+def _nodes(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     nodes, weights = _gauss_legendre(n_steps) if method == "gausslegendre" else _riemann(method, n_steps)
     return tuple(nodes), tuple(weights)

@@ -10,7 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._taps import Tap, map_grad
 from .._targets import Target
-from ._engine import Cotangents, gradients, input_keys_of, per_key, scaled
+from ._engine import Cotangents, check_layers, gradients, input_keys_of, per_key, scaled
 
 __all__ = ["saliency"]
 
@@ -38,6 +38,7 @@ def saliency(
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
+    layer_calls: Mapping[str, int] | None = None,
 ) -> TensorDict:
     """Gradient of the target with respect to the inputs (and layer activations).
 
@@ -70,6 +71,9 @@ def saliency(
         cotangents (Callable | None): ``target_values -> TensorDict`` of the gradients fed
             back from the targets (tdhook's ``init_attr_grads``). Default: ones (per-target
             one-hots with ``per_target``).
+        layer_calls (Mapping[str, int] | None): for a layer whose module runs more than
+            once in one forward, the run to attribute (``0`` first, ``-1`` last); gradient
+            and activation both come from that run. Such a layer without an entry raises.
 
     Returns:
         TensorDict: keyed like the attributed inputs (and layer paths), batch ``[*B]`` or
@@ -86,10 +90,13 @@ def saliency(
     >>> torch.allclose(per_sample["input"], saliency(f, p, x, target=1)["input"])
     True
     """
+    method = "input_x_gradient" if multiply_by_inputs else "saliency"
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
+    check_layers(method, layers)
     result = gradients(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
+        layer_calls=layer_calls, method=method,
     )
     grads = result.grads
     if abs:

@@ -8,10 +8,11 @@ from contextlib import contextmanager
 from textwrap import indent
 from typing import TYPE_CHECKING, Any
 
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
+from tdhook_fn import PathError
 from tdhook_fn.compat.hooks import (
     DIRECTION_TO_TYPE,
     CacheProxy,
@@ -133,20 +134,22 @@ class HookedModule(TensorDictModuleWrapper):
         """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self).
 
         Raises:
-            ValueError: ``key`` does not resolve, names no module of the model, or the
-                hook does not fit ``direction``.
+            PathError: (a ``ValueError``) ``key`` does not resolve, is refused (see NOTE
+                [safe paths] in :mod:`tdhook_fn._paths`: checked before anything in it
+                runs), or names no module of the model.
+            ValueError: the hook does not fit ``direction``.
         """
         root = self._key_root() if relative else self
         submodule = resolve_submodule_path(root, key)
         if isinstance(submodule, nn.ModuleList):
             warnings.warn(f"You are hooking a ModuleList ({key}), which will never be executed.", stacklevel=2)
         if not isinstance(submodule, nn.Module):
-            raise ValueError(f"{key!r} resolves to a {type(submodule).__name__}, not to a module")
+            raise PathError(f"{key!r} resolves to a {type(submodule).__name__}, not to a module")
         if module_path(self._model(), submodule) is None:
             if isinstance(submodule, nn.ModuleList):  # e.g. a slice: never executed anyway
                 _check_hook_signature(hook, direction)
                 return _NoHandle()
-            raise ValueError(
+            raise PathError(
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
@@ -210,6 +213,12 @@ class HookedModule(TensorDictModuleWrapper):
         return self.register_submodule_hook(key, HookFactory.make_stopping_hook(key), "fwd")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not args or not isinstance(args[0], TensorDictBase):
+            got = type(args[0]).__name__ if args else f"keywords {sorted(kwargs)}"
+            raise TypeError(
+                f"HookedModule: call it on a TensorDict holding its in_keys {list(self.in_keys)}, got {got}; e.g. "
+                "hooked(TensorDict(input=x, batch_size=[len(x)]))"
+            )
         context = self._hooking_context
         if context is not None and not context._in_context:
             raise RuntimeError("Contextual HookedModule must be called in context")
