@@ -1,7 +1,7 @@
 """Attributions on digits: gradient, input x gradient, integrated gradients and Grad-CAM.
 
 Each method is a pure function ``method(f, params, inputs, *, target)``: it works on a
-batch, and per sample under ``vmap`` with the same result.
+batch, and per sample under ``vmap`` with the same result (up to a few ulps of rounding).
 Writes ``01_attributions.png``.
 """
 

@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 from torch import nn
 from zoo import same, snapshot
@@ -9,6 +10,19 @@ from zoo import same, snapshot
 import tdhook_fn
 
 N_THREADS, N_CALLS = 4, 150
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    """Results are compared bitwise with the single-threaded ones: the same ops on the same
+    shapes, and with one intra-op thread the same sequential kernels (a BLAS free to pick
+    its thread count may split a product differently)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _model() -> nn.Module:

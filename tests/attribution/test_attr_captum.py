@@ -8,6 +8,7 @@ import attr_zoo
 import captum.attr as ca
 import pytest
 import torch
+from _tolerance import assert_close_ulps
 from attr_zoo import (
     CONV_NAMES,
     DTYPES,
@@ -112,8 +113,12 @@ def test_integrated_gradients_and_delta_equal_captum(name, dtype, method, batch)
 
 @pytest.mark.parametrize("method", [m for m in SUPPORTED_METHODS if m.startswith("riemann")])
 @pytest.mark.parametrize("name", NAMES)
-def test_float64_riemann_with_float32_exact_weights_equals_captum_to_the_ulp(name, method):
-    """With n_steps a power of two, captum's float32 step weights are exact: no 1e-8 gap."""
+def test_float64_riemann_with_float32_exact_weights_equals_captum_to_a_few_ulps(name, method):
+    """With n_steps a power of two, captum's float32 step weights are exact: no 1e-8 gap.
+
+    What is left is the order of the sum over steps (captum's ``torch.sum``, our fold):
+    at most 1.5 ulps of the map's largest value measured.
+    """
     e = build(name, torch.float64)
     batch = (2, 3)
     td, base = e.inputs(batch), e.baselines(batch)
@@ -125,7 +130,7 @@ def test_float64_riemann_with_float32_exact_weights_equals_captum_to_the_ulp(nam
             )
         )
         for key, t in zip(e.in_keys, theirs, strict=True):
-            torch.testing.assert_close(ours[key], from_captum(t, batch), rtol=1e-13, atol=1e-15)
+            assert_close_ulps(ours[key], from_captum(t, batch))
 
 
 def _assert_delta(ours: torch.Tensor, theirs: torch.Tensor, their_attrs: tuple[torch.Tensor, ...]) -> None:

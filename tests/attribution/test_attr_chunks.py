@@ -1,8 +1,14 @@
-"""chunk_size changes memory, never a bit of the result (NOTE [chunk-invariant sums])."""
+"""chunk_size changes memory, not the result beyond a few ulps (NOTE [chunk-invariant sums]).
+
+The fold adds the path points in the same order whatever the chunk, but each chunk's
+gradients come from a forward with another batch size, which CPU kernels need not round
+identically (see tests/_tolerance.py): the chunked results agree to a few ulps.
+"""
 
 import attr_zoo
 import pytest
 import torch
+from _tolerance import assert_close_ulps
 from attr_zoo import DTYPES, NAMES, build
 
 from tdhook_fn.attribution import SUPPORTED_METHODS, integrated_gradients
@@ -18,14 +24,12 @@ def _one_thread():
     yield from attr_zoo.one_thread()
 
 
-def _assert_bitwise(results):
+def _assert_same(results):
     (first, first_delta), *rest = results
-    for attrs, delta in rest:
-        assert set(attrs.keys()) == set(first.keys())
-        assert attrs.batch_size == first.batch_size
-        for key in first.keys():
-            assert torch.equal(attrs[key], first[key]), key
-        assert torch.equal(delta, first_delta)
+    for chunk, (attrs, delta) in zip(CHUNKS[1:], rest, strict=True):
+        assert_close_ulps(attrs, first, msg=f"chunk_size={chunk}")
+        total = float(sum(t.abs().sum() for t in first.values(True, True)))  # what the delta sums
+        assert_close_ulps(delta, first_delta, scale=total, msg=f"delta, chunk_size={chunk}")
 
 
 def _run(e, td, base, **kwargs):
@@ -40,24 +44,24 @@ def _run(e, td, base, **kwargs):
 @pytest.mark.parametrize("method", SUPPORTED_METHODS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("name", NAMES)
-def test_chunk_size_is_bitwise_invisible(name, dtype, method):
+def test_chunk_size_is_invisible(name, dtype, method):
     e = build(name, dtype)
     td, base = e.inputs((2, 3)), e.baselines((2, 3))
-    _assert_bitwise(_run(e, td, base, target=1, method=method))
+    _assert_same(_run(e, td, base, target=1, method=method))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_chunk_size_is_bitwise_invisible_per_target(name):
+def test_chunk_size_is_invisible_per_target(name):
     e = build(name)
     td, base = e.inputs((3,)), e.baselines((3,))
     results = _run(e, td, base, target=(0, 2), per_target=True, method="riemann_trapezoid")
     assert results[0][0].batch_size == torch.Size([2, 3])
-    _assert_bitwise(results)
+    _assert_same(results)
 
 
 @pytest.mark.parametrize("interpolate", ["layers", "inputs"])
 @pytest.mark.parametrize("name", NAMES)
-def test_chunk_size_is_bitwise_invisible_with_layers(name, interpolate):
+def test_chunk_size_is_invisible_with_layers(name, interpolate):
     e = build(name)
     td, base = e.inputs((2, 3)), e.baselines((2, 3))
     layers = list(e.layers)
@@ -67,20 +71,21 @@ def test_chunk_size_is_bitwise_invisible_with_layers(name, interpolate):
     results = _run(e, td, base, target=0, layers=layers, interpolate=interpolate, multiply_by_inputs=multiply)
     expected_keys = set(layers) if interpolate == "layers" else {*layers, *e.in_keys}
     assert set(results[0][0].keys()) == expected_keys
-    _assert_bitwise(results)
+    _assert_same(results)
     split = _run(
         e, td, base, target=(0, 1), per_target=True, layers=layers, interpolate=interpolate, multiply_by_inputs=multiply
     )
-    _assert_bitwise(split)
+    _assert_same(split)
 
 
-def test_chunk_size_is_bitwise_invisible_for_one_sample():
+def test_chunk_size_is_invisible_for_one_sample():
     e = build("cnn", torch.float64)
     td, base = e.inputs(()), e.baselines(())
-    _assert_bitwise(_run(e, td, base, target=3, method="gausslegendre"))
+    _assert_same(_run(e, td, base, target=3, method="gausslegendre"))
 
 
 def test_chunk_size_larger_than_n_steps_is_one_chunk():
+    """One chunk of all 5 steps either way: the same forwards, so bitwise equal."""
     e = build("mlp")
     td = e.inputs((3,))
     one = integrated_gradients(e.f, e.params, td, 0.0, target=1, n_steps=5)

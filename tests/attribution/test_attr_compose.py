@@ -3,7 +3,8 @@
 import attr_zoo
 import pytest
 import torch
-from attr_zoo import CONV_NAMES, NAMES, assert_same, build
+from _tolerance import assert_close_ulps
+from attr_zoo import CONV_NAMES, NAMES, build
 from tensordict import TensorDict
 from torch import nn
 from torch.func import grad, vmap
@@ -59,11 +60,20 @@ def _split(result):
     return result if isinstance(result, tuple) else (result, None)
 
 
+def _total(attrs):
+    """What a convergence delta sums: its rounding is relative to this, not to the delta."""
+    return float(sum(t.abs().sum() for t in attrs.values(True, True)))
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_vmap_per_sample_equals_the_batched_call(name):
+    """Up to a few ulps: under vmap the model sees other batch shapes, hence other kernels.
+
+    The transformer chains more reductions (attention, layer norm): 2.5 ulps measured.
+    """
     e = build(name, torch.float64)
     td, base = e.inputs((4,)), e.baselines((4,))
-    exact = name != "transformer"
+    ulps = 8 if name == "transformer" else 4
     for method, call in _methods(e).items():
         batched, batched_delta = _split(call(td, base))
         mapped, mapped_delta = _split(vmap(call)(td, base))
@@ -71,12 +81,9 @@ def test_vmap_per_sample_equals_the_batched_call(name):
         if per_target:  # vmap puts the sample dim first: [N, T, ...] -> [T, N, ...]
             mapped = mapped.apply(lambda t: t.movedim(1, 0), batch_size=[mapped.batch_size[1], 4])
             mapped_delta = None if mapped_delta is None else mapped_delta.movedim(1, 0)
-        assert mapped.batch_size == batched.batch_size, method
-        assert set(mapped.keys()) == set(batched.keys()), method
-        for key in batched.keys():
-            assert_same(mapped[key], batched[key], exact=exact)
+        assert_close_ulps(mapped, batched, ulps=ulps, msg=method)
         if batched_delta is not None:
-            assert_same(mapped_delta, batched_delta, exact=exact)
+            assert_close_ulps(mapped_delta, batched_delta, ulps=ulps, scale=_total(batched), msg=method)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
@@ -88,8 +95,7 @@ def test_vmap_over_the_outer_dim_of_a_two_dim_batch(name):
             continue
         batched, _ = _split(call(td, base))
         mapped, _ = _split(vmap(call)(td, base))
-        for key in batched.keys():
-            assert_same(mapped[key], batched[key], exact=True)
+        assert_close_ulps(mapped, batched, msg=method)  # a few ulps, as above
 
 
 # --- grad w.r.t. params against torch.autograd with create_graph=True -----------------------------------------------
@@ -212,10 +218,8 @@ def test_vmap_over_stacked_params_equals_a_loop(name):
         ensemble = vmap(call)(stacked)
         loop = [call(m) for m in members]
         for key in loop[0].keys():
-            # batched matmuls may round differently from the per-member ones
-            torch.testing.assert_close(
-                ensemble[key], torch.stack([r[key] for r in loop]), rtol=1e-10, atol=1e-13, msg=f"{method} {key}"
-            )
+            # batched matmuls may round differently from the per-member ones: a few ulps
+            assert_close_ulps(ensemble[key], torch.stack([r[key] for r in loop]), msg=f"{method} {key}")
         # the members really differ, so the comparison is not vacuous
         key = next(iter(loop[0].keys()))
         assert not torch.allclose(loop[0][key], loop[1][key])
