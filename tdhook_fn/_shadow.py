@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from ._params import Key
+from ._paths import PathError
 from ._rebind import Rebinder
 
 __all__ = ["Shadow", "shadow_of"]
@@ -239,7 +240,7 @@ class Shadow:
     def module_for(self, original: Any, path: str) -> nn.Module:
         shadow = self.by_id.get(id(original))
         if shadow is None:
-            raise ValueError(
+            raise PathError(
                 f"path {path!r} resolves to a {type(original).__name__}, not to a submodule of "
                 "the model that its forward calls"
             )

@@ -16,7 +16,7 @@ from torch import nn
 from .._call import call
 from .._functional import Functional
 from .._params import params as params_of
-from .._paths import resolve_path
+from .._paths import PathError, resolve_path
 from .._taps import Site, Tap
 
 __all__ = ["Adapted", "Adapter", "adapter_params", "with_adapters"]
@@ -185,8 +185,8 @@ def with_adapters(f: Functional, adapters: Mapping[str, AdapterSpec], *, key: st
         for path in (adapter.in_path, adapter.out_path):
             try:
                 resolve_path(f.model, path)
-            except ValueError as e:
-                raise ValueError(f"adapter {name!r}: path {path!r} does not resolve: {e}") from None
+            except PathError as e:
+                raise PathError(f"adapter {name!r}: path {path!r} does not resolve: {e}") from None
     return Adapted(Functional(f.model, f.in_keys, f.out_keys, base_taps), resolved, key, later_taps)
 
 
