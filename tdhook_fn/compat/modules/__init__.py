@@ -30,7 +30,10 @@ forward, while the hooked module runs) ``module.functional()`` is the model as a
 :class:`tdhook_fn.Functional` ``f(params, td)`` whose taps are the virtual hooks
 registered at that moment, ``module.params()`` its live parameters (use
 ``tdhook_fn.params(module.model)`` for a detached copy), and ``module.model`` the user's
-model that hook keys and ``f``'s paths are relative to:
+model that hook keys and ``f``'s paths are relative to. A method that runs the model with
+other weights gives them to the hooked module's calls, never to the model:
+``module.with_params_transform(transform)`` (see NOTE [params transforms] in
+``_transforms.py``).
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -64,6 +67,7 @@ from tdhook_fn.compat.hooks import (
 from ._hooked import HookedModule
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
+from ._transforms import ParamsTransform, transforming_params
 from ._virtual import VirtualHookHandle, VirtualHooks
 from ._wrappers import (
     FunctionModule,
@@ -87,6 +91,7 @@ __all__ = [
     "ModuleCall",
     "ModuleCallWithCache",
     "MutableWeakRef",
+    "ParamsTransform",
     "RoutedModule",
     "TensorDictRef",
     "VirtualHookHandle",
@@ -95,4 +100,5 @@ __all__ = [
     "get_best_device",
     "register_hook_to_module",
     "resolve_submodule_path",
+    "transforming_params",
 ]

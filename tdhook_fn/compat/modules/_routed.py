@@ -1,7 +1,12 @@
-"""The working module a context hands to ``_prepare_module``: the model, routed."""
+"""The working module a context hands to ``_prepare_module``: the model, routed.
+
+A RoutedModule also applies params transforms (see NOTE [params transforms] in
+``_transforms.py``): methods give it other weights for its calls, never the model.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
@@ -13,6 +18,7 @@ from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
+from ._transforms import ParamsTransform, active_transforms, slot_taps
 from ._virtual import active_hooks, module_path, route, taps_for
 
 __all__ = ["RoutedModule"]
@@ -32,11 +38,23 @@ class RoutedModule(TensorDictModuleWrapper):
             TensorDictModule, or the TensorDictModule wrapping the user's ``nn.Module``.
         extra_relative_path (str): the path of the user's model inside ``td_module``
             (``"module"`` for a wrapped ``nn.Module``, ``""`` otherwise). Default: ``""``.
+        params_transforms (Sequence[ParamsTransform]): applied to the params of every
+            call, after the active ones (see NOTE [params transforms]). Default: none.
     """
 
-    def __init__(self, td_module: TensorDictModuleBase, extra_relative_path: str = "") -> None:
+    def __init__(
+        self,
+        td_module: TensorDictModuleBase,
+        extra_relative_path: str = "",
+        params_transforms: Sequence[ParamsTransform] = (),
+    ) -> None:
         super().__init__(td_module)
         self._extra_relative_path = extra_relative_path
+        self._params_transforms = tuple(params_transforms)
+
+    def with_params_transform(self, transform: ParamsTransform) -> RoutedModule:
+        """This routed module, whose calls also apply ``transform`` (see NOTE [params transforms])."""
+        return RoutedModule(self.td_module, self._extra_relative_path, (*self._params_transforms, transform))
 
     @property
     def model(self) -> Any:
@@ -44,19 +62,42 @@ class RoutedModule(TensorDictModuleWrapper):
         return resolve_path(self.td_module, self._extra_relative_path)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return route(self.td_module, lambda root: root(*args, **kwargs))
+        transformed = self._transformed()
+        taps = () if transformed is None else slot_taps(self.td_module, *transformed)
+        return route(self.td_module, lambda root: root(*args, **kwargs), taps=taps)
 
     def forward_with_params(self, params: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
         """:meth:`forward` with ``params`` in place of the model's own tensors.
+
+        No params transform applies: ``params`` are used as given.
 
         Args:
             params (TensorDict): keyed like :meth:`params` (relative to :attr:`model`).
         """
         return route(self.td_module, lambda root: root(*args, **kwargs), self._nest(params))
 
-    def params(self) -> TensorDict:
-        """The model's own parameters and buffers, live: gradients reach the model."""
-        return params_of(self.model, detach=False)
+    def params(self, *, detach: bool = False) -> TensorDictBase:
+        """The params calls run with, passed through the params transforms active now.
+
+        Args:
+            detach (bool): start from :func:`tdhook_fn.params` of the model (detached,
+                buffers copied) instead of its own tensors, live (gradients reach the
+                model). Default: ``False``.
+        """
+        transformed = self._transformed(detach=detach)
+        return params_of(self.model, detach=detach) if transformed is None else transformed[1]
+
+    def _transformed(self, *, detach: bool = False) -> tuple[TensorDictBase, TensorDictBase] | None:
+        """``(params, after every transform)``, or ``None`` when no transform applies."""
+        transforms = (*active_transforms(), *self._params_transforms)
+        if not transforms:
+            return None
+        model = self.model
+        start = params_of(model, detach=detach)
+        params: TensorDictBase = start
+        for transform in transforms:
+            params = transform(model, params)
+        return start, params.detach() if detach else params
 
     def taps(self) -> tuple[Tap, ...]:
         """The virtual hooks active now, as taps with paths relative to :attr:`model`."""

@@ -1,52 +1,68 @@
 """Pruning with the public API of ``tdhook.weights.pruning`` from tdhook 0.1.3.
 
-Inside the context the user's model *is* pruned, as with tdhook (that is what the
-method is for: the raw model, the hooked module and anything else holding the model
-see the pruned weights), and on exit it is restored bit for bit.
+The user's model is never pruned, not even inside the context: the hooked module the
+context yields runs the model with pruned parameters, the raw model and everything else
+holding it (other threads, ``tdhook_fn.params(model)`` taken earlier, which shares its
+storage) keep the original weights.
 
-# NOTE [pruning in place]
-The masks come from the pure functions of :mod:`tdhook_fn.weights`
-(:func:`~tdhook_fn.weights.pruning_scores`, :func:`~tdhook_fn.weights.global_unstructured_masks`,
-:func:`~tdhook_fn.weights.ln_structured_mask`, :func:`~tdhook_fn.weights.apply_masks`), and
-every pruned value is computed before the first parameter is written, so a bad score, amount
-or dim leaves the model untouched. The pruned values are then copied into the model's own
-``nn.Parameter`` objects under ``torch.no_grad`` (same objects, same storage, same order in
-``named_parameters``), after a copy of each pruned parameter is kept. On exit, also when the
-body raises or ``__enter__`` fails after pruning, those copies are written back, newest first.
+# NOTE [pruning without writing]
+tdhook prunes the model in place on entry and restores it on exit. Two overlapping
+contexts (two threads) then restore each other's pruned values, and every other user of
+the model sees pruned weights while a context is open. Here, on entry, the masks come from
+the pure functions of :mod:`tdhook_fn.weights` (:func:`~tdhook_fn.weights.pruning_scores`,
+:func:`~tdhook_fn.weights.global_unstructured_masks`,
+:func:`~tdhook_fn.weights.ln_structured_mask`), computed from the model's values at that
+moment as in tdhook, and are kept by the prepared module, one set per entered context. The
+prepared module is the routed model with a params transform (NOTE [params transforms] in
+``tdhook_fn.compat.modules``): each call of the hooked module runs the model on its private
+shadow with the pruned parameters, :func:`~tdhook_fn.weights.apply_masks` of the live ones
+(kept between calls, computed again when a parameter's version counter moves), and the
+live buffers, as in a plain forward. Nothing is written, so contexts may overlap and exit
+in any order, and nothing needs restoring after an exception. A method composed after
+``Pruning`` reads the pruned parameters from ``RoutedModule.params``.
+
+Gradients are tdhook's: its model *holds* the pruned values, so ``.backward()`` fills
+``.grad`` with the gradient at the pruned weights for every entry, pruned ones included
+(not masked). The pruned values here carry an identity gradient to the live parameters
+(:class:`_PrunedValues`), so ``model.weight.grad`` equals tdhook's.
 
 Differences from tdhook 0.1.3:
 
-- tdhook clones every parameter and buffer on entry and writes them all back on exit (so a
-  BatchNorm's running statistics updated inside the context are reset); only the pruned
-  parameters are remembered and restored here.
-- tdhook swaps each pruned parameter's storage (``prune.remove``) and moves it to the end
-  of its module's ``named_parameters``; here values are written in place.
-- A failure while computing the masks leaves the model as it was (tdhook may leave it
-  partly pruned, and a failed ``__enter__`` never restores it).
-- ``Pruning`` prepares a model only while a :class:`PruningContext` (which restores it)
-  enters: a ``CompositeHookingContextFactory`` subclass must use it as its
-  ``_hooking_context_class``; with another class tdhook prunes for good, this raises
-  ``RuntimeError``.
+- Calling the raw model inside the context (or through ``disable()``) gives unpruned
+  results; only the hooked module's calls (and methods composed after ``Pruning``) are
+  pruned.
+- Contexts are independent: one entered inside another, or in another thread, scores the
+  model's own values (tdhook: the already pruned ones), and so does each ``Pruning`` of a
+  composite, whose masks are combined.
+- The pruned values follow the live parameters: a parameter the user changes inside the
+  context is used changed, and still masked.
+- Nothing is cloned or written back on exit: buffers updated inside the context
+  (BatchNorm statistics, in training mode) keep their new values, and a parameter object
+  keeps its storage and its place in ``named_parameters`` (tdhook's ``prune.remove``
+  moves it last).
+- A failure while computing the masks (a mask of the wrong shape included) is raised from
+  ``__enter__`` and changes nothing (tdhook may leave the model partly pruned).
+- Any ``CompositeHookingContextFactory`` may include ``Pruning``, whatever its
+  ``_hooking_context_class``; :class:`PruningContext` adds nothing to ``HookingContext``.
 - A parameter tied between modules is scored once (under its first name), and a module
   named twice in ``modules_to_prune`` is pruned with both masks at once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from contextvars import ContextVar
-from types import TracebackType
 from typing import Any
 
 import torch
-from tensordict import TensorDict
-from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
 from tdhook_fn._params import params as params_of
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.hooks import resolve_submodule_path
-from tdhook_fn.compat.modules import HookedModule, RoutedModule
+from tdhook_fn.compat.modules import RoutedModule, transforming_params
 from tdhook_fn.weights import (
     apply_masks,
     default_skip,
@@ -58,77 +74,112 @@ from tdhook_fn.weights import (
 __all__ = ["Pruning", "PruningContext"]
 
 Keys = list[Any]
-Saved = list[tuple[torch.Tensor, torch.Tensor]]  # (the model's parameter, its value before pruning)
-
-# The list a PruningContext collects the pruned parameters' original values in while it enters.
-_SAVING: ContextVar[Saved | None] = ContextVar("tdhook_fn_pruning_saved", default=None)
+Targets = list[tuple[torch.Tensor, torch.Tensor]]  # (the model's parameter, its keep-mask)
 _ROOT_NAMES = ("", "td_module", "module")
 
 
-def _restore(saved: Saved) -> None:
-    """Write the remembered values back, newest first (a parameter pruned twice ends original)."""
-    with torch.no_grad():
-        for param, original in reversed(saved):
-            param.copy_(original)
+class _PrunedValues(torch.autograd.Function):
+    """``pruned`` forward; backward, the gradient goes unchanged to ``live`` (tdhook's ``.grad``)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(live: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
+        return pruned.view_as(pruned)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        return None
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
-def _prune_in_place(targets: list[tuple[torch.Tensor, torch.Tensor]]) -> Saved:
-    """Zero the masked entries of each parameter in place; return their previous values.
+class _PrunedParams:
+    """The params transform of one entered context: its masks applied at every call.
+
+    Masks are held by parameter object and found by name in whichever model is routed
+    (the user's model or a TensorDictModule around it). The pruned values of the
+    parameters are kept and computed again only after a parameter changed (its version
+    counter moved). A tensor that is not one of them (another transform's result, in a
+    composite) is masked as it comes.
 
     Args:
         targets: ``(parameter, keep-mask)`` pairs; a parameter listed twice gets both masks.
+
+    Raises:
+        ValueError: a mask's shape differs from its parameter's (checked now, on entry).
     """
-    merged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for param, keep in targets:
-        previous = merged.get(id(param))
-        merged[id(param)] = (param, keep if previous is None else previous[1] & keep)
-    named = {str(i): pair for i, pair in enumerate(merged.values())}
-    current = TensorDict({name: param.detach() for name, (param, _) in named.items()}, batch_size=[])
-    masks = TensorDict({name: keep for name, (_, keep) in named.items()}, batch_size=[])
-    pruned = apply_masks(current, masks)  # every new value first: a mismatched mask changes nothing
-    saved: Saved = []
-    with torch.no_grad():
-        for name, (param, _) in named.items():
-            saved.append((param, param.detach().clone()))
-            param.copy_(pruned.get(name))
-    return saved
+
+    def __init__(self, targets: Targets) -> None:
+        merged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for param, keep in targets:
+            previous = merged.get(id(param))
+            merged[id(param)] = (param, keep if previous is None else previous[1] & keep)
+        self._params = [param for param, _ in merged.values()]
+        self._masks = TensorDict({str(i): keep for i, (_, keep) in enumerate(merged.values())}, batch_size=[])
+        self._lock = threading.Lock()
+        self._state: tuple[tuple[Any, ...], TensorDictBase] | None = None
+        self._pruned()  # a mask of the wrong shape raises now
+
+    def _pruned(self) -> TensorDictBase:
+        """``apply_masks`` of the parameters' current values, by their index.
+
+        Values made under ``torch.inference_mode`` cannot enter autograd: the mode is part
+        of what they are kept for.
+        """
+        state = (torch.is_inference_mode_enabled(), *(_layout(param) for param in self._params))
+        with self._lock:
+            if self._state is None or self._state[0] != state:
+                current = TensorDict({str(i): p.detach() for i, p in enumerate(self._params)}, batch_size=[])
+                self._state = state, apply_masks(current, self._masks)
+            return self._state[1]
+
+    def __call__(self, model: nn.Module, params: TensorDictBase) -> TensorDictBase:
+        names = {id(param): tuple(name.split(".")) for name, param in model.named_parameters()}
+        result = params.clone(False)
+        current: TensorDictBase | None = None
+        for i, param in enumerate(self._params):
+            key = names.get(id(param))
+            if key is None:
+                continue
+            value = params.get(key)
+            if _layout(value) == _layout(param):  # the parameter itself, or a view of all of it
+                current = self._pruned() if current is None else current
+                pruned = current.get(str(i))
+            else:
+                one = TensorDict({"p": value.detach()}, batch_size=[])
+                pruned = apply_masks(one, TensorDict({"p": self._masks.get(str(i))}, batch_size=[])).get("p")
+            if torch.is_grad_enabled() and value.requires_grad:
+                pruned = _PrunedValues.apply(value, pruned)  # type: ignore[no-untyped-call]
+            result.set(key, pruned)
+        return result
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    """Storage, layout and version: two tensors alike here hold the same values."""
+    return (t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version)
+
+
+class _Transforming(TensorDictModuleWrapper):
+    """A module that is not a RoutedModule (a pre-factory's), run with a params transform."""
+
+    def __init__(self, td_module: TensorDictModuleBase, transform: _PrunedParams) -> None:
+        super().__init__(td_module)
+        self._transform = transform
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with transforming_params(self._transform):
+            return self.td_module(*args, **kwargs)
 
 
 class PruningContext(HookingContext):
-    """A hooking context that restores the parameters its factory pruned.
+    """The context of :class:`Pruning`, as tdhook names it.
 
-    The model is pruned while the context enters (by :meth:`Pruning._prepare_module`) and
-    restored when it exits, when the body raises, or when entering fails after pruning.
+    It restores nothing because nothing is written (see NOTE [pruning without writing]);
+    the masks live in the prepared module of each entry.
     """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._saved: Saved = []
-
-    def _enter(self, managed_by_context_manager: bool = True) -> HookedModule:
-        saved: Saved = []
-        token = _SAVING.set(saved)
-        try:
-            hooked = super()._enter(managed_by_context_manager=managed_by_context_manager)
-        except BaseException:
-            _restore(saved)
-            raise
-        finally:
-            _SAVING.reset(token)
-        self._saved = saved
-        return hooked
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        try:
-            super().__exit__(exc_type, exc_value, traceback)
-        finally:
-            saved, self._saved = self._saved, []
-            _restore(saved)
 
 
 class Pruning(HookingContextFactory):
@@ -156,15 +207,19 @@ class Pruning(HookingContextFactory):
     Raises:
         ValueError: neither ``amount_to_prune`` nor ``modules_to_prune`` is given.
 
+    The hooked module the context yields runs with pruned parameters; the model itself is
+    never pruned (see NOTE [pruning without writing]).
+
     >>> import torch
     >>> from tensordict import TensorDict
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     >>> pruning = Pruning(lambda module_key, parameter_name, parameter: parameter.abs(), 0.5)
+    >>> x = torch.ones(1, 4)
     >>> with pruning.prepare(net) as hooked:
+    ...     pruned = hooked(TensorDict(input=x, batch_size=[1]))["output"]
     ...     zeros = sum(int((p == 0).sum()) for p in net.parameters())
-    ...     out = hooked(TensorDict(input=torch.ones(1, 4), batch_size=[1]))["output"]
-    >>> zeros, sum(int((p == 0).sum()) for p in net.parameters())
-    (15, 0)
+    >>> zeros, torch.equal(pruned, net(x))
+    (0, False)
     """
 
     _hooking_context_class = PruningContext
@@ -189,18 +244,10 @@ class Pruning(HookingContextFactory):
     def _prepare_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """Prune the model in place (see NOTE [pruning in place]) and return ``module``.
+        """``module`` running with pruned parameters (see NOTE [pruning without writing]).
 
-        Raises:
-            RuntimeError: not called while a :class:`PruningContext` enters.
+        The masks are computed now, from the model's current values; the model is not written.
         """
-        saved = _SAVING.get()
-        if saved is None:
-            raise RuntimeError(
-                "Pruning prunes the model in place and only its own PruningContext restores it: "
-                "use Pruning(...).prepare(model), or a composite factory with "
-                "_hooking_context_class = PruningContext"
-            )
         if isinstance(module, RoutedModule):
             model = module.model
         else:  # a module handed over by a pre-factory
@@ -209,17 +256,19 @@ class Pruning(HookingContextFactory):
         if not isinstance(root, nn.Module):
             raise ValueError(f"Pruning: relative_path {self._relative_path!r} names a {type(root).__name__}")
         targets = self._global_targets(root) if self._modules_to_prune is None else self._structured_targets(root)
-        saved.extend(_prune_in_place(targets))
-        return module
+        transform = _PrunedParams(targets)
+        if isinstance(module, RoutedModule):
+            return module.with_params_transform(transform)
+        return _Transforming(module, transform)
 
-    def _global_targets(self, root: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _global_targets(self, root: nn.Module) -> Targets:
         live = params_of(root, detach=False)  # the model's own Parameters: callbacks may read .grad
         scores = pruning_scores(root, live, self._importance_callback, skip=self._skip_modules or None)
         assert self._amount_to_prune is not None  # checked in __init__
         masks = global_unstructured_masks(scores, self._amount_to_prune)
         return [(live.get(key), masks.get(key)) for key in masks.keys(True, True)]
 
-    def _structured_targets(self, root: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _structured_targets(self, root: nn.Module) -> Targets:
         assert self._modules_to_prune is not None
         scored: list[tuple[str, str, torch.Tensor, int, Any, Any]] = []
         for module_key, (dim, amount) in self._modules_to_prune.items():
@@ -230,7 +279,7 @@ class Pruning(HookingContextFactory):
                 score = self._importance_callback(module_key=module_key, parameter_name=param_name, parameter=parameter)
                 if score is not None:  # tdhook: a falsy amount falls back to the global one
                     scored.append((module_key, param_name, parameter, dim, amount or self._amount_to_prune, score))
-        targets: list[tuple[torch.Tensor, torch.Tensor]] = []
+        targets: Targets = []
         for module_key, name, param, dim, amount, score in scored:
             try:
                 keep = ln_structured_mask(score, amount, dim, n=1)

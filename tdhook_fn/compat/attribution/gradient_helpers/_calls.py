@@ -105,9 +105,14 @@ def user_model(module: TensorDictModuleBase) -> nn.Module:
 
 
 def model_of(module: TensorDictModuleBase) -> tuple[Functional, TensorDictBase]:
-    """The model of a prepared module as ``(f, detached params)``, read at call time."""
-    f = module.functional() if isinstance(module, RoutedModule) else tdhook_fn.functional(module)
-    return f, tdhook_fn.params(user_model(module))
+    """The model of a prepared module as ``(f, detached params)``, read at call time.
+
+    The params are those the routed model's calls run with (a ``Pruning`` composed before
+    gives pruned ones: NOTE [params transforms] in ``tdhook_fn.compat.modules``).
+    """
+    if isinstance(module, RoutedModule):
+        return module.functional(), module.params(detach=True)
+    return tdhook_fn.functional(module), tdhook_fn.params(module)
 
 
 def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
