@@ -70,8 +70,8 @@ Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
 def _signature(state: dict[str, Any]) -> tuple[Any, ...]:
     """What a shadow's structure depends on: names and identities of children and tensors."""
     mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
-    return (tuple(mods), tuple(map(id, mods.values())), tuple(params), tuple(map(id, params.values())),
-            tuple(bufs), tuple(map(id, bufs.values())))
+    return (*mods, *map(id, mods.values()), None, *params, *map(id, params.values()), None, *bufs,
+            *map(id, bufs.values()))
 
 
 def _shape(tensor: torch.Tensor) -> torch.Size | None:
@@ -111,26 +111,31 @@ class _Node:
         for name in _HOOK_DICTS:  # the model's own hooks still run, on a private copy
             theirs = original.get(name)
             if theirs:
-                ours = own[name]
-                ours.update(theirs)
-                self.filled.append(ours)
-                for hook in theirs.values():
-                    rebinder.check_opaque(hook, self.path, f"{name} entry")
-                if rebinder.may_refer(theirs.values()):
-                    rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
+                self._copy_hooks(rebinder, name, theirs, own[name])
         state.update(own)
-        if "forward" in original:
-            rebinder.check_opaque(original["forward"], self.path, "forward")
-        if rebinder.may_refer(original.values()):
+        if not rebinder.suspects.isdisjoint(map(type, original.values())):
+            if "forward" in original:
+                rebinder.check_opaque(original["forward"], self.path, "forward")
             rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
+        elif "forward" in original:
+            rebinder.check_opaque(original["forward"], self.path, "forward")
+
+    def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any]) -> None:
+        ours.update(theirs)
+        self.filled.append(ours)
+        for hook in theirs.values():
+            rebinder.check_opaque(hook, self.path, f"{name} entry")
+        if rebinder.may_refer(theirs.values()):
+            rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
 
     def release(self) -> None:
         """Drop everything copied from the original; keep the shadow's own (emptied) slots."""
         state = self.shadow.__dict__
         state.clear()
-        for hooks in self.filled:
-            hooks.clear()
-        self.filled.clear()
+        if self.filled:
+            for hooks in self.filled:
+                hooks.clear()
+            self.filled.clear()
         state.update(self.own)
 
 
@@ -178,7 +183,11 @@ class Shadow:
         return shadow
 
     def is_current(self) -> bool:
-        return all(node.is_current() for node in self.nodes)
+        for node in self.nodes:
+            state = node.module()
+            if state is None or _signature(state.__dict__) != node.signature:
+                return False
+        return True
 
     def refresh(self) -> None:
         for node in self.nodes:
@@ -233,7 +242,9 @@ class Shadow:
 
     def unload(self) -> None:
         for node in self.nodes:
-            for slots, name, _, _ in (*node.params, *node.buffers):
+            for slots, name, _, _ in node.params:
+                slots[name] = None
+            for slots, name, _, _ in node.buffers:
                 slots[name] = None
             node.release()
 
