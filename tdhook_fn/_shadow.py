@@ -163,6 +163,8 @@ class Shadow:
                     key = canonical.setdefault(id(tensor), tuple(f"{prefix}.{name}".lstrip(".").split(".")))
                     self.keys.add(key)
                     slots.append((node.own[kind], name, key, _shape(tensor)))
+        self.param_slots = [slot for node in self.nodes for slot in node.params]
+        self.buffer_slots = [slot for node in self.nodes for slot in node.buffers]
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -201,19 +203,18 @@ class Shadow:
         if len(values) != len(self.keys) or not self.keys.issuperset(values):
             _raise_key_mismatch(self.keys, set(values))
         wrong: list[str] = []
+        for slots, name, key, shape in self.param_slots:
+            value = slots[name] = values[key]
+            if shape is not None and value.shape != shape:
+                wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
         copies: dict[Key, Any] = {}
-        for node in self.nodes:
-            for slots, name, key, shape in node.params:
-                value = slots[name] = values[key]
-                if shape is not None and value.shape != shape:
-                    wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
-            for slots, name, key, shape in node.buffers:
-                value = values[key]
-                if shape is not None and value.shape != shape:
-                    wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
-                if key not in copies:  # a buffer shared by two modules stays shared
-                    copies[key] = value.clone() if isinstance(value, torch.Tensor) else value
-                slots[name] = copies[key]
+        for slots, name, key, shape in self.buffer_slots:
+            value = values[key]
+            if shape is not None and value.shape != shape:
+                wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
+            if key not in copies:  # a buffer shared by two modules stays shared
+                copies[key] = value.clone() if isinstance(value, torch.Tensor) else value
+            slots[name] = copies[key]
         if wrong:
             self.unload()
             raise ValueError(f"params do not match the model's shapes: {'; '.join(wrong)}")
@@ -230,22 +231,21 @@ class Shadow:
 
     def check_params_kept(self, values: dict[Key, torch.Tensor]) -> None:
         """Raise if the forward replaced one of the given parameters (NOTE [pure buffers])."""
-        for node in self.nodes:
-            for slots, name, key, _ in node.params:
-                if slots[name] is not values[key]:
-                    raise RuntimeError(
-                        f"module {node.path or '<root>'!r} ({type(node.shadow).__name__}) replaced its parameter "
-                        f"{name!r} while it ran, so it did not compute with the params you gave (an accelerate "
-                        "offloading hook, or a forward assigning to the parameter, does this). Remove the hook "
-                        "(accelerate.hooks.remove_hook_from_module) or load the model without offloading"
-                    )
+        for slots, name, key, _ in self.param_slots:
+            if slots[name] is not values[key]:
+                raise RuntimeError(
+                    f"module {'.'.join(key[:-1]) or '<root>'!r} replaced its parameter {name!r} while it ran, so it "
+                    "did not compute with the params you gave (an accelerate offloading hook, or a forward assigning "
+                    "to the parameter, does this). Remove the hook (accelerate.hooks.remove_hook_from_module) or load "
+                    "the model without offloading"
+                )
 
     def unload(self) -> None:
+        for slots, name, _, _ in self.param_slots:
+            slots[name] = None
+        for slots, name, _, _ in self.buffer_slots:
+            slots[name] = None
         for node in self.nodes:
-            for slots, name, _, _ in node.params:
-                slots[name] = None
-            for slots, name, _, _ in node.buffers:
-                slots[name] = None
             node.release()
 
     def module_for(self, original: Any, path: str) -> nn.Module:
