@@ -2,15 +2,15 @@
 
 import copy
 
+import accelerate
 import pytest
 import torch
+import transformers
 from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
 from tdhook_fn.attribution import integrated_gradients
-
-transformers = pytest.importorskip("transformers")
 
 
 class TwoHeads(nn.Module):
@@ -66,7 +66,6 @@ def test_model_output_logits_by_key():
 
 
 def test_accelerate_dispatched_model_uses_the_given_params():
-    accelerate = pytest.importorskip("accelerate")
     model = _gpt2()
     reference = copy.deepcopy(model)
     accelerate.dispatch_model(model, device_map={"transformer.h.0": "cpu", "transformer.h.1": "cpu", "": "cpu"},
