@@ -43,26 +43,12 @@ def run(
             for tap, target in zip(taps, targets, strict=False):
                 handles.append(tap.attach(shadow.module_for(target, tap.path), captured))
             output = invoke(shadow.root)
-        except RuntimeError as e:
-            _explain_training_buffers(e, shadow.training_with_buffers())
-            raise
         finally:
             for handle in handles:
                 handle.remove()
         if values is not None:
             shadow.check_params_kept(values)
     return output, captured
-
-
-def _explain_training_buffers(error: RuntimeError, modules: list[str]) -> None:
-    """Re-raise torch.func's in-place error with the modules behind it (NOTE [pure buffers])."""
-    message = str(error)
-    if modules and ("captured" in message or "inplace" in message or "in-place" in message):
-        raise RuntimeError(
-            f"modules {modules} are in training mode and update their buffers in place (BatchNorm's running "
-            "statistics), which a torch.func transform (vmap, grad, vjp) cannot do. Call model.eval() before "
-            "attributing, or make the modules stop tracking statistics"
-        ) from error
 
 
 def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any) -> Any:

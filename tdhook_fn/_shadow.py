@@ -257,10 +257,6 @@ class Shadow:
             )
         return shadow
 
-    def training_with_buffers(self) -> list[str]:
-        """Paths of the modules (as the current call sees them) in training mode that own buffers."""
-        return [n.path or "<root>" for n in self.nodes if n.buffers and n.shadow.__dict__.get("training", False)]
-
 
 def _raise_key_mismatch(expected: set[Key], given: set[Key]) -> None:
     def names(keys: set[Key]) -> list[str]:

@@ -212,6 +212,24 @@ class _WithSpare(nn.Module):
         return self.lin(x)
 
 
+class _Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin(x), x
+
+
+class _TupleBlock(nn.Module):  # as Hugging Face blocks: a tuple out
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _Pair()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)[0]
+
+
 def _hooked() -> Any:
     from tdhook_fn.compat.modules import HookedModule
 
@@ -279,6 +297,10 @@ CORE_ROWS: list[Row] = [
      ValueError, ("grad_cam", "dim 4", "dim 5 counting the batch dim")),
     ("compat-hooked-tensor", lambda: _hooked()(torch.randn(5, 3)),
      TypeError, ("HookedModule", "TensorDict", "Tensor", "['input']")),
+    ("layer-output-a-tuple", lambda: attribution.saliency(
+        tdhook_fn.functional(_TupleBlock()), tdhook_fn.params(_TupleBlock()), tiny_inputs(), target=0,
+        layers=["block"]),
+     TypeError, ("saliency", "'block'", "outputs a tuple", "one tensor")),
     ("path-error-public", lambda: tdhook_fn.resolve_path(tiny_model(), "train(False)"),
      tdhook_fn.PathError, ("train", "not allowed")),
 ]

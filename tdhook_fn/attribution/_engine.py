@@ -133,6 +133,11 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
 
     def recorder(path: str) -> Callable[[Any], Any]:
         def record(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{method}: layer {path!r} outputs a {type(value).__name__}, not a tensor; attribute a "
+                    "submodule whose output is one tensor (for a block returning a tuple, one of its sublayers)"
+                )
             seen[path].append((value.shape, value.dtype))
             return value
         return record
