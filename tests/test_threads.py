@@ -94,3 +94,30 @@ def test_taps_are_private_to_their_call():
     assert _run_threads(work) == []
     assert sum(failures) == 0
     assert same(before, snapshot(model))
+
+
+def test_threads_on_an_accelerate_hooked_model():
+    """Rebinding (accelerate's forward partials) happens on each call's private shadow."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    model = _model()
+    for i in (0, 4):
+        add_hook_to_module(model[i], ModelHook())
+    forwards = [model[i].__dict__["forward"] for i in (0, 4)]
+    before = snapshot(model)
+    base = tdhook_fn.params(model)
+    params = [base.apply(lambda t, i=i: t * (1.0 + 0.25 * i)) for i in range(N_THREADS)]
+    x = torch.randn(16, 32)
+    expected = [tdhook_fn.call(model, p, x) for p in params]
+    plain = _model()
+    assert all(torch.equal(e, tdhook_fn.call(plain, p, x)) for e, p in zip(expected, params))
+    wrong = [0] * N_THREADS
+
+    def work(i):
+        for _ in range(N_CALLS):
+            wrong[i] += not torch.equal(tdhook_fn.call(model, params[i], x), expected[i])
+
+    assert not _run_threads(work)
+    assert wrong == [0] * N_THREADS
+    assert same(before, snapshot(model))
+    assert [model[i].__dict__["forward"] for i in (0, 4)] == forwards
