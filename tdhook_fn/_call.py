@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tensordict import TensorDictBase
 from torch import nn
 
-from ._params import leaves
+from ._params import Key, leaves
 from ._paths import resolve_path
 from ._shadow import shadow_of
 from ._taps import Captured, Tap
@@ -21,13 +21,18 @@ def run(
     params: TensorDictBase | None,
     taps: Sequence[Tap],
     invoke: Callable[[nn.Module], Any],
+    *,
+    overrides: Mapping[Key, Any] | None = None,
 ) -> tuple[Any, Captured]:
     """``invoke(shadow)`` on a private shadow of ``model`` holding ``params``, with ``taps``.
 
     ``params=None`` runs with the model's own tensors, live (the compat layer's plain
-    forward). Everything registered for the call is removed on the way out, also when it
-    raises.
+    forward); ``overrides`` then replaces some of them, by key, for this call only (the
+    model's own slots are never written). Everything registered for the call is removed
+    on the way out, also when it raises.
     """
+    if overrides and params is not None:
+        raise ValueError("run: overrides replace the model's own tensors; pass params=None with them")
     if params is not None and not isinstance(params, TensorDictBase):
         raise TypeError(f"params must be a TensorDict (see tdhook_fn.params), got {type(params).__name__}")
     values = None if params is None else leaves(params)
@@ -36,6 +41,8 @@ def run(
     with shadow_of(model) as shadow:
         if values is None:
             shadow.load_own()
+            if overrides:
+                shadow.override(dict(overrides))
         else:
             shadow.load(values)
         handles = []

@@ -165,6 +165,9 @@ class Shadow:
                     slots.append((node.own[kind], name, key, _shape(tensor)))
         self.param_slots = [slot for node in self.nodes for slot in node.params]
         self.buffer_slots = [slot for node in self.nodes for slot in node.buffers]
+        self.slots_of: dict[Key, list[Slot]] = {}
+        for slot in (*self.param_slots, *self.buffer_slots):
+            self.slots_of.setdefault(slot[2], []).append(slot)
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -228,6 +231,22 @@ class Shadow:
                 theirs = original[kind]
                 for own, name, _, _ in slots:
                     own[name] = theirs[name]
+
+    def override(self, values: dict[Key, torch.Tensor]) -> None:
+        """Put ``values`` in the slots of their keys, over what :meth:`load_own` put there.
+
+        For a caller that runs the model's own tensors but a few replaced (compat's
+        params transforms): the keys are the model's, the shapes must match.
+        """
+        for key, value in values.items():
+            slots = self.slots_of.get(key)
+            if slots is None:
+                raise ValueError(f"overrides name {'.'.join(key)!r}, which is not a parameter or buffer of the model")
+            for own, name, _, shape in slots:
+                if shape is not None and value.shape != shape:
+                    raise ValueError(
+                        f"override {'.'.join(key)!r} has shape {tuple(value.shape)}, the model has {tuple(shape)}")
+                own[name] = value
 
     def check_params_kept(self, values: dict[Key, torch.Tensor]) -> None:
         """Raise if the forward replaced one of the given parameters (NOTE [pure buffers])."""

@@ -18,7 +18,7 @@ from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
-from ._transforms import ParamsTransform, active_transforms, slot_taps
+from ._transforms import ParamsTransform, active_transforms, replaced
 from ._virtual import active_hooks, module_path, route, taps_for
 
 __all__ = ["RoutedModule"]
@@ -63,8 +63,8 @@ class RoutedModule(TensorDictModuleWrapper):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         transformed = self._transformed()
-        taps = () if transformed is None else slot_taps(self.td_module, *transformed)
-        return route(self.td_module, lambda root: root(*args, **kwargs), taps=taps)
+        overrides = None if transformed is None else replaced(*transformed, self._prefix())
+        return route(self.td_module, lambda root: root(*args, **kwargs), overrides=overrides)
 
     def forward_with_params(self, params: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
         """:meth:`forward` with ``params`` in place of the model's own tensors.
@@ -129,10 +129,15 @@ class RoutedModule(TensorDictModuleWrapper):
             f = functional(model, list(wrapper.in_keys), list(wrapper.out_keys))
         return f.with_taps(*self.taps())
 
+    def _prefix(self) -> tuple[str, ...]:
+        """The model's key inside :attr:`td_module` (``()`` when the model is the root)."""
+        path = module_path(self.td_module, self.model) if isinstance(self.model, nn.Module) else None
+        return tuple(part[1:-1] for part in path.split(".")) if path else ()
+
     def _nest(self, params: TensorDictBase) -> TensorDictBase:
-        prefix = module_path(self.td_module, self.model) if isinstance(self.model, nn.Module) else None
+        prefix = self._prefix()
         if not prefix:
             return params
         nested = TensorDict({}, batch_size=[])
-        nested.set(tuple(part[1:-1] for part in prefix.split(".")), params)
+        nested.set(prefix, params)
         return nested

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -234,6 +234,7 @@ def route(
     params: TensorDictBase | None = None,
     *,
     taps: Sequence[Tap] = (),
+    overrides: Mapping[tuple[str, ...], Any] | None = None,
 ) -> Any:
     """``invoke(shadow)`` on a private shadow of ``model`` with the active virtual hooks.
 
@@ -242,9 +243,11 @@ def route(
         invoke (Callable): receives the shadow root and runs it.
         params (TensorDict | None): the model's tensors. Default: its own, live.
         taps (Sequence[Tap]): more taps for this call, after the hooks'. Default: none.
+        overrides (Mapping | None): with ``params=None``, tensors replacing some of the
+            model's own for this call, by key (see :func:`tdhook_fn._call.run`).
 
     Returns:
         Any: what ``invoke`` returns.
     """
-    output, _ = run(model, params, (*taps_for(model, active_hooks()), *taps), invoke)
+    output, _ = run(model, params, (*taps_for(model, active_hooks()), *taps), invoke, overrides=overrides)
     return output
