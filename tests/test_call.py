@@ -165,3 +165,23 @@ def test_call_compiles():
     torch.testing.assert_close(compiled(p, x), model(x))
     doubled = p.apply(lambda t: t * 2)
     torch.testing.assert_close(compiled(doubled, x), tdhook_fn.call(model, doubled, x))
+
+
+def test_run_with_overrides_replaces_only_those_tensors():
+    from tdhook_fn._call import run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 2))
+    before = snapshot(model)
+    x = torch.randn(4, 3)
+    zero = torch.zeros(2, 3)
+    out, _ = run(model, None, (), lambda root: root(x), overrides={("0", "weight"): zero})
+    torch.testing.assert_close(out, model[2](torch.tanh(model[0].bias.expand(4, 2))), rtol=0, atol=0)
+    assert same(before, snapshot(model))
+    with pytest.raises(ValueError, match=r"'0.weight' has shape \(3, 3\), the model has \(2, 3\)"):
+        run(model, None, (), lambda root: root(x), overrides={("0", "weight"): torch.zeros(3, 3)})
+    with pytest.raises(ValueError, match=r"'9.weight', which is not a parameter"):
+        run(model, None, (), lambda root: root(x), overrides={("9", "weight"): zero})
+    with pytest.raises(ValueError, match="params=None"):
+        run(model, tdhook_fn.params(model), (), lambda root: root(x), overrides={("0", "weight"): zero})
+    assert same(before, snapshot(model))

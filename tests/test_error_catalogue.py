@@ -230,10 +230,12 @@ class _TupleBlock(nn.Module):  # as Hugging Face blocks: a tuple out
         return self.block(x)[0]
 
 
-def _hooked() -> Any:
-    from tdhook_fn.compat.modules import HookedModule
+def _saliency_on_a_tensor() -> Any:
+    from tdhook_fn.compat.attribution import Saliency
 
-    return HookedModule.from_module(tiny_model(), in_keys=["input"], out_keys=["output"])
+    targets = lambda td, _: TensorDict(o=td["output"][..., 0], batch_size=td.batch_size)
+    with Saliency(init_attr_targets=targets).prepare(tiny_model()) as hooked:
+        return hooked(torch.randn(5, 3))
 
 
 CORE_ROWS: list[Row] = [
@@ -295,8 +297,8 @@ CORE_ROWS: list[Row] = [
      ValueError, ("grad_cam", "dim 3", "counting the batch dim", "subtract 1", "compat")),
     ("compat-grad-cam-dim-out-of-range", lambda: _compat_grad_cam((5,)),
      ValueError, ("grad_cam", "dim 4", "dim 5 counting the batch dim")),
-    ("compat-hooked-tensor", lambda: _hooked()(torch.randn(5, 3)),
-     TypeError, ("HookedModule", "TensorDict", "Tensor", "['input']")),
+    ("compat-attribution-hooked-tensor", lambda: _saliency_on_a_tensor(),
+     TypeError, ("Saliency", "on a TensorDict", "got Tensor", "['input']")),
     ("layer-output-a-tuple", lambda: attribution.saliency(
         tdhook_fn.functional(_TupleBlock()), tdhook_fn.params(_TupleBlock()), tiny_inputs(), target=0,
         layers=["block"]),

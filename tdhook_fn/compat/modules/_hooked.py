@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from textwrap import indent
 from typing import TYPE_CHECKING, Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
@@ -213,12 +213,6 @@ class HookedModule(TensorDictModuleWrapper):
         return self.register_submodule_hook(key, HookFactory.make_stopping_hook(key), "fwd")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not args or not isinstance(args[0], TensorDictBase):
-            got = type(args[0]).__name__ if args else f"keywords {sorted(kwargs)}"
-            raise TypeError(
-                f"HookedModule: call it on a TensorDict holding its in_keys {list(self.in_keys)}, got {got}; e.g. "
-                "hooked(TensorDict(input=x, batch_size=[len(x)]))"
-            )
         context = self._hooking_context
         if context is not None and not context._in_context:
             raise RuntimeError("Contextual HookedModule must be called in context")

@@ -181,6 +181,12 @@ class GradientAttribution(HookingContextFactory):
         )
 
         def attribute(td: TensorDict) -> TensorDict:
+            if not isinstance(td, TensorDictBase):
+                raise TypeError(
+                    f"{type(self).__name__}: call the hooked module on a TensorDict holding {list(in_keys)} (it "
+                    f"writes the attributions into it), got {type(td).__name__}; e.g. "
+                    "hooked(TensorDict(input=x, batch_size=[len(x)]))"
+                )
             call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
             td.set(self._attr_key, self._attribute(call, td))
             return td
