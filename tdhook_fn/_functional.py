@@ -35,7 +35,9 @@ class Functional:
 
     Attributes:
         model (nn.Module): the module (or ``TensorDictModule``) that runs.
-        in_keys (tuple): keys read from the input TensorDict, passed positionally.
+        in_keys (tuple): keys read from the input TensorDict, passed positionally, or
+            by keyword for those named in ``keywords``.
+        keywords (dict): in_key -> the forward's keyword argument it is passed as.
         out_keys (tuple): entries of a dict output by key, else keys for the leaves of
             the output in optree order.
         taps (tuple[Tap, ...]): taps active on every call.
@@ -47,15 +49,17 @@ class Functional:
         in_keys: Sequence[NestedKey],
         out_keys: Sequence[NestedKey],
         taps: Sequence[Tap] = (),
+        keywords: Mapping[NestedKey, str] | None = None,
     ):
         self.model = model
         self.in_keys = tuple(in_keys)
+        self.keywords = dict(keywords or {})
         self.out_keys = tuple(out_keys)
         self.taps = tuple(taps)
 
     def with_taps(self, *taps: Tap) -> Functional:
         """A new function with ``taps`` added after this one's."""
-        return Functional(self.model, self.in_keys, self.out_keys, self.taps + taps)
+        return Functional(self.model, self.in_keys, self.out_keys, self.taps + taps, self.keywords)
 
     def __call__(self, params: TensorDictBase, td: TensorDictBase) -> TensorDict:
         if not isinstance(td, TensorDictBase):
@@ -70,8 +74,10 @@ class Functional:
                 raise KeyError(f"functional: the TensorDictModule wrote no {missing}")
             leaves = [output.get(k) for k in self.out_keys]
         else:
-            args = [_get_input(td, key) for key in self.in_keys]
-            output, captured = run(self.model, params, self.taps, lambda root: root(*args))
+            names = self.keywords
+            args = [_get_input(td, key) for key in self.in_keys if key not in names]
+            kwargs = {names[key]: _get_input(td, key) for key in self.in_keys if key in names}
+            output, captured = run(self.model, params, self.taps, lambda root: root(*args, **kwargs))
             leaves = _output_leaves(output, self.out_keys)
         return _pack(td.batch_size, dict(zip(self.out_keys, leaves, strict=False)), captured)
 
@@ -83,14 +89,17 @@ class Functional:
 
 def functional(
     model: nn.Module,
-    in_keys: Sequence[NestedKey] | None = None,
+    in_keys: Sequence[NestedKey] | Mapping[NestedKey, str] | None = None,
     out_keys: Sequence[NestedKey] | None = None,
 ) -> Functional:
     """Turn ``model`` into a pure ``f(params, td) -> td``.
 
     Args:
         model (nn.Module): an ``nn.Module`` or a ``TensorDictModule``.
-        in_keys (list | None): keys of the forward's positional arguments. Default:
+        in_keys (list | dict | None): keys of the forward's positional arguments, or a
+            dict ``{key: keyword}`` passing each key as that keyword argument (as
+            tensordict's ``TensorDictModule`` does: ``{"input_ids": "input_ids",
+            "attention_mask": "attention_mask"}`` for a Hugging Face model). Default:
             ``["input"]``, or the ``TensorDictModule``'s own.
         out_keys (list | None): for a dict (or other ``Mapping``, e.g. a transformers
             ``ModelOutput``) output, the entries to keep, by key (a tuple walks nested
@@ -117,11 +126,15 @@ def functional(
         out_keys = model.out_keys if out_keys is None else out_keys
     if not isinstance(model, nn.Module):
         raise TypeError(f"functional: expected an nn.Module, got {type(model).__name__}")
+    keywords = dict(in_keys) if isinstance(in_keys, Mapping) else {}
+    for key, name in keywords.items():
+        if not isinstance(name, str):
+            raise TypeError(f"functional: in_keys maps {key!r} to {name!r}; a keyword argument name is a str")
     in_keys = ["input"] if in_keys is None else list(in_keys)
     out_keys = ["output"] if out_keys is None else list(out_keys)
     if not out_keys:
         raise ValueError("functional: out_keys must name at least one output")
-    return Functional(model, in_keys, out_keys)
+    return Functional(model, in_keys, out_keys, keywords=keywords)
 
 
 def _get_input(td: TensorDictBase, key: NestedKey) -> Any:

@@ -37,13 +37,13 @@ class Adapted(Functional):
     """A :class:`tdhook_fn.Functional` with adapters; ``params[key][name]`` holds their weights."""
 
     def __init__(self, base: Functional, adapters: Mapping[str, Adapter], key: str, taps: Sequence[Tap] = ()):
-        super().__init__(base.model, base.in_keys, base.out_keys, taps)
+        super().__init__(base.model, base.in_keys, base.out_keys, taps, base.keywords)
         self.base_taps = base.taps
         self.adapters = dict(adapters)
         self.key = key
 
     def with_taps(self, *taps: Tap) -> Adapted:
-        base = Functional(self.model, self.in_keys, self.out_keys, self.base_taps)
+        base = Functional(self.model, self.in_keys, self.out_keys, self.base_taps, self.keywords)
         return Adapted(base, self.adapters, self.key, (*self.taps, *taps))
 
     def __call__(self, params: TensorDictBase, td: TensorDictBase) -> TensorDict:
@@ -60,7 +60,7 @@ class Adapted(Functional):
             if name not in weights.keys():
                 raise KeyError(f"adapted function: params[{self.key!r}] has no weights for adapter {name!r}")
             taps += _splice(name, adapter, weights.get(name))
-        run = Functional(self.model, self.in_keys, self.out_keys, (*self.base_taps, *taps, *self.taps))
+        run = Functional(self.model, self.in_keys, self.out_keys, (*self.base_taps, *taps, *self.taps), self.keywords)
         return run(params.exclude(self.key), td)
 
 
@@ -187,7 +187,7 @@ def with_adapters(f: Functional, adapters: Mapping[str, AdapterSpec], *, key: st
                 resolve_path(f.model, path)
             except PathError as e:
                 raise PathError(f"adapter {name!r}: path {path!r} does not resolve: {e}") from None
-    return Adapted(Functional(f.model, f.in_keys, f.out_keys, base_taps), resolved, key, later_taps)
+    return Adapted(Functional(f.model, f.in_keys, f.out_keys, base_taps, f.keywords), resolved, key, later_taps)
 
 
 def adapter_params(adapters: Mapping[str, AdapterSpec], *, key: str = "adapters") -> TensorDict:

@@ -1,0 +1,96 @@
+"""One forward of ``f`` with site taps, on a batch flattened to one dim (as the attribution engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .._functional import Functional
+from .._taps import Tap
+from ._sites import Site
+
+__all__ = ["Reads", "check_f", "flat_sources", "forward", "metric_values", "unflatten"]
+
+PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
+Metric = Callable[[TensorDictBase], torch.Tensor]
+
+
+def check_f(method: str, f: Any, params: Any, inputs: Any) -> Functional:
+    """``f`` must be a :class:`tdhook_fn.Functional` (sites are taps) and the data TensorDicts."""
+    if isinstance(f, nn.Module):
+        raise TypeError(f"{method}: f is the module {type(f).__name__}; pass tdhook_fn.functional(model)")
+    if not isinstance(f, Functional):
+        raise TypeError(f"{method}: f must be a tdhook_fn.Functional (its sites are taps), got {type(f).__name__}")
+    if not isinstance(params, TensorDictBase):
+        raise TypeError(f"{method}: params must be a TensorDict (tdhook_fn.params(model)), got {type(params).__name__}")
+    if not isinstance(inputs, TensorDictBase):
+        raise TypeError(f"{method}: inputs must be a TensorDict, got {type(inputs).__name__}; wrap a batch x as "
+                        "TensorDict(input=x, batch_size=[len(x)])")
+    return f
+
+
+class Reads:
+    """The activations read at sites during one forward, by site key, with their run counts."""
+
+    def __init__(self, method: str, sites: Sequence[Site]):
+        self.method = method
+        self.sites = list(sites)
+        self.values: dict[str, list[torch.Tensor]] = {s.key: [] for s in sites}
+
+    def taps(self) -> list[Tap]:
+        return [s.reader(self.values[s.key].append) for s in self.sites]
+
+    def get(self, site: Site) -> torch.Tensor:
+        """The one value read at ``site``; an error when it ran never or, without ``call``, twice."""
+        runs = self.values[site.key]
+        if not runs:
+            raise ValueError(f"{self.method}: site {site.key!r} never ran in the forward")
+        if len(runs) > 1:
+            raise ValueError(f"{self.method}: site {site.key!r} ran {len(runs)} times in one forward; pick one run "
+                             "with Site(..., call=k)")
+        return runs[0]
+
+
+def forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, taps: Sequence[Tap]) -> TensorDict:
+    """``f`` with ``taps`` on inputs whose batch is one dim."""
+    return f.with_taps(*taps)(params, flat)
+
+
+def unflatten(t: torch.Tensor, batch: torch.Size, lead: int = 0) -> torch.Tensor:
+    """Restore batch dims flattened to one (after ``lead`` leading dims)."""
+    return t.reshape(*t.shape[:lead], *batch, *t.shape[lead + 1 :])
+
+
+def flat_sources(method: str, sources: Any, sites: Sequence[Site], batch: torch.Size, what: str) -> dict[str, Any]:
+    """Per-site tensors from a TensorDict keyed by site key, with the batch flattened to one dim.
+
+    A tensor with exactly the batch dims ``[*B, ...]`` is flattened to ``[N, ...]``; one
+    without them (a steering vector for every sample) is kept and broadcasts.
+    """
+    if not isinstance(sources, TensorDictBase):
+        raise TypeError(f"{method}: {what} must be a TensorDict keyed by site key (as cache returns), got "
+                        f"{type(sources).__name__}")
+    out: dict[str, Any] = {}
+    for site in sites:
+        value = sources.get(site.key, None)
+        if value is None:
+            raise KeyError(f"{method}: {what} have no entry for site {site.key!r} (keys: {list(sources.keys())})")
+        if isinstance(value, torch.Tensor) and value.shape[: len(batch)] == batch and sources.batch_size == batch:
+            value = value.reshape(-1, *value.shape[len(batch):]) if batch else value.unsqueeze(0)
+        out[site.key] = value
+    return out
+
+
+def metric_values(method: str, metric: Metric, out: TensorDictBase, shape: Sequence[int]) -> torch.Tensor:
+    """``metric`` of the outputs reshaped to ``shape`` (runs and samples): one value for each."""
+    shape = torch.Size(shape)
+    value = metric(out.reshape(shape))
+    if not isinstance(value, torch.Tensor) or value.shape != shape:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{method}: metric must return one value per sample (a tensor shaped like the outputs' "
+                         f"batch, {tuple(shape)}), got {got}")
+    return value

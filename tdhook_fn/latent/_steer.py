@@ -1,0 +1,109 @@
+"""Steering: adding vectors to activations, and the vectors from contrasting examples."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ._cache import cache
+from ._run import check_f, flat_sources, forward
+from ._sites import Site, as_sites
+
+__all__ = ["activation_addition", "steer"]
+
+
+def steer(
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    sites: Site | str | Sequence[Site | str],
+    vectors: TensorDictBase,
+    *,
+    alpha: float | torch.Tensor = 1.0,
+) -> TensorDict:
+    """The outputs of ``f`` with ``alpha * vectors[site]`` added at each site.
+
+    Args:
+        f (Functional): pure function of a model.
+        params (TensorDict): its parameters.
+        inputs (TensorDict): any batch size ``[*B]``.
+        sites (Site | str | Sequence): where to add.
+        vectors (TensorDict): by site key, shaped like one sample's selection (added to
+            every sample, e.g. from :func:`activation_addition`) or ``[*B, *selection]``.
+        alpha (float | Tensor): the scale; a 1-d tensor of ``A`` scales gives ``A`` steered
+            runs in one batched forward. Default: 1.0.
+
+    Returns:
+        TensorDict: ``f``'s outputs, batch ``[*B]``, or ``[A, *B]`` for ``A`` alphas.
+
+    >>> import torch, tdhook_fn
+    >>> from tensordict import TensorDict
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    >>> v = TensorDict({"0": torch.ones(4)})
+    >>> steer(f, p, x, "[0]", v, alpha=torch.tensor([0.0, 1.0, 2.0]))["output"].shape
+    torch.Size([3, 5, 2])
+    """
+    f = check_f("steer", f, params, inputs)
+    chosen = as_sites(sites, "steer")
+    batch = inputs.batch_size
+    vecs = flat_sources("steer", vectors, chosen, batch, "vectors")
+    scales = torch.as_tensor(alpha)
+    if scales.dim() > 1 or (scales.dim() == 1 and len(scales) == 0):
+        raise ValueError(f"steer: alpha must be a number or a 1-d tensor of scales, got shape {tuple(scales.shape)}")
+    flat = inputs.reshape(-1)
+    n = flat.batch_size[0]
+    if scales.dim() == 0:
+        taps = [site.editor(_plus(alpha, vecs[site.key])) for site in chosen]
+        return forward(f, params, flat, taps).reshape(batch)
+    runs = len(scales)
+
+    def scaled(v: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        def add(act: torch.Tensor) -> torch.Tensor:
+            per_row = scales.to(act.dtype).repeat_interleave(n).reshape(-1, *[1] * (act.dim() - 1))
+            tiled = v.to(act.dtype).repeat(runs, *[1] * (v.dim() - 1)) if v.dim() == act.dim() else v.to(act.dtype)
+            return act + per_row * tiled
+        return add
+
+    taps = [site.editor(scaled(vecs[site.key])) for site in chosen]
+    out = forward(f, params, flat.expand(runs, n).reshape(-1), taps)
+    return out.reshape(runs, *batch)
+
+
+def _plus(alpha: float | torch.Tensor, v: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda act: act + alpha * v.to(act.dtype)
+
+
+def activation_addition(
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    positive: TensorDictBase,
+    negative: TensorDictBase,
+    sites: Site | str | Sequence[Site | str],
+) -> TensorDict:
+    """Steering vectors: the mean over samples of ``act(positive) - act(negative)`` at each site.
+
+    As tdhook's ``ActivationAddition``. ``positive`` and ``negative`` need the same batch
+    size (pairs of examples).
+
+    Returns:
+        TensorDict: by site key, shaped like one sample's selection (batch ``[]``).
+
+    >>> import torch, tdhook_fn
+    >>> from tensordict import TensorDict
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    >>> pos, neg = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
+    >>> activation_addition(f, p, pos, neg, "[1]")["1"].shape
+    torch.Size([4])
+    """
+    chosen = as_sites(sites, "activation_addition")
+    if positive.batch_size != negative.batch_size:
+        raise ValueError(f"activation_addition: positive has batch {list(positive.batch_size)}, negative "
+                         f"{list(negative.batch_size)}; give pairs of examples")
+    pos, neg = cache(f, params, positive, chosen), cache(f, params, negative, chosen)
+    dims = tuple(range(len(positive.batch_size)))
+    return TensorDict({s.key: (pos.get(s.key) - neg.get(s.key)).mean(dim=dims) for s in chosen}, batch_size=[])

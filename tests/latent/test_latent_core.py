@@ -1,0 +1,118 @@
+"""The latent methods on small models: tdhook 0.1.3 as the oracle, batch sizes, transforms, errors."""
+
+import pytest
+import torch
+from tdhook.latent.activation_patching import ActivationPatching
+from tdhook.latent.steering_vectors import ActivationAddition
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.latent import Site, activation_addition, attribution_patching, cache, patch, patching_sweep, steer
+
+
+def _setup():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)).eval()
+    clean = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    corrupt = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    return net, tdhook_fn.functional(net), tdhook_fn.params(net), clean, corrupt
+
+
+def _tdhook_patched(net, key, clean, corrupt, patch_fn=None):
+    with ActivationPatching([key], patch_fn=patch_fn).prepare(net) as hooked:
+        td = TensorDict(input=clean["input"], patched=corrupt.clone(), batch_size=[5])
+        return hooked(td)["patched", "output"]
+
+
+@pytest.mark.parametrize("path", ["[0]", "[2]", "[3]"])
+def test_patch_equals_tdhook(path):
+    net, f, p, clean, corrupt = _setup()
+    ours = patch(f, p, corrupt, path, cache(f, p, clean, path))["output"]
+    torch.testing.assert_close(ours, _tdhook_patched(net, path, clean, corrupt), rtol=0, atol=0)
+
+
+def test_patch_fn_equals_tdhook():
+    net, f, p, clean, corrupt = _setup()
+    ours = patch(f, p, corrupt, "[2]", cache(f, p, clean, "[2]"), fn=lambda cur, src: 0.5 * (cur + src))["output"]
+    theirs = _tdhook_patched(net, "[2]", clean, corrupt,
+                             patch_fn=lambda module_key, output, output_to_patch: 0.5 * (output + output_to_patch))
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_activation_addition_equals_tdhook():
+    net, f, p, positive, negative = _setup()
+    with ActivationAddition(["[1]"]).prepare(net) as hooked:
+        td = hooked(TensorDict(positive=positive.clone(), negative=negative.clone(), batch_size=[5]))
+    torch.testing.assert_close(activation_addition(f, p, positive, negative, "[1]")["1"], td["steer", "[1]"])
+
+
+def test_selections_and_batch_sizes():
+    net, f, p, clean, _ = _setup()
+    grid = TensorDict(input=torch.randn(2, 3, 3), batch_size=[2, 3])
+    acts = cache(f, p, grid, [Site("[2]", index=([0, 2],)), Site("[2]", index=(1,))])
+    full = net[2](net[1](net[0](grid["input"])))
+    torch.testing.assert_close(acts["2[[0, 2]]"], full[..., [0, 2]])
+    torch.testing.assert_close(acts["2[1]"], full[..., 1])
+    one = TensorDict(input=clean["input"][0], batch_size=[])
+    assert cache(f, p, one, "[2]")["2"].shape == (4,)
+    edited = patch(f, p, one, Site("[2]", index=(1,)), TensorDict({"2[1]": torch.tensor(7.0)}))["output"]
+    h = net[2](net[1](net[0](clean["input"][0]))).clone()
+    h[1] = 7.0
+    torch.testing.assert_close(edited, net[4](net[3](h)))
+
+
+def test_vmap_and_grad_compose():
+    net, f, p, clean, corrupt = _setup()
+    per_sample = torch.func.vmap(lambda td: cache(f, p, td, "[2]"))(clean)
+    torch.testing.assert_close(per_sample["2"], cache(f, p, clean, "[2]")["2"])
+    source = cache(f, p, clean, "[2]")
+
+    def metric_of(src):
+        return patch(f, p, corrupt, "[2]", TensorDict({"2": src}, batch_size=[5]))["output"][..., 0].sum()
+
+    g = torch.func.grad(metric_of)(source["2"])
+    tanh_grad = 1 - torch.tanh(source["2"]) ** 2
+    torch.testing.assert_close(g, tanh_grad * net[4].weight[0])
+    alphas = torch.tensor([0.0, 0.5, 1.0])
+    v = TensorDict({"1": torch.ones(4)})
+    vmapped = torch.func.vmap(lambda a: steer(f, p, clean, "[1]", v, alpha=a)["output"])(alphas)
+    torch.testing.assert_close(vmapped, steer(f, p, clean, "[1]", v, alpha=alphas)["output"])
+
+
+def test_sweep_chunks_and_atp_linear_case():
+    net, f, p, clean, corrupt = _setup()
+    grid = [Site("[3]", index=(i,)) for i in range(4)]  # the head is linear in [3]
+    metric = lambda out: out["output"][..., 1]
+    sweep = patching_sweep(f, p, clean, corrupt, grid, metric)
+    torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=3), sweep)
+    exact = sweep - metric(f(p, corrupt))
+    torch.testing.assert_close(attribution_patching(f, p, clean, corrupt, grid, metric), exact, atol=1e-6, rtol=1e-5)
+
+
+BAD = [
+    ("not-functional", lambda f, p, c, x: cache(lambda q, td: td, p, c, "[0]"), TypeError, "Functional"),
+    ("module-as-f", lambda f, p, c, x: cache(f.model, p, c, "[0]"), TypeError, "tdhook_fn.functional(model)"),
+    ("tensor-inputs", lambda f, p, c, x: cache(f, p, c["input"], "[0]"), TypeError, "inputs must be a TensorDict"),
+    ("no-source", lambda f, p, c, x: patch(f, p, x, "[0]", TensorDict()), KeyError, "no entry for site '0'"),
+    ("source-shape", lambda f, p, c, x: patch(f, p, x, "[0]", TensorDict({"0": torch.ones(5, 3)}, [5])),
+     ValueError, "source for site '0' has shape (5, 3)"),
+    ("metric-shape", lambda f, p, c, x: patching_sweep(f, p, c, x, ["[0]"], lambda out: out["output"].sum()),
+     ValueError, "one value per sample"),
+    ("duplicate-sites", lambda f, p, c, x: cache(f, p, c, ["[0]", "[0]"]), ValueError, "share a key"),
+    ("bad-index", lambda f, p, c, x: Site("[0]", index=(1.5,)), TypeError, "ints, slices or lists"),
+    ("pattern-matches-nothing", lambda f, p, c, x: tdhook_fn.latent.sites(f.model, "blocks"), ValueError,
+     "no module name matches"),
+    ("bad-alpha", lambda f, p, c, x: steer(f, p, c, "[0]", TensorDict({"0": torch.ones(4)}),
+                                         alpha=torch.ones(2, 2)), ValueError, "1-d tensor"),
+    ("batch-mismatch", lambda f, p, c, x: patching_sweep(f, p, c, x[:2], ["[0]"], lambda out: out["output"][..., 0]),
+     ValueError, "clean has batch [5], corrupted [2]"),
+]
+
+
+@pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in BAD])
+def test_bad_input(call, exc, words):
+    _, f, p, clean, corrupt = _setup()
+    with pytest.raises(exc) as info:
+        call(f, p, clean, corrupt)
+    assert words in str(info.value)
