@@ -8,16 +8,59 @@ with respect to params.
 from ._grad_cam import DimsConfig, grad_cam
 from ._guided_backprop import guided_backprop, module_paths
 from ._integrated_gradients import integrated_gradients
+from ._lrp import lrp, rule_taps
+from ._lrp_composites import EpsilonPlus, RuleMapper, Rules
+from ._lrp_rules import (
+    AHQKV,
+    AlphaBeta,
+    Epsilon,
+    Flat,
+    Ignore,
+    LayerNorm,
+    ModuleCall,
+    Pass,
+    PseudoIdentity,
+    Rule,
+    SoftmaxEpsilon,
+    Stop,
+    Uniform,
+    UniformEpsilon,
+    WSquare,
+    ZPlus,
+    stabilize,
+)
 from ._quadrature import SUPPORTED_METHODS, quadrature
 from ._saliency import saliency
 
 __all__ = [
+    "AHQKV",
     "SUPPORTED_METHODS",
+    "AlphaBeta",
     "DimsConfig",
+    "Epsilon",
+    "EpsilonPlus",
+    "Flat",
+    "Ignore",
+    "LayerNorm",
+    "ModuleCall",
+    "Pass",
+    "PseudoIdentity",
+    "Rule",
+    "RuleMapper",
+    "Rules",
+    "SoftmaxEpsilon",
+    "Stop",
+    "Uniform",
+    "UniformEpsilon",
+    "WSquare",
+    "ZPlus",
     "grad_cam",
     "guided_backprop",
     "integrated_gradients",
+    "lrp",
     "module_paths",
     "quadrature",
+    "rule_taps",
     "saliency",
+    "stabilize",
 ]

@@ -1,0 +1,150 @@
+"""Which LRP rule runs at which module: mappings, patterns, classes, and composites."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from .._paths import PathError, resolve_path
+from ._lrp_rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
+
+__all__ = ["ACTIVATIONS", "EpsilonPlus", "RuleMapper", "Rules", "resolve_rules"]
+
+RuleMapper = Callable[[str, nn.Module], Rule | None]
+Rules = Mapping[str | type[nn.Module], Rule] | RuleMapper
+
+ACTIVATIONS: tuple[type[nn.Module], ...] = (
+    nn.ELU, nn.Hardshrink, nn.Hardsigmoid, nn.Hardtanh, nn.Hardswish, nn.LeakyReLU, nn.LogSigmoid, nn.PReLU,
+    nn.ReLU, nn.ReLU6, nn.RReLU, nn.SELU, nn.CELU, nn.GELU, nn.Sigmoid, nn.SiLU, nn.Softplus, nn.Softshrink,
+    nn.Softsign, nn.Tanh, nn.Tanhshrink, nn.Threshold,
+)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+              nn.AdaptiveAvgPool3d)
+_PLAIN = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+          nn.Identity, nn.Dropout, nn.Flatten)
+
+
+@dataclass(frozen=True)
+class EpsilonPlus:
+    """The composite EpsilonPlus, as tdhook defines it: a rule mapper ``(name, module) -> rule``.
+
+    Convolutions get z+ (:class:`AlphaBeta` ``(1, 0, stabilizer)``), ``nn.Linear``
+    :class:`Epsilon` ``(epsilon)``, activations and BatchNorm :class:`Pass`, average pooling
+    :class:`Epsilon` ``(stabilizer)``; max pooling, dropout, flatten and identity
+    :class:`Ignore` (their plain gradient). Other modules get no rule.
+
+    Args:
+        epsilon (float): of the dense layers' epsilon rule. Default: ``1e-6``.
+        stabilizer (float): of z+ and of average pooling. Default: ``1e-6``.
+        rule_mapper (Callable | None): asked first; its non-``None`` answers win.
+    """
+
+    epsilon: float = 1e-6
+    stabilizer: float = 1e-6
+    rule_mapper: RuleMapper | None = None
+
+    def __call__(self, name: str, module: nn.Module) -> Rule | None:
+        rule = None if self.rule_mapper is None else self.rule_mapper(name, module)
+        if rule is not None:
+            return rule
+        if isinstance(module, _CONVS):
+            return AlphaBeta(1.0, 0.0, self.stabilizer)
+        if isinstance(module, nn.Linear):
+            return Epsilon(self.epsilon)
+        if isinstance(module, (*ACTIVATIONS, *_BATCH_NORMS)):
+            return Pass()
+        if isinstance(module, _PLAIN):
+            return Ignore()
+        if isinstance(module, _AVG_POOLS):
+            return Epsilon(self.stabilizer)
+        return None
+
+
+def _path_of(name: str) -> str:
+    return ".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split("."))
+
+
+def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapper:
+    """A mapping as a mapper: exact paths first, then patterns (in order), then classes (in order)."""
+    by_module: dict[int, Rule] = {}
+    patterns: list[tuple[re.Pattern[str], Rule]] = []
+    classes: list[tuple[type[nn.Module], Rule]] = []
+    names = [name for name, _ in model.named_modules()]
+    for key, rule in rules.items():
+        if isinstance(key, type) and issubclass(key, nn.Module):
+            classes.append((key, rule))
+            continue
+        if not isinstance(key, str):
+            raise TypeError(f"{method}: a rules key must be a path, a pattern or an nn.Module class, got {key!r}")
+        try:
+            found = resolve_path(model, key)
+        except PathError:
+            found = None
+        if isinstance(found, nn.Module):
+            by_module.setdefault(id(found), rule)
+            continue
+        try:
+            pattern = re.compile(key)
+        except re.error as e:
+            raise ValueError(f"{method}: rules key {key!r} is neither a submodule path nor a regex ({e})") from e
+        if not any(pattern.fullmatch(name) for name in names):
+            raise ValueError(f"{method}: rules key {key!r} names no submodule (as a path or a pattern over "
+                             f"module names such as {names[1:4]})")
+        patterns.append((pattern, rule))
+
+    def mapper(name: str, module: nn.Module) -> Rule | None:
+        if id(module) in by_module:
+            return by_module[id(module)]
+        for pattern, rule in patterns:
+            if pattern.fullmatch(name):
+                return rule
+        for cls, rule in classes:
+            if isinstance(module, cls):
+                return rule
+        return None
+
+    return mapper
+
+
+def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool = True,
+                  method: str = "lrp") -> dict[str, Rule]:
+    """The rule of each submodule that has one (not :class:`Ignore`), by path.
+
+    Raises:
+        TypeError: ``rules`` is neither a mapping nor a callable, or a rule has no
+            ``relevance`` method.
+        ValueError: a key names no submodule, or two ruled modules nest.
+    """
+    if isinstance(rules, Mapping):
+        mapper = _mapper(model, rules, method)
+    elif callable(rules):
+        mapper = rules
+    else:
+        raise TypeError(f"{method}: rules must be a mapping or a callable (name, module) -> rule, got "
+                        f"{type(rules).__name__}")
+    found: dict[str, Rule] = {}
+    for name, module in model.named_modules():
+        rule = mapper(name, module)
+        if rule is None:
+            if warn_on_missing_rule and not any(True for _ in module.children()):
+                warnings.warn(f"{method}: no rule for module {name!r} ({type(module).__name__}); relevance goes "
+                              "through it by its plain gradient", stacklevel=3)
+            continue
+        if not callable(getattr(rule, "relevance", None)):
+            raise TypeError(f"{method}: the rule for {name!r} is a {type(rule).__name__}, which has no relevance "
+                            "method (see tdhook_fn.attribution.Epsilon)")
+        if not isinstance(rule, Ignore):
+            found[name] = rule
+    nested = [(a, b) for a in found for b in found if a != b and (a == "" or b.startswith(a + "."))]
+    if nested:
+        outer, inner = nested[0]
+        raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
+                         "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
+    return {_path_of(name): rule for name, rule in found.items()}

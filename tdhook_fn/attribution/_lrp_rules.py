@@ -1,0 +1,399 @@
+"""LRP rules: how one module hands the relevance at its output back to its inputs.
+
+A rule is a frozen dataclass with one method, ``relevance(call, grad)``: ``call`` is what
+the module saw in this run (a :class:`ModuleCall`), ``grad`` the relevance arriving at its
+output; it returns the relevance of each positional input. :func:`tdhook_fn.attribution.lrp`
+runs it as the module's VJP (NOTE [lrp as modified vjps]). The maths of each rule is that
+of tdhook 0.1.3 (itself after Zennit and LXT), defaults included.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import nn
+
+__all__ = [
+    "AHQKV",
+    "AlphaBeta",
+    "Epsilon",
+    "Flat",
+    "Ignore",
+    "LayerNorm",
+    "ModuleCall",
+    "Pass",
+    "PseudoIdentity",
+    "Rule",
+    "SoftmaxEpsilon",
+    "Stop",
+    "Uniform",
+    "UniformEpsilon",
+    "WSquare",
+    "ZPlus",
+    "stabilize",
+]
+
+Relevances = Sequence[torch.Tensor | None]
+Modify = Callable[[str, torch.Tensor], torch.Tensor]
+_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+          "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
+def stabilize(t: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``t`` moved ``epsilon`` away from zero, in the direction of its sign (0 counts as positive).
+
+    >>> stabilize(torch.tensor([-2.0, 0.0, 3.0]), 0.5)
+    tensor([-2.5000,  0.5000,  3.5000])
+    """
+    return torch.where(t < 0, t - epsilon, t + epsilon)
+
+
+@dataclass(frozen=True)
+class _Own:
+    """An instance attribute bound to the module itself: a method, or a partial of it as first argument.
+
+    Instance-level ``forward`` wrappers (accelerate's hooks) are these; the rebuilt module
+    gets them bound to itself, not to the emptied shadow.
+    """
+
+    fn: Callable[..., Any]
+    partial: functools.partial[Any] | None = None
+
+    @staticmethod
+    def of(value: Any, module: nn.Module) -> Any:
+        if isinstance(value, MethodType) and value.__self__ is module:
+            return _Own(value.__func__)
+        if isinstance(value, functools.partial) and value.args[:1] == (module,):
+            return _Own(value.func, value)
+        return value
+
+    def bind(self, module: nn.Module) -> Any:
+        if self.partial is None:
+            return MethodType(self.fn, module)
+        bound = functools.partial(self.fn, module, *self.partial.args[1:], **self.partial.keywords)
+        return functools.update_wrapper(bound, self.partial)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A module's structure without its tensors, to rebuild it after its call ended.
+
+    The call's shadow module is emptied when the forward returns, and a rule runs in the
+    backward: it runs a fresh, hook-free instance built from this template and the
+    tensors the call saw (passed to the backward as inputs, so that every transform sees
+    them).
+    """
+
+    cls: type[nn.Module]
+    state: dict[str, Any]
+    params: tuple[tuple[str, bool], ...]  # own slot names, and whether the slot holds a tensor
+    buffers: tuple[tuple[str, bool], ...]
+    children: tuple[tuple[str, Template | None], ...]
+
+    @staticmethod
+    def of(module: nn.Module, tensors: list[torch.Tensor]) -> Template:
+        """The template of ``module``; its tensors are appended to ``tensors`` (own params first)."""
+        state = {k: _Own.of(v, module) for k, v in module.__dict__.items()
+                 if k not in ("_parameters", "_buffers", "_modules", *_HOOKS)}
+        slots = []
+        for kind in ("_parameters", "_buffers"):
+            own = module.__dict__[kind]
+            slots.append(tuple((name, value is not None) for name, value in own.items()))
+            tensors.extend(value for value in own.values() if value is not None)
+        children = tuple((name, None if child is None else Template.of(child, tensors))
+                         for name, child in module.__dict__["_modules"].items())
+        return Template(type(module), state, slots[0], slots[1], children)
+
+    def build(self, tensors: Iterator[torch.Tensor]) -> nn.Module:
+        """A new module of this structure holding ``tensors`` (in :meth:`of`'s order)."""
+        module = self.cls.__new__(self.cls)
+        state = module.__dict__
+        state.update((k, v.bind(module) if isinstance(v, _Own) else v) for k, v in self.state.items())
+        state["_parameters"] = {name: next(tensors) if full else None for name, full in self.params}
+        state["_buffers"] = {name: next(tensors) if full else None for name, full in self.buffers}
+        state["_modules"] = {name: None if child is None else child.build(tensors) for name, child in self.children}
+        state.update((name, OrderedDict()) for name in _HOOKS)
+        return module
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One run of a module, as a rule sees it in the backward.
+
+    Attributes:
+        path (str): the module's path.
+        inputs (tuple[Tensor, ...]): its positional inputs.
+        output (Tensor): its output.
+        template (Template): its structure, to run it again.
+        tensors (tuple[Tensor, ...]): its parameters and buffers as the call saw them
+            (the call's params, never the model's own), own parameters first.
+        kwargs (dict): its keyword arguments (no tensors).
+    """
+
+    path: str
+    inputs: tuple[torch.Tensor, ...]
+    output: torch.Tensor
+    template: Template
+    tensors: tuple[torch.Tensor, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        """The module's own parameters (not its submodules'), by name."""
+        names = [name for name, full in self.template.params if full]
+        return dict(zip(names, self.tensors, strict=False))
+
+    def run(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None) -> torch.Tensor:
+        """The module's forward on ``inputs``, its own parameters replaced by ``modify(name, p)``."""
+        tensors = list(self.tensors)
+        if modify is not None:
+            for i, name in enumerate(self.params):
+                tensors[i] = modify(name, tensors[i])
+        output = self.template.build(iter(tensors))(*inputs, **self.kwargs)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"lrp: module {self.path!r} returns a {type(output).__name__}; rules need one tensor")
+        return output
+
+    def vjp(self, inputs: Sequence[torch.Tensor], cotangent: torch.Tensor,
+            modify: Modify | None = None) -> tuple[torch.Tensor, ...]:
+        """``J^T cotangent`` of :meth:`run` at ``inputs``, for each input."""
+        return self.linearize(inputs, modify)[1](cotangent)
+
+    def linearize(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None,
+                  ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]]:
+        """:meth:`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
+        result = torch.func.vjp(lambda *xs: self.run(xs, modify), *inputs)
+        output, pull = result[0], result[1]
+        return output, lambda cotangent: tuple(pull(cotangent))
+
+
+class Rule(Protocol):
+    """What :func:`lrp` asks of a rule: the relevance of each input from that of the output.
+
+    # NOTE [gradient-form rules]
+    A rule whose relevance is ``R_i = [x_i *] (J^T (factor * R))_i`` with ``J`` the
+    module's own Jacobian (epsilon, uniform epsilon, AHQKV) may also define
+    ``scales_inputs`` (bool) and ``output_factor(path, n_inputs, output) -> factor``. lrp
+    then scales the gradient at the module's output by ``factor`` and at its inputs by
+    the inputs, and lets the module's own backward do ``J^T``: no second forward of the
+    module in the backward. ``relevance`` stays the definition (and is used without
+    those); tests check that both paths agree.
+    """
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances: ...
+
+
+def _single(call: ModuleCall, rule: str) -> torch.Tensor:
+    if len(call.inputs) != 1:
+        raise ValueError(f"lrp: {rule} at {call.path!r} takes one input, the module got {len(call.inputs)}")
+    return call.inputs[0]
+
+
+@dataclass(frozen=True)
+class Epsilon:
+    """LRP-epsilon: ``R_i = x_i * (J^T (R / (z + eps sign z)))_i``, ``z`` the output.
+
+    With ``epsilon -> 0`` this is LRP-0 (the z-rule). Default: ``epsilon=1e-6``, as tdhook.
+    """
+
+    epsilon: float = 1e-6
+    scales_inputs: ClassVar[bool] = True
+
+    def output_factor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
+        """The gradient form (NOTE [gradient-form rules]): ``R_i = x_i (J^T (factor * R))_i``."""
+        return 1 / (stabilize(output, self.epsilon) * self._parts(n_inputs))
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        share = grad * self.output_factor(call.path, len(call.inputs), call.output)
+        return [g * x for g, x in zip(call.vjp(call.inputs, share), call.inputs, strict=True)]
+
+    def _parts(self, n_inputs: int) -> int:
+        return 1
+
+
+@dataclass(frozen=True)
+class UniformEpsilon(Epsilon):
+    """LRP-epsilon with the relevance split evenly over the module's inputs."""
+
+    def _parts(self, n_inputs: int) -> int:
+        return n_inputs
+
+
+@dataclass(frozen=True)
+class Pass:
+    """The relevance passes unchanged (elementwise activations, eval-mode BatchNorm)."""
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        x = _single(call, "Pass")
+        if x.shape != call.output.shape:
+            raise ValueError(f"lrp: Pass at {call.path!r} needs input and output of one shape, got "
+                             f"{tuple(x.shape)} and {tuple(call.output.shape)}")
+        return [grad]
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """No rule: the plain gradient of the module (max pooling, dropout, flatten, identity)."""
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:  # never run: lrp sets no tap
+        return call.vjp(call.inputs, grad)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """No relevance goes back through the module."""
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        return [None] * len(call.inputs)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Each input gets the output's relevance divided by the number of inputs."""
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        return [grad / len(call.inputs)] * len(call.inputs)
+
+
+@dataclass(frozen=True)
+class PseudoIdentity:
+    """``R_in = y / (x + eps sign x) * R``: an activation seen as a rescaled identity."""
+
+    stabilizer: float = 1e-6
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        x = _single(call, "PseudoIdentity")
+        return [call.output / stabilize(x, self.stabilizer) * grad]
+
+
+def _clamp_min(_name: str, p: torch.Tensor) -> torch.Tensor:
+    return p.clamp(min=0)
+
+
+def _clamp_max(_name: str, p: torch.Tensor) -> torch.Tensor:
+    return p.clamp(max=0)
+
+
+def _then_zero_bias(modify: Modify) -> Modify:
+    return lambda name, p: torch.zeros_like(p) if name == "bias" else modify(name, p)
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """LRP-alpha-beta: positive contributions weighted ``alpha``, negative ``beta``.
+
+    Contributions are split by the sign of ``w_ij x_j`` (inputs and parameters split by
+    sign; the bias joins the positive or negative part by its sign). ``alpha - beta`` must
+    be 1 (conservation). Default: ``alpha=2, beta=1``, as tdhook.
+    """
+
+    alpha: float = 2.0
+    beta: float = 1.0
+    stabilizer: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0 or self.beta < 0:
+            raise ValueError(f"AlphaBeta: alpha and beta must be >= 0, got alpha={self.alpha}, beta={self.beta}")
+        if not math.isclose(self.alpha - self.beta, 1.0, rel_tol=0.0, abs_tol=1e-12):
+            raise ValueError(f"AlphaBeta: alpha - beta must be 1, got alpha={self.alpha}, beta={self.beta}")
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        x = _single(call, "AlphaBeta")
+        pos, neg = x.clamp(min=0), x.clamp(max=0)
+        # z+ = (w+ x+ + b+) + w- x- shares R by alpha, z- = (w- x+ + b-) + w+ x- by beta
+        relevance = self.alpha * self._share(call, grad, pos, neg, _clamp_min, _clamp_max)
+        if self.beta:  # z+ (beta = 0) skips the negative half
+            relevance = relevance - self.beta * self._share(call, grad, pos, neg, _clamp_max, _clamp_min)
+        return [relevance]
+
+    def _share(self, call: ModuleCall, grad: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+               on_pos: Modify, on_neg: Modify) -> torch.Tensor:
+        z_a, pull_a = call.linearize([pos], on_pos)
+        z_b, pull_b = call.linearize([neg], _then_zero_bias(on_neg))
+        share = grad / stabilize(z_a + z_b, self.stabilizer)
+        return pos * pull_a(share)[0] + neg * pull_b(share)[0]
+
+
+def ZPlus(stabilizer: float = 1e-6) -> AlphaBeta:
+    """The z+ rule: :class:`AlphaBeta` with ``alpha=1, beta=0``."""
+    return AlphaBeta(1.0, 0.0, stabilizer)
+
+
+def _square(_name: str, p: torch.Tensor) -> torch.Tensor:
+    return p * p
+
+
+def _flat(name: str, p: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(p) if name == "bias" else torch.ones_like(p)
+
+
+@dataclass(frozen=True)
+class WSquare:
+    """LRP-w²: relevance shared by ``w_ij^2`` (the module on ones, its parameters squared)."""
+
+    stabilizer: float = 1e-6
+
+    def _modify(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        return _square(name, p)
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        ones = [torch.ones_like(x) for x in call.inputs]
+        z = call.run(ones, self._modify)
+        return call.vjp(ones, grad / stabilize(z, self.stabilizer), self._modify)
+
+
+@dataclass(frozen=True)
+class Flat(WSquare):
+    """LRP-flat: relevance shared evenly over each output's receptive field (weights 1, no bias)."""
+
+    def _modify(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        return _flat(name, p)
+
+
+@dataclass(frozen=True)
+class SoftmaxEpsilon:
+    """LXT's softmax rule: ``R_in = x * (R - y * sum(R))`` over the last dim."""
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        x = _single(call, "SoftmaxEpsilon")
+        return [(grad - call.output * grad.sum(-1, keepdim=True)) * x]
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    """LXT's layer-norm rule: the identity rule on ``x / std`` (``std`` a constant), over the last dim."""
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        x = _single(call, "LayerNorm")
+        eps = float(call.template.state.get("eps", 1e-5))
+        std = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+        weight = call.params.get("weight")
+        g = grad if weight is None else grad * weight
+        return [(g - g.mean(-1, keepdim=True)) / std]
+
+
+@dataclass(frozen=True)
+class AHQKV:
+    """LXT's attention-head rule for a fused q/k/v projection: relevance flows through v only."""
+
+    scales_inputs: ClassVar[bool] = False
+
+    def output_factor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
+        """The gradient form: ``R_in = J^T (mask * R)``, the mask 1 on v's third of the last dim."""
+        d, rest = divmod(output.shape[-1], 3)
+        if rest:
+            raise ValueError(f"lrp: AHQKV at {path!r} needs a fused q/k/v output (last dim a multiple of 3), "
+                             f"got {tuple(output.shape)}")
+        mask = torch.ones(output.shape[-1], dtype=output.dtype, device=output.device)
+        mask[: 2 * d] = 0
+        return mask
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        return call.vjp(call.inputs, grad * self.output_factor(call.path, len(call.inputs), call.output))
