@@ -30,6 +30,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
+	$(PIP) install -q --disable-pip-version-check -c constraints.txt -e ".[bench]"
 	$(PY) benchmarks/run.py
 
 docs: $(STAMP)

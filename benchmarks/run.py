@@ -6,6 +6,8 @@ import platform
 
 import bench_call
 import bench_ig
+import bench_latent
+import bench_lrp
 import bench_weights
 import torch
 
@@ -16,6 +18,8 @@ def main() -> None:
     bench_call.main()
     bench_ig.main()
     bench_weights.main()
+    bench_lrp.main()
+    bench_latent.main()
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@
 A sweep patches each site, one at a time, with its activation from the clean run and
 reads a metric. Hook libraries run one hooked forward per site in a Python loop. Here
 the runs are folded into the batch: ``chunk_size`` runs (all of them by default) go
-through the model as one batch of ``chunk_size * N`` samples, where the tap of site
-``s`` replaces the selection only in the rows of run ``s`` (``torch.where`` on a row
-mask: the patched values are the clean ones exactly, the others untouched). So any model
-that takes a batch takes the sweep (Hugging Face attention masks included), the result
-equals the loop of :func:`patch` calls up to the rounding of a larger batch, and
-``chunk_size`` bounds the memory to ``chunk_size`` forwards.
+through the model as one batch of ``chunk_size * N`` samples; at each module one tap
+copies the activation once and writes, into the rows of each run patched there, that
+run's clean selection (the patched values are the clean ones exactly, the other rows
+untouched). So any model that takes a batch takes the sweep (Hugging Face attention
+masks included), the result equals the loop of :func:`patch` calls up to the rounding
+of a larger batch, and ``chunk_size`` bounds the memory to ``chunk_size`` forwards. The
+write into the copy is in place, so ``vmap`` over a sweep is not supported (``grad``
+is).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._taps import Tap
 from ._cache import cache
 from ._run import Metric, check_f, flat_sources, forward, metric_values
-from ._sites import Site, as_sites
+from ._sites import Site, as_indices, as_sites
 
 __all__ = ["patch", "patching_sweep"]
 
@@ -138,22 +140,25 @@ def patching_sweep(
     values = []
     for start in range(0, len(chosen), size):
         runs = chosen[start : start + size]
-        folded = flat.expand(len(runs), n).reshape(-1)
-        taps = [_run_tap(site, sources[site.key], k, len(runs), n) for k, site in enumerate(runs)]
-        out = forward(f, params, folded, taps)
+        groups: dict[tuple[Any, ...], list[tuple[int, Site]]] = {}
+        for k, site in enumerate(runs):  # one tap per module: all its runs in one write
+            groups.setdefault((site.path, site.site, site.call, site.element), []).append((k, site))
+        taps = [_runs_tap(members, sources, len(runs), n) for members in groups.values()]
+        out = forward(f, params, flat.expand(len(runs), n).reshape(-1), taps)
         values.append(metric_values("patching_sweep", metric, out, (len(runs), *batch)))
     return torch.cat(values)
 
 
-def _run_tap(site: Site, source: torch.Tensor, run: int, runs: int, n: int) -> Tap:
-    """Patch ``site`` in the rows of run ``run`` of ``runs`` folded runs of ``n`` samples each."""
-    rows = torch.zeros(runs, n, dtype=torch.bool, device=source.device)
-    rows[run] = True
-    rows = rows.reshape(-1)
+def _runs_tap(members: list[tuple[int, Site]], sources: dict[str, Any], runs: int, n: int) -> Tap:
+    """Patch, in the rows of run ``k`` of ``runs`` folded runs of ``n`` samples, the selection of its site."""
+    first = members[0][1]
 
-    def replace(current: torch.Tensor) -> torch.Tensor:
-        mask = rows.reshape(-1, *[1] * (current.dim() - 1))
-        tiled = source.to(current.dtype).repeat(runs, *[1] * (source.dim() - 1))
-        return torch.where(mask, tiled, current)
+    def replace(value: Any) -> Any:
+        tensor = first.element_of(value)
+        patched = tensor.clone()
+        by_run = patched.view(runs, n, *tensor.shape[1:])
+        for k, site in members:
+            by_run[k][(slice(None), *as_indices(site.index))] = sources[site.key].to(tensor.dtype)
+        return first.with_element(value, patched)
 
-    return site.editor(replace)
+    return Tap(first.path, "intervene", replace, first.site, call=first.call)

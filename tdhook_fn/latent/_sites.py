@@ -32,7 +32,7 @@ from torch import nn
 from .._paths import path_to_name
 from .._taps import Tap
 
-__all__ = ["Index", "Site", "as_sites", "sites"]
+__all__ = ["Index", "Site", "as_indices", "as_sites", "sites"]
 
 Index = tuple[int | slice | Sequence[int], ...]
 
@@ -75,16 +75,18 @@ class Site:
 
     def read(self, value: Any) -> torch.Tensor:
         """The selected part of a module's output (or input) ``value``, batch dim first."""
-        tensor = self._element(value)
-        return tensor[(slice(None), *_as_indices(self.index))] if self.index else tensor
+        tensor = self.element_of(value)
+        return tensor[(slice(None), *as_indices(self.index))] if self.index else tensor
 
     def write(self, value: Any, new: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         """``value`` with its selected part replaced by ``new(selected part)``, out of place."""
-        tensor = self._element(value)
-        edited = _put(tensor, 1, self.index, new)
+        return self.with_element(value, _put(self.element_of(value), 1, self.index, new))
+
+    def with_element(self, value: Any, tensor: torch.Tensor) -> Any:
+        """``value`` with the site's element (the value itself unless a tuple) replaced by ``tensor``."""
         if isinstance(value, tuple):
-            return (*value[: self.element], edited, *value[self.element + 1 :])
-        return edited
+            return (*value[: self.element], tensor, *value[self.element + 1 :])
+        return tensor
 
     def reader(self, store: Callable[[torch.Tensor], None]) -> Tap:
         """A tap handing the selected activation to ``store`` (for one call)."""
@@ -98,7 +100,8 @@ class Site:
         """A tap replacing the selected activation by ``new(selected)``."""
         return Tap(self.path, "intervene", lambda value: self.write(value, new), self.site, call=self.call)
 
-    def _element(self, value: Any) -> torch.Tensor:
+    def element_of(self, value: Any) -> torch.Tensor:
+        """The tensor the site reads in a module's output (or input) ``value``."""
         if isinstance(value, tuple):
             if not -len(value) <= self.element < len(value):
                 raise ValueError(f"site {self.key!r}: element {self.element} of a tuple of {len(value)}")
@@ -116,7 +119,8 @@ def _show(part: Any) -> str:
     return str(part)
 
 
-def _as_indices(index: Index) -> tuple[Any, ...]:
+def as_indices(index: Index) -> tuple[Any, ...]:
+    """``index`` for tensor indexing (lists become index tensors)."""
     return tuple(torch.tensor(p) if isinstance(p, list) else p for p in index)
 
 

@@ -1,0 +1,185 @@
+"""The latent toolkit on a random-init GPT-2 (6 layers, d=256, 8 heads), batch 8 x 64 tokens, no grad.
+
+- caching every block's output, against a plain forward, tdhook 0.1.3's ActivationCaching
+  and nnsight;
+- a layer x position patching sweep of the residual stream (6 x 64 = 384 patched runs):
+  ``patching_sweep`` against loops of ``patch``, of tdhook's ActivationPatching and of
+  nnsight traces (the loops are timed on a slice of the sites and reported per run);
+- attribution patching over the same 384 sites against one forward and backward.
+
+Every variant is first checked to give the same numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import transformers
+from _timing import interleaved_medians, peak_rss_growth_mib, print_table
+from tensordict import TensorDict
+
+import tdhook_fn
+from tdhook_fn.latent import Site, attribution_patching, cache, patch, patching_sweep, sites
+
+warnings.filterwarnings("ignore")
+transformers.logging.set_verbosity_error()
+LAYERS, TOKENS, BATCH, TOKEN = 6, 64, 8, 3
+LOOP_SLICE = 16  # sites timed in the loops (per-run cost is what is compared)
+
+
+def gpt2() -> transformers.GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=LAYERS, n_embd=256, n_head=8, vocab_size=1000, n_positions=TOKENS,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def metric(out: TensorDict) -> torch.Tensor:
+    return out["logits"][..., -1, TOKEN]
+
+
+def _nnsight(model: torch.nn.Module):  # type: ignore[no-untyped-def]
+    try:
+        import nnsight
+    except ImportError:
+        return None
+    return nnsight.NNsight(copy.deepcopy(model))  # its own copy: nnsight wraps the modules it is given
+
+
+def bench_caching(model, f, p, td, nn_model) -> None:  # type: ignore[no-untyped-def]
+    from tdhook.latent.activation_caching import ActivationCaching
+
+    blocks = sites(model, r"transformer\.h\.\d+")
+    ids = td["input_ids"]
+
+    def tdhook_cache():  # type: ignore[no-untyped-def]
+        with ActivationCaching(r"transformer\.h\.\d+$").prepare(model, in_keys=["input_ids"],
+                                                               out_keys=["logits"]) as hooked:
+            hooked(td.clone())
+            return hooked.hooking_context.cache
+
+    def nnsight_cache():  # type: ignore[no-untyped-def]
+        saved = []
+        with nn_model.trace(ids):
+            for i in range(LAYERS):
+                saved.append(nn_model.transformer.h[i].output.save())
+        return saved
+
+    ours = cache(f, p, td, blocks)
+    theirs = tdhook_cache()
+    for i in range(LAYERS):
+        torch.testing.assert_close(ours[f"transformer.h.{i}"], theirs[f"transformer.h.{i}"])
+    impls = {
+        "plain forward": lambda: model(ids),
+        "tdhook_fn.latent.cache": lambda: cache(f, p, td, blocks),
+        "tdhook 0.1.3 ActivationCaching": tdhook_cache,
+    }
+    if nn_model is not None:
+        for i, value in enumerate(nnsight_cache()):
+            torch.testing.assert_close(ours[f"transformer.h.{i}"], value)
+        impls["nnsight 0.8 trace"] = nnsight_cache
+    times = interleaved_medians(impls, rounds=9)
+    print_table(f"caching the output of every block, GPT-2 {LAYERS}x256, batch {BATCH}x{TOKENS}",
+                list(times.items()), {"forward": times["plain forward"]})
+    if nn_model is None:
+        print("  (nnsight is not installed: pip install nnsight>=0.8, the bench extra)")
+
+
+def bench_sweep(model, f, p, clean, corrupt, nn_model) -> None:  # type: ignore[no-untyped-def]
+    from tdhook.latent.activation_patching import ActivationPatching
+
+    grid = [Site(f"transformer.h.{layer}", index=(t,)) for layer in range(LAYERS) for t in range(TOKENS)]
+    part = grid[:: len(grid) // LOOP_SLICE][:LOOP_SLICE]
+    sources = cache(f, p, clean, [f"transformer.h.{i}" for i in range(LAYERS)])  # whole blocks, for the loops
+    blocks = {f"transformer.h.{i}": sources[f"transformer.h.{i}"] for i in range(LAYERS)}
+
+    def loop_patch():  # type: ignore[no-untyped-def]
+        return torch.stack([metric(patch(f, p, corrupt, s, TensorDict({s.key: blocks[s.path][:, s.index[0]]},
+                                                                        batch_size=[BATCH]))) for s in part])
+
+    def loop_tdhook():  # type: ignore[no-untyped-def]
+        values = []
+        for s in part:
+            t = s.index[0]
+
+            def at_position(module_key, output, output_to_patch, t=t):  # type: ignore[no-untyped-def]
+                new = output.clone()
+                new[:, t] = output_to_patch[:, t]
+                return new
+
+            with ActivationPatching([s.path], patch_fn=at_position).prepare(
+                    model, in_keys=["input_ids"], out_keys=["logits"]) as hooked:
+                td = TensorDict(input_ids=clean["input_ids"], patched=corrupt.clone(), batch_size=[BATCH])
+                values.append(hooked(td)["patched", "logits"][..., -1, TOKEN])
+        return torch.stack(values)
+
+    def loop_nnsight():  # type: ignore[no-untyped-def]
+        values = []
+        for s in part:
+            layer, t = int(s.path.rsplit(".", 1)[1]), s.index[0]
+            with nn_model.trace(corrupt["input_ids"]):
+                nn_model.transformer.h[layer].output[:, t] = blocks[s.path][:, t]
+                saved = nn_model.lm_head.output[:, -1, TOKEN].save()
+            values.append(saved)
+        return torch.stack(values)
+
+    sweep = patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=32)
+    index = [grid.index(s) for s in part]
+    for name, fn in (("patch", loop_patch), ("tdhook", loop_tdhook)) + (
+            (("nnsight", loop_nnsight),) if nn_model is not None else ()):
+        torch.testing.assert_close(fn(), sweep[index], rtol=1e-4, atol=1e-5, msg=f"{name} loop differs")
+    impls = {
+        "tdhook_fn patching_sweep, chunk 32": lambda: patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=32),
+        "loop of tdhook_fn.latent.patch": loop_patch,
+        "loop of tdhook 0.1.3 ActivationPatching": loop_tdhook,
+    }
+    if nn_model is not None:
+        impls["loop of nnsight 0.8 traces"] = loop_nnsight
+    times = interleaved_medians(impls, rounds=3)
+    runs = {name: len(grid) if name.startswith("tdhook_fn patching") else len(part) for name in impls}
+    per_run = [(name, seconds / runs[name]) for name, seconds in times.items()]
+    ours = per_run[0][1]
+    print_table(f"patching sweep, {LAYERS} layers x {TOKENS} positions = {len(grid)} runs, time per patched run "
+                f"(loops timed over {len(part)} runs)", per_run, {"sweep": ours})
+    for size in (16, 128):
+        mib = peak_rss_growth_mib(lambda: patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=size))
+        print(f"  peak RSS growth, chunk_size={size:<4} {mib:8.1f} MiB")
+
+
+def bench_atp(model, f, p, clean, corrupt) -> None:  # type: ignore[no-untyped-def]
+    grid = [Site(f"transformer.h.{layer}", index=(t,)) for layer in range(LAYERS) for t in range(TOKENS)]
+    embeds = model.transformer.wte(corrupt["input_ids"]).detach()
+
+    def forward_backward():  # type: ignore[no-untyped-def]
+        x = embeds.clone().requires_grad_()
+        model(inputs_embeds=x).logits[..., -1, TOKEN].sum().backward()
+        return x.grad
+
+    with torch.enable_grad():
+        times = interleaved_medians({
+            "one forward + backward": forward_backward,
+            "tdhook_fn attribution_patching": lambda: attribution_patching(f, p, clean, corrupt, grid, metric),
+        }, rounds=7)
+    print_table(f"attribution patching over the same {len(grid)} sites", list(times.items()),
+                {"fwd+bwd": times["one forward + backward"]})
+
+
+def main() -> None:
+    model = gpt2()
+    f = tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"])
+    p = tdhook_fn.params(model)
+    g = torch.Generator().manual_seed(0)
+    clean, corrupt = (TensorDict(input_ids=torch.randint(0, 1000, (BATCH, TOKENS), generator=g), batch_size=[BATCH])
+                      for _ in range(2))
+    nn_model = _nnsight(model)
+    with torch.no_grad():
+        bench_caching(model, f, p, clean, nn_model)
+        bench_sweep(model, f, p, clean, corrupt, nn_model)
+    bench_atp(model, f, p, clean, corrupt)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
