@@ -1,0 +1,88 @@
+"""What the latent contexts share: the model at call time, sites, tdhook's value checks.
+
+# NOTE [latent contexts, pure]
+``ActivationPatching`` and ``ActivationAddition`` run no hook of their own: a prepared
+module is one :class:`~tdhook_fn.compat.modules.FunctionModule` that, on each call,
+takes the model as a pure function (with the hooked module's active virtual hooks, so
+hooks a user registers on the hooked module still fire) and calls
+:func:`tdhook_fn.latent.cache`, :func:`~tdhook_fn.latent.patch` or
+:func:`~tdhook_fn.latent.activation_addition`. As tdhook's ``ModuleCallWithCache``
+does, the batch is flattened to one dim for the model and restored after.
+
+tdhook caches a module's output with a hook that refuses anything but a tensor (a tuple
+output needs a ``cache_callback``, whose result must then be patched back as a tuple).
+The pure methods read a tuple at element 0 instead, so a patch function written for
+tdhook would see another value: :func:`tensor_guards` keeps tdhook's refusal, naming the
+module, rather than give a different number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+import tdhook_fn
+from tdhook_fn import Functional, Tap, intervene
+from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.latent import Site
+
+__all__ = ["check_td", "model_fn", "site_for", "tensor_guards", "under"]
+
+
+def under(prefix: Any, key: Any) -> tuple[str, ...]:
+    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
+    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
+
+
+def model_fn(module: TensorDictModuleBase) -> tuple[Functional, TensorDictBase]:
+    """The model of a prepared module as ``(f, live params)``, read at call time.
+
+    The params are the model's own tensors (as a tdhook forward uses them): gradients of
+    the results reach ``model.weight.grad``. Nothing is written to them.
+    """
+    if isinstance(module, RoutedModule):
+        wrapper, keywords = module.td_module, getattr(module.td_module, "_kwargs", None)
+        if keywords and module.model is not wrapper:
+            # in_keys given as a dict (Hugging Face's input_ids and attention_mask):
+            # RoutedModule.functional refuses them, the pure functional takes them.
+            mapping = dict(zip(wrapper.in_keys, keywords, strict=True))
+            f = tdhook_fn.functional(module.model, mapping, list(wrapper.out_keys)).with_taps(*module.taps())
+            return f, module.params()
+        return module.functional(), module.params()
+    return tdhook_fn.functional(module), tdhook_fn.params(module, detach=False)
+
+
+def site_for(index: int, path: str, site: str = "output") -> Site:
+    """A site at ``path`` with a private key (a module name could equal an out_key)."""
+    return Site(path, site="input" if site == "input" else "output", key=f"_tdhook_fn_{site}_{index}")
+
+
+def tensor_guards(method: str, paths: Sequence[str]) -> tuple[Tap, ...]:
+    """Taps refusing a non-tensor output at ``paths``, as tdhook's caching hook does."""
+
+    def guard(path: str) -> Tap:
+        def check(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                raise RuntimeError(
+                    f"{method}: the module {path!r} returned a {type(value).__name__}; {type(value).__name__} values "
+                    "are not supported for caching (as in tdhook). Patch or steer a submodule returning a tensor, or "
+                    f"use tdhook_fn.latent with Site({path!r}, element=0)"
+                )
+            return value
+
+        return intervene(path, check)
+
+    return tuple(guard(path) for path in paths)
+
+
+def check_td(method: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
+    """``td`` must be a TensorDict (the prepared module reads nested entries from it)."""
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(
+            f"{method}: call the hooked module on a TensorDict holding {list(keys)}, got {type(td).__name__}"
+        )
+    return td

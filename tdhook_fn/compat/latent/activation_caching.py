@@ -1,0 +1,135 @@
+"""``ActivationCaching`` with the public API of ``tdhook.latent.activation_caching`` (tdhook 0.1.3).
+
+Every call of the hooked module stores, in the context's cache, the value each module
+whose name matches ``key_pattern`` produces in each of ``directions``, under its name
+(or ``(direction, name)``). The caching hooks are tdhook's own
+(:meth:`HookFactory.make_caching_hook <tdhook_fn.compat.hooks.HookFactory.make_caching_hook>`),
+registered as *virtual* hooks on the hooked module (see NOTE [virtual hooks] in
+:mod:`tdhook_fn.compat.modules`): they fire on the private shadow each call runs on,
+and the model never carries a hook.
+
+# NOTE [caching is hooks]
+:func:`tdhook_fn.latent.cache` does not express tdhook's caching, in any direction:
+tdhook keeps the last run of a module that runs several times (``cache`` refuses it),
+refuses a tuple output without ``callback`` (``cache`` reads element 0), hands
+``callback`` the module and its ``args``, caches the backward directions (``bwd``,
+``bwd_pre``) and the inputs with keyword arguments (``fwd_pre_kwargs``), and leaves the
+tensors the model sees as they are (``cache`` flattens the batch dims). The cache is
+filled as a side effect of the hooked module's ordinary calls, whose outputs are the
+model's own. So every direction uses the compat virtual hooks; no number is computed.
+
+Differences from tdhook 0.1.3:
+
+- With ``relative=False`` names start at the hooked module as in tdhook
+  (``"td_module.module.linear2"``, ``"td_module"`` for the ``TensorDictModule``
+  wrapping an ``nn.Module``), whatever wrappers compat puts around the model.
+- ``ModuleList`` and ``ModuleDict`` containers (which never run) are not hooked.
+- Registering on entry either hooks every matching module or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tensordict import TensorDict
+from torch import nn
+
+from tdhook_fn import resolve_path
+from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
+from tdhook_fn.compat.hooks import HookDirection, HookFactory, MultiHookHandle, MultiHookManager
+from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules._virtual import module_path
+
+__all__ = ["ActivationCaching"]
+
+
+class ActivationCaching(HookingContextFactory):
+    """Caching the activations of the modules whose name matches a pattern.
+
+    Args:
+        key_pattern (str): a regular expression matched (``re.match``, so a prefix) against
+            module names.
+        relative (bool): names relative to the model (``"linear2"``); ``False``: to the
+            hooked module (``"td_module.module.linear2"``). Default: ``True``.
+        cache (TensorDict | None): where values go. Default: a new TensorDict, the
+            context's ``cache``.
+        callback (Callable | None): ``(module, ..., key, direction) -> value`` with the
+            hook arguments of the direction (``args``, ``output``, ``grad_input``, ...);
+            its result is cached instead of the direction's value.
+        directions (list[str] | None): among ``"fwd"``, ``"bwd"``, ``"fwd_pre"``,
+            ``"bwd_pre"``, ``"fwd_kwargs"``, ``"fwd_pre_kwargs"``. Default: ``["fwd"]``.
+        use_nested_keys (bool): key by ``(direction, name)``; forced by several
+            directions. Default: ``False``.
+        clear_cache (bool): empty the cache on entering the context. Default: ``True``.
+
+    Raises:
+        RuntimeError: (on calling) a value is neither a tensor nor a TensorDict (tuples:
+            the ``bwd``, ``bwd_pre`` and ``fwd_pre`` directions and tuple outputs need a
+            ``callback``), as in tdhook.
+    """
+
+    _hooking_context_class = HookingContextWithCache
+
+    def __init__(
+        self,
+        key_pattern: str,
+        relative: bool = True,
+        cache: TensorDict | None = None,
+        callback: Callable[..., Any] | None = None,
+        directions: list[HookDirection] | None = None,
+        use_nested_keys: bool = False,
+        clear_cache: bool = True,
+    ) -> None:
+        super().__init__()
+        self._hooking_context_kwargs["cache"] = cache
+        self._hooking_context_kwargs["clear_cache"] = clear_cache
+        self._key_pattern = key_pattern
+        self._relative = relative
+        self._hook_manager = MultiHookManager(key_pattern)  # holds the compiled pattern
+        self._callback = callback
+        self._directions: list[HookDirection] = list(directions or ["fwd"])
+        self._use_nested_keys = use_nested_keys or len(self._directions) > 1
+
+    @property
+    def key_pattern(self) -> str:
+        return self._key_pattern
+
+    @key_pattern.setter
+    def key_pattern(self, key_pattern: str) -> None:
+        self._hook_manager.pattern = key_pattern
+        self._key_pattern = key_pattern
+
+    def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
+        """The modules hooks may target, under tdhook's names (see the module docstring)."""
+        context = module.hooking_context
+        root = getattr(context, "_module", None)
+        if not isinstance(root, nn.Module):
+            root = module.td_module
+        extra = getattr(context, "_extra_relative_path", "")
+        if self._relative:
+            yield from resolve_path(root, extra).named_modules()
+        else:
+            for name, submodule in root.named_modules():
+                yield ("td_module." + name if name else "td_module"), submodule
+
+    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
+        cache = module.hooking_context.cache  # type: ignore[union-attr]
+        containers = (nn.ModuleList, nn.ModuleDict)
+        selected = [
+            (name, submodule) for name, submodule in self._named(module)
+            if self._hook_manager._selects(name, submodule) and not isinstance(submodule, containers)
+        ]
+        handles = []
+        try:
+            for direction in self._directions:
+                for name, submodule in selected:
+                    key = (direction, name) if self._use_nested_keys else name
+                    hook = HookFactory.make_caching_hook(key, cache, direction=direction, callback=self._callback)
+                    path = module_path(module, submodule)
+                    assert path is not None
+                    handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
+        except BaseException:
+            MultiHookHandle(handles).remove()
+            raise
+        return MultiHookHandle(handles)

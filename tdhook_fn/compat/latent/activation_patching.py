@@ -1,0 +1,173 @@
+"""``ActivationPatching`` with the public API of ``tdhook.latent.activation_patching`` (tdhook 0.1.3).
+
+A call of the hooked module on ``td`` runs the model on ``td``'s inputs (the clean run)
+and on ``td[patch_key]``'s inputs with the outputs of ``modules_to_patch`` replaced by
+their clean values (or by ``patch_fn(module_key=, output=, output_to_patch=)``), and
+writes the clean outputs into ``td`` and the patched ones under ``(patch_key, key)``.
+The clean activations come from :func:`tdhook_fn.latent.cache`, the patched run from
+:func:`tdhook_fn.latent.patch` (see NOTE [latent contexts, pure] in ``_calls.py``); no
+hook is registered on the model.
+
+Differences from tdhook 0.1.3:
+
+- ``patch_fn`` receives the ``module_key`` of the module being patched. tdhook passes
+  the last entry of ``modules_to_patch`` to every call (a closure over its loop variable).
+- With ``patch_fn``, the patched run is :class:`tdhook_fn.latent.Site` editors on the
+  pure model (``patch``'s ``fn`` does not say which site it is called for).
+- A module whose output is not a tensor (a tuple) raises ``RuntimeError`` naming it,
+  also with ``cache_callback`` (tdhook accepts it there if ``patch_fn`` returns a tuple).
+- A module that runs more than once in a forward raises ``ValueError`` (from
+  :func:`tdhook_fn.latent.cache`); tdhook caches its last run and patches every run
+  with it.
+- ``cache_callback`` is called with ``args=(first positional input,)``, ``key`` the
+  module key and ``direction="fwd"``.
+- With ``clean_intermediate_keys=False``, ``td["_cache", module_key]`` holds the values
+  patched in (clean activations, or ``cache_callback``'s results); tdhook's holds what
+  its caching hook saw last, the patched run's output when ``patch_fn`` changes it.
+  With ``clean_intermediate_keys=True`` the caller's TensorDict gets no ``"_cache"``
+  entry (tdhook leaves it there and returns a copy without it).
+- Inputs with several batch dims work (tdhook's cache reference dies there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+from tdhook_fn import resolve_path
+from tdhook_fn.compat.contexts import HookingContextFactory
+from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.latent import Site, cache, patch
+
+from ._calls import check_td, model_fn, site_for, tensor_guards, under
+
+__all__ = ["ActivationPatching"]
+
+Keys = list[Any]
+
+
+class ActivationPatching(HookingContextFactory):
+    """Activation patching: outputs of a run with some activations taken from another.
+
+    Args:
+        modules_to_patch (list[str]): module paths (relative to the model) to patch.
+        patch_key (str | tuple[str, ...]): the sub-TensorDict holding the inputs of the
+            patched run; its outputs go there too. Default: ``"patched"``.
+        clean_intermediate_keys (bool): drop the ``"_cache"`` entry of clean activations
+            from the result. Default: ``True``.
+        patch_fn (Callable | None): ``patch_fn(module_key=, output=, output_to_patch=)``
+            returning the patched output (``None``: the clean value). Default: the clean
+            value.
+        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value``
+            giving the value cached (and patched in) instead of the output.
+
+    Raises:
+        RuntimeError: (on calling) a patched module returns something other than a tensor.
+        ValueError: (on calling) a patched module runs more than once per forward.
+    """
+
+    def __init__(
+        self,
+        modules_to_patch: list[str],
+        patch_key: Any = "patched",
+        clean_intermediate_keys: bool = True,
+        patch_fn: Callable[..., Any] | None = None,
+        cache_callback: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self._modules_to_patch = list(modules_to_patch)
+        self._patch_key = patch_key
+        self._clean_intermediate_keys = clean_intermediate_keys
+        self._patch_fn = patch_fn
+        self._cache_callback = cache_callback
+        self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        """A module computing the clean and the patched run of ``module``'s model on each call."""
+        model = module.model if isinstance(module, RoutedModule) else module
+        submodules = {path: resolve_path(model, path) for path in self._modules_to_patch}  # fail on entry
+        if self._cache_callback is not None:
+            HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})
+        sites = [site_for(i, path) for i, path in enumerate(self._modules_to_patch)]
+        inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
+        in_keys, out_keys = list(in_keys), list(out_keys)
+
+        def patching(td: TensorDict) -> TensorDict:
+            td = check_td("ActivationPatching", td, [*in_keys, *(under(self._patch_key, k) for k in in_keys)])
+            f, params = model_fn(module)
+            f = f.with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
+            batch = td.batch_size
+            clean = td.select(*in_keys).reshape(-1)
+            corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)
+            with_inputs = self._cache_callback is not None
+            acts = cache(f, params, clean, [*sites, *inputs_at] if with_inputs else sites, outputs=True)
+            sources = TensorDict({}, batch_size=clean.batch_size)
+            for site, at, path in zip(sites, inputs_at, self._modules_to_patch, strict=True):
+                value = acts.get(site.key)
+                if with_inputs:
+                    value = self._cached(submodules[path], path, acts.get(at.key), value)
+                sources.set(site.key, value)
+            patched = self._patched_run(f, params, corrupted, sites, sources)
+            td.update(acts.select(*out_keys).reshape(batch))
+            self._put(td, patched.select(*out_keys).reshape(batch))
+            if not self._clean_intermediate_keys:
+                td.set("_cache", TensorDict(
+                    {path: sources.get(site.key) for site, path in zip(sites, self._modules_to_patch, strict=True)},
+                    batch_size=clean.batch_size,
+                ).reshape(batch))
+            return td
+
+        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
+        module_out = [*out_keys, *(under(self._patch_key, k) for k in out_keys)]
+        return FunctionModule(patching, module_in, module_out)
+
+    def _cached(self, submodule: Any, path: str, first_input: Any, output: torch.Tensor) -> Any:
+        """``cache_callback``'s value for ``path``, with tdhook's check."""
+        assert self._cache_callback is not None
+        value = self._cache_callback(module=submodule, args=(first_input,), output=output, key=path, direction="fwd")
+        if not isinstance(value, (torch.Tensor, TensorDictBase)):
+            raise RuntimeError(
+                f"{type(value).__name__} values are not supported for caching, use a `callback` to return a tensor "
+                "or a tensordict"
+            )
+        return value
+
+    def _patched_run(
+        self, f: Any, params: TensorDictBase, corrupted: TensorDictBase, sites: list[Site], sources: TensorDictBase
+    ) -> TensorDictBase:
+        if self._patch_fn is None:
+            return patch(f, params, corrupted, sites, sources)
+        patch_fn = self._patch_fn
+
+        def combine(path: str, source: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+            def new(output: torch.Tensor) -> torch.Tensor:
+                value = patch_fn(module_key=path, output=output, output_to_patch=source)
+                value = source if value is None else value
+                if type(value) is not type(output):
+                    raise RuntimeError(
+                        f"Callback returned a value of type {type(value).__name__} but the original value was of "
+                        f"type {type(output).__name__}"
+                    )
+                return value
+
+            return new
+
+        editors = [site.editor(combine(path, sources.get(site.key)))
+                   for site, path in zip(sites, self._modules_to_patch, strict=True)]
+        result: TensorDictBase = f.with_taps(*editors)(params, corrupted)
+        return result
+
+    def _put(self, td: TensorDictBase, outputs: TensorDictBase) -> None:
+        """Write ``outputs`` under ``patch_key``, updating a sub-TensorDict there (as tdhook)."""
+        previous = td.get(self._patch_key, None)
+        if isinstance(previous, TensorDictBase):
+            previous.update(outputs)
+        else:
+            td.set(self._patch_key, outputs)

@@ -1,0 +1,150 @@
+"""``SteeringVectors`` and ``ActivationAddition`` (``tdhook.latent.steering_vectors``, tdhook 0.1.3).
+
+:class:`SteeringVectors` replaces the outputs of ``modules_to_steer`` by
+``steer_fn(module_key=, output=)`` in every call of the hooked module: one virtual hook
+per module (see NOTE [virtual hooks] in :mod:`tdhook_fn.compat.modules`), so the model
+never carries a hook. :class:`ActivationAddition` computes steering vectors, the mean
+over samples of ``act(positive) - act(negative)``, with
+:func:`tdhook_fn.latent.activation_addition` (see NOTE [latent contexts, pure] in
+``_calls.py``).
+
+Differences from tdhook 0.1.3:
+
+- ``steer_fn`` receives the ``module_key`` of the module being steered; tdhook passes the
+  last entry of ``modules_to_steer`` to every call (a closure over its loop variable).
+- ``ActivationAddition`` returns ``TensorDict({steer_key: {module_key: vector}})`` as
+  tdhook does, and writes nothing into the caller's TensorDict (tdhook leaves its
+  pipeline's ``_positive_out``, ``_positive_cache``, ``_negative_out`` and
+  ``_negative_cache`` there, whatever ``clean_intermediate_keys`` says, which has no
+  effect in either).
+- ``ActivationAddition(cache_callback=...)`` raises ``NotImplementedError``: the vectors
+  come from :func:`tdhook_fn.latent.activation_addition`, which reads the module outputs
+  themselves (select within them with ``tdhook_fn.latent.Site(path, index=...)``).
+- A steered module returning something other than a tensor (a tuple) raises
+  ``RuntimeError`` naming it in ``ActivationAddition``, as tdhook's caching hook does; a
+  module running more than once per forward raises ``ValueError`` (tdhook keeps its last
+  run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModuleBase
+
+from tdhook_fn import resolve_path
+from tdhook_fn.compat.contexts import HookingContextFactory
+from tdhook_fn.compat.hooks import MultiHookHandle
+from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
+from tdhook_fn.latent import activation_addition
+
+from ._calls import check_td, model_fn, site_for, tensor_guards, under
+
+__all__ = ["ActivationAddition", "SteeringVectors"]
+
+Keys = list[Any]
+
+
+class SteeringVectors(HookingContextFactory):
+    """Steering: the outputs of some modules replaced by ``steer_fn`` of them.
+
+    Args:
+        modules_to_steer (list[str]): module paths (relative to the model).
+        steer_fn (Callable): ``steer_fn(module_key=, output=)`` returning the new output
+            (``None`` keeps it); it must have the output's type.
+    """
+
+    def __init__(self, modules_to_steer: list[str], steer_fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self._modules_to_steer = list(modules_to_steer)
+        self._steer_fn = steer_fn
+
+    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
+        steer_fn = self._steer_fn
+
+        def steering(path: str) -> Callable[..., Any]:
+            def callback(**kwargs: Any) -> Any:
+                return steer_fn(module_key=path, output=kwargs["output"])
+
+            return callback
+
+        handles = []
+        try:
+            for path in self._modules_to_steer:
+                handles.append(module.set(module_key=path, value=None, callback=steering(path), direction="fwd"))
+        except BaseException:
+            MultiHookHandle(handles).remove()
+            raise
+        return MultiHookHandle(handles)
+
+
+class ActivationAddition(HookingContextFactory):
+    """Steering vectors from pairs of examples: ``mean(act(positive) - act(negative))``.
+
+    Calling the hooked module on a TensorDict holding ``(positive_key, key)`` and
+    ``(negative_key, key)`` for its ``in_keys`` returns
+    ``TensorDict({steer_key: {module_key: vector}})``, each vector shaped like one
+    sample's activation.
+
+    Args:
+        modules_to_steer (list[str]): module paths (relative to the model).
+        positive_key (str | tuple[str, ...]): inputs of the positive examples.
+            Default: ``"positive"``.
+        negative_key (str | tuple[str, ...]): inputs of the negative examples.
+            Default: ``"negative"``.
+        steer_key (str | tuple[str, ...]): where the vectors go. Default: ``"steer"``.
+        clean_intermediate_keys (bool): accepted; no intermediate entry is written.
+        cache_callback (None): not supported (``NotImplementedError``).
+    """
+
+    def __init__(
+        self,
+        modules_to_steer: list[str],
+        positive_key: Any = "positive",
+        negative_key: Any = "negative",
+        steer_key: Any = "steer",
+        clean_intermediate_keys: bool = True,
+        cache_callback: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if cache_callback is not None:
+            raise NotImplementedError(
+                "ActivationAddition: cache_callback is not supported; the vectors are "
+                "tdhook_fn.latent.activation_addition of the module outputs (select within them with "
+                "tdhook_fn.latent.Site(path, index=...))"
+            )
+        self._modules_to_steer = list(modules_to_steer)
+        self._positive_key = positive_key
+        self._negative_key = negative_key
+        self._steer_key = steer_key
+        self._clean_intermediate_keys = clean_intermediate_keys
+        self._cache_callback = cache_callback
+        self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        """A module computing the steering vectors of ``module``'s model on each call."""
+        model = module.model if isinstance(module, RoutedModule) else module
+        for path in self._modules_to_steer:
+            resolve_path(model, path)  # fail on entry
+        sites = [site_for(i, path) for i, path in enumerate(self._modules_to_steer)]
+        in_keys = list(in_keys)
+        module_in = [under(key, k) for key in (self._positive_key, self._negative_key) for k in in_keys]
+
+        def vectors(td: TensorDict) -> TensorDict:
+            td = check_td("ActivationAddition", td, module_in)
+            f, params = model_fn(module)
+            f = f.with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
+            positive = td.get(self._positive_key).select(*in_keys).reshape(-1)
+            negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
+            steer = activation_addition(f, params, positive, negative, sites)
+            result = TensorDict({}, batch_size=[], device=td.device)
+            for site, path in zip(sites, self._modules_to_steer, strict=True):
+                result.set(under(self._steer_key, path), steer.get(site.key))
+            return result
+
+        module_out = [under(self._steer_key, path) for path in self._modules_to_steer]
+        return FunctionModule(vectors, module_in, module_out)
