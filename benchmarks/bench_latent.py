@@ -27,12 +27,15 @@ warnings.filterwarnings("ignore")
 transformers.logging.set_verbosity_error()
 LAYERS, TOKENS, BATCH, TOKEN = 6, 64, 8, 3
 LOOP_SLICE = 16  # sites timed in the loops (per-run cost is what is compared)
+# eager attention: torch's fused CPU attention has no vmap batching rule (vmap then loops over the runs)
+ATTENTION = "eager"
 
 
 def gpt2() -> transformers.GPT2LMHeadModel:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=LAYERS, n_embd=256, n_head=8, vocab_size=1000, n_positions=TOKENS,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = ATTENTION
     return transformers.GPT2LMHeadModel(config).eval()
 
 

@@ -3,25 +3,33 @@
 # NOTE [patching sweeps]
 A sweep patches each site, one at a time, with its activation from the clean run and
 reads a metric. Hook libraries run one hooked forward per site in a Python loop. Here
-the runs are folded into the batch: ``chunk_size`` runs (all of them by default) go
-through the model as one batch of ``chunk_size * N`` samples; at each module one tap
-copies the activation once and writes, into the rows of each run patched there, that
-run's clean selection (the patched values are the clean ones exactly, the other rows
-untouched). So any model that takes a batch takes the sweep (Hugging Face attention
-masks included), the result equals the loop of :func:`patch` calls up to the rounding
-of a larger batch, and ``chunk_size`` bounds the memory to ``chunk_size`` forwards. The
-write into the copy is in place, so ``vmap`` over a sweep is not supported (``grad``
-is).
+all runs of a chunk (``chunk_size`` runs, all by default) go through the model at once:
+
+- ``batching="vmap"`` (default): ``torch.func.vmap`` over one boolean mask per run and
+  module; the tap at a module takes the clean activation where the run's mask is set
+  (``torch.where``: the patched values are the clean ones exactly). Tensors are batched
+  over the runs only from the first patched module on, so everything before it (the
+  embeddings and the layers below, for a sweep ordered layer by layer) is computed once
+  for the whole chunk. The model must run under ``vmap``.
+- ``batching="fold"``: the runs are folded into the batch (``chunk_size * N``
+  samples); at each module one tap copies the activation once and writes, into the rows
+  of each run patched there, that run's clean selection. Any model that takes a batch
+  takes it (every module runs for every run). The write into the copy is in place:
+  ``grad`` goes through it, ``vmap`` does not.
+
+Either way the result equals the loop of :func:`patch` calls up to float rounding, and
+``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._functional import Functional
 from .._taps import Tap
 from ._cache import cache
 from ._run import Metric, check_f, flat_sources, forward, metric_values
@@ -96,11 +104,12 @@ def patching_sweep(
     metric: Metric,
     *,
     chunk_size: int | None = None,
+    batching: Literal["vmap", "fold"] = "vmap",
 ) -> torch.Tensor:
     """``metric`` of the corrupted run with each site, in turn, patched from the clean run.
 
-    All runs go through the model in batches of ``chunk_size`` runs (see NOTE [patching
-    sweeps]), not in a loop of forwards.
+    All runs of a chunk go through the model at once (see NOTE [patching sweeps]), not
+    in a loop of forwards.
 
     Args:
         f (Functional): pure function of a model.
@@ -112,6 +121,12 @@ def patching_sweep(
         metric (Callable): ``outputs -> Tensor`` of one value per sample (the outputs'
             batch dims, whatever they are).
         chunk_size (int | None): runs per forward; bounds memory. Default: all.
+        batching (str): ``"vmap"`` maps the runs with ``torch.func.vmap`` over their
+            patch masks: everything before a chunk's first patched module runs once,
+            and each run equals its :func:`patch` call up to float rounding (the
+            model must run under ``vmap``; Hugging Face models do). ``"fold"`` folds the runs into the
+            batch: any model that takes a batch, every module runs for every run.
+            Default: ``"vmap"``.
 
     Returns:
         Tensor: ``[len(sites), *B]``, in the order of ``sites``.
@@ -133,20 +148,76 @@ def patching_sweep(
         raise ValueError(f"patching_sweep: clean has batch {list(clean.batch_size)}, corrupted {list(batch)}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"patching_sweep: chunk_size should be None or an int > 0, got {chunk_size!r}")
-    sources = flat_sources("patching_sweep", cache(f, params, clean, chosen, detach=False), chosen, batch, "sources")
+    if batching not in ("vmap", "fold"):
+        raise ValueError(f"patching_sweep: batching must be 'vmap' or 'fold', got {batching!r}")
     flat = corrupted.reshape(-1)
-    n = flat.batch_size[0]
     size = chunk_size or len(chosen)
-    values = []
-    for start in range(0, len(chosen), size):
-        runs = chosen[start : start + size]
-        groups: dict[tuple[Any, ...], list[tuple[int, Site]]] = {}
-        for k, site in enumerate(runs):  # one tap per module: all its runs in one write
-            groups.setdefault((site.path, site.site, site.call, site.element), []).append((k, site))
-        taps = [_runs_tap(members, sources, len(runs), n) for members in groups.values()]
-        out = forward(f, params, flat.expand(len(runs), n).reshape(-1), taps)
-        values.append(metric_values("patching_sweep", metric, out, (len(runs), *batch)))
+    chunks = [chosen[start : start + size] for start in range(0, len(chosen), size)]
+    if batching == "fold":
+        sources = flat_sources("patching_sweep", cache(f, params, clean, chosen), chosen, batch, "sources")
+        values = [_folded(f, params, flat, runs, sources, metric, batch) for runs in chunks]
+    else:
+        modules = _modules(chosen)
+        full = flat_sources("patching_sweep", cache(f, params, clean, list(modules.values())), list(modules.values()),
+                            batch, "sources")
+        values = [_mapped(f, params, flat, runs, modules, full, metric, batch) for runs in chunks]
     return torch.cat(values)
+
+
+Group = tuple[str, str, int | None, int]
+
+
+def _group(site: Site) -> Group:
+    return (site.path, site.site, site.call, site.element)
+
+
+def _modules(sites: Sequence[Site]) -> dict[Group, Site]:
+    """A whole-activation site for each module (and element) the sites read."""
+    out: dict[Group, Site] = {}
+    for site in sites:
+        key = _group(site)
+        if key not in out:
+            out[key] = Site(site.path, element=site.element, site=site.site, call=site.call,
+                            key=f"_tdhook_fn_module_{len(out)}")
+    return out
+
+
+def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
+            modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size) -> torch.Tensor:
+    """One chunk under ``vmap`` over per-run masks: run ``k`` takes the clean values where its mask is set."""
+    masks: dict[str, torch.Tensor] = {}
+    for k, site in enumerate(runs):
+        whole = modules[_group(site)]
+        clean = full[whole.key]
+        if whole.key not in masks:
+            depth = max(len(s.index) for s in runs if _group(s) == _group(site))
+            shape = [clean.shape[d + 1] if d < depth else 1 for d in range(clean.dim() - 1)]
+            masks[whole.key] = torch.zeros(len(runs), 1, *shape, dtype=torch.bool, device=clean.device)
+        masks[whole.key][k][(slice(None), *as_indices(site.index))] = True
+    chunk_modules = [m for m in modules.values() if m.key in masks]
+
+    def one_run(mask: dict[str, torch.Tensor]) -> torch.Tensor:
+        taps = [m.editor(_where(mask[m.key], full[m.key])) for m in chunk_modules]
+        out = forward(f, params, flat, taps)
+        return metric_values("patching_sweep", metric, out, batch)
+
+    return torch.func.vmap(one_run)(masks)
+
+
+def _where(mask: torch.Tensor, clean: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda current: torch.where(mask, clean.to(current.dtype), current)
+
+
+def _folded(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
+            sources: dict[str, Any], metric: Metric, batch: torch.Size) -> torch.Tensor:
+    """One chunk with its runs folded into the batch (``runs * N`` samples)."""
+    n = flat.batch_size[0]
+    groups: dict[Group, list[tuple[int, Site]]] = {}
+    for k, site in enumerate(runs):  # one tap per module: all its runs in one write
+        groups.setdefault(_group(site), []).append((k, site))
+    taps = [_runs_tap(members, sources, len(runs), n) for members in groups.values()]
+    out = forward(f, params, flat.expand(len(runs), n).reshape(-1), taps)
+    return metric_values("patching_sweep", metric, out, (len(runs), *batch))
 
 
 def _runs_tap(members: list[tuple[int, Site]], sources: dict[str, Any], runs: int, n: int) -> Tap:

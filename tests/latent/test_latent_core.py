@@ -86,6 +86,11 @@ def test_sweep_chunks_and_atp_linear_case():
     metric = lambda out: out["output"][..., 1]
     sweep = patching_sweep(f, p, clean, corrupt, grid, metric)
     torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=3), sweep)
+    torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, metric, batching="fold"), sweep)
+    mixed = [Site("[2]", index=(1,)), Site("[3]"), Site("[0]", index=(slice(0, 2),))]  # several modules, one chunk
+    loop = torch.stack([metric(patch(f, p, corrupt, s, cache(f, p, clean, s))) for s in mixed])
+    for batching in ("vmap", "fold"):
+        torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, mixed, metric, batching=batching), loop)
     exact = sweep - metric(f(p, corrupt))
     torch.testing.assert_close(attribution_patching(f, p, clean, corrupt, grid, metric), exact, atol=1e-6, rtol=1e-5)
 
@@ -105,6 +110,8 @@ BAD = [
      "no module name matches"),
     ("bad-alpha", lambda f, p, c, x: steer(f, p, c, "[0]", TensorDict({"0": torch.ones(4)}),
                                          alpha=torch.ones(2, 2)), ValueError, "1-d tensor"),
+    ("bad-batching", lambda f, p, c, x: patching_sweep(f, p, c, x, ["[0]"], lambda out: out["output"][..., 0],
+                                                       batching="loop"), ValueError, "'vmap' or 'fold'"),
     ("batch-mismatch", lambda f, p, c, x: patching_sweep(f, p, c, x[:2], ["[0]"], lambda out: out["output"][..., 0]),
      ValueError, "clean has batch [5], corrupted [2]"),
 ]

@@ -93,6 +93,8 @@ def test_patching_sweep_equals_the_loop(gpt2):
     torch.testing.assert_close(sweep, loop, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, _last_logit, chunk_size=5), sweep,
                                rtol=1e-5, atol=1e-5)
+    folded = patching_sweep(f, p, clean, corrupt, grid, _last_logit, chunk_size=7, batching="fold")
+    torch.testing.assert_close(folded, sweep, rtol=1e-5, atol=1e-5)
 
 
 def test_attribution_patching_is_exact_where_the_metric_is_linear(gpt2):
