@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ._cache import cache
-from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values
+from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_sites
 
 __all__ = ["attribution_patching"]
@@ -72,6 +72,7 @@ def attribution_patching(
     targets = flat_sources("attribution_patching", cache(f, params, clean, chosen, detach=True), chosen, batch,
                            "clean activations")
     flat = corrupted.reshape(-1)
+    chosen = resolve_runs("attribution_patching", f, params, flat, chosen)
     zeros = {key: torch.zeros(shape, dtype=dtype, device=targets[key].device)
              for key, (shape, dtype) in _shapes(f, params, flat, chosen).items()}
 

@@ -42,7 +42,8 @@ def cache(
         TensorDict: batch ``[*B]``; ``result[site.key]`` is ``[*B, *selection]``.
 
     Raises:
-        ValueError: a site never ran, or ran twice without ``call``; keys clash.
+        ValueError: a site never ran, or ran twice without ``call``; keys clash (also
+            with ``f``'s out_keys, with ``outputs``).
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -64,6 +65,9 @@ def cache(
         value = value.detach() if detach else value
         result.set(site.key, value if dtype is None else value.to(dtype))
     if outputs:
+        clash = sorted(str(k) for k in f.out_keys if k in result.keys())
+        if clash:
+            raise ValueError(f"cache: out_keys {clash} are also site keys; give the sites other keys (Site(..., key=))")
         for key in f.out_keys:
             result.set(key, out.get(key).reshape(*batch, *out.get(key).shape[1:]))
     return result

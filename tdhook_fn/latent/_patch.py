@@ -32,7 +32,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional
 from .._taps import Tap
 from ._cache import cache
-from ._run import Metric, check_f, flat_sources, forward, metric_values
+from ._run import Metric, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
 
 __all__ = ["patch", "patching_sweep"]
@@ -89,10 +89,11 @@ def patch(
     f = check_f("patch", f, params, inputs)
     chosen = as_sites(sites, "patch")
     batch = inputs.batch_size
-    flat = flat_sources("patch", sources, chosen, batch, "sources")
-    taps = [site.editor(_replacer("patch", site, flat[site.key], fn)) for site in chosen]
-    out = forward(f, params, inputs.reshape(-1), taps)
-    return out.reshape(batch)
+    given = flat_sources("patch", sources, chosen, batch, "sources")
+    flat = inputs.reshape(-1)
+    chosen = resolve_runs("patch", f, params, flat, chosen)
+    taps = [site.editor(_replacer("patch", site, given[site.key], fn)) for site in chosen]
+    return forward(f, params, flat, taps).reshape(batch)
 
 
 def patching_sweep(
@@ -151,6 +152,7 @@ def patching_sweep(
     if batching not in ("vmap", "fold"):
         raise ValueError(f"patching_sweep: batching must be 'vmap' or 'fold', got {batching!r}")
     flat = corrupted.reshape(-1)
+    chosen = resolve_runs("patching_sweep", f, params, flat, chosen)
     size = chunk_size or len(chosen)
     chunks = [chosen[start : start + size] for start in range(0, len(chosen), size)]
     if batching == "fold":

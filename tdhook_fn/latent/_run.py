@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -13,7 +14,7 @@ from .._functional import Functional
 from .._taps import Tap
 from ._sites import Site
 
-__all__ = ["Reads", "check_f", "flat_sources", "forward", "metric_values", "unflatten"]
+__all__ = ["Reads", "check_f", "flat_sources", "forward", "metric_values", "resolve_runs", "unflatten"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Metric = Callable[[TensorDictBase], torch.Tensor]
@@ -49,10 +50,43 @@ class Reads:
         runs = self.values[site.key]
         if not runs:
             raise ValueError(f"{self.method}: site {site.key!r} never ran in the forward")
+        if site.call is not None and site.call < 0:
+            if -site.call > len(runs):
+                raise ValueError(f"{self.method}: site {site.key!r} has call={site.call} but ran {len(runs)} times")
+            return runs[site.call]
         if len(runs) > 1:
             raise ValueError(f"{self.method}: site {site.key!r} ran {len(runs)} times in one forward; pick one run "
-                             "with Site(..., call=k)")
+                             "with Site(..., call=k) (-1 for the last)")
         return runs[0]
+
+    def counts(self) -> dict[str, int]:
+        return {key: len(runs) for key, runs in self.values.items()}
+
+
+def resolve_runs(method: str, f: Functional, params: TensorDictBase, flat: TensorDictBase,
+                 sites: Sequence[Site]) -> list[Site]:
+    """``sites`` with a negative ``call`` counted from the first run, from a probe forward (meta tensors)."""
+    negative = [s for s in sites if s.call is not None and s.call < 0]
+    if not negative:
+        return list(sites)
+    reads = Reads(method, [Site(s.path, element=s.element, site=s.site, key=s.key) for s in negative])
+    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
+    try:
+        forward(f, cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, flat.apply(meta)), reads.taps())
+    except Exception:  # a forward that meta tensors cannot run: run it for real
+        reads = Reads(method, [Site(s.path, element=s.element, site=s.site, key=s.key) for s in negative])
+        with torch.no_grad():
+            forward(f, params, flat, reads.taps())
+    counts = reads.counts()
+    out = []
+    for site in sites:
+        if site.call is not None and site.call < 0:
+            runs = counts[site.key]
+            if not -runs <= site.call:
+                raise ValueError(f"{method}: site {site.key!r} has call={site.call} but ran {runs} times")
+            site = dataclasses.replace(site, call=runs + site.call)
+        out.append(site)
+    return out
 
 
 def forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, taps: Sequence[Tap]) -> TensorDict:

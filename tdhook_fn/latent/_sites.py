@@ -13,7 +13,9 @@ A site is a submodule path plus, optionally, a selection of its activation:
   selection back out of place (``select_scatter``, ``slice_scatter``, ``index_copy``),
   so they compose with ``vmap`` and ``grad``.
 - ``site``: the module's ``"output"`` (default) or its first ``"input"``.
-- ``call``: the run of a module that runs more than once in one forward.
+- ``call``: the run of a module that runs more than once in one forward (``0`` the
+  first; negative counts from the end: ``-1`` is the last run, as hook libraries that
+  overwrite their cache see it). Without it such a module is an error.
 
 :func:`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
 A site's ``key`` (its path as a name, plus the selection) names its entry in results.
@@ -46,7 +48,8 @@ class Site:
         index (tuple): selection within one sample; ``()`` is the whole activation.
         element (int): the element of a tuple output. Default: 0.
         site (str): ``"output"`` or ``"input"``. Default: ``"output"``.
-        call (int | None): the run of a module that runs several times. Default: every run.
+        call (int | None): the run of a module that runs several times (``-1`` the last).
+            Default: ``None``, the module must run once.
         key (str): the name of its entry in results. Default: from path and index.
     """
 
@@ -69,6 +72,8 @@ class Site:
         object.__setattr__(self, "index", tuple(list(p) if isinstance(p, tuple) else p for p in index))
         if self.site not in ("output", "input"):
             raise ValueError(f"Site {self.path!r}: site must be 'output' or 'input', got {self.site!r}")
+        if self.call is not None and (isinstance(self.call, bool) or not isinstance(self.call, int)):
+            raise TypeError(f"Site {self.path!r}: call must be None or an int, got {self.call!r}")
         if not self.key:
             name = path_to_name(self.path) or "root"
             object.__setattr__(self, "key", name + "".join(f"[{_show(p)}]" for p in self.index))
@@ -94,11 +99,18 @@ class Site:
             store(self.read(value))
             return None
 
-        return Tap(self.path, "intervene", read, self.site, call=self.call)
+        return Tap(self.path, "intervene", read, self.site, call=self._tap_call())
 
     def editor(self, new: Callable[[torch.Tensor], torch.Tensor]) -> Tap:
         """A tap replacing the selected activation by ``new(selected)``."""
+        if self.call is not None and self.call < 0:
+            raise ValueError(f"site {self.key!r}: an edit needs the run counted from the first (call={self.call}); "
+                             "the latent methods resolve it with a probe forward (see resolve_runs)")
         return Tap(self.path, "intervene", lambda value: self.write(value, new), self.site, call=self.call)
+
+    def _tap_call(self) -> int | None:
+        """The run a reading tap fires at: every run for a negative ``call`` (picked afterwards)."""
+        return None if self.call is None or self.call < 0 else self.call
 
     def element_of(self, value: Any) -> torch.Tensor:
         """The tensor the site reads in a module's output (or input) ``value``."""

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ._cache import cache
-from ._run import check_f, flat_sources, forward
+from ._run import check_f, flat_sources, forward, resolve_runs
 from ._sites import Site, as_sites
 
 __all__ = ["activation_addition", "steer"]
@@ -55,6 +55,7 @@ def steer(
     if scales.dim() > 1 or (scales.dim() == 1 and len(scales) == 0):
         raise ValueError(f"steer: alpha must be a number or a 1-d tensor of scales, got shape {tuple(scales.shape)}")
     flat = inputs.reshape(-1)
+    chosen = resolve_runs("steer", f, params, flat, chosen)
     n = flat.batch_size[0]
     if scales.dim() == 0:
         taps = [site.editor(_plus(alpha, vecs[site.key])) for site in chosen]

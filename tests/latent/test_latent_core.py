@@ -123,3 +123,39 @@ def test_bad_input(call, exc, words):
     with pytest.raises(exc) as info:
         call(f, p, clean, corrupt)
     assert words in str(info.value)
+
+
+class _Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(self.lin(torch.tanh(self.lin(x))))
+
+
+def test_a_module_that_runs_twice_needs_a_run():
+    torch.manual_seed(0)
+    net = _Twice().eval()
+    f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    x = torch.randn(4, 3)
+    td = TensorDict(input=x, batch_size=[4])
+    first, last = net.lin(x), net.lin(torch.tanh(net.lin(x)))
+    with pytest.raises(ValueError, match=r"'lin' ran 2 times.*call=k"):
+        cache(f, p, td, "lin")
+    torch.testing.assert_close(cache(f, p, td, Site("lin", call=0))["lin"], first)
+    torch.testing.assert_close(cache(f, p, td, Site("lin", call=-1))["lin"], last)
+    zeros = TensorDict({"lin": torch.zeros(4, 3)}, batch_size=[4])
+    torch.testing.assert_close(patch(f, p, td, Site("lin", call=-1), zeros)["output"], net.head(torch.zeros(4, 3)))
+    patched_first = net.head(net.lin(torch.tanh(torch.zeros(4, 3))))
+    torch.testing.assert_close(patch(f, p, td, Site("lin", call=0), zeros)["output"], patched_first)
+    with pytest.raises(ValueError, match=r"call=-3 but ran 2 times"):
+        cache(f, p, td, Site("lin", call=-3))
+
+
+def test_cache_outputs_clashing_with_a_site_key():
+    net = nn.Sequential(nn.Linear(3, 2))
+    f = tdhook_fn.functional(net, out_keys=["0"])
+    with pytest.raises(ValueError, match=r"out_keys \['0'\] are also site keys"):
+        cache(f, tdhook_fn.params(net), TensorDict(input=torch.ones(2, 3), batch_size=[2]), "[0]", outputs=True)
