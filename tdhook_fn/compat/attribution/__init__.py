@@ -3,7 +3,8 @@
 Each class is a :class:`~tdhook_fn.compat.contexts.HookingContextFactory` whose numbers
 come from the pure methods of :mod:`tdhook_fn.attribution`; see
 :mod:`tdhook_fn.compat.attribution.gradient_helpers.common` for what differs from tdhook.
-``LRP`` and ``ActivationMaximisation`` are not provided.
+``LRP`` computes through :func:`tdhook_fn.attribution.lrp` (rules in ``lrp_helpers``);
+``ActivationMaximisation`` is not provided.
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -15,9 +16,11 @@ come from the pure methods of :mod:`tdhook_fn.attribution`; see
 (torch.Size([5, 3]), torch.Size([5, 4]))
 """
 
+from . import lrp_helpers
 from .grad_cam import GradCAM
 from .guided_backpropagation import GuidedBackpropagation
 from .integrated_gradients import IntegratedGradients
+from .lrp import LRP
 from .saliency import Saliency
 
-__all__ = ["GradCAM", "GuidedBackpropagation", "IntegratedGradients", "Saliency"]
+__all__ = ["LRP", "GradCAM", "GuidedBackpropagation", "IntegratedGradients", "Saliency", "lrp_helpers"]

@@ -1,0 +1,180 @@
+"""``LRP`` (``tdhook.attribution.lrp``): layer-wise relevance propagation by a rule mapper.
+
+The rule mapper is asked once per module on entering the context, with tdhook's names
+(those of the wrapping ``TensorDictModule``: ``"module.0"``); each call computes the
+relevance with :func:`tdhook_fn.attribution.lrp`, the chosen rules run as modified VJPs
+on a pure forward (nothing is registered on the model, no ``forward`` is swapped).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from torch import nn
+
+from tdhook_fn import attribution
+from tdhook_fn.attribution import lrp, rule_taps
+from tdhook_fn.compat.modules._routed import RoutedModule
+
+from .gradient_helpers import GradientAttribution
+from .gradient_helpers._calls import AttributionCall, UserFn, model_of, user_model
+from .lrp_helpers.rules import Rule
+
+__all__ = ["LRP"]
+
+Keys = list[Any]
+_ByModule = dict[int, attribution.Rule]
+
+
+def _tdhook_named_modules(module: TensorDictModuleBase) -> list[tuple[str, nn.Module]]:
+    """Submodules under the names tdhook's rule mapper sees (those of the wrapping module)."""
+    root = module.td_module if isinstance(module, RoutedModule) else module
+    return list(root.named_modules())
+
+
+def _as_rule(rule: Any, name: str) -> attribution.Rule:
+    if isinstance(rule, Rule):
+        return rule.rule()
+    if callable(getattr(rule, "relevance", None)):
+        return rule  # type: ignore[no-any-return]
+    raise TypeError(f"LRP: the rule mapper gave module {name!r} a {type(rule).__name__}; give a rule of "
+                    "tdhook_fn.compat.attribution.lrp_helpers.rules or of tdhook_fn.attribution, or None")
+
+
+class LRP(GradientAttribution):
+    """Layer-wise relevance propagation (Bach et al. 2015) with per-module rules.
+
+    Computed by :func:`tdhook_fn.attribution.lrp`. The relevance put in at the targets is
+    the gradient fed back (ones, or ``init_attr_grads``), and results are relevances
+    (not multiplied by the inputs again), under ``(attribution_key, key)`` and
+    ``(attribution_key, path)`` for ``input_modules``.
+
+    Args:
+        use_inputs, use_outputs, input_modules, target_modules, init_attr_targets,
+        init_attr_inputs, init_attr_cache_in, init_attr_grads, additional_init_keys,
+        attribution_key, clean_intermediate_keys, cache_callback:
+            see :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttribution`.
+        output_grad_callbacks (None): not supported with LRP (a rule replaces the module's
+            backward); must be ``None`` or empty.
+        rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g.
+            :class:`~tdhook_fn.compat.attribution.lrp_helpers.rules.EpsilonPlus`. A rule is
+            a tdhook rule class of ``lrp_helpers.rules`` or a :mod:`tdhook_fn.attribution`
+            rule. Default: no rules (plain gradients).
+        warn_on_missing_rule (bool): warn, on entering the context, for each module
+            (containers included) without a rule that ``skip_modules`` does not skip.
+            Default: ``True``.
+        skip_modules (Callable | None): ``(name, module) -> bool``: modules not given to the
+            rule mapper, e.g. :meth:`default_skip`. Default: none skipped.
+
+    Raises:
+        NotImplementedError: ``output_grad_callbacks`` are given.
+        TypeError, ValueError: (on entering a context) the rule mapper returns something
+            that is not a rule, a rule for a module outside the model, or rules that nest.
+    """
+
+    def __init__(
+        self,
+        use_inputs: bool = True,
+        use_outputs: bool = True,
+        input_modules: list[str] | None = None,
+        target_modules: list[str] | None = None,
+        init_attr_targets: UserFn | None = None,
+        init_attr_inputs: UserFn | None = None,
+        init_attr_cache_in: UserFn | None = None,
+        init_attr_grads: UserFn | None = None,
+        additional_init_keys: list[Any] | None = None,
+        output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
+        attribution_key: Any = "attr",
+        clean_intermediate_keys: bool = True,
+        cache_callback: Callable[..., Any] | None = None,
+        rule_mapper: Callable[[str, nn.Module], Any] | None = None,
+        warn_on_missing_rule: bool = True,
+        skip_modules: Callable[[str, nn.Module], bool] | None = None,
+    ) -> None:
+        if output_grad_callbacks:
+            raise NotImplementedError("LRP: output_grad_callbacks are not supported: the rules replace the "
+                                      "modules' backward; give the module a custom rule instead")
+        super().__init__(
+            use_inputs=use_inputs,
+            use_outputs=use_outputs,
+            input_modules=input_modules,
+            target_modules=target_modules,
+            init_attr_targets=init_attr_targets,
+            init_attr_inputs=init_attr_inputs,
+            init_attr_cache_in=init_attr_cache_in,
+            init_attr_grads=init_attr_grads,
+            additional_init_keys=additional_init_keys,
+            output_grad_callbacks=None,
+            attribution_key=attribution_key,
+            clean_intermediate_keys=clean_intermediate_keys,
+            cache_callback=cache_callback,
+        )
+        self._rule_mapper = rule_mapper or (lambda name, module: None)
+        self._warn_on_missing_rule = warn_on_missing_rule
+        self._skip_modules = skip_modules
+        # the rules chosen on entering each open context, per user model (read by each call)
+        self._rules: weakref.WeakKeyDictionary[nn.Module, list[_ByModule]] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def default_skip(name: str, module: nn.Module) -> bool:
+        """Skip the wrappers and containers: names ``""``, ``"td_module"``, ``"module"``,
+        and ``nn.ModuleList``, ``nn.Sequential``, ``TensorDictModule`` instances."""
+        return name in ("", "td_module", "module") or isinstance(module, (nn.ModuleList, nn.Sequential,
+                                                                          TensorDictModule))
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        model = user_model(module)
+        inside = {id(m) for m in model.modules()}
+        chosen: _ByModule = {}
+        for name, child in _tdhook_named_modules(module):
+            if self._skip_modules is not None and self._skip_modules(name, child):
+                continue
+            rule = self._rule_mapper(name, child)
+            if rule is None:
+                if self._warn_on_missing_rule:
+                    warnings.warn(f"No rule found for module `{name}` ({type(child).__name__})", stacklevel=2)
+                continue
+            if id(child) not in inside:
+                raise ValueError(f"LRP: the rule mapper gave a rule to {name!r} ({type(child).__name__}), which is "
+                                 "a wrapper around the model, not a module of it; give rules to the model's modules")
+            chosen[id(child)] = _as_rule(rule, name)
+        rule_taps(model_of(module)[0], self._mapper(chosen), warn_on_missing_rule=False)  # nesting fails now
+        self._rules.setdefault(model, []).append(chosen)
+        return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
+
+    def _restore_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        open_contexts = self._rules.get(user_model(module), [])
+        if open_contexts:
+            open_contexts.pop()
+        restored: TensorDictModuleBase = super()._restore_module(module, in_keys, out_keys, extra_relative_path)
+        return restored
+
+    @staticmethod
+    def _mapper(chosen: _ByModule) -> Callable[[str, nn.Module], attribution.Rule | None]:
+        return lambda name, module: chosen.get(id(module))
+
+    def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
+        open_contexts = self._rules.get(call.f.model)
+        if not open_contexts:
+            raise RuntimeError("LRP: this hooked module's context is closed (its rules were chosen on entering it); "
+                               "call it inside the with block")
+        chosen = open_contexts[-1]
+        options = call.options()
+        options.pop("grad_fns")
+        return lrp(
+            call.f, call.params, call.inputs, rules=self._mapper(chosen), layers=call.layers,
+            use_inputs=call.use_inputs, input_keys=call.input_keys, warn_on_missing_rule=False, **options,
+        )
+
+    def _grad_attr(self, grads: TensorDict, inputs: TensorDict) -> TensorDict:
+        """The gradients are the relevances: returned as they are."""
+        return grads

@@ -1,0 +1,9 @@
+"""``tdhook.attribution.lrp_helpers``: tdhook's LRP rule classes, the ``Sum`` layer and module types.
+
+The rule classes stand for the rules of :mod:`tdhook_fn.attribution` (``EpsilonRule()``
+is :class:`tdhook_fn.attribution.Epsilon`); see :mod:`.rules`.
+"""
+
+from . import layers, rules, types
+
+__all__ = ["layers", "rules", "types"]

@@ -1,0 +1,235 @@
+"""``tdhook.attribution.lrp_helpers.rules``: tdhook's rule classes and composites, as tdhook_fn rules.
+
+Each tdhook rule class takes tdhook's arguments with tdhook's defaults and stands for a
+rule of :mod:`tdhook_fn.attribution` (its :meth:`Rule.rule`), which computes the
+relevance; nothing is registered on a module. A rule mapper (``rule_mapper`` of
+:class:`~tdhook_fn.compat.attribution.LRP`, or :class:`EpsilonPlus`) may return these or
+tdhook_fn rules directly; a custom rule is an object with a ``relevance(call, grad)``
+method (see :class:`tdhook_fn.attribution.Rule`), not a subclass of :class:`Rule`.
+
+>>> import torch
+>>> EpsilonPlus()("0", torch.nn.Conv2d(1, 2, 3)).rule()
+AlphaBeta(alpha=1.0, beta=0.0, stabilizer=1e-06)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tdhook_fn import attribution
+
+from .layers import Sum
+from .types import Activation, AvgPool, BatchNorm, Convolution, MaxPool
+
+__all__ = [
+    "AHQKVRule",
+    "AlphaBetaRule",
+    "BaseRuleMapper",
+    "EpsilonPlus",
+    "EpsilonRule",
+    "FlatRule",
+    "IgnoreRule",
+    "LayerNormRule",
+    "PassRule",
+    "PseudoIdentityRule",
+    "Rule",
+    "SoftmaxEpsilonRule",
+    "StopRule",
+    "UniformEpsilonRule",
+    "UniformRule",
+    "WSquareRule",
+    "stabilize",
+]
+
+RuleMapper = Callable[[str, nn.Module], Any]
+
+
+def stabilize(tensor: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
+    """``tensor`` moved ``epsilon`` away from zero, zero counting as positive.
+
+    Computed by :func:`tdhook_fn.attribution.stabilize`.
+    """
+    return attribution.stabilize(tensor, epsilon)
+
+
+class Rule:
+    """Base of tdhook's rule classes: an object standing for one tdhook_fn rule."""
+
+    def rule(self) -> attribution.Rule:
+        """The :mod:`tdhook_fn.attribution` rule this object stands for, with its current settings."""
+        raise TypeError(f"{type(self).__name__} stands for no tdhook_fn rule: tdhook_fn runs rules as modified "
+                        "VJPs, not as autograd Functions with forward/backward; return an object with a "
+                        "relevance(call, grad) method (see tdhook_fn.attribution.Rule) from the rule mapper")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+class EpsilonRule(Rule):
+    """LRP-epsilon: :class:`tdhook_fn.attribution.Epsilon`. ``epsilon`` may be changed later."""
+
+    def __init__(self, epsilon: float = 1e-6) -> None:
+        self.epsilon = epsilon
+
+    def rule(self) -> attribution.Rule:
+        return attribution.Epsilon(self.epsilon)
+
+
+class UniformEpsilonRule(EpsilonRule):
+    """LRP-epsilon split over the inputs: :class:`tdhook_fn.attribution.UniformEpsilon`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.UniformEpsilon(self.epsilon)
+
+
+class SoftmaxEpsilonRule(EpsilonRule):
+    """LXT's softmax rule: :class:`tdhook_fn.attribution.SoftmaxEpsilon` (``epsilon`` unused, as in tdhook)."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.SoftmaxEpsilon()
+
+
+class PassRule(Rule):
+    """Relevance passes unchanged: :class:`tdhook_fn.attribution.Pass`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.Pass()
+
+
+class IgnoreRule(Rule):
+    """The module's plain gradient: :class:`tdhook_fn.attribution.Ignore`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.Ignore()
+
+
+class StopRule(Rule):
+    """No relevance goes back: :class:`tdhook_fn.attribution.Stop`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.Stop()
+
+
+class UniformRule(Rule):
+    """The output relevance split evenly over the inputs: :class:`tdhook_fn.attribution.Uniform`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.Uniform()
+
+
+class WSquareRule(Rule):
+    """LRP-w²: :class:`tdhook_fn.attribution.WSquare`."""
+
+    def __init__(self, stabilizer: float = 1e-6) -> None:
+        self.stabilizer = stabilizer
+
+    def rule(self) -> attribution.Rule:
+        return attribution.WSquare(self.stabilizer)
+
+
+class FlatRule(WSquareRule):
+    """LRP-flat: :class:`tdhook_fn.attribution.Flat`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.Flat(self.stabilizer)
+
+
+class AlphaBetaRule(Rule):
+    """LRP-alpha-beta: :class:`tdhook_fn.attribution.AlphaBeta`; ``alpha=1, beta=0`` is z+.
+
+    Raises:
+        ValueError: ``alpha`` or ``beta`` is negative, or ``alpha - beta != 1``.
+    """
+
+    def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6) -> None:
+        attribution.AlphaBeta(alpha, beta, stabilizer)  # refuse bad values now, as tdhook
+        self.alpha, self.beta, self.stabilizer = alpha, beta, stabilizer
+
+    def rule(self) -> attribution.Rule:
+        return attribution.AlphaBeta(self.alpha, self.beta, self.stabilizer)
+
+
+class LayerNormRule(Rule):
+    """LXT's layer-norm rule: :class:`tdhook_fn.attribution.LayerNorm`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.LayerNorm()
+
+
+class PseudoIdentityRule(Rule):
+    """An activation as a rescaled identity: :class:`tdhook_fn.attribution.PseudoIdentity`."""
+
+    def __init__(self, stabilizer: float = 1e-6) -> None:
+        self.stabilizer = stabilizer
+
+    def rule(self) -> attribution.Rule:
+        return attribution.PseudoIdentity(self.stabilizer)
+
+
+class AHQKVRule(Rule):
+    """LXT's rule for a fused q/k/v projection: :class:`tdhook_fn.attribution.AHQKV`."""
+
+    def rule(self) -> attribution.Rule:
+        return attribution.AHQKV()
+
+
+class BaseRuleMapper:
+    """A rule mapper ``(name, module) -> rule | None`` for the layers every composite treats alike.
+
+    Activations and batch norms get :class:`PassRule`; max pooling, identity, dropout and
+    flatten :class:`IgnoreRule`; :class:`~.layers.Sum` and average pooling
+    :class:`EpsilonRule` ``(stabilizer)``. Subclasses override :meth:`_call`.
+
+    Args:
+        stabilizer (float): epsilon of the sum and average-pooling rule. Default: ``1e-6``.
+        rule_mapper (Callable | None): asked first; its non-``None`` answers win.
+    """
+
+    def __init__(self, stabilizer: float = 1e-6, rule_mapper: RuleMapper | None = None) -> None:
+        self._stabilizer = stabilizer
+        self._rule_mapper = rule_mapper or (lambda name, module: None)
+        self._rules: dict[str, Rule] = {"pass": PassRule(), "norm": EpsilonRule(stabilizer), "ignore": IgnoreRule()}
+
+    def _call(self, name: str, module: nn.Module) -> Any:
+        if isinstance(module, (Activation, BatchNorm)):
+            return self._rules["pass"]
+        if isinstance(module, (MaxPool, nn.Identity, nn.Dropout, nn.Flatten)):
+            return self._rules["ignore"]
+        if isinstance(module, (Sum, AvgPool)):
+            return self._rules["norm"]
+        return None
+
+    def __call__(self, name: str, module: nn.Module) -> Any:
+        rule = self._rule_mapper(name, module)
+        return self._call(name, module) if rule is None else rule
+
+
+class EpsilonPlus(BaseRuleMapper):
+    """The EpsilonPlus composite of :class:`tdhook_fn.attribution.EpsilonPlus`, plus the epsilon rule at ``Sum``.
+
+    Convolutions get z+ (``AlphaBetaRule(1, 0, stabilizer)``), ``nn.Linear``
+    ``EpsilonRule(epsilon)``, the rest as :class:`BaseRuleMapper`. The answers are tdhook's
+    rule objects (shared per mapper, in ``_rules``, as in tdhook); their tdhook_fn rules are
+    those of :class:`tdhook_fn.attribution.EpsilonPlus` (tested).
+
+    Args:
+        epsilon (float): of the linear layers' epsilon rule. Default: ``1e-6``.
+        stabilizer (float): of z+, average pooling and ``Sum``. Default: ``1e-6``.
+        rule_mapper (Callable | None): asked first; its non-``None`` answers win.
+    """
+
+    def __init__(self, epsilon: float = 1e-6, stabilizer: float = 1e-6, rule_mapper: RuleMapper | None = None) -> None:
+        super().__init__(stabilizer, rule_mapper)
+        self._rules["epsilon"] = EpsilonRule(epsilon)
+        self._rules["zplus"] = AlphaBetaRule(1.0, 0.0, stabilizer)
+
+    def _call(self, name: str, module: nn.Module) -> Any:
+        if isinstance(module, Convolution):
+            return self._rules["zplus"]
+        if isinstance(module, nn.Linear):
+            return self._rules["epsilon"]
+        return super()._call(name, module)
