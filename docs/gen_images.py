@@ -3,11 +3,14 @@
 Run from the repository root: ``python docs/gen_images.py`` (about half a minute on a laptop
 CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 (``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
-is computed with tdhook_fn's pure methods on it.
+is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
+2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -22,7 +25,16 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from tdhook_fn.attribution import DimsConfig, grad_cam, guided_backprop, integrated_gradients, saliency
+from tdhook_fn.attribution import (
+    AlphaBeta,
+    DimsConfig,
+    EpsilonPlus,
+    grad_cam,
+    guided_backprop,
+    integrated_gradients,
+    lrp,
+    saliency,
+)
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -241,6 +253,38 @@ def draw_guided_backprop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
     )
 
 
+def draw_lrp(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One digit explained for every class: input x gradient, LRP EpsilonPlus, LRP alpha2-beta1."""
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    one = TensorDict(input=x[:1], batch_size=[1])
+    classes = tuple(range(10))
+    logits = tdhook_fn.call(model, p, x[:1])[0].view(-1, 1, 1, 1, 1)  # textbook LRP puts in f_c(x), lrp puts in 1
+    alpha_beta = EpsilonPlus(rule_mapper=lambda name, m: AlphaBeta(2.0, 1.0) if isinstance(m, nn.Conv2d) else None)
+    rows = {
+        "input x gradient": saliency(f, p, one, target=classes, per_target=True, multiply_by_inputs=True)["input"],
+        "LRP EpsilonPlus": logits * lrp(f, p, one, target=classes, per_target=True, rules=EpsilonPlus())["input"],
+        "LRP alpha2-beta1\n(convolutions)": logits * lrp(f, p, one, target=classes, per_target=True,
+                                                         rules=alpha_beta)["input"],
+    }
+    fig, axes = plt.subplots(len(rows), len(classes) + 1, figsize=(1.3 * (len(classes) + 1) + 0.4, 5.2))
+    for r, (label, maps) in enumerate(rows.items()):
+        show(axes[r, 0], x[0])
+        axes[r, 0].set_ylabel(label, fontsize=9)
+        bound = float(maps.abs().max())
+        for c in classes:
+            ax = axes[r, c + 1]
+            show(ax, maps[c], "RdBu_r", symmetric=True, bound=bound)
+            ax.set_xlabel(f"sum {float(maps[c].sum()):+.1f}", fontsize=8)
+            if r == 0:
+                ax.set_title(f"class {c}\nlogit {float(logits[c]):+.1f}", fontsize=9)
+    axes[0, 0].set_title(f"digit {int(y[0])}", fontsize=9)
+    fig.suptitle("LRP and input x gradient of one digit for every class, in logit units (one colour scale per "
+                 "row;\nred for the class, blue against it; LRP relevance scaled by the logit, as in the textbook)",
+                 fontsize=10)
+    fig.tight_layout()
+    save(fig, "lrp.png")
+
+
 def draw_task_vectors(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
                       test_x: torch.Tensor, test_y: torch.Tensor) -> None:
     """Task: mirrored digits. Control: the ordinary digits the base model was trained on."""
@@ -362,6 +406,34 @@ def draw_adapters(model: nn.Module, train_x: torch.Tensor, test_x: torch.Tensor,
     save(fig, "adapters.png")
 
 
+def draw_latent() -> None:
+    """The latent page's pictures, from the induction model of examples/08_induction_patching.py."""
+    examples = OUT.parent.parent / "examples"
+    sys.path.insert(0, str(examples))  # the example imports its helpers (_digits, _plots)
+    spec = importlib.util.spec_from_file_location("induction", examples / "08_induction_patching.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model, seconds, accuracy = example.train(800, progress=False)
+    print(f"induction model: {seconds:.0f} s of training, second-half accuracy {accuracy:.3f}")
+    result = example.analyse(model, 32)
+    limit = max(float(result["patched"].abs().max()), float(result["estimated"].abs().max()))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 3.6))
+    example.draw_heatmap(fig, left, result["patched"], "Activation patching (patching_sweep)", limit)
+    example.draw_heatmap(fig, right, result["estimated"],
+                         f"Attribution patching (correlation {result['correlation']:.3f})", limit)
+    fig.tight_layout()
+    save(fig, "latent_patching.png")
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    example.draw_heads(ax, result["head_patched"], result["head_estimated"])
+    fig.tight_layout()
+    save(fig, "latent_heads.png")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    example.draw_steering(ax, result)
+    fig.tight_layout()
+    save(fig, "latent_steering.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -376,9 +448,11 @@ def main() -> None:
     print(f"test accuracy, global-average-pooling CNN: {float(accuracy(gap_model(test_x), test_y)):.3f}")
     draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
     draw_guided_backprop(model, x, y)
+    draw_lrp(model, x[2:], y[2:])
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
     draw_pruning(model, test_x, test_y)
     draw_adapters(model, train_x, test_x, test_y)
+    draw_latent()
 
 
 if __name__ == "__main__":
