@@ -81,7 +81,7 @@ def attribution_patching(
         taps = [site.editor(_add(deltas[site.key])) for site in chosen]
         out = forward(f, params, flat, [*taps, *reads.taps()])
         seen = {site.key: reads.get(site) for site in chosen}  # read after the (zero) edit
-        return metric_values("attribution_patching", metric, out, flat.batch_size), seen
+        return metric_values("attribution_patching", metric, out, batch).reshape(-1), seen
 
     values, pullback, seen = cast(Any, torch.func.vjp(run, zeros, has_aux=True))
     (grads,) = pullback(torch.ones_like(values))

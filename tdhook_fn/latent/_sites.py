@@ -18,7 +18,9 @@ A site is a submodule path plus, optionally, a selection of its activation:
   overwrite their cache see it). Without it such a module is an error.
 
 :func:`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
-A site's ``key`` (its path as a name, plus the selection) names its entry in results.
+A site's ``key`` names its entry in results: its path as a name, the selection, then
+``:input``, ``#element`` and ``@call`` where those are not the defaults
+(``"transformer.h.0.attn[:][0]:input@1"``).
 """
 
 from __future__ import annotations
@@ -76,7 +78,11 @@ class Site:
             raise TypeError(f"Site {self.path!r}: call must be None or an int, got {self.call!r}")
         if not self.key:
             name = path_to_name(self.path) or "root"
-            object.__setattr__(self, "key", name + "".join(f"[{_show(p)}]" for p in self.index))
+            name += "".join(f"[{_show(p)}]" for p in self.index)
+            name += ":input" if self.site == "input" else ""
+            name += f"#{self.element}" if self.element else ""
+            name += f"@{self.call}" if self.call is not None else ""
+            object.__setattr__(self, "key", name)
 
     def read(self, value: Any) -> torch.Tensor:
         """The selected part of a module's output (or input) ``value``, batch dim first."""

@@ -144,12 +144,14 @@ def test_a_module_that_runs_twice_needs_a_run():
     first, last = net.lin(x), net.lin(torch.tanh(net.lin(x)))
     with pytest.raises(ValueError, match=r"'lin' ran 2 times.*call=k"):
         cache(f, p, td, "lin")
-    torch.testing.assert_close(cache(f, p, td, Site("lin", call=0))["lin"], first)
-    torch.testing.assert_close(cache(f, p, td, Site("lin", call=-1))["lin"], last)
-    zeros = TensorDict({"lin": torch.zeros(4, 3)}, batch_size=[4])
+    torch.testing.assert_close(cache(f, p, td, Site("lin", call=0))["lin@0"], first)
+    torch.testing.assert_close(cache(f, p, td, Site("lin", call=-1))["lin@-1"], last)
+    zeros = TensorDict({"lin@-1": torch.zeros(4, 3), "lin@0": torch.zeros(4, 3)}, batch_size=[4])
     torch.testing.assert_close(patch(f, p, td, Site("lin", call=-1), zeros)["output"], net.head(torch.zeros(4, 3)))
     patched_first = net.head(net.lin(torch.tanh(torch.zeros(4, 3))))
     torch.testing.assert_close(patch(f, p, td, Site("lin", call=0), zeros)["output"], patched_first)
+    keys = [Site("a.b").key, Site("a.b", site="input").key, Site("a.b", element=1).key, Site("a.b", call=1).key]
+    assert keys == ["a.b", "a.b:input", "a.b#1", "a.b@1"]
     with pytest.raises(ValueError, match=r"call=-3 but ran 2 times"):
         cache(f, p, td, Site("lin", call=-3))
 
