@@ -1,7 +1,9 @@
 """LRP (EpsilonPlus): tdhook_fn.attribution.lrp against tdhook 0.1.3's LRP, in one process.
 
 Per-target maps: ours from one forward and one pullback per target; tdhook's by one call
-per target (it has no per-target mode). Run: ``python benchmarks/bench_lrp.py``.
+per target (it has no per-target mode). ``/ gradient`` is one plain forward and backward
+of the target with respect to the input (autograd, no LRP). Run:
+``python benchmarks/bench_lrp.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tdhook_fn
 from tdhook_fn.attribution import EpsilonPlus, lrp
 
 warnings.filterwarnings("ignore")
-TARGETS = [0, 3, 7]
+TARGETS = list(range(10))
 
 
 def mlp() -> tuple[nn.Module, torch.Tensor]:
@@ -52,7 +54,16 @@ def _compare(title: str, model: nn.Module, x: torch.Tensor) -> None:
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     td = TensorDict(input=x, batch_size=x.shape[:1])
     theirs_model = copy.deepcopy(model)
+
+    def gradient() -> torch.Tensor:
+        inputs = x.clone().requires_grad_()
+        model(inputs)[..., TARGETS[0]].sum().backward()
+        return inputs.grad  # type: ignore[return-value]
+
+    ours = lrp(f, p, td, target=TARGETS[0], rules=EpsilonPlus(), warn_on_missing_rule=False)["input"]
+    torch.testing.assert_close(ours, tdhook_lrp(theirs_model, x, TARGETS[0]), rtol=1e-4, atol=1e-6)
     impls: dict[str, Callable[[], object]] = {
+        "plain gradient (forward + backward)": gradient,
         "ours, one target": lambda: lrp(f, p, td, target=TARGETS[0], rules=EpsilonPlus(), warn_on_missing_rule=False),
         "tdhook, one target": lambda: tdhook_lrp(theirs_model, x, TARGETS[0]),
         f"ours, per_target x{len(TARGETS)}": lambda: lrp(f, p, td, target=tuple(TARGETS), rules=EpsilonPlus(),
@@ -62,7 +73,7 @@ def _compare(title: str, model: nn.Module, x: torch.Tensor) -> None:
     times = interleaved_medians(impls)
     rows = list(times.items())
     print_table(f"LRP EpsilonPlus, {title}, batch {len(x)}", rows,
-                {"tdhook": times["tdhook, one target"]})
+                {"gradient": times["plain gradient (forward + backward)"], "tdhook": times["tdhook, one target"]})
 
 
 def main() -> None:
