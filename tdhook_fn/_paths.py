@@ -43,6 +43,7 @@ import ast
 import copy
 import difflib
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,9 +152,17 @@ def _parse_arguments(path: str, content: str) -> Call:
     return Call(args, kwargs)
 
 
+# NOTE [ast under threads]: CPython 3.11's ast.parse converts its tree to Python objects
+# with a per-interpreter recursion counter; two threads parsing at once can raise
+# "SystemError: AST constructor recursion depth mismatch". Parses are cached, so
+# serialising the rare uncached ones costs nothing measurable.
+_AST_LOCK = threading.Lock()
+
+
 def _parse_expression(path: str, source: str) -> ast.expr:
     try:
-        node = ast.parse(source, mode="eval").body
+        with _AST_LOCK:  # NOTE [ast under threads]
+            node = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise _error(path, f"cannot parse {source[1:]!r} ({e})") from None
     base = node.value if isinstance(node, ast.Subscript) else getattr(node, "func", None)

@@ -414,3 +414,22 @@ def test_mutated_keys_do_not_change_the_cached_parse():
     model = PickyItems()
     assert resolve_path(model, "[[0, 2]]") is model.layers[2]
     assert resolve_path(model, "[[0, 2]]") is model.layers[2]
+
+
+def test_uncached_parses_under_threads() -> None:
+    """CPython 3.11's ast.parse can raise SystemError when threads parse at once (NOTE [ast under threads])."""
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(300):
+                parse_path(f"m{t}_{i}.layers[{i}]['k{i}'].fn({i}, x={i})[1:{i}]")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
