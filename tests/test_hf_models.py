@@ -88,3 +88,25 @@ def test_embedding_ig_on_gpt2():
                                        return_convergence_delta=True)
     assert attr["transformer.wte"].shape == (2, 6, 16)
     assert delta.abs().max() < 1e-3
+
+
+def test_embedding_ig_with_an_attention_mask_matches_captum():
+    from captum.attr import LayerIntegratedGradients
+
+    model = _gpt2()
+    f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+                             out_keys=["logits"])
+    ids = torch.randint(1, 40, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    td = TensorDict(input_ids=ids, attention_mask=mask, batch_size=[2])
+    last = lambda out: TensorDict(logits=out["logits"][..., -1, 3], batch_size=out.batch_size)
+    p = tdhook_fn.params(model)
+    with pytest.raises(ValueError, match=r"keyword arguments.*input_keys=\['input_ids'\]"):
+        integrated_gradients(f, p, td, 0, target=last, layers=["transformer.wte"])
+    ours = integrated_gradients(f, p, td, 0, target=last, layers=["transformer.wte"], input_keys=["input_ids"],
+                                n_steps=16)["transformer.wte"]
+    forward = lambda i, m: model(input_ids=i, attention_mask=m).logits[:, -1, 3]
+    theirs = LayerIntegratedGradients(forward, model.transformer.wte).attribute(
+        ids, torch.zeros_like(ids), additional_forward_args=(mask,), n_steps=16)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)

@@ -95,6 +95,8 @@ def integrated_gradients(
         ValueError: baseline and input shapes differ; unknown method or too few steps.
         TypeError: an input to interpolate is not floating point (token ids: interpolate at
             the embedding layer with ``layers=[...]``, ``interpolate="layers"``).
+        ValueError: ``f`` takes several inputs as keywords (``functional(model,
+            in_keys={...})``) and ``input_keys`` does not say which the baselines replace.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -113,6 +115,12 @@ def integrated_gradients(
         raise ValueError(f"interpolate must be 'layers' or 'inputs', got {interpolate!r}")
     check_layers("integrated_gradients", layers)
     check_call("integrated_gradients", f, params, inputs)
+    if input_keys is None and len(getattr(f, "keywords", {})) > 1:
+        raise ValueError(
+            f"integrated_gradients: f passes {list(f.in_keys)} as keyword arguments; say which of them the baselines "  # type: ignore[attr-defined]
+            "replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an attention mask, "
+            "are then passed unchanged, as captum's additional_forward_args)"
+        )
     base_keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
     _check_interpolable(inputs, path_keys)
