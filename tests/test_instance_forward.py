@@ -102,7 +102,7 @@ def test_taps_inside_fire(patched):
     f = tdhook_fn.functional(patched).with_taps(tdhook_fn.capture("[0]"), tdhook_fn.intervene("[1]", torch.zeros_like))
     p, x = _doubled(patched), torch.randn(3, 4)
     out = f(p, TensorDict(input=x, batch_size=[3]))
-    torch.testing.assert_close(out["0"], x @ p["0", "weight"].T + p["0", "bias"], rtol=0, atol=0)
+    torch.testing.assert_close(out["0"], nn.functional.linear(x, p["0", "weight"], p["0", "bias"]), rtol=0, atol=0)
     assert torch.equal(out["output"], p["2", "bias"].expand(3, 2))
 
 
