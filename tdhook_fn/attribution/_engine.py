@@ -34,6 +34,7 @@ from torch import nn
 
 from .._functional import Functional, NestedKey
 from .._modes import check_attribution_modes
+from .._probe import on_meta
 from .._taps import Tap, capture
 from .._targets import Target, as_target
 
@@ -147,14 +148,12 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
     if unknown:
         raise ValueError(f"{method}: layer_calls names {unknown}, which are not among the layers {list(paths)}")
     probe = f.with_taps(*(Tap(p, "capture", recorder(p), key=f"{_ACT}{i}") for i, p in enumerate(paths)))
-    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
-    try:
-        probe(cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, td.apply(meta)))
-    except Exception:  # a forward that meta tensors cannot run (data-dependent): run it for real
+
+    def reset() -> None:
         for runs in seen.values():
             runs.clear()
-        with torch.no_grad():
-            probe(params, td)
+
+    on_meta(probe, params, td, reset=reset)
     specs = []
     for path in paths:
         call = _chosen_run(method, path, len(seen[path]), wanted.get(path))

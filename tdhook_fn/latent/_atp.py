@@ -19,6 +19,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
+from .._probe import on_meta
 from ._cache import cache
 from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_sites
@@ -100,11 +101,5 @@ def _shapes(f: Any, params: TensorDictBase, flat: TensorDictBase,
             sites: Sequence[Site]) -> dict[str, tuple[torch.Size, torch.dtype]]:
     """Shape and dtype of each site's selection, from a forward on meta tensors (no compute)."""
     reads = Reads("attribution_patching", sites)
-    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
-    try:
-        forward(f, cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, flat.apply(meta)), reads.taps())
-    except Exception:  # a forward meta tensors cannot run (data-dependent): run it for real
-        reads = Reads("attribution_patching", sites)
-        with torch.no_grad():
-            forward(f, params, flat, reads.taps())
+    on_meta(lambda p, td: forward(f, p, td, reads.taps()), params, flat, reset=reads.clear)
     return {s.key: (reads.get(s).shape, reads.get(s).dtype) for s in sites}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional
+from .._probe import on_meta
 from .._taps import Tap
 from ._sites import Site
 
@@ -59,6 +60,10 @@ class Reads:
                              "with Site(..., call=k) (-1 for the last)")
         return runs[0]
 
+    def clear(self) -> None:
+        for runs in self.values.values():
+            runs.clear()
+
     def counts(self) -> dict[str, int]:
         return {key: len(runs) for key, runs in self.values.items()}
 
@@ -70,13 +75,7 @@ def resolve_runs(method: str, f: Functional, params: TensorDictBase, flat: Tenso
     if not negative:
         return list(sites)
     reads = Reads(method, [Site(s.path, element=s.element, site=s.site, key=s.key) for s in negative])
-    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
-    try:
-        forward(f, cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, flat.apply(meta)), reads.taps())
-    except Exception:  # a forward that meta tensors cannot run: run it for real
-        reads = Reads(method, [Site(s.path, element=s.element, site=s.site, key=s.key) for s in negative])
-        with torch.no_grad():
-            forward(f, params, flat, reads.taps())
+    on_meta(lambda p, td: forward(f, p, td, reads.taps()), params, flat, reset=reads.clear)
     counts = reads.counts()
     out = []
     for site in sites:

@@ -1,0 +1,29 @@
+"""Running a forward on meta tensors to learn shapes and run counts, without compute."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import torch
+from tensordict import TensorDictBase
+
+__all__ = ["on_meta"]
+
+T = TypeVar("T")
+
+
+def on_meta(run: Callable[[TensorDictBase, TensorDictBase], T], params: TensorDictBase, td: TensorDictBase,
+            reset: Callable[[], Any] = lambda: None) -> T:
+    """``run(params, td)`` with every tensor on the ``meta`` device (shapes only, no compute).
+
+    A forward that meta tensors cannot run (data-dependent control flow) is run for real,
+    without grad, after ``reset()`` clears whatever the failed attempt recorded.
+    """
+    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
+    try:
+        return run(cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, td.apply(meta)))
+    except Exception:
+        reset()
+        with torch.no_grad():
+            return run(params, td)
