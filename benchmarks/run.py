@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 
 import bench_call
+import bench_data
 import bench_ig
 import bench_latent
 import bench_lrp
@@ -20,6 +21,7 @@ def main() -> None:
     bench_weights.main()
     bench_lrp.main()
     bench_latent.main()
+    bench_data.main()
 
 
 if __name__ == "__main__":

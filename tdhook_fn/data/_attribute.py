@@ -1,0 +1,211 @@
+"""``attribute``: any pure method over a whole dataset, into a resumable memory-mapped result."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ._fingerprint import Json, fingerprint, tensor_digest
+from ._job import OutDir, differences
+from ._progress import progress_bar
+from ._source import Source
+from ._world import World, joined
+
+__all__ = ["attribute"]
+
+Method = Callable[..., TensorDictBase]
+
+
+def attribute(
+    method: Method,
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    dataset: Any,
+    out_dir: str | os.PathLike[str],
+    *,
+    batch_size: int = 64,
+    resume: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+    **method_kwargs: Any,
+) -> TensorDict:
+    """Run ``method(f, params, batch, **method_kwargs)`` over ``dataset`` into ``out_dir``.
+
+    The result is a memory-mapped TensorDict in ``out_dir`` with one row per sample in
+    dataset order, holding what the method returns (with ``per_target=True``, whose maps
+    come as ``[T, n]``, a row holds the sample's ``T`` maps: ``[N, T, ...]``).
+    ``TensorDict.load_memmap(out_dir)`` opens it again later. Memory stays bounded by
+    ``batch_size``: one batch is read, attributed and written at a time.
+
+    The run is resumable (NOTE [resumable out_dir]): killed at any moment and run again
+    with the same arguments, it redoes only the batches it had not recorded, and a
+    finished ``out_dir`` returns at once. An ``out_dir`` written by a different method,
+    ``f``, params, dataset, ``batch_size`` or method argument is refused (NOTE [job
+    fingerprints]) unless ``overwrite=True``, which deletes it and starts again.
+
+    Under ``torchrun`` (a ``torch.distributed`` process group, started here from
+    torchrun's environment if the script has not), each rank takes a disjoint,
+    deterministic share of the batches still to do and writes its rows into the same
+    ``out_dir`` (a shared filesystem across machines); every rank returns the whole result
+    once all are written, equal to the single-process one.
+
+    Args:
+        method: a pure method such as :func:`tdhook_fn.attribution.saliency`,
+            :func:`~tdhook_fn.attribution.integrated_gradients` or
+            :func:`~tdhook_fn.attribution.grad_cam`.
+        f, params: the model as for the method.
+        dataset: a TensorDict with a leading batch dim, or a map-style
+            ``torch.utils.data.Dataset`` whose items are TensorDicts or dicts of tensors.
+            Keys the model does not read (labels) reach the target as for the methods,
+            e.g. ``target=tdhook_fn.label("label")``.
+        out_dir: where the result and the job's records are written.
+        batch_size: samples per batch (the unit of work and of resuming).
+        resume: ``False`` refuses to continue a partial ``out_dir`` (a finished one is
+            still returned).
+        overwrite: delete an ``out_dir`` of another job (or this one) and start again.
+            A non-empty directory this function did not write is never deleted.
+        progress: a progress bar on rank 0 (needs ``tqdm``; shown on a terminal only).
+        **method_kwargs: passed to the method; ``baselines`` may also be a callable of
+            the batch, called per batch.
+
+    Returns:
+        The result, memory-mapped from ``out_dir``, batch size ``[len(dataset), ...]``.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> import tdhook_fn, tdhook_fn.data
+        >>> from tdhook_fn.attribution import saliency
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        >>> data = TensorDict(input=torch.randn(10, 4), label=torch.arange(10) % 3, batch_size=[10])
+        >>> f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+        >>> out = tdhook_fn.data.attribute(saliency, f, p, data, tempfile.mkdtemp() + "/run", batch_size=4,
+        ...                                target=tdhook_fn.label("label"), progress=False)
+        >>> out["input"].shape
+        torch.Size([10, 4])
+    """
+    if not callable(method):
+        raise TypeError(f"attribute: method must be a pure method such as saliency, got {type(method).__name__}")
+    if not isinstance(params, TensorDictBase):
+        raise TypeError(f"attribute: params must be a TensorDict (tdhook_fn.params(model)), "
+                        f"got {type(params).__name__}")
+    source = Source(dataset, batch_size)
+    per_target = bool(method_kwargs.get("per_target", False))
+    run_batch = _batch_runner(method, f, params, method_kwargs, per_target)
+    job = _job(method, f, params, source, method_kwargs)
+    with joined() as world:
+        return _run(world, OutDir(out_dir), job, source, run_batch, resume, overwrite, progress)
+
+
+def _run(world: World, out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDict], TensorDictBase],
+         resume: bool, overwrite: bool, progress: bool) -> TensorDict:
+    plan = _shared_plan(world, out, job, source, run_batch, resume, overwrite)
+    mine = world.share(plan["pending"])
+    if mine:
+        result = out.result()
+        total = sum(_size(source, i) for i in plan["pending"])
+        with progress_bar(total, enabled=progress and world.rank == 0) as bar:
+            for index in mine:
+                _write(out, result, source, index, run_batch(source.batch(index)))
+                bar.update(_size(source, index) * world.size)
+    world.barrier()
+    if world.rank == 0 and plan["pending"]:
+        missing = sorted(set(range(source.n_batches)) - out.done())
+        if missing:
+            raise RuntimeError(f"attribute: batches {missing[:10]} of {str(out.path)!r} were not recorded; run again")
+        out.finish()
+    world.barrier()
+    return out.result()
+
+
+def _shared_plan(world: World, out: OutDir, job: Json, source: Source,
+                 run_batch: Callable[[TensorDict], TensorDictBase], resume: bool, overwrite: bool) -> dict[str, Any]:
+    """Rank 0's plan on every rank; an error on rank 0 is raised on every rank, so none waits."""
+    if world.size == 1:
+        return _plan(out, job, source, run_batch, resume, overwrite)
+    jobs = world.gather(job)
+    odd = {r: differences(jobs[0], other) for r, other in enumerate(jobs) if other != jobs[0]}
+    if odd:
+        which = "; ".join(f"rank {r}: {d} differ" for r, d in odd.items())
+        raise ValueError(f"attribute: ranks {sorted(odd)} run another job than rank 0 ({which}); "
+                         f"every rank must call attribute with the same arguments "
+                         f"(seed the model's initialisation or load the same weights on every rank, and keep "
+                         f"rank-dependent values out of the method and its arguments)")
+    plan: dict[str, Any] | None = None
+    error: BaseException | None = None
+    if world.rank == 0:
+        try:
+            plan = _plan(out, job, source, run_batch, resume, overwrite)
+        except Exception as e:
+            error = e
+    shared = world.broadcast(plan if error is None else {"error": f"{type(error).__name__}: {error}"})
+    if error is not None:
+        raise error
+    if "error" in shared:
+        raise RuntimeError(f"attribute: rank 0 failed to prepare the run: {shared['error']}")
+    return cast(dict[str, Any], shared)
+
+
+def _plan(out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDict], TensorDictBase],
+          resume: bool, overwrite: bool) -> dict[str, Any]:
+    """Claim ``out_dir``, lay it out if new, and list the batches to do."""
+    state = out.claim(job, overwrite)
+    if state == "complete":
+        return {"pending": []}
+    if state == "partial" and not resume:
+        raise FileExistsError(f"attribute: out_dir {str(out.path)!r} holds an unfinished run of this job and "
+                              f"resume=False; pass resume=True to finish it or overwrite=True to start again")
+    if state == "new":  # batch 0 gives the layout's shapes and dtypes, and is kept
+        first = run_batch(source.batch(0))
+        out.lay_out(job, first[:1], source.length)
+        _write(out, out.result(), source, 0, first)
+    return {"pending": sorted(set(range(source.n_batches)) - out.done())}
+
+
+def _batch_runner(method: Method, f: Any, params: TensorDictBase, kwargs: dict[str, Any],
+                  per_target: bool) -> Callable[[TensorDict], TensorDictBase]:
+    name = getattr(method, "__name__", type(method).__name__)
+
+    def run(batch: TensorDict) -> TensorDictBase:
+        extra = dict(kwargs)
+        if callable(extra.get("baselines")):
+            extra["baselines"] = extra["baselines"](batch)
+        out = method(f, params, batch, **extra)
+        if not isinstance(out, TensorDictBase):
+            raise TypeError(f"attribute: {name} returned a {type(out).__name__}, not a TensorDict")
+        dim = 1 if per_target else 0
+        if out.batch_dims <= dim or out.batch_size[dim] != batch.batch_size[0]:
+            raise ValueError(f"attribute: {name} returned batch size {list(out.batch_size)} for a batch of "
+                             f"{batch.batch_size[0]} samples; expected the samples along dim {dim}")
+        return out.transpose(0, 1) if per_target else out  # type: ignore[no-untyped-call]
+
+    return run
+
+
+def _job(method: Method, f: Any, params: TensorDictBase, source: Source, kwargs: dict[str, Any]) -> Json:
+    job: dict[str, Json] = {
+        "method": fingerprint(method),
+        "f": fingerprint(f),
+        "params": sorted([".".join(k) if isinstance(k, tuple) else k, tensor_digest(cast(torch.Tensor, v))]
+                         for k, v in params.items(True, True)),
+        "dataset": source.describe(),
+        "batch_size": source.batch_size,
+    }
+    for key, value in sorted(kwargs.items()):
+        job[f"argument {key}"] = fingerprint(value)
+    return job
+
+
+def _write(out: OutDir, result: TensorDict, source: Source, index: int, rows: TensorDictBase) -> None:
+    start, stop = source.bounds(index)
+    result[start:stop] = rows
+    out.record(result, index)
+
+
+def _size(source: Source, index: int) -> int:
+    start, stop = source.bounds(index)
+    return stop - start
