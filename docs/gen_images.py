@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.image
 
 matplotlib.use("Agg")
 
@@ -108,16 +109,23 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def show(ax: plt.Axes, image: torch.Tensor, cmap: str = "gray_r", symmetric: bool = False,
-         bound: float | None = None) -> None:
-    """``image`` without ticks; ``symmetric`` centres the colour map on 0 (at ``bound`` or the max)."""
+         bound: float | None = None) -> matplotlib.image.AxesImage:
+    """``image`` without ticks; ``symmetric`` centres the colour map on 0 (at ``bound`` or the max),
+    else it runs from 0 (or the minimum, if negative) to ``bound`` (or the max)."""
     image = image.detach().squeeze()
     if symmetric:
         bound = bound or float(image.abs().max()) or 1.0
-        ax.imshow(image, cmap=cmap, vmin=-bound, vmax=bound)
+        shown = ax.imshow(image, cmap=cmap, vmin=-bound, vmax=bound)
     else:
-        ax.imshow(image, cmap=cmap)
+        shown = ax.imshow(image, cmap=cmap, vmin=min(0.0, float(image.min())), vmax=bound)
     ax.set_xticks([])
     ax.set_yticks([])
+    return shown
+
+
+def colourbar(fig: plt.Figure, shown: matplotlib.image.AxesImage, axes: list[plt.Axes]) -> None:
+    """One colour bar for ``axes``, which share ``shown``'s scale."""
+    fig.colorbar(shown, ax=axes, fraction=0.025, pad=0.02, aspect=12)
 
 
 def save(fig: plt.Figure, name: str) -> None:
@@ -131,15 +139,17 @@ def image_grid(rows: list[tuple[str, torch.Tensor, str, bool]], titles: list[str
                name: str) -> None:
     """One row per ``(label, images [n, 8, 8], cmap, symmetric)``, one column per sample."""
     n = len(titles)
-    fig, axes = plt.subplots(len(rows), n, figsize=(1.45 * n + 0.6, 1.5 * len(rows) + 0.5), squeeze=False)
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.45 * n + 0.6, 1.5 * len(rows) + 0.5), squeeze=False, layout="constrained")
     for r, (row_label, images, cmap, symmetric) in enumerate(rows):
+        bound = float(images.abs().max()) or 1.0  # one scale per row, so the samples compare
         for c in range(n):
-            show(axes[r, c], images[c], cmap, symmetric)
+            shown = show(axes[r, c], images[c], cmap, symmetric, bound=None if cmap == "gray_r" else bound)
             if r == 0:
                 axes[r, c].set_title(titles[c], fontsize=10)
         axes[r, 0].set_ylabel(row_label, fontsize=10)
+        if cmap != "gray_r":
+            colourbar(fig, shown, list(axes[r]))
     fig.suptitle(suptitle, fontsize=12)
-    fig.tight_layout()
     save(fig, name)
 
 
@@ -181,10 +191,13 @@ def draw_integrated_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor
     ax = fig.add_subplot(grid[0, 0])
     show(ax, x[0])
     ax.set_title("input", fontsize=10)
+    target_axes = []
     for t, c in enumerate(classes):
         ax = fig.add_subplot(grid[0, t + 1])
-        show(ax, attrs[t, 0], "RdBu_r", symmetric=True, bound=float(attrs.abs().max()))
+        shown = show(ax, attrs[t, 0], "RdBu_r", symmetric=True, bound=float(attrs.abs().max()))
         ax.set_title(f"target {c}", fontsize=10)
+        target_axes.append(ax)
+    colourbar(fig, shown, target_axes)
 
     batch = TensorDict(input=test_x[:64], label=test_y[:64], batch_size=[64])
     steps = [2, 4, 8, 16, 32, 64]
@@ -218,21 +231,22 @@ def draw_grad_cam(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     second = grad_cam(f, p, inputs, target=tdhook_fn.label("second", "output"), layers=dims)[LAST_CONV]
 
     n = len(y)
-    fig, axes = plt.subplots(3, n, figsize=(1.45 * n + 0.6, 5.6))
+    fig, axes = plt.subplots(3, n, figsize=(1.45 * n + 1.2, 5.6), layout="constrained")
+    bound = max(float(first.abs().max()), float(second.abs().max()))  # one scale for every map
     for c in range(n):
         show(axes[0, c], x[c])
         axes[0, c].set_title(f"digit {int(y[c])}", fontsize=10)
         for r, (cams, cls) in enumerate(((first, top2[:, 0]), (second, top2[:, 1])), start=1):
             ax = axes[r, c]
-            show(ax, cams[c], "RdBu_r", symmetric=True)
+            shown = show(ax, cams[c], "RdBu_r", symmetric=True, bound=bound)
             ax.contour(x[c, 0], levels=[0.5], colors="black", linewidths=0.7)
             ax.set_title(f"class {int(cls[c])}", fontsize=9)
+    colourbar(fig, shown, list(axes[1:].flatten()))
     axes[0, 0].set_ylabel("input", fontsize=10)
     axes[1, 0].set_ylabel("predicted\nclass", fontsize=10)
     axes[2, 0].set_ylabel("runner-up\nclass", fontsize=10)
     fig.suptitle(f"Grad-CAM at the last conv layer ({LAST_CONV}, 8x8) of a CNN with global average pooling,\n"
                  "no ReLU (red +, blue -; black line: the digit's outline)", fontsize=11)
-    fig.tight_layout()
     save(fig, "grad_cam.png")
 
 
@@ -266,22 +280,22 @@ def draw_lrp(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         "LRP alpha2-beta1\n(convolutions)": logits * lrp(f, p, one, target=classes, per_target=True,
                                                          rules=alpha_beta)["input"],
     }
-    fig, axes = plt.subplots(len(rows), len(classes) + 1, figsize=(1.3 * (len(classes) + 1) + 0.4, 5.2))
+    fig, axes = plt.subplots(len(rows), len(classes) + 1, figsize=(1.3 * (len(classes) + 1) + 0.4, 5.2), layout="constrained")
     for r, (label, maps) in enumerate(rows.items()):
         show(axes[r, 0], x[0])
         axes[r, 0].set_ylabel(label, fontsize=9)
         bound = float(maps.abs().max())
         for c in classes:
             ax = axes[r, c + 1]
-            show(ax, maps[c], "RdBu_r", symmetric=True, bound=bound)
+            shown = show(ax, maps[c], "RdBu_r", symmetric=True, bound=bound)
             ax.set_xlabel(f"sum {float(maps[c].sum()):+.1f}", fontsize=8)
             if r == 0:
                 ax.set_title(f"class {c}\nlogit {float(logits[c]):+.1f}", fontsize=9)
+        colourbar(fig, shown, list(axes[r, 1:]))
     axes[0, 0].set_title(f"digit {int(y[0])}", fontsize=9)
     fig.suptitle("LRP and input x gradient of one digit for every class, in logit units (one colour scale per "
                  "row;\nred for the class, blue against it; LRP relevance scaled by the logit, as in the textbook)",
                  fontsize=10)
-    fig.tight_layout()
     save(fig, "lrp.png")
 
 

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 
 SIGNED = "RdBu_r"  # diverging: red raises the target, blue lowers it, white is zero
 POSITIVE = "magma"
@@ -21,19 +22,25 @@ def show_digit(ax: Axes, image: torch.Tensor, title: str) -> None:
     _finish(ax, title)
 
 
-def show_signed(fig: Figure, ax: Axes, values: torch.Tensor, title: str) -> None:
-    """A signed map on a symmetric scale, so white always means zero."""
-    limit = float(values.abs().max()) or 1.0
+def show_signed(fig: Figure, ax: Axes, values: torch.Tensor, title: str, *, limit: float | None = None,
+                bar: bool = True) -> AxesImage:
+    """A signed map on a symmetric scale (``±limit``, default its own max), so white always means zero."""
+    limit = limit or float(values.abs().max()) or 1.0
     image = ax.imshow(values.squeeze().detach().numpy(), cmap=SIGNED, vmin=-limit, vmax=limit)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if bar:
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _finish(ax, title)
+    return image
 
 
-def show_positive(fig: Figure, ax: Axes, values: torch.Tensor, title: str) -> None:
-    """A non-negative map (|gradient|, ReLU'd Grad-CAM, spread) from zero up."""
-    image = ax.imshow(values.squeeze().detach().numpy(), cmap=POSITIVE, vmin=0)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+def show_positive(fig: Figure, ax: Axes, values: torch.Tensor, title: str, *, limit: float | None = None,
+                  bar: bool = True) -> AxesImage:
+    """A non-negative map (|gradient|, ReLU'd Grad-CAM, spread) from zero up (to ``limit``, default its max)."""
+    image = ax.imshow(values.squeeze().detach().numpy(), cmap=POSITIVE, vmin=0, vmax=limit)
+    if bar:
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _finish(ax, title)
+    return image
 
 
 def _finish(ax: Axes, title: str) -> None:
