@@ -2,12 +2,13 @@
 
 The core: :func:`params` (a model's tensors as a TensorDict), :func:`call` (run a model
 with given params, never touching it), :func:`functional` (a pure ``f(params, td) -> td``),
-submodule paths, taps and targets. Methods live in :mod:`tdhook_fn.attribution` and
-:mod:`tdhook_fn.weights`; :mod:`tdhook_fn.compat` exposes tdhook's API on top.
+:func:`pure` (both at once: ``f, params = pure(model)``), submodule paths, taps and
+targets. Methods live in :mod:`tdhook_fn.attribution` and :mod:`tdhook_fn.weights`;
+:mod:`tdhook_fn.compat` exposes tdhook's API on top.
 """
 
 from ._call import call, call_with_taps
-from ._functional import Functional, functional
+from ._functional import Functional, functional, pure
 from ._params import params
 from ._paths import PathError, parse_path, path_to_name, resolve_path
 from ._taps import Tap, capture, intervene, map_grad, perturb
@@ -30,6 +31,7 @@ __all__ = [
     "parse_path",
     "path_to_name",
     "perturb",
+    "pure",
     "resolve_path",
 ]
 

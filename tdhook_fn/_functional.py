@@ -14,9 +14,10 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from ._call import run
+from ._params import params as params_of
 from ._taps import Captured, Tap
 
-__all__ = ["Functional", "NestedKey", "functional"]
+__all__ = ["Functional", "NestedKey", "functional", "pure"]
 
 NestedKey = str | tuple[str, ...]
 _NAMESPACE = "tdhook_fn"
@@ -135,6 +136,34 @@ def functional(
     if not out_keys:
         raise ValueError("functional: out_keys must name at least one output")
     return Functional(model, in_keys, out_keys, keywords=keywords)
+
+
+def pure(
+    model: nn.Module,
+    in_keys: Sequence[NestedKey] | Mapping[NestedKey, str] | None = None,
+    out_keys: Sequence[NestedKey] | None = None,
+) -> tuple[Functional, TensorDict]:
+    """``(functional(model, in_keys, out_keys), params(model))``: what every method takes first.
+
+    The one-line path from a module to a method call, as captum's ``Method(model)``:
+
+    >>> import torch, tdhook_fn
+    >>> from tdhook_fn.attribution import integrated_gradients
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    >>> x = torch.randn(5, 3)
+    >>> f, params = tdhook_fn.pure(model)
+    >>> integrated_gradients(f, params, x, 0.0, target=model(x).argmax(-1)).shape
+    torch.Size([5, 3])
+
+    Args:
+        model (nn.Module): an ``nn.Module`` or a ``TensorDictModule``.
+        in_keys, out_keys: as in :func:`functional`.
+
+    Returns:
+        tuple[Functional, TensorDict]: the pure function and the model's parameters and
+        buffers (detached, see :func:`tdhook_fn.params`).
+    """
+    return functional(model, in_keys, out_keys), params_of(model)
 
 
 def _get_input(td: TensorDictBase, key: NestedKey) -> Any:

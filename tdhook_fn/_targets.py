@@ -19,9 +19,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._functional import NestedKey
 
-__all__ = ["Target", "as_target", "label"]
+__all__ = ["Target", "as_target", "check_target", "label"]
 
-Target = int | tuple[int, ...] | Callable[[TensorDictBase], TensorDictBase]
+Target = int | tuple[int, ...] | torch.Tensor | Callable[[TensorDictBase], TensorDictBase | torch.Tensor]
 
 
 def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
@@ -52,21 +52,98 @@ def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Call
     return select
 
 
+def _is_index_tensor(index: torch.Tensor) -> bool:
+    return not (index.is_floating_point() or index.is_complex() or index.dtype == torch.bool)
+
+
+def _concrete(t: Any) -> bool:
+    """Whether ``t``'s values can be read in Python: not batched by ``vmap``, not traced by ``torch.compile``."""
+    if torch.compiler.is_compiling():
+        return False
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):  # grad and vjp levels wrap too: those can be read
+        if functorch.is_batchedtensor(t):
+            return False
+        t = functorch.get_unwrapped(t)
+    return True
+
+
+def _select_per_sample(index: torch.Tensor,
+                       outputs: Sequence[NestedKey] | None) -> Callable[[TensorDictBase], TensorDictBase]:
+    """``output[..., index[b]]`` per sample ``b``; ``index`` fills the trailing batch dims.
+
+    # NOTE [tensor targets]
+    The methods check at entry that ``index`` has the inputs' batch shape (or none). Here
+    it may fill only the *trailing* batch dims, because integrated gradients runs the
+    model on path points with a batch ``[n_steps, *B]``: every path point of a sample
+    uses that sample's class. The range is checked where the values can be read; under
+    ``vmap`` and ``torch.compile`` it is left to ``gather``.
+    """
+
+    def select(td: TensorDictBase) -> TensorDictBase:
+        key, value = _single_output(td if outputs is None else td.select(*outputs))
+        batch = td.batch_size
+        if index.dim() > len(batch) or index.shape != batch[len(batch) - index.dim():]:
+            raise ValueError(
+                f"target: a tensor of class indices needs one index per sample, shape {list(batch)} (the inputs' "
+                f"batch), got shape {list(index.shape)}"
+            )
+        if value.dim() != len(batch) + 1:
+            raise ValueError(
+                f"target: class indices read output {key!r} of shape {tuple(value.shape)} as [*batch, classes], "
+                f"but the batch is {list(batch)}; to read a multi-dim output (tokens, pixels), pass a callable target"
+            )
+        classes = value.shape[-1]
+        picked_index = index.to(value.device)
+        if _concrete(picked_index) and picked_index.numel() and bool(
+                ((picked_index < -classes) | (picked_index >= classes)).any()):
+            bad = picked_index[(picked_index < -classes) | (picked_index >= classes)][0].item()
+            raise IndexError(f"target: class index {bad} is out of range for output {key!r} with {classes} "
+                             f"classes (valid: {-classes} to {classes - 1})")
+        picked_index = torch.where(picked_index < 0, picked_index + classes, picked_index).expand(batch)
+        picked = value.gather(-1, picked_index.unsqueeze(-1)).squeeze(-1)
+        return TensorDict({key: picked}, batch_size=batch)
+
+    return select
+
+
+def check_target(target: Any, batch_size: Sequence[int], method: str = "attribution") -> None:
+    """Raise unless ``target`` is a valid target for inputs with ``batch_size``.
+
+    A tensor target must hold integer class indices, either one for all samples (0-d) or
+    one per sample (shape ``batch_size``).
+
+    Raises:
+        TypeError: not a target, or a tensor that does not hold integers.
+        ValueError: a tensor of class indices without the inputs' batch shape.
+    """
+    as_target(target)
+    if isinstance(target, torch.Tensor) and target.dim() and target.shape != torch.Size(batch_size):
+        raise ValueError(
+            f"{method}: target holds {list(target.shape)} class indices, but the inputs have batch shape "
+            f"{list(batch_size)}: give one index per sample (e.g. target=model(x).argmax(-1)), or an int for all"
+        )
+
+
 def as_target(
     target: Target, *, outputs: Sequence[NestedKey] | None = None
-) -> Callable[[TensorDictBase], TensorDictBase]:
+) -> Callable[[TensorDictBase], TensorDictBase | torch.Tensor]:
     """The callable form of ``target`` (see NOTE [one target rule]).
 
     Args:
-        target (int | tuple[int, ...] | Callable): an index, several indices, or a
-            callable ``outputs_td -> TensorDict``.
+        target (int | tuple[int, ...] | Tensor | Callable): an index, several indices, an
+            integer tensor of class indices with one per sample (shape ``[*B]``, or 0-d
+            for all), or a callable ``outputs_td -> TensorDict`` (or a tensor).
         outputs (Sequence | None): the keys among which an index looks for the single
             output (methods pass the model's outputs, so extra keys such as labels do
             not count). Default: every key.
 
     Returns:
         Callable[[TensorDict], TensorDict]: the target values; for a tuple the last
-        dimension holds one value per index.
+        dimension holds one value per index. A callable ``target`` is returned as it is.
+
+    Raises:
+        TypeError: ``target`` is none of these, or a tensor of non-integer dtype.
 
     >>> import torch
     >>> from tensordict import TensorDict
@@ -74,18 +151,26 @@ def as_target(
     >>> as_target((0, 2))(td)["output"]
     tensor([[0., 2.],
             [3., 5.]])
+    >>> as_target(torch.tensor([2, 0]))(td)["output"]  # one class per sample
+    tensor([2., 3.])
     """
     if isinstance(target, bool):
-        raise TypeError("target must be an int, a tuple of ints or a callable, not a bool")
+        raise TypeError("target must be an int, a tuple of ints, a tensor of class indices or a callable, not a bool")
     if isinstance(target, int):
         return _select(target, outputs)
     if isinstance(target, tuple):
         if not target or not all(isinstance(i, int) and not isinstance(i, bool) for i in target):
             raise TypeError(f"a tuple target must hold ints, got {target!r}")
         return _select(list(target), outputs)
+    if isinstance(target, torch.Tensor):
+        if not _is_index_tensor(target):
+            raise TypeError(f"target: a tensor target holds integer class indices (one per sample), got "
+                            f"{target.dtype}; convert whole numbers with .long(), or pass a callable target")
+        return _select_per_sample(target, outputs)
     if callable(target):
         return target
-    raise TypeError(f"target must be an int, a tuple of ints or a callable, got {target!r}")
+    raise TypeError(
+        f"target must be an int, a tuple of ints, a tensor of class indices or a callable, got {target!r}")
 
 
 def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDictBase], TensorDictBase]:

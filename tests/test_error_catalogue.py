@@ -270,7 +270,7 @@ CORE_ROWS: list[Row] = [
     ("ig-method-a-list", lambda: attribution.integrated_gradients(
         tiny_f(), tiny_params(), tiny_inputs(), 0.0, target=0, method=["riemann_left"]),
      ValueError, ("unknown integration method", "riemann_left", "gausslegendre")),
-    ("saliency-plain-tensor", lambda: attribution.saliency(tiny_f(), tiny_params(), torch.randn(5, 3), target=0),
+    ("saliency-inputs-a-list", lambda: attribution.saliency(tiny_f(), tiny_params(), [torch.randn(5, 3)], target=0),
      TypeError, ("saliency", "inputs must be a TensorDict", "batch_size=[len(x)]")),
     ("saliency-model-as-f", lambda: attribution.saliency(tiny_model(), tiny_params(), tiny_inputs(), target=0),
      TypeError, ("saliency", "module Sequential", "tdhook_fn.functional(model)")),

@@ -20,13 +20,24 @@ TensorDict batch dims are flattened to exactly one before the model runs (models
 one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
 methods accept any batch size, and work per sample under ``vmap`` even for models that
 cannot take an unbatched sample (``nn.Flatten``).
+
+# NOTE [captum-style calls]
+What a captum user passes is normalised here, once, for every method (:func:`accepts_tensors`
+wraps each of them): a plain tensor ``x`` as ``inputs`` of an ``f`` with one in_key is
+``TensorDict({key: x}, batch_size=[len(x)])`` (dim 0 is the batch, as in captum, also
+under ``vmap``: per sample, pass a TensorDict with ``batch_size=[]``) and the one
+resulting map comes back as a tensor; a tensor ``target`` of class indices is checked
+against the inputs' batch before anything runs (then read by :func:`tdhook_fn.as_target`);
+a callable target may return a tensor (:func:`_as_target_values`). ``f`` stays a pure
+function: ``f, params = tdhook_fn.pure(model)`` is the one-line path from a module.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -36,13 +47,14 @@ from .._functional import Functional, NestedKey
 from .._modes import check_attribution_modes
 from .._probe import on_meta
 from .._taps import Tap, capture
-from .._targets import Target, as_target
+from .._targets import Target, as_target, check_target
 
 __all__ = [
     "Cotangents",
     "Gradients",
     "LayerSpec",
     "TargetFn",
+    "accepts_tensors",
     "check_call",
     "check_layers",
     "gradients",
@@ -56,6 +68,9 @@ __all__ = [
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
 Replace = Callable[[torch.Tensor], torch.Tensor]
+PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 
 
@@ -183,7 +198,7 @@ def _chosen_run(method: str, path: str, runs: int, wanted: int | None) -> int | 
 
 def _check_targets(values: Any) -> TensorDictBase:
     if not isinstance(values, TensorDictBase):
-        raise TypeError(f"a target must return a TensorDict, got {type(values).__name__}")
+        raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
     for key, value in values.items(True, True):
         if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
             raise ValueError(
@@ -231,8 +246,20 @@ def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras
     for key, value in extras.items(True, True):
         if key not in offered.keys(True, True):
             offered.set(key, value)
-    values = select(offered.reshape(batch))
+    values = _as_target_values(select(offered.reshape(batch)), batch)
     return _check_targets(values) if check else values
+
+
+def _as_target_values(values: Any, batch: torch.Size) -> Any:
+    """A plain tensor returned by a target, as the one target key ``"target"``."""
+    if not isinstance(values, torch.Tensor):
+        return values
+    if values.shape[: len(batch)] != batch:
+        raise ValueError(
+            f"target returned a tensor of shape {list(values.shape)}; its leading dims must be the batch "
+            f"{list(batch)} (one value per sample, with a last dim for several targets)"
+        )
+    return TensorDict({"target": values}, batch_size=batch)
 
 
 def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target, *,
@@ -366,15 +393,16 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
         KeyError: an attributed input key is missing.
     """
     if isinstance(f, nn.Module):
-        raise TypeError(f"{method}: f is the module {type(f).__name__}; pass the pure function "
-                        "tdhook_fn.functional(model) (with its in_keys and out_keys) instead")
+        raise TypeError(f"{method}: f is the module {type(f).__name__}; pass its pure function and params: "
+                        f"f, params = tdhook_fn.pure(model) (tdhook_fn.functional(model) and tdhook_fn.params(model) "
+                        f"in one call), then {method}(f, params, inputs, ...)")
     if not callable(f):
         raise TypeError(f"{method}: f must be a pure function f(params, td) -> td, got {type(f).__name__}")
     if not isinstance(params, TensorDictBase):
         raise TypeError(f"{method}: params must be a TensorDict (tdhook_fn.params(model)), got {type(params).__name__}")
     if not isinstance(inputs, TensorDictBase):
-        raise TypeError(f"{method}: inputs must be a TensorDict, got {type(inputs).__name__}; wrap a batch x as "
-                        "TensorDict(input=x, batch_size=[len(x)])")
+        raise TypeError(f"{method}: inputs must be a TensorDict, or a tensor whose first dim is the batch, got "
+                        f"{type(inputs).__name__}; wrap a batch x as TensorDict(input=x, batch_size=[len(x)])")
     for key in input_keys:
         value = inputs.get(key, None)
         if value is None:
@@ -389,3 +417,56 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
     model = getattr(f, "model", None)
     if isinstance(model, nn.Module):
         check_attribution_modes(model, method)
+
+
+def accepts_tensors(
+    method: Callable[Concatenate[PureFn, TensorDictBase, TensorDictBase, _P], _R],
+) -> Callable[Concatenate[PureFn, TensorDictBase, TensorDictBase | torch.Tensor, _P], _R]:
+    """``method`` also taking a plain tensor as ``inputs``; see NOTE [captum-style calls].
+
+    The wrapped method checks a tensor ``target`` against the inputs' batch before it runs.
+    With a tensor ``x`` (batch first) and an ``f`` reading one key, it runs on
+    ``TensorDict({key: x}, batch_size=[len(x)])`` and returns the one map as a tensor
+    (a tuple ``(map, delta)`` stays a tuple). A call giving several maps (inputs and
+    layers) raises ``ValueError``: pass a TensorDict to get them all.
+
+    The static return type stays the method's (a TensorDict): typing a tensor result needs
+    overloads over a ``ParamSpec``, which mypy resolves to ``Any`` at every call with
+    ``**kwargs``.
+    """
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(f: PureFn, params: TensorDictBase, inputs: TensorDictBase | torch.Tensor, /,
+                *args: _P.args, **kwargs: _P.kwargs) -> Any:
+        tensor = isinstance(inputs, torch.Tensor)
+        td: Any = _tensor_inputs(name, f, inputs) if isinstance(inputs, torch.Tensor) else inputs  # else checked there
+        if isinstance(td, TensorDictBase) and "target" in kwargs:
+            check_target(kwargs["target"], td.batch_size, name)
+        result = method(f, params, td, *args, **kwargs)
+        if not tensor:
+            return result
+        if isinstance(result, tuple):
+            return (_only_map(name, result[0]), *result[1:])
+        return _only_map(name, result)
+
+    return wrapper
+
+
+def _tensor_inputs(method: str, f: Any, x: torch.Tensor) -> TensorDict:
+    keys = tuple(getattr(f, "in_keys", None) or ("input",))
+    if len(keys) != 1:
+        raise TypeError(f"{method}: inputs is a tensor, but f reads {len(keys)} inputs {list(keys)}; pass a "
+                        f"TensorDict holding each of them")
+    if x.dim() == 0:
+        raise ValueError(f"{method}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
+                         "got a 0-d tensor; for one sample pass x.unsqueeze(0)")
+    return TensorDict({keys[0]: x}, batch_size=x.shape[:1])
+
+
+def _only_map(method: str, result: Any) -> torch.Tensor:
+    keys = list(result.keys(True, True))
+    if len(keys) != 1:
+        raise ValueError(f"{method}: inputs is a tensor, so the result is one tensor, but this call gives "
+                         f"{len(keys)} maps {keys}; pass inputs as a TensorDict to get them all")
+    return cast(torch.Tensor, result.get(keys[0]))

@@ -9,7 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents, gradients
+from ._engine import Cotangents, accepts_tensors, gradients
 from ._saliency import GradFn, grad_taps
 
 __all__ = ["DimsConfig", "grad_cam"]
@@ -64,6 +64,7 @@ def _check_rank(path: str, dims: DimsConfig, shape: tuple[int, ...]) -> None:
                 )
 
 
+@accepts_tensors
 def grad_cam(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
@@ -88,8 +89,9 @@ def grad_cam(
     Args:
         f (Functional): pure function of a model (layers are read through taps).
         params (TensorDict): parameters for ``f``.
-        inputs (TensorDict): inputs, any batch size ``[*B]``.
-        target (int | tuple[int, ...] | Callable): see :func:`tdhook_fn.as_target`.
+        inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``; or a tensor, batch
+            first (with one layer the result is then a tensor; see :func:`saliency`).
+        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`.
         layers (Mapping[str, DimsConfig]): path -> dims (see :class:`DimsConfig`).
         absolute (bool): pool ``|grad|``. Default: ``False``.
         per_target (bool): one map per target on a leading dim ``T``. Default: ``False``.

@@ -12,7 +12,7 @@ from torch import nn
 from .._functional import Functional
 from .._taps import Tap, map_grad
 from .._targets import Target
-from ._engine import Cotangents
+from ._engine import Cotangents, accepts_tensors
 from ._saliency import GradFn, saliency
 
 __all__ = ["guided_backprop", "module_paths"]
@@ -31,6 +31,7 @@ def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] 
     ]
 
 
+@accepts_tensors
 def guided_backprop(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
@@ -61,7 +62,8 @@ def guided_backprop(
             as in :func:`saliency`.
 
     Returns:
-        TensorDict: keyed like the inputs (and layer paths), ``[*B]`` or ``[T, *B]``.
+        TensorDict: keyed like the inputs (and layer paths), ``[*B]`` or ``[T, *B]``; a
+        tensor for a tensor ``inputs``.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict

@@ -10,9 +10,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
-from .._targets import Target, as_target
+from .._targets import Target
 from ._engine import (
     Cotangents,
+    accepts_tensors,
     check_call,
     check_layers,
     gradients,
@@ -29,11 +30,12 @@ __all__ = ["integrated_gradients"]
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
 
+@accepts_tensors
 def integrated_gradients(
     f: PureFn,
     params: TensorDictBase,
     inputs: TensorDictBase,
-    baselines: TensorDictBase | float,
+    baselines: TensorDictBase | torch.Tensor | float,
     *,
     target: Target,
     n_steps: int = 50,
@@ -62,14 +64,21 @@ def integrated_gradients(
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``.
         params (TensorDict): parameters for ``f`` (constants here).
-        inputs (TensorDict): inputs, any batch size ``[*B]``.
-        baselines (TensorDict | float): a baseline per attributed input key, with the
-            input's shape, or one number for all.
-        target (int | tuple[int, ...] | Callable): see :func:`tdhook_fn.as_target`.
+        inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``; or a tensor, batch
+            first, for an ``f`` with one in_key (the result is then a tensor; see
+            :func:`saliency`).
+        baselines (TensorDict | Tensor | float): a baseline per attributed input key, with
+            the input's shape; a tensor for the one attributed input, with its shape or
+            one that broadcasts to it (one sample's, ``[1, ...]``); or one number for all.
+        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`;
+            a tensor holds one class index per sample.
         n_steps (int): number of path points. Default: 50.
         method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
         multiply_by_inputs (bool): multiply by ``x - b`` (the integrated gradients of the
-            paper; ``False`` gives the path-averaged gradient). Default: ``True``.
+            paper; ``False`` gives the path-averaged gradient). Default: ``True``, as
+            captum's ``IntegratedGradients``; the compat
+            :class:`~tdhook_fn.compat.attribution.IntegratedGradients` defaults to
+            ``False``, as tdhook 0.1.3 does.
         per_target (bool): one map per target on a new leading dim ``T``. Default: the sum.
         chunk_size (int | None): path points per forward; bounds memory. The result is
             the same up to a few ulps (NOTE [chunk-invariant sums]).
@@ -88,11 +97,12 @@ def integrated_gradients(
     Returns:
         TensorDict | tuple[TensorDict, Tensor]: attributions keyed like the attributed
         inputs (and layer paths), batch ``[*B]`` or ``[T, *B]``; with the delta, shaped
-        ``[*B]`` or ``[T, *B]``.
+        ``[*B]`` or ``[T, *B]``. For a tensor ``inputs`` the one map is a tensor.
 
     Raises:
         KeyError: a baseline is missing for an attributed key.
-        ValueError: baseline and input shapes differ; unknown method or too few steps.
+        ValueError: baseline and input shapes differ (or do not broadcast); unknown method
+            or too few steps.
         TypeError: an input to interpolate is not floating point (token ids: interpolate at
             the embedding layer with ``layers=[...]``, ``interpolate="layers"``).
         ValueError: ``f`` takes several inputs as keywords (``functional(model,
@@ -106,6 +116,10 @@ def integrated_gradients(
     >>> attr, delta = integrated_gradients(f, p, x, 0.0, target=1, return_convergence_delta=True)
     >>> attr["input"].shape, bool(delta.abs().max() < 1e-3)
     (torch.Size([5, 3]), True)
+    >>> f, p = tdhook_fn.pure(net)  # captum's IntegratedGradients(net).attribute(x, target=pred)
+    >>> pred = net(x["input"]).argmax(-1)
+    >>> integrated_gradients(f, p, x["input"], 0.0, target=pred).shape
+    torch.Size([5, 3])
     """
     alphas, steps = quadrature(method, n_steps)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
@@ -126,7 +140,6 @@ def integrated_gradients(
     _check_interpolable(inputs, path_keys)
     base = _baselines(inputs, baselines, base_keys)
     keys = () if in_layer_space or not use_inputs else base_keys
-    as_target(target)  # fail early on a malformed target
     all_taps = grad_taps(grad_fns, taps)
     ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
     options: dict[str, Any] = dict(
@@ -148,7 +161,7 @@ def integrated_gradients(
         attrs = scaled(total, differences)
     if not return_convergence_delta:
         return attrs
-    values = target_values(f, params, _ends_batch(inputs, base), target, target_layers=target_layers, taps=all_taps)
+    values = target_values(f, params, _ends(inputs, base), target, target_layers=target_layers, taps=all_taps)
     return attrs, _convergence_delta(values, inputs.batch_size, attrs, per_target)
 
 
@@ -163,7 +176,11 @@ def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> No
             )
 
 
-def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | float, keys: Sequence[NestedKey]) -> TensorDict:
+def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tensor | float,
+               keys: Sequence[NestedKey]) -> TensorDict:
+    if isinstance(baselines, torch.Tensor) and len(keys) != 1:
+        raise TypeError(f"integrated_gradients: a tensor baseline fits one attributed input, but {len(keys)} are "
+                        f"attributed {list(keys)}; pass baselines as a TensorDict with those keys, or a number")
     out = TensorDict({}, batch_size=inputs.batch_size)
     for key in keys:
         x = inputs.get(key)
@@ -175,12 +192,27 @@ def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | float, keys: 
                 raise ValueError(
                     f"integrated_gradients: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}"
                 )
+        elif isinstance(baselines, torch.Tensor):
+            b = _broadcast_baseline(key, baselines, x)
         elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
             b = torch.full_like(x, float(baselines))
         else:
-            raise TypeError(f"baselines must be a TensorDict or a number, got {type(baselines).__name__}")
+            raise TypeError(f"integrated_gradients: baselines must be a TensorDict, a tensor or a number, got "
+                            f"{type(baselines).__name__}")
         out.set(key, b)
     return out
+
+
+def _broadcast_baseline(key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A tensor baseline for input ``key``: its shape, or one that broadcasts to it (one sample's, ``[1, ...]``)."""
+    if not (b.is_floating_point() or b.is_complex()):
+        raise TypeError(f"integrated_gradients: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype}")
+    try:
+        return b.expand(x.shape)
+    except RuntimeError:
+        raise ValueError(f"integrated_gradients: baselines has shape {list(b.shape)}, which does not broadcast to "
+                         f"input {key!r} of shape {list(x.shape)}; give the input's shape, one sample's "
+                         f"{list(x.shape[1:])} or a number") from None
 
 
 def _path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[NestedKey],
@@ -205,7 +237,7 @@ def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base:
     if not isinstance(f, Functional):
         raise TypeError("layer attribution needs f to be a tdhook_fn.Functional")
     batch = inputs.batch_size
-    flat = _ends_batch(inputs, base)
+    flat = _ends(inputs, base).reshape(-1)
     specs = layer_specs(f.with_taps(*taps), params, flat, layers, layer_calls, method="integrated_gradients")
     probe = f.with_taps(*taps, *(capture(p, key=f"_tdhook_fn_end_{i}", call=spec.call)
                                  for i, (p, spec) in enumerate(zip(layers, specs, strict=True))))
@@ -255,15 +287,15 @@ def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float],
     return out
 
 
-def _ends_batch(inputs: TensorDictBase, base: TensorDictBase) -> TensorDictBase:
-    """Baselines and inputs in one batch ``[2 * N]`` (``[2]`` for one sample)."""
+def _ends(inputs: TensorDictBase, base: TensorDictBase) -> TensorDictBase:
+    """Baselines and inputs in one batch ``[2, *B]``."""
     starts = inputs.clone(False)
     starts.update(base)
-    return cast(TensorDictBase, torch.stack([starts, inputs]).reshape(-1))
+    return cast(TensorDictBase, torch.stack([starts, inputs]))
 
 
 def _convergence_delta(values: TensorDictBase, batch: torch.Size, attrs: TensorDict, per_target: bool) -> torch.Tensor:
-    """``sum(attr) - (F(x) - F(b))`` per sample (and target); ``values`` are ``[2 * N]`` targets."""
+    """``sum(attr) - (F(x) - F(b))`` per sample (and target); ``values`` are ``[2, *B]`` targets."""
     values = values.reshape(2, *batch)
     lead = 1 if per_target else 0
     ends = None

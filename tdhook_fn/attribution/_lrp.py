@@ -51,7 +51,7 @@ from torch.utils.hooks import RemovableHandle
 from .._functional import Functional, NestedKey
 from .._taps import Captured, Tap
 from .._targets import Target
-from ._engine import Cotangents, check_layers, gradients, input_keys_of
+from ._engine import Cotangents, accepts_tensors, check_layers, gradients, input_keys_of
 from ._lrp_composites import Rules, resolve_rules
 from ._lrp_rules import ModuleCall, Pass, Rule, Template
 
@@ -184,6 +184,7 @@ def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True)
             for path, rule in resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule).items()]
 
 
+@accepts_tensors
 def lrp(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
@@ -213,8 +214,9 @@ def lrp(
     Args:
         f (Functional): pure function of a model (:func:`tdhook_fn.functional`).
         params (TensorDict): parameters for ``f``; the rules compute with these.
-        inputs (TensorDict): inputs with any batch size ``[*B]``.
-        target (int | tuple[int, ...] | Callable): see :func:`tdhook_fn.as_target`.
+        inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``; or a tensor,
+            batch first (the result is then a tensor; see :func:`saliency`).
+        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`.
         rules (Mapping | Callable): which rule runs where. A mapping from a submodule path
             (``"[0]"``), a regex over module names (``r"features\\.\\d+"``, full match) or
             an ``nn.Module`` class to a rule; exact paths win over patterns, patterns

@@ -10,7 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._taps import Tap, map_grad
 from .._targets import Target
-from ._engine import Cotangents, check_layers, gradients, input_keys_of, per_key, scaled
+from ._engine import Cotangents, accepts_tensors, check_layers, gradients, input_keys_of, per_key, scaled
 
 __all__ = ["saliency"]
 
@@ -22,6 +22,7 @@ def grad_taps(grad_fns: Mapping[str, GradFn] | None, taps: Sequence[Tap]) -> lis
     return [map_grad(path, fn) for path, fn in (grad_fns or {}).items()] + list(taps)
 
 
+@accepts_tensors
 def saliency(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
@@ -49,10 +50,15 @@ def saliency(
     them).
 
     Args:
-        f (Functional | Callable): pure ``f(params, td) -> td``, e.g. :func:`tdhook_fn.functional`.
+        f (Functional | Callable): pure ``f(params, td) -> td``, e.g. from
+            ``f, params = tdhook_fn.pure(model)``.
         params (TensorDict): parameters for ``f``.
-        inputs (TensorDict): inputs with any batch size ``[*B]``.
-        target (int | tuple[int, ...] | Callable): see :func:`tdhook_fn.as_target`.
+        inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``; or, for an
+            ``f`` with one in_key, a tensor whose first dim is the batch (captum's
+            ``inputs``): the result is then that key's map, as a tensor.
+        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`;
+            a tensor holds one class index per sample (captum's ``target=pred``), a
+            callable may return a tensor.
         abs (bool): absolute value of the gradient. Default: ``False``.
         multiply_by_inputs (bool): multiply by the inputs (activations for layers).
             Default: ``False``.
@@ -77,7 +83,8 @@ def saliency(
 
     Returns:
         TensorDict: keyed like the attributed inputs (and layer paths), batch ``[*B]`` or
-        ``[T, *B]``.
+        ``[T, *B]``. For a tensor ``inputs``, the one map as a tensor (a call giving
+        several maps, inputs and layers, raises ``ValueError``).
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -89,6 +96,9 @@ def saliency(
     >>> per_sample = torch.func.vmap(lambda td: saliency(f, p, td, target=1))(x)
     >>> torch.allclose(per_sample["input"], saliency(f, p, x, target=1)["input"])
     True
+    >>> pred = net(x["input"]).argmax(-1)  # captum style: a tensor in, a tensor out
+    >>> saliency(f, p, x["input"], target=pred).shape
+    torch.Size([5, 3])
     """
     method = "input_x_gradient" if multiply_by_inputs else "saliency"
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()

@@ -165,10 +165,10 @@ def test_a_malformed_target_is_a_type_error(two, target):
         saliency(e.f, e.params, td, target=target)
 
 
-def test_a_target_returning_a_tensor_is_a_type_error(two):
-    e, td = two
+def test_a_target_returning_neither_a_tensordict_nor_a_tensor_is_a_type_error(two):
+    e, td = two  # a plain tensor is one target key (tests/test_captum_style_inputs.py)
     with pytest.raises(TypeError, match="must return a TensorDict"):
-        saliency(e.f, e.params, td, target=lambda out: out["output"][..., 0])
+        saliency(e.f, e.params, td, target=lambda out: [out["output"][..., 0]])
 
 
 def test_per_target_with_unequal_target_counts_is_a_value_error(two):

@@ -34,8 +34,13 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         use_inputs, use_outputs, input_modules, target_modules, init_attr_targets,
         init_attr_inputs, init_attr_cache_in, init_attr_grads, additional_init_keys,
         output_grad_callbacks, attribution_key, clean_intermediate_keys, cache_callback,
-        compute_convergence_delta, baseline_key, multiply_by_inputs: see
+        compute_convergence_delta, baseline_key: see
             :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttributionWithBaseline`.
+        multiply_by_inputs (bool): multiply input attributions by ``x - baseline``.
+            Default: ``False``, as in tdhook 0.1.3: the path-averaged gradient. The pure
+            :func:`tdhook_fn.attribution.integrated_gradients` (and captum's
+            ``IntegratedGradients``) default to ``True``, the integrated gradients of the
+            paper; pass ``multiply_by_inputs=True`` here to get those.
         method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
             Default: ``"gausslegendre"``.
         n_steps (int): number of path points. Default: 50.
