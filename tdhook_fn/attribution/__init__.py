@@ -5,6 +5,7 @@ works for one sample or any batch size, under ``vmap``, and composes with ``grad
 with respect to params.
 """
 
+from ._activation_maximisation import activation_maximisation, pgd_step
 from ._grad_cam import DimsConfig, grad_cam
 from ._guided_backprop import guided_backprop, module_paths
 from ._integrated_gradients import integrated_gradients
@@ -54,11 +55,13 @@ __all__ = [
     "UniformEpsilon",
     "WSquare",
     "ZPlus",
+    "activation_maximisation",
     "grad_cam",
     "guided_backprop",
     "integrated_gradients",
     "lrp",
     "module_paths",
+    "pgd_step",
     "quadrature",
     "rule_taps",
     "saliency",

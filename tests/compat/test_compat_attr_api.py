@@ -131,9 +131,9 @@ def compare(make: Callable[[Any], Any], case: Case, batch: tuple[int, ...] = (3,
 
 def test_exports() -> None:
     assert sorted(tdhook_fn.compat.attribution.__all__) == [
-        "GradCAM", "GuidedBackpropagation", "IntegratedGradients", "LRP", "Saliency", "lrp_helpers"]
-    assert not hasattr(tdhook_fn.compat.attribution, "ActivationMaximisation")
-    for name in ("saliency", "integrated_gradients", "grad_cam", "guided_backpropagation",
+        "ActivationMaximisation", "GradCAM", "GuidedBackpropagation", "IntegratedGradients", "LRP", "Saliency",
+        "lrp_helpers"]
+    for name in ("activation_maximisation", "saliency", "integrated_gradients", "grad_cam", "guided_backpropagation",
                  "gradient_helpers", "gradient_helpers.common", "gradient_helpers.helpers"):
         ours = importlib.import_module(f"tdhook_fn.compat.attribution.{name}")
         ref = importlib.import_module(f"tdhook.attribution.{name}")

@@ -3,8 +3,8 @@
 Each class is a :class:`~tdhook_fn.compat.contexts.HookingContextFactory` whose numbers
 come from the pure methods of :mod:`tdhook_fn.attribution`; see
 :mod:`tdhook_fn.compat.attribution.gradient_helpers.common` for what differs from tdhook.
-``LRP`` computes through :func:`tdhook_fn.attribution.lrp` (rules in ``lrp_helpers``);
-``ActivationMaximisation`` is not provided.
+``LRP`` computes through :func:`tdhook_fn.attribution.lrp` (rules in ``lrp_helpers``),
+``ActivationMaximisation`` through :func:`tdhook_fn.attribution.activation_maximisation`.
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -17,10 +17,14 @@ come from the pure methods of :mod:`tdhook_fn.attribution`; see
 """
 
 from . import lrp_helpers
+from .activation_maximisation import ActivationMaximisation
 from .grad_cam import GradCAM
 from .guided_backpropagation import GuidedBackpropagation
 from .integrated_gradients import IntegratedGradients
 from .lrp import LRP
 from .saliency import Saliency
 
-__all__ = ["LRP", "GradCAM", "GuidedBackpropagation", "IntegratedGradients", "Saliency", "lrp_helpers"]
+__all__ = [
+    "LRP", "ActivationMaximisation", "GradCAM", "GuidedBackpropagation", "IntegratedGradients", "Saliency",
+    "lrp_helpers",
+]

@@ -65,6 +65,7 @@ from tdhook_fn.compat.hooks import (
 )
 
 from ._hooked import HookedModule
+from ._pgd import PGDModule
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
 from ._transforms import ParamsTransform, transforming_params
@@ -91,6 +92,7 @@ __all__ = [
     "ModuleCall",
     "ModuleCallWithCache",
     "MutableWeakRef",
+    "PGDModule",
     "ParamsTransform",
     "RoutedModule",
     "TensorDictRef",

@@ -1,0 +1,167 @@
+"""``ActivationMaximisation`` (``tdhook.attribution.activation_maximisation``): gradient ascent on the inputs.
+
+# NOTE [paths of modules_to_maximise]
+tdhook 0.1.3 runs its ``Saliency`` as a pre-factory on the ``TensorDictModule`` of the
+context, so ``modules_to_maximise`` are paths from that ``TensorDictModule``: for a
+plain ``nn.Module`` prepared by the context, ``"module[2]"`` is the model's ``[2]``
+(tdhook fails on ``"[2]"``). Here the same paths are accepted, resolved once from the
+context's module, and handed to the pure method as paths from the model; the targets
+given to ``init_attr_targets`` are keyed by the paths as written, as in tdhook.
+
+Differences from tdhook 0.1.3 (beyond those of
+:mod:`~tdhook_fn.compat.attribution.gradient_helpers.common`):
+
+- ``additional_init_keys`` reach ``init_attr_targets`` and ``init_attr_grads``: tdhook
+  runs its ``Saliency`` on a copy of the inputs without them, and fails with a
+  ``KeyError``.
+- The result under ``attribution_key`` is detached; tdhook returns it with the autograd
+  graph of its steps and leaves the caller's input tensors requiring grad.
+- An empty ``modules_to_maximise``, a path that does not name a module of the model,
+  or two paths naming the same module raise a ``ValueError`` on entering the context
+  (tdhook fails on calling, or counts the module twice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+from tdhook_fn import resolve_path
+from tdhook_fn._paths import PathError
+from tdhook_fn.attribution import activation_maximisation
+from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.modules._virtual import module_path
+
+from .gradient_helpers import GradientAttribution
+from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target, user_model
+
+__all__ = ["ActivationMaximisation"]
+
+Keys = list[Any]
+
+
+class ActivationMaximisation(GradientAttribution):
+    """Activation maximisation (Mahendran & Vedaldi 2015): inputs that excite modules most.
+
+    Computed by :func:`tdhook_fn.attribution.activation_maximisation`: ``n_steps`` of
+    ``x <- clamp(x + alpha * grad, min_value, max_value)`` on every input, the gradient
+    being that of the summed activations of ``modules_to_maximise`` (or of
+    ``init_attr_targets``' values). The final inputs are written under
+    ``(attribution_key, in_key)``.
+
+    Args:
+        modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``
+            (``"module[2]"`` for a plain model, see NOTE [paths of modules_to_maximise]).
+        alpha (float): step size. Default: ``0.1``.
+        n_steps (int): number of steps. Default: ``10``.
+        min_value (float): lower bound after each step. Default: ``-inf``.
+        max_value (float): upper bound after each step. Default: ``inf``.
+        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the
+            values to maximise; ``targets`` holds the module activations by path.
+            Default: all of them.
+        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the
+            gradients fed back from the targets. Default: ones.
+        additional_init_keys (list | None): keys of the input TensorDict passed to the
+            callables above as ``additional``.
+        attribution_key (str | tuple[str, ...]): where results go. Default: ``"attr"``.
+        clean_intermediate_keys (bool): accepted; there are no intermediate keys.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    >>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    >>> with ActivationMaximisation(["module[2]"], n_steps=3, max_value=1.0).prepare(model) as hooked:
+    ...     out = hooked(td)
+    >>> out["attr", "input"].shape, bool(out["attr", "input"].max() <= 1.0)
+    (torch.Size([5, 3]), True)
+    """
+
+    def __init__(
+        self,
+        modules_to_maximise: list[str],
+        alpha: float = 0.1,
+        n_steps: int = 10,
+        min_value: float = -math.inf,
+        max_value: float = math.inf,
+        init_attr_targets: UserFn | None = None,
+        init_attr_grads: UserFn | None = None,
+        additional_init_keys: list[Any] | None = None,
+        attribution_key: Any = "attr",
+        clean_intermediate_keys: bool = True,
+    ) -> None:
+        super().__init__(
+            use_inputs=True,
+            use_outputs=False,
+            init_attr_targets=init_attr_targets,
+            init_attr_grads=init_attr_grads,
+            additional_init_keys=additional_init_keys,
+            attribution_key=attribution_key,
+            clean_intermediate_keys=clean_intermediate_keys,
+        )
+        if isinstance(modules_to_maximise, str):
+            raise TypeError(f"ActivationMaximisation: modules_to_maximise must be a list of paths; write "
+                            f"[{modules_to_maximise!r}]")
+        self._modules_to_maximise = list(modules_to_maximise)
+        if not self._modules_to_maximise:
+            raise ValueError("ActivationMaximisation: modules_to_maximise is empty; name at least one module whose "
+                             "activation to maximise (e.g. ['module[2]'] for layer [2] of a plain model)")
+        self._alpha = alpha
+        self._n_steps = n_steps
+        self._min_value = min_value
+        self._max_value = max_value
+        self._hooked_module_kwargs["relative_path"] = "td_module.module[1]._td_module"
+
+    def _model_paths(self, module: TensorDictModuleBase) -> dict[str, str]:
+        """``modules_to_maximise`` path -> the same module's path from the model."""
+        root = module.td_module if isinstance(module, RoutedModule) else module
+        model = user_model(module)
+        paths: dict[str, str] = {}
+        hint = ("paths start at the context's TensorDictModule, as in tdhook 0.1.3 ('module[2]' is layer [2] of a "
+                "plain model)")
+        for path in self._modules_to_maximise:
+            try:
+                found = resolve_path(root, path)
+            except PathError as e:
+                raise PathError(f"ActivationMaximisation: {e}; {hint}") from e
+            inside = module_path(model, found) if isinstance(found, nn.Module) else None
+            if inside is None:
+                raise ValueError(f"ActivationMaximisation: {path!r} is not a module of the model; {hint}")
+            if inside in paths.values():
+                raise ValueError(f"ActivationMaximisation: {path!r} names a module already in modules_to_maximise")
+            paths[path] = inside
+        return paths
+
+    def _prepare_module(
+        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+    ) -> TensorDictModuleBase:
+        """As :class:`GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
+        self._model_paths(module)
+        return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
+
+    def _call(
+        self,
+        module: TensorDictModuleBase,
+        td: TensorDict,
+        in_keys: Keys,
+        out_keys: Keys,
+        grad_fns: dict[str, GradFn],
+        cached: tuple[CachedOutput, ...],
+    ) -> AttributionCall:
+        """The shared call, whose targets are the modules to maximise under the paths as written."""
+        call = super()._call(module, td, in_keys, out_keys, grad_fns, cached)
+        paths = self._model_paths(module)
+        additional = td.select(*self._additional_init_keys)
+        target = make_target(out_keys, list(paths), False, self._init_attr_targets, additional, False,
+                             {inside: path for path, inside in paths.items()})
+        return dataclasses.replace(call, target=target, target_layers=tuple(paths.values()))
+
+    def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
+        return activation_maximisation(
+            call.f, call.params, call.inputs, alpha=self._alpha, n_steps=self._n_steps, min_value=self._min_value,
+            max_value=self._max_value, input_keys=call.input_keys, **call.options(),
+        )
