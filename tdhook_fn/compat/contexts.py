@@ -8,15 +8,20 @@ call runs on a private shadow of the model (see :mod:`tdhook_fn.compat.modules`)
 Subclasses customise the same steps as in tdhook: ``_prepare_module`` turns the working
 module into the module to run (it receives a
 :class:`~tdhook_fn.compat.modules.RoutedModule`, whose ``functional()`` and ``params()``
-give the model as a pure function at call time), ``_restore_module`` undoes it,
-``_spawn_hooked_module`` wraps it and ``_hook_module`` registers the context's own
-hooks on the hooked module. ``_hooking_context_class``, ``_hooked_module_class``,
+give the model as a pure function at call time), ``_restore_module`` undoes it (it
+receives the same working module), ``_spawn_hooked_module`` wraps it and
+``_hook_module`` registers the context's own hooks on the hooked module. Public
+attributes a factory sets on the working module land on the context's
+TensorDictModule, as in tdhook, and are gone after the context, even when a step fails
+(see NOTE [prepared attributes]). ``_hooking_context_class``, ``_hooked_module_class``,
 ``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
 extra arguments.
 
 Differences from tdhook 0.1.3: a failed ``__enter__`` leaves the context closed (tdhook
-leaves it marked as entered); ``disable()`` yields the raw model without re-preparing
-it and attaching it to the hooked module as ``.module`` afterwards.
+leaves it marked as entered), and runs ``_restore_module`` when ``_prepare_module`` had
+succeeded; what ``_prepare_module`` changed on the context's TensorDictModule is put
+back on exit when a step fails (tdhook leaves it); ``disable()`` yields the raw model
+without re-preparing it and attaching it to the hooked module as ``.module`` afterwards.
 """
 
 from __future__ import annotations
@@ -42,6 +47,53 @@ __all__ = [
 
 Keys = list[Any]
 InKeys = list[Any] | dict[Any, str]
+
+
+# NOTE [prepared attributes]
+# tdhook's ``_prepare_module`` may set attributes on the context's TensorDictModule
+# (the user's, when they passed one) for ``_restore_module`` to delete. Whatever the
+# prepare step changed there (names added, removed or rebound, in ``__dict__`` or in
+# ``_parameters``/``_buffers``/``_modules``) is recorded against the state before it, and
+# on exit any of it that the restore step did not undo is put back: after a failing
+# prepare, body or restore too. Only the prepare step's own changes are undone, so
+# contexts over one module may close in any order, and the body's changes are the
+# user's. ``training`` is left alone (``train()`` changes the whole tree).
+_SLOTS = ("_parameters", "_buffers", "_modules")
+_State = dict[str, tuple[str, Any]]
+
+
+def _attribute_state(module: nn.Module) -> _State:
+    """Name -> (where it lives, value) for the attributes of ``module`` itself."""
+    state = {name: ("__dict__", value) for name, value in vars(module).items() if name not in (*_SLOTS, "training")}
+    for slot in _SLOTS:
+        state.update((name, (slot, value)) for name, value in getattr(module, slot).items())
+    return state
+
+
+def _same(a: tuple[str, Any] | None, b: tuple[str, Any] | None) -> bool:
+    return a is b or (a is not None and b is not None and a[0] == b[0] and a[1] is b[1])
+
+
+def _changes(module: nn.Module, before: _State) -> dict[str, tuple[str, Any] | None]:
+    """The names whose state differs from ``before``, with their state before."""
+    after = _attribute_state(module)
+    names = before.keys() | after.keys()
+    return {name: before.get(name) for name in names if not _same(before.get(name), after.get(name))}
+
+
+def _put_back(module: nn.Module, changes: dict[str, tuple[str, Any] | None]) -> None:
+    """Give each name in ``changes`` its recorded state again, where it differs now."""
+    now = _attribute_state(module)
+    for name, old in changes.items():
+        current = now.get(name)
+        if _same(current, old):
+            continue
+        if current is not None:
+            del (vars(module) if current[0] == "__dict__" else getattr(module, current[0]))[name]
+            if current[0] == "_buffers":
+                module._non_persistent_buffers_set.discard(name)
+        if old is not None:
+            (vars(module) if old[0] == "__dict__" else getattr(module, old[0]))[name] = old[1]
 
 
 def _is_unraveled(key: Any) -> bool:
@@ -78,6 +130,8 @@ class HookingContext:
         self._hooked_module: HookedModule | None = None
         self._pre_factories = pre_factories or []
         self._stack: ExitStack | None = None
+        self._working: TensorDictModuleBase | None = None
+        self._prepared_changes: dict[str, tuple[str, Any] | None] = {}
         self._module: TensorDictModuleBase
         if isinstance(module, TensorDictModuleBase):
             self._module, self._extra_relative_path = module, ""
@@ -101,11 +155,20 @@ class HookingContext:
                 self._stack = stack.pop_all()
             if working is self._module:  # pre-factories hand over modules that already route
                 working = RoutedModule(self._module, self._extra_relative_path)
-            prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
+            before = _attribute_state(self._module)
+            try:
+                prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
+            finally:
+                self._prepared_changes = _changes(self._module, before)
+            self._working = working  # prepared: restore it, from here on
             self._hooked_module = self._spawn(prepared, self, self._extra_relative_path)
             self._handle = self._hook(self._hooked_module)
         except BaseException as e:
-            self._close(type(e), e, e.__traceback__)
+            try:
+                if self._working is not None:
+                    self._restore(self._working, self._in_keys, self._out_keys, self._extra_relative_path)
+            finally:
+                self._close(type(e), e, e.__traceback__)
             raise
         return self._hooked_module
 
@@ -116,11 +179,16 @@ class HookingContext:
         traceback: TracebackType | None,
     ) -> None:
         stack, self._stack = self._stack, None
+        changes, self._prepared_changes = self._prepared_changes, {}
         self._in_context = False
+        self._working = None
         self._hooked_module = None
         self._handle = None
-        if stack is not None:
-            stack.__exit__(exc_type, exc_value, traceback)
+        try:
+            _put_back(self._module, changes)
+        finally:
+            if stack is not None:
+                stack.__exit__(exc_type, exc_value, traceback)
 
     def __enter__(self) -> HookedModule:
         return self._enter(managed_by_context_manager=True)
@@ -136,7 +204,8 @@ class HookingContext:
         try:
             if self._handle is not None:
                 self._handle.remove()
-            self._restore(self._module, self._in_keys, self._out_keys, self._extra_relative_path)
+            if self._working is not None:
+                self._restore(self._working, self._in_keys, self._out_keys, self._extra_relative_path)
         finally:
             self._close(exc_type, exc_value, traceback)
 
@@ -260,13 +329,20 @@ class HookingContextFactory:
     def _prepare_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself."""
+        """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself.
+
+        Public attributes set on ``module`` are set on the context's TensorDictModule
+        (NOTE [working module attributes] in :mod:`tdhook_fn.compat.modules`).
+        """
         return module
 
     def _restore_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> Any:
-        """Undo :meth:`_prepare_module` on exit. Default: return ``module``."""
+        """Undo :meth:`_prepare_module` on exit; ``module`` is the one it received.
+
+        Default: return ``module``.
+        """
         return module
 
     def _spawn_hooked_module(

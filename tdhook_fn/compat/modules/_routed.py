@@ -51,6 +51,38 @@ class RoutedModule(TensorDictModuleWrapper):
         super().__init__(td_module)
         self._extra_relative_path = extra_relative_path
         self._params_transforms = tuple(params_transforms)
+        self._forward_attributes = True
+
+    # NOTE [working module attributes]
+    # In tdhook a factory's ``_prepare_module`` and ``_restore_module`` both receive the
+    # context's TensorDictModule, so ``setattr(module, "flag", 1)`` in one and
+    # ``delattr(module, "flag")`` in the other act on that module, and the flag is visible
+    # on it while the context is open. Here they receive this wrapper, so a public
+    # attribute the wrapper does not own is written to (and deleted from) ``td_module``,
+    # as reading one already falls through to it. Private names and the wrapper's own
+    # attributes stay on the wrapper. The context puts back, on exit, whatever
+    # ``_prepare_module`` changed on its TensorDictModule and ``_restore_module`` left
+    # (see NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
+    # ``nn.Module`` inside it is never written.
+
+    def _forwards(self, name: str) -> bool:
+        """Whether setting or deleting ``name`` acts on ``td_module`` (NOTE above)."""
+        if name.startswith("_") or not self.__dict__.get("_forward_attributes", False):
+            return False
+        own = (self.__dict__, self._parameters, self._buffers, self._modules)
+        return not any(name in names for names in own) and not hasattr(type(self), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._forwards(name):
+            setattr(self.td_module, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self._forwards(name):
+            delattr(self.td_module, name)
+        else:
+            super().__delattr__(name)
 
     def with_params_transform(self, transform: ParamsTransform) -> RoutedModule:
         """This routed module, whose calls also apply ``transform`` (see NOTE [params transforms])."""
