@@ -102,8 +102,8 @@ def main(rounds: int = 3) -> None:
             ("data.attribute, torchrun 1 rank", one, one), ("data.attribute, torchrun 2 ranks", two, one)]
     for label, seconds, base in rows:
         print(f"  {label:<44}{seconds:>10.2f}{n / seconds:>12.0f}{base / seconds:>13.2f}x")
-    print("  (speed ratio: the row's samples/s over the loop's, and for 2 ranks over 1 rank; "
-          "targets >= 0.9x and >= 1.6x)")
+    print("  (speed ratio: the row's samples/s over the loop's, and for 2 ranks over 1 rank; targets >= 0.9x and "
+          ">= 1.6x. The torchrun ranks run with OMP_NUM_THREADS=1, the in-process rows with torch.set_num_threads(1))")
 
 
 if __name__ == "__main__":

@@ -107,8 +107,8 @@ def _run(world: World, out: OutDir, job: Json, source: Source, run_batch: Callab
     mine = world.share(plan["pending"])
     if mine:
         result = out.result()
-        total = sum(_size(source, i) for i in plan["pending"])
-        with progress_bar(total, enabled=progress and world.rank == 0) as bar:
+        pending = sum(_size(source, i) for i in plan["pending"])
+        with progress_bar(source.length, source.length - pending, enabled=progress and world.rank == 0) as bar:
             for index in mine:
                 _write(out, result, source, index, run_batch(source.batch(index)))
                 bar.update(_size(source, index) * world.size)

@@ -21,8 +21,8 @@ class _Silent:
 
 
 @contextmanager
-def progress_bar(total: int, *, enabled: bool) -> Iterator[Bar]:
-    """Samples done out of ``total``, with samples/s and ETA; silent off a terminal."""
+def progress_bar(total: int, done: int, *, enabled: bool) -> Iterator[Bar]:
+    """Samples done (from ``done``) out of ``total``, with samples/s and ETA; silent off a terminal."""
     make: Any = None
     if enabled and sys.stderr.isatty():
         try:
@@ -32,7 +32,7 @@ def progress_bar(total: int, *, enabled: bool) -> Iterator[Bar]:
     if make is None:
         yield _Silent()
         return
-    bar = make(total=total, unit="sample", unit_scale=True, dynamic_ncols=True, desc="attribute")
+    bar = make(total=total, initial=done, unit="sample", dynamic_ncols=True, desc="attribute")
     try:
         yield bar
     finally:

@@ -233,3 +233,15 @@ def test_bad_arguments_raise_clear_errors(job, tmp_path, kwargs, error, match):
     with pytest.raises(error, match=match):
         tdhook_fn.data.attribute(args["method"], f, args["params"], args["dataset"], tmp_path / "r",
                                  batch_size=args["batch_size"], target=1, progress=False)
+
+
+def test_the_progress_bar_shows_on_a_terminal_only(job, tmp_path, monkeypatch, capsys):
+    net, f, p, data = job
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    tdhook_fn.data.attribute(saliency, f, p, data, tmp_path / "tty", batch_size=5, target=1)
+    shown = capsys.readouterr().err
+    assert "attribute" in shown and "23/23" in shown and "sample/s" in shown
+    tdhook_fn.data.attribute(saliency, f, p, data, tmp_path / "off", batch_size=5, target=1, progress=False)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    tdhook_fn.data.attribute(saliency, f, p, data, tmp_path / "pipe", batch_size=5, target=1)
+    assert capsys.readouterr().err == ""
