@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 
 import bench_call
+import bench_compile
 import bench_data
 import bench_ig
 import bench_latent
@@ -22,6 +23,7 @@ def main() -> None:
     bench_lrp.main()
     bench_latent.main()
     bench_data.main()
+    bench_compile.main()
 
 
 if __name__ == "__main__":

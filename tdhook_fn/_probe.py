@@ -20,6 +20,8 @@ def on_meta(run: Callable[[TensorDictBase, TensorDictBase], T], params: TensorDi
     A forward that meta tensors cannot run (data-dependent control flow) is run for real,
     without grad, after ``reset()`` clears whatever the failed attempt recorded.
     """
+    if torch.compiler.is_compiling():  # tracing already runs on fake tensors; the unused probe is dead code
+        return run(params, td)       # in the graph (meta copies would be new guards on every call)
     meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
     try:
         return run(cast(TensorDictBase, params.apply(meta)), cast(TensorDictBase, td.apply(meta)))

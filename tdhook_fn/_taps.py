@@ -78,6 +78,19 @@ class Tap:
         Returns:
             RemovableHandle: removed when the call ends, also when it raises.
         """
+        kind, hook = self.hook(captured)
+        if kind == "_forward_hooks":
+            return module.register_forward_hook(hook)
+        return module.register_forward_pre_hook(hook)
+
+    def hook(self, captured: Captured) -> tuple[str, Callable[..., Any]]:
+        """This tap's forward hook and the module hook dict it belongs in.
+
+        Returns:
+            tuple[str, Callable]: ``"_forward_hooks"`` or ``"_forward_pre_hooks"``, and
+            the hook (what :meth:`attach` registers; the compiled path of
+            :func:`tdhook_fn.call` puts it in the dict itself, NOTE [compiled calls]).
+        """
         transform = self._transform(captured)
         if self.call is not None:
             transform = _at_run(transform, self.call)
@@ -85,7 +98,7 @@ class Tap:
             def output_hook(_m: nn.Module, _args: Any, output: Any) -> Any:
                 return transform(output)
 
-            return module.register_forward_hook(output_hook)
+            return "_forward_hooks", output_hook
 
         def input_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
             if len(args) != 1:  # fn sees (and returns) all positional arguments
@@ -94,7 +107,7 @@ class Tap:
             new = transform(args[0])
             return None if new is None else (new,)
 
-        return module.register_forward_pre_hook(input_hook)
+        return "_forward_pre_hooks", input_hook
 
     def _transform(self, captured: Captured) -> Callable[[Any], Any]:
         fn, key = self.fn, self.key

@@ -316,7 +316,8 @@ def gradients(
 
     def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
         feed = flat.copy()
-        feed.update(diff[0])
+        if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
+            feed.update(diff[0])
         tapped: Any = f
         if tappable is not None and (paths or target_layers or taps):
             tapped = tappable.with_taps(*_layer_taps(paths, layers, diff[1], runs), *(

@@ -12,6 +12,8 @@ import functools
 
 import torch
 
+from .._shadow import trace_constant
+
 __all__ = ["SUPPORTED_METHODS", "quadrature"]
 
 SUPPORTED_METHODS = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
@@ -64,7 +66,12 @@ def quadrature(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[floa
     return _nodes(method, n_steps)
 
 
-@functools.lru_cache(maxsize=64)
+@trace_constant  # Dynamo cannot trace numpy's leggauss: the rule is a constant of the trace
 def _nodes(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return _cached_nodes(method, n_steps)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_nodes(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     nodes, weights = _gauss_legendre(n_steps) if method == "gausslegendre" else _riemann(method, n_steps)
     return tuple(nodes), tuple(weights)

@@ -1,0 +1,67 @@
+"""``torch.compile(fullgraph=True)`` (inductor) of the core and gradient methods against eager.
+
+For each model and method: the first compiled call (tracing and code generation), the
+steady-state compiled time over the eager time of the same function, and the graph breaks
+``torch._dynamo.explain`` counts (0 is what fullgraph needs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from _timing import median_seconds
+from bench_call import _models
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import integrated_gradients, saliency
+
+LAYERS = {"transformer layer d64, batch 8x16": "linear1"}  # else "[1]", the first ReLU or conv
+TARGETS: dict[str, Any] = {"transformer layer d64, batch 8x16": lambda out: out["output"][..., -1, 1]}  # else 1
+
+
+def _methods(net: nn.Module, layer: str, target: Any) -> dict[str, Callable[..., Any]]:
+    f = tdhook_fn.functional(net)
+    return {
+        "call": lambda p, td: tdhook_fn.call(net, p, td["input"]),
+        "functional": lambda p, td: f(p, td),
+        "saliency": lambda p, td: saliency(f, p, td, target=target),
+        f"layer saliency {layer}": lambda p, td: saliency(f, p, td, target=target, layers=[layer]),
+        f"layer IG {layer}, n=16": lambda p, td: integrated_gradients(f, p, td, 0.0, target=target, n_steps=16,
+                                                                      layers=[layer]),
+        "integrated_gradients n=16": lambda p, td: integrated_gradients(f, p, td, 0.0, target=target, n_steps=16),
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    # torch's fused encoder-layer kernel (eval mode) has no derivative, and under Dynamo the
+    # fast-path check misses the grad transform's inputs; eager takes the slow path by itself
+    torch.backends.mha.set_fastpath_enabled(False)
+    print("\ntorch.compile(fullgraph=True, inductor) against eager, steady state (first call: trace and codegen)")
+    print(f"{'model':<36}{'method':<28}{'first call':>12}{'compiled/eager':>16}{'breaks':>8}{'graphs':>8}")
+    for model_name, (net, x) in _models().items():
+        layer = LAYERS.get(model_name, "[1]")
+        p = tdhook_fn.params(net)
+        td = TensorDict(input=x, batch_size=x.shape[:1])
+        for name, fn in _methods(net, layer, TARGETS.get(model_name, 1)).items():
+            torch._dynamo.reset()
+            breaks = torch._dynamo.explain(fn)(p, td).graph_break_count
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            compiled = torch.compile(fn, fullgraph=True)
+            start = time.perf_counter()
+            compiled(p, td)
+            first = time.perf_counter() - start
+            eager = median_seconds(lambda fn=fn: fn(p, td))
+            fast = median_seconds(lambda: compiled(p, td))
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            print(f"{model_name:<36}{name:<28}{first:>11.2f}s{fast / eager:>15.2f}x{breaks:>8}{graphs:>8}")
+
+
+if __name__ == "__main__":
+    main()

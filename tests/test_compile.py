@@ -1,0 +1,140 @@
+"""``torch.compile(fullgraph=True)`` of the core and the gradient methods (NOTE [compiled calls])."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+import tdhook_fn
+from tdhook_fn.attribution import integrated_gradients, saliency
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).eval()
+
+
+def _cnn() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(2 * 4 * 4, 3)).eval()
+
+
+MODELS = {"mlp": (_mlp, (5, 3)), "cnn": (_cnn, (2, 1, 6, 6))}
+
+
+def _methods(net: torch.nn.Module) -> dict[str, Callable[[TensorDictBase, TensorDictBase], Any]]:
+    f = tdhook_fn.functional(net)
+    return {
+        "call": lambda p, td: tdhook_fn.call(net, p, td["input"]),
+        "functional": lambda p, td: f(p, td)["output"],
+        "capture": lambda p, td: f.with_taps(tdhook_fn.capture("[1]"))(p, td)["1"],
+        "saliency": lambda p, td: saliency(f, p, td, target=1)["input"],
+        "saliency_per_target": lambda p, td: saliency(f, p, td, target=(0, 1), per_target=True)["input"],
+        "layer_saliency": lambda p, td: saliency(f, p, td, target=1, layers=["[1]"])["[1]"],
+        "integrated_gradients": lambda p, td: integrated_gradients(
+            f, p, td, 0.0, target=1, n_steps=4, return_convergence_delta=True),
+        "layer_integrated_gradients": lambda p, td: integrated_gradients(
+            f, p, td, 0.0, target=1, n_steps=4, layers=["[1]"])["[1]"],
+        **{f"ig_{q}": (lambda q: lambda p, td: integrated_gradients(f, p, td, 0.0, target=1, n_steps=3, method=q)[
+            "input"])(q) for q in ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")},
+        "ig_per_target_chunked": lambda p, td: integrated_gradients(
+            f, p, td, 0.0, target=(0, 1), per_target=True, n_steps=4, chunk_size=2)["input"],
+    }
+
+
+def _graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("method", list(_methods(torch.nn.Linear(1, 1))))
+def test_fullgraph_equals_eager_without_retrace(model: str, method: str) -> None:
+    build, shape = MODELS[model]
+    net = build()
+    before = copy.deepcopy(net.state_dict())
+    ids = [id(t) for t in net.parameters()]
+    p = tdhook_fn.params(net)
+    fn = _methods(net)[method]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, backend="eager")
+    x = TensorDict(input=torch.randn(shape), batch_size=shape[:1])
+    torch.testing.assert_close(compiled(p, x), fn(p, x))
+    y = TensorDict(input=torch.randn(shape), batch_size=shape[:1])
+    torch.testing.assert_close(compiled(p, y), fn(p, y))  # new values, same shapes: no re-trace
+    assert _graphs() == 1
+    assert [id(t) for t in net.parameters()] == ids
+    assert all(torch.equal(a, b) for a, b in zip(before.values(), net.state_dict().values(), strict=True))
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
+
+
+def test_new_params_values_do_not_retrace() -> None:
+    net = _mlp()
+    p = tdhook_fn.params(net)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(net, p, x), fullgraph=True, backend="eager")
+    x = torch.randn(4, 3)
+    compiled(p, x)
+    q = p.apply(lambda t: t * 2)
+    torch.testing.assert_close(compiled(q, x), tdhook_fn.call(net, q, x))
+    assert _graphs() == 1
+    assert not torch.equal(p["0", "weight"], q["0", "weight"])  # the caller's params are not written
+
+
+def test_mode_change_retraces() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5)).eval()
+    p = tdhook_fn.params(net)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(net, p, x), fullgraph=True, backend="eager")
+    x = torch.randn(64, 3)
+    torch.testing.assert_close(compiled(p, x), tdhook_fn.call(net, p, x))
+    net.train()
+    out = compiled(p, x)
+    assert _graphs() == 2
+    assert (out == 0).any()  # dropout active after the re-trace
+    net.eval()
+
+
+def test_aot_eager_matches_eager() -> None:
+    net = _cnn()
+    p = tdhook_fn.params(net)
+    fn = _methods(net)["saliency"]
+    torch._dynamo.reset()
+    x = TensorDict(input=torch.randn(2, 1, 6, 6), batch_size=[2])
+    torch.testing.assert_close(torch.compile(fn, fullgraph=True, backend="aot_eager")(p, x), fn(p, x))
+
+
+@pytest.mark.parametrize("change", ["setting", "replaced", "appended", "mode"])
+def test_a_model_changed_after_compiling_is_traced_again_never_stale(change: str) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LeakyReLU(0.1), torch.nn.Dropout(0.0),
+                              torch.nn.Linear(4, 2)).eval()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(net, p, x), fullgraph=True, backend="eager")
+    x = torch.randn(5, 3)
+    compiled(tdhook_fn.params(net), x)
+    if change == "setting":
+        net[1].negative_slope = 0.7
+    elif change == "replaced":
+        net[1] = torch.nn.Tanh()
+    elif change == "appended":
+        net.append(torch.nn.Softplus())
+    else:
+        net[2].p = 0.5
+        net.train()
+    p = tdhook_fn.params(net)
+    torch.manual_seed(1)
+    got = compiled(p, x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, tdhook_fn.call(net, p, x))
+    assert _graphs() == 2
