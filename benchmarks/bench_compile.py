@@ -1,7 +1,8 @@
 """``torch.compile(fullgraph=True)`` (inductor) of the core and gradient methods against eager.
 
 For each model and method: the first compiled call (tracing and code generation), the
-steady-state compiled time over the eager time of the same function, and the graph breaks
+steady-state compiled time over the eager time of the same function (medians of rounds
+that time both in turn, so that both share the machine's drift), and the graph breaks
 ``torch._dynamo.explain`` counts (0 is what fullgraph needs).
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _timing import median_seconds
+from _timing import interleaved_medians
 from bench_call import _models
 from tensordict import TensorDict
 from torch import nn
@@ -37,6 +38,19 @@ def _methods(net: nn.Module, layer: str, target: Any) -> dict[str, Callable[...,
     }
 
 
+def _repeated(fn: Callable[..., Any], *args: Any) -> Callable[[], None]:
+    """``fn(*args)`` as many times as last about 20 ms, so that a sample is not one short call."""
+    start = time.perf_counter()
+    fn(*args)
+    n = max(1, int(0.02 / max(time.perf_counter() - start, 1e-6)))
+
+    def run() -> None:
+        for _ in range(n):
+            fn(*args)
+
+    return run
+
+
 def main() -> None:
     torch.set_num_threads(1)
     # torch's fused encoder-layer kernel (eval mode) has no derivative, and under Dynamo the
@@ -57,8 +71,10 @@ def main() -> None:
             start = time.perf_counter()
             compiled(p, td)
             first = time.perf_counter() - start
-            eager = median_seconds(lambda fn=fn: fn(p, td))
-            fast = median_seconds(lambda: compiled(p, td))
+            torch.testing.assert_close(compiled(p, td), fn(p, td), rtol=1e-4, atol=1e-5)
+            variants = {"eager": _repeated(fn, p, td), "compiled": _repeated(compiled, p, td)}
+            times = interleaved_medians(variants, rounds=15)
+            eager, fast = times["eager"], times["compiled"]
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             print(f"{model_name:<36}{name:<28}{first:>11.2f}s{fast / eager:>15.2f}x{breaks:>8}{graphs:>8}")
 

@@ -29,7 +29,8 @@ class PGDModule(TensorDictModuleBase):
         td_module (TensorDictModuleBase): computes the gradients.
         alpha (float): step size. Default: 0.1.
         n_steps (int): number of steps. Default: 10.
-        min_value, max_value (float): the box the steps are clamped to. Default: unbounded.
+        min_value (float): the lower end of the box the steps are clamped to. Default: unbounded.
+        max_value (float): its upper end. Default: unbounded.
         grad_key: where ``td_module`` writes the gradients. Default: ``"_grad"``.
         working_key: the sub-TensorDict the steps work in. Default: ``"_working"``.
         ascent (bool): maximise instead of minimise. Default: False.
