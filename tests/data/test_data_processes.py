@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,37 @@ def _run(out: Path, calls: Path, *, ranks: int = 1, **env: str) -> subprocess.Co
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                    *command[1:]]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=300)
+    with subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=300)
+        finally:
+            _kill_group(process.pid)  # a rank torchrun left running after a failure must not write on
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _kill_group(group: int) -> None:
+    """SIGKILL every process left in ``group`` and wait until none runs (zombies do not write)."""
+    deadline = time.monotonic() + 30
+    while _running_in(group):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes of group {group} survived SIGKILL")
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def _running_in(group: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[2]) == group:  # state, ppid, pgrp
+            return True
+    return False
 
 
 def _calls(calls: Path) -> int:
