@@ -37,6 +37,11 @@ def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
 def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Callable[[TensorDictBase], TensorDictBase]:
     def select(td: TensorDictBase) -> TensorDictBase:
         key, value = _single_output(td if outputs is None else td.select(*outputs))
+        classes = value.shape[-1] if value.dim() else 0
+        wrong = [i for i in ([index] if isinstance(index, int) else index) if not -classes <= i < classes]
+        if wrong:
+            raise IndexError(f"target {index!r}: class {wrong[0]} is out of range for output {key!r} of shape "
+                             f"{tuple(value.shape)} ({classes} classes on its last dim)")
         picked = value[..., index]
         extra = picked.dim() - len(td.batch_size) - (0 if isinstance(index, int) else 1)
         if extra != 0:
