@@ -24,11 +24,12 @@ def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] 
     >>> module_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), (nn.Linear,))
     ['1']
     """
-    return [
-        ".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split("."))
-        for name, module in model.named_modules()
-        if name and not isinstance(module, classes_to_skip)
-    ]
+    names = [name for name, module in model.named_modules() if name and not isinstance(module, classes_to_skip)]
+    for name in names:
+        if ">" in name:
+            raise ValueError(f"module {name!r}: a submodule name with '>' cannot be written as a path (the "
+                             f"'<...>' quoting ends there); rename the module (add_module with another name)")
+    return [".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split(".")) for name in names]
 
 
 @accepts_tensors

@@ -234,3 +234,12 @@ def test_the_model_runs_normally_after_errors(two):
         assert torch.equal(again[key], reference[key])
     with torch.no_grad():
         assert torch.equal(e.model(td["x"], td["y"]), e.f(e.params, td)["output"])
+
+
+def test_module_paths_refuses_a_name_it_cannot_quote() -> None:
+    from tdhook_fn.attribution import module_paths
+
+    model = torch.nn.Sequential()
+    model.add_module("a>b", torch.nn.ReLU())
+    with pytest.raises(ValueError, match=r"module 'a>b': a submodule name with '>' cannot be written as a path"):
+        module_paths(model)
