@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["RebindError", "Rebinder"]
+__all__ = ["RebindError", "Rebinder", "filled"]
 
 _CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType})
 _CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple})
@@ -152,13 +152,14 @@ class Rebinder:
 
 
 def _rebound_cell(cell: types.CellType, rebinder: Rebinder, path: str, attr: str) -> types.CellType:
-    if not _filled(cell):
+    if not filled(cell):
         return cell
     new = rebinder.rebind(cell.cell_contents, path, attr)
     return cell if new is cell.cell_contents else types.CellType(new)
 
 
-def _filled(cell: types.CellType) -> bool:
+def filled(cell: types.CellType) -> bool:
+    """Whether a closure cell holds a value (an unassigned one raises when read)."""
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises
     except ValueError:

@@ -24,6 +24,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from .._rebind import filled
+
 __all__ = ["fingerprint", "tensor_digest"]
 
 Json = Any
@@ -88,7 +90,7 @@ def _fp(obj: object, depth: int, seen: set[int]) -> Json:
 
 
 def _function(fn: types.FunctionType, depth: int, seen: set[int]) -> Json:
-    cells = [c.cell_contents if _filled(c) else None for c in fn.__closure__ or ()]
+    cells = [c.cell_contents if filled(c) else None for c in fn.__closure__ or ()]
     return {
         "function": _name(fn),
         "code": _code(fn.__code__),
@@ -109,14 +111,6 @@ def _code(code: types.CodeType) -> str:
         else:
             h.update(repr(const).encode())
     return h.hexdigest()
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 def _name(obj: Any) -> str:
