@@ -1,12 +1,14 @@
 """The processes of a run: one, or the ranks of a ``torch.distributed`` process group.
 
 Under ``torchrun`` with no process group yet, :func:`joined` starts one from the
-environment torchrun sets (gloo on CPU, nccl when CUDA is available) and ends it after
-the run; a group the caller started is used as it is and left alone.
+environment torchrun sets (gloo on CPU, nccl when CUDA is available) and keeps it for
+the later runs of the process (starting a group again on torchrun's rendezvous port can
+hang), ending it at exit; a group the caller started is used as it is and left alone.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,15 +56,15 @@ class World:
 @contextmanager
 def joined() -> Iterator[World]:
     """The world of this process, starting a process group under torchrun if none exists."""
-    started = False
     if dist.is_available() and not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        started = True
-    try:
-        if dist.is_available() and dist.is_initialized():
-            yield World(dist.get_rank(), dist.get_world_size())
-        else:
-            yield World(0, 1)
-    finally:
-        if started:
-            dist.destroy_process_group()
+        atexit.register(_end)
+    if dist.is_available() and dist.is_initialized():
+        yield World(dist.get_rank(), dist.get_world_size())
+    else:
+        yield World(0, 1)
+
+
+def _end() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -4,7 +4,8 @@
 batches of 8, counting each batch it attributes in ``CALLS_DIR/rank-<r>`` (one line per
 call). ``KILL_AT=k`` SIGKILLs the process at its k-th batch: ``KILL_WHERE=method`` while
 attributing it, ``record`` after its rows are written but before it is recorded.
-``KILL_RANK`` limits the kill to one rank.
+``KILL_RANK`` limits the kill to one rank. ``TWICE=1`` runs the job a second time, into
+``OUT_DIR-again``, in the same processes.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def main(out_dir: str, calls_dir: str) -> None:
     os.environ["CALLS_DIR"] = calls_dir
     _job.OutDir.record = killing_record  # type: ignore[method-assign]
     net = model()
-    tdhook_fn.data.attribute(counted_ig, tdhook_fn.functional(net), tdhook_fn.params(net), dataset(), out_dir,
-                             batch_size=8, progress=False, target=(0, 1, 2), per_target=True, baselines=0.0,
-                             n_steps=8)
+    for target in [out_dir] + ([f"{out_dir}-again"] if os.environ.get("TWICE") else []):
+        tdhook_fn.data.attribute(counted_ig, tdhook_fn.functional(net), tdhook_fn.params(net), dataset(), target,
+                                 batch_size=8, progress=False, target=(0, 1, 2), per_target=True, baselines=0.0,
+                                 n_steps=8)
 
 
 if __name__ == "__main__":

@@ -95,11 +95,12 @@ def test_a_job_killed_at_any_point_resumes_without_redoing_recorded_batches(tmp_
 
 
 def test_torchrun_with_two_ranks_equals_one_process(tmp_path, uninterrupted):
-    done = _run(tmp_path / "out", tmp_path / "calls", ranks=2)
+    done = _run(tmp_path / "out", tmp_path / "calls", ranks=2, TWICE="1")  # two runs in the same processes
     assert done.returncode == 0, done.stderr
     per_rank = [len((tmp_path / "calls" / f"rank-{r}").read_text().splitlines()) for r in (0, 1)]
-    assert sum(per_rank) == N_BATCHES and min(per_rank) >= 3  # disjoint shares, each rank working
+    assert sum(per_rank) == 2 * N_BATCHES and min(per_rank) >= 6  # disjoint shares, each rank working
     _equal(tmp_path / "out", uninterrupted)
+    _equal(tmp_path / "out-again", uninterrupted)
 
 
 def test_a_rank_killed_mid_run_loses_only_its_unrecorded_batches(tmp_path, uninterrupted):
