@@ -138,3 +138,23 @@ def test_a_model_changed_after_compiling_is_traced_again_never_stale(change: str
     torch.manual_seed(1)
     torch.testing.assert_close(got, tdhook_fn.call(net, p, x))
     assert _graphs() == 2
+
+
+def test_threads_sharing_one_compiled_method_and_model_get_their_own_maps() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    net = _mlp()
+    f = tdhook_fn.functional(net)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda p, td: saliency(f, p, td, target=1)["input"], fullgraph=True, backend="eager")
+    base = tdhook_fn.params(net)
+    td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    compiled(base, td)  # traced once, before the threads start
+    params = [base.apply(lambda t, k=k: t * (1 + 0.1 * k)) for k in range(4)]
+    expected = [saliency(f, p, td, target=1)["input"] for p in params]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda p: compiled(p, td), params))
+            for g, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, e)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
