@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
-from torch.nn.utils.stateless import _reparametrize_module
 
-from . import _shadow
 from ._params import Key, leaves
 from ._paths import resolve_path
-from ._shadow import TracePlan, raise_key_mismatch, shadow_of, traced_plan
+from ._shadow import shadow_of
 from ._taps import Captured, Tap
+from ._traced import run_traced
 
 __all__ = ["call", "call_with_taps", "run"]
 
@@ -40,7 +38,7 @@ def run(
     if params is not None and not isinstance(params, TensorDictBase):
         raise TypeError(f"params must be a TensorDict (see tdhook_fn.params), got {type(params).__name__}")
     if torch.compiler.is_compiling() and params is not None and isinstance(params, TensorDictBase):
-        return _run_traced(model, leaves(params), taps, invoke)
+        return run_traced(model, leaves(params), taps, invoke)
     values = None if params is None else leaves(params)
     targets = [resolve_path(model, tap.path) for tap in taps]
     captured: Captured = {}
@@ -61,42 +59,6 @@ def run(
                 handle.remove()
         if values is not None:
             shadow.check_params_kept(values)
-    return output, captured
-
-
-def _run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
-                invoke: Callable[[nn.Module], Any]) -> tuple[Any, Captured]:
-    """``run`` while Dynamo traces it; see NOTE [compiled calls]."""
-    plan: TracePlan = getattr(_shadow, traced_plan(model, tuple(tap.path for tap in taps)))
-    if len(values) != len(plan.keys) or not plan.keys.issuperset(values):
-        raise_key_mismatch(set(plan.keys), set(values))
-    modules = list(model.modules())  # guards on the structure and settings (NOTE [compiled calls])
-    for index, name, value in plan.settings:
-        now = getattr(modules[index], name)
-        if (tuple(now) if isinstance(now, list) else now) != value:
-            raise RuntimeError(f"tdhook_fn: attribute {name!r} of the model changed while it was being compiled")
-    tensors: dict[str, Any] = {}
-    for key, name, buffer, shape in plan.slots:
-        value = values[key]
-        if shape is not None and value.shape != shape:
-            raise ValueError(f"params do not match the model's shapes: {'.'.join(key)}: {tuple(value.shape)}, "
-                             f"the model has {tuple(shape)}")
-        tensors[name] = value.clone() if buffer and isinstance(value, torch.Tensor) else value
-    captured: Captured = {}
-    saved = []
-    for i, (tap, module) in enumerate(zip(taps, plan.targets, strict=True)):
-        kind, hook = tap.hook(captured)
-        table = getattr(module, kind)
-        saved.append((module, kind, table))
-        # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);
-        # RemovableHandle ids are >= 0, so the key clashes with none of the model's own hooks
-        setattr(module, kind, OrderedDict([*table.items(), (-1 - i, hook)]))
-    try:
-        with _reparametrize_module(plan.root, tensors, tie_weights=False, strict=False):
-            output = invoke(plan.root)
-    finally:
-        for module, kind, table in reversed(saved):
-            setattr(module, kind, table)
     return output, captured
 
 

@@ -35,23 +35,21 @@ raises after the forward.
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._params import Key
-from ._paths import PathError, resolve_path
+from ._paths import PathError
 from ._rebind import Rebinder
 
-__all__ = ["Shadow", "TracePlan", "shadow_of", "trace_constant", "traced_plan"]
+__all__ = ["Shadow", "private_buffer", "raise_key_mismatch", "raise_shape_mismatch", "shadow_of", "shape_mismatch"]
 
 # Hook dictionaries a forward consults; the shadow gets its own copies.
 _HOOK_DICTS = (
@@ -210,19 +208,15 @@ class Shadow:
         wrong: list[str] = []
         for slots, name, key, shape in self.param_slots:
             value = slots[name] = values[key]
-            if shape is not None and value.shape != shape:
-                wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
+            wrong += shape_mismatch(key, value, shape)
         copies: dict[Key, Any] = {}
         for slots, name, key, shape in self.buffer_slots:
             value = values[key]
-            if shape is not None and value.shape != shape:
-                wrong.append(f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}")
-            if key not in copies:  # a buffer shared by two modules stays shared
-                copies[key] = value.clone() if isinstance(value, torch.Tensor) else value
-            slots[name] = copies[key]
+            wrong += shape_mismatch(key, value, shape)
+            slots[name] = private_buffer(copies, key, value)
         if wrong:
             self.unload()
-            raise ValueError(f"params do not match the model's shapes: {'; '.join(wrong)}")
+            raise_shape_mismatch(wrong)
 
     def load_own(self) -> None:
         """Put the model's own tensors in the slots (live: gradients and in-place updates reach it)."""
@@ -279,6 +273,24 @@ class Shadow:
         return shadow
 
 
+def shape_mismatch(key: Key, value: Any, shape: torch.Size | None) -> list[str]:
+    """``[description]`` if ``value`` is not shaped as the model's slot, else ``[]``."""
+    if shape is None or value.shape == shape:
+        return []
+    return [f"{'.'.join(key)}: {tuple(value.shape)}, the model has {tuple(shape)}"]
+
+
+def raise_shape_mismatch(wrong: list[str]) -> None:
+    raise ValueError(f"params do not match the model's shapes: {'; '.join(wrong)}")
+
+
+def private_buffer(copies: dict[Key, Any], key: Key, value: Any) -> Any:
+    """The call's copy of buffer ``key`` (NOTE [pure buffers]); a buffer shared by two modules stays shared."""
+    if key not in copies:
+        copies[key] = value.clone() if isinstance(value, torch.Tensor) else value
+    return copies[key]
+
+
 def raise_key_mismatch(expected: set[Key], given: set[Key]) -> None:
     def names(keys: set[Key]) -> list[str]:
         return sorted(".".join(k) for k in keys)
@@ -309,96 +321,3 @@ def shadow_of(model: nn.Module) -> Iterator[Shadow]:
         with _lock:
             if len(pool) < _POOL_SIZE:
                 pool.append(shadow)
-
-
-# NOTE [compiled calls]
-# Under ``torch.compile`` Dynamo runs the Python of a call once, symbolically, and the
-# compiled graph then only computes: nothing of the shadow machinery runs per call, so
-# no call can see another's state or touch the model. The eager path cannot be traced
-# (the pool's lock, ``contextmanager``, ``RemovableHandle``, ``__dict__`` surgery), so
-# while compiling ``run`` takes this path instead:
-#
-# - ``traced_plan`` is really called, once per trace (``assume_constant_result``): it
-#   refreshes a shadow kept for tracing only (one per model, never lent to eager calls)
-#   and resolves the tap paths on it. Dynamo sees the result as a constant and guards
-#   the model's identity;
-# - the call is ``torch.nn.utils.stateless._reparametrize_module`` on that shadow (the
-#   context behind ``torch.func.functional_call``, whose slot writes Dynamo traces and
-#   does not replay), buffers cloned as in NOTE [pure buffers];
-# - taps go straight into the shadow's own hook dicts and out again (Dynamo cannot
-#   trace ``register_forward_hook``'s handle).
-#
-# The graph is specialised to the model as it was when traced, so the traced code reads
-# what could change it and Dynamo guards on it: the submodules (iterating
-# ``model.modules()``: a replaced or added submodule re-traces) and every plain-valued
-# attribute of each (``training``, ``p``, ``eps``, ``stride``, ...: ``model.eval()`` or
-# ``dropout.p = 0`` re-traces), compared with their values in the plan.
-
-
-@dataclass(frozen=True)
-class TracePlan:
-    """What a traced call needs of its shadow, computed for real once per trace."""
-
-    root: nn.Module
-    targets: tuple[nn.Module, ...]  # the shadows of the tapped submodules, in tap order
-    slots: tuple[tuple[Key, str, bool, torch.Size | None], ...]  # key, dotted name, is buffer, shape
-    keys: frozenset[Key]
-    settings: tuple[tuple[int, str, Any], ...]  # module index in model.modules(), attribute, value
-
-
-_Setting = (bool, int, float, str, type(None))
-
-
-def _is_setting(value: Any) -> bool:
-    """A plain value a forward may branch on (``p``, ``eps``, ``stride``, ``training``)."""
-    if isinstance(value, (tuple, list)):
-        return all(isinstance(v, _Setting) for v in value)
-    return isinstance(value, _Setting)
-
-
-def settings_of(model: nn.Module) -> tuple[tuple[int, str, Any], ...]:
-    """Every module's plain-valued attributes, for the guards of NOTE [compiled calls]."""
-    return tuple((i, name, tuple(value) if isinstance(value, list) else value)
-                 for i, module in enumerate(model.modules())
-                 for name, value in vars(module).items() if _is_setting(value))
-
-
-_this = sys.modules[__name__]
-_traced: weakref.WeakKeyDictionary[nn.Module, Shadow] = weakref.WeakKeyDictionary()
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def trace_constant(fn: _F) -> _F:
-    """``torch.compiler.assume_constant_result``, typed: Dynamo calls ``fn`` for real and keeps the result."""
-    mark: Any = torch.compiler.assume_constant_result  # untyped in torch
-    return cast(_F, mark(fn))
-
-
-@trace_constant
-def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> str:
-    """Store the plan for ``model`` and ``paths`` as a global of this module; return its name.
-
-    A global, read with ``getattr`` on the module, because Dynamo wraps modules reached
-    from a constant badly, and snapshots a dict of plans when first read (NOTE [compiled calls]).
-    """
-    with _lock:
-        shadow = _traced.get(model)
-        if shadow is None or not shadow.is_current():
-            shadow = _traced[model] = Shadow(model)
-        for node in shadow.nodes:
-            node.release()
-        shadow.refresh()
-    targets = tuple(shadow.module_for(resolve_path(model, path), path) for path in paths)
-    names = {id(node.own[kind]): node.path for node in shadow.nodes for kind in ("_parameters", "_buffers")}
-    slots = tuple(
-        (key, f"{names[id(own)]}.{name}".lstrip("."), buffer, shape)
-        for buffer, group in ((False, shadow.param_slots), (True, shadow.buffer_slots))
-        for own, name, key, shape in group
-    )
-    name = f"_plan_{id(model)}_{len(paths)}_{abs(hash(paths))}"
-    if not hasattr(_this, name):
-        weakref.finalize(model, _this.__dict__.pop, name, None)
-    setattr(_this, name, TracePlan(shadow.root, targets, slots, frozenset(shadow.keys), settings_of(model)))
-    return name

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .._shadow import trace_constant
+from .._traced import trace_constant
 
 __all__ = ["SUPPORTED_METHODS", "quadrature"]
 

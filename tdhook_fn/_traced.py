@@ -1,0 +1,152 @@
+"""Calls while ``torch.compile`` traces them: a path through the core that Dynamo can follow."""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import nn
+from torch.nn.utils.stateless import _reparametrize_module
+
+from ._params import Key
+from ._paths import resolve_path
+from ._shadow import Shadow, _lock, private_buffer, raise_key_mismatch, raise_shape_mismatch, shape_mismatch
+from ._taps import Captured, Tap
+
+__all__ = ["run_traced", "trace_constant"]
+
+
+# NOTE [compiled calls]
+# Under ``torch.compile`` Dynamo runs the Python of a call once, symbolically, and the
+# compiled graph then only computes: nothing of the shadow machinery runs per call, so
+# no call can see another's state or touch the model. The eager path cannot be traced
+# (the pool's lock, ``contextmanager``, ``RemovableHandle``, ``__dict__`` surgery), so
+# while compiling ``run`` takes this path instead:
+#
+# - ``traced_plan`` is really called, once per trace (``assume_constant_result``): it
+#   refreshes a shadow kept for tracing only (one per model, never lent to eager calls)
+#   and resolves the tap paths on it. Dynamo sees the result as a constant and guards
+#   the model's identity;
+# - the call is ``torch.nn.utils.stateless._reparametrize_module`` on that shadow (the
+#   context behind ``torch.func.functional_call``, whose slot writes Dynamo traces and
+#   does not replay), buffers cloned as in NOTE [pure buffers];
+# - taps go straight into the shadow's own hook dicts and out again (Dynamo cannot
+#   trace ``register_forward_hook``'s handle).
+#
+# The graph is specialised to the model as it was when traced, so the traced code reads
+# what could change it and Dynamo guards on it: the submodules (iterating
+# ``model.modules()``: a replaced or added submodule re-traces) and every plain-valued
+# attribute of each (``training``, ``p``, ``eps``, ``stride``, ...: ``model.eval()`` or
+# ``dropout.p = 0`` re-traces), compared with their values in the plan.
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """What a traced call needs of its shadow, computed for real once per trace."""
+
+    root: nn.Module
+    targets: tuple[nn.Module, ...]  # the shadows of the tapped submodules, in tap order
+    slots: tuple[tuple[Key, str, bool, torch.Size | None], ...]  # key, dotted name, is buffer, shape
+    keys: frozenset[Key]
+    settings: tuple[tuple[int, str, Any], ...]  # module index in model.modules(), attribute, value
+
+
+_Setting = (bool, int, float, str, type(None))
+
+
+def _is_setting(value: Any) -> bool:
+    """A plain value a forward may branch on (``p``, ``eps``, ``stride``, ``training``)."""
+    if isinstance(value, (tuple, list)):
+        return all(isinstance(v, _Setting) for v in value)
+    return isinstance(value, _Setting)
+
+
+def settings_of(model: nn.Module) -> tuple[tuple[int, str, Any], ...]:
+    """Every module's plain-valued attributes, for the guards of NOTE [compiled calls]."""
+    return tuple((i, name, tuple(value) if isinstance(value, list) else value)
+                 for i, module in enumerate(model.modules())
+                 for name, value in vars(module).items() if _is_setting(value))
+
+
+_this = sys.modules[__name__]
+_traced: weakref.WeakKeyDictionary[nn.Module, Shadow] = weakref.WeakKeyDictionary()
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def trace_constant(fn: _F) -> _F:
+    """``torch.compiler.assume_constant_result``, typed: Dynamo calls ``fn`` for real and keeps the result."""
+    mark: Any = torch.compiler.assume_constant_result  # untyped in torch
+    return cast(_F, mark(fn))
+
+
+@trace_constant
+def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> str:
+    """Store the plan for ``model`` and ``paths`` as a global of this module; return its name.
+
+    A global, read with ``getattr`` on the module, because Dynamo wraps modules reached
+    from a constant badly, and snapshots a dict of plans when first read (NOTE [compiled calls]).
+    """
+    with _lock:
+        shadow = _traced.get(model)
+        if shadow is None or not shadow.is_current():
+            shadow = _traced[model] = Shadow(model)
+        for node in shadow.nodes:
+            node.release()
+        shadow.refresh()
+    targets = tuple(shadow.module_for(resolve_path(model, path), path) for path in paths)
+    names = {id(node.own[kind]): node.path for node in shadow.nodes for kind in ("_parameters", "_buffers")}
+    slots = tuple(
+        (key, f"{names[id(own)]}.{name}".lstrip("."), buffer, shape)
+        for buffer, group in ((False, shadow.param_slots), (True, shadow.buffer_slots))
+        for own, name, key, shape in group
+    )
+    name = f"_plan_{id(model)}_{len(paths)}_{abs(hash(paths))}"  # a global per model and tap paths
+    if not hasattr(_this, name):
+        weakref.finalize(model, _this.__dict__.pop, name, None)
+    setattr(_this, name, TracePlan(shadow.root, targets, slots, frozenset(shadow.keys), settings_of(model)))
+    return name
+
+
+def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
+               invoke: Callable[[nn.Module], Any]) -> tuple[Any, Captured]:
+    """:func:`tdhook_fn._call.run` while Dynamo traces it (NOTE [compiled calls])."""
+    plan: TracePlan = getattr(_this, traced_plan(model, tuple(tap.path for tap in taps)))
+    if len(values) != len(plan.keys) or not plan.keys.issuperset(values):
+        raise_key_mismatch(set(plan.keys), set(values))
+    modules = list(model.modules())  # read in traced code, so Dynamo guards on them
+    for index, name, value in plan.settings:
+        now = getattr(modules[index], name)
+        if (tuple(now) if isinstance(now, list) else now) != value:
+            raise RuntimeError(f"tdhook_fn: attribute {name!r} of the model changed while it was being compiled")
+    tensors: dict[str, Any] = {}
+    wrong: list[str] = []
+    copies: dict[Key, Any] = {}
+    for key, name, buffer, shape in plan.slots:
+        value = values[key]
+        wrong += shape_mismatch(key, value, shape)
+        tensors[name] = private_buffer(copies, key, value) if buffer else value
+    if wrong:
+        raise_shape_mismatch(wrong)
+    captured: Captured = {}
+    saved = []
+    for i, (tap, module) in enumerate(zip(taps, plan.targets, strict=True)):
+        kind, hook = tap.hook(captured)
+        table = getattr(module, kind)
+        saved.append((module, kind, table))
+        # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);
+        # RemovableHandle ids are >= 0, so the key clashes with none of the model's own hooks
+        setattr(module, kind, OrderedDict([*table.items(), (-1 - i, hook)]))
+    try:
+        with _reparametrize_module(plan.root, tensors, tie_weights=False, strict=False):
+            output = invoke(plan.root)
+    finally:
+        for module, kind, table in reversed(saved):
+            setattr(module, kind, table)
+    return output, captured
