@@ -34,7 +34,6 @@ from .._taps import Tap
 from .._targets import Target, as_target
 from ._engine import (
     Cotangents,
-    accepts_tensors,
     check_call,
     check_layers,
     gradients,
@@ -42,6 +41,7 @@ from ._engine import (
     per_key,
     target_values,
 )
+from ._inputs import accepts_tensors
 from ._saliency import GradFn, grad_taps
 
 __all__ = ["activation_maximisation", "pgd_step"]

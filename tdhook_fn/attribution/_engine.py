@@ -20,24 +20,13 @@ TensorDict batch dims are flattened to exactly one before the model runs (models
 one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
 methods accept any batch size, and work per sample under ``vmap`` even for models that
 cannot take an unbatched sample (``nn.Flatten``).
-
-# NOTE [captum-style calls]
-What a captum user passes is normalised here, once, for every method (:func:`accepts_tensors`
-wraps each of them): a plain tensor ``x`` as ``inputs`` of an ``f`` with one in_key is
-``TensorDict({key: x}, batch_size=[len(x)])`` (dim 0 is the batch, as in captum, also
-under ``vmap``: per sample, pass a TensorDict with ``batch_size=[]``) and the one
-resulting map comes back as a tensor; a tensor ``target`` of class indices is checked
-against the inputs' batch before anything runs (then read by :func:`tdhook_fn.as_target`);
-a callable target may return a tensor (:func:`_as_target_values`). ``f`` stays a pure
-function: ``f, params = tdhook_fn.pure(model)`` is the one-line path from a module.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -47,14 +36,13 @@ from .._functional import Functional, NestedKey
 from .._modes import check_attribution_modes
 from .._probe import on_meta
 from .._taps import Tap, capture
-from .._targets import Target, as_target, check_target
+from .._targets import Target, as_target
 
 __all__ = [
     "Cotangents",
     "Gradients",
     "LayerSpec",
     "TargetFn",
-    "accepts_tensors",
     "check_call",
     "check_layers",
     "gradients",
@@ -68,9 +56,6 @@ __all__ = [
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
 Replace = Callable[[torch.Tensor], torch.Tensor]
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 
 
@@ -418,56 +403,3 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
     model = getattr(f, "model", None)
     if isinstance(model, nn.Module):
         check_attribution_modes(model, method)
-
-
-def accepts_tensors(
-    method: Callable[Concatenate[PureFn, TensorDictBase, TensorDictBase, _P], _R],
-) -> Callable[Concatenate[PureFn, TensorDictBase, TensorDictBase | torch.Tensor, _P], _R]:
-    """``method`` also taking a plain tensor as ``inputs``; see NOTE [captum-style calls].
-
-    The wrapped method checks a tensor ``target`` against the inputs' batch before it runs.
-    With a tensor ``x`` (batch first) and an ``f`` reading one key, it runs on
-    ``TensorDict({key: x}, batch_size=[len(x)])`` and returns the one map as a tensor
-    (a tuple ``(map, delta)`` stays a tuple). A call giving several maps (inputs and
-    layers) raises ``ValueError``: pass a TensorDict to get them all.
-
-    The static return type stays the method's (a TensorDict): typing a tensor result needs
-    overloads over a ``ParamSpec``, which mypy resolves to ``Any`` at every call with
-    ``**kwargs``.
-    """
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(f: PureFn, params: TensorDictBase, inputs: TensorDictBase | torch.Tensor, /,
-                *args: _P.args, **kwargs: _P.kwargs) -> Any:
-        tensor = isinstance(inputs, torch.Tensor)
-        td: Any = _tensor_inputs(name, f, inputs) if isinstance(inputs, torch.Tensor) else inputs  # else checked there
-        if isinstance(td, TensorDictBase) and "target" in kwargs:
-            check_target(kwargs["target"], td.batch_size, name)
-        result = method(f, params, td, *args, **kwargs)
-        if not tensor:
-            return result
-        if isinstance(result, tuple):
-            return (_only_map(name, result[0]), *result[1:])
-        return _only_map(name, result)
-
-    return wrapper
-
-
-def _tensor_inputs(method: str, f: Any, x: torch.Tensor) -> TensorDict:
-    keys = tuple(getattr(f, "in_keys", None) or ("input",))
-    if len(keys) != 1:
-        raise TypeError(f"{method}: inputs is a tensor, but f reads {len(keys)} inputs {list(keys)}; pass a "
-                        f"TensorDict holding each of them")
-    if x.dim() == 0:
-        raise ValueError(f"{method}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
-                         "got a 0-d tensor; for one sample pass x.unsqueeze(0)")
-    return TensorDict({keys[0]: x}, batch_size=x.shape[:1])
-
-
-def _only_map(method: str, result: Any) -> torch.Tensor:
-    keys = list(result.keys(True, True))
-    if len(keys) != 1:
-        raise ValueError(f"{method}: inputs is a tensor, so the result is one tensor, but this call gives "
-                         f"{len(keys)} maps {keys}; pass inputs as a TensorDict to get them all")
-    return cast(torch.Tensor, result.get(keys[0]))

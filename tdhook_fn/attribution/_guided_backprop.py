@@ -12,7 +12,8 @@ from torch import nn
 from .._functional import Functional
 from .._taps import Tap, map_grad
 from .._targets import Target
-from ._engine import Cotangents, accepts_tensors
+from ._engine import Cotangents
+from ._inputs import accepts_tensors
 from ._saliency import GradFn, saliency
 
 __all__ = ["guided_backprop", "module_paths"]

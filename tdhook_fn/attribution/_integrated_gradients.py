@@ -13,7 +13,6 @@ from .._taps import Tap, capture
 from .._targets import Target
 from ._engine import (
     Cotangents,
-    accepts_tensors,
     check_call,
     check_layers,
     gradients,
@@ -22,6 +21,7 @@ from ._engine import (
     scaled,
     target_values,
 )
+from ._inputs import accepts_tensors
 from ._quadrature import quadrature
 from ._saliency import GradFn, grad_taps
 
