@@ -181,7 +181,7 @@ def _batch_runner(method: Method, f: Any, params: TensorDictBase, kwargs: dict[s
         if out.batch_dims <= dim or out.batch_size[dim] != batch.batch_size[0]:
             raise ValueError(f"attribute: {name} returned batch size {list(out.batch_size)} for a batch of "
                              f"{batch.batch_size[0]} samples; expected the samples along dim {dim}")
-        return out.transpose(0, 1) if per_target else out  # type: ignore[no-untyped-call]
+        return out.permute(1, 0, *range(2, out.batch_dims)) if per_target else out
 
     return run
 

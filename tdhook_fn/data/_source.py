@@ -9,7 +9,7 @@ of a batch are stacked).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -52,7 +52,7 @@ class Source:
         start, stop = self.bounds(index)
         if isinstance(self.dataset, TensorDictBase):
             return self.dataset[start:stop].to_tensordict()
-        stacked = cast(TensorDictBase, torch.stack([self._item(i) for i in range(start, stop)]))  # type: ignore[arg-type,unused-ignore]
+        stacked: TensorDictBase = TensorDict.maybe_dense_stack([self._item(i) for i in range(start, stop)])
         return stacked.to_tensordict()
 
     def describe(self) -> Json:
