@@ -1,7 +1,8 @@
 """The one mechanism behind every gradient method: a forward, a VJP, one-hot cotangents.
 
 # NOTE [attribution engine]
-``gradients`` runs ``f`` once under ``torch.func.vjp`` with respect to the attributed
+``gradients`` runs ``f`` once under a VJP (``torch.func.vjp``, or plain autograd where that
+is exact: NOTE [eager vjp]) with respect to the attributed
 inputs and to a zero perturbation of each attributed layer (NOTE [layer gradients]).
 The target callable reads the outputs (plus activations of ``target_layers`` under their
 path, plus the inputs' extra keys such as labels). Then:
@@ -37,6 +38,7 @@ from .._modes import check_attribution_modes
 from .._probe import on_meta
 from .._taps import Tap, capture
 from .._targets import Target, as_target
+from .._vjp import vjp
 
 __all__ = [
     "Cotangents",
@@ -313,7 +315,7 @@ def gradients(
         return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts.reshape(batch)
 
     diff = (flat.select(*input_keys), deltas)
-    values, pullback, acts = cast(Any, torch.func.vjp(forward, diff, has_aux=True))
+    values, pullback, acts = cast(Any, vjp(forward, diff, constants=(params, flat)))
     if cotangents is not None:
         cot = cotangents(values)
         if not isinstance(cot, TensorDictBase):

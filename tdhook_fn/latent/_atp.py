@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._probe import on_meta
+from .._vjp import vjp
 from ._cache import cache
 from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_sites
@@ -84,7 +85,7 @@ def attribution_patching(
         seen = {site.key: reads.get(site) for site in chosen}  # read after the (zero) edit
         return metric_values("attribution_patching", metric, out, batch).reshape(-1), seen
 
-    values, pullback, seen = cast(Any, torch.func.vjp(run, zeros, has_aux=True))
+    values, pullback, seen = cast(Any, vjp(run, zeros, constants=(params, flat)))
     (grads,) = pullback(torch.ones_like(values))
     estimates = []
     for site in chosen:
