@@ -129,3 +129,18 @@ def test_the_methods_agree_under_no_grad_and_vmap(context: str) -> None:
     else:
         got = torch.func.vmap(lambda td: integrated_gradients(f, p, td, target=2, baselines=0.0, n_steps=8))(x)
     torch.testing.assert_close(got["input"], want["input"])
+
+
+def test_nested_tensordicts_come_back_with_their_structure_and_batch_sizes() -> None:
+    inner = TensorDict(b=torch.randn(3, 2, 4, dtype=torch.float64), batch_size=[3, 2])
+    primals = TensorDict(a=inner, c=torch.randn(3, dtype=torch.float64), batch_size=[3])
+
+    def forward(td: TensorDict) -> tuple[torch.Tensor, tuple[()]]:
+        return (td["a", "b"].sin().sum((1, 2)) * td["c"]), ()
+
+    _, pull, _ = vjp(forward, primals)
+    (grads,) = pull(torch.ones(3, dtype=torch.float64))
+    _, ref_pull, _ = torch.func.vjp(forward, primals, has_aux=True)
+    (want,) = ref_pull(torch.ones(3, dtype=torch.float64))
+    assert grads["a"].batch_size == torch.Size([3, 2])
+    torch.testing.assert_close(grads, want)

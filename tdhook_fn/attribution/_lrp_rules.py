@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from .._vjp import vjp
+
 __all__ = [
     "AHQKV",
     "AlphaBeta",
@@ -172,9 +174,8 @@ class ModuleCall:
     def linearize(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None,
                   ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]]:
         """:meth:`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
-        result = torch.func.vjp(lambda *xs: self.run(xs, modify), *inputs)
-        output, pull = result[0], result[1]
-        return output, lambda cotangent: tuple(pull(cotangent))
+        output, pull, _ = vjp(lambda xs: (self.run(xs, modify), ()), tuple(inputs))
+        return output, lambda cotangent: tuple(pull(cotangent)[0])
 
 
 class Rule(Protocol):
@@ -311,19 +312,35 @@ class AlphaBeta:
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         x = _single(call, "AlphaBeta")
-        pos, neg = x.clamp(min=0), x.clamp(max=0)
+        pos = x.clamp(min=0)
+        neg = None if _no_negative_entry(x) else x.clamp(max=0)
         # z+ = (w+ x+ + b+) + w- x- shares R by alpha, z- = (w- x+ + b-) + w+ x- by beta
         relevance = self.alpha * self._share(call, grad, pos, neg, _clamp_min, _clamp_max)
         if self.beta:  # z+ (beta = 0) skips the negative half
             relevance = relevance - self.beta * self._share(call, grad, pos, neg, _clamp_max, _clamp_min)
         return [relevance]
 
-    def _share(self, call: ModuleCall, grad: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+    def _share(self, call: ModuleCall, grad: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor | None,
                on_pos: Modify, on_neg: Modify) -> torch.Tensor:
         z_a, pull_a = call.linearize([pos], on_pos)
+        if neg is None:  # no negative input (after a ReLU): that half is exactly zero
+            return pos * pull_a(grad / stabilize(z_a, self.stabilizer))[0]
         z_b, pull_b = call.linearize([neg], _then_zero_bias(on_neg))
         share = grad / stabilize(z_a + z_b, self.stabilizer)
         return pos * pull_a(share)[0] + neg * pull_b(share)[0]
+
+
+def _no_negative_entry(x: torch.Tensor) -> bool:
+    """Whether ``x`` has no negative entry, where that can be asked (eager; under a transform, False).
+
+    The negative half of alpha-beta on an input without negative entries is zero: its
+    module run on zeros, bias zeroed, gives exactly 0 and adds nothing (a forward and a
+    backward saved per module after a ReLU). Under ``vmap`` or compile the data cannot
+    decide the control flow, and both halves run.
+    """
+    if torch._C._functorch.peek_interpreter_stack() is not None or torch.compiler.is_compiling():
+        return False
+    return x.device.type != "meta" and bool((x >= 0).all())
 
 
 def ZPlus(stabilizer: float = 1e-6) -> AlphaBeta:

@@ -343,3 +343,22 @@ def test_cotangents_and_per_target_set_the_relevance_put_in() -> None:
     torch.testing.assert_close(doubled["input"], 2 * single["input"])
     maps = lrp(f, p, x, target=(0, 2), rules=LRP0, per_target=True, check_conservation=True)
     torch.testing.assert_close(maps["input"].sum(-1), torch.ones(2, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("rule", [ZPlus(), AlphaBeta(2.0, 1.0)], ids=repr)
+def test_alpha_beta_skips_the_negative_half_after_a_relu_without_changing_a_value(
+        rule: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tdhook_fn.attribution import _lrp_rules
+
+    net = small_cnn(torch.float64)
+    f, p = fp(net)
+    x = TensorDict(input=torch.randn(4, 1, 6, 6, dtype=torch.float64), batch_size=[4])
+    rules = {nn.Conv2d: rule, nn.Linear: Epsilon(), nn.ReLU: Pass()}
+    asked: list[bool] = []
+    real = _lrp_rules._no_negative_entry
+    monkeypatch.setattr(_lrp_rules, "_no_negative_entry", lambda t: asked.append(real(t)) or asked[-1])
+    skipped = lrp(f, p, x, target=1, rules=rules, warn_on_missing_rule=False)["input"]
+    assert asked.count(True) >= 1 and asked.count(False) >= 1  # the raw input has negatives, the ReLU's output not
+    monkeypatch.setattr(_lrp_rules, "_no_negative_entry", lambda t: False)
+    both = lrp(f, p, x, target=1, rules=rules, warn_on_missing_rule=False)["input"]
+    assert torch.equal(skipped, both)
