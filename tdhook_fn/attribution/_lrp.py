@@ -10,7 +10,7 @@ graph and gives ``x`` the rule's relevance ``rule.relevance(call, R)``, ``R`` be
 arrives at the output. The tensors the rule needs (the module's parameters and buffers as
 the *call* sees them, i.e. the params given to :func:`lrp`) are inputs of the function, so
 every transform (``vmap``, ``grad``, the engine's ``vjp``) sees them; the module's
-structure travels as a :class:`~tdhook_fn.attribution._lrp_rules.Template` because the
+structure travels as a :class:`~tdhook_fn.attribution._lrp_call.Template` because the
 shadow is emptied when the forward returns, before the backward runs. Rules of the
 form ``R_i = x_i (J^T (factor * R))_i`` (epsilon) skip that second forward: they only
 scale gradients around the module's own backward (NOTE [gradient-form rules]). The
@@ -54,8 +54,9 @@ from .._taps import Captured, Tap
 from .._targets import Target
 from ._engine import Cotangents, check_layers, gradients, input_keys_of
 from ._inputs import accepts_tensors
+from ._lrp_call import ModuleCall, Template
 from ._lrp_composites import Rules, resolve_rules
-from ._lrp_rules import ModuleCall, Pass, Rule, Template
+from ._lrp_rules import Pass, Rule
 
 __all__ = ["lrp"]
 

@@ -1,0 +1,144 @@
+"""What an LRP rule sees of one module run: :class:`ModuleCall`, and the :class:`Template` to run it again.
+
+The call's shadow module is emptied when its forward returns, and a rule runs in the
+backward; so the module's structure is kept as a template without tensors, and the
+tensors the call saw travel to the backward as inputs (NOTE [lrp as modified vjps]).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._vjp import vjp
+
+__all__ = ["Modify", "ModuleCall", "Template"]
+
+Modify = Callable[[str, torch.Tensor], torch.Tensor]
+_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+          "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
+@dataclass(frozen=True)
+class _Own:
+    """An instance attribute bound to the module itself: a method, or a partial of it as first argument.
+
+    Instance-level ``forward`` wrappers (accelerate's hooks) are these; the rebuilt module
+    gets them bound to itself, not to the emptied shadow.
+    """
+
+    fn: Callable[..., Any]
+    partial: functools.partial[Any] | None = None
+
+    @staticmethod
+    def of(value: Any, module: nn.Module) -> Any:
+        if isinstance(value, MethodType) and value.__self__ is module:
+            return _Own(value.__func__)
+        if isinstance(value, functools.partial) and value.args[:1] == (module,):
+            return _Own(value.func, value)
+        return value
+
+    def bind(self, module: nn.Module) -> Any:
+        if self.partial is None:
+            return MethodType(self.fn, module)
+        bound = functools.partial(self.fn, module, *self.partial.args[1:], **self.partial.keywords)
+        return functools.update_wrapper(bound, self.partial)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A module's structure without its tensors, to rebuild it after its call ended.
+
+    The call's shadow module is emptied when the forward returns, and a rule runs in the
+    backward: it runs a fresh, hook-free instance built from this template and the
+    tensors the call saw (passed to the backward as inputs, so that every transform sees
+    them).
+    """
+
+    cls: type[nn.Module]
+    state: dict[str, Any]
+    params: tuple[tuple[str, bool], ...]  # own slot names, and whether the slot holds a tensor
+    buffers: tuple[tuple[str, bool], ...]
+    children: tuple[tuple[str, Template | None], ...]
+
+    @staticmethod
+    def of(module: nn.Module, tensors: list[torch.Tensor]) -> Template:
+        """The template of ``module``; its tensors are appended to ``tensors`` (own params first)."""
+        state = {k: _Own.of(v, module) for k, v in module.__dict__.items()
+                 if k not in ("_parameters", "_buffers", "_modules", *_HOOKS)}
+        slots = []
+        for kind in ("_parameters", "_buffers"):
+            own = module.__dict__[kind]
+            slots.append(tuple((name, value is not None) for name, value in own.items()))
+            tensors.extend(value for value in own.values() if value is not None)
+        children = tuple((name, None if child is None else Template.of(child, tensors))
+                         for name, child in module.__dict__["_modules"].items())
+        return Template(type(module), state, slots[0], slots[1], children)
+
+    def build(self, tensors: Iterator[torch.Tensor]) -> nn.Module:
+        """A new module of this structure holding ``tensors`` (in :meth:`of`'s order)."""
+        module = self.cls.__new__(self.cls)
+        state = module.__dict__
+        state.update((k, v.bind(module) if isinstance(v, _Own) else v) for k, v in self.state.items())
+        state["_parameters"] = {name: next(tensors) if full else None for name, full in self.params}
+        state["_buffers"] = {name: next(tensors) if full else None for name, full in self.buffers}
+        state["_modules"] = {name: None if child is None else child.build(tensors) for name, child in self.children}
+        state.update((name, OrderedDict()) for name in _HOOKS)
+        return module
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One run of a module, as a rule sees it in the backward.
+
+    Attributes:
+        path (str): the module's path.
+        inputs (tuple[Tensor, ...]): its positional inputs.
+        output (Tensor): its output.
+        template (Template): its structure, to run it again.
+        tensors (tuple[Tensor, ...]): its parameters and buffers as the call saw them
+            (the call's params, never the model's own), own parameters first.
+        kwargs (dict): its keyword arguments (no tensors).
+    """
+
+    path: str
+    inputs: tuple[torch.Tensor, ...]
+    output: torch.Tensor
+    template: Template
+    tensors: tuple[torch.Tensor, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        """The module's own parameters (not its submodules'), by name."""
+        names = [name for name, full in self.template.params if full]
+        return dict(zip(names, self.tensors, strict=False))
+
+    def run(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None) -> torch.Tensor:
+        """The module's forward on ``inputs``, its own parameters replaced by ``modify(name, p)``."""
+        tensors = list(self.tensors)
+        if modify is not None:
+            for i, name in enumerate(self.params):
+                tensors[i] = modify(name, tensors[i])
+        output = self.template.build(iter(tensors))(*inputs, **self.kwargs)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"lrp: module {self.path!r} returns a {type(output).__name__}; rules need one tensor")
+        return output
+
+    def vjp(self, inputs: Sequence[torch.Tensor], cotangent: torch.Tensor,
+            modify: Modify | None = None) -> tuple[torch.Tensor, ...]:
+        """``J^T cotangent`` of :meth:`run` at ``inputs``, for each input."""
+        return self.linearize(inputs, modify)[1](cotangent)
+
+    def linearize(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None,
+                  ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]]:
+        """:meth:`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
+        output, pull, _ = vjp(lambda xs: (self.run(xs, modify), ()), tuple(inputs))
+        return output, lambda cotangent: tuple(pull(cotangent)[0])
