@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 
 from ._params import leaves as td_leaves
 
-__all__ = ["vjp"]
+__all__ = ["untransformed", "vjp"]
 
 Pullback = Callable[[Any], tuple[Any]]
 
@@ -46,14 +46,14 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         result: Any = torch.func.vjp(forward, primals, has_aux=True)
         return result[0], result[1], result[2]
 
-    if torch.compiler.is_compiling():  # traced: functorch's vjp is what Dynamo knows
+    if not untransformed():  # functorch's vjp composes with the transform (and is what Dynamo traces)
         return by_functorch()
     tensors: list[torch.Tensor] = []
     outs: list[torch.Tensor] = []
     aux_tensors: list[torch.Tensor] = []
     try:
         rebuild = _flatten(primals, tensors)
-        if not _plain_applies(tensors, constants):
+        if _any_requires_grad(tensors, constants):
             return by_functorch()
         mine = [t.detach().requires_grad_() for t in tensors]
         with torch.enable_grad():
@@ -116,12 +116,17 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
     raise _Unsupported
 
 
-def _plain_applies(tensors: list[torch.Tensor], constants: Iterable[TensorDictBase]) -> bool:
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    if any(t.requires_grad for t in tensors):
-        return False
-    return not any(isinstance(v, torch.Tensor) and v.requires_grad for td in constants for v in td_leaves(td).values())
+def untransformed() -> bool:
+    """Whether this runs outside every functorch transform (``vmap``, ``grad``, ...) and outside Dynamo's trace.
+
+    Only there may the data decide the control flow, and plain autograd stand in for ``func.vjp``.
+    """
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
+
+
+def _any_requires_grad(tensors: list[torch.Tensor], constants: Iterable[TensorDictBase]) -> bool:
+    return any(t.requires_grad for t in tensors) or any(
+        isinstance(v, torch.Tensor) and v.requires_grad for td in constants for v in td_leaves(td).values())
 
 
 def _reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) -> bool:

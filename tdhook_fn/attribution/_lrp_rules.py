@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from .._vjp import untransformed
 from ._lrp_call import Modify, ModuleCall
 
 __all__ = [
@@ -212,9 +213,7 @@ def _no_negative_entry(x: torch.Tensor) -> bool:
     backward saved per module after a ReLU). Under ``vmap`` or compile the data cannot
     decide the control flow, and both halves run.
     """
-    if torch._C._functorch.peek_interpreter_stack() is not None or torch.compiler.is_compiling():
-        return False
-    return x.device.type != "meta" and bool((x >= 0).all())
+    return untransformed() and x.device.type != "meta" and bool((x >= 0).all())
 
 
 def ZPlus(stabilizer: float = 1e-6) -> AlphaBeta:
