@@ -32,10 +32,9 @@ from .._functional import NestedKey
 from .._probe import on_meta
 from .._taps import Tap
 from .._targets import Target, as_target
+from ._checks import check_call, check_layers
 from ._engine import (
     Cotangents,
-    check_call,
-    check_layers,
     gradients,
     input_keys_of,
     per_key,

@@ -11,10 +11,9 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap, capture
 from .._targets import Target
+from ._checks import check_call, check_layers
 from ._engine import (
     Cotangents,
-    check_call,
-    check_layers,
     gradients,
     input_keys_of,
     layer_specs,

@@ -52,7 +52,8 @@ from torch.utils.hooks import RemovableHandle
 from .._functional import Functional, NestedKey
 from .._taps import Captured, Tap
 from .._targets import Target
-from ._engine import Cotangents, check_layers, gradients, input_keys_of
+from ._checks import check_layers
+from ._engine import Cotangents, gradients, input_keys_of
 from ._inputs import accepts_tensors
 from ._lrp_call import ModuleCall, Template
 from ._lrp_composites import Rules, resolve_rules

@@ -10,7 +10,8 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._taps import Tap, map_grad
 from .._targets import Target
-from ._engine import Cotangents, check_layers, gradients, input_keys_of, per_key, scaled
+from ._checks import check_layers
+from ._engine import Cotangents, gradients, input_keys_of, per_key, scaled
 from ._inputs import accepts_tensors
 
 __all__ = ["saliency"]
