@@ -35,6 +35,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
+from tdhook_fn.compat._prepared_attributes import attribute_state, changes_since, put_back
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
@@ -47,53 +48,6 @@ __all__ = [
 
 Keys = list[Any]
 InKeys = list[Any] | dict[Any, str]
-
-
-# NOTE [prepared attributes]
-# tdhook's ``_prepare_module`` may set attributes on the context's TensorDictModule
-# (the user's, when they passed one) for ``_restore_module`` to delete. Whatever the
-# prepare step changed there (names added, removed or rebound, in ``__dict__`` or in
-# ``_parameters``/``_buffers``/``_modules``) is recorded against the state before it, and
-# on exit any of it that the restore step did not undo is put back: after a failing
-# prepare, body or restore too. Only the prepare step's own changes are undone, so
-# contexts over one module may close in any order, and the body's changes are the
-# user's. ``training`` is left alone (``train()`` changes the whole tree).
-_SLOTS = ("_parameters", "_buffers", "_modules")
-_State = dict[str, tuple[str, Any]]
-
-
-def _attribute_state(module: nn.Module) -> _State:
-    """Name -> (where it lives, value) for the attributes of ``module`` itself."""
-    state = {name: ("__dict__", value) for name, value in vars(module).items() if name not in (*_SLOTS, "training")}
-    for slot in _SLOTS:
-        state.update((name, (slot, value)) for name, value in getattr(module, slot).items())
-    return state
-
-
-def _same(a: tuple[str, Any] | None, b: tuple[str, Any] | None) -> bool:
-    return a is b or (a is not None and b is not None and a[0] == b[0] and a[1] is b[1])
-
-
-def _changes(module: nn.Module, before: _State) -> dict[str, tuple[str, Any] | None]:
-    """The names whose state differs from ``before``, with their state before."""
-    after = _attribute_state(module)
-    names = before.keys() | after.keys()
-    return {name: before.get(name) for name in names if not _same(before.get(name), after.get(name))}
-
-
-def _put_back(module: nn.Module, changes: dict[str, tuple[str, Any] | None]) -> None:
-    """Give each name in ``changes`` its recorded state again, where it differs now."""
-    now = _attribute_state(module)
-    for name, old in changes.items():
-        current = now.get(name)
-        if _same(current, old):
-            continue
-        if current is not None:
-            del (vars(module) if current[0] == "__dict__" else getattr(module, current[0]))[name]
-            if current[0] == "_buffers":
-                module._non_persistent_buffers_set.discard(name)
-        if old is not None:
-            (vars(module) if old[0] == "__dict__" else getattr(module, old[0]))[name] = old[1]
 
 
 def _is_unraveled(key: Any) -> bool:
@@ -155,11 +109,11 @@ class HookingContext:
                 self._stack = stack.pop_all()
             if working is self._module:  # pre-factories hand over modules that already route
                 working = RoutedModule(self._module, self._extra_relative_path)
-            before = _attribute_state(self._module)
+            before = attribute_state(self._module)
             try:
                 prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
             finally:
-                self._prepared_changes = _changes(self._module, before)
+                self._prepared_changes = changes_since(self._module, before)
             self._working = working  # prepared: restore it, from here on
             self._hooked_module = self._spawn(prepared, self, self._extra_relative_path)
             self._handle = self._hook(self._hooked_module)
@@ -185,7 +139,7 @@ class HookingContext:
         self._hooked_module = None
         self._handle = None
         try:
-            _put_back(self._module, changes)
+            put_back(self._module, changes)
         finally:
             if stack is not None:
                 stack.__exit__(exc_type, exc_value, traceback)
