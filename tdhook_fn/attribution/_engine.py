@@ -33,20 +33,18 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
-from .._probe import on_meta
 from .._taps import Tap, capture
 from .._targets import Target, as_target
 from .._vjp import vjp
 from ._checks import check_call
+from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
 
 __all__ = [
     "Cotangents",
     "Gradients",
-    "LayerSpec",
     "TargetFn",
     "gradients",
     "input_keys_of",
-    "layer_specs",
     "per_key",
     "scaled",
     "target_values",
@@ -107,77 +105,6 @@ def scaled(grads: TensorDict, factors: Mapping[Any, torch.Tensor]) -> TensorDict
 def _unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
     """Restore batch dims flattened to one, after ``lead`` leading dims."""
     return t.reshape(*t.shape[:lead], *batch, *t.shape[lead + 1 :])
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """What one probe forward tells about an attributed layer: its activation and which run."""
-
-    shape: torch.Size
-    dtype: torch.dtype
-    call: int | None  # the run attributed; None when the module runs once
-
-
-def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
-                layer_calls: Mapping[str, int] | None = None, *, method: str = "attribution") -> list[LayerSpec]:
-    """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute).
-
-    # NOTE [modules that run more than once]
-    A module called several times in one forward (a shared block, a weight-tied layer) has
-    one activation per run. The gradient and the activation of a layer always come from the
-    same run: the one ``layer_calls[path]`` names (``0`` first, ``-1`` last). Without an
-    entry such a layer raises, naming the path and the number of runs, rather than mixing
-    the gradient summed over runs with the last run's activation.
-    """
-    seen: dict[str, list[tuple[torch.Size, torch.dtype]]] = {path: [] for path in paths}
-
-    def recorder(path: str) -> Callable[[Any], Any]:
-        def record(value: Any) -> Any:
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"{method}: layer {path!r} outputs a {type(value).__name__}, not a tensor; attribute a "
-                    "submodule whose output is one tensor (for a block returning a tuple, one of its sublayers)"
-                )
-            seen[path].append((value.shape, value.dtype))
-            return value
-        return record
-
-    wanted = dict(layer_calls or {})
-    unknown = sorted(set(wanted) - set(paths))
-    if unknown:
-        raise ValueError(f"{method}: layer_calls names {unknown}, which are not among the layers {list(paths)}")
-    probe = f.with_taps(*(Tap(p, "capture", recorder(p), key=f"{_ACT}{i}") for i, p in enumerate(paths)))
-
-    def reset() -> None:
-        for runs in seen.values():
-            runs.clear()
-
-    on_meta(probe, params, td, reset=reset)
-    specs = []
-    for path in paths:
-        call = _chosen_run(method, path, len(seen[path]), wanted.get(path))
-        shape, dtype = seen[path][call or 0]
-        specs.append(LayerSpec(shape, dtype, call))
-    return specs
-
-
-def _chosen_run(method: str, path: str, runs: int, wanted: int | None) -> int | None:
-    if runs == 0:
-        raise ValueError(
-            f"{method}: layer {path!r} never ran in the forward (the module exists, but the model's forward does "
-            "not call it); attribute a module that runs"
-        )
-    if wanted is None:
-        if runs > 1:
-            raise ValueError(
-                f"{method}: layer {path!r} runs {runs} times in one forward; say which run to attribute with "
-                f"layer_calls={{{path!r}: k}} (0 is the first, -1 the last; gradient and activation both come "
-                "from that run)"
-            )
-        return None
-    if isinstance(wanted, bool) or not isinstance(wanted, int) or not -runs <= wanted < runs:
-        raise ValueError(f"{method}: layer_calls[{path!r}] must be an int in [{-runs}, {runs}), got {wanted!r}")
-    return wanted % runs if runs > 1 else None
 
 
 def _check_targets(values: Any) -> TensorDictBase:
@@ -290,29 +217,38 @@ def gradients(
     batch = inputs.batch_size
     flat = inputs.reshape(-1)
     paths = list(layers)
-    specs = layer_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls,
-                        method=method) if tappable is not None and paths else []
-    device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
-    deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
-    runs = [spec.call for spec in specs]
     extras = _extras(f, flat, input_keys)
     private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
 
-    def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
-        feed = flat.copy()
-        if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
-            feed.update(diff[0])
-        tapped: Any = f
-        if tappable is not None and (paths or target_layers or taps):
-            tapped = tappable.with_taps(*_layer_taps(paths, layers, diff[1], runs), *(
-                capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *taps)
-        out = tapped(params, feed)
-        acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
-        seen = TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)}, batch_size=out.batch_size)
-        return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts.reshape(batch)
+    def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
+        device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
+        deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
 
-    diff = (flat.select(*input_keys), deltas)
-    values, pullback, acts = cast(Any, vjp(forward, diff, constants=(params, flat)))
+        def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
+            feed = flat.copy()
+            if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
+                feed.update(diff[0])
+            tapped: Any = f
+            runs = [0] * len(paths)
+            if tappable is not None and (paths or target_layers or taps):
+                tapped = tappable.with_taps(*checked_taps(paths, layers, diff[1], specs, _act_key, runs),
+                                            *(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)),
+                                            *taps)
+            out = tapped(params, feed)
+            check_runs(paths, specs, runs)
+            acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
+            seen = TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)},
+                              batch_size=out.batch_size)
+            return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts.reshape(batch)
+
+        result: tuple[Any, Any, Any] = vjp(forward, (flat.select(*input_keys), deltas), constants=(params, flat))
+        return result
+
+    if tappable is None or not paths:
+        values, pullback, acts = attempt([])
+    else:
+        values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, method,
+                                            attempt)
     if cotangents is not None:
         cot = cotangents(values)
         if not isinstance(cot, TensorDictBase):
@@ -331,6 +267,10 @@ def gradients(
     return Gradients(grads, acts, values)
 
 
+def _act_key(i: int) -> str:
+    return f"{_ACT}{i}"
+
+
 def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
     """The pullback of every cotangent along ``cot``'s first dim, stacked (see the NOTE)."""
     leaf = next(iter(cot.values(True, True)))
@@ -340,19 +280,3 @@ def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
     inputs = torch.stack([p[0] for p in pulled])
     layers = [torch.stack([p[1][i] for p in pulled]) for i in range(len(pulled[0][1]))]
     return inputs, layers
-
-
-def _layer_taps(paths: list[str], layers: Mapping[str, Replace | None], deltas: Sequence[torch.Tensor],
-                runs: Sequence[int | None]) -> list[Tap]:
-    taps = []
-    for i, (path, delta, run) in enumerate(zip(paths, deltas, runs, strict=True)):
-        replace = layers[path]
-        taps.append(Tap(path, "intervene", _plus(replace, delta), call=run))
-        taps.append(capture(path, key=f"{_ACT}{i}", call=run))
-    return taps
-
-
-def _plus(replace: Replace | None, delta: torch.Tensor) -> Replace:
-    if replace is None:
-        return lambda act: act + delta
-    return lambda act: replace(act) + delta

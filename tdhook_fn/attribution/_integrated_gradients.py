@@ -16,11 +16,11 @@ from ._engine import (
     Cotangents,
     gradients,
     input_keys_of,
-    layer_specs,
     scaled,
     target_values,
 )
 from ._inputs import accepts_tensors
+from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._quadrature import quadrature
 from ._saliency import GradFn, grad_taps
 
@@ -237,10 +237,22 @@ def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base:
         raise TypeError("layer attribution needs f to be a tdhook_fn.Functional")
     batch = inputs.batch_size
     flat = _ends(inputs, base).reshape(-1)
-    specs = layer_specs(f.with_taps(*taps), params, flat, layers, layer_calls, method="integrated_gradients")
-    probe = f.with_taps(*taps, *(capture(p, key=f"_tdhook_fn_end_{i}", call=spec.call)
-                                 for i, (p, spec) in enumerate(zip(layers, specs, strict=True))))
-    out = probe(params, flat)
+
+    def run(specs: list[LayerSpec]) -> TensorDictBase:
+        runs = [0] * len(layers)
+        probe = f.with_taps(*taps, *(capture(p, key=f"_tdhook_fn_end_{i}", call=spec.call)
+                                     for i, (p, spec) in enumerate(zip(layers, specs, strict=True))),
+                            *run_counters(layers, runs))
+        out = probe(params, flat)
+        check_runs(layers, specs, runs)
+        for i, (path, spec) in enumerate(zip(layers, specs, strict=True)):
+            act = out.get(f"_tdhook_fn_end_{i}")
+            if not isinstance(act, torch.Tensor) or act.shape != spec.shape:
+                raise StaleSpec(path, type(act).__name__ if not isinstance(act, torch.Tensor) else
+                                f"{list(act.shape)}", f"{list(spec.shape)}")
+        return out
+
+    out = with_specs(f.with_taps(*taps), params, flat, layers, layer_calls, "integrated_gradients", run)
     ends = {}
     for i, path in enumerate(layers):
         act = out.get(f"_tdhook_fn_end_{i}")
