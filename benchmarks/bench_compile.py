@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from tdhook_fn.attribution import integrated_gradients, saliency
+from tdhook_fn.attribution import DimsConfig, grad_cam, integrated_gradients, saliency
 
 LAYERS = {"transformer layer d64, batch 8x16": "linear1"}  # else "[1]", the first ReLU or conv
 TARGETS: dict[str, Any] = {"transformer layer d64, batch 8x16": lambda out: out["output"][..., -1, 1]}  # else 1
@@ -35,14 +35,26 @@ def _methods(net: nn.Module, layer: str, target: Any) -> dict[str, Callable[...,
         f"layer IG {layer}, n=16": lambda p, td: integrated_gradients(f, p, td, 0.0, target=target, n_steps=16,
                                                                       layers=[layer]),
         "integrated_gradients n=16": lambda p, td: integrated_gradients(f, p, td, 0.0, target=target, n_steps=16),
+        f"Grad-CAM {layer}": lambda p, td: grad_cam(f, p, td, target=target, layers={layer: _dims(net, layer)}),
     }
 
 
-def _repeated(fn: Callable[..., Any], *args: Any) -> Callable[[], None]:
-    """``fn(*args)`` as many times as last about 20 ms, so that a sample is not one short call."""
+def _dims(net: nn.Module, layer: str) -> DimsConfig:
+    """captum's LayerGradCam pooling on a conv layer's ``[C, H, W]``; the plain gradient elsewhere."""
+    conv = isinstance(net, nn.Sequential) and isinstance(net[0], nn.Conv2d)
+    return DimsConfig((1, 2), (0,)) if conv else DimsConfig()
+
+
+def _calls(fn: Callable[..., Any], *args: Any) -> int:
+    """How many calls of ``fn(*args)`` last about 20 ms, so that a sample is not one short call."""
+    fn(*args)
     start = time.perf_counter()
     fn(*args)
-    n = max(1, int(0.02 / max(time.perf_counter() - start, 1e-6)))
+    return max(1, int(0.02 / max(time.perf_counter() - start, 1e-6)))
+
+
+def _repeated(fn: Callable[..., Any], n: int, *args: Any) -> Callable[[], None]:
+    """``fn(*args)`` ``n`` times: eager and compiled get the same ``n``, so their sample times compare per call."""
 
     def run() -> None:
         for _ in range(n):
@@ -72,7 +84,8 @@ def main() -> None:
             compiled(p, td)
             first = time.perf_counter() - start
             torch.testing.assert_close(compiled(p, td), fn(p, td), rtol=1e-4, atol=1e-5)
-            variants = {"eager": _repeated(fn, p, td), "compiled": _repeated(compiled, p, td)}
+            n = _calls(fn, p, td)
+            variants = {"eager": _repeated(fn, n, p, td), "compiled": _repeated(compiled, n, p, td)}
             times = interleaved_medians(variants, rounds=15)
             eager, fast = times["eager"], times["compiled"]
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -158,7 +158,10 @@ class _MapGrad(torch.autograd.Function):
 def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
-    return _MapGrad.apply(value, fn)  # type: ignore[no-untyped-call]
+    # through a view, never on the tensor itself: under torch.compile (2.13) a Function applied
+    # directly to a torch.func.grad primal (a map_grad at the model's input) loses its backward,
+    # and the plain gradient comes out (tests/test_compile.py, guided_backprop); a view is free
+    return _MapGrad.apply(value.view_as(value), fn)  # type: ignore[no-untyped-call]
 
 
 def capture(

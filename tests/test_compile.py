@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 import tdhook_fn
-from tdhook_fn.attribution import integrated_gradients, saliency
+from tdhook_fn.attribution import DimsConfig, grad_cam, guided_backprop, integrated_gradients, saliency
 
 
 def _mlp() -> torch.nn.Module:
@@ -45,6 +45,8 @@ def _methods(net: torch.nn.Module) -> dict[str, Callable[[TensorDictBase, Tensor
             "input"])(q) for q in ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")},
         "ig_per_target_chunked": lambda p, td: integrated_gradients(
             f, p, td, 0.0, target=(0, 1), per_target=True, n_steps=4, chunk_size=2)["input"],
+        "grad_cam": lambda p, td: grad_cam(f, p, td, target=1, layers={"[1]": DimsConfig()})["[1]"],
+        "guided_backprop": lambda p, td: guided_backprop(f, p, td, target=1)["input"],
     }
 
 

@@ -250,8 +250,10 @@ def lrp(
             does not take and return tensors (the path is named).
         ValueError: a rules key names no submodule, rules nest, or a rule does not fit
             its module (``Pass`` on a shape-changing layer; the path is named).
-        NotImplementedError: called under ``torch.func.grad``/``vjp``/``jvp`` (NOTE [lrp
-            maps are not differentiable]).
+        NotImplementedError: called under ``torch.func.grad``/``vjp``/``jvp``, or with
+            params or inputs that make the maps require grad under regular autograd
+            (NOTE [lrp maps are not differentiable]); ``torch.no_grad()`` or detached
+            params avoid it.
         RuntimeError: ``check_conservation`` and relevance is not conserved.
 
     >>> import torch, tdhook_fn
@@ -283,6 +285,7 @@ def lrp(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
         taps=[*taps, *ruled], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls, method="lrp",
     )
+    _refuse_level_zero_graph(result.grads)
     if check_conservation:
         _check_conservation(result.grads.select(*keys), result.targets, per_target, cotangents, inputs.batch_size)
     return result.grads
@@ -311,6 +314,20 @@ def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
                 "lrp: its maps cannot be differentiated (called under torch.func.grad, vjp, jvp or jacrev of "
                 "params or inputs): the rules replace the modules' derivatives at every level, so the result "
                 "would be wrong. vmap is fine; differentiate a gradient method instead")
+
+
+def _refuse_level_zero_graph(maps: TensorDictBase) -> None:
+    """Raise when a map carries a regular-autograd graph (params that require grad); see the NOTE.
+
+    The functorch levels are refused up front; at level 0 only the result shows whether a
+    graph reached it (inputs that require grad do not: they are the primals).
+    """
+    if any(t.requires_grad for t in maps.values(True, True)):
+        raise NotImplementedError(
+            "lrp: params or inputs require grad (e.g. TensorDict.from_module(model) holds the model's "
+            "Parameters), so the maps would carry a gradient, and it would be wrong: the rules replace the "
+            "modules' derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
+            "(tdhook_fn.params(model) gives them), detach the inputs, or call lrp under torch.no_grad()")
 
 
 def _check_conservation(relevance: TensorDict, targets: TensorDictBase, per_target: bool,

@@ -194,6 +194,24 @@ def test_differentiating_an_lrp_map_raises_rather_than_lie() -> None:
         torch.func.vmap(torch.func.grad(lambda td: score(p, td)))(x)
 
 
+def test_an_lrp_map_that_would_carry_a_regular_autograd_graph_raises() -> None:
+    """Params that require grad (TensorDict.from_module) would make the map differentiable, and wrong."""
+    net = bias_free_mlp([3, 4, 2])
+    f, p = fp(net)
+    x = TensorDict(input=torch.randn(2, 3, dtype=torch.float64), batch_size=[2])
+    live = TensorDict.from_module(net)
+    assert any(t.requires_grad for t in live.values(True, True))
+    with pytest.raises(NotImplementedError, match="require grad"):
+        lrp(f, live, x, target=1, rules=LRP0)
+    expected = lrp(f, p, x, target=1, rules=LRP0)
+    with torch.no_grad():
+        assert_close_ulps(lrp(f, live, x, target=1, rules=LRP0), expected)
+    needs_grad = x.apply(lambda t: t.clone().requires_grad_())  # the primals: the map carries no graph of them
+    mapped = lrp(f, p, needs_grad, target=1, rules=LRP0)
+    assert not mapped["input"].requires_grad
+    assert_close_ulps(mapped, expected)
+
+
 def test_the_model_is_unchanged_after_calls_and_after_a_rule_raises() -> None:
     net = small_cnn(torch.float32)
     f, p = fp(net)
