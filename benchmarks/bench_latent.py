@@ -90,7 +90,7 @@ def bench_caching(model, f, p, td, nn_model) -> None:  # type: ignore[no-untyped
         print("  (nnsight is not installed: pip install nnsight>=0.8, the bench extra)")
 
 
-def bench_sweep(model, f, p, clean, corrupt, nn_model) -> None:  # type: ignore[no-untyped-def]
+def bench_sweep(model, f, p, clean, corrupt, nn_model, corruption, memory=True) -> None:  # type: ignore[no-untyped-def]
     from tdhook.latent.activation_patching import ActivationPatching
 
     grid = [Site(f"transformer.h.{layer}", index=(t,)) for layer in range(LAYERS) for t in range(TOKENS)]
@@ -144,9 +144,9 @@ def bench_sweep(model, f, p, clean, corrupt, nn_model) -> None:  # type: ignore[
     runs = {name: len(grid) if name.startswith("tdhook_fn patching") else len(part) for name in impls}
     per_run = [(name, seconds / runs[name]) for name, seconds in times.items()]
     ours = per_run[0][1]
-    print_table(f"patching sweep, {LAYERS} layers x {TOKENS} positions = {len(grid)} runs, time per patched run "
-                f"(loops timed over {len(part)} runs)", per_run, {"sweep": ours})
-    for size in (16, 128):
+    print_table(f"patching sweep, {corruption}, {LAYERS} layers x {TOKENS} positions = {len(grid)} runs, time per "
+                f"patched run (loops timed over {len(part)} runs)", per_run, {"sweep": ours})
+    for size in (16, 128) if memory else ():
         mib = peak_rss_growth_mib(lambda: patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=size))
         print(f"  peak RSS growth, chunk_size={size:<4} {mib:8.1f} MiB")
 
@@ -179,7 +179,13 @@ def main() -> None:
     nn_model = _nnsight(model)
     with torch.no_grad():
         bench_caching(model, f, p, clean, nn_model)
-        bench_sweep(model, f, p, clean, corrupt, nn_model)
+        bench_sweep(model, f, p, clean, corrupt, nn_model, "random tokens at every position")
+        # the usual corrupted prompt (a name or fact swapped): one token; in a causal model the
+        # positions before it patch nothing, and the sweep does not run them (NOTE [unchanged sites])
+        one = clean.clone()
+        one["input_ids"][:, TOKENS // 2] = (clean["input_ids"][:, TOKENS // 2] + 1) % 1000
+        bench_sweep(model, f, p, clean, one, nn_model, f"one token corrupted (position {TOKENS // 2})",
+                    memory=False)
     bench_atp(model, f, p, clean, corrupt)
 
 

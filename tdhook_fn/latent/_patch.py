@@ -19,6 +19,16 @@ all runs of a chunk (``chunk_size`` runs, all by default) go through the model a
 
 Either way the result equals the loop of :func:`patch` calls up to float rounding, and
 ``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
+
+# NOTE [unchanged sites]
+A run whose clean selection equals the corrupted one bit for bit patches nothing: it
+*is* the corrupted run, and its metric is the corrupted run's. In a causal model every
+position before the first corrupted token is such a site, at every layer (half the
+grid for a corruption in the middle of the prompt). With ``skip_unchanged`` (default),
+one forward of the corrupted inputs reads the activations and the metric, and only the
+other runs go through the model. The data decide which runs run, so this is done only
+outside transforms and where no gradient is asked for (there a no-op patch is not the
+corrupted run: its patched value depends on the params through the clean run).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional
 from .._taps import Tap
+from .._vjp import untransformed
 from ._cache import cache
 from ._run import Metric, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
@@ -106,6 +117,7 @@ def patching_sweep(
     *,
     chunk_size: int | None = None,
     batching: Literal["vmap", "fold"] = "vmap",
+    skip_unchanged: bool = True,
 ) -> torch.Tensor:
     """``metric`` of the corrupted run with each site, in turn, patched from the clean run.
 
@@ -128,6 +140,11 @@ def patching_sweep(
             model must run under ``vmap``; Hugging Face models do). ``"fold"`` folds the runs into the
             batch: any model that takes a batch, every module runs for every run.
             Default: ``"vmap"``.
+        skip_unchanged (bool): give the runs whose clean selection equals the
+            corrupted one (bit for bit, every sample) the corrupted run's metric, from
+            one forward of the corrupted inputs, instead of running them (NOTE
+            [unchanged sites]); only outside transforms and without gradients.
+            Default: ``True``.
 
     Returns:
         Tensor: ``[len(sites), *B]``, in the order of ``sites``.
@@ -151,19 +168,57 @@ def patching_sweep(
         raise ValueError(f"patching_sweep: chunk_size should be None or an int > 0, got {chunk_size!r}")
     if batching not in ("vmap", "fold"):
         raise ValueError(f"patching_sweep: batching must be 'vmap' or 'fold', got {batching!r}")
+    if not isinstance(skip_unchanged, bool):
+        raise TypeError(f"patching_sweep: skip_unchanged must be a bool, got {type(skip_unchanged).__name__}")
     flat = corrupted.reshape(-1)
     chosen = resolve_runs("patching_sweep", f, params, flat, chosen)
-    size = chunk_size or len(chosen)
-    chunks = [chosen[start : start + size] for start in range(0, len(chosen), size)]
+    modules = _modules(chosen)
+    wholes = list(modules.values())
+    full = flat_sources("patching_sweep", cache(f, params, clean, wholes), wholes, batch, "sources")
+    todo, values = list(range(len(chosen))), None
+    if skip_unchanged and _may_skip(params, clean, corrupted):
+        todo, values = _unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
+    runs = [chosen[k] for k in todo]
+    size = chunk_size or max(len(runs), 1)
+    chunks = [runs[start : start + size] for start in range(0, len(runs), size)]
     if batching == "fold":
-        sources = flat_sources("patching_sweep", cache(f, params, clean, chosen), chosen, batch, "sources")
-        values = [_folded(f, params, flat, runs, sources, metric, batch) for runs in chunks]
+        sources = {site.key: full[modules[_group(site)].key][_selection(site)] for site in runs}
+        parts = [_folded(f, params, flat, part, sources, metric, batch) for part in chunks]
     else:
-        modules = _modules(chosen)
-        full = flat_sources("patching_sweep", cache(f, params, clean, list(modules.values())), list(modules.values()),
-                            batch, "sources")
-        values = [_mapped(f, params, flat, runs, modules, full, metric, batch) for runs in chunks]
-    return torch.cat(values)
+        parts = [_mapped(f, params, flat, part, modules, full, metric, batch) for part in chunks]
+    if values is None:
+        return torch.cat(parts)
+    if parts:
+        values[todo] = torch.cat(parts).to(values.dtype)
+    return values
+
+
+def _selection(site: Site) -> tuple[Any, ...]:
+    return (slice(None), *as_indices(site.index))
+
+
+def _may_skip(*tds: TensorDictBase) -> bool:
+    """Whether the data may decide which runs run: eager, and no gradient asked for (NOTE [unchanged sites])."""
+    if not untransformed():
+        return False
+    return not torch.is_grad_enabled() or not any(
+        t.requires_grad for td in tds for t in td.values(True, True) if isinstance(t, torch.Tensor))
+
+
+def _unchanged(f: Functional, params: TensorDictBase, corrupted: TensorDictBase, chosen: Sequence[Site],
+               modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size,
+               ) -> tuple[list[int], torch.Tensor]:
+    """The runs that patch something, and every run's value with the unchanged ones filled in."""
+    wholes = list(modules.values())
+    seen = cache(f, params, corrupted, wholes, outputs=True)
+    base = metric_values("patching_sweep", metric, seen.select(*f.out_keys), batch)
+    mine = flat_sources("patching_sweep", seen.exclude(*f.out_keys), wholes, batch, "activations")
+    todo = []
+    for k, site in enumerate(chosen):
+        key, where = modules[_group(site)].key, _selection(site)
+        if not torch.equal(full[key][where], mine[key][where]):
+            todo.append(k)
+    return todo, base.expand(len(chosen), *base.shape).clone()
 
 
 Group = tuple[str, str, int | None, int]

@@ -97,6 +97,68 @@ def test_patching_sweep_equals_the_loop(gpt2):
     torch.testing.assert_close(folded, sweep, rtol=1e-5, atol=1e-5)
 
 
+def _one_token_corrupted(position):
+    clean = _batch(1)
+    corrupt = clean.clone()
+    corrupt["input_ids"][:, position] = (clean["input_ids"][:, position] + 1) % V
+    return clean, corrupt
+
+
+@pytest.mark.parametrize("batching", ["vmap", "fold"])
+def test_a_sweep_runs_only_the_sites_that_patch_something(gpt2, monkeypatch, batching):
+    """Causal model, one corrupted token: the positions before it are the corrupted run, at every layer."""
+    from tdhook_fn.latent import _patch
+
+    model, f, p = gpt2
+    clean, corrupt = _one_token_corrupted(3)
+    grid = [Site(f"transformer.h.{layer}", index=(t,)) for layer in range(3) for t in range(L)]
+    ran = []
+    runner = "_mapped" if batching == "vmap" else "_folded"
+    real = getattr(_patch, runner)
+    monkeypatch.setattr(_patch, runner, lambda *a: ran.append(len(a[3])) or real(*a))
+    sweep = patching_sweep(f, p, clean, corrupt, grid, _last_logit, chunk_size=4, batching=batching)
+    assert sum(ran) == 3 * (L - 3)  # positions 3.. at each of the 3 layers
+    loop = torch.stack([_last_logit(patch(f, p, corrupt, s, cache(f, p, clean, s))) for s in grid])
+    torch.testing.assert_close(sweep, loop, rtol=1e-5, atol=1e-5)
+    unpatched = _last_logit(f(p, corrupt))
+    for k, site in enumerate(grid):
+        if site.index[0] < 3:
+            assert torch.equal(sweep[k], unpatched)
+    ran.clear()
+    every = patching_sweep(f, p, clean, corrupt, grid, _last_logit, chunk_size=4, batching=batching,
+                           skip_unchanged=False)
+    assert sum(ran) == len(grid)
+    torch.testing.assert_close(every, sweep, rtol=1e-5, atol=1e-5)
+
+
+def test_no_run_is_skipped_where_a_gradient_or_a_transform_sees_it(gpt2, monkeypatch):
+    from tdhook_fn.latent import _patch
+
+    model, f, p = gpt2
+    clean, corrupt = _one_token_corrupted(3)
+    grid = [Site("transformer.h.1", index=(t,)) for t in range(L)]
+    ran = []
+    real = _patch._mapped
+    monkeypatch.setattr(_patch, "_mapped", lambda *a: ran.append(len(a[3])) or real(*a))
+    expected = patching_sweep(f, p, clean, corrupt, grid, _last_logit, skip_unchanged=False)
+    ran.clear()
+    live = p.apply(lambda t: t.detach().requires_grad_())
+    with torch.enable_grad():
+        values = patching_sweep(f, live, clean, corrupt, grid, _last_logit)
+        grads = torch.autograd.grad(values.sum(), list(live.values(True, True)), allow_unused=True)
+    assert ran == [len(grid)]  # a no-op patch still takes its value through the clean run's params
+    torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-5)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+    ran.clear()
+    transformed = torch.func.grad(lambda q: patching_sweep(f, q, clean, corrupt, grid, _last_logit).sum())(p)
+    assert ran == [len(grid)]  # under a transform the data cannot choose the runs
+    for key, g in zip(live.keys(True, True), grads, strict=True):
+        torch.testing.assert_close(transformed[key], torch.zeros_like(transformed[key]) if g is None else g,
+                                   rtol=1e-4, atol=1e-6)
+    with pytest.raises(TypeError, match="skip_unchanged must be a bool"):
+        patching_sweep(f, p, clean, corrupt, grid, _last_logit, skip_unchanged=1)
+
+
 def test_attribution_patching_is_exact_where_the_metric_is_linear(gpt2):
     model, f, p = gpt2
     clean, corrupt = _batch(1), _batch(2)
