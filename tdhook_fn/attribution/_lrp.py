@@ -308,6 +308,8 @@ def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
     differentiation, so an outer ``torch.func.grad`` of an LRP map would differentiate
     through the rules as if they were the modules' derivatives: a plausible, wrong number.
     """
+    if torch._C._functorch.peek_interpreter_stack() is None:
+        return  # no functorch level is active: nothing can be tracked by one
     for td in (params, inputs):
         if isinstance(td, TensorDictBase) and any(_tracked(v) for v in td.values(True, True)):
             raise NotImplementedError(

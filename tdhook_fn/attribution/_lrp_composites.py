@@ -142,9 +142,15 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
                             "method (see tdhook_fn.attribution.Epsilon)")
         if not isinstance(rule, Ignore):
             found[name] = rule
-    nested = [(a, b) for a in found for b in found if a != b and (a == "" or b.startswith(a + "."))]
+    nested = [(outer, inner) for inner in found if inner for outer in _ancestors(inner) if outer in found]
     if nested:
         outer, inner = nested[0]
         raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
                          "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
     return {_path_of(name): rule for name, rule in found.items()}
+
+
+def _ancestors(name: str) -> list[str]:
+    """The module names above ``name``, the root (``""``) first: one lookup each, not a pass over all rules."""
+    parts = name.split(".")
+    return ["", *(".".join(parts[:i]) for i in range(1, len(parts)))]
