@@ -160,3 +160,19 @@ def test_threads_sharing_one_compiled_method_and_model_get_their_own_maps() -> N
             for g, e in zip(got, expected, strict=True):
                 torch.testing.assert_close(g, e)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
+
+
+def test_lrp_inside_compiled_code_runs_eagerly_and_fullgraph_names_it() -> None:
+    """NOTE [lrp is never traced]: a graph-broken trace of the rule taps failed on an internal assertion."""
+    from tdhook_fn.attribution import EpsilonPlus, lrp
+
+    net = _cnn()
+    f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    x = TensorDict(input=torch.randn(2, 1, 6, 6), batch_size=[2])
+    fn = lambda q, td: lrp(f, q, td, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)["input"] * 2
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="eager")(p, x), fn(p, x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="disable"):
+        torch.compile(fn, fullgraph=True, backend="eager")(p, x)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -192,6 +192,24 @@ def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True)
             for path, rule in resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule).items()]
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _never_traced(fn: _F) -> _F:
+    """``fn`` run eagerly inside compiled code (NOTE [lrp is never traced]).
+
+    # NOTE [lrp is never traced]
+    The rule taps carry Python objects (templates, rules) into autograd Functions'
+    backward, which Dynamo cannot trace: with ``fullgraph=True`` it fails, and with graph
+    breaks it failed on an internal assertion (a wrong map was the risk). So lrp is
+    excluded from tracing: inside a compiled function it runs eagerly and gives the
+    eager maps; ``fullgraph=True`` reports the excluded call.
+    """
+    disabled = torch.compiler.disable(fn, reason="lrp runs eagerly (NOTE [lrp is never traced])")  # type: ignore[no-untyped-call]
+    return cast(_F, disabled)
+
+
+@_never_traced
 @accepts_tensors
 def lrp(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
