@@ -205,8 +205,7 @@ def _never_traced(fn: _F) -> _F:
     excluded from tracing: inside a compiled function it runs eagerly and gives the
     eager maps; ``fullgraph=True`` reports the excluded call.
     """
-    disabled = torch.compiler.disable(fn, reason="lrp runs eagerly (NOTE [lrp is never traced])")  # type: ignore[no-untyped-call]
-    return cast(_F, disabled)
+    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # (reason= needs torch 2.8)
 
 
 @_never_traced
@@ -268,10 +267,11 @@ def lrp(
             does not take and return tensors (the path is named).
         ValueError: a rules key names no submodule, rules nest, or a rule does not fit
             its module (``Pass`` on a shape-changing layer; the path is named).
-        NotImplementedError: called under ``torch.func.grad``/``vjp``/``jvp``, or with
-            params or inputs that make the maps require grad under regular autograd
-            (NOTE [lrp maps are not differentiable]); ``torch.no_grad()`` or detached
-            params avoid it.
+        NotImplementedError: called under ``torch.func.grad``/``vjp``/``jvp``, with params
+            that require grad, or with a closed-over tensor that makes the maps require
+            grad (NOTE [lrp maps are not differentiable]); ``torch.no_grad()`` or detached
+            params avoid it. Inputs that require grad are fine: the maps do not depend
+            on them through regular autograd.
         RuntimeError: ``check_conservation`` and relevance is not conserved.
 
     >>> import torch, tdhook_fn
@@ -295,6 +295,7 @@ def lrp(
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
     _refuse_outer_differentiation(params, inputs)
+    _refuse_params_that_require_grad(params)
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
@@ -336,18 +337,33 @@ def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
                 "would be wrong. vmap is fine; differentiate a gradient method instead")
 
 
-def _refuse_level_zero_graph(maps: TensorDictBase) -> None:
-    """Raise when a map carries a regular-autograd graph (params that require grad); see the NOTE.
+def _refuse_params_that_require_grad(params: Any) -> None:
+    """Raise when regular autograd could differentiate the maps in ``params`` (NOTE [lrp maps are not differentiable]).
 
-    The functorch levels are refused up front; at level 0 only the result shows whether a
-    graph reached it (inputs that require grad do not: they are the primals).
+    Checked on the params themselves, unwrapped from any ``vmap`` (a batched map's
+    ``requires_grad`` reads False).
     """
+    if not torch.is_grad_enabled() or not isinstance(params, TensorDictBase):
+        return
+    functorch = torch._C._functorch
+    for value in params.values(True, True):
+        while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
+            value = functorch.get_unwrapped(value)
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            raise NotImplementedError(
+                "lrp: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
+                "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
+                "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
+                "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
+
+
+def _refuse_level_zero_graph(maps: TensorDictBase) -> None:
+    """Raise when a map carries a regular-autograd graph all the same (a closed-over tensor that requires grad)."""
     if any(t.requires_grad for t in maps.values(True, True)):
         raise NotImplementedError(
-            "lrp: params or inputs require grad (e.g. TensorDict.from_module(model) holds the model's "
-            "Parameters), so the maps would carry a gradient, and it would be wrong: the rules replace the "
-            "modules' derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
-            "(tdhook_fn.params(model) gives them), detach the inputs, or call lrp under torch.no_grad()")
+            "lrp: the maps require grad: a tensor that requires grad reached them through the target, the "
+            "cotangents or a tap (a closed-over tensor), and their gradient would be wrong (NOTE [lrp maps are "
+            "not differentiable]). Detach it, or call lrp under torch.no_grad()")
 
 
 def _check_conservation(relevance: TensorDict, targets: TensorDictBase, per_target: bool,

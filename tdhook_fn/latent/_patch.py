@@ -21,12 +21,13 @@ Either way the result equals the loop of :func:`patch` calls up to float roundin
 ``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
 
 # NOTE [unchanged sites]
-A run whose clean selection equals the corrupted one bit for bit patches nothing: it
-*is* the corrupted run, and its metric is the corrupted run's. In a causal model every
-position before the first corrupted token is such a site, at every layer (half the
-grid for a corruption in the middle of the prompt). With ``skip_unchanged`` (default),
-one forward of the corrupted inputs reads the activations and the metric, and only the
-other runs go through the model. The data decide which runs run, so this is done only
+A run whose clean selection equals the corrupted one bit for bit (``-0.0`` is not
+``0.0``) patches nothing: it *is* the corrupted run, and its metric is the corrupted
+run's. In a causal model every position before the first corrupted token is such a
+site, at every layer (half the grid for a corruption in the middle of the prompt). With
+``skip_unchanged`` (default), one forward of the corrupted inputs reads the activations
+and the metric (of all of ``f``'s outputs, its own taps' included), and only the other
+runs go through the model. The data decide which runs run, so this is done only
 outside transforms and where no gradient is asked for (there a no-op patch is not the
 corrupted run: its patched value depends on the params through the clean run).
 """
@@ -43,7 +44,7 @@ from .._functional import Functional
 from .._taps import Tap
 from .._vjp import untransformed
 from ._cache import cache
-from ._run import Metric, check_f, flat_sources, forward, metric_values, resolve_runs
+from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
 
 __all__ = ["patch", "patching_sweep"]
@@ -210,15 +211,29 @@ def _unchanged(f: Functional, params: TensorDictBase, corrupted: TensorDictBase,
                ) -> tuple[list[int], torch.Tensor]:
     """The runs that patch something, and every run's value with the unchanged ones filled in."""
     wholes = list(modules.values())
-    seen = cache(f, params, corrupted, wholes, outputs=True)
-    base = metric_values("patching_sweep", metric, seen.select(*f.out_keys), batch)
-    mine = flat_sources("patching_sweep", seen.exclude(*f.out_keys), wholes, batch, "activations")
+    reads = Reads("patching_sweep", wholes)
+    out = forward(f, params, corrupted.reshape(-1), reads.taps())  # all of f's outputs, as a patched run's
+    base = metric_values("patching_sweep", metric, out, batch)
+    mine = {whole.key: reads.get(whole) for whole in wholes}
     todo = []
     for k, site in enumerate(chosen):
         key, where = modules[_group(site)].key, _selection(site)
-        if not torch.equal(full[key][where], mine[key][where]):
+        if not _same_bits(full[key][where], mine[key][where]):
             todo.append(k)
     return todo, base.expand(len(chosen), *base.shape).clone()
+
+
+_AS_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit: ``-0.0`` and ``0.0`` differ (a patch that flips a zero's sign patches something)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() and a.element_size() in _AS_INTEGERS:
+        as_int = _AS_INTEGERS[a.element_size()]
+        return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+    return torch.equal(a, b)
 
 
 Group = tuple[str, str, int | None, int]

@@ -201,8 +201,13 @@ def test_an_lrp_map_that_would_carry_a_regular_autograd_graph_raises() -> None:
     x = TensorDict(input=torch.randn(2, 3, dtype=torch.float64), batch_size=[2])
     live = TensorDict.from_module(net)
     assert any(t.requires_grad for t in live.values(True, True))
-    with pytest.raises(NotImplementedError, match="require grad"):
+    with pytest.raises(NotImplementedError, match="params require grad"):
         lrp(f, live, x, target=1, rules=LRP0)
+    with pytest.raises(NotImplementedError, match="params require grad"):  # a batched map reads requires_grad False
+        torch.func.vmap(lambda td: lrp(f, live, td, target=1, rules=LRP0))(x)
+    scale = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="closed-over tensor"):
+        lrp(f, p, x, target=lambda out: out["output"][..., 1] * scale, rules=LRP0)
     expected = lrp(f, p, x, target=1, rules=LRP0)
     with torch.no_grad():
         assert_close_ulps(lrp(f, live, x, target=1, rules=LRP0), expected)

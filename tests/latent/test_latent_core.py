@@ -161,3 +161,28 @@ def test_cache_outputs_clashing_with_a_site_key():
     f = tdhook_fn.functional(net, out_keys=["0"])
     with pytest.raises(ValueError, match=r"out_keys \['0'\] are also site keys"):
         cache(f, tdhook_fn.params(net), TensorDict(input=torch.ones(2, 3), batch_size=[2]), "[0]", outputs=True)
+
+
+def test_a_skipping_sweep_gives_the_metric_all_of_fs_outputs():
+    """The corrupted run's metric (for unchanged sites) sees what f's own taps capture, as every run does."""
+    net, f, p, clean, corrupt = _setup()
+    tapped = f.with_taps(tdhook_fn.capture("[1]", key="hidden"))
+    metric = lambda out: out["hidden"].sum(-1) + out["output"][..., 0]
+    grid = [Site(path, index=(i,)) for path in ("[1]", "[3]") for i in range(4)]
+    for source in (clean, corrupt.clone()):  # every site changes; then none does (all skipped)
+        skipped = patching_sweep(tapped, p, source, corrupt, grid, metric)
+        every = patching_sweep(tapped, p, source, corrupt, grid, metric, skip_unchanged=False)
+        torch.testing.assert_close(skipped, every, rtol=1e-6, atol=1e-6)
+
+
+def test_a_zero_whose_sign_the_patch_flips_is_a_change():
+    """-0.0 == 0.0 as values, but 1/x tells them apart: the run is not skipped."""
+    net = nn.Sequential(nn.Identity(), nn.Identity())
+    f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    clean = TensorDict(input=torch.tensor([[-0.0, 1.0]]), batch_size=[1])
+    corrupt = TensorDict(input=torch.tensor([[0.0, 1.0]]), batch_size=[1])
+    metric = lambda out: 1.0 / out["output"][..., 0]
+    grid = [Site("[0]", index=(0,)), Site("[0]", index=(1,))]
+    sweep = patching_sweep(f, p, clean, corrupt, grid, metric)
+    assert sweep[0].item() == float("-inf") and sweep[1].item() == float("inf")
+    torch.testing.assert_close(sweep, patching_sweep(f, p, clean, corrupt, grid, metric, skip_unchanged=False))
