@@ -27,7 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ._paths import path_to_name
 
-__all__ = ["Site", "Tap", "capture", "intervene", "map_grad", "perturb"]
+__all__ = ["Site", "Tap", "capture", "intervene", "kept", "map_grad", "perturb"]
 
 Site = Literal["output", "input"]
 Captured = dict[str, Any]
@@ -91,29 +91,34 @@ class Tap:
             the hook (what :meth:`attach` registers; the compiled path of
             :func:`tdhook_fn.call` puts it in the dict itself, NOTE [compiled calls]).
         """
-        transform = self._transform(captured)
+        # a module that writes its input in place (ReLU(inplace=True)) may not write a custom
+        # Function's view of it: map_grad hands such a module a copy (one module, one choice);
+        # at an output it always copies, as whatever reads the output may write it in place
+        transform = self._transform(captured, copy=self.kind == "map_grad" and self.site == "output")
+        copied = self._transform(captured, copy=True) if self.kind == "map_grad" else transform
         if self.call is not None:
-            transform = _at_run(transform, self.call)
+            transform, copied = _at_run(transform, self.call), _at_run(copied, self.call)
         if self.site == "output":
             def output_hook(_m: nn.Module, _args: Any, output: Any) -> Any:
                 return transform(output)
 
             return "_forward_hooks", output_hook
 
-        def input_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
+        def input_hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
+            chosen = copied if getattr(module, "inplace", False) is True else transform
             if len(args) != 1:  # fn sees (and returns) all positional arguments
-                new = transform(args)
+                new = chosen(args)
                 return None if new is None else tuple(new)
-            new = transform(args[0])
+            new = chosen(args[0])
             return None if new is None else (new,)
 
         return "_forward_pre_hooks", input_hook
 
-    def _transform(self, captured: Captured) -> Callable[[Any], Any]:
+    def _transform(self, captured: Captured, copy: bool = False) -> Callable[[Any], Any]:
         fn, key = self.fn, self.key
         if self.kind == "capture":
             def store(value: Any) -> None:
-                captured[key] = value if fn is None else fn(value)
+                captured[key] = kept(value if fn is None else fn(value))
 
             return store
         if self.kind == "intervene":
@@ -122,7 +127,17 @@ class Tap:
         if self.kind == "custom":
             raise NotImplementedError("a custom tap overrides attach")
         assert fn is not None
-        return lambda value: optree.tree_map(lambda t: _map_grad(t, fn), value)
+        return lambda value: optree.tree_map(lambda t: _map_grad(t, fn, copy), value)
+
+
+def kept(value: Any) -> Any:
+    """``value`` with its tensors copied, to keep what a tap read.
+
+    A later module or op may write the activation in place (``ReLU(inplace=True)`` after a
+    conv, ``out += identity`` in a ResNet block); a reference would then show the written
+    values, silently. Under ``torch.compile`` the copies that nothing writes are free.
+    """
+    return optree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value, none_is_leaf=True)
 
 
 def _at_run(transform: Callable[[Any], Any], index: int) -> Callable[[Any], Any]:
@@ -143,25 +158,25 @@ class _MapGrad(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return x.view_as(x)
+    def forward(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], copy: bool) -> torch.Tensor:
+        return x.clone() if copy else x.view_as(x)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.fn = inputs[1]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.fn(grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.fn(grad), None, None
 
 
-def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], copy: bool = False) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     # through a view, never on the tensor itself: under torch.compile (2.13) a Function applied
     # directly to a torch.func.grad primal (a map_grad at the model's input) loses its backward,
     # and the plain gradient comes out (tests/test_compile.py, guided_backprop); a view is free
-    return _MapGrad.apply(value.view_as(value), fn)  # type: ignore[no-untyped-call]
+    return _MapGrad.apply(value.view_as(value), fn, copy)  # type: ignore[no-untyped-call]
 
 
 def capture(

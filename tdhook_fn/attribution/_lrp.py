@@ -124,6 +124,29 @@ class _Handles:
             handle.remove()
 
 
+class _Originals:
+    """The inputs a module that writes them in place (``inplace=True``) was called with, kept unwritten.
+
+    Such a module gets copies (the last pre-hook), and the rule sees the originals: Pass
+    on a ``ReLU(inplace=True)`` would otherwise pass relevance through the ReLU's own
+    backward (its input *is* its output then), and a rule's backward would read the
+    written values as its inputs. Other modules are left alone.
+    """
+
+    def __init__(self, module: nn.Module):
+        self.stack: list[tuple[Any, ...]] = []
+        self.handles: tuple[RemovableHandle, ...] = ()
+        if getattr(module, "inplace", False) is True:
+            self.handles = (module.register_forward_pre_hook(self._copy),)
+
+    def _copy(self, _m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        self.stack.append(args)
+        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+    def take(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return self.stack.pop() if self.handles else args
+
+
 def _checked(path: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"lrp: module {path!r} returns a {type(output).__name__}; a rule needs a module "
@@ -143,24 +166,28 @@ class _RuleTap(Tap):
         rule, path = self.rule, self.path
         assert rule is not None
 
-        if isinstance(rule, Pass):
-            return self._attach_pass(module)
-        if callable(getattr(rule, "output_factor", None)):
+        if callable(getattr(rule, "output_factor", None)):  # an in-place write is the module's own Jacobian
             return self._attach_gradient_form(module, rule)
+        seen = _Originals(module)
+        if isinstance(rule, Pass):
+            return cast(RemovableHandle, _Handles(self._attach_pass(module, seen), *seen.handles))
 
         def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            args = seen.take(args)
             _checked(path, args, kwargs, output)
             tensors: list[torch.Tensor] = []
             template = Template.of(mod, tensors)
             site = _Site(rule, path, template, dict(kwargs), len(args))
             return _RuleVJP.apply(output, site, *args, *tensors)  # type: ignore[no-untyped-call]
 
-        return module.register_forward_hook(hook, prepend=True, with_kwargs=True)
+        handle = module.register_forward_hook(hook, prepend=True, with_kwargs=True)
+        return cast(RemovableHandle, _Handles(handle, *seen.handles))
 
-    def _attach_pass(self, module: nn.Module) -> RemovableHandle:
+    def _attach_pass(self, module: nn.Module, seen: _Originals) -> RemovableHandle:
         path = self.path
 
         def post(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            args = seen.take(args)
             _checked(path, args, kwargs, output)
             if len(args) != 1 or args[0].shape != output.shape:
                 raise ValueError(f"lrp: Pass at {path!r} needs one input of the output's shape, got "

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .._paths import path_to_name
-from .._taps import Tap
+from .._taps import Tap, kept
 
 __all__ = ["Index", "Site", "as_indices", "as_sites", "sites"]
 
@@ -102,7 +102,7 @@ class Site:
     def reader(self, store: Callable[[torch.Tensor], None]) -> Tap:
         """A tap handing the selected activation to ``store`` (for one call)."""
         def read(value: Any) -> Any:
-            store(self.read(value))
+            store(kept(self.read(value)))  # a copy: later modules may write the activation in place
             return None
 
         return Tap(self.path, "intervene", read, self.site, call=self._tap_call())
