@@ -369,3 +369,22 @@ def test_gpt2_with_an_attention_mask_matches_tdhook() -> None:
     for key, value in theirs.items():
         assert list(ours[key].keys(True, True)) == list(value.keys(True, True)), key
         assert_same_td(ours[key], value)
+
+
+def test_caching_keeps_the_value_a_later_in_place_write_changes():
+    """Deliberate difference (docs/compat.md): tdhook stores the tensor, which ReLU(inplace=True) then writes."""
+    from tdhook.latent.activation_caching import ActivationCaching as RefCaching
+
+    from tdhook_fn.compat.latent.activation_caching import ActivationCaching
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(inplace=True), torch.nn.Linear(4, 2)).eval()
+    x = torch.randn(2, 3)
+    before_relu = torch.nn.functional.linear(x, net[0].weight, net[0].bias).detach()
+    caches = []
+    for factory in (ActivationCaching, RefCaching):
+        with factory(r"0").prepare(net) as hooked:
+            hooked(TensorDict(input=x, batch_size=[2]))
+            caches.append(hooked.hooking_context.cache["0"])
+    torch.testing.assert_close(caches[0], before_relu)
+    torch.testing.assert_close(caches[1], before_relu.relu())  # tdhook's: the values after the write

@@ -178,7 +178,9 @@ class HookFactory:
                     f"{type(value).__name__} values cannot be cached; pass a `callback` that "
                     "returns a tensor or a TensorDict"
                 )
-            _resolve_cache(cache)[key] = value
+            # a copy, as tdhook_fn.capture keeps: a later in-place write (ReLU(inplace=True))
+            # would change a stored reference (tdhook stores the reference; docs/compat.md)
+            _resolve_cache(cache)[key] = value.clone()
 
         return hook
 
