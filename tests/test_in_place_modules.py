@@ -13,7 +13,17 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from tdhook_fn.attribution import DimsConfig, Epsilon, Pass, WSquare, grad_cam, guided_backprop, lrp, saliency
+from tdhook_fn.attribution import (
+    DimsConfig,
+    Epsilon,
+    EpsilonPlus,
+    Pass,
+    WSquare,
+    grad_cam,
+    guided_backprop,
+    lrp,
+    saliency,
+)
 from tdhook_fn.latent import Site, cache, patching_sweep
 
 
@@ -81,6 +91,12 @@ def test_lrp_pass_on_an_in_place_relu_passes_relevance_unchanged() -> None:
     """Pass followed by a rule whose relevance does not vanish at zero inputs (w²) tells the two apart."""
     rules = {"[0]": Epsilon(), "[1]": Pass(), "[3]": Pass(), "[5]": WSquare()}
     a, b = _both(lambda f, p, m: lrp(f, p, _x(), target=1, rules=rules, warn_on_missing_rule=False))
+    torch.testing.assert_close(a, b)
+
+
+def test_lrp_on_a_block_whose_ruled_output_is_written_in_place() -> None:
+    """z+ on the block's last conv, whose output ``out += x`` writes (autograd refused it on a view)."""
+    a, b = _both(lambda f, p, m: lrp(f, p, _x(), target=1, rules=EpsilonPlus(), warn_on_missing_rule=False))
     torch.testing.assert_close(a, b)
 
 

@@ -80,7 +80,9 @@ class _RuleVJP(torch.autograd.Function):
 
     @staticmethod
     def forward(output: torch.Tensor, site: _Site, *tensors: torch.Tensor) -> torch.Tensor:
-        return output.view_as(output)
+        # a copy, not a view: what reads it may write it in place (``out += identity``), which
+        # autograd forbids on a Function's view (the saved output stays the module's own)
+        return output.clone()
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
