@@ -299,8 +299,8 @@ def lrp(
         NotImplementedError: called under ``torch.func.grad``/``vjp``/``jvp``, with params
             that require grad, or with a closed-over tensor that makes the maps require
             grad (NOTE [lrp maps are not differentiable]); ``torch.no_grad()`` or detached
-            params avoid it. Inputs that require grad are fine: the maps do not depend
-            on them through regular autograd.
+            params avoid it. Inputs that require grad are fine: they are read as values
+            (the maps never require grad).
         RuntimeError: ``check_conservation`` and relevance is not conserved.
 
     >>> import torch, tdhook_fn
@@ -325,6 +325,8 @@ def lrp(
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
     _refuse_outer_differentiation(params, inputs)
     _refuse_params_that_require_grad(params)
+    if torch.is_grad_enabled() and _requires_grad(inputs):
+        inputs = inputs.detach()  # read as values: the maps are not differentiable in them (the NOTE)
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
@@ -366,24 +368,27 @@ def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
                 "would be wrong. vmap is fine; differentiate a gradient method instead")
 
 
-def _refuse_params_that_require_grad(params: Any) -> None:
-    """Raise when regular autograd could differentiate the maps in ``params`` (NOTE [lrp maps are not differentiable]).
-
-    Checked on the params themselves, unwrapped from any ``vmap`` (a batched map's
-    ``requires_grad`` reads False).
-    """
-    if not torch.is_grad_enabled() or not isinstance(params, TensorDictBase):
-        return
+def _requires_grad(td: Any) -> bool:
+    """Whether a tensor of ``td`` requires grad, looked for below any ``vmap`` (a batched tensor reads False)."""
+    if not isinstance(td, TensorDictBase):
+        return False
     functorch = torch._C._functorch
-    for value in params.values(True, True):
+    for value in td.values(True, True):
         while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
             value = functorch.get_unwrapped(value)
         if isinstance(value, torch.Tensor) and value.requires_grad:
-            raise NotImplementedError(
-                "lrp: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
-                "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
-                "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
-                "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
+            return True
+    return False
+
+
+def _refuse_params_that_require_grad(params: Any) -> None:
+    """Raise when regular autograd could differentiate the maps in ``params`` (see the NOTE)."""
+    if torch.is_grad_enabled() and _requires_grad(params):
+        raise NotImplementedError(
+            "lrp: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
+            "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
+            "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
+            "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
 
 
 def _refuse_level_zero_graph(maps: TensorDictBase) -> None:

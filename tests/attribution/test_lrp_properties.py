@@ -211,10 +211,17 @@ def test_an_lrp_map_that_would_carry_a_regular_autograd_graph_raises() -> None:
     expected = lrp(f, p, x, target=1, rules=LRP0)
     with torch.no_grad():
         assert_close_ulps(lrp(f, live, x, target=1, rules=LRP0), expected)
-    needs_grad = x.apply(lambda t: t.clone().requires_grad_())  # the primals: the map carries no graph of them
+    needs_grad = x.apply(lambda t: t.clone().requires_grad_())  # read as values: the map carries no graph
     mapped = lrp(f, p, needs_grad, target=1, rules=LRP0)
     assert not mapped["input"].requires_grad
     assert_close_ulps(mapped, expected)
+    net2 = small_cnn(torch.float64)  # a CNN's map carried the inputs' graph before they were read as values
+    f2, p2 = fp(net2)
+    x2 = TensorDict(input=torch.randn(2, 1, 6, 6, dtype=torch.float64), batch_size=[2])
+    expected2 = lrp(f2, p2, x2, target=1, rules=EpsilonPlus())
+    mapped2 = lrp(f2, p2, x2.apply(lambda t: t.clone().requires_grad_()), target=1, rules=EpsilonPlus())
+    assert not mapped2["input"].requires_grad
+    assert_close_ulps(mapped2, expected2)
 
 
 def test_the_model_is_unchanged_after_calls_and_after_a_rule_raises() -> None:
