@@ -98,13 +98,13 @@ def scaled(grads: TensorDict, factors: Mapping[Any, torch.Tensor]) -> TensorDict
     out = grads.clone(False)
     for key, factor in factors.items():
         grad = grads.get(key)
-        out.set(key, grad * factor.reshape(*[1] * (grad.dim() - factor.dim()), *factor.shape))
+        out.set(key, grad * factor.reshape((*[1] * (grad.dim() - factor.dim()), *factor.shape)))
     return out
 
 
 def _unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
     """Restore batch dims flattened to one, after ``lead`` leading dims."""
-    return t.reshape(*t.shape[:lead], *batch, *t.shape[lead + 1 :])
+    return t.reshape((*t.shape[:lead], *batch, *t.shape[lead + 1 :]))  # a tuple: the shape may be ()
 
 
 def _check_targets(values: Any) -> TensorDictBase:

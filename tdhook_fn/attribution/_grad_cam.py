@@ -123,7 +123,7 @@ def grad_cam(
         _check_rank(path, dims, result.activations.get(path).shape[len(inputs.batch_size):])
         grad = result.grads.get(path)
         grad = grad.abs() if absolute else grad
-        act = result.activations.get(path).reshape(*[1] * lead, *result.activations.get(path).shape)
+        act = result.activations.get(path).reshape((*[1] * lead, *result.activations.get(path).shape))
         weights = grad if dims.weight_pooling_dims is None else grad.mean(
             _shift(dims.weight_pooling_dims, offset), keepdim=True)
         cam = weights * act

@@ -69,5 +69,5 @@ def cache(
         if clash:
             raise ValueError(f"cache: out_keys {clash} are also site keys; give the sites other keys (Site(..., key=))")
         for key in f.out_keys:
-            result.set(key, out.get(key).reshape(*batch, *out.get(key).shape[1:]))
+            result.set(key, out.get(key).reshape((*batch, *out.get(key).shape[1:])))
     return result

@@ -95,7 +95,7 @@ def forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, taps: S
 
 def unflatten(t: torch.Tensor, batch: torch.Size, lead: int = 0) -> torch.Tensor:
     """Restore batch dims flattened to one (after ``lead`` leading dims)."""
-    return t.reshape(*t.shape[:lead], *batch, *t.shape[lead + 1 :])
+    return t.reshape((*t.shape[:lead], *batch, *t.shape[lead + 1 :]))  # a tuple: the shape may be ()
 
 
 def flat_sources(method: str, sources: Any, sites: Sequence[Site], batch: torch.Size, what: str) -> dict[str, Any]:

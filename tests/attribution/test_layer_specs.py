@@ -112,3 +112,15 @@ def test_a_model_whose_layer_shape_changes_from_run_to_run_raises() -> None:
     f, p = tdhook_fn.pure(nn.Sequential(nn.Linear(4, 4), _Cut()).double())
     with pytest.raises(RuntimeError, match=r"'\[1\]'.*runs differently"):
         saliency(f, p, _x(), target=lambda out: out["output"].sum(-1), layers=["[1]"])
+
+
+def test_a_scalar_layer_of_one_unbatched_sample() -> None:
+    """Batch () and a layer whose activation is a scalar per sample: the restored shape is ()."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Flatten(0)).eval()
+    f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    x = torch.randn(3)
+    one = saliency(f, p, TensorDict(input=x, batch_size=[]), target=lambda out: out["output"], layers=["[1]"])
+    assert one["[1]"].shape == ()
+    torch.testing.assert_close(one["input"], net[0].weight[0].detach())
+    torch.testing.assert_close(one["[1]"], torch.tensor(1.0))

@@ -186,3 +186,19 @@ def test_a_zero_whose_sign_the_patch_flips_is_a_change():
     sweep = patching_sweep(f, p, clean, corrupt, grid, metric)
     assert sweep[0].item() == float("-inf") and sweep[1].item() == float("inf")
     torch.testing.assert_close(sweep, patching_sweep(f, p, clean, corrupt, grid, metric, skip_unchanged=False))
+
+
+def test_scalar_selections_of_one_unbatched_sample():
+    """Batch () and a scalar selection: the shape to restore is (), which reshape(*shape) cannot take."""
+    net, f, p, clean, corrupt = _setup()
+    one, other = clean[0], corrupt[0]
+    site = Site("[1]", index=(2,))
+    acts = cache(f, p, one, site)
+    assert acts[site.key].shape == ()
+    torch.testing.assert_close(acts[site.key], net[1](net[0](one["input"]))[2])
+    patched = patch(f, p, other, site, acts)
+    torch.testing.assert_close(patched["output"], patch(f, p, corrupt, site, cache(f, p, clean, site))["output"][0])
+    grid = [Site("[1]", index=(i,)) for i in range(4)]
+    metric = lambda out: out["output"][..., 0]
+    torch.testing.assert_close(patching_sweep(f, p, one, other, grid, metric),
+                               patching_sweep(f, p, clean, corrupt, grid, metric)[:, 0])

@@ -129,7 +129,7 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         picked = TensorDict({}, batch_size=targets.batch_size)
         for key, value in targets.items(True, True):
             chosen = labels[key] if isinstance(labels, TensorDictBase) else labels
-            chosen = chosen.reshape(*chosen.shape, *[1] * (targets.batch_dims - chosen.dim()))
+            chosen = chosen.reshape((*chosen.shape, *[1] * (targets.batch_dims - chosen.dim())))
             expected = (*targets.batch_size, value.shape[-1])
             if value.shape != expected:
                 raise ValueError(f"One-hot labels shape {expected} does not match target shape {tuple(value.shape)}")
