@@ -107,3 +107,39 @@ def test_a_sweep_on_a_model_with_in_place_writes_equals_the_plain_one() -> None:
     for batching in ("vmap", "fold"):
         a, b = _both(lambda f, p, m: patching_sweep(f, p, clean, corrupt, grid, metric, batching=batching))
         torch.testing.assert_close(a, b)
+
+
+class _SharedReluBlock(nn.Module):
+    """torchvision's BasicBlock pattern: one ReLU module run twice, the second time after ``out += x``."""
+
+    def __init__(self, inplace: bool):
+        super().__init__()
+        self.inplace = inplace
+        self.conv1, self.conv2 = nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+        self.relu = nn.ReLU(inplace=inplace)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv2(self.relu(self.conv1(x)))
+        if self.inplace:
+            out += x
+        else:
+            out = out + x
+        return self.relu(out)
+
+
+def test_a_shared_in_place_relu_run_twice() -> None:
+    def build(inplace: bool) -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), _SharedReluBlock(inplace), nn.Flatten(),
+                             nn.Linear(50, 3)).eval()
+
+    methods = [
+        lambda f, p: lrp(f, p, _x(), target=1, rules=EpsilonPlus(), warn_on_missing_rule=False),
+        lambda f, p: lrp(f, p, _x(), target=1, rules={nn.Conv2d: Epsilon(), nn.ReLU: Pass(), nn.Linear: WSquare()},
+                         warn_on_missing_rule=False),
+        lambda f, p: guided_backprop(f, p, _x(), target=1, classes_to_skip=(nn.Conv2d, nn.Linear, _SharedReluBlock)),
+        lambda f, p: saliency(f, p, _x(), target=1, layers=["[1].conv2"], layer_calls=None),
+    ]
+    for method in methods:
+        a, b = (method(tdhook_fn.functional(m), tdhook_fn.params(m)) for m in (build(False), build(True)))
+        torch.testing.assert_close(a, b)
