@@ -31,7 +31,9 @@ __all__ = ["run_traced", "trace_constant"]
 # - ``traced_plan`` is really called, once per trace (``assume_constant_result``): it
 #   refreshes a shadow kept for tracing only (one per model, never lent to eager calls)
 #   and resolves the tap paths on it. Dynamo sees the result as a constant and guards
-#   the model's identity;
+#   the model's identity. Its plain parts (slots, keys, settings) are in the constant
+#   itself, not read from the stored plan: each element read from an object gets a guard
+#   that every call checks (half the guards of a call on a small MLP were those);
 # - the call is ``torch.nn.utils.stateless._reparametrize_module`` on that shadow (the
 #   context behind ``torch.func.functional_call``, whose slot writes Dynamo traces and
 #   does not replay), buffers cloned as in NOTE [pure buffers];
@@ -87,8 +89,12 @@ def trace_constant(fn: _F) -> _F:
 
 
 @trace_constant
-def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> str:
-    """Store the plan for ``model`` and ``paths`` as a global of this module; return its name.
+def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> tuple[str, Any, Any, Any]:
+    """Store the plan for ``model`` and ``paths`` as a global of this module; return its name, slots, keys, settings.
+
+    The plain parts come back in the constant itself: read from the stored plan, every
+    element would get a guard of its own (on top of those on the model's attributes and
+    on the params), which each call would check.
 
     A global, read with ``getattr`` on the module, because Dynamo wraps modules reached
     from a constant badly, and snapshots a dict of plans when first read (NOTE [compiled calls]).
@@ -110,25 +116,27 @@ def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> str:
     name = f"_plan_{id(model)}_{len(paths)}_{abs(hash(paths))}"  # a global per model and tap paths
     if not hasattr(_this, name):
         weakref.finalize(model, _this.__dict__.pop, name, None)
-    setattr(_this, name, TracePlan(shadow.root, targets, slots, frozenset(shadow.keys), settings_of(model)))
-    return name
+    plan = TracePlan(shadow.root, targets, slots, frozenset(shadow.keys), settings_of(model))
+    setattr(_this, name, plan)
+    return name, plan.slots, tuple(plan.keys), plan.settings
 
 
 def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
                invoke: Callable[[nn.Module], Any]) -> tuple[Any, Captured]:
     """:func:`tdhook_fn._call.run` while Dynamo traces it (NOTE [compiled calls])."""
-    plan: TracePlan = getattr(_this, traced_plan(model, tuple(tap.path for tap in taps)))
-    if len(values) != len(plan.keys) or not plan.keys.issuperset(values):
-        raise_key_mismatch(set(plan.keys), set(values))
+    name, slots, keys, settings = traced_plan(model, tuple(tap.path for tap in taps))
+    plan: TracePlan = getattr(_this, name)  # only its modules are read from it
+    if len(values) != len(keys) or not set(keys).issuperset(values):
+        raise_key_mismatch(set(keys), set(values))
     modules = list(model.modules())  # read in traced code, so Dynamo guards on them
-    for index, name, value in plan.settings:
-        now = getattr(modules[index], name)
+    for index, attribute, value in settings:
+        now = getattr(modules[index], attribute)
         if (tuple(now) if isinstance(now, list) else now) != value:
-            raise RuntimeError(f"tdhook_fn: attribute {name!r} of the model changed while it was being compiled")
+            raise RuntimeError(f"tdhook_fn: attribute {attribute!r} of the model changed while it was being compiled")
     tensors: dict[str, Any] = {}
     wrong: list[str] = []
     copies: dict[Key, Any] = {}
-    for key, name, buffer, shape in plan.slots:
+    for key, name, buffer, shape in slots:
         value = values[key]
         wrong += shape_mismatch(key, value, shape)
         tensors[name] = private_buffer(copies, key, value) if buffer else value
