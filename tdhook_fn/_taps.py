@@ -91,30 +91,25 @@ class Tap:
             the hook (what :meth:`attach` registers; the compiled path of
             :func:`tdhook_fn.call` puts it in the dict itself, NOTE [compiled calls]).
         """
-        # a module that writes its input in place (ReLU(inplace=True)) may not write a custom
-        # Function's view of it: map_grad hands such a module a copy (one module, one choice);
-        # at an output it always copies, as whatever reads the output may write it in place
-        transform = self._transform(captured, copy=self.kind == "map_grad" and self.site == "output")
-        copied = self._transform(captured, copy=True) if self.kind == "map_grad" else transform
+        transform = self._transform(captured)
         if self.call is not None:
-            transform, copied = _at_run(transform, self.call), _at_run(copied, self.call)
+            transform = _at_run(transform, self.call)
         if self.site == "output":
             def output_hook(_m: nn.Module, _args: Any, output: Any) -> Any:
                 return transform(output)
 
             return "_forward_hooks", output_hook
 
-        def input_hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
-            chosen = copied if getattr(module, "inplace", False) is True else transform
+        def input_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
             if len(args) != 1:  # fn sees (and returns) all positional arguments
-                new = chosen(args)
+                new = transform(args)
                 return None if new is None else tuple(new)
-            new = chosen(args[0])
+            new = transform(args[0])
             return None if new is None else (new,)
 
         return "_forward_pre_hooks", input_hook
 
-    def _transform(self, captured: Captured, copy: bool = False) -> Callable[[Any], Any]:
+    def _transform(self, captured: Captured) -> Callable[[Any], Any]:
         fn, key = self.fn, self.key
         if self.kind == "capture":
             def store(value: Any) -> None:
@@ -127,7 +122,7 @@ class Tap:
         if self.kind == "custom":
             raise NotImplementedError("a custom tap overrides attach")
         assert fn is not None
-        return lambda value: optree.tree_map(lambda t: _map_grad(t, fn, copy), value)
+        return lambda value: optree.tree_map(lambda t: _map_grad(t, fn), value)
 
 
 def kept(value: Any) -> Any:
@@ -158,25 +153,27 @@ class _MapGrad(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], copy: bool) -> torch.Tensor:
-        return x.clone() if copy else x.view_as(x)
+    def forward(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        # a copy, not a view: whatever reads it may write it in place (ReLU(inplace=True),
+        # out += identity), which autograd forbids on a Function's view
+        return x.clone()
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.fn = inputs[1]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.fn(grad), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.fn(grad), None
 
 
-def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], copy: bool = False) -> Any:
+def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     # through a view, never on the tensor itself: under torch.compile (2.13) a Function applied
     # directly to a torch.func.grad primal (a map_grad at the model's input) loses its backward,
     # and the plain gradient comes out (tests/test_compile.py, guided_backprop); a view is free
-    return _MapGrad.apply(value.view_as(value), fn, copy)  # type: ignore[no-untyped-call]
+    return _MapGrad.apply(value.view_as(value), fn)  # type: ignore[no-untyped-call]
 
 
 def capture(

@@ -49,13 +49,14 @@ __all__ = ["run_traced", "trace_constant"]
 
 @dataclass(frozen=True)
 class TracePlan:
-    """What a traced call needs of its shadow, computed for real once per trace."""
+    """The modules a traced call runs, computed for real once per trace (its plain parts travel in the constant)."""
 
     root: nn.Module
     targets: tuple[nn.Module, ...]  # the shadows of the tapped submodules, in tap order
-    slots: tuple[tuple[Key, str, bool, torch.Size | None], ...]  # key, dotted name, is buffer, shape
-    keys: frozenset[Key]
-    settings: tuple[tuple[int, str, Any], ...]  # module index in model.modules(), attribute, value
+
+
+Slots = tuple[tuple[Key, str, bool, torch.Size | None], ...]  # key, dotted name, is buffer, shape
+Settings = tuple[tuple[int, str, Any], ...]  # module index in model.modules(), attribute, value
 
 
 _Setting = (bool, int, float, str, type(None))
@@ -68,7 +69,7 @@ def _is_setting(value: Any) -> bool:
     return isinstance(value, _Setting)
 
 
-def settings_of(model: nn.Module) -> tuple[tuple[int, str, Any], ...]:
+def settings_of(model: nn.Module) -> Settings:
     """Every module's plain-valued attributes, for the guards of NOTE [compiled calls]."""
     return tuple((i, name, tuple(value) if isinstance(value, list) else value)
                  for i, module in enumerate(model.modules())
@@ -89,7 +90,7 @@ def trace_constant(fn: _F) -> _F:
 
 
 @trace_constant
-def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> tuple[str, Any, Any, Any]:
+def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> tuple[str, Slots, tuple[Key, ...], Settings]:
     """Store the plan for ``model`` and ``paths`` as a global of this module; return its name, slots, keys, settings.
 
     The plain parts come back in the constant itself: read from the stored plan, every
@@ -116,9 +117,8 @@ def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> tuple[str, Any, Any
     name = f"_plan_{id(model)}_{len(paths)}_{abs(hash(paths))}"  # a global per model and tap paths
     if not hasattr(_this, name):
         weakref.finalize(model, _this.__dict__.pop, name, None)
-    plan = TracePlan(shadow.root, targets, slots, frozenset(shadow.keys), settings_of(model))
-    setattr(_this, name, plan)
-    return name, plan.slots, tuple(plan.keys), plan.settings
+    setattr(_this, name, TracePlan(shadow.root, targets))
+    return name, slots, tuple(shadow.keys), settings_of(model)
 
 
 def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],

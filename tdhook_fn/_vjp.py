@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 
 from ._params import leaves as td_leaves
 
-__all__ = ["untransformed", "vjp"]
+__all__ = ["any_requires_grad", "untransformed", "vjp"]
 
 Pullback = Callable[[Any], tuple[Any]]
 
@@ -53,7 +53,7 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
     aux_tensors: list[torch.Tensor] = []
     try:
         rebuild = _flatten(primals, tensors)
-        if _any_requires_grad(tensors, constants):
+        if any_requires_grad(constants, tensors):
             return by_functorch()
         mine = [t.detach().requires_grad_() for t in tensors]
         with torch.enable_grad():
@@ -124,9 +124,20 @@ def untransformed() -> bool:
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
 
 
-def _any_requires_grad(tensors: list[torch.Tensor], constants: Iterable[TensorDictBase]) -> bool:
-    return any(t.requires_grad for t in tensors) or any(
-        isinstance(v, torch.Tensor) and v.requires_grad for td in constants for v in td_leaves(td).values())
+def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) -> bool:
+    """Whether a tensor of ``tensors`` or of the TensorDicts ``tds`` requires grad (regular autograd).
+
+    Looked for below any functorch wrapper: under ``vmap`` a batched tensor reads
+    ``requires_grad=False`` whatever it wraps.
+    """
+    functorch = torch._C._functorch
+    values = [*tensors, *(v for td in tds if isinstance(td, TensorDictBase) for v in td_leaves(td).values())]
+    for value in values:
+        while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
+            value = functorch.get_unwrapped(value)
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            return True
+    return False
 
 
 def _reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) -> bool:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -56,6 +56,7 @@ from ._checks import check_layers
 from ._engine import Cotangents, gradients, input_keys_of
 from ._inputs import accepts_tensors
 from ._lrp_call import ModuleCall, Template
+from ._lrp_checks import as_values, never_traced, raise_unless_conserved, refuse_level_zero_graph
 from ._lrp_composites import Rules, resolve_rules
 from ._lrp_rules import Pass, Rule
 
@@ -221,23 +222,7 @@ def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True)
             for path, rule in resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule).items()]
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _never_traced(fn: _F) -> _F:
-    """``fn`` run eagerly inside compiled code (NOTE [lrp is never traced]).
-
-    # NOTE [lrp is never traced]
-    The rule taps carry Python objects (templates, rules) into autograd Functions'
-    backward, which Dynamo cannot trace: with ``fullgraph=True`` it fails, and with graph
-    breaks it failed on an internal assertion (a wrong map was the risk). So lrp is
-    excluded from tracing: inside a compiled function it runs eagerly and gives the
-    eager maps; ``fullgraph=True`` reports the excluded call.
-    """
-    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # (reason= needs torch 2.8)
-
-
-@_never_traced
+@never_traced
 @accepts_tensors
 def lrp(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
@@ -323,10 +308,7 @@ def lrp(
     """
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
-    _refuse_outer_differentiation(params, inputs)
-    _refuse_params_that_require_grad(params)
-    if torch.is_grad_enabled() and _requires_grad(inputs):
-        inputs = inputs.detach()  # read as values: the maps are not differentiable in them (the NOTE)
+    inputs = as_values(params, inputs)
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
@@ -335,91 +317,7 @@ def lrp(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
         taps=[*taps, *ruled], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls, method="lrp",
     )
-    _refuse_level_zero_graph(result.grads)
+    refuse_level_zero_graph(result.grads)
     if check_conservation:
-        _check_conservation(result.grads.select(*keys), result.targets, per_target, cotangents, inputs.batch_size)
+        raise_unless_conserved(result.grads.select(*keys), result.targets, per_target, cotangents, inputs.batch_size)
     return result.grads
-
-
-def _tracked(t: Any) -> bool:
-    functorch = torch._C._functorch
-    while isinstance(t, torch.Tensor) and functorch.is_functorch_wrapped_tensor(t):
-        if functorch.is_gradtrackingtensor(t):
-            return True
-        t = functorch.get_unwrapped(t)
-    return False
-
-
-def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
-    """Raise under a ``grad``/``vjp``/``jvp`` of lrp itself (``vmap`` is fine); see the NOTE.
-
-    # NOTE [lrp maps are not differentiable]
-    A rule's backward stands in for the module's derivative at *every* level of
-    differentiation, so an outer ``torch.func.grad`` of an LRP map would differentiate
-    through the rules as if they were the modules' derivatives: a plausible, wrong number.
-    """
-    if torch._C._functorch.peek_interpreter_stack() is None:
-        return  # no functorch level is active: nothing can be tracked by one
-    for td in (params, inputs):
-        if isinstance(td, TensorDictBase) and any(_tracked(v) for v in td.values(True, True)):
-            raise NotImplementedError(
-                "lrp: its maps cannot be differentiated (called under torch.func.grad, vjp, jvp or jacrev of "
-                "params or inputs): the rules replace the modules' derivatives at every level, so the result "
-                "would be wrong. vmap is fine; differentiate a gradient method instead")
-
-
-def _requires_grad(td: Any) -> bool:
-    """Whether a tensor of ``td`` requires grad, looked for below any ``vmap`` (a batched tensor reads False)."""
-    if not isinstance(td, TensorDictBase):
-        return False
-    functorch = torch._C._functorch
-    for value in td.values(True, True):
-        while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
-            value = functorch.get_unwrapped(value)
-        if isinstance(value, torch.Tensor) and value.requires_grad:
-            return True
-    return False
-
-
-def _refuse_params_that_require_grad(params: Any) -> None:
-    """Raise when regular autograd could differentiate the maps in ``params`` (see the NOTE)."""
-    if torch.is_grad_enabled() and _requires_grad(params):
-        raise NotImplementedError(
-            "lrp: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
-            "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
-            "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
-            "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
-
-
-def _refuse_level_zero_graph(maps: TensorDictBase) -> None:
-    """Raise when a map carries a regular-autograd graph all the same (a closed-over tensor that requires grad)."""
-    if any(t.requires_grad for t in maps.values(True, True)):
-        raise NotImplementedError(
-            "lrp: the maps require grad: a tensor that requires grad reached them through the target, the "
-            "cotangents or a tap (a closed-over tensor), and their gradient would be wrong (NOTE [lrp maps are "
-            "not differentiable]). Detach it, or call lrp under torch.no_grad()")
-
-
-def _check_conservation(relevance: TensorDict, targets: TensorDictBase, per_target: bool,
-                        cotangents: Cotangents | None, batch: torch.Size) -> None:
-    lead = relevance.batch_size[: len(relevance.batch_size) - len(batch)]
-
-    def total(td: Any, dims: int) -> torch.Tensor:
-        sums = [v.reshape(*v.shape[:dims], -1).sum(-1) for v in td.values(True, True)]
-        return torch.stack([s.expand(sums[0].shape) for s in sums]).sum(0)
-
-    got = total(relevance, len(lead) + len(batch))
-    if cotangents is not None:
-        put = total(cotangents(targets), len(batch))
-    elif per_target:
-        put = torch.ones(())
-    else:
-        put = total(targets.apply(torch.ones_like), len(batch))
-    put = put.to(got.dtype).expand_as(got)
-    tol = 1e-6 if got.dtype == torch.float64 else 1e-4
-    bad = ~torch.isclose(got, put, rtol=tol, atol=tol)
-    if bool(bad.any()):
-        worst = int((got - put).abs().argmax())
-        raise RuntimeError(f"lrp: relevance is not conserved: the inputs hold {got.flatten()[worst].item():.6g}, "
-                           f"the targets put in {put.flatten()[worst].item():.6g} (map {worst} of {got.numel()}); "
-                           "biases, epsilon and non-conserving rules (Flat on a biased layer, Stop) absorb some")

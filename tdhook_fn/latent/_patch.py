@@ -42,7 +42,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional
 from .._taps import Tap
-from .._vjp import untransformed
+from .._vjp import any_requires_grad, untransformed
 from ._cache import cache
 from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
@@ -200,10 +200,7 @@ def _selection(site: Site) -> tuple[Any, ...]:
 
 def _may_skip(*tds: TensorDictBase) -> bool:
     """Whether the data may decide which runs run: eager, and no gradient asked for (NOTE [unchanged sites])."""
-    if not untransformed():
-        return False
-    return not torch.is_grad_enabled() or not any(
-        t.requires_grad for td in tds for t in td.values(True, True) if isinstance(t, torch.Tensor))
+    return untransformed() and not (torch.is_grad_enabled() and any_requires_grad(tds))
 
 
 def _unchanged(f: Functional, params: TensorDictBase, corrupted: TensorDictBase, chosen: Sequence[Site],
