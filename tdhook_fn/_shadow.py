@@ -49,10 +49,18 @@ from ._params import Key
 from ._paths import PathError
 from ._rebind import Rebinder
 
-__all__ = ["Shadow", "private_buffer", "raise_key_mismatch", "raise_shape_mismatch", "shadow_of", "shape_mismatch"]
+__all__ = [
+    "HOOK_DICTS",
+    "Shadow",
+    "private_buffer",
+    "raise_key_mismatch",
+    "raise_shape_mismatch",
+    "shadow_of",
+    "shape_mismatch",
+]
 
 # Hook dictionaries a forward consults; the shadow gets its own copies.
-_HOOK_DICTS = (
+HOOK_DICTS = (
     "_forward_hooks",
     "_forward_hooks_with_kwargs",
     "_forward_hooks_always_called",
@@ -108,7 +116,7 @@ class _Node:
         state.clear()
         state.update(original)
         own = self.own
-        for name in _HOOK_DICTS:  # the model's own hooks still run, on a private copy
+        for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
             theirs = original.get(name)
             if theirs:
                 self._copy_hooks(rebinder, name, theirs, own[name])
@@ -180,7 +188,7 @@ class Shadow:
             "_buffers": dict.fromkeys(state["_buffers"]),
             "_modules": {n: None if m is None else self._copy(m, names) for n, m in state["_modules"].items()},
         }
-        own.update((name, OrderedDict()) for name in _HOOK_DICTS)
+        own.update((name, OrderedDict()) for name in HOOK_DICTS)
         shadow.__dict__.update(own)
         node = _Node(module, shadow, own, names.get(id(module), ""))
         self.nodes.append(node)

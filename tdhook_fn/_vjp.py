@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 
 from ._params import leaves as td_leaves
 
-__all__ = ["any_requires_grad", "untransformed", "vjp"]
+__all__ = ["any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
 
 Pullback = Callable[[Any], tuple[Any]]
 
@@ -61,7 +61,7 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         rebuild_out, rebuild_aux = _flatten(out, outs), _flatten(aux, aux_tensors)
     except _Unsupported:  # a structure of something else than tensors: functorch knows those
         return by_functorch()
-    if _reaches_other_leaves([*outs, *aux_tensors], mine):
+    if reaches_other_leaves([*outs, *aux_tensors], mine):
         return by_functorch()
 
     def pullback(cotangent: Any) -> tuple[Any]:
@@ -140,7 +140,7 @@ def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) 
     return False
 
 
-def _reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) -> bool:
+def reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) -> bool:
     """Whether the graph behind ``roots`` accumulates into any leaf other than ``mine``."""
     own = {id(t) for t in mine}
     stack: list[Any] = [t.grad_fn for t in roots if t.grad_fn is not None]

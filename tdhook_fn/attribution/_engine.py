@@ -45,9 +45,12 @@ __all__ = [
     "TargetFn",
     "gradients",
     "input_keys_of",
+    "offered_targets",
     "per_key",
     "scaled",
+    "seed_cotangents",
     "target_values",
+    "unflatten",
 ]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
@@ -102,7 +105,7 @@ def scaled(grads: TensorDict, factors: Mapping[Any, torch.Tensor]) -> TensorDict
     return out
 
 
-def _unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
+def unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
     """Restore batch dims flattened to one, after ``lead`` leading dims."""
     return t.reshape((*t.shape[:lead], *batch, *t.shape[lead + 1 :]))  # a tuple: the shape may be ()
 
@@ -249,22 +252,37 @@ def gradients(
     else:
         values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, method,
                                             attempt)
+    cot, lead = seed_cotangents(values, per_target, cotangents)
+    (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot)[0]
+    grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
+    for key, value in d_inputs.items(True, True):
+        grads.set(key, unflatten(value, lead, batch))
+    for path, value in zip(paths, d_layers, strict=True):
+        grads.set(path, unflatten(value, lead, batch))
+    return Gradients(grads, acts, values)
+
+
+def seed_cotangents(values: TensorDictBase, per_target: bool, cotangents: Cotangents | None,
+                    ) -> tuple[TensorDictBase, int]:
+    """What is put in at the target values, and its number of leading (target) dims.
+
+    ``cotangents(values)``; or one-hots ``[T, *B, T]`` with ``per_target``; or ones.
+    """
     if cotangents is not None:
         cot = cotangents(values)
         if not isinstance(cot, TensorDictBase):
             raise TypeError(f"cotangents must return a TensorDict, got {type(cot).__name__}")
-        (d_inputs, d_layers), lead = pullback(cot)[0], 0
-    elif per_target:
-        cot = _one_hots(values)
-        (d_inputs, d_layers), lead = _pull_each(pullback, cot), 1
-    else:
-        (d_inputs, d_layers), lead = pullback(values.apply(torch.ones_like))[0], 0
-    grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
-    for key, value in d_inputs.items(True, True):
-        grads.set(key, _unflatten(value, lead, batch))
-    for path, value in zip(paths, d_layers, strict=True):
-        grads.set(path, _unflatten(value, lead, batch))
-    return Gradients(grads, acts, values)
+        return cot, 0
+    if per_target:
+        return _one_hots(values), 1
+    return cast(TensorDictBase, values.apply(torch.ones_like)), 0
+
+
+def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
+                    input_keys: Sequence[NestedKey], batch: torch.Size, target: Target) -> TensorDictBase:
+    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as :func:`gradients` sees them."""
+    seen = TensorDict({}, batch_size=out.batch_size)
+    return _offer(out, [], seen, _extras(f, flat, input_keys), batch, True, target, check=True)
 
 
 def _act_key(i: int) -> str:

@@ -52,11 +52,20 @@ from torch.utils.hooks import RemovableHandle
 from .._functional import Functional, NestedKey
 from .._taps import Captured, Tap
 from .._targets import Target
+from .._vjp import untransformed
 from ._checks import check_layers
 from ._engine import Cotangents, gradients, input_keys_of
 from ._inputs import accepts_tensors
 from ._lrp_call import ModuleCall, Template
-from ._lrp_checks import as_values, never_traced, raise_unless_conserved, refuse_level_zero_graph
+from ._lrp_chain import chain_lrp
+from ._lrp_checks import (
+    as_values,
+    check_module_call,
+    check_pass,
+    never_traced,
+    raise_unless_conserved,
+    refuse_level_zero_graph,
+)
 from ._lrp_composites import Rules, resolve_rules
 from ._lrp_rules import Pass, Rule
 
@@ -150,15 +159,6 @@ class _Originals:
         return self.stack.pop() if self.handles else args
 
 
-def _checked(path: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"lrp: module {path!r} returns a {type(output).__name__}; a rule needs a module "
-                        "returning one tensor (give the rule to its sublayers)")
-    if not all(isinstance(a, torch.Tensor) for a in args) or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        raise TypeError(f"lrp: module {path!r} is called with non-tensor positional or tensor keyword "
-                        "arguments; rules need tensors as positional arguments only")
-
-
 @dataclass(frozen=True)
 class _RuleTap(Tap):
     """A tap putting ``rule``'s VJP at the module's output (see NOTE [lrp as modified vjps])."""
@@ -177,7 +177,7 @@ class _RuleTap(Tap):
 
         def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             args = seen.take(args)
-            _checked(path, args, kwargs, output)
+            check_module_call(path, args, kwargs, output)
             tensors: list[torch.Tensor] = []
             template = Template.of(mod, tensors)
             site = _Site(rule, path, template, dict(kwargs), len(args))
@@ -191,10 +191,8 @@ class _RuleTap(Tap):
 
         def post(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             args = seen.take(args)
-            _checked(path, args, kwargs, output)
-            if len(args) != 1 or args[0].shape != output.shape:
-                raise ValueError(f"lrp: Pass at {path!r} needs one input of the output's shape, got "
-                                 f"{[tuple(a.shape) for a in args]} and {tuple(output.shape)}")
+            check_module_call(path, args, kwargs, output)
+            check_pass(path, args, output)
             return _passed(args[0], output)
 
         return module.register_forward_hook(post, prepend=True, with_kwargs=True)
@@ -207,7 +205,7 @@ class _RuleTap(Tap):
             return tuple(_scaled(a, a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
         def post(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-            _checked(path, args, kwargs, output)
+            check_module_call(path, args, kwargs, output)
             return _scaled(output, rule.output_factor(path, len(args), output))
 
         handles = [module.register_forward_hook(post, prepend=True, with_kwargs=True)]
@@ -218,8 +216,11 @@ class _RuleTap(Tap):
 
 def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True) -> list[Tap]:
     """One tap per module with a rule (not :class:`Ignore`), for ``f.with_taps`` or any method's ``taps``."""
-    return [_RuleTap(path, "custom", rule=rule)
-            for path, rule in resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule).items()]
+    return _rule_taps(resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule))
+
+
+def _rule_taps(ruled: Mapping[str, Rule]) -> list[Tap]:
+    return [_RuleTap(path, "custom", rule=rule) for path, rule in ruled.items()]
 
 
 @never_traced
@@ -312,11 +313,16 @@ def lrp(
     keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
-    ruled = rule_taps(f, rules, warn_on_missing_rule=warn_on_missing_rule)
-    result = gradients(
-        f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
-        taps=[*taps, *ruled], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls, method="lrp",
-    )
+    ruled = resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
+    result = None
+    if len(keys) == 1 and not (taps or layers or target_layers or layer_calls) and untransformed():
+        result = chain_lrp(f, params, inputs, keys[0], target, ruled, per_target, cotangents)
+    if result is None:
+        result = gradients(
+            f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
+            taps=[*taps, *_rule_taps(ruled)], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls,
+            method="lrp",
+        )
     refuse_level_zero_graph(result.grads)
     if check_conservation:
         raise_unless_conserved(result.grads.select(*keys), result.targets, per_target, cotangents, inputs.batch_size)

@@ -17,13 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._shadow import HOOK_DICTS
 from .._vjp import vjp
 
 __all__ = ["Modify", "ModuleCall", "Template"]
 
 Modify = Callable[[str, torch.Tensor], torch.Tensor]
-_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-          "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class Template:
     def of(module: nn.Module, tensors: list[torch.Tensor]) -> Template:
         """The template of ``module``; its tensors are appended to ``tensors`` (own params first)."""
         state = {k: _Own.of(v, module) for k, v in module.__dict__.items()
-                 if k not in ("_parameters", "_buffers", "_modules", *_HOOKS)}
+                 if k not in ("_parameters", "_buffers", "_modules", *HOOK_DICTS)}
         slots = []
         for kind in ("_parameters", "_buffers"):
             own = module.__dict__[kind]
@@ -90,7 +89,7 @@ class Template:
         state["_parameters"] = {name: next(tensors) if full else None for name, full in self.params}
         state["_buffers"] = {name: next(tensors) if full else None for name, full in self.buffers}
         state["_modules"] = {name: None if child is None else child.build(tensors) for name, child in self.children}
-        state.update((name, OrderedDict()) for name in _HOOKS)
+        state.update((name, OrderedDict()) for name in HOOK_DICTS)
         return module
 
 

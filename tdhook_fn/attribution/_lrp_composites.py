@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -13,7 +14,7 @@ from torch import nn
 from .._paths import PathError, resolve_path
 from ._lrp_rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
 
-__all__ = ["ACTIVATIONS", "EpsilonPlus", "RuleMapper", "Rules", "resolve_rules"]
+__all__ = ["ACTIVATIONS", "EpsilonPlus", "RuleMapper", "Rules", "path_of", "resolve_rules"]
 
 RuleMapper = Callable[[str, nn.Module], Rule | None]
 Rules = Mapping[str | type[nn.Module], Rule] | RuleMapper
@@ -67,7 +68,9 @@ class EpsilonPlus:
         return None
 
 
-def _path_of(name: str) -> str:
+@functools.lru_cache(maxsize=4096)  # a pure function of a string, called per module per call
+def path_of(name: str) -> str:
+    """The path of the module named ``name`` in ``named_modules`` (parts that are not identifiers in ``<>``)."""
     return ".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split("."))
 
 
@@ -147,7 +150,7 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
         outer, inner = nested[0]
         raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
                          "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
-    return {_path_of(name): rule for name, rule in found.items()}
+    return {path_of(name): rule for name, rule in found.items()}
 
 
 def _ancestors(name: str) -> list[str]:

@@ -1,0 +1,98 @@
+"""A model that is a chain of modules, run one module at a time by the caller.
+
+# NOTE [chains]
+In a hook-free ``nn.Sequential`` (nested ones included) each module's output is the next
+module's input and nothing else, and the last output is the model's. A method that wants
+to act between modules (LRP hands relevance back module by module) can then run the
+modules itself, one ``step`` each, instead of wrapping them in taps. :func:`chain_of`
+says whether ``f``'s model is such a chain, and :func:`run_chain` runs it on the call's
+shadow (NOTE [shadow modules]), so the model is never touched. The test is structural
+and conservative: any hook (the model's, a submodule's or a global one), an instance
+``forward`` (accelerate), a ``Sequential`` subclass with its own ``forward``, keyword
+inputs or several inputs or outputs: no chain, and the caller takes its general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torch.nn.modules import module as module_globals
+
+from ._call import run
+from ._functional import Functional, _get_input, _pack
+from ._shadow import HOOK_DICTS
+
+__all__ = ["Link", "chain_of", "run_chain"]
+
+Link = tuple[str, nn.Module]  # (name as in named_modules, module)
+Step = Callable[[str, nn.Module, Any], Any]
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called",
+                 "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _is_sequential(module: nn.Module) -> bool:
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
+def _hook_free(model: nn.Module) -> bool:
+    if any(getattr(module_globals, name, None) for name in _GLOBAL_HOOKS):
+        return False
+    return all("forward" not in m.__dict__ and not any(m.__dict__.get(h) for h in HOOK_DICTS) for m in model.modules())
+
+
+def _links(module: nn.Module, name: str, whole: Callable[[str, nn.Module], bool], out: list[Link]) -> None:
+    if _is_sequential(module) and not whole(name, module):
+        for child_name, child in module._modules.items():
+            if child is not None:
+                _links(child, f"{name}.{child_name}" if name else child_name, whole, out)
+    else:
+        out.append((name, module))
+
+
+def chain_of(f: Any, whole: Callable[[str, nn.Module], bool] = lambda _n, _m: False) -> list[Link] | None:
+    """The modules ``f``'s model runs one after the other, if it is a chain (NOTE [chains]); else ``None``.
+
+    Nested ``Sequential`` s are opened, except where ``whole(name, module)`` is true.
+    """
+    if not (isinstance(f, Functional) and not f.taps and not f.keywords and len(f.in_keys) == 1
+            and len(f.out_keys) == 1 and _is_sequential(f.model) and _hook_free(f.model)):
+        return None
+    links: list[Link] = []
+    _links(f.model, "", whole, links)
+    return links
+
+
+def run_chain(f: Functional, params: TensorDictBase, td: TensorDictBase, links: list[Link], step: Step) -> TensorDict:
+    """``f(params, td)`` with each module of the chain run by ``step(name, module, input) -> output``.
+
+    ``module`` is the call's shadow of the link's module, holding ``params``; what ``step``
+    returns is the next module's input, and the last one is ``f``'s output.
+    """
+    x = _get_input(td, f.in_keys[0])
+    originals = [module for _, module in links]
+
+    def invoke(root: nn.Module) -> Any:
+        shadows = _shadow_links(root, f.model, originals)
+        h = x
+        for (name, _), module in zip(links, shadows, strict=True):
+            h = step(name, module, h)
+        return h
+
+    output, captured = run(f.model, params, (), invoke)
+    return _pack(td.batch_size, {f.out_keys[0]: output}, captured)
+
+
+def _shadow_links(root: nn.Module, model: nn.Module, originals: list[nn.Module]) -> list[nn.Module]:
+    """The shadows of ``originals``, found by walking the shadow tree beside the model's."""
+    by_id: dict[int, nn.Module] = {}
+    stack = [(model, root)]
+    while stack:
+        original, shadow = stack.pop()
+        by_id[id(original)] = shadow
+        stack.extend((o, s) for o, s in zip(original._modules.values(), shadow._modules.values(), strict=True)
+                     if o is not None and s is not None)
+    return [by_id[id(m)] for m in originals]

@@ -1,0 +1,177 @@
+"""LRP on a chain of modules: relevance handed back module by module, no graph across modules.
+
+# NOTE [lrp on a chain]
+When ``f``'s model is a chain (a hook-free ``nn.Sequential``, NOTE [chains]), each
+module's output is the next module's input and nothing else. The relevance arriving at
+a module's output is then known when the walk back reaches it, and the module's rule can
+be applied to it directly, the modules taken last to first:
+
+- a gradient-form rule (NOTE [gradient-form rules]) and a module without a rule: the
+  module's own Jacobian, as a graph from a fresh leaf input to its output (one per
+  module), with the rule's output factor and input scaling as plain products;
+- Pass: the relevance as it is;
+- any other rule: ``rule.relevance`` on what the module saw, as in the backward of
+  :class:`_RuleVJP`.
+
+These are the taps' numbers (NOTE [lrp as modified vjps]) without what carries them
+through one autograd graph: no zero-valued carriers, no Function per rule, no taps
+(measured on the benchmarks' MLP at batch 64: 1.1x a plain gradient, the taps 2.1x).
+Inputs that a module writes in place (``inplace=True``) get a copy, as with the taps.
+Anything else takes the general path, which gives the same maps: a functorch transform,
+taps, layers, an input or output that is not one floating-point tensor, a step whose
+output does not depend on its input or that raises, a tensor a rule reads that a later
+module wrote in place, or a target that closes over a tensor requiring grad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .._chain import chain_of, run_chain
+from .._functional import Functional, NestedKey
+from .._targets import Target
+from .._vjp import reaches_other_leaves
+from ._checks import check_call
+from ._engine import Cotangents, Gradients, offered_targets, seed_cotangents, unflatten
+from ._lrp_call import ModuleCall, Template
+from ._lrp_checks import check_module_call, check_pass
+from ._lrp_composites import path_of
+from ._lrp_rules import Pass, Rule
+
+__all__ = ["chain_lrp"]
+
+
+class _NotAChain(Exception):
+    """This call takes the general path (NOTE [lrp on a chain])."""
+
+
+def _unwritten(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
+    """Leave the walk for the general path if a later module wrote one of ``tensors`` in place."""
+    if tuple(t._version for t in tensors) != versions:
+        raise _NotAChain
+
+
+@dataclass(frozen=True)
+class _Local:
+    """A module's own Jacobian from ``x`` to ``y``; the relevance scaled by ``factor`` before, by ``x`` after."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    factor: torch.Tensor | None
+    scales_inputs: bool
+    version: int
+
+    def back(self, relevance: torch.Tensor, keep: bool) -> torch.Tensor:
+        _unwritten((self.y,), (self.version,))
+        share = relevance if self.factor is None else relevance * self.factor
+        (c,) = torch.autograd.grad(self.y, self.x, share, retain_graph=keep, allow_unused=True, materialize_grads=True)
+        return self.x.detach() * c if self.scales_inputs else c
+
+
+class _Passed:
+    def back(self, relevance: torch.Tensor, keep: bool) -> torch.Tensor:
+        return relevance
+
+
+@dataclass(frozen=True)
+class _Ruled:
+    """A rule's relevance on what its module saw; the tensors' versions as they were then."""
+
+    rule: Rule
+    call: ModuleCall
+    versions: tuple[int, ...]
+
+    def back(self, relevance: torch.Tensor, keep: bool) -> torch.Tensor:
+        (x,), y = self.call.inputs, self.call.output
+        _unwritten((x, y), self.versions)
+        relevances = list(self.rule.relevance(self.call, relevance))
+        if len(relevances) != 1:
+            raise ValueError(f"lrp: the rule at {self.call.path!r} returned {len(relevances)} relevances for 1 input")
+        return torch.zeros_like(x) if relevances[0] is None else relevances[0]
+
+
+_Record = _Local | _Passed | _Ruled
+
+
+class _Steps:
+    """The forward of the chain, one module at a time, recording how each hands relevance back."""
+
+    def __init__(self, ruled: dict[str, Rule]):
+        self.ruled = ruled
+        self.records: list[_Record] = []
+
+    def __call__(self, name: str, module: nn.Module, h: Any) -> torch.Tensor:
+        if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
+            raise _NotAChain
+        path = path_of(name)
+        rule = self.ruled.get(path)
+        writes = getattr(module, "inplace", False) is True  # it gets a copy (NOTE [lrp on a chain])
+        if rule is None or callable(getattr(rule, "output_factor", None)):
+            x = h.detach().requires_grad_()
+            try:
+                y = module(x.clone() if writes else x)
+            except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
+                raise _NotAChain from e
+            if rule is not None:
+                check_module_call(path, (x,), {}, y)
+            if not (isinstance(y, torch.Tensor) and y.requires_grad):
+                raise _NotAChain
+            factor = None if rule is None else rule.output_factor(path, 1, y.detach())  # type: ignore[attr-defined]
+            self.records.append(_Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
+            return y.detach()
+        y = module(h.clone() if writes else h)
+        check_module_call(path, (h,), {}, y)
+        if isinstance(rule, Pass):
+            check_pass(path, (h,), y)
+            self.records.append(_Passed())
+        else:
+            tensors: list[torch.Tensor] = []
+            template = Template.of(module, tensors)
+            call = ModuleCall(path, (h,), y, template, tuple(tensors), {})
+            self.records.append(_Ruled(rule, call, (h._version, y._version)))
+        return cast(torch.Tensor, y)
+
+
+def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey, target: Target,
+              ruled: dict[str, Rule], per_target: bool, cotangents: Cotangents | None) -> Gradients | None:
+    """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain]; ``None`` where it does not apply."""
+    links = chain_of(f, lambda name, _module: path_of(name) in ruled)
+    if links is None or key != f.in_keys[0]:
+        return None
+    check_call("lrp", f, params, inputs, (key,))
+    batch, flat = inputs.batch_size, inputs.reshape(-1)
+    steps = _Steps(ruled)
+    try:
+        with torch.enable_grad():
+            out = run_chain(f, params, flat, links, steps)
+    except _NotAChain:
+        return None
+    y = out.get(f.out_keys[0]).detach().requires_grad_()
+    out.set(f.out_keys[0], y)
+    with torch.enable_grad():
+        values = offered_targets(f, out, flat, (key,), batch, target)
+    keys = list(values.keys(True, True))
+    leaves = [values.get(k) for k in keys]
+    if reaches_other_leaves(leaves, [y]):
+        return None  # a closed-over tensor that requires grad: the general path refuses it
+    cot, lead = seed_cotangents(values, per_target, cotangents)
+    seeds = [cot[t] for t in range(cot.batch_size[0])] if lead else [cot]
+    maps = []
+    try:
+        for i, seed in enumerate(seeds):
+            keep = i < len(seeds) - 1
+            (relevance,) = torch.autograd.grad(leaves, y, [seed.get(k) for k in keys], retain_graph=keep,
+                                               allow_unused=True, materialize_grads=True)
+            for record in reversed(steps.records):
+                relevance = record.back(relevance, keep)
+            maps.append(relevance)
+    except _NotAChain:
+        return None
+    relevance = torch.stack(maps) if lead else maps[0]
+    grads = TensorDict({key: unflatten(relevance, lead, batch)}, batch_size=[len(seeds), *batch] if lead else batch)
+    return Gradients(grads, TensorDict({}, batch_size=batch), values)

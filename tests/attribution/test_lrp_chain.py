@@ -1,0 +1,257 @@
+"""lrp on a chain (NOTE [lrp on a chain]): the module-by-module walk gives the general path's maps.
+
+Each test computes the maps twice: as lrp does (a hook-free ``nn.Sequential`` takes the
+walk; a spy checks that it did), and with the walk switched off (the taps of NOTE [lrp as
+modified vjps]). Models are float64, so the two agree to a few ulps.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from _tolerance import assert_close_ulps
+from tensordict import TensorDict
+from torch import nn
+from zoo import same, snapshot
+
+import tdhook_fn
+from tdhook_fn._chain import chain_of
+from tdhook_fn.attribution import (
+    AlphaBeta,
+    Epsilon,
+    EpsilonPlus,
+    Flat,
+    LayerNorm,
+    Pass,
+    PseudoIdentity,
+    SoftmaxEpsilon,
+    Stop,
+    UniformEpsilon,
+    WSquare,
+    ZPlus,
+    lrp,
+)
+
+lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+pytestmark = pytest.mark.filterwarnings("ignore:lrp. no rule:UserWarning")
+
+
+class Walks:
+    """What each lrp call's chain attempt returned: True for the walk, False for the general path."""
+
+    def __init__(self) -> None:
+        self.taken: list[bool] = []
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Walks]:
+    seen = Walks()
+    original = lrp_module.chain_lrp
+
+    def spy(*args: Any) -> Any:
+        result = original(*args)
+        seen.taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(lrp_module, "chain_lrp", spy)
+    yield seen
+
+
+def general(monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any) -> TensorDict:
+    """lrp by the taps only."""
+    with monkeypatch.context() as m:
+        m.setattr(lrp_module, "chain_lrp", lambda *_a: None)
+        return lrp(*args, **kwargs)
+
+
+def mlp(inplace: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=inplace), nn.Linear(8, 8), nn.Tanh(),
+                         nn.Linear(8, 4)).double().eval()
+
+
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
+                          nn.Linear(4 * 2 * 2, 3))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    return model.double().eval()
+
+
+def both(monkeypatch: pytest.MonkeyPatch, walks: Walks, model: nn.Module, x: torch.Tensor, *,
+         walked: bool = True, **options: Any) -> TensorDict:
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=x, batch_size=x.shape[:1])
+    before = snapshot(model)
+    ours = lrp(f, p, td, **options)
+    assert walks.taken[-1] is walked
+    assert_close_ulps(ours, general(monkeypatch, f, p, td, **options), ulps=64)
+    assert same(snapshot(model), before)
+    return ours
+
+
+MLP_RULES: list[Any] = [
+    EpsilonPlus(),
+    {nn.Linear: Epsilon(1e-9), nn.ReLU: Pass(), nn.Tanh: Pass()},
+    {nn.Linear: UniformEpsilon(), nn.ReLU: PseudoIdentity(), nn.Tanh: PseudoIdentity()},
+    {"0": WSquare(), "2": AlphaBeta(2.0, 1.0), "4": ZPlus(), nn.ReLU: Pass(), nn.Tanh: Pass()},
+    {"0": Flat(), nn.Linear: Epsilon()},  # no rule on the activations: their plain gradient
+]
+
+
+@pytest.mark.parametrize("rules", MLP_RULES, ids=["epsilon-plus", "lrp0", "uniform-pseudo", "w2-ab-z+", "flat"])
+def test_mlp_rules(monkeypatch: pytest.MonkeyPatch, walks: Walks, rules: Any) -> None:
+    x = torch.randn(5, 6, dtype=torch.float64)
+    relevance = both(monkeypatch, walks, mlp(), x, target=1, rules=rules)
+    assert relevance["input"].shape == (5, 6) and relevance["input"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("rules", [EpsilonPlus(), {nn.Conv2d: AlphaBeta(), nn.BatchNorm2d: Pass(), nn.ReLU: Pass(),
+                                                   nn.AvgPool2d: Epsilon(), nn.Linear: Epsilon()}],
+                         ids=["epsilon-plus", "alpha-beta"])
+def test_cnn_with_batch_norm_and_pooling(monkeypatch: pytest.MonkeyPatch, walks: Walks, rules: Any) -> None:
+    both(monkeypatch, walks, cnn(), torch.randn(3, 2, 8, 8, dtype=torch.float64), target=2, rules=rules)
+
+
+@pytest.mark.parametrize("options", [
+    {"target": (0, 2), "per_target": True},
+    {"target": (0, 2)},
+    {"target": 1, "cotangents": lambda values: values.apply(lambda v: 2.0 * torch.ones_like(v))},
+    {"target": torch.tensor([0, 3, 1, 1, 2])},
+    {"target": lambda td: td["output"][..., :2].sum(-1)},
+], ids=["per-target", "summed", "cotangents", "per-sample-classes", "callable"])
+def test_targets(monkeypatch: pytest.MonkeyPatch, walks: Walks, options: dict[str, Any]) -> None:
+    both(monkeypatch, walks, mlp(), torch.randn(5, 6, dtype=torch.float64), rules=EpsilonPlus(), **options)
+
+
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+def test_batch_shapes(monkeypatch: pytest.MonkeyPatch, walks: Walks, batch: tuple[int, ...]) -> None:
+    f, p = tdhook_fn.pure(mlp())
+    td = TensorDict(input=torch.randn(*batch, 6, dtype=torch.float64), batch_size=batch)
+    ours = lrp(f, p, td, target=1, rules=EpsilonPlus(), per_target=False)
+    assert walks.taken[-1] and ours.batch_size == batch and ours["input"].shape == (*batch, 6)
+    assert_close_ulps(ours, general(monkeypatch, f, p, td, target=1, rules=EpsilonPlus()), ulps=64)
+
+
+def test_nested_sequentials_and_a_rule_on_a_container(monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(6, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 8), nn.ReLU()),
+                          nn.Linear(8, 3)).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    both(monkeypatch, walks, model, x, target=0, rules={nn.Linear: Epsilon(), nn.ReLU: Pass()})
+    both(monkeypatch, walks, model, x, target=0, rules={"0": Epsilon(), "1": PseudoIdentity(), "2": Epsilon()})
+
+
+def test_in_place_activations_get_copies(monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    x = torch.randn(5, 6, dtype=torch.float64)
+    for rules in ({nn.Linear: Epsilon(), nn.ReLU: Pass()}, {nn.Linear: Epsilon(), nn.ReLU: PseudoIdentity()},
+                  {nn.Linear: AlphaBeta()}):
+        in_place = both(monkeypatch, walks, mlp(inplace=True), x, target=1, rules=rules)
+        assert_close_ulps(in_place, both(monkeypatch, walks, mlp(), x, target=1, rules=rules), ulps=64)
+
+
+class WritesItsInput(nn.Module):
+    """Adds one to its input in place, without an ``inplace`` attribute to say so."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(1.0)
+
+
+def test_a_later_unannounced_in_place_write_sends_the_call_to_the_general_path(
+        monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Softmax(-1), WritesItsInput(), nn.Linear(8, 3)).double()
+    both(monkeypatch, walks, model, torch.randn(4, 6, dtype=torch.float64), walked=False, target=0,
+         rules={nn.Linear: Epsilon(), nn.Softmax: SoftmaxEpsilon()})
+
+
+def test_stop_and_layer_norm(monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    both(monkeypatch, walks, model, x, target=0, rules={nn.Linear: Epsilon(), nn.LayerNorm: LayerNorm()})
+    stopped = both(monkeypatch, walks, model, x, target=0, rules={nn.Linear: Epsilon(), "3": Stop()})
+    assert bool((stopped["input"] == 0).all())
+
+
+@pytest.mark.parametrize("change", ["forward hook", "pre hook on a child", "global hook", "own forward", "taps",
+                                    "layers"])
+def test_what_the_walk_leaves_to_the_general_path(monkeypatch: pytest.MonkeyPatch, walks: Walks,
+                                                  change: str) -> None:
+    model = mlp()
+    options: dict[str, Any] = {}
+    handle = None
+    if change == "forward hook":
+        model.register_forward_hook(lambda _m, _a, out: out * 2.0)
+    elif change == "pre hook on a child":
+        model[2].register_forward_pre_hook(lambda _m, args: (args[0] + 1.0,))
+    elif change == "global hook":
+        handle = nn.modules.module.register_module_forward_hook(lambda _m, _a, out: None)
+    elif change == "own forward":
+        class Doubling(nn.Sequential):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+                return 2.0 * super().forward(x)
+
+        model = Doubling(*mlp())
+    elif change == "taps":
+        options["taps"] = [tdhook_fn.intervene("[1]", lambda t: 0.5 * t)]
+    else:
+        options["layers"] = ["[1]"]
+    try:
+        f, p = tdhook_fn.pure(model)
+        td = TensorDict(input=torch.randn(5, 6, dtype=torch.float64), batch_size=[5])
+        ours = lrp(f, p, td, target=1, rules=EpsilonPlus(), **options)
+        assert walks.taken in ([], [False])
+        assert_close_ulps(ours, general(monkeypatch, f, p, td, target=1, rules=EpsilonPlus(), **options), ulps=0)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def test_errors_are_the_general_paths(monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Flatten(0), nn.Linear(40, 3)).double()
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(5, 6, dtype=torch.float64), batch_size=[5])
+    with pytest.raises(ValueError, match=r"Pass at '1' needs one input of the output's shape") as walked:
+        lrp(f, p, td, target=0, rules={nn.Linear: Epsilon(), nn.Flatten: Pass()})
+    with pytest.raises(ValueError, match=r"Pass at '1' needs one input of the output's shape") as tapped:
+        general(monkeypatch, f, p, td, target=0, rules={nn.Linear: Epsilon(), nn.Flatten: Pass()})
+    assert str(walked.value) == str(tapped.value)
+
+
+def test_two_threads_share_one_model_on_the_walk(walks: Walks) -> None:
+    import threading
+
+    model = cnn()
+    f, p = tdhook_fn.pure(model)
+    xs = [torch.randn(3, 2, 8, 8, dtype=torch.float64) for _ in range(2)]
+    expected = [lrp(f, p, TensorDict(input=x, batch_size=[3]), target=1, rules=EpsilonPlus())["input"] for x in xs]
+    wrong: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(10):
+            got = lrp(f, p, TensorDict(input=xs[i], batch_size=[3]), target=1, rules=EpsilonPlus())["input"]
+            if not torch.equal(got, expected[i]):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong and all(walks.taken)
+
+
+def test_chains_are_hook_free_sequentials_with_one_positional_input_and_one_output() -> None:
+    assert [name for name, _ in chain_of(tdhook_fn.functional(mlp())) or []] == ["0", "1", "2", "3", "4"]
+    assert chain_of(tdhook_fn.functional(mlp(), in_keys={"input": "input"})) is None
+    assert chain_of(tdhook_fn.functional(mlp(), out_keys=["a", "b"])) is None
+    assert chain_of(tdhook_fn.functional(mlp()).with_taps(tdhook_fn.capture("[0]"))) is None
