@@ -315,8 +315,8 @@ def lrp(
     check_layers("lrp", target_layers, "target_layers")
     ruled = resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
     result = None
-    if len(keys) == 1 and not (taps or layers or target_layers or layer_calls) and untransformed():
-        result = chain_lrp(f, params, inputs, keys[0], target, ruled, per_target, cotangents)
+    if len(keys) == 1 and not (per_target or taps or layers or target_layers or layer_calls) and untransformed():
+        result = chain_lrp(f, params, inputs, keys[0], target, ruled, cotangents)
     if result is None:
         result = gradients(
             f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
