@@ -27,8 +27,8 @@ from ._shadow import HOOK_DICTS
 
 __all__ = ["Link", "chain_of", "run_chain"]
 
-Link = tuple[str, nn.Module]  # (name as in named_modules, module)
-Step = Callable[[str, nn.Module, Any], Any]
+Link = tuple[str, nn.Module]  # (name, module): the name is the path in the Sequentials, as named_modules gives it
+Step = Callable[[Link, nn.Module, Any], Any]
 
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called",
                  "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
@@ -67,10 +67,11 @@ def chain_of(f: Any, whole: Callable[[str, nn.Module], bool] = lambda _n, _m: Fa
 
 
 def run_chain(f: Functional, params: TensorDictBase, td: TensorDictBase, links: list[Link], step: Step) -> TensorDict:
-    """``f(params, td)`` with each module of the chain run by ``step(name, module, input) -> output``.
+    """``f(params, td)`` with each module of the chain run by ``step(link, shadow, input) -> output``.
 
-    ``module`` is the call's shadow of the link's module, holding ``params``; what ``step``
-    returns is the next module's input, and the last one is ``f``'s output.
+    ``shadow`` is the call's shadow of the link's module, holding ``params``; what ``step``
+    returns is the next module's input, and the last one is ``f``'s output. A module that
+    is in the chain twice is a link twice, with one shadow.
     """
     x = _get_input(td, f.in_keys[0])
     originals = [module for _, module in links]
@@ -78,8 +79,8 @@ def run_chain(f: Functional, params: TensorDictBase, td: TensorDictBase, links: 
     def invoke(root: nn.Module) -> Any:
         shadows = _shadow_links(root, f.model, originals)
         h = x
-        for (name, _), module in zip(links, shadows, strict=True):
-            h = step(name, module, h)
+        for link, shadow in zip(links, shadows, strict=True):
+            h = step(link, shadow, h)
         return h
 
     output, captured = run(f.model, params, (), invoke)

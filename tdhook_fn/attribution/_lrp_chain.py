@@ -18,24 +18,30 @@ through one autograd graph: no zero-valued carriers, no Function per rule, no ta
 (measured on the benchmarks' MLP at batch 64, warm: 1.9x a plain gradient, the taps 2.3x;
 the walk alone, without the shadow and the target, 1.1x). With ``per_target`` the taps
 are faster (one pullback per target, where the walk would take one per module).
-Inputs that a module writes in place (``inplace=True``) get a copy, as with the taps.
+Every module runs on a fresh leaf that requires grad, as on the taps' graph, so an
+unannounced in-place write to a module's input fails as it does there, and never writes
+the caller's tensors; modules with ``inplace=True`` get a copy, as with the taps. Rules
+are found by module identity: a module the chain runs twice has its rule both times.
+
 Anything else takes the general path, which gives the same maps: a functorch transform,
-``per_target``, taps, layers, an input or output that is not one floating-point tensor,
-a step whose output does not depend on its input or that raises, a tensor a rule reads
-that a later module wrote in place, or a target that closes over a tensor requiring
-grad.
+``per_target``, taps, layers, a rule inside a block that is not a ``Sequential`` (the
+walk cannot see it), a rule on the root, an input or output that is not one
+floating-point tensor, a step whose output does not depend on its input or that raises,
+a tensor the walk reads that a later module wrote in place, or a target that closes
+over a tensor requiring grad. A walk given up after the forward puts the random state
+back, so that dropout draws the same masks on the general path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._chain import chain_of, run_chain
+from .._chain import Link, chain_of, run_chain
 from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._vjp import reaches_other_leaves
@@ -76,8 +82,15 @@ class _Local:
         return self.x.detach() * c if self.scales_inputs else c
 
 
+@dataclass(frozen=True)
 class _Passed:
+    """Pass: the relevance as it is, unless a later module wrote the output in place (the taps differ then)."""
+
+    y: torch.Tensor
+    version: int
+
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.y,), (self.version,))
         return relevance
 
 
@@ -102,73 +115,99 @@ _Record = _Local | _Passed | _Ruled
 
 
 class _Steps:
-    """The forward of the chain, one module at a time, recording how each hands relevance back."""
+    """The forward of the chain, one module at a time, recording how each hands relevance back.
 
-    def __init__(self, ruled: dict[str, Rule]):
+    Every module runs on a fresh leaf that requires grad, as on the taps' graph: a module
+    that writes its input in place without saying so (no ``inplace=True``) raises there
+    as here, and never writes the caller's tensors.
+    """
+
+    def __init__(self, ruled: dict[int, tuple[str, Rule]]):
         self.ruled = ruled
         self.records: list[_Record] = []
 
-    def __call__(self, name: str, module: nn.Module, h: Any) -> torch.Tensor:
+    def __call__(self, link: Link, module: nn.Module, h: Any) -> torch.Tensor:
         if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
             raise _NotAChain
-        path = path_of(name)
-        rule = self.ruled.get(path)
+        path, rule = self.ruled.get(id(link[1]), (path_of(link[0]), None))
         writes = getattr(module, "inplace", False) is True  # it gets a copy (NOTE [lrp on a chain])
+        x = h.detach().requires_grad_()
+        try:
+            y = module(x.clone() if writes else x)
+        except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
+            raise _NotAChain from e
+        if rule is not None:
+            check_module_call(path, (x,), {}, y)
+        if not (isinstance(y, torch.Tensor) and y.requires_grad):
+            raise _NotAChain
+        out = y.detach()
         if rule is None or callable(getattr(rule, "output_factor", None)):
-            x = h.detach().requires_grad_()
-            try:
-                y = module(x.clone() if writes else x)
-            except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
-                raise _NotAChain from e
-            if rule is not None:
-                check_module_call(path, (x,), {}, y)
-            if not (isinstance(y, torch.Tensor) and y.requires_grad):
-                raise _NotAChain
-            factor = None if rule is None else rule.output_factor(path, 1, y.detach())  # type: ignore[attr-defined]
+            factor = None if rule is None else rule.output_factor(path, 1, out)  # type: ignore[attr-defined]
             self.records.append(_Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
-            return y.detach()
-        y = module(h.clone() if writes else h)
-        check_module_call(path, (h,), {}, y)
-        if isinstance(rule, Pass):
-            check_pass(path, (h,), y)
-            self.records.append(_Passed())
+        elif isinstance(rule, Pass):
+            check_pass(path, (x,), y)
+            self.records.append(_Passed(out, out._version))
         else:
             tensors: list[torch.Tensor] = []
             template = Template.of(module, tensors)
-            call = ModuleCall(path, (h,), y, template, tuple(tensors), {})
-            self.records.append(_Ruled(rule, call, (h._version, y._version)))
-        return cast(torch.Tensor, y)
+            seen = x.detach()
+            call = ModuleCall(path, (seen,), out, template, tuple(tensors), {})
+            self.records.append(_Ruled(rule, call, (seen._version, out._version)))
+        return out
+
+
+class _RandomState:
+    """The CPU generator's state, and the CUDA generators' where CUDA is in use."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+def _ruled_modules(model: nn.Module, ruled: dict[str, Rule]) -> dict[int, tuple[str, Rule]]:
+    """The rule and path of each ruled module, by identity: a module the chain runs twice has its rule both times."""
+    return {id(m): (path, ruled[path]) for name, m in model.named_modules() if (path := path_of(name)) in ruled}
+
+
+def _rule_below(links: list[Link], ruled: dict[int, tuple[str, Rule]]) -> bool:
+    """Whether a rule sits inside a link (a non-Sequential block), where the walk would not see it."""
+    return any(id(m) in ruled for _, link in links for m in link.modules() if m is not link)
 
 
 def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey, target: Target,
               ruled: dict[str, Rule], cotangents: Cotangents | None) -> Gradients | None:
     """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain]; ``None`` where it does not apply."""
-    links = chain_of(f, lambda name, _module: path_of(name) in ruled)
-    if links is None or key != f.in_keys[0]:
-        return None
+    by_module = _ruled_modules(f.model, ruled)
+    links = chain_of(f, lambda _name, module: id(module) in by_module)
+    if links is None or key != f.in_keys[0] or id(f.model) in by_module or _rule_below(links, by_module):
+        return None  # (a rule on the root: the taps' error)
     check_call("lrp", f, params, inputs, (key,))
     batch, flat = inputs.batch_size, inputs.reshape(-1)
-    steps = _Steps(ruled)
+    rng = _RandomState()  # a walk given up gives the taps the random state it found (dropout)
+    steps = _Steps(by_module)
     try:
         with torch.enable_grad():
             out = run_chain(f, params, flat, links, steps)
+            y = out.get(f.out_keys[0]).detach().requires_grad_()
+            out.set(f.out_keys[0], y)
+            values = offered_targets(f, out, flat, (key,), batch, target)
+        keys = list(values.keys(True, True))
+        leaves = [values.get(k) for k in keys]
+        if reaches_other_leaves(leaves, [y]):
+            raise _NotAChain  # a closed-over tensor that requires grad: the taps refuse it
+        cot, _ = seed_cotangents(values, False, cotangents)
+        (relevance,) = torch.autograd.grad(leaves, y, [cot.get(k) for k in keys], allow_unused=True,
+                                           materialize_grads=True)
+        with torch.no_grad():  # rules run as in a backward
+            for record in reversed(steps.records):
+                relevance = record.back(relevance)
     except _NotAChain:
-        return None
-    y = out.get(f.out_keys[0]).detach().requires_grad_()
-    out.set(f.out_keys[0], y)
-    with torch.enable_grad():
-        values = offered_targets(f, out, flat, (key,), batch, target)
-    keys = list(values.keys(True, True))
-    leaves = [values.get(k) for k in keys]
-    if reaches_other_leaves(leaves, [y]):
-        return None  # a closed-over tensor that requires grad: the general path refuses it
-    cot, _ = seed_cotangents(values, False, cotangents)
-    (relevance,) = torch.autograd.grad(leaves, y, [cot.get(k) for k in keys], allow_unused=True,
-                                       materialize_grads=True)
-    try:
-        for record in reversed(steps.records):
-            relevance = record.back(relevance)
-    except _NotAChain:
+        rng.restore()
         return None
     grads = TensorDict({key: unflatten(relevance, 0, batch)}, batch_size=batch)
     return Gradients(grads, TensorDict({}, batch_size=batch), values)

@@ -257,3 +257,95 @@ def test_chains_are_hook_free_sequentials_with_one_positional_input_and_one_outp
     assert chain_of(tdhook_fn.functional(mlp(), in_keys={"input": "input"})) is None
     assert chain_of(tdhook_fn.functional(mlp(), out_keys=["a", "b"])) is None
     assert chain_of(tdhook_fn.functional(mlp()).with_taps(tdhook_fn.capture("[0]"))) is None
+
+
+class Block(nn.Module):
+    """A residual block: not a Sequential, so the walk cannot see inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.act = nn.Linear(6, 6), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.lin(x)) + x
+
+
+@pytest.mark.parametrize("rules", [EpsilonPlus(), {nn.Linear: Epsilon(), "0.act": Stop()}])
+def test_rules_inside_a_block_send_the_call_to_the_general_path(monkeypatch: pytest.MonkeyPatch, walks: Walks,
+                                                                 rules: Any) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), nn.Linear(6, 3)).double()
+    both(monkeypatch, walks, model, torch.randn(4, 6, dtype=torch.float64), walked=False, target=1, rules=rules)
+
+
+@pytest.mark.parametrize("rules", [{nn.Linear: Epsilon(), nn.Tanh: Pass()}, {nn.Linear: AlphaBeta(), nn.Tanh: Stop()},
+                                   {nn.Linear: Epsilon(), nn.Tanh: PseudoIdentity()}])
+def test_a_module_run_twice_has_its_rule_both_times(monkeypatch: pytest.MonkeyPatch, walks: Walks,
+                                                    rules: Any) -> None:
+    torch.manual_seed(0)
+    act, shared = nn.Tanh(), nn.Linear(8, 8)
+    model = nn.Sequential(nn.Linear(6, 8), act, shared, act, shared, nn.Linear(8, 3)).double()
+    both(monkeypatch, walks, model, torch.randn(4, 6, dtype=torch.float64), target=1, rules=rules)
+
+
+class Clamps(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp_(min=0)
+
+
+class Doubles(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2.0)
+
+
+@pytest.mark.parametrize("rule", [Pass(), PseudoIdentity(), Stop(), Epsilon()])
+def test_an_unannounced_in_place_write_never_reaches_the_callers_input(monkeypatch: pytest.MonkeyPatch, walks: Walks,
+                                                                       rule: Any) -> None:
+    model = nn.Sequential(Clamps(), nn.Linear(4, 2)).double()
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    original = x.clone()
+    td, rules = TensorDict(input=x, batch_size=[3]), {"0": rule, nn.Linear: Epsilon()}
+    if isinstance(rule, Epsilon):  # the taps scale the input first: the module writes that copy
+        assert_close_ulps(lrp(f, p, td, target=0, rules=rules), general(monkeypatch, f, p, td, target=0, rules=rules),
+                          ulps=0)
+    else:  # the taps' graph refuses the write to its leaf
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad is being used in an in-place"):
+            lrp(f, p, td, target=0, rules=rules)
+    assert walks.taken == [False] and torch.equal(x, original)
+
+
+def test_a_write_to_a_passed_output_sends_the_call_to_the_general_path(monkeypatch: pytest.MonkeyPatch,
+                                                                        walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), Doubles(), nn.Linear(8, 3)).double()
+    both(monkeypatch, walks, model, torch.randn(4, 6, dtype=torch.float64), walked=False, target=0,
+         rules={nn.Linear: Epsilon(), nn.Tanh: Pass(), "2": Pass()})
+
+
+@pytest.mark.filterwarnings("ignore:lrp. modules .'1'. apply dropout:RuntimeWarning")
+def test_a_walk_given_up_leaves_the_random_state_as_it_found_it(monkeypatch: pytest.MonkeyPatch,
+                                                                walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Softmax(-1), WritesItsInput(),
+                          nn.Linear(8, 3)).double().train()
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(4, 6, dtype=torch.float64), batch_size=[4])
+    rules = {nn.Linear: Epsilon(), nn.Softmax: SoftmaxEpsilon()}
+    results = []
+    for run in (lambda: lrp(f, p, td, target=0, rules=rules), lambda: general(monkeypatch, f, p, td, target=0,
+                                                                               rules=rules)):
+        torch.manual_seed(1)
+        results.append((run()["input"], torch.rand(3)))
+    assert walks.taken == [False]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_a_rule_on_the_root_gets_the_general_paths_answer(monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    f, p = tdhook_fn.pure(mlp())
+    td = TensorDict(input=torch.randn(4, 6, dtype=torch.float64), batch_size=[4])
+    with pytest.raises(Exception) as walked:
+        lrp(f, p, td, target=0, rules={"": Epsilon()})
+    with pytest.raises(Exception) as tapped:
+        general(monkeypatch, f, p, td, target=0, rules={"": Epsilon()})
+    assert type(walked.value) is type(tapped.value) and str(walked.value) == str(tapped.value)
