@@ -6,9 +6,9 @@ copies for the call, NOTE [pure buffers]). An attribution is
 different: its forward sees a batch the user never built (integrated gradients pushes
 ``n_steps`` path points through at once, ``per_target`` and ``vmap`` reshape it), so
 
-- a batch norm in training mode normalises with the statistics of that batch (of the
-  path points, for integrated gradients): the number is wrong, so the methods raise and
-  say to call ``model.eval()``;
+- a batch norm in training mode (or without running statistics) normalises with the
+  statistics of that batch (of the path points, for integrated gradients): the number is
+  wrong, so the methods raise and say to call ``model.eval()``;
 - dropout in training mode makes two identical calls differ: the methods warn, once per
   module.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from typing import Literal
 
 from torch import nn
 
@@ -34,31 +35,45 @@ def _is_stochastic(module: nn.Module) -> bool:
     )
 
 
-def check_attribution_modes(model: nn.Module, method: str) -> None:
-    """Raise for batch-dependent training-mode modules, warn once for stochastic ones.
+def _batch_dependent(module: nn.Module) -> bool:
+    """A batch norm that normalises with the batch's statistics: in training mode, or without running stats."""
+    if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return False
+    return module.training or module.running_mean is None
+
+
+def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool = True,
+                            dropout: Literal["warn", "raise"] = "warn", why: str = "") -> None:
+    """Raise for batch-dependent batch norms, warn once (or raise) for modules that draw at random.
+
+    Args:
+        batch_norms: refuse batch norms that use the batch's statistics (training mode,
+            or ``track_running_stats=False``); off where the batch is the caller's own.
+        dropout: ``"raise"`` where random draws cannot run (under ``vmap``); ``why`` says why.
 
     Raises:
-        ValueError: a batch norm is in training mode; the message names the modules.
+        ValueError: such a batch norm, or dropout with ``dropout="raise"``; the message
+            names the modules.
     """
     batch_dependent, stochastic = [], []
     for name, module in model.named_modules():
-        if not module.training:
-            continue
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if batch_norms and _batch_dependent(module):
             batch_dependent.append(name or "<root>")
-        elif _is_stochastic(module) and module not in _warned:
+        elif module.training and _is_stochastic(module) and (dropout == "raise" or module not in _warned):
             stochastic.append(name or "<root>")
-            _warned.add(module)
     if batch_dependent:
         raise ValueError(
-            f"{method}: modules {batch_dependent} are batch norms in training mode, which normalise with the "
-            "statistics of the batch; an attribution's batch holds path points and reshaped samples, so the result "
-            "would be wrong. Call model.eval() first"
+            f"{method}: modules {batch_dependent} are batch norms that normalise with the statistics of the batch "
+            "(training mode, or track_running_stats=False); the batch this method runs holds path points, runs or "
+            "reshaped samples, so the result would be wrong. Call model.eval() first (with running statistics)"
         )
+    if stochastic and dropout == "raise":
+        raise ValueError(f"{method}: modules {stochastic} apply dropout in training mode{why}; call model.eval()")
     if stochastic:
+        _warned.update(module for name, module in model.named_modules() if (name or "<root>") in stochastic)
         warnings.warn(
             f"{method}: modules {stochastic} apply dropout in training mode, so two identical calls give different "
-            "attributions; call model.eval() for deterministic results",
+            "results; call model.eval() for deterministic results",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -41,10 +41,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional
+from .._modes import check_attribution_modes
 from .._taps import Tap
 from .._vjp import any_requires_grad, untransformed
 from ._cache import cache
-from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
+from ._run import Edits, Metric, Reads, Sources, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
 
 __all__ = ["patch", "patching_sweep"]
@@ -52,15 +53,13 @@ __all__ = ["patch", "patching_sweep"]
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _replacer(method: str, site: Site, source: torch.Tensor, fn: Combine | None) -> Callable[[torch.Tensor], Any]:
+def _replacer(method: str, site: Site, sources: Sources, fn: Combine | None) -> Callable[[torch.Tensor], Any]:
     def replace(current: torch.Tensor) -> torch.Tensor:
-        if fn is not None:
-            return fn(current, source)
-        if source.dim() > current.dim() or any(
-                a not in (1, b) for a, b in zip(reversed(source.shape), reversed(current.shape), strict=False)):
-            raise ValueError(f"{method}: the source for site {site.key!r} has shape {tuple(source.shape)}, the "
-                             f"activation there {tuple(current.shape)} (batch flattened)")
-        return source.expand_as(current).to(current.dtype)
+        if fn is None:
+            return sources.placed(method, site, current)
+        new = fn(current, sources[site.key])
+        # a whole activation becomes the model's, which may write it in place: never the caller's tensor
+        return new.clone() if not site.index else new
 
     return replace
 
@@ -104,8 +103,10 @@ def patch(
     given = flat_sources("patch", sources, chosen, batch, "sources")
     flat = inputs.reshape(-1)
     chosen = resolve_runs("patch", f, params, flat, chosen)
-    taps = [site.editor(_replacer("patch", site, given[site.key], fn)) for site in chosen]
-    return forward(f, params, flat, taps).reshape(batch)
+    edits = Edits("patch")
+    out = forward(f, params, flat, [edits.editor(site, _replacer("patch", site, given, fn)) for site in chosen])
+    edits.check(chosen)
+    return out.reshape(batch)
 
 
 def patching_sweep(
@@ -171,6 +172,9 @@ def patching_sweep(
         raise ValueError(f"patching_sweep: batching must be 'vmap' or 'fold', got {batching!r}")
     if not isinstance(skip_unchanged, bool):
         raise TypeError(f"patching_sweep: skip_unchanged must be a bool, got {type(skip_unchanged).__name__}")
+    # runs share one batch (fold) or one vmap: a batch norm on batch statistics would mix them
+    check_attribution_modes(f.model, "patching_sweep", dropout="raise" if batching == "vmap" else "warn",
+                            why=" (under vmap the runs cannot draw their own masks; batching='fold' can)")
     flat = corrupted.reshape(-1)
     chosen = resolve_runs("patching_sweep", f, params, flat, chosen)
     modules = _modules(chosen)

@@ -11,11 +11,22 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional
+from .._modes import check_attribution_modes
 from .._probe import on_meta
 from .._taps import Tap
 from ._sites import Site
 
-__all__ = ["Reads", "check_f", "flat_sources", "forward", "metric_values", "resolve_runs", "unflatten"]
+__all__ = [
+    "Edits",
+    "Reads",
+    "Sources",
+    "check_f",
+    "flat_sources",
+    "forward",
+    "metric_values",
+    "resolve_runs",
+    "unflatten",
+]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Metric = Callable[[TensorDictBase], torch.Tensor]
@@ -32,6 +43,7 @@ def check_f(method: str, f: Any, params: Any, inputs: Any) -> Functional:
     if not isinstance(inputs, TensorDictBase):
         raise TypeError(f"{method}: inputs must be a TensorDict, got {type(inputs).__name__}; wrap a batch x as "
                         "TensorDict(input=x, batch_size=[len(x)])")
+    check_attribution_modes(f.model, method, batch_norms=False)  # the caller's batch runs: only dropout warns
     return f
 
 
@@ -98,24 +110,85 @@ def unflatten(t: torch.Tensor, batch: torch.Size, lead: int = 0) -> torch.Tensor
     return t.reshape((*t.shape[:lead], *batch, *t.shape[lead + 1 :]))  # a tuple: the shape may be ()
 
 
-def flat_sources(method: str, sources: Any, sites: Sequence[Site], batch: torch.Size, what: str) -> dict[str, Any]:
+class Sources(dict[str, Any]):
+    """Per-site tensors by site key; ``per_sample`` holds the keys whose first dim is the flattened batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_sample: set[str] = set()
+
+    def aligned(self, site: Site, current: torch.Tensor) -> torch.Tensor:
+        """The source of ``site`` with, if per-sample, ones inserted after its batch dim up to ``current``'s rank."""
+        source: torch.Tensor = self[site.key]
+        if site.key in self.per_sample and source.dim() < current.dim():
+            source = source.reshape(source.shape[0], *[1] * (current.dim() - source.dim()), *source.shape[1:])
+        return source
+
+    def placed(self, method: str, site: Site, current: torch.Tensor) -> torch.Tensor:
+        """The source of ``site`` broadcast to the activation ``current`` (``[N, *selection]``), a new tensor.
+
+        A per-sample source ``[N, *s]`` meets ``current`` batch dim first, then ``s``
+        right-aligned to the selection (``[N, D]`` at every position of ``[N, L, D]``); a
+        shared one is right-aligned as a whole. Never a view of the caller's tensor: the
+        model may write the activation in place.
+        """
+        source = self.aligned(site, current)
+        if source.dim() > current.dim() or any(
+                a not in (1, b) for a, b in zip(reversed(source.shape), reversed(current.shape), strict=False)):
+            raise ValueError(f"{method}: the source for site {site.key!r} has shape {tuple(self[site.key].shape)}, "
+                             f"the activation there {tuple(current.shape)} (batch flattened)")
+        return source.to(current.dtype).expand_as(current).clone()
+
+
+def flat_sources(method: str, sources: Any, sites: Sequence[Site], batch: torch.Size, what: str) -> Sources:
     """Per-site tensors from a TensorDict keyed by site key, with the batch flattened to one dim.
 
-    A tensor with exactly the batch dims ``[*B, ...]`` is flattened to ``[N, ...]``; one
-    without them (a steering vector for every sample) is kept and broadcasts.
+    A tensor with exactly the batch dims ``[*B, ...]`` (in a TensorDict of that batch
+    size) is flattened to ``[N, ...]``; one without them (a steering vector for every
+    sample) is kept and broadcasts.
     """
     if not isinstance(sources, TensorDictBase):
         raise TypeError(f"{method}: {what} must be a TensorDict keyed by site key (as cache returns), got "
                         f"{type(sources).__name__}")
-    out: dict[str, Any] = {}
+    out = Sources()
     for site in sites:
         value = sources.get(site.key, None)
         if value is None:
             raise KeyError(f"{method}: {what} have no entry for site {site.key!r} (keys: {list(sources.keys())})")
         if isinstance(value, torch.Tensor) and value.shape[: len(batch)] == batch and sources.batch_size == batch:
             value = value.reshape(-1, *value.shape[len(batch):]) if batch else value.unsqueeze(0)
+            out.per_sample.add(site.key)
         out[site.key] = value
     return out
+
+
+class Edits:
+    """Edits at sites that count their runs: each must run exactly once per forward (as :class:`Reads`)."""
+
+    def __init__(self, method: str):
+        self.method = method
+        self.runs: dict[str, int] = {}
+
+    def editor(self, site: Site, new: Callable[[torch.Tensor], torch.Tensor]) -> Tap:
+        self.runs[site.key] = 0
+
+        def counted(current: torch.Tensor) -> torch.Tensor:
+            self.runs[site.key] += 1
+            return new(current)
+
+        return site.editor(counted)
+
+    def check(self, sites: Sequence[Site]) -> None:
+        """Raise for a site whose edit never ran (or not at its ``call``), or ran more than once."""
+        for site in sites:
+            runs = self.runs[site.key]
+            if runs == 0:
+                at = "" if site.call is None else f" (call={site.call}: the module ran fewer times)"
+                raise ValueError(f"{self.method}: site {site.key!r} never ran in the forward{at}, so nothing was "
+                                 "edited")
+            if runs > 1:
+                raise ValueError(f"{self.method}: site {site.key!r} ran {runs} times in one forward; pick one run "
+                                 "with Site(..., call=k) (-1 for the last)")
 
 
 def metric_values(method: str, metric: Metric, out: TensorDictBase, shape: Sequence[int]) -> torch.Tensor:

@@ -7,7 +7,7 @@ A site is a submodule path plus, optionally, a selection of its activation:
   return ``(output, weights)``) is read and edited at one element, ``0`` by default;
   the other elements pass through unchanged.
 - ``index``: a selection *within one sample* (the batch dim is never indexed): ints,
-  slices and lists of ints, one per dim after the batch dim, as in
+  slices and at most one list of ints, one per dim after the batch dim, as in
   ``activation[:, 3]`` for token position 3 of a ``[N, L, D]`` residual stream, or
   ``(slice(None), [0, 5])`` for features 0 and 5 at every position. Edits write the
   selection back out of place (``select_scatter``, ``slice_scatter``, ``index_copy``),
@@ -72,6 +72,10 @@ class Site:
             if not ok:
                 raise TypeError(f"Site {self.path!r}: index parts must be ints, slices or lists of ints, got {part!r}")
         object.__setattr__(self, "index", tuple(list(p) if isinstance(p, tuple) else p for p in index))
+        if sum(isinstance(p, list) for p in self.index) > 1:
+            raise ValueError(f"Site {self.path!r}: index {self.index!r} has more than one list; two lists are "
+                             "ambiguous (indexing pairs them up, a block would take every combination): use one "
+                             "list and slices, or one site per entry")
         if self.site not in ("output", "input"):
             raise ValueError(f"Site {self.path!r}: site must be 'output' or 'input', got {self.site!r}")
         if self.call is not None and (isinstance(self.call, bool) or not isinstance(self.call, int)):
@@ -96,7 +100,8 @@ class Site:
     def with_element(self, value: Any, tensor: torch.Tensor) -> Any:
         """``value`` with the site's element (the value itself unless a tuple) replaced by ``tensor``."""
         if isinstance(value, tuple):
-            return (*value[: self.element], tensor, *value[self.element + 1 :])
+            at = self.element % len(value)  # element_of checked the range; -1 is the last
+            return (*value[:at], tensor, *value[at + 1 :])
         return tensor
 
     def reader(self, store: Callable[[torch.Tensor], None]) -> Tap:

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._modes import check_attribution_modes
 from ._cache import cache
-from ._run import check_f, flat_sources, forward, resolve_runs
+from ._run import Edits, Sources, check_f, flat_sources, forward, resolve_runs
 from ._sites import Site, as_sites
 
 __all__ = ["activation_addition", "steer"]
@@ -57,25 +58,29 @@ def steer(
     flat = inputs.reshape(-1)
     chosen = resolve_runs("steer", f, params, flat, chosen)
     n = flat.batch_size[0]
+    edits = Edits("steer")
     if scales.dim() == 0:
-        taps = [site.editor(_plus(alpha, vecs[site.key])) for site in chosen]
-        return forward(f, params, flat, taps).reshape(batch)
+        out = forward(f, params, flat, [edits.editor(site, _plus(alpha, vecs, site)) for site in chosen])
+        edits.check(chosen)
+        return out.reshape(batch)
     runs = len(scales)
+    check_attribution_modes(f.model, "steer with several alphas")  # the runs share one batch
 
-    def scaled(v: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def scaled(site: Site) -> Callable[[torch.Tensor], torch.Tensor]:
         def add(act: torch.Tensor) -> torch.Tensor:
             per_row = scales.to(act.dtype).repeat_interleave(n).reshape(-1, *[1] * (act.dim() - 1))
-            tiled = v.to(act.dtype).repeat(runs, *[1] * (v.dim() - 1)) if v.dim() == act.dim() else v.to(act.dtype)
+            v = vecs.aligned(site, act[:n]).to(act.dtype)
+            tiled = v.repeat(runs, *[1] * (v.dim() - 1)) if site.key in vecs.per_sample else v
             return act + per_row * tiled
         return add
 
-    taps = [site.editor(scaled(vecs[site.key])) for site in chosen]
-    out = forward(f, params, flat.expand(runs, n).reshape(-1), taps)
+    out = forward(f, params, flat.expand(runs, n).reshape(-1), [edits.editor(site, scaled(site)) for site in chosen])
+    edits.check(chosen)
     return out.reshape(runs, *batch)
 
 
-def _plus(alpha: float | torch.Tensor, v: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda act: act + alpha * v.to(act.dtype)
+def _plus(alpha: float | torch.Tensor, vecs: Sources, site: Site) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda act: act + alpha * vecs.aligned(site, act).to(act.dtype)
 
 
 def activation_addition(
@@ -107,4 +112,8 @@ def activation_addition(
                          f"{list(negative.batch_size)}; give pairs of examples")
     pos, neg = cache(f, params, positive, chosen), cache(f, params, negative, chosen)
     dims = tuple(range(len(positive.batch_size)))
-    return TensorDict({s.key: (pos.get(s.key) - neg.get(s.key)).mean(dim=dims) for s in chosen}, batch_size=[])
+
+    def mean(diff: torch.Tensor) -> torch.Tensor:
+        return diff.mean(dim=dims) if dims else diff  # (mean over dim=() would average everything)
+
+    return TensorDict({s.key: mean(pos.get(s.key) - neg.get(s.key)) for s in chosen}, batch_size=[])

@@ -150,6 +150,8 @@ class ActivationPatching(HookingContextFactory):
             def new(output: torch.Tensor) -> torch.Tensor:
                 value = patch_fn(module_key=path, output=output, output_to_patch=source)
                 value = source if value is None else value
+                if value is source:  # the model may write its activation in place: never the cached tensor
+                    value = source.clone()
                 if type(value) is not type(output):
                     raise RuntimeError(
                         f"Callback returned a value of type {type(value).__name__} but the original value was of "
