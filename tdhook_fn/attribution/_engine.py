@@ -124,6 +124,10 @@ def _check_targets(values: Any) -> TensorDictBase:
 def _one_hots(values: TensorDictBase) -> TensorDictBase:
     """Cotangents ``[T, *B, T]``: target ``t`` selected by a one-hot on the last dim."""
     batch = values.batch_size
+    for key, v in values.items(True, True):
+        if v.dim() > len(batch) + 1:
+            raise ValueError(f"per_target needs target values shaped [*batch] or [*batch, T]; target {key!r} has shape "
+                             f"{tuple(v.shape)} for batch {list(batch)}: flatten its target dims in the target")
     sizes = {v.shape[len(batch)] if v.dim() > len(batch) else 1 for v in values.values(True, True)}
     if len(sizes) != 1:
         raise ValueError(f"per_target needs the same number of targets in every target key, got {sizes}")
@@ -215,6 +219,9 @@ def gradients(
     [modules that run more than once]); ``method`` names the caller in errors.
     """
     check_call(method, f, params, inputs, input_keys)
+    if per_target and cotangents is not None:
+        raise ValueError(f"{method}: per_target and cotangents exclude each other (cotangents say what is put in at "
+                         "the targets, per_target puts in one one-hot per target); give one of them")
     layers = dict(layers or {})
     tappable = _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
@@ -222,6 +229,8 @@ def gradients(
     paths = list(layers)
     extras = _extras(f, flat, input_keys)
     private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
+    attributed = set(input_keys)
+    passive = [k for k, v in flat.items(True, True) if isinstance(v, torch.Tensor) and k not in attributed]
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
         device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
@@ -229,6 +238,8 @@ def gradients(
 
         def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
             feed = flat.copy()
+            for key in passive:  # the model may write its inputs in place: never the caller's tensors
+                feed.set(key, feed.get(key).clone())
             if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
                 feed.update(diff[0])
             tapped: Any = f

@@ -9,8 +9,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
-from .._taps import Tap, capture
+from .._paths import resolve_path
+from .._taps import Tap, capture, intervene
 from .._targets import Target
+from .._vjp import untransformed
 from ._checks import check_call, check_layers
 from ._engine import (
     Cotangents,
@@ -152,8 +154,9 @@ def integrated_gradients(
         replace = {p: _interpolator(*ends[p], alphas[chunk]) for p in ends} if ends else dict.fromkeys(layers)
         grads = gradients(f, params, points, target, layers=replace, **options).grads
         total = _fold(total, grads, steps[chunk], lead=1 if per_target else 0)
+        dtypes = {key: g.dtype for key, g in grads.items(True, True)}
     assert total is not None
-    attrs = total
+    attrs = total = _in_dtypes(total, dtypes)
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
         differences = {k: inputs.get(k) - base.get(k) for k in keys}
         differences.update({p: x - b for p, (b, x) in ends.items()})
@@ -253,12 +256,41 @@ def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base:
         return out
 
     out = with_specs(f.with_taps(*taps), params, flat, layers, layer_calls, "integrated_gradients", run)
+    if len(layers) > 1:
+        _refuse_layers_in_series(f, params, flat, layers, taps, layer_calls)
     ends = {}
     for i, path in enumerate(layers):
         act = out.get(f"_tdhook_fn_end_{i}")
         act = act.reshape(2, *batch, *act.shape[1:])  # first dim: flattened [2, *B]
         ends[path] = (act[0], act[1])
     return ends
+
+
+def _refuse_layers_in_series(f: Functional, params: TensorDictBase, flat: TensorDictBase, layers: Sequence[str],
+                             taps: Sequence[Tap], layer_calls: Mapping[str, int] | None) -> None:
+    """Raise where one interpolated layer feeds another: the later one's interpolation would cut the earlier's
+    gradient (its maps all zero), or where two paths name one module.
+
+    One probe forward in which every layer's activation is replaced by NaN after it is
+    read: a layer that reads NaN depends on another (eager only: the data decide).
+    """
+    modules = [resolve_path(f.model, p) for p in layers]
+    twice = [p for i, p in enumerate(layers) if any(m is modules[i] for m in modules[:i])]
+    if twice:
+        raise ValueError(f"integrated_gradients: layers {list(layers)} name one module twice ({twice[0]!r})")
+    if not untransformed():
+        raise ValueError("integrated_gradients: several layers in layer space need an eager call (whether one feeds "
+                         "another is read from the data); under a transform give one layer per call")
+    calls = dict(layer_calls or {})
+    reads = [capture(p, key=f"_tdhook_fn_series_{i}", call=calls.get(p)) for i, p in enumerate(layers)]
+    nans = [intervene(p, lambda a: torch.full_like(a, float("nan")), call=calls.get(p)) for p in layers]
+    out = f.with_taps(*taps, *reads, *nans)(params, flat)
+    fed = [p for i, p in enumerate(layers) if bool(out.get(f"_tdhook_fn_series_{i}").isnan().any())]
+    if fed:
+        raise ValueError(
+            f"integrated_gradients: layer {fed[0]!r} depends on another of layers={list(layers)}: interpolating both "
+            "would cut the gradient of the earlier one (its maps all zero). Attribute one layer per call (captum "
+            "refuses this too)")
 
 
 def _interpolator(
@@ -286,15 +318,30 @@ def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float],
     instruction set. Results for different ``chunk_size`` agree to a few ulps, not always
     bitwise. captum reduces with ``torch.sum`` over all steps at once, whose blocked order
     differs from a sequential one by an ulp or so in float32. In float64 captum also rounds
-    the weights to float32; ours keep the input's dtype.
+    the weights to float32; ours keep the input's dtype. Half-precision gradients (bf16,
+    fp16) are summed in float32: added one by one in their own dtype, hundreds of steps
+    lose most of their digits (measured: 13% relative error in bf16 at 300 steps, captum
+    0.3%); :func:`integrated_gradients` casts the sum back at the end.
     """
     out = TensorDict({}, batch_size=[s for i, s in enumerate(grads.batch_size) if i != lead])
     for key, g in grads.items(True, True):
         assert isinstance(g, torch.Tensor)
+        if g.dtype in (torch.float16, torch.bfloat16):
+            g = g.float()
         acc: Any = None if total is None else total.get(key)
         for k, w in enumerate(weights):
             acc = g.select(lead, k) * w if acc is None else torch.add(acc, g.select(lead, k), alpha=w)
         out.set(key, acc)
+    return out
+
+
+def _in_dtypes(total: TensorDict, dtypes: Mapping[Any, torch.dtype]) -> TensorDict:
+    """``total`` (summed in float32 where the gradients were half precision) back in the gradients' dtypes."""
+    if all(total.get(key).dtype == dtype for key, dtype in dtypes.items()):
+        return total
+    out = total.clone(False)
+    for key, dtype in dtypes.items():
+        out.set(key, total.get(key).to(dtype))
     return out
 
 

@@ -64,7 +64,9 @@ def test_chunk_size_is_invisible_per_target(name):
 def test_chunk_size_is_invisible_with_layers(name, interpolate):
     e = build(name)
     td, base = e.inputs((2, 3)), e.baselines((2, 3))
-    layers = list(e.layers)
+    # in layer space one layer: the zoo's layers are in series, and the later one's interpolation would cut
+    # the earlier one's gradient (integrated_gradients refuses it)
+    layers = list(e.layers) if interpolate == "inputs" else list(e.layers)[-1:]
     # interpolate="inputs" integrates unmultiplied layer gradients; multiply_by_inputs=True
     # crashes there (see test_attr_layers.py), so the chunk check uses the path average
     multiply = interpolate == "layers"

@@ -4,6 +4,7 @@ import attr_zoo
 import pytest
 import torch
 from attr_zoo import NAMES, assert_same, build
+from tensordict import TensorDict
 
 import tdhook_fn
 from tdhook_fn.attribution import DimsConfig, grad_cam, integrated_gradients, quadrature, saliency
@@ -155,3 +156,31 @@ def test_layer_saliency_multiplies_by_the_activation(name):
             assert torch.equal(times[key], grads[key] * td[key])
         # the capture runs without autograd, where the transformer may take its fused kernels
         assert_same(times[path], grads[path] * _activation(e, td, path), exact=name != "transformer")
+
+
+class _Branches(torch.nn.Module):
+    """Two parallel branches summed: neither feeds the other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = torch.nn.Linear(3, 4), torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.a(x)) + torch.tanh(self.b(x)))
+
+
+def test_layer_space_ig_refuses_layers_in_series_and_one_module_twice() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+    f, p = tdhook_fn.pure(net)
+    td = TensorDict(input=torch.randn(5, 3, dtype=torch.float64), batch_size=[5])
+    with pytest.raises(ValueError, match=r"layer '\[2\]' depends on another"):
+        integrated_gradients(f, p, td, 0.0, target=0, layers=["[0]", "[2]"], interpolate="layers")
+    with pytest.raises(ValueError, match=r"name one module twice \('0'\)"):
+        integrated_gradients(f, p, td, 0.0, target=0, layers=["[0]", "0"], interpolate="layers")
+    branches = _Branches().double()
+    f, p = tdhook_fn.pure(branches)
+    both = integrated_gradients(f, p, td, 0.0, target=0, layers=["a", "b"], interpolate="layers")
+    for path in ("a", "b"):  # independent layers: each as if alone, up to the other's interpolation
+        alone = integrated_gradients(f, p, td, 0.0, target=0, layers=[path], interpolate="layers")
+        assert both[path].abs().sum() > 0 and alone[path].abs().sum() > 0
