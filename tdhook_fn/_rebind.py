@@ -38,9 +38,10 @@ __all__ = ["RebindError", "Rebinder", "filled"]
 _CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType})
 _CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple})
 # NOTE [what is scanned]: every call scans each module's attributes for these types only
-# (a C-level pass). A module of the model held in a plain list or tuple attribute is not
-# looked into: modules belong in nn.ModuleList / nn.ModuleDict, where the shadow has
-# its own. Lists and tuples are looked into inside partials and closures.
+# (a C-level pass). Plain lists, tuples and dicts attributes that held modules when the
+# shadow was built are rebound on every call (Rebinder.rebind_held; a module that is not
+# registered is refused): modules belong in nn.ModuleList / nn.ModuleDict. Lists and
+# tuples are looked into inside partials and closures.
 
 
 class RebindError(ValueError):
@@ -126,6 +127,28 @@ class Rebinder:
         new.__dict__.update(fn.__dict__)
         new.__qualname__ = fn.__qualname__
         return new
+
+    def rebind_held(self, value: Any, path: str, attr: str) -> Any:
+        """A plain list, tuple or dict attribute holding modules, with each pointed at its shadow.
+
+        Raises:
+            RebindError: it holds a module that is not a registered submodule of the model
+                (no shadow runs it, no params or taps reach it).
+        """
+        def held(item: Any) -> Any:
+            if not isinstance(item, nn.Module):
+                return item
+            shadow = self.shadows.get(id(item))
+            if shadow is None:
+                raise RebindError(
+                    f"module {path or '<root>'!r}: its attribute {attr!r} holds a {type(item).__name__} that is not "
+                    "a registered submodule, so it would run with its own tensors, and no params, tap or rule "
+                    "would reach it. Hold modules in nn.ModuleList / nn.ModuleDict")
+            return shadow
+
+        if isinstance(value, dict):
+            return {key: held(item) for key, item in value.items()}
+        return type(value)(held(item) for item in value)
 
     def check_opaque(self, value: Any, path: str, attr: str) -> None:
         """Refuse a callable object (not a function) whose attributes refer to a module of the model."""

@@ -69,6 +69,7 @@ HOOK_DICTS = (
     "_backward_hooks",
     "_backward_pre_hooks",
 )
+_OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
 _POOL_SIZE = 16
 
 # (the shadow's slot dict, the name in it, the params key, the expected shape or None)
@@ -82,6 +83,14 @@ def _signature(state: dict[str, Any]) -> tuple[Any, ...]:
             *map(id, bufs.values()))
 
 
+def _holds_modules(value: Any) -> bool:
+    """A plain list, tuple or dict with a module in it (one level)."""
+    kind = type(value)
+    if kind is dict:
+        return any(isinstance(v, nn.Module) for v in value.values())
+    return (kind is list or kind is tuple) and any(isinstance(v, nn.Module) for v in value)
+
+
 def _shape(tensor: torch.Tensor) -> torch.Size | None:
     return None if isinstance(tensor, nn.parameter.UninitializedTensorMixin) else tensor.shape  # type: ignore[attr-defined]
 
@@ -89,7 +98,7 @@ def _shape(tensor: torch.Tensor) -> torch.Size | None:
 class _Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "filled", "module", "own", "params", "path", "shadow", "signature")
+    __slots__ = ("buffers", "filled", "holders", "module", "own", "params", "path", "shadow", "signature")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -100,6 +109,8 @@ class _Node:
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []
         self.filled: list[dict[Any, Any]] = []  # hook dicts filled by the last refresh
+        self.holders = tuple(name for name, value in module.__dict__.items()
+                             if name not in _OWN_SLOTS and _holds_modules(value))
 
     def original(self) -> dict[str, Any] | None:
         module = self.module()
@@ -127,6 +138,9 @@ class _Node:
             rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
         elif "forward" in original:
             rebinder.check_opaque(original["forward"], self.path, "forward")
+        for name in self.holders:  # plain containers of modules (NOTE [what is scanned])
+            if _holds_modules(original.get(name)):
+                state[name] = rebinder.rebind_held(original[name], self.path, name)
 
     def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any]) -> None:
         ours.update(theirs)

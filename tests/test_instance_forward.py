@@ -248,3 +248,42 @@ def test_forward_replacing_its_parameter_is_refused():
     object.__setattr__(net[0], "store", torch.ones(3, 4))
     with pytest.raises(RuntimeError, match=r"'0'.*replaced its parameter 'weight'"):
         tdhook_fn.call(net, _zeros(net), torch.ones(1, 4))
+
+
+class _InAList(torch.nn.Module):
+    """Registered submodules also kept in a plain list and dict, which the forward reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
+        self.order, self.by_name = [self.a, self.b], {"first": self.a}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.order[1](self.by_name["first"](x))
+
+
+class _Unregistered(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.hidden = torch.nn.Linear(3, 3), (torch.nn.Linear(3, 2),)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hidden[0](self.a(x))
+
+
+def test_modules_held_in_plain_lists_and_dicts_compute_with_the_given_params() -> None:
+    torch.manual_seed(0)
+    model = _InAList()
+    params = tdhook_fn.params(model).apply(lambda t: 2.0 * t)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(torch.nn.functional.linear(x, 2 * model.a.weight, 2 * model.a.bias),
+                                              2 * model.b.weight, 2 * model.b.bias)
+    torch.testing.assert_close(tdhook_fn.call(model, params, x), expected)
+    assert model.order[0] is model.a and model.by_name["first"] is model.a  # the model's own lists untouched
+
+
+def test_a_module_that_is_not_registered_is_refused() -> None:
+    model = _Unregistered()
+    with pytest.raises(ValueError, match=r"its attribute 'hidden' holds a Linear that is not a registered submodule"):
+        tdhook_fn.call(model, tdhook_fn.params(model), torch.randn(4, 3))
