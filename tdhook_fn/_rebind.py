@@ -165,6 +165,28 @@ class Rebinder:
                 "functools.partial taking the module, or a hook that uses its module argument"
             )
 
+    def check_hook_object(self, value: Any, path: str, attr: str, depth: int = 2) -> None:
+        """Refuse a hook object (accelerate's ``_hf_hook``) that keeps a module of the model in its attributes.
+
+        accelerate calls ``module._hf_hook.pre_forward(module, ...)`` with the module it runs
+        (the shadow); a hook that stored its module in ``init_hook`` would read the
+        model's own tensors instead. A ``SequentialHook``'s hooks are looked into.
+        """
+        state = getattr(value, "__dict__", None)
+        if not isinstance(state, dict):
+            return
+        for name, item in state.items():
+            inner = item if type(item) in _CONTAINER_TYPES else (item,)
+            if any(self._refers(v) for v in inner):
+                raise RebindError(
+                    f"module {path or '<root>'!r}: its {attr} ({type(value).__name__}) keeps a module of the model in "
+                    f"its attribute {name!r}; tdhook_fn runs calls on a private copy of the model, so the hook would "
+                    "read the model's own tensors. Use the module argument that pre_forward/post_forward receive")
+            if depth > 1:
+                for v in inner:
+                    if not isinstance(v, nn.Module) and hasattr(v, "__dict__") and not callable(v):
+                        self.check_hook_object(v, path, attr, depth - 1)
+
     def _refers(self, value: Any) -> bool:
         kind = type(value)
         if kind is types.MethodType:

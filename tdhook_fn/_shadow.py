@@ -138,6 +138,14 @@ class _Node:
             rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
         elif "forward" in original:
             rebinder.check_opaque(original["forward"], self.path, "forward")
+        if original.get("gradient_checkpointing") is True and original.get("training") is True:
+            raise RuntimeError(
+                f"module {self.path or '<root>'!r} uses activation checkpointing (gradient_checkpointing=True in "
+                "training mode): its backward runs the forward again, after this call has released its private copy "
+                "of the model, so it would compute with no params, or another call's. Call "
+                "model.gradient_checkpointing_disable() or model.eval()")
+        if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
+            rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
         for name in self.holders:  # plain containers of modules (NOTE [what is scanned])
             if _holds_modules(original.get(name)):
                 state[name] = rebinder.rebind_held(original[name], self.path, name)

@@ -110,3 +110,16 @@ def test_embedding_ig_with_an_attention_mask_matches_captum():
     theirs = LayerIntegratedGradients(forward, model.transformer.wte).attribute(
         ids, torch.zeros_like(ids), additional_forward_args=(mask,), n_steps=16)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_activation_checkpointing_in_training_mode_is_refused() -> None:
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=30, n_positions=8)
+    model = transformers.GPT2LMHeadModel(config)
+    model.gradient_checkpointing_enable()
+    model.train()
+    f, p = tdhook_fn.pure(model, in_keys=["input_ids"], out_keys=["logits"])
+    ids = TensorDict(input_ids=torch.randint(0, 30, (2, 5)), batch_size=[2])
+    with pytest.raises(RuntimeError, match=r"uses activation checkpointing \(gradient_checkpointing=True"):
+        f(p, ids)
+    model.eval()  # the layers check ``self.training`` before they checkpoint
+    assert f(p, ids)["logits"].shape == (2, 5, 30)

@@ -287,3 +287,21 @@ def test_a_module_that_is_not_registered_is_refused() -> None:
     model = _Unregistered()
     with pytest.raises(ValueError, match=r"its attribute 'hidden' holds a Linear that is not a registered submodule"):
         tdhook_fn.call(model, tdhook_fn.params(model), torch.randn(4, 3))
+
+
+class _KeepsItsModule(ModelHook):  # type: ignore[misc]
+    """An accelerate hook that stores its module in init_hook and reads it later."""
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        self.module = module
+        return module
+
+    def post_forward(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
+        return output + self.module.bias
+
+
+def test_an_accelerate_hook_that_keeps_its_module_is_refused() -> None:
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    add_hook_to_module(model[2], _KeepsItsModule())
+    with pytest.raises(ValueError, match=r"module '2': its _hf_hook \(_KeepsItsModule\) keeps a module of the model"):
+        tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.randn(5, 4))
