@@ -37,7 +37,7 @@ from .._taps import Tap, capture
 from .._targets import Target, as_target
 from .._vjp import vjp
 from ._checks import check_call
-from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
+from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
 
 __all__ = [
     "Cotangents",
@@ -185,9 +185,10 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     """The target values of ``f(params, inputs)``, seen as :func:`gradients` sees them."""
     tappable = _tappable(f, bool(target_layers or taps))
     flat = inputs.reshape(-1)
-    run: Any = f if tappable is None else tappable.with_taps(
-        *(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *taps)
+    runs = [0] * len(target_layers)
+    run: Any = f if tappable is None else tappable.with_taps(*_target_layer_taps(target_layers, runs), *taps)
     out = run(params, flat)
+    _check_target_layer_runs("target_values", target_layers, runs)
     private = [f"{_TGT}{i}" for i in range(len(target_layers))]
     seen = TensorDict({p: out.get(k) for p, k in zip(target_layers, private, strict=True)}, batch_size=out.batch_size)
     return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
@@ -243,13 +244,13 @@ def gradients(
             if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
                 feed.update(diff[0])
             tapped: Any = f
-            runs = [0] * len(paths)
+            runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
                 tapped = tappable.with_taps(*checked_taps(paths, layers, diff[1], specs, _act_key, runs),
-                                            *(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)),
-                                            *taps)
+                                            *_target_layer_taps(target_layers, target_runs), *taps)
             out = tapped(params, feed)
             check_runs(paths, specs, runs)
+            _check_target_layer_runs(method, target_layers, target_runs)
             acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
             seen = TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)},
                               batch_size=out.batch_size)
@@ -294,6 +295,23 @@ def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDict
     """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as :func:`gradients` sees them."""
     seen = TensorDict({}, batch_size=out.batch_size)
     return _offer(out, [], seen, _extras(f, flat, input_keys), batch, True, target, check=True)
+
+
+def _target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
+    """A capture of each target layer, and counters of its module's runs (for :func:`_check_target_layer_runs`)."""
+    return [*(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *run_counters(target_layers, runs)]
+
+
+def _check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
+    """A target layer's module must run once: a capture of a module run twice would hold its last run."""
+    if torch.compiler.is_compiling():
+        return
+    for path, n in zip(target_layers, runs, strict=True):
+        if n != 1:
+            raise ValueError(f"{method}: target layer {path!r} ran {n} times in one forward; a target layer must run "
+                             "once (the target would read one of its runs silently); read that run with a target "
+                             "callable over a capture tap instead" if n else
+                             f"{method}: target layer {path!r} never ran in the forward")
 
 
 def _act_key(i: int) -> str:

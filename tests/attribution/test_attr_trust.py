@@ -76,3 +76,23 @@ def test_integrated_gradients_in_half_precision_sums_its_steps_in_float32(dtype:
                                 target=0, n_steps=300, chunk_size=100)["input"]
     assert half.dtype == dtype
     assert float((half.double() - exact).norm() / exact.norm()) < 0.015  # was 0.13 in bf16, summed in bf16
+
+
+class _Shared(nn.Module):
+    """One block run twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.block, self.out = nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.block(torch.tanh(self.block(torch.tanh(self.inp(x)))))))
+
+
+def test_a_target_layer_that_runs_twice_is_refused() -> None:
+    torch.manual_seed(0)
+    f, p = tdhook_fn.pure(_Shared().double())
+    target = lambda td: td["block"].sum(-1)
+    with pytest.raises(ValueError, match=r"target layer 'block' ran 2 times in one forward"):
+        saliency(f, p, inputs(5), target=target, target_layers=["block"])
+    saliency(f, p, inputs(5), target=lambda td: td["inp"].sum(-1), target_layers=["inp"])
