@@ -197,7 +197,10 @@ def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tensor 
         elif isinstance(baselines, torch.Tensor):
             b = _broadcast_baseline(key, baselines, x)
         elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
-            b = torch.full_like(x, float(baselines))
+            if not (x.is_floating_point() or x.is_complex()) and not float(baselines).is_integer():
+                raise ValueError(f"integrated_gradients: input {key!r} is {x.dtype} (token ids) and the baseline "
+                                 f"{baselines!r} is not a whole number; give an id (a pad or mask token)")
+            b = torch.full_like(x, baselines)
         else:
             raise TypeError(f"integrated_gradients: baselines must be a TensorDict, a tensor or a number, got "
                             f"{type(baselines).__name__}")
@@ -207,10 +210,11 @@ def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tensor 
 
 def _broadcast_baseline(key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A tensor baseline for input ``key``: its shape, or one that broadcasts to it (one sample's, ``[1, ...]``)."""
-    if not (b.is_floating_point() or b.is_complex()):
-        raise TypeError(f"integrated_gradients: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype}")
+    if (b.is_floating_point() or b.is_complex()) != (x.is_floating_point() or x.is_complex()):
+        raise TypeError(f"integrated_gradients: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype} (token "
+                        "ids take a baseline of ids, floating-point inputs a floating-point baseline)")
     try:
-        return b.expand(x.shape)
+        return b.to(x.dtype).expand(x.shape)
     except RuntimeError:
         raise ValueError(f"integrated_gradients: baselines has shape {list(b.shape)}, which does not broadcast to "
                          f"input {key!r} of shape {list(x.shape)}; give the input's shape, one sample's "

@@ -96,3 +96,16 @@ def test_a_target_layer_that_runs_twice_is_refused() -> None:
     with pytest.raises(ValueError, match=r"target layer 'block' ran 2 times in one forward"):
         saliency(f, p, inputs(5), target=target, target_layers=["block"])
     saliency(f, p, inputs(5), target=lambda td: td["inp"].sum(-1), target_layers=["inp"])
+
+
+def test_token_ids_take_a_baseline_of_ids() -> None:
+    torch.manual_seed(0)
+    f, p = tdhook_fn.pure(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2)).double())
+    td = TensorDict(input=torch.randint(0, 10, (5, 3)), batch_size=[5])
+    by_number = integrated_gradients(f, p, td, 3, target=0, layers=["[0]"], interpolate="layers")["[0]"]
+    by_ids = integrated_gradients(f, p, td, torch.full((3,), 3), target=0, layers=["[0]"], interpolate="layers")
+    torch.testing.assert_close(by_ids["[0]"], by_number)
+    with pytest.raises(ValueError, match=r"the baseline 3.7 is not a whole number"):
+        integrated_gradients(f, p, td, 3.7, target=0, layers=["[0]"], interpolate="layers")
+    with pytest.raises(TypeError, match=r"token ids take a baseline of ids"):
+        integrated_gradients(f, p, td, torch.full((3,), 3.0), target=0, layers=["[0]"], interpolate="layers")
