@@ -229,29 +229,6 @@ def test_errors_are_the_general_paths(monkeypatch: pytest.MonkeyPatch, walks: Wa
     assert str(walked.value) == str(tapped.value)
 
 
-def test_two_threads_share_one_model_on_the_walk(walks: Walks) -> None:
-    import threading
-
-    model = cnn()
-    f, p = tdhook_fn.pure(model)
-    xs = [torch.randn(3, 2, 8, 8, dtype=torch.float64) for _ in range(2)]
-    expected = [lrp(f, p, TensorDict(input=x, batch_size=[3]), target=1, rules=EpsilonPlus())["input"] for x in xs]
-    wrong: list[int] = []
-
-    def work(i: int) -> None:
-        for _ in range(10):
-            got = lrp(f, p, TensorDict(input=xs[i], batch_size=[3]), target=1, rules=EpsilonPlus())["input"]
-            if not torch.equal(got, expected[i]):
-                wrong.append(i)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not wrong and all(walks.taken)
-
-
 def test_chains_are_hook_free_sequentials_with_one_positional_input_and_one_output() -> None:
     assert [name for name, _ in chain_of(tdhook_fn.functional(mlp())) or []] == ["0", "1", "2", "3", "4"]
     assert chain_of(tdhook_fn.functional(mlp(), in_keys={"input": "input"})) is None
