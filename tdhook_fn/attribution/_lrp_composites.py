@@ -71,6 +71,8 @@ class EpsilonPlus:
 @functools.lru_cache(maxsize=4096)  # a pure function of a string, called per module per call
 def path_of(name: str) -> str:
     """The path of the module named ``name`` in ``named_modules`` (parts that are not identifiers in ``<>``)."""
+    if not name:
+        return ""  # the root
     return ".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split("."))
 
 
