@@ -99,7 +99,7 @@ def _select_per_sample(index: torch.Tensor,
                 f"but the batch is {list(batch)}; to read a multi-dim output (tokens, pixels), pass a callable target"
             )
         classes = value.shape[-1]
-        picked_index = index.to(value.device)
+        picked_index = index.to(value.device, torch.long)  # (uint8 compared with -classes would wrap around)
         if _concrete(picked_index) and picked_index.numel() and bool(
                 ((picked_index < -classes) | (picked_index >= classes)).any()):
             bad = picked_index[(picked_index < -classes) | (picked_index >= classes)][0].item()

@@ -109,3 +109,10 @@ def test_token_ids_take_a_baseline_of_ids() -> None:
         integrated_gradients(f, p, td, 3.7, target=0, layers=["[0]"], interpolate="layers")
     with pytest.raises(TypeError, match=r"token ids take a baseline of ids"):
         integrated_gradients(f, p, td, torch.full((3,), 3.0), target=0, layers=["[0]"], interpolate="layers")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_class_indices_of_any_integer_dtype(dtype: torch.dtype) -> None:
+    f, p = mlp()
+    x, classes = inputs(5), torch.tensor([0, 1, 2, 1, 0])
+    torch.testing.assert_close(saliency(f, p, x, target=classes.to(dtype)), saliency(f, p, x, target=classes))
