@@ -83,6 +83,11 @@ def _signature(state: dict[str, Any]) -> tuple[Any, ...]:
             *map(id, bufs.values()))
 
 
+def _offloads(hook: Any) -> bool:
+    """Whether an accelerate hook (or one of a ``SequentialHook``'s) offloads its module's weights."""
+    return getattr(hook, "offload", False) is True or any(_offloads(h) for h in getattr(hook, "hooks", ()) or ())
+
+
 def _holds_modules(value: Any) -> bool:
     """A plain list, tuple or dict with a module in it (one level)."""
     kind = type(value)
@@ -145,6 +150,12 @@ class _Node:
                 "of the model, so it would compute with no params, or another call's. Call "
                 "model.gradient_checkpointing_disable() or model.eval()")
         if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
+            if _offloads(original["_hf_hook"]):
+                raise RuntimeError(
+                    f"module {self.path or '<root>'!r} has an accelerate offloading hook, which loads the weights "
+                    "from its own store while the module runs, so the call would not compute with the params you "
+                    "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
+                    "offloading")
             rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
         for name in self.holders:  # plain containers of modules (NOTE [what is scanned])
             if _holds_modules(original.get(name)):
