@@ -159,7 +159,10 @@ def _put(t: torch.Tensor, dim: int, index: Index, new: Callable[[torch.Tensor], 
         start, stop, step = part.indices(t.shape[dim])
         inner = _put(t[(slice(None),) * dim + (part,)], dim + 1, rest, new)
         return t.slice_scatter(inner, dim, start, stop, step)
-    idx = torch.tensor(part, device=t.device)
+    size = t.shape[dim]
+    if any(not -size <= i < size for i in part):
+        raise IndexError(f"site index {part} is out of range for a dim of size {size}")
+    idx = torch.tensor([i % size for i in part], device=t.device)  # negative entries count from the end
     inner = _put(t.index_select(dim, idx), dim + 1, rest, new)
     return t.index_copy(dim, idx, inner)
 

@@ -148,3 +148,11 @@ def test_runs_that_share_a_batch_refuse_batch_statistics_and_vmap_refuses_dropou
     f, p = dropping()
     with pytest.warns(RuntimeWarning, match="dropout in training mode"):
         patching_sweep(f, p, batch(5, 4), batch(5, 4), sites, metric, batching="fold")
+
+
+def test_negative_entries_of_a_list_index_count_from_the_end() -> None:
+    f, p = pure(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)))
+    x, source = batch(5, 4), torch.randn(5, 2, dtype=torch.float64)
+    negative = patch(f, p, x, Site("[1]", index=([-1, 0],)), TensorDict({"1[[-1, 0]]": source}, batch_size=[5]))
+    positive = patch(f, p, x, Site("[1]", index=([3, 0],)), TensorDict({"1[[3, 0]]": source}, batch_size=[5]))
+    torch.testing.assert_close(negative["output"], positive["output"])
