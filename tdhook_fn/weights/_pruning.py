@@ -24,6 +24,15 @@ Norm = float | str
 _MASK_HINT = "of bool keep-masks, e.g. from global_unstructured_masks or ln_structured_mask"
 
 
+def _refuse_stacked(method: str, what: str, td: TensorDictBase) -> None:
+    """Masks belong to one parameter set: a stacked one ``[K]`` would be pruned as one pool."""
+    if td.batch_size:
+        raise ValueError(
+            f"{method}: {what} have batch size {list(td.batch_size)} (a stack of parameter sets); a mask belongs to "
+            f"one set, and a stack would be pruned as one pool (whole members pruned). Prune each member: "
+            f"[... for k in range({td.batch_size[0]})] with {what}[k]")
+
+
 def _count_to_prune(amount: float | int, size: int, what: str) -> int:
     """Entries to prune: an int is a count, a float a fraction rounded as torch rounds it."""
     if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
@@ -63,6 +72,7 @@ def global_unstructured_masks(scores: TensorDictBase, amount: float | int) -> Te
     tensor([[False,  True]])
     """
     check_tensordict("global_unstructured_masks", "scores", scores, "e.g. from pruning_scores")
+    _refuse_stacked("global_unstructured_masks", "scores", scores)
     keys = list(scores.keys(True, True))
     tensors = [cast(torch.Tensor, scores.get(k)) for k in keys]
     flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
@@ -156,6 +166,7 @@ def ln_structured_mask(
     """
     if not isinstance(scores, torch.Tensor):
         check_tensordict("ln_structured_mask", "scores", scores, "or a Tensor, e.g. from pruning_scores")
+        _refuse_stacked("ln_structured_mask", "scores", scores)
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"ln_structured_mask: dim must be an int (the dim whose slices are pruned), got {dim!r}")
     _check_norm(n)
@@ -269,6 +280,7 @@ def pruning_scores(
         )
     if skip is not None and not callable(skip):
         raise TypeError(f"pruning_scores: skip must be None or callable as skip(name, module), got {skip!r}")
+    _refuse_stacked("pruning_scores", "params", params)
     scores = TensorDict({}, batch_size=[])
     seen: set[int] = set()  # a tied parameter is scored once, under its first name, as in params()
     for name, module in model.named_modules():

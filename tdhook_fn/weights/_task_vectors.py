@@ -100,9 +100,24 @@ def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float |
     total = vectors[0] if len(vectors) == 1 else cast(TensorDictBase, sum(vectors[1:], vectors[0]))
 
     def shift(b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return b + alpha * v if b.is_floating_point() else b
+        return b + _times(v, alpha) if b.is_floating_point() else b
 
     return cast(TensorDictBase, base.apply(shift, total))
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _times(v: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+    """``alpha * v`` rounded once, as with a Python-number alpha, whatever form alpha takes.
+
+    A Python number multiplies a half-precision tensor in float32 and rounds the product;
+    a tensor alpha would be rounded to the half dtype first (0.7 becomes 0.69921875 in
+    bf16), so the same alpha gave other weights by another path (``sweep_alphas``' vmap).
+    """
+    if v.dtype in _HALF:
+        return (v.float() * (alpha.float() if isinstance(alpha, torch.Tensor) else alpha)).to(v.dtype)
+    return alpha * v
 
 
 def _alpha_values(alphas: object) -> torch.Tensor:
@@ -146,8 +161,8 @@ def _stacked(base: TensorDictBase, vector: TensorDictBase, alphas: torch.Tensor)
     def shift(b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not b.is_floating_point():
             return b.expand(len(alphas), *b.shape)
-        a = alphas.to(b.dtype).reshape(-1, *[1] * b.dim())
-        return b + a * v
+        a = alphas.to(torch.float32 if b.dtype in _HALF else b.dtype).reshape(-1, *[1] * b.dim())
+        return b + _times(v, a)
 
     return cast(TensorDictBase, base.apply(shift, vector, batch_size=[len(alphas), *base.batch_size]))
 

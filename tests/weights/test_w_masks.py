@@ -285,3 +285,17 @@ def test_pruning_scores_score_a_tied_weight_once():
     importance = lambda module_key, parameter_name, parameter: parameter.abs()
     scores = pruning_scores(model, tdhook_fn.params(model), importance)
     assert {".".join(k) for k in scores.keys(True, True)} == {"enc.weight"}
+
+
+def test_a_stack_of_parameter_sets_is_refused() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    p = tdhook_fn.params(net)
+    stack = torch.stack([p, p.apply(lambda t: 2 * t), p.apply(lambda t: -t)])
+    importance = lambda module_key, parameter_name, parameter: parameter.abs()
+    with pytest.raises(ValueError, match=r"params have batch size \[3\] \(a stack of parameter sets\)"):
+        pruning_scores(net, stack, importance)
+    scores = torch.stack([pruning_scores(net, p, importance)] * 3)
+    with pytest.raises(ValueError, match=r"scores have batch size \[3\]"):
+        global_unstructured_masks(scores, 0.5)
+    with pytest.raises(ValueError, match=r"scores have batch size \[3\]"):
+        ln_structured_mask(scores, 1, 0)

@@ -234,3 +234,20 @@ def test_best_alpha_none_adequate() -> None:
         best_alpha([0.5, 1.0], [1.0, 2.0], [False, False])
     assert best_alpha([0.5, 1.0, 2.0], [3.0, 3.0, 1.0], [True, True, True]) == 0.5
     assert best_alpha([0.5, 1.0, 2.0], [3.0, 3.0, 9.0], [False, True, False]) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_one_alpha_gives_the_same_weights_on_every_path(dtype: torch.dtype) -> None:
+    """A Python-number alpha multiplies half-precision weights in float32; the vmapped sweep and a tensor alpha too."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 4).to(dtype)
+    base = tdhook_fn.params(net)
+    vector = task_vector(base, base.apply(lambda t: t + torch.randn_like(t)))
+    alphas = [0.1, 0.3, 0.7, 1.3]
+    weights = lambda p: p["weight"] + 0
+    looped = sweep_alphas(weights, base, vector, alphas, chunk_size=1)
+    mapped = sweep_alphas(weights, base, vector, alphas, chunk_size=4)
+    assert torch.equal(looped, mapped)
+    for a, w in zip(alphas, looped, strict=True):
+        assert torch.equal(apply_vectors(base, vector, alpha=a)["weight"], w)
+        assert torch.equal(apply_vectors(base, vector, alpha=torch.tensor(a))["weight"], w)
