@@ -37,7 +37,12 @@ def task_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBa
     check_tensordict("task_vector", "base", base)
     check_tensordict("task_vector", "finetuned", finetuned)
     check_same_structure("task_vector", base, finetuned)
-    return finetuned - base
+    return _minus(finetuned, base)
+
+
+def _minus(a: TensorDictBase, b: TensorDictBase) -> TensorDictBase:
+    """``a - b`` leaf by leaf; bool buffers (no subtraction) hold where they differ (apply_vectors keeps base's)."""
+    return cast(TensorDictBase, a.apply(lambda x, y: x != y if x.dtype == torch.bool else x - y, b))
 
 
 def forget_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBase:
@@ -50,7 +55,7 @@ def forget_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDict
     check_tensordict("forget_vector", "base", base)
     check_tensordict("forget_vector", "finetuned", finetuned)
     check_same_structure("forget_vector", base, finetuned)
-    return base - finetuned
+    return _minus(base, finetuned)
 
 
 def _check_alpha(alpha: object) -> None:

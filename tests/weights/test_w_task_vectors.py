@@ -251,3 +251,13 @@ def test_one_alpha_gives_the_same_weights_on_every_path(dtype: torch.dtype) -> N
     for a, w in zip(alphas, looped, strict=True):
         assert torch.equal(apply_vectors(base, vector, alpha=a)["weight"], w)
         assert torch.equal(apply_vectors(base, vector, alpha=torch.tensor(a))["weight"], w)
+
+
+def test_a_model_with_a_bool_buffer_has_task_vectors() -> None:
+    net = torch.nn.Linear(3, 2)
+    net.register_buffer("active", torch.tensor([True, False]))
+    base = tdhook_fn.params(net)
+    tuned = base.apply(lambda t: t if t.dtype == torch.bool else t + 1)
+    for vector in (task_vector(base, tuned), forget_vector(tuned, base)):
+        applied = apply_vectors(base, vector)
+        assert torch.equal(applied["weight"], tuned["weight"]) and torch.equal(applied["active"], base["active"])
