@@ -283,6 +283,7 @@ def pruning_scores(
     _refuse_stacked("pruning_scores", "params", params)
     scores = TensorDict({}, batch_size=[])
     seen: set[int] = set()  # a tied parameter is scored once, under its first name, as in params()
+    first = {id(p): tuple(n.split(".")) for n, p in model.named_parameters()}  # (also where that module is skipped)
     for name, module in model.named_modules():
         if skip is not None and skip(name, module):
             continue
@@ -290,7 +291,7 @@ def pruning_scores(
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            key = (*name.split("."), param_name) if name else (param_name,)
+            key = first[id(param)]
             if key not in params.keys(True, True):
                 raise KeyError(
                     f"pruning_scores: params have no {key_name(key)!r}, a parameter of model: "

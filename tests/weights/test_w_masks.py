@@ -299,3 +299,12 @@ def test_a_stack_of_parameter_sets_is_refused() -> None:
         global_unstructured_masks(scores, 0.5)
     with pytest.raises(ValueError, match=r"scores have batch size \[3\]"):
         ln_structured_mask(scores, 1, 0)
+
+
+def test_a_tied_parameter_is_scored_under_its_first_name_where_that_module_is_skipped() -> None:
+    embed, head = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+    head.weight = embed.weight  # tied, as GPT-2's embedding and LM head
+    net = torch.nn.Sequential(embed, torch.nn.Tanh(), head)
+    importance = lambda module_key, parameter_name, parameter: parameter.abs()
+    scores = pruning_scores(net, tdhook_fn.params(net), importance, skip=lambda name, _m: name == "0")
+    assert list(scores.keys(True, True)) == [("0", "weight")]
