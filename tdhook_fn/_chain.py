@@ -74,26 +74,13 @@ def run_chain(f: Functional, params: TensorDictBase, td: TensorDictBase, links: 
     is in the chain twice is a link twice, with one shadow.
     """
     x = _get_input(td, f.in_keys[0])
-    originals = [module for _, module in links]
 
     def invoke(root: nn.Module) -> Any:
-        shadows = _shadow_links(root, f.model, originals)
         h = x
-        for link, shadow in zip(links, shadows, strict=True):
-            h = step(link, shadow, h)
+        for link in links:  # the shadow tree mirrors the model's: a link's name finds its shadow
+            h = step(link, root.get_submodule(link[0]), h)
         return h
 
     output, captured = run(f.model, params, (), invoke)
     return _pack(td.batch_size, {f.out_keys[0]: output}, captured)
 
-
-def _shadow_links(root: nn.Module, model: nn.Module, originals: list[nn.Module]) -> list[nn.Module]:
-    """The shadows of ``originals``, found by walking the shadow tree beside the model's."""
-    by_id: dict[int, nn.Module] = {}
-    stack = [(model, root)]
-    while stack:
-        original, shadow = stack.pop()
-        by_id[id(original)] = shadow
-        stack.extend((o, s) for o, s in zip(original._modules.values(), shadow._modules.values(), strict=True)
-                     if o is not None and s is not None)
-    return [by_id[id(m)] for m in originals]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import optree
@@ -17,7 +17,7 @@ from ._call import run
 from ._params import params as params_of
 from ._taps import Captured, Tap
 
-__all__ = ["Functional", "NestedKey", "functional", "pure"]
+__all__ = ["Functional", "NestedKey", "functional", "pure", "with_copied_inputs"]
 
 NestedKey = str | tuple[str, ...]
 _NAMESPACE = "tdhook_fn"
@@ -164,6 +164,20 @@ def pure(
         buffers (detached, see :func:`tdhook_fn.params`).
     """
     return functional(model, in_keys, out_keys), params_of(model)
+
+
+def with_copied_inputs(td: TensorDictBase, keep: Collection[NestedKey] = ()) -> TensorDictBase:
+    """``td`` with its tensors copied (except those under ``keep``), for a method to run ``f`` on.
+
+    A model may write its inputs in place (a first ``ReLU(inplace=True)``, ``x += ...``);
+    a method's call must never write the caller's tensors. ``keep`` names those the
+    method replaces anyway (the attributed inputs, differentiated as fresh leaves).
+    """
+    out = td.copy()
+    for key, value in td.items(True, True):
+        if isinstance(value, torch.Tensor) and key not in keep:
+            out.set(key, value.clone())
+    return out
 
 
 def _get_input(td: TensorDictBase, key: NestedKey) -> Any:

@@ -55,12 +55,13 @@ def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool 
         ValueError: such a batch norm, or dropout with ``dropout="raise"``; the message
             names the modules.
     """
-    batch_dependent, stochastic = [], []
+    batch_dependent, stochastic, drawing = [], [], []
     for name, module in model.named_modules():
         if batch_norms and _batch_dependent(module):
             batch_dependent.append(name or "<root>")
         elif module.training and _is_stochastic(module) and (dropout == "raise" or module not in _warned):
             stochastic.append(name or "<root>")
+            drawing.append(module)
     if batch_dependent:
         raise ValueError(
             f"{method}: modules {batch_dependent} are batch norms that normalise with the statistics of the batch "
@@ -70,7 +71,7 @@ def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool 
     if stochastic and dropout == "raise":
         raise ValueError(f"{method}: modules {stochastic} apply dropout in training mode{why}; call model.eval()")
     if stochastic:
-        _warned.update(module for name, module in model.named_modules() if (name or "<root>") in stochastic)
+        _warned.update(drawing)
         warnings.warn(
             f"{method}: modules {stochastic} apply dropout in training mode, so two identical calls give different "
             "results; call model.eval() for deterministic results",

@@ -32,7 +32,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional, NestedKey, with_copied_inputs
 from .._taps import Tap, capture
 from .._targets import Target, as_target
 from .._vjp import vjp
@@ -231,16 +231,13 @@ def gradients(
     extras = _extras(f, flat, input_keys)
     private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
     attributed = set(input_keys)
-    passive = [k for k, v in flat.items(True, True) if isinstance(v, torch.Tensor) and k not in attributed]
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
         device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
         deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
 
         def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
-            feed = flat.copy()
-            for key in passive:  # the model may write its inputs in place: never the caller's tensors
-                feed.set(key, feed.get(key).clone())
+            feed = with_copied_inputs(flat, attributed)
             if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
                 feed.update(diff[0])
             tapped: Any = f
@@ -307,11 +304,12 @@ def _check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Se
     if torch.compiler.is_compiling():
         return
     for path, n in zip(target_layers, runs, strict=True):
-        if n != 1:
+        if n == 0:
+            raise ValueError(f"{method}: target layer {path!r} never ran in the forward")
+        if n > 1:
             raise ValueError(f"{method}: target layer {path!r} ran {n} times in one forward; a target layer must run "
                              "once (the target would read one of its runs silently); read that run with a target "
-                             "callable over a capture tap instead" if n else
-                             f"{method}: target layer {path!r} never ran in the forward")
+                             "callable over a capture tap instead")
 
 
 def _act_key(i: int) -> str:

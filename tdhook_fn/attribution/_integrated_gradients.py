@@ -132,7 +132,8 @@ def integrated_gradients(
     check_call("integrated_gradients", f, params, inputs)
     if input_keys is None and len(getattr(f, "keywords", {})) > 1:
         raise ValueError(
-            f"integrated_gradients: f passes {list(f.in_keys)} as keyword arguments; say which of them the baselines "  # type: ignore[attr-defined]
+            f"integrated_gradients: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of "
+            "them the baselines "
             "replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an attention mask, "
             "are then passed unchanged, as captum's additional_forward_args)"
         )

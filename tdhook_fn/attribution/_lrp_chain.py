@@ -49,7 +49,7 @@ from ._checks import check_call
 from ._engine import Cotangents, Gradients, offered_targets, seed_cotangents, unflatten
 from ._lrp_call import ModuleCall, Template
 from ._lrp_checks import check_module_call, check_pass
-from ._lrp_composites import path_of
+from ._lrp_composites import Resolved
 from ._lrp_rules import Pass, Rule
 
 __all__ = ["chain_lrp"]
@@ -122,14 +122,14 @@ class _Steps:
     as here, and never writes the caller's tensors.
     """
 
-    def __init__(self, ruled: dict[int, tuple[str, Rule]]):
+    def __init__(self, ruled: dict[int, tuple[str, Rule]]):  # by module identity
         self.ruled = ruled
         self.records: list[_Record] = []
 
     def __call__(self, link: Link, module: nn.Module, h: Any) -> torch.Tensor:
         if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
             raise _NotAChain
-        path, rule = self.ruled.get(id(link[1]), (path_of(link[0]), None))
+        path, rule = self.ruled.get(id(link[1]), ("", None))  # (the path only names ruled modules)
         writes = getattr(module, "inplace", False) is True  # it gets a copy (NOTE [lrp on a chain])
         x = h.detach().requires_grad_()
         try:
@@ -141,8 +141,9 @@ class _Steps:
         if not (isinstance(y, torch.Tensor) and y.requires_grad):
             raise _NotAChain
         out = y.detach()
-        if rule is None or callable(getattr(rule, "output_factor", None)):
-            factor = None if rule is None else rule.output_factor(path, 1, out)  # type: ignore[attr-defined]
+        output_factor = getattr(rule, "output_factor", None)  # the gradient form (NOTE [gradient-form rules])
+        if rule is None or callable(output_factor):
+            factor = None if output_factor is None else output_factor(path, 1, out)
             self.records.append(_Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
         elif isinstance(rule, Pass):
             check_pass(path, (x,), y)
@@ -157,21 +158,17 @@ class _Steps:
 
 
 class _RandomState:
-    """The CPU generator's state, and the CUDA generators' where CUDA is in use."""
+    """The CPU generator's state, and the CUDA one of the inputs' device where they are on a GPU."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.device = device
 
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-
-
-def _ruled_modules(model: nn.Module, ruled: dict[str, Rule]) -> dict[int, tuple[str, Rule]]:
-    """The rule and path of each ruled module, by identity: a module the chain runs twice has its rule both times."""
-    return {id(m): (path, ruled[path]) for name, m in model.named_modules() if (path := path_of(name)) in ruled}
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def _rule_below(links: list[Link], ruled: dict[int, tuple[str, Rule]]) -> bool:
@@ -180,15 +177,19 @@ def _rule_below(links: list[Link], ruled: dict[int, tuple[str, Rule]]) -> bool:
 
 
 def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey, target: Target,
-              ruled: dict[str, Rule], cotangents: Cotangents | None) -> Gradients | None:
-    """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain]; ``None`` where it does not apply."""
-    by_module = _ruled_modules(f.model, ruled)
+              ruled: Resolved, cotangents: Cotangents | None) -> Gradients | None:
+    """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain]; ``None`` where it does not apply.
+
+    Rules are looked up by module (``ruled.by_module``): a module the chain runs twice has
+    its rule both times.
+    """
+    by_module = ruled.by_module
     links = chain_of(f, lambda _name, module: id(module) in by_module)
     if links is None or key != f.in_keys[0] or id(f.model) in by_module or _rule_below(links, by_module):
-        return None  # (a rule on the root: the taps' error)
+        return None  # (a rule on the root: the taps run the whole model as one ruled module)
     check_call("lrp", f, params, inputs, (key,))
     batch, flat = inputs.batch_size, inputs.reshape(-1)
-    rng = _RandomState()  # a walk given up gives the taps the random state it found (dropout)
+    rng = _RandomState(flat.get(key).device)  # a walk given up gives the taps the random state it found (dropout)
     steps = _Steps(by_module)
     try:
         with torch.enable_grad():

@@ -92,7 +92,8 @@ def refuse_level_zero_graph(maps: TensorDictBase) -> None:
 
 
 def raise_unless_conserved(relevance: TensorDict, targets: TensorDictBase, per_target: bool,
-                        cotangents: Cotangents | None, batch: torch.Size) -> None:
+                           cotangents: Cotangents | None, batch: torch.Size) -> None:
+    """Raise ``RuntimeError`` unless each map sums to the relevance put in at its targets."""
     lead = relevance.batch_size[: len(relevance.batch_size) - len(batch)]
 
     def total(td: Any, dims: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from torch import nn
 from .._paths import PathError, resolve_path
 from ._lrp_rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
 
-__all__ = ["ACTIVATIONS", "EpsilonPlus", "RuleMapper", "Rules", "path_of", "resolve_rules"]
+__all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "path_of", "resolve_rules"]
 
 RuleMapper = Callable[[str, nn.Module], Rule | None]
 Rules = Mapping[str | type[nn.Module], Rule] | RuleMapper
@@ -118,9 +118,17 @@ def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapp
     return mapper
 
 
+class Resolved(dict[str, Rule]):
+    """The rule of each ruled submodule by path; ``by_module`` gives ``(path, rule)`` by module identity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_module: dict[int, tuple[str, Rule]] = {}
+
+
 def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool = True,
-                  method: str = "lrp") -> dict[str, Rule]:
-    """The rule of each submodule that has one (not :class:`Ignore`), by path.
+                  method: str = "lrp") -> Resolved:
+    """The rule of each submodule that has one (not :class:`Ignore`), by path (and by module).
 
     Raises:
         TypeError: ``rules`` is neither a mapping nor a callable, or a rule has no
@@ -135,6 +143,7 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
         raise TypeError(f"{method}: rules must be a mapping or a callable (name, module) -> rule, got "
                         f"{type(rules).__name__}")
     found: dict[str, Rule] = {}
+    modules: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
         rule = mapper(name, module)
         if rule is None:
@@ -146,13 +155,18 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
             raise TypeError(f"{method}: the rule for {name!r} is a {type(rule).__name__}, which has no relevance "
                             "method (see tdhook_fn.attribution.Epsilon)")
         if not isinstance(rule, Ignore):
-            found[name] = rule
+            found[name], modules[name] = rule, module
     nested = [(outer, inner) for inner in found if inner for outer in _ancestors(inner) if outer in found]
     if nested:
         outer, inner = nested[0]
         raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
                          "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
-    return {path_of(name): rule for name, rule in found.items()}
+    resolved = Resolved()
+    for name, rule in found.items():
+        path = path_of(name)
+        resolved[path] = rule
+        resolved.by_module[id(modules[name])] = (path, rule)
+    return resolved
 
 
 def _ancestors(name: str) -> list[str]:

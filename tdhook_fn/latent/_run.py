@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import Functional
+from .._functional import Functional, with_copied_inputs
 from .._modes import check_attribution_modes
 from .._probe import on_meta
 from .._taps import Tap
@@ -101,8 +101,8 @@ def resolve_runs(method: str, f: Functional, params: TensorDictBase, flat: Tenso
 
 
 def forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, taps: Sequence[Tap]) -> TensorDict:
-    """``f`` with ``taps`` on inputs whose batch is one dim."""
-    return f.with_taps(*taps)(params, flat)
+    """``f`` with ``taps`` on inputs whose batch is one dim (copies: the model may write them in place)."""
+    return f.with_taps(*taps)(params, with_copied_inputs(flat))
 
 
 def unflatten(t: torch.Tensor, batch: torch.Size, lead: int = 0) -> torch.Tensor:

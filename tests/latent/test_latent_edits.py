@@ -156,3 +156,15 @@ def test_negative_entries_of_a_list_index_count_from_the_end() -> None:
     negative = patch(f, p, x, Site("[1]", index=([-1, 0],)), TensorDict({"1[[-1, 0]]": source}, batch_size=[5]))
     positive = patch(f, p, x, Site("[1]", index=([3, 0],)), TensorDict({"1[[3, 0]]": source}, batch_size=[5]))
     torch.testing.assert_close(negative["output"], positive["output"])
+
+
+def test_the_callers_inputs_are_never_written_by_in_place_modules() -> None:
+    f, p = pure(nn.Sequential(nn.ReLU(inplace=True), nn.Linear(4, 4), nn.Linear(4, 3)))
+    x = batch(5, 4)
+    kept = x["input"].clone()
+    assert bool((kept < 0).any())
+    clean = cache(f, p, x, "[1]")
+    patch(f, p, x, "[1]", clean)
+    steer(f, p, x, "[1]", TensorDict({"1": torch.ones(4, dtype=torch.float64)}))
+    patching_sweep(f, p, x, batch(5, 4), [Site("[1]", index=(i,)) for i in range(4)], lambda out: out["output"][..., 0])
+    assert torch.equal(x["input"], kept)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
@@ -41,7 +41,7 @@ def _as_rule(rule: Any, name: str) -> attribution.Rule:
     if isinstance(rule, Rule):
         return rule.rule()
     if callable(getattr(rule, "relevance", None)):
-        return rule  # type: ignore[no-any-return]
+        return cast(attribution.Rule, rule)
     raise TypeError(f"LRP: the rule mapper gave module {name!r} a {type(rule).__name__}; give a rule of "
                     "tdhook_fn.compat.attribution.lrp_helpers.rules or of tdhook_fn.attribution, or None")
 

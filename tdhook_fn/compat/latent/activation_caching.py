@@ -114,7 +114,9 @@ class ActivationCaching(HookingContextFactory):
                 yield ("td_module." + name if name else "td_module"), submodule
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
-        cache = module.hooking_context.cache  # type: ignore[union-attr]
+        context = module.hooking_context
+        assert isinstance(context, HookingContextWithCache)  # this factory's own context made the module
+        cache = context.cache
         containers = (nn.ModuleList, nn.ModuleDict)
         selected = [
             (name, submodule) for name, submodule in self._named(module)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -173,7 +173,7 @@ class HookedModuleRun:
             )
         )
         self._handles.append(handle)
-        return proxy  # type: ignore[no-any-return]
+        return cast(CacheProxy, proxy)
 
     def set_grad(self, *args: Any, **kwargs: Any) -> None:
         self._ensure_in_context("set_grad")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from textwrap import indent
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
@@ -46,7 +46,7 @@ def flatten_select_reshape_call(
     result = module(td.flatten() if flatten else td)
     if select:
         result = result.select(*module.out_keys)
-    return result.reshape(td.shape) if reshape else result  # type: ignore[no-any-return]
+    return cast(TensorDictBase, result.reshape(td.shape) if reshape else result)
 
 
 def _fields(module: TensorDictModuleBase, extra: str) -> str:
