@@ -61,15 +61,11 @@ class Reads:
     def get(self, site: Site) -> torch.Tensor:
         """The one value read at ``site``; an error when it ran never or, without ``call``, twice."""
         runs = self.values[site.key]
-        if not runs:
-            raise ValueError(f"{self.method}: site {site.key!r} never ran in the forward")
-        if site.call is not None and site.call < 0:
+        if runs and site.call is not None and site.call < 0:
             if -site.call > len(runs):
                 raise ValueError(f"{self.method}: site {site.key!r} has call={site.call} but ran {len(runs)} times")
             return runs[site.call]
-        if len(runs) > 1:
-            raise ValueError(f"{self.method}: site {site.key!r} ran {len(runs)} times in one forward; pick one run "
-                             "with Site(..., call=k) (-1 for the last)")
+        _refuse_runs(self.method, site, len(runs))
         return runs[0]
 
     def clear(self) -> None:
@@ -181,14 +177,17 @@ class Edits:
     def check(self, sites: Sequence[Site]) -> None:
         """Raise for a site whose edit never ran (or not at its ``call``), or ran more than once."""
         for site in sites:
-            runs = self.runs[site.key]
-            if runs == 0:
-                at = "" if site.call is None else f" (call={site.call}: the module ran fewer times)"
-                raise ValueError(f"{self.method}: site {site.key!r} never ran in the forward{at}, so nothing was "
-                                 "edited")
-            if runs > 1:
-                raise ValueError(f"{self.method}: site {site.key!r} ran {runs} times in one forward; pick one run "
-                                 "with Site(..., call=k) (-1 for the last)")
+            _refuse_runs(self.method, site, self.runs[site.key])
+
+
+def _refuse_runs(method: str, site: Site, runs: int) -> None:
+    """Raise unless a site's tap fired once in the forward: never (or not at its ``call``), or more often."""
+    if runs == 0:
+        at = "" if site.call is None else f" (call={site.call}: the module ran fewer times)"
+        raise ValueError(f"{method}: site {site.key!r} never ran in the forward{at}")
+    if runs > 1:
+        raise ValueError(f"{method}: site {site.key!r} ran {runs} times in one forward; pick one run with "
+                         "Site(..., call=k) (-1 for the last)")
 
 
 def metric_values(method: str, metric: Metric, out: TensorDictBase, shape: Sequence[int]) -> torch.Tensor:
