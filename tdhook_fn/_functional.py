@@ -63,6 +63,16 @@ class Functional:
         return Functional(self.model, self.in_keys, self.out_keys, self.taps + taps, self.keywords)
 
     def __call__(self, params: TensorDictBase, td: TensorDictBase) -> TensorDict:
+        return self.call_with(params, td)
+
+    def call_with(self, params: TensorDictBase, td: TensorDictBase, **extra: Any) -> TensorDict:
+        """``self(params, td)``, passing the forward ``extra`` keyword arguments as well.
+
+        For what no TensorDict holds, such as a Hugging Face cache object
+        (``past_key_values=``). Not for a ``TensorDictModule`` (it takes the TensorDict only).
+        """
+        if extra and isinstance(self.model, TensorDictModuleBase):
+            raise TypeError(f"functional: a TensorDictModule takes no extra keyword arguments, got {sorted(extra)}")
         if not isinstance(td, TensorDictBase):
             raise TypeError(
                 f"functional: f(params, td) takes the inputs as a TensorDict, got {type(td).__name__}; wrap a batch "
@@ -78,6 +88,7 @@ class Functional:
             names = self.keywords
             args = [_get_input(td, key) for key in self.in_keys if key not in names]
             kwargs = {names[key]: _get_input(td, key) for key in self.in_keys if key in names}
+            kwargs.update(extra)
             output, captured = run(self.model, params, self.taps, lambda root: root(*args, **kwargs))
             leaves = _output_leaves(output, self.out_keys)
         return _pack(td.batch_size, dict(zip(self.out_keys, leaves, strict=False)), captured)

@@ -45,6 +45,7 @@ from .._modes import check_attribution_modes
 from .._taps import Tap
 from .._vjp import any_requires_grad, untransformed
 from ._cache import cache
+from ._causal import CausalCut, causal_cut, check_agrees
 from ._run import Edits, Metric, Reads, Sources, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
 
@@ -120,6 +121,7 @@ def patching_sweep(
     chunk_size: int | None = None,
     batching: Literal["vmap", "fold"] = "vmap",
     skip_unchanged: bool = True,
+    causal: bool = False,
 ) -> torch.Tensor:
     """``metric`` of the corrupted run with each site, in turn, patched from the clean run.
 
@@ -147,6 +149,12 @@ def patching_sweep(
             one forward of the corrupted inputs, instead of running them (NOTE
             [unchanged sites]); only outside transforms and without gradients.
             Default: ``True``.
+        causal (bool): the model is a causal decoder (a Hugging Face one, with a key/value
+            cache): a run patching position ``p`` first runs the positions ``[p:]`` only,
+            the ones before from the corrupted run's cache (NOTE [causal sweeps]; about
+            half the work over a grid of every position). The claim is tested on one run
+            (``RuntimeError`` if the model is not causal). Eager, ``batching="vmap"``
+            only. Default: ``False``.
 
     Returns:
         Tensor: ``[len(sites), *B]``, in the order of ``sites``.
@@ -172,6 +180,13 @@ def patching_sweep(
         raise ValueError(f"patching_sweep: batching must be 'vmap' or 'fold', got {batching!r}")
     if not isinstance(skip_unchanged, bool):
         raise TypeError(f"patching_sweep: skip_unchanged must be a bool, got {type(skip_unchanged).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"patching_sweep: causal must be a bool, got {type(causal).__name__}")
+    if causal and batching != "vmap":
+        raise ValueError("patching_sweep: causal=True runs its chunks under vmap; use batching='vmap'")
+    if causal and not untransformed():
+        raise NotImplementedError("patching_sweep: causal=True tests its claim on the data (an eager comparison), "
+                                  "so it does not run under a functorch transform; pass causal=False there")
     # runs share one batch (fold) or one vmap: a batch norm on batch statistics would mix them
     check_attribution_modes(f.model, "patching_sweep", dropout="raise" if batching == "vmap" else "warn",
                             why=" (under vmap the runs cannot draw their own masks; batching='fold' can)")
@@ -186,11 +201,13 @@ def patching_sweep(
     runs = [chosen[k] for k in todo]
     size = chunk_size or max(len(runs), 1)
     chunks = [runs[start : start + size] for start in range(0, len(runs), size)]
-    if batching == "fold":
+    if causal and runs:
+        parts = [_causal_runs(f, params, flat, runs, modules, full, metric, batch, size)]
+    elif batching == "fold":
         sources = {site.key: full[modules[_group(site)].key][_selection(site)] for site in runs}
         parts = [_folded(f, params, flat, part, sources, metric, batch) for part in chunks]
     else:
-        parts = [_mapped(f, params, flat, part, modules, full, metric, batch) for part in chunks]
+        parts = [_mapped(f, params, flat, part, modules, full, _reader(metric, batch)) for part in chunks]
     if values is None:
         return torch.cat(parts)
     if parts:
@@ -256,8 +273,20 @@ def _modules(sites: Sequence[Site]) -> dict[Group, Site]:
 
 
 def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
-            modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size) -> torch.Tensor:
-    """One chunk under ``vmap`` over per-run masks: run ``k`` takes the clean values where its mask is set."""
+            modules: dict[Group, Site], full: dict[str, Any], read: Callable[[TensorDictBase], Any],
+            cut: CausalCut | None = None, start: int = 0) -> Any:
+    """One chunk under ``vmap`` over per-run masks: run ``k`` takes the clean values where its mask is set.
+
+    ``read`` makes a run's result of its outputs. With ``start`` the runs cover the
+    positions ``[start:]`` only, by ``cut`` (NOTE [causal sweeps]).
+    """
+    run_forward: Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict] = (
+        lambda p, td, taps: forward(f, p, td, taps))
+    if start:
+        assert cut is not None
+        flat, run_forward = cut.inputs(flat, start), cut.run(start)
+        full = {m.key: cut.source(full[m.key], start) for m in modules.values()}
+        runs = [cut.shifted(site, start) for site in runs]
     masks: dict[str, torch.Tensor] = {}
     for k, site in enumerate(runs):
         whole = modules[_group(site)]
@@ -269,12 +298,60 @@ def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: S
         masks[whole.key][k][(slice(None), *as_indices(site.index))] = True
     chunk_modules = [m for m in modules.values() if m.key in masks]
 
-    def one_run(mask: dict[str, torch.Tensor]) -> torch.Tensor:
+    def one_run(mask: dict[str, torch.Tensor]) -> Any:
         taps = [m.editor(_where(mask[m.key], full[m.key])) for m in chunk_modules]
-        out = forward(f, params, flat, taps)
-        return metric_values("patching_sweep", metric, out, batch)
+        return read(run_forward(params, flat, taps))
 
     return torch.func.vmap(one_run)(masks)
+
+
+def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
+                 modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size,
+                 size: int) -> torch.Tensor:
+    """Each run's metric (in order), a run cut to the positions from its first patch on (NOTE [causal sweeps])."""
+    cut = causal_cut(f, params, flat)
+    starts = [cut.start(site, full[modules[_group(site)].key]) for site in runs]
+    last = max(range(len(runs)), key=starts.__getitem__)
+    if starts[last]:  # the claim that the model is causal, tested on the run that leans on it most
+        whole = _mapped(f, params, flat, [runs[last]], modules, full, _outputs)
+        check_agrees(_mapped(f, params, flat, [runs[last]], modules, full, _outputs, cut, starts[last]), whole,
+                     runs[last])
+    values: list[torch.Tensor] = [torch.empty(0)] * len(runs)
+    for chunk in _causal_chunks(runs, starts, cut, size):
+        part = _mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch), cut,
+                       starts[chunk[0]])
+        for k, value in zip(chunk, part, strict=True):
+            values[k] = value
+    return torch.stack(values)
+
+
+def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, size: int) -> list[list[int]]:
+    """The runs in chunks cut at their first run's start: one module each, by start, sized by ``cut.chunk``.
+
+    One module per chunk keeps what ``vmap`` shares below it (NOTE [causal sweeps]).
+    """
+    by_module: dict[Group, list[int]] = {}
+    for k, site in enumerate(runs):
+        by_module.setdefault(_group(site), []).append(k)
+    chunks = []
+    for members in by_module.values():
+        members.sort(key=starts.__getitem__)
+        lo = 0
+        while lo < len(members):
+            n = min(size, cut.chunk(runs[members[lo]], starts[members[lo]]))
+            chunks.append(members[lo : lo + n])
+            lo += n
+    return chunks
+
+
+def _reader(metric: Metric, batch: torch.Size) -> Callable[[TensorDictBase], torch.Tensor]:
+    """A run's metric values of its outputs."""
+    return lambda out: metric_values("patching_sweep", metric, out, batch)
+
+
+def _outputs(out: TensorDictBase) -> TensorDictBase:
+    """A run's outputs as they are (to compare two ways of running it)."""
+    return out
 
 
 def _where(mask: torch.Tensor, clean: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,0 +1,178 @@
+"""patching_sweep(causal=True): runs cut to the positions a patch can change, from the corrupted run's cache."""
+
+import pytest
+import torch
+import transformers
+from tensordict import TensorDict
+
+import tdhook_fn
+from tdhook_fn.latent import Site, cache, patch, patching_sweep
+
+L, V = 7, 40
+
+
+def _gpt2(seed=0, attention="sdpa"):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=V, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = attention
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    model = _gpt2()
+    return model, tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"]), tdhook_fn.params(model)
+
+
+def _ids(seed, n=3):
+    return torch.randint(0, V, (n, L), generator=torch.Generator().manual_seed(seed))
+
+
+def _pair(n=3):
+    return (TensorDict(input_ids=_ids(s, n), batch_size=[n]) for s in (1, 2))
+
+
+def _metric(out):
+    return out["logits"][..., -1, 3] - out["logits"][..., 1, 5]  # reads an early position too
+
+
+GRID = [Site(f"transformer.h.{layer}", index=(t,)) for layer in range(3) for t in range(L)]
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 5])
+def test_causal_equals_the_whole_runs(gpt2, chunk_size):
+    _, f, p = gpt2
+    clean, corrupt = _pair()
+    whole = patching_sweep(f, p, clean, corrupt, GRID, _metric)
+    cut = patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=True, chunk_size=chunk_size)
+    torch.testing.assert_close(cut, whole, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_equals_a_loop_of_patch_calls_at_mixed_sites(gpt2):
+    model, f, p = gpt2
+    clean, corrupt = _pair()
+    sites = [Site("transformer.h.1.mlp", index=(3,)), Site("transformer.h.0.attn", index=(-2,)),
+             Site("transformer.h.2", index=(4, slice(0, 8))), Site("transformer.h.1"),  # whole: runs whole
+             Site("transformer.h.2.ln_1", index=(5,), site="input"), Site("transformer.h.0", index=(0,))]
+    got = patching_sweep(f, p, clean, corrupt, sites, _metric, causal=True)
+    sources = cache(f, p, clean, sites)
+    loop = torch.stack([_metric(patch(f, p, corrupt, s, sources.select(s.key))) for s in sites])
+    torch.testing.assert_close(got, loop, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_with_a_whole_attention_mask_and_keyword_inputs():
+    model = _gpt2(1)
+    f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+                             out_keys=["logits"])
+    p = tdhook_fn.params(model)
+    clean, corrupt = _pair()
+    for td in (clean, corrupt):
+        td["attention_mask"] = torch.ones(3, L, dtype=torch.long)
+    torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=True),
+                               patching_sweep(f, p, clean, corrupt, GRID, _metric), rtol=1e-4, atol=1e-5)
+
+
+def test_causal_with_one_corrupted_token_skips_and_cuts(gpt2):
+    _, f, p = gpt2
+    clean, _ = _pair()
+    one = clean.clone()
+    one["input_ids"][:, 4] = (one["input_ids"][:, 4] + 1) % V
+    torch.testing.assert_close(patching_sweep(f, p, clean, one, GRID, _metric, causal=True),
+                               patching_sweep(f, p, clean, one, GRID, _metric), rtol=1e-4, atol=1e-5)
+
+
+def test_causal_with_two_batch_dims(gpt2):
+    _, f, p = gpt2
+    clean, corrupt = (TensorDict(input_ids=_ids(s, 4).reshape(2, 2, L), batch_size=[2, 2]) for s in (3, 4))
+    got = patching_sweep(f, p, clean, corrupt, GRID[::3], _metric, causal=True)
+    assert got.shape == (len(GRID[::3]), 2, 2)
+    torch.testing.assert_close(got, patching_sweep(f, p, clean, corrupt, GRID[::3], _metric), rtol=1e-4, atol=1e-5)
+
+
+def test_causal_leaves_the_model_as_it_was(gpt2):
+    model, f, p = gpt2
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    clean, corrupt = _pair()
+    patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=True)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _padded(attention):
+    model = _gpt2(2, attention)
+    f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+                             out_keys=["logits"])
+    clean, corrupt = _pair()
+    for td in (clean, corrupt):
+        td["attention_mask"] = torch.ones(3, L, dtype=torch.long)
+        td["attention_mask"][0, :2] = 0
+    return f, tdhook_fn.params(model), clean, corrupt
+
+
+def test_left_padding_is_refused_where_hidden_positions_attend_everywhere():
+    f, p, clean, corrupt = _padded("eager")  # eager attention lets a fully hidden position attend to every one
+    with pytest.raises(RuntimeError, match="left padding"):
+        patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=True)
+
+
+def test_left_padding_with_sdpa_equals_the_whole_runs():
+    f, p, clean, corrupt = _padded("sdpa")
+    torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=True),
+                               patching_sweep(f, p, clean, corrupt, GRID, _metric), rtol=1e-4, atol=1e-5)
+
+
+class _Bidirectional(torch.nn.Module):
+    """A decoder with a cache whose logits also see every position: not causal."""
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = _gpt2(3)
+
+    def forward(self, input_ids, cache=None, use_cache=None):
+        logits = self.gpt(input_ids, cache=cache, use_cache=use_cache).logits
+        return {"logits": logits + logits.mean(1, keepdim=True)}
+
+
+def test_a_model_that_is_not_causal_is_refused():
+    model = _Bidirectional().eval()
+    f = tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"])
+    clean, corrupt = _pair()
+    sites = [Site(f"gpt.transformer.h.{layer}", index=(t,)) for layer in range(3) for t in range(L)]
+    with pytest.raises(RuntimeError, match="not causal|attends to later positions"):
+        patching_sweep(f, tdhook_fn.params(model), clean, corrupt, sites, _metric, causal=True)
+
+
+def test_what_causal_cannot_do_is_refused(gpt2):
+    model, f, p = gpt2
+    clean, corrupt = _pair()
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=1)
+    with pytest.raises(ValueError, match="batching='vmap'"):
+        patching_sweep(f, p, clean, corrupt, GRID, _metric, causal=True, batching="fold")
+    with pytest.raises(ValueError, match="without taps"):
+        patching_sweep(f.with_taps(tdhook_fn.capture("transformer.h.0")), p, clean, corrupt, GRID, _metric,
+                       causal=True)
+    labelled = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "labels": "labels"},
+                                    out_keys=["logits"])
+    with_labels = [td.clone().set("labels", td["input_ids"]) for td in (clean, corrupt)]
+    with pytest.raises(ValueError, match="labels"):
+        patching_sweep(labelled, p, *with_labels, GRID, _metric, causal=True)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    g, q = tdhook_fn.pure(net)
+    x, y = (TensorDict(input=torch.randn(3, 4), batch_size=[3]) for _ in range(2))
+    with pytest.raises(TypeError, match="key/value cache"):
+        patching_sweep(g, q, x, y, [Site("[1]", index=(0,))], lambda out: out["output"][..., 0], causal=True)
+
+
+def test_causal_refuses_transforms(gpt2):
+    _, f, p = gpt2
+    clean, corrupt = _pair()
+
+    def swept(ids):
+        td = TensorDict(input_ids=ids, batch_size=ids.shape[:1])
+        return patching_sweep(f, p, clean, td, GRID, _metric, causal=True)
+
+    with pytest.raises(NotImplementedError, match="functorch transform"):
+        torch.func.vmap(swept)(corrupt["input_ids"].unsqueeze(0))
