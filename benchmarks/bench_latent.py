@@ -3,8 +3,9 @@
 - caching every block's output, against a plain forward, tdhook 0.1.3's ActivationCaching
   and nnsight;
 - a layer x position patching sweep of the residual stream (6 x 64 = 384 patched runs):
-  ``patching_sweep`` against loops of ``patch``, of tdhook's ActivationPatching and of
-  nnsight traces (the loops are timed on a slice of the sites and reported per run);
+  ``patching_sweep`` (with ``causal=True``, and without) against loops of ``patch``, of
+  tdhook's ActivationPatching and of nnsight traces (the loops are timed on a slice of
+  the sites and reported per run);
 - attribution patching over the same 384 sites against one forward and backward.
 
 Every variant is first checked to give the same numbers.
@@ -129,11 +130,15 @@ def bench_sweep(model, f, p, clean, corrupt, nn_model, corruption, memory=True) 
         return torch.stack(values)
 
     sweep = patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=32)
+    torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=32, causal=True), sweep,
+                               rtol=1e-4, atol=1e-5, msg="causal sweep differs")
     index = [grid.index(s) for s in part]
     for name, fn in (("patch", loop_patch), ("tdhook", loop_tdhook)) + (
             (("nnsight", loop_nnsight),) if nn_model is not None else ()):
         torch.testing.assert_close(fn(), sweep[index], rtol=1e-4, atol=1e-5, msg=f"{name} loop differs")
     impls = {
+        "tdhook_fn patching_sweep, causal": lambda: patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=32,
+                                                                   causal=True),
         "tdhook_fn patching_sweep, chunk 32": lambda: patching_sweep(f, p, clean, corrupt, grid, metric, chunk_size=32),
         "loop of tdhook_fn.latent.patch": loop_patch,
         "loop of tdhook 0.1.3 ActivationPatching": loop_tdhook,

@@ -66,7 +66,7 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
 
     def pullback(cotangent: Any) -> tuple[Any]:
         cots: list[torch.Tensor] = []
-        _flatten(cotangent, cots)
+        _flatten_like(out, cotangent, cots)
         if len(cots) != len(outs):
             raise ValueError(f"vjp: the cotangent has {len(cots)} tensors, the output {len(outs)}")
         pairs = [(o, c) for o, c in zip(outs, cots, strict=True) if o.requires_grad]
@@ -81,6 +81,28 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
 
 class _Unsupported(Exception):
     pass
+
+
+def _flatten_like(template: Any, tree: Any, tensors: list[torch.Tensor]) -> None:
+    """Append ``tree``'s tensors to ``tensors`` in the order :func:`_flatten` gives ``template``'s.
+
+    A TensorDict's leaves are taken by ``template``'s keys: a cotangent built from the
+    values handed out (whose nested keys may come in another order) pairs by key.
+    """
+    if isinstance(template, TensorDictBase) and isinstance(tree, TensorDictBase):
+        for key in td_leaves(template):
+            value = tree.get(key, None)
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"vjp: the cotangent has no tensor at {key!r}")
+            tensors.append(value)
+    elif isinstance(template, (tuple, list)) and isinstance(tree, (tuple, list)) and len(template) == len(tree):
+        for part, item in zip(template, tree, strict=True):
+            _flatten_like(part, item, tensors)
+    elif isinstance(template, dict) and isinstance(tree, dict) and template.keys() == tree.keys():
+        for key, part in template.items():
+            _flatten_like(part, tree[key], tensors)
+    else:
+        _flatten(tree, tensors)
 
 
 def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:

@@ -157,11 +157,11 @@ def integrated_gradients(
         total = _fold(total, grads, steps[chunk], lead=1 if per_target else 0)
         dtypes = {key: g.dtype for key, g in grads.items(True, True)}
     assert total is not None
-    attrs = total = _in_dtypes(total, dtypes)
+    attrs = _in_dtypes(total, dtypes)
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
-        differences = {k: inputs.get(k) - base.get(k) for k in keys}
-        differences.update({p: x - b for p, (b, x) in ends.items()})
-        attrs = scaled(total, differences)
+        differences = {k: _wide(inputs.get(k)) - _wide(base.get(k)) for k in keys}
+        differences.update({p: _wide(x) - _wide(b) for p, (b, x) in ends.items()})
+        attrs = _in_dtypes(scaled(total, differences), dtypes)  # half precision: rounded once, at the end
     if not return_convergence_delta:
         return attrs
     values = target_values(f, params, _ends(inputs, base), target, target_layers=target_layers, taps=all_taps)
@@ -357,6 +357,11 @@ def _ends(inputs: TensorDictBase, base: TensorDictBase) -> TensorDictBase:
     return cast(TensorDictBase, torch.stack([starts, inputs]))
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """Half-precision floats in float32 (the sum of the steps is kept there too); others as they are."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def _convergence_delta(values: TensorDictBase, batch: torch.Size, attrs: TensorDict, per_target: bool) -> torch.Tensor:
     """``sum(attr) - (F(x) - F(b))`` per sample (and target); ``values`` are ``[2, *B]`` targets."""
     values = values.reshape(2, *batch)
@@ -365,8 +370,11 @@ def _convergence_delta(values: TensorDictBase, batch: torch.Size, attrs: TensorD
     for v in values.values(True, True):
         v = v.unsqueeze(-1) if v.dim() == len(batch) + 1 else v
         change = (v[1] - v[0]).flatten(len(batch))  # [*B, T]
+        if not per_target:  # each target its own sum: targets of different widths add up per sample
+            change = change.sum(-1)
         ends = change if ends is None else ends + change
     assert ends is not None
-    ends = ends.movedim(-1, 0) if per_target else ends.sum(-1)
+    if per_target:
+        ends = ends.movedim(-1, 0)
     attr_sum = sum(a.flatten(lead + len(batch)).sum(-1) for a in attrs.values(True, True))
     return cast(torch.Tensor, attr_sum - ends)

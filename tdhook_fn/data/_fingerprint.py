@@ -6,9 +6,9 @@ argument of :func:`~tdhook_fn.data.attribute` is reduced to a JSON value that is
 same in every process and every run of the same script, and differs when the argument
 does: tensors by the SHA-256 of their bytes (plus dtype and shape), functions by their
 qualified name, bytecode, constants, defaults and closure (so ``label("y")`` and
-``label("z")`` differ), partials and bound methods by their parts, modules by their class
-and the names, shapes and dtypes of their tensors (their values are the ``params``, hashed
-on their own), other objects by their class and attributes. Nothing here uses ``id`` or
+``label("z")`` differ), partials and bound methods by their parts, modules by the class and
+plain attributes of every submodule and the values of their tensors (a module a target
+closes over computes with its own), other objects by their class and attributes. Nothing here uses ``id`` or
 ``repr`` with an address, which change between runs.
 """
 
@@ -29,7 +29,7 @@ from .._rebind import filled
 __all__ = ["fingerprint", "tensor_digest"]
 
 Json = Any
-_DEPTH = 6
+_DEPTH = 12  # Functional -> taps -> Tap -> fn -> closure -> ... : deep enough for closures over taps
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -65,8 +65,7 @@ def _fp(obj: object, depth: int, seen: set[int]) -> Json:
         leaves = sorted(obj.items(True, True), key=lambda kv: str(kv[0]))
         return {"tensordict": [[str(k), tensor_digest(cast(torch.Tensor, v))] for k, v in leaves]}
     if isinstance(obj, nn.Module):
-        return {"module": _name(type(obj)), "state": [[k, list(v.shape), str(v.dtype)]
-                                                     for k, v in obj.state_dict(keep_vars=True).items()]}
+        return _module(obj, depth, seen)
     if isinstance(obj, (list, tuple)):
         return {type(obj).__name__: [_fp(v, depth - 1, seen) for v in obj]}
     if isinstance(obj, (set, frozenset)):
@@ -87,6 +86,17 @@ def _fp(obj: object, depth: int, seen: set[int]) -> Json:
     if isinstance(attrs, dict):
         return {"object": _name(type(obj)), "attrs": _fp(attrs, depth - 1, seen)}
     return {"type": _name(type(obj))}
+
+
+def _module(module: nn.Module, depth: int, seen: set[int]) -> Json:
+    """Every submodule's class and plain attributes (``negative_slope``, ``eps``, ``training``), and the
+    tensors' values: a module closed over by a target or a baseline computes with its own."""
+    parts = []
+    for name, sub in module.named_modules(remove_duplicate=False):
+        attrs = {k: v for k, v in vars(sub).items() if not k.startswith("_")}
+        parts.append([name, _name(type(sub)), _fp(attrs, depth - 1, seen | {id(sub)})])
+    state = [[k, tensor_digest(v)] for k, v in module.state_dict(keep_vars=True).items()]
+    return {"module": parts, "state": state}
 
 
 def _function(fn: types.FunctionType, depth: int, seen: set[int]) -> Json:

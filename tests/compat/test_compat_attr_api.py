@@ -186,5 +186,6 @@ def test_grad_cam_dims_convert_to_one_sample() -> None:
 
     assert OURS.DimsConfig((2, 3), (1,)).per_sample() == PureDims((1, 2), (0,))
     assert OURS.DimsConfig((-1,), None).per_sample() == PureDims((-1,), None)
-    with pytest.raises(ValueError, match="dim 0"):
+    assert OURS.DimsConfig((3,), (2,)).per_sample(batch_dims=2) == PureDims((1,), (0,))
+    with pytest.raises(ValueError, match="batch dims"):
         OURS.GradCAM({"[1]": OURS.DimsConfig((0, 1), None)})

@@ -120,8 +120,7 @@ GRAD_CAM_DIMS: list[tuple[Any, Any]] = [(None, None), ((-1,), None), (None, (-1,
 
 @pytest.mark.parametrize(("case", "batch", "dtype"), GRID)
 def test_grad_cam(case: Case, batch: tuple[int, ...], dtype: torch.dtype) -> None:
-    flat = case.data((6,), dtype)  # tdhook counts dims after flattening the batch: compare on [6]
-    td = flat.reshape(batch) if len(batch) > 1 else case.data(batch, dtype)
+    td = case.data(batch, dtype)  # tdhook counts the activation's dims with all batch dims first
     for dims in [case.cam_dims, *GRAD_CAM_DIMS]:
         for absolute in (False, True):
             def make(lib: Any, d: Any = dims, a: bool = absolute) -> Any:
@@ -130,20 +129,25 @@ def test_grad_cam(case: Case, batch: tuple[int, ...], dtype: torch.dtype) -> Non
             if len(batch) == 1:
                 compare(make, case, batch, dtype)
                 continue
-            ref = run(REF, make, case.model(dtype), flat, case.in_keys)
-            ours = run(OURS, make, case.model(dtype), td, case.in_keys)
-            assert_same(ref.reshape(batch), ours)
+            if any(0 <= d < len(batch) for part in dims if part is not None for d in part):
+                with pytest.raises(ValueError, match="batch dims"):  # tdhook would mix samples there
+                    run(OURS, make, case.model(dtype), td, case.in_keys)
+                continue
+            assert_same(run(REF, make, case.model(dtype), td, case.in_keys),
+                        run(OURS, make, case.model(dtype), td, case.in_keys))
 
 
-def test_grad_cam_classic_conv_dims_on_two_batch_dims_pool_per_sample() -> None:
-    """tdhook would pool over the second batch dim of a [2, 3] TensorDict; we count per sample."""
+def test_grad_cam_dims_count_every_batch_dim_as_tdhook() -> None:
+    """On a [2, 3] TensorDict the activation's dims count its two batch dims first, as in tdhook."""
     case = CASES["cnn"]
-    make = lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((2, 3), (1,))})
+    make = lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((3, 4), (2,))})
+    ref = run(REF, make, case.model(), case.data((2, 3)), case.in_keys)
     ours = run(OURS, make, case.model(), case.data((2, 3)), case.in_keys)
-    rows = [run(OURS, make, case.model(), case.data((2, 3))[i], case.in_keys) for i in range(2)]
-    for i, row in enumerate(rows):
-        torch.testing.assert_close(ours["attr", "[0]"][i], row["attr", "[0]"])
+    assert_same(ref, ours)
     assert ours["attr", "[0]"].shape == torch.Size([2, 3, 5, 5])
+    with pytest.raises(ValueError, match="batch dims"):  # dim 1 is a batch dim here: it would mix samples
+        run(OURS, lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((2, 3), (1,))}), case.model(),
+            case.data((2, 3)), case.in_keys)
 
 
 def test_tensordict_module_model() -> None:

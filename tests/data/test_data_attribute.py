@@ -245,3 +245,27 @@ def test_the_progress_bar_shows_on_a_terminal_only(job, tmp_path, monkeypatch, c
     monkeypatch.setattr("sys.stderr.isatty", lambda: False)
     tdhook_fn.data.attribute(saliency, f, p, data, tmp_path / "pipe", batch_size=5, target=1)
     assert capsys.readouterr().err == ""
+
+
+def test_a_changed_module_or_tap_closure_is_another_job(tmp_path):
+    """A module attribute (not a tensor) or a list a tap closes over changes the job: refused, never reused."""
+    from tdhook_fn.attribution import saliency
+
+    data = TensorDict(input=torch.randn(10, 4), batch_size=[10])
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LeakyReLU(0.01), torch.nn.Linear(8, 3)).eval()
+    f, p = tdhook_fn.pure(net)
+
+    def run(g, out):
+        return tdhook_fn.data.attribute(saliency, g, p, data, out, batch_size=4, target=1, progress=False)
+
+    run(f, tmp_path / "a")
+    net[1].negative_slope = 0.9
+    with pytest.raises(ValueError):
+        run(f, tmp_path / "a")
+
+    def ablate(units):
+        return lambda h: h.index_fill(-1, torch.tensor(units), 0.0)
+
+    run(f.with_taps(tdhook_fn.intervene("[1]", ablate([0, 1, 2, 3]))), tmp_path / "b")
+    with pytest.raises(ValueError):
+        run(f.with_taps(tdhook_fn.intervene("[1]", ablate([4, 5, 6, 7]))), tmp_path / "b")

@@ -33,29 +33,33 @@ class DimsConfig:
     weight_pooling_dims: tuple[int, ...] | None = None
     feature_sum_dims: tuple[int, ...] | None = None
 
-    def per_sample(self) -> attribution.DimsConfig:
+    def per_sample(self, batch_dims: int = 1) -> attribution.DimsConfig:
         """The same dims for one sample (:class:`tdhook_fn.attribution.DimsConfig`).
 
-        Positive dims shift down by one and negative ones are kept. Raises ``ValueError``
-        for dim 0: in tdhook it is the (flattened) batch dim, and pooling or summing over it
-        mixes samples.
+        Positive dims shift down by the ``batch_dims`` leading batch dims and negative ones
+        are kept. Raises ``ValueError`` for a batch dim: pooling or summing over it mixes
+        samples.
 
         >>> DimsConfig((2, 3), (1,)).per_sample()
         DimsConfig(weight_pooling_dims=(1, 2), feature_sum_dims=(0,))
+        >>> DimsConfig((3,)).per_sample(batch_dims=2)  # an input TensorDict of batch [N, M]
+        DimsConfig(weight_pooling_dims=(1,), feature_sum_dims=None)
         """
-        return attribution.DimsConfig(_shift(self.weight_pooling_dims), _shift(self.feature_sum_dims))
+        return attribution.DimsConfig(_shift(self.weight_pooling_dims, batch_dims),
+                                      _shift(self.feature_sum_dims, batch_dims))
 
 
-def _shift(dims: int | Sequence[int] | None) -> tuple[int, ...] | None:
+def _shift(dims: int | Sequence[int] | None, batch_dims: int) -> tuple[int, ...] | None:
     if dims is None:
         return None
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    if 0 in dims:
+    batch = [d for d in dims if 0 <= d < batch_dims]
+    if batch:
         raise ValueError(
-            f"GradCAM: dim 0 in {dims} is the batch dim; pooling or summing over it mixes samples "
-            "(count dims of the activation with its batch dim first, as tdhook does)"
+            f"GradCAM: dims {batch} of {dims} are batch dims (the input has {batch_dims}); pooling or summing over "
+            "them mixes samples (count dims of the activation with its batch dims first, as tdhook does)"
         )
-    return tuple(d - 1 if d > 0 else d for d in dims)
+    return tuple(d - batch_dims if d > 0 else d for d in dims)
 
 
 class GradCAM(GradientAttribution):
@@ -110,10 +114,13 @@ class GradCAM(GradientAttribution):
         )
         self._absolute = absolute
         self._modules_to_attribute = modules_to_attribute
-        self._dims = {path: dims.per_sample() for path, dims in (modules_to_attribute or {}).items()}
+        self._dims = dict(modules_to_attribute or {})
+        for dims in self._dims.values():
+            dims.per_sample()  # dim 0 is a batch dim whatever the input: refused here already
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
         return grad_cam(
-            call.f, call.params, call.inputs, layers={path: self._dims[path] for path in call.layers},
+            call.f, call.params, call.inputs,
+            layers={path: self._dims[path].per_sample(td.batch_dims) for path in call.layers},
             absolute=self._absolute, **call.options(),
         )
