@@ -23,7 +23,7 @@ MLP, CNN = CASES["mlp"], CASES["cnn"]
 FACTORIES = {
     "saliency": lambda: OURS.Saliency(input_modules=["[2]"], output_grad_callbacks={"[2]": lambda **kw: None}),
     "ig": lambda: OURS.IntegratedGradients(n_steps=4, input_modules=["[2]"], compute_convergence_delta=True),
-    "grad_cam": lambda: OURS.GradCAM({"[0]": OURS.DimsConfig((2, 3), (1,))}),
+    "grad_cam": lambda: OURS.GradCAM({"[0]": OURS.DimsConfig((-2, -1), (-3,))}),
     "guided": lambda: OURS.GuidedBackpropagation(input_modules=["[2]"]),
 }
 EACH = pytest.mark.parametrize("name", list(FACTORIES))
@@ -143,8 +143,8 @@ def test_results_are_the_pure_methods() -> None:
                                         return_convergence_delta=True)
     assert torch.equal(out["attr", "input"], attrs["input"]) and torch.equal(out["convergence_delta"], delta)
 
-    out = run(OURS, lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((2, 3), (1,))}), model, td, ["input"])
-    pure = grad_cam(f, p, x, target=everything, layers={"[0]": DimsConfig((1, 2), (0,))})
+    out = run(OURS, lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((-2, -1), (-3,))}), model, td, ["input"])
+    pure = grad_cam(f, p, x, target=everything, layers={"[0]": DimsConfig((-2, -1), (-3,))})
     assert torch.equal(out["attr", "[0]"], pure["[0]"])
 
     out = run(OURS, lambda lib: lib.GuidedBackpropagation(target_modules=["[0]"], use_outputs=False,
