@@ -157,11 +157,11 @@ def integrated_gradients(
         total = _fold(total, grads, steps[chunk], lead=1 if per_target else 0)
         dtypes = {key: g.dtype for key, g in grads.items(True, True)}
     assert total is not None
-    attrs = _in_dtypes(total, dtypes)
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
         differences = {k: _wide(inputs.get(k)) - _wide(base.get(k)) for k in keys}
         differences.update({p: _wide(x) - _wide(b) for p, (b, x) in ends.items()})
-        attrs = _in_dtypes(scaled(total, differences), dtypes)  # half precision: rounded once, at the end
+        total = scaled(total, differences)
+    attrs = _in_dtypes(total, dtypes)  # half precision: rounded once, at the end
     if not return_convergence_delta:
         return attrs
     values = target_values(f, params, _ends(inputs, base), target, target_layers=target_layers, taps=all_taps)

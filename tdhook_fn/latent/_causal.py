@@ -58,20 +58,23 @@ from .._paths import resolve_path
 from .._taps import Tap
 from ._sites import Site
 
-__all__ = ["CausalCut", "causal_cut", "check_agrees"]
+__all__ = ["CausalCut", "causal_cut", "check_agrees", "share_before"]
 
 _CUT = ("input_ids", "inputs_embeds", "position_ids", "token_type_ids")  # per position: cut to [p:]
 _WHOLE = ("attention_mask",)  # covers the cached positions and the new ones
 _CACHE_SLOTS = ("cache", "past_key_values")  # the forward's cache argument (transformers 5.x, 4.x)
 
 
-def _forward_names(f: Functional) -> dict[Any, str]:
-    """Each in_key's parameter name in the model's forward (positional in_keys by position)."""
+def _forward_parameters(f: Functional) -> list[inspect.Parameter]:
     try:
-        names = [n for n, p in inspect.signature(f.model.forward).parameters.items()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return list(inspect.signature(f.model.forward).parameters.values())
     except (TypeError, ValueError):
-        names = []
+        return []
+
+
+def _forward_names(f: Functional, parameters: list[inspect.Parameter]) -> dict[Any, str]:
+    """Each in_key's parameter name in the model's forward (positional in_keys by position)."""
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     positional = [k for k in f.in_keys if k not in f.keywords]
     out = dict(zip(positional, names, strict=False))
     out.update(f.keywords)
@@ -91,7 +94,7 @@ class CausalCut:
     """How the runs of one sweep are cut to the positions a patch can change (NOTE [causal sweeps])."""
 
     f: Functional
-    names: dict[Any, str]
+    keyed: Functional  # f with every input passed by its forward's name (keyed.keywords)
     slot: str  # the forward's cache argument
     length: int
     cache_layers: list[tuple[torch.Tensor, torch.Tensor]]
@@ -108,26 +111,26 @@ class CausalCut:
                              "(batch flattened); pass causal=False for this site")
         return site.index[0] % self.length
 
-    def chunk(self, site: Site, start: int) -> int:
-        """How many runs of ``site`` from position ``start`` on to run in one chunk (NOTE [causal chunks])."""
-        before = _share_before(self.f.model, site)
+    def chunk(self, before: float, start: int) -> int:
+        """How many runs from position ``start`` on to run in one chunk, ``before`` of the forward before their
+        module (NOTE [causal chunks]; :func:`share_before`)."""
         return max(1, round(math.sqrt(2 * before * (self.length - start) / (1.05 - before))))
 
     def inputs(self, flat: TensorDictBase, start: int) -> TensorDictBase:
         out = flat.copy()
-        for key, name in self.names.items():
+        for key, name in self.keyed.keywords.items():
             if name in _CUT:
                 out.set(key, flat.get(key)[:, start:])
         return out
 
     def run(self, start: int) -> Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict]:
         """``forward`` of the positions ``[start:]``, the ones before in the cache, completed to all positions."""
-        cut = Functional(self.f.model, self.f.in_keys, self.f.out_keys, (), {k: self.names[k] for k in self.f.in_keys})
         kept = [(k[..., :start, :], v[..., :start, :]) for k, v in self.cache_layers]
 
         def run(params: TensorDictBase, td: TensorDictBase, taps: Sequence[Tap]) -> TensorDict:
             cache = _dynamic_cache().DynamicCache(ddp_cache_data=kept)
-            out = cut.with_taps(*taps).call_with(params, with_copied_inputs(td), **{self.slot: cache}, use_cache=True)
+            out = self.keyed.with_taps(*taps).call_with(params, with_copied_inputs(td), **{self.slot: cache},
+                                                        use_cache=True)
             return self._completed(out, start)
 
         return run
@@ -143,9 +146,6 @@ class CausalCut:
             done.set(key, torch.cat([head[:, :start].to(tail.dtype), tail], dim=1))
         return done
 
-    def source(self, clean: torch.Tensor, start: int) -> torch.Tensor:
-        return clean[:, start:]
-
     def shifted(self, site: Site, start: int) -> Site:
         """``site`` with its position counted from ``start``."""
         if not start:
@@ -156,7 +156,7 @@ class CausalCut:
                     site.key)
 
 
-def _share_before(model: nn.Module, site: Site) -> float:
+def share_before(model: nn.Module, site: Site) -> float:
     """About the share of the forward done before ``site``: the leaf modules registered up to it, of all."""
     module = resolve_path(model, site.path)
     leaves = [m for m in model.modules() if not next(m.children(), None)]
@@ -172,8 +172,9 @@ def causal_cut(f: Functional, params: TensorDictBase, flat: TensorDictBase) -> C
     if type(f) is not Functional or f.taps:
         raise ValueError("patching_sweep: causal=True runs f's model on part of the positions; f must be a plain "
                          "tdhook_fn.functional(model) without taps of its own (pass causal=False)")
-    names = _forward_names(f)
-    parameters = _parameter_names(f)
+    forward_parameters = _forward_parameters(f)
+    names = _forward_names(f, forward_parameters)
+    parameters = {p.name for p in forward_parameters}
     slot = next((name for name in _CACHE_SLOTS if name in parameters), None)
     if slot is None or "use_cache" not in parameters:
         raise TypeError(f"patching_sweep: causal=True needs a model whose forward takes a key/value cache "
@@ -189,21 +190,15 @@ def causal_cut(f: Functional, params: TensorDictBase, flat: TensorDictBase) -> C
         raise ValueError(f"patching_sweep: causal=True needs the per-position inputs {list(_CUT)} with one number of "
                          f"positions (dim 1), got {sorted(lengths)}")
     cache = _dynamic_cache().DynamicCache()
-    whole = Functional(f.model, f.in_keys, f.out_keys, (), {k: names[k] for k in f.in_keys})
-    corrupted = whole.call_with(params, with_copied_inputs(flat), **{slot: cache}, use_cache=True)
+    keyed = Functional(f.model, f.in_keys, f.out_keys, (), {k: names[k] for k in f.in_keys})  # every input by name
+    corrupted = keyed.call_with(params, with_copied_inputs(flat), **{slot: cache}, use_cache=True)
     layers = getattr(cache, "layers", [])
     if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
         kinds = sorted({type(layer).__name__ for layer in layers})
         raise ValueError(f"patching_sweep: causal=True needs a key/value cache of full-attention layers "
                          f"(DynamicLayer); the model's has {kinds or 'no layers'}; pass causal=False")
-    return CausalCut(f, names, slot, lengths.pop(), [(layer.keys, layer.values) for layer in layers], corrupted)
-
-
-def _parameter_names(f: Functional) -> set[str]:
-    try:
-        return set(inspect.signature(f.model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
+    return CausalCut(f, keyed, slot, lengths.pop(), [(layer.keys, layer.values) for layer in layers],
+                     corrupted)
 
 
 def check_agrees(cut: TensorDictBase, whole: TensorDictBase, site: Site) -> None:

@@ -45,7 +45,7 @@ from .._modes import check_attribution_modes
 from .._taps import Tap
 from .._vjp import any_requires_grad, untransformed
 from ._cache import cache
-from ._causal import CausalCut, causal_cut, check_agrees
+from ._causal import CausalCut, causal_cut, check_agrees, share_before
 from ._run import Edits, Metric, Reads, Sources, check_f, flat_sources, forward, metric_values, resolve_runs
 from ._sites import Site, as_indices, as_sites
 
@@ -285,7 +285,7 @@ def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: S
     if start:
         assert cut is not None
         flat, run_forward = cut.inputs(flat, start), cut.run(start)
-        full = {m.key: cut.source(full[m.key], start) for m in modules.values()}
+        full = {m.key: full[m.key][:, start:] for m in modules.values()}
         runs = [cut.shifted(site, start) for site in runs]
     masks: dict[str, torch.Tensor] = {}
     for k, site in enumerate(runs):
@@ -336,9 +336,10 @@ def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, 
     chunks = []
     for members in by_module.values():
         members.sort(key=starts.__getitem__)
+        before = share_before(cut.f.model, runs[members[0]])
         lo = 0
         while lo < len(members):
-            n = min(size, cut.chunk(runs[members[lo]], starts[members[lo]]))
+            n = min(size, cut.chunk(before, starts[members[lo]]))
             chunks.append(members[lo : lo + n])
             lo += n
     return chunks

@@ -176,3 +176,17 @@ def test_causal_refuses_transforms(gpt2):
 
     with pytest.raises(NotImplementedError, match="functorch transform"):
         torch.func.vmap(swept)(corrupt["input_ids"].unsqueeze(0))
+
+
+def test_causal_on_an_accelerate_hooked_model():
+    """A block with accelerate's instance forward (``add_hook_to_module``): the cut runs still take our params."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    model = _gpt2(4)
+    add_hook_to_module(model.transformer.h[1], ModelHook())
+    f, p = tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"]), tdhook_fn.params(model)
+    clean, corrupt = _pair()
+    doubled = p.apply(lambda t: t * 1.5)  # other params than the model's own
+    torch.testing.assert_close(patching_sweep(f, doubled, clean, corrupt, GRID, _metric, causal=True),
+                               patching_sweep(f, doubled, clean, corrupt, GRID, _metric), rtol=1e-4, atol=1e-5)
+    assert "forward" in vars(model.transformer.h[1])  # accelerate's hook is still the model's

@@ -113,7 +113,6 @@ class GradCAM(GradientAttribution):
             output_grad_callbacks=output_grad_callbacks,
         )
         self._absolute = absolute
-        self._modules_to_attribute = modules_to_attribute
         self._dims = dict(modules_to_attribute or {})
         for dims in self._dims.values():
             dims.per_sample()  # dim 0 is a batch dim whatever the input: refused here already
