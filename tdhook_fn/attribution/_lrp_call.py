@@ -19,6 +19,7 @@ from torch import nn
 
 from .._shadow import HOOK_DICTS
 from .._vjp import vjp
+from ._lrp_affine import Affine, affine_of
 
 __all__ = ["Modify", "ModuleCall", "Template"]
 
@@ -66,6 +67,7 @@ class Template:
     params: tuple[tuple[str, bool], ...]  # own slot names, and whether the slot holds a tensor
     buffers: tuple[tuple[str, bool], ...]
     children: tuple[tuple[str, Template | None], ...]
+    affine: Affine | None  # the module's map in one op, where it is one (NOTE [affine modules])
 
     @staticmethod
     def of(module: nn.Module, tensors: list[torch.Tensor]) -> Template:
@@ -79,7 +81,8 @@ class Template:
             tensors.extend(value for value in own.values() if value is not None)
         children = tuple((name, None if child is None else Template.of(child, tensors))
                          for name, child in module.__dict__["_modules"].items())
-        return Template(type(module), state, slots[0], slots[1], children)
+        affine = affine_of(type(module), state, module._parameters)
+        return Template(type(module), state, slots[0], slots[1], children, affine)
 
     def build(self, tensors: Iterator[torch.Tensor]) -> nn.Module:
         """A new module of this structure holding ``tensors`` (in :meth:`of`'s order)."""
@@ -122,6 +125,9 @@ class ModuleCall:
 
     def run(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None) -> torch.Tensor:
         """The module's forward on ``inputs``, its own parameters replaced by ``modify(name, p)``."""
+        affine = self._affine(inputs)
+        if affine is not None:
+            return affine.run(inputs[0], *self._weight_and_bias(modify))
         tensors = list(self.tensors)
         if modify is not None:
             for i, name in enumerate(self.params):
@@ -139,5 +145,20 @@ class ModuleCall:
     def linearize(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None,
                   ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]]:
         """:meth:`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
+        affine = self._affine(inputs)
+        if affine is not None:
+            weight, bias = self._weight_and_bias(modify)
+            shape = inputs[0].shape
+            return affine.run(inputs[0], weight, bias), lambda cotangent: (affine.pull(cotangent, weight, shape),)
         output, pull, _ = vjp(lambda xs: (self.run(xs, modify), ()), tuple(inputs))
         return output, lambda cotangent: tuple(pull(cotangent)[0])
+
+    def _affine(self, inputs: Sequence[torch.Tensor]) -> Affine | None:
+        """The module's map in one op, for one positional input and no keywords (NOTE [affine modules])."""
+        return self.template.affine if len(inputs) == 1 and not self.kwargs else None
+
+    def _weight_and_bias(self, modify: Modify | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        own = self.params
+        if modify is not None:
+            own = {name: modify(name, p) for name, p in own.items()}
+        return own["weight"], own.get("bias")

@@ -47,9 +47,11 @@ from .._targets import Target
 from .._vjp import reaches_other_leaves
 from ._checks import check_call
 from ._engine import Cotangents, Gradients, offered_targets, seed_cotangents, unflatten
+from ._lrp_affine import Affine, affine_of
 from ._lrp_call import ModuleCall, Template
 from ._lrp_checks import check_module_call, check_pass
 from ._lrp_composites import Resolved
+from ._lrp_fused import Pullback, fused
 from ._lrp_rules import Pass, Rule
 
 __all__ = ["chain_lrp"]
@@ -111,7 +113,39 @@ class _Ruled:
         return torch.zeros_like(x) if relevances[0] is None else relevances[0]
 
 
-_Record = _Local | _Passed | _Ruled
+@dataclass(frozen=True)
+class _AffineLocal:
+    """:class:`_Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    affine: Affine
+    factor: torch.Tensor | None
+    scales_inputs: bool
+    version: int
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.x,), (self.version,))
+        share = relevance if self.factor is None else relevance * self.factor
+        c = self.affine.pull(share, self.weight, self.x.shape)
+        return self.x * c if self.scales_inputs else c
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """A rule's relevance by a pullback prepared in the forward (NOTE [fused alpha-beta])."""
+
+    pull: Pullback
+    x: torch.Tensor
+    y: torch.Tensor
+    versions: tuple[int, ...]
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.x, self.y), self.versions)
+        return self.pull(relevance)
+
+
+_Record = _Local | _AffineLocal | _Passed | _Ruled | _Fused
 
 
 class _Steps:
@@ -130,6 +164,9 @@ class _Steps:
         if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
             raise _NotAChain
         path, rule = self.ruled.get(id(link[1]), ("", None))  # (the path only names ruled modules)
+        affine = None if isinstance(rule, Pass) else affine_of(type(module), module.__dict__, module._parameters)
+        if affine is not None:
+            return self._affine_step(path, rule, module, affine, h.detach())
         writes = getattr(module, "inplace", False) is True  # it gets a copy (NOTE [lrp on a chain])
         x = h.detach().requires_grad_()
         try:
@@ -155,6 +192,28 @@ class _Steps:
             call = ModuleCall(path, (seen,), out, template, tuple(tensors), {})
             self.records.append(_Ruled(rule, call, (seen._version, out._version)))
         return out
+
+    def _affine_step(self, path: str, rule: Rule | None, module: nn.Module, affine: Affine,
+                     x: torch.Tensor) -> torch.Tensor:
+        """A linear layer or a convolution: run without a graph, its adjoint is one op (NOTE [affine modules])."""
+        weight, bias = module._parameters["weight"], module._parameters.get("bias")
+        assert weight is not None  # (affine_of asks for one)
+        with torch.no_grad():
+            done = None if rule is None else fused(rule, affine, x, weight, bias)
+            y = affine.run(x, weight, bias) if done is None else done[0]
+        if done is not None:
+            self.records.append(_Fused(done[1], x, y, (x._version, y._version)))
+            return y
+        output_factor = getattr(rule, "output_factor", None)
+        if rule is None or callable(output_factor):
+            factor = None if output_factor is None else output_factor(path, 1, y)
+            scales = bool(getattr(rule, "scales_inputs", False))
+            self.records.append(_AffineLocal(x, weight, affine, factor, scales, x._version))
+        else:
+            tensors: list[torch.Tensor] = []
+            call = ModuleCall(path, (x,), y, Template.of(module, tensors), tuple(tensors), {})
+            self.records.append(_Ruled(rule, call, (x._version, y._version)))
+        return y
 
 
 class _RandomState:

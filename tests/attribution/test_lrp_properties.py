@@ -288,13 +288,16 @@ def test_bad_rules_name_what_is_wrong() -> None:
 
 
 def test_rule_taps_compose_with_other_methods() -> None:
-    """The taps are plain taps: saliency with them is lrp (the rules do the multiplying)."""
+    """The taps are plain taps: saliency with them is lrp (the rules do the multiplying).
+
+    (Not bitwise: lrp walks this chain with z+ fused into one op per module, NOTE [fused alpha-beta].)
+    """
     net = small_cnn()
     f, p = fp(net)
     x = TensorDict(input=torch.randn(2, 1, 6, 6, dtype=torch.float64), batch_size=[2])
     taps = rule_taps(f, EpsilonPlus(), warn_on_missing_rule=False)
-    assert torch.equal(saliency(f, p, x, target=1, taps=taps)["input"],
-                       lrp(f, p, x, target=1, rules=EpsilonPlus())["input"])
+    assert_close_ulps(saliency(f, p, x, target=1, taps=taps)["input"],
+                      lrp(f, p, x, target=1, rules=EpsilonPlus())["input"], ulps=64)
 
 
 def test_per_target_with_a_vmapped_pullback_equals_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,7 +381,7 @@ def test_cotangents_and_per_target_set_the_relevance_put_in() -> None:
 @pytest.mark.parametrize("rule", [ZPlus(), AlphaBeta(2.0, 1.0)], ids=repr)
 def test_alpha_beta_skips_the_negative_half_after_a_relu_without_changing_a_value(
         rule: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tdhook_fn.attribution import _lrp_rules
+    from tdhook_fn.attribution import _lrp_fused, _lrp_rules
 
     net = small_cnn(torch.float64)
     f, p = fp(net)
@@ -386,9 +389,19 @@ def test_alpha_beta_skips_the_negative_half_after_a_relu_without_changing_a_valu
     rules = {nn.Conv2d: rule, nn.Linear: Epsilon(), nn.ReLU: Pass()}
     asked: list[bool] = []
     real = _lrp_rules._no_negative_entry
-    monkeypatch.setattr(_lrp_rules, "_no_negative_entry", lambda t: asked.append(real(t)) or asked[-1])
-    skipped = lrp(f, p, x, target=1, rules=rules, warn_on_missing_rule=False)["input"]
-    assert asked.count(True) >= 1 and asked.count(False) >= 1  # the raw input has negatives, the ReLU's output not
-    monkeypatch.setattr(_lrp_rules, "_no_negative_entry", lambda t: False)
-    both = lrp(f, p, x, target=1, rules=rules, warn_on_missing_rule=False)["input"]
-    assert torch.equal(skipped, both)
+    taps = rule_taps(f, rules, warn_on_missing_rule=False)
+
+    def both_paths() -> tuple[torch.Tensor, torch.Tensor]:  # the chain walk's fused rule, and the taps' rule
+        return (lrp(f, p, x, target=1, rules=rules, warn_on_missing_rule=False)["input"],
+                saliency(f, p, x, target=1, taps=taps)["input"])
+
+    for module in (_lrp_rules, _lrp_fused):
+        monkeypatch.setattr(module, "_no_negative_entry", lambda t: asked.append(real(t)) or asked[-1])
+    walked, tapped = both_paths()
+    assert asked.count(True) >= 2 and asked.count(False) >= 2  # the raw input has negatives, the ReLU's output not
+    for module in (_lrp_rules, _lrp_fused):
+        monkeypatch.setattr(module, "_no_negative_entry", lambda t: False)
+    walked_both, tapped_both = both_paths()
+    assert torch.equal(tapped, tapped_both)
+    # fused, the halves share one op and their sums round differently
+    assert_close_ulps(walked, walked_both, ulps=64)
