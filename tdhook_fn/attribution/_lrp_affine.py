@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Affine", "affine_of"]
+__all__ = ["Adjoint", "Affine", "affine_of"]
+
+Adjoint = Callable[[torch.Tensor, torch.Size], torch.Tensor]  # (cotangent, input shape) -> J^T cotangent
 
 _CONVS: dict[type[nn.Module], tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
     nn.Conv1d: (F.conv1d, F.conv_transpose1d),
@@ -60,29 +62,37 @@ class Affine:
 
     def pull(self, cotangent: torch.Tensor, weight: torch.Tensor, x_shape: torch.Size, *,
              fast: bool = False) -> torch.Tensor:
-        """``J^T cotangent``, for an input of shape ``x_shape``.
+        """``J^T cotangent``, for an input of shape ``x_shape``; ``fast``: see :meth:`adjoint`."""
+        return self.adjoint(weight, fast=fast)(cotangent, x_shape)
+
+    def adjoint(self, weight: torch.Tensor, *, fast: bool = False) -> Adjoint:
+        """``(cotangent, x_shape) -> J^T cotangent`` for ``weight``.
 
         With ``fast``, a convolution of stride 1 takes its adjoint as the convolution with
-        the kernel flipped and its channels swapped, which the CPU runs 1.2-1.5x faster
-        than the transposed one (measured on the benchmarks' CNN). Its rounding depends
-        more on the batch size (oneDNN picks its algorithm by shape: 9 ulps between a
-        ``vmap`` and the batched call, where the transposed one gave none), so only the
-        eager chain walk asks for it, never a call under a transform.
+        the kernel flipped and its channels swapped (made here, once), which the CPU runs
+        1.2-1.5x faster than the transposed one (measured on the benchmarks' CNN). Its
+        rounding depends more on the batch size (oneDNN picks its algorithm by shape: 9
+        ulps between a ``vmap`` and the batched call, where the transposed one gave none),
+        so only the eager chain walk asks for it, never a call under a transform.
         """
         if self.transpose is None:
-            return cotangent @ weight
-        kernel = weight.shape[2:]
+            return lambda cotangent, _shape: cotangent @ weight
+        conv, transpose, kernel = self.conv, self.transpose, weight.shape[2:]
+        assert conv is not None
         if fast and self._by_forward(kernel):
-            assert self.conv is not None
             flipped = weight.flip(tuple(range(2, weight.dim()))).transpose(0, 1)
             padding = tuple(d * (k - 1) - p for k, p, d in zip(kernel, self.padding, self.dilation, strict=True))
-            return self.conv(cotangent, flipped, None, 1, padding, self.dilation, 1)
-        spatial = zip(x_shape[-len(kernel):], cotangent.shape[-len(kernel):], kernel, self.stride, self.padding,
-                      self.dilation, strict=True)
-        # the transposed convolution's own output size, and what it lacks of the input's
-        output_padding = tuple(n - ((m - 1) * s - 2 * p + d * (k - 1) + 1) for n, m, k, s, p, d in spatial)
-        return self.transpose(cotangent, weight, None, self.stride, self.padding, output_padding, self.groups,
-                              self.dilation)
+            return lambda cotangent, _shape: conv(cotangent, flipped, None, 1, padding, self.dilation, 1)
+
+        def transposed(cotangent: torch.Tensor, x_shape: torch.Size) -> torch.Tensor:
+            spatial = zip(x_shape[-len(kernel):], cotangent.shape[-len(kernel):], kernel, self.stride, self.padding,
+                          self.dilation, strict=True)
+            # the transposed convolution's own output size, and what it lacks of the input's
+            output_padding = tuple(n - ((m - 1) * s - 2 * p + d * (k - 1) + 1) for n, m, k, s, p, d in spatial)
+            return transpose(cotangent, weight, None, self.stride, self.padding, output_padding, self.groups,
+                             self.dilation)
+
+        return transposed
 
     def _by_forward(self, kernel: torch.Size) -> bool:
         """Whether the adjoint is a plain convolution: stride 1, one group, padding within the kernel's reach."""

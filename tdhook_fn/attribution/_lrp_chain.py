@@ -34,16 +34,18 @@ back, so that dropout draws the same masks on the general path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._chain import Link, chain_of, run_chain
 from .._functional import Functional, NestedKey
-from .._targets import Target, as_target
+from .._targets import Target
 from .._vjp import reaches_other_leaves
 from ._checks import check_call
 from ._engine import Cotangents, Gradients, offered_targets, seed_cotangents, unflatten
@@ -155,9 +157,24 @@ class _Reshaped:
         return relevance.reshape(self.shape)
 
 
-_Record = _Local | _AffineLocal | _Passed | _Ruled | _Fused | _Reshaped
+@dataclass(frozen=True)
+class _Pooled:
+    """Max pooling: each window's relevance goes to the input its maximum came from, as its gradient does."""
+
+    shape: torch.Size
+    indices: torch.Tensor  # of each maximum, flat within its channel's input plane
+    dims: int  # of the plane
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        plane = relevance.new_zeros(self.shape).flatten(-self.dims)
+        return plane.scatter_add_(-1, self.indices.flatten(-self.dims), relevance.flatten(-self.dims)).view(self.shape)
+
+
+_Record = _Local | _AffineLocal | _Passed | _Ruled | _Fused | _Reshaped | _Pooled
 
 _RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
+_MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
+    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
 
 
 def _known(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> bool:
@@ -188,6 +205,13 @@ class _Steps:
         affine = None if isinstance(rule, Pass) else affine_of(type(module), module.__dict__, module._parameters)
         if affine is not None:
             return self._affine_step(path, rule, module, affine, h.detach())
+        pool = _MAX_POOLS.get(type(module)) if rule is None and "forward" not in module.__dict__ else None
+        if pool is not None and module.__dict__.get("return_indices") is False:
+            with torch.no_grad():  # (the kernel autograd runs: ties go to the same input)
+                out, indices = pool[1](h.detach(), module.kernel_size, module.stride, module.padding, module.dilation,
+                                       ceil_mode=module.ceil_mode, return_indices=True)
+            self.records.append(_Pooled(h.shape, indices, pool[0]))
+            return cast(torch.Tensor, out)
         if (isinstance(rule, Pass) and _known(module, ACTIVATIONS)) or (rule is None and _known(module, _RESHAPES)):
             with torch.no_grad():
                 out = module(h.detach())
@@ -274,12 +298,11 @@ def _put_in(f: Functional, out: TensorDictBase, flat: TensorDictBase, key: Neste
     as the engine offers them, and a pullback to the output.
     """
     y = out.get(f.out_keys[0]).detach()
-    if isinstance(target, int) and not isinstance(target, bool) and cotangents is None:
-        values = as_target(target)(TensorDict({f.out_keys[0]: y}, batch_size=flat.batch_size).reshape(batch))
-        assert isinstance(values, TensorDictBase)  # (an int's selection; it checked the index and the shapes)
+    if (isinstance(target, int) and not isinstance(target, bool) and cotangents is None and y.dim() == 2
+            and -y.shape[1] <= target < y.shape[1]):  # (else the engine's selection says what is wrong)
         seed = torch.zeros_like(y)
-        seed[..., target] = 1.0
-        return seed, values
+        seed[:, target] = 1.0
+        return seed, TensorDict({f.out_keys[0]: y[:, target].reshape(batch)}, batch_size=batch)
     with torch.enable_grad():
         y.requires_grad_()
         out.set(f.out_keys[0], y)

@@ -28,6 +28,7 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
               nn.AdaptiveAvgPool3d)
+_PASSED = (*ACTIVATIONS, *_BATCH_NORMS)
 _PLAIN = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
           nn.Identity, nn.Dropout, nn.Flatten)
 
@@ -55,17 +56,16 @@ class EpsilonPlus:
         rule = None if self.rule_mapper is None else self.rule_mapper(name, module)
         if rule is not None:
             return rule
-        if isinstance(module, _CONVS):
-            return AlphaBeta(1.0, 0.0, self.stabilizer)
-        if isinstance(module, nn.Linear):
-            return Epsilon(self.epsilon)
-        if isinstance(module, (*ACTIVATIONS, *_BATCH_NORMS)):
-            return Pass()
-        if isinstance(module, _PLAIN):
-            return Ignore()
-        if isinstance(module, _AVG_POOLS):
-            return Epsilon(self.stabilizer)
+        for classes, rule in self._by_class:
+            if isinstance(module, classes):
+                return rule
         return None
+
+    @functools.cached_property
+    def _by_class(self) -> tuple[tuple[tuple[type[nn.Module], ...], Rule], ...]:
+        """The rules, made once per composite (asked once per module per call)."""
+        return ((_CONVS, AlphaBeta(1.0, 0.0, self.stabilizer)), ((nn.Linear,), Epsilon(self.epsilon)),
+                (_PASSED, Pass()), (_PLAIN, Ignore()), (_AVG_POOLS, Epsilon(self.stabilizer)))
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of a string, called per module per call

@@ -191,3 +191,67 @@ def test_the_walk_with_every_kind_of_affine_module_gives_the_taps_maps(monkeypat
         assert_close_ulps(walked, saliency(f, p, x, target=1, taps=taps)["input"], ulps=64)
         assert walked.abs().sum() > 0
     assert walked_by == [True, True]
+
+
+@pytest.mark.parametrize("pool", [
+    nn.MaxPool1d(2), nn.MaxPool2d(2), nn.MaxPool3d(2), nn.MaxPool2d(3, stride=1, padding=1),
+    nn.MaxPool2d(2, stride=1, dilation=2), nn.MaxPool2d(3, stride=2, ceil_mode=True),
+], ids=["1d", "2d", "3d", "overlapping-padded", "dilated", "ceil-mode"])
+def test_the_walks_max_pooling_ties_and_overlaps_are_the_gradients(pool: nn.Module,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Max pooling on the walk (NOTE [lrp on a chain]): the gradient's scatter, ties (zeros after a ReLU) included."""
+    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+    walked_by: list[bool] = []
+    chain_lrp = lrp_module.chain_lrp
+    monkeypatch.setattr(lrp_module, "chain_lrp", lambda *a: walked_by.append((r := chain_lrp(*a)) is not None) or r)
+    torch.manual_seed(0)
+    dims = {nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.MaxPool3d: 3}[type(pool)]
+    conv = CONVS[dims](2, 3, 3, padding=1)
+    with torch.no_grad():
+        conv.bias.sub_(0.6)  # many zeros after the ReLU: windows whose maximum is a tie
+    model = nn.Sequential(conv, nn.ReLU(), pool, nn.Flatten(), nn.LazyLinear(4)).double().eval()
+    x = torch.randn(3, 2, *[6] * dims, dtype=torch.float64)
+    model(x)  # (materializes the lazy layer)
+    assert (model[1](model[0](x)) == 0).double().mean() > 0.3
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    td = TensorDict(input=x, batch_size=[3])
+    rules = {nn.Conv1d: ZPlus(), nn.Conv2d: ZPlus(), nn.Conv3d: ZPlus(), nn.ReLU: Pass(), nn.Linear: Epsilon()}
+    walked = lrp(f, p, td, target=2, rules=rules, warn_on_missing_rule=False)["input"]
+    tapped = saliency(f, p, td, target=2, taps=rule_taps(f, rules, warn_on_missing_rule=False))["input"]
+    assert walked_by == [True]
+    assert_close_ulps(walked, tapped, ulps=64)
+    assert walked.abs().sum() > 0
+
+
+def test_the_stacked_weights_follow_the_params_and_keep_nothing_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk's memo of stacked weights (NOTE [fused alpha-beta]): new params, in-place writes, and no leak."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv2d(3, 3, 3), nn.Flatten(),
+                          nn.Linear(12, 2)).double().eval()
+    f = tdhook_fn.functional(model)
+    x = TensorDict(input=torch.randn(2, 2, 4, 4, dtype=torch.float64), batch_size=[2])
+    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+
+    def both(p: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        walked = lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)["input"]
+        with monkeypatch.context() as m:
+            m.setattr(lrp_module, "chain_lrp", lambda *_a: None)
+            return walked, lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)["input"]
+
+    p = tdhook_fn.params(model)
+    first, _ = both(p)
+    with torch.no_grad():
+        p["0", "weight"].mul_(-2.0)  # in place: the same tensor, a new version
+        p["2", "bias"].add_(1.0)
+    walked, tapped = both(p)
+    assert_close_ulps(walked, tapped, ulps=64)
+    assert not torch.allclose(walked, first)
+    other = p.apply(lambda t: t * 0.5)  # new tensors
+    assert_close_ulps(*both(other), ulps=64)
+    dead = weakref.ref(other["0", "weight"])
+    del other
+    gc.collect()
+    assert dead() is None
