@@ -7,8 +7,8 @@ each costs a module rebuilt from its template, a graph and a pullback; for these
 modules both are one op: ``F.linear`` and ``v @ W``, ``F.convNd`` and
 ``F.conv_transposeNd`` with the output padding that gives back the input's shape (the
 transposed convolution *is* the convolution's adjoint, groups and dilation included).
-Measured on the benchmarks' CNN (z+ on both convolutions, warm, batch 64): the rule's
-relevance took 3.5 ms by autograd, XXX by the ops.
+Measured on the benchmarks' CNN (z+ on both convolutions, warm, batch 64): the rules'
+relevance took 3.5 ms by autograd, 1.0 ms by these ops (with NOTE [fused alpha-beta]).
 
 Only the exact classes qualify (a subclass may have its own ``forward``), with zero
 padding given as numbers (``padding_mode`` other than ``"zeros"``, or ``padding="same"``,

@@ -103,9 +103,13 @@ class Epsilon:
 
     def output_factor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
         """The gradient form (NOTE [gradient-form rules]): ``R_i = x_i (J^T (factor * R))_i``."""
+        return torch.reciprocal(self.output_divisor(path, n_inputs, output))
+
+    def output_divisor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
+        """``1 / output_factor``: what the relevance at the output is divided by (the chain walk divides)."""
         parts = self._parts(n_inputs)
         stable = stabilize(output, self.epsilon)
-        return torch.reciprocal(stable if parts == 1 else stable * parts)
+        return stable if parts == 1 else stable * parts
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         share = grad * self.output_factor(call.path, len(call.inputs), call.output)
