@@ -58,11 +58,14 @@ def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
-def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9) -> dict[str, float]:
+def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9,
+                        number: int = 1) -> dict[str, float]:
     """Median seconds per call of each implementation, measured in alternating rounds.
 
     On a shared machine the speed drifts over seconds; timing the implementations one
-    after the other in every round exposes them all to the same drift.
+    after the other in every round exposes them all to the same drift. Each sample
+    averages ``number`` calls in a row (one call of a millisecond moves by 20% from one
+    sample to the next on this machine; ten in a row, by a few percent).
     """
     for fn in impls.values():
         fn()  # warm up
@@ -70,6 +73,7 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
     for _ in range(rounds):
         for name, fn in impls.items():
             start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
+            for _ in range(number):
+                fn()
+            samples[name].append((time.perf_counter() - start) / number)
     return {name: statistics.median(values) for name, values in samples.items()}

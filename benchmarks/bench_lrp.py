@@ -73,7 +73,7 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
         "ours, one target": lambda: lrp(f, p, td, target=TARGETS[0], rules=EpsilonPlus(), warn_on_missing_rule=False),
         f"ours, per_target x{len(TARGETS)}": lambda: lrp(f, p, td, target=tuple(TARGETS), rules=EpsilonPlus(),
                                                          per_target=True, warn_on_missing_rule=False),
-    }, rounds=15)
+    }, rounds=15, number=8)
 
 
 def _time_tdhook(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
@@ -82,7 +82,7 @@ def _time_tdhook(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
         GRADIENT: _gradient(model, x),
         "tdhook, one target": lambda: tdhook_lrp(theirs, x, TARGETS[0]),
         f"tdhook, loop x{len(TARGETS)}": lambda: [tdhook_lrp(theirs, x, t) for t in TARGETS],
-    }, rounds=15)
+    }, rounds=15, number=8)
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     td = TensorDict(input=x, batch_size=x.shape[:1])
     for t in (TARGETS[0], TARGETS[-1]):  # the same maps

@@ -110,7 +110,7 @@ def affine_of(cls: type[nn.Module], state: Mapping[str, Any], parameters: Mappin
     (an instance wrapper), padding other than zeros given as numbers, or a weight that
     is not a parameter mean no.
     """
-    if "forward" in state or parameters.get("weight") is None or not set(parameters) <= {"weight", "bias"}:
+    if "forward" in state or parameters.get("weight") is None or any(k != "weight" and k != "bias" for k in parameters):
         return None
     if cls is nn.Linear:
         return _LINEAR

@@ -207,32 +207,38 @@ class _Steps:
         self.records: list[_Record] = []
 
     def __call__(self, link: Link, module: nn.Module, h: Any) -> torch.Tensor:
+        """One module's forward (run under ``no_grad``: only modules of unknown backward get a graph)."""
         if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
             raise _NotAChain
         path, rule = self.ruled.get(id(link[1]), ("", None))  # (the path only names ruled modules)
-        affine = None if isinstance(rule, Pass) else affine_of(type(module), module.__dict__, module._parameters)
+        state = module.__dict__
+        affine = None if isinstance(rule, Pass) else affine_of(type(module), state, state["_parameters"])
         if affine is not None:
             return self._affine_step(path, rule, module, affine, h.detach())
-        pool = _MAX_POOLS.get(type(module)) if rule is None and "forward" not in module.__dict__ else None
-        if pool is not None and module.__dict__.get("return_indices") is False:
-            with torch.no_grad():  # (the kernel autograd runs: ties go to the same input)
-                out, indices = pool[1](h.detach(), module.kernel_size, module.stride, module.padding, module.dilation,
-                                       ceil_mode=module.ceil_mode, return_indices=True)
+        pool = _MAX_POOLS.get(type(module)) if rule is None and "forward" not in state else None
+        if pool is not None and state.get("return_indices") is False:
+            # (the kernel autograd runs: ties go to the same input)
+            out, indices = pool[1](h, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
+                                   ceil_mode=state["ceil_mode"], return_indices=True)
             self.records.append(_Pooled(h.shape, indices, pool[0]))
             return cast(torch.Tensor, out)
         if (isinstance(rule, Pass) and _known(module, ACTIVATIONS)) or (rule is None and _known(module, _RESHAPES)):
-            with torch.no_grad():
-                out = module(h.detach())
+            out = module(h)
             if rule is None:
                 self.records.append(_Reshaped(h.shape))
             else:
                 check_pass(path, (h,), out)
                 self.records.append(_Passed(out, out._version))
             return cast(torch.Tensor, out)
+        return self._step_with_graph(path, rule, module, h)
+
+    def _step_with_graph(self, path: str, rule: Rule | None, module: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        """Any other module: on a fresh leaf that requires grad, its own graph for its backward."""
         writes = getattr(module, "inplace", False) is True  # it gets a copy (NOTE [lrp on a chain])
         x = h.detach().requires_grad_()
         try:
-            y = module(x.clone() if writes else x)
+            with torch.enable_grad():
+                y = module(x.clone() if writes else x)
         except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
             raise _NotAChain from e
         if rule is not None:
@@ -260,9 +266,8 @@ class _Steps:
         """A linear layer or a convolution: run without a graph, its adjoint is one op (NOTE [affine modules])."""
         weight, bias = module._parameters["weight"], module._parameters.get("bias")
         assert weight is not None  # (affine_of asks for one)
-        with torch.no_grad():
-            done = None if rule is None else fused(rule, affine, x, weight, bias)
-            y = affine.run(x, weight, bias) if done is None else done[0]
+        done = None if rule is None else fused(rule, affine, x, weight, bias)
+        y = affine.run(x, weight, bias) if done is None else done[0]
         if done is not None:
             self.records.append(_Fused(done[1], x, y, (x._version, y._version)))
             return y
@@ -343,7 +348,7 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     rng = _RandomState(flat.get(key).device)  # a walk given up gives the taps the random state it found (dropout)
     steps = _Steps(by_module)
     try:
-        with torch.enable_grad():
+        with torch.no_grad():  # (the steps that need a graph turn it on for their module)
             out = run_chain(f, params, flat, links, steps)
         relevance, values = _put_in(f, out, flat, key, batch, target, cotangents)
         with torch.no_grad():  # rules run as in a backward
