@@ -41,7 +41,7 @@ back, so that dropout draws the same masks on the general path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -52,133 +52,21 @@ from torch import nn
 
 from .._chain import Link, chain_of, run_chain
 from .._functional import Functional, NestedKey
+from .._params import leaves
 from .._targets import Target
 from .._vjp import reaches_other_leaves
 from ._checks import check_call
 from ._engine import Cotangents, Gradients, offered_targets, seed_cotangents, unflatten
-from ._lrp_affine import Adjoint, Affine, affine_of
+from ._lrp_affine import Affine, affine_of
 from ._lrp_call import ModuleCall, Template
 from ._lrp_checks import check_module_call, check_pass
 from ._lrp_composites import ACTIVATIONS, Resolved
-from ._lrp_fused import Pullback, fused
+from ._lrp_fused import fused
+from ._lrp_records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
 from ._lrp_rules import Pass, Rule
 
 __all__ = ["chain_lrp"]
 
-
-class _NotAChain(Exception):
-    """This call takes the general path (NOTE [lrp on a chain])."""
-
-
-def _unwritten(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
-    """Leave the walk for the general path if a later module wrote one of ``tensors`` in place."""
-    if tuple(t._version for t in tensors) != versions:
-        raise _NotAChain
-
-
-@dataclass(frozen=True)
-class _Local:
-    """A module's own Jacobian from ``x`` to ``y``; the relevance scaled by ``factor`` before, by ``x`` after."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    factor: torch.Tensor | None
-    scales_inputs: bool
-    version: int
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.y,), (self.version,))
-        share = relevance if self.factor is None else relevance * self.factor
-        (c,) = torch.autograd.grad(self.y, self.x, share, allow_unused=True, materialize_grads=True)
-        return self.x.detach() * c if self.scales_inputs else c
-
-
-@dataclass(frozen=True)
-class _Passed:
-    """Pass: the relevance as it is, unless a later module wrote the output in place (the taps differ then)."""
-
-    y: torch.Tensor
-    version: int
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.y,), (self.version,))
-        return relevance
-
-
-@dataclass(frozen=True)
-class _Ruled:
-    """A rule's relevance on what its module saw; the tensors' versions as they were then."""
-
-    rule: Rule
-    call: ModuleCall
-    versions: tuple[int, ...]
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        (x,), y = self.call.inputs, self.call.output
-        _unwritten((x, y), self.versions)
-        relevances = list(self.rule.relevance(self.call, relevance))
-        if len(relevances) != 1:
-            raise ValueError(f"lrp: the rule at {self.call.path!r} returned {len(relevances)} relevances for 1 input")
-        return torch.zeros_like(x) if relevances[0] is None else relevances[0]
-
-
-@dataclass(frozen=True)
-class _AffineLocal:
-    """:class:`_Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
-
-    x: torch.Tensor
-    adjoint: Adjoint
-    share: tuple[bool, torch.Tensor] | None  # (divides, by): the rule's output factor, or its divisor
-    scales_inputs: bool
-    version: int
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x,), (self.version,))
-        if self.share is not None:
-            divides, by = self.share
-            relevance = relevance / by if divides else relevance * by
-        c = self.adjoint(relevance, self.x.shape)
-        return self.x * c if self.scales_inputs else c
-
-
-@dataclass(frozen=True)
-class _Fused:
-    """A rule's relevance by a pullback prepared in the forward (NOTE [fused alpha-beta])."""
-
-    pull: Pullback
-    x: torch.Tensor
-    y: torch.Tensor
-    versions: tuple[int, ...]
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x, self.y), self.versions)
-        return self.pull(relevance)
-
-
-@dataclass(frozen=True)
-class _Reshaped:
-    """A flatten, unflatten or identity: the relevance reshaped back to the input's shape."""
-
-    shape: torch.Size
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        return relevance.reshape(self.shape)
-
-
-@dataclass(frozen=True)
-class _Pooled:
-    """Max pooling: each window's relevance goes to the input its maximum came from, as its gradient does."""
-
-    shape: torch.Size
-    indices: torch.Tensor  # of each maximum, flat within its channel's input plane
-    dims: int  # of the plane
-
-    def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        plane = relevance.new_zeros(self.shape).flatten(-self.dims)
-        return plane.scatter_add_(-1, self.indices.flatten(-self.dims), relevance.flatten(-self.dims)).view(self.shape)
-
-
-_Record = _Local | _AffineLocal | _Passed | _Ruled | _Fused | _Reshaped | _Pooled
 
 _RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
 _MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
@@ -194,41 +82,75 @@ def _known(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> bool:
     return type(module) in classes and "forward" not in module.__dict__ and not getattr(module, "inplace", False)
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """How the walk runs a module: ``"affine"``, ``"pool"``, ``"pass"``, ``"reshape"``, or with its own ``"graph"``."""
+
+    name: str
+    affine: Affine | None = None
+    pool: tuple[int, Callable[..., Any]] | None = None
+
+
+_PASS, _RESHAPE, _GRAPH = _Kind("pass"), _Kind("reshape"), _Kind("graph")
+
+
+def _kind(module: nn.Module, rule: Rule | None) -> _Kind:
+    """How the walk runs ``module`` with ``rule``: its backward known (no graph), or by its own graph."""
+    state = module.__dict__
+    if not isinstance(rule, Pass):
+        affine = affine_of(type(module), state, state["_parameters"])
+        if affine is not None:
+            return _Kind("affine", affine)
+    if rule is None and "forward" not in state:
+        pool = _MAX_POOLS.get(type(module))
+        if pool is not None and state.get("return_indices") is False:
+            return _Kind("pool", pool=pool)
+    if isinstance(rule, Pass) and _known(module, ACTIVATIONS):
+        return _PASS
+    if rule is None and _known(module, _RESHAPES):
+        return _RESHAPE
+    return _GRAPH
+
+
 class _Steps:
     """The forward of the chain, one module at a time, recording how each hands relevance back.
 
-    Every module runs on a fresh leaf that requires grad, as on the taps' graph: a module
-    that writes its input in place without saying so (no ``inplace=True``) raises there
-    as here, and never writes the caller's tensors.
+    Modules of known backward run without a graph (NOTE [lrp on a chain]). Every other
+    module runs on a fresh leaf that requires grad, as on the taps' graph: a module that
+    writes its input in place without saying so (no ``inplace=True``) raises there as
+    here, and never writes the caller's tensors.
     """
 
     def __init__(self, ruled: dict[int, tuple[str, Rule]]):  # by module identity
         self.ruled = ruled
-        self.records: list[_Record] = []
+        self.records: list[Record] = []
 
-    def __call__(self, link: Link, module: nn.Module, h: Any) -> torch.Tensor:
-        """One module's forward (run under ``no_grad``: only modules of unknown backward get a graph)."""
+    def rule_of(self, link: Link) -> tuple[str, Rule | None]:
+        return self.ruled.get(id(link[1]), ("", None))  # (the path only names ruled modules)
+
+    def __call__(self, link: Link, module: nn.Module, h: Any, own: dict[str, torch.Tensor] | None = None,
+                 kind: _Kind | None = None) -> torch.Tensor:
+        """One module's forward, under ``no_grad``; ``own``: its parameters where ``module`` is the model's own."""
         if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
-            raise _NotAChain
-        path, rule = self.ruled.get(id(link[1]), ("", None))  # (the path only names ruled modules)
+            raise NotAChain
+        path, rule = self.rule_of(link)
+        kind = _kind(module, rule) if kind is None else kind
         state = module.__dict__
-        affine = None if isinstance(rule, Pass) else affine_of(type(module), state, state["_parameters"])
-        if affine is not None:
-            return self._affine_step(path, rule, module, affine, h.detach())
-        pool = _MAX_POOLS.get(type(module)) if rule is None and "forward" not in state else None
-        if pool is not None and state.get("return_indices") is False:
-            # (the kernel autograd runs: ties go to the same input)
-            out, indices = pool[1](h, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
-                                   ceil_mode=state["ceil_mode"], return_indices=True)
-            self.records.append(_Pooled(h.shape, indices, pool[0]))
+        if kind.affine is not None:
+            tensors = state["_parameters"] if own is None else own
+            return self._affine_step(path, rule, module, kind.affine, h.detach(), tensors)
+        if kind.pool is not None:  # (the kernel autograd runs: ties go to the same input)
+            out, indices = kind.pool[1](h, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
+                                        ceil_mode=state["ceil_mode"], return_indices=True)
+            self.records.append(Pooled(h.shape, indices, kind.pool[0]))
             return cast(torch.Tensor, out)
-        if (isinstance(rule, Pass) and _known(module, ACTIVATIONS)) or (rule is None and _known(module, _RESHAPES)):
+        if kind is _PASS or kind is _RESHAPE:
             out = module(h)
-            if rule is None:
-                self.records.append(_Reshaped(h.shape))
+            if kind is _RESHAPE:
+                self.records.append(Reshaped(h.shape))
             else:
                 check_pass(path, (h,), out)
-                self.records.append(_Passed(out, out._version))
+                self.records.append(Passed(out, out._version))
             return cast(torch.Tensor, out)
         return self._step_with_graph(path, rule, module, h)
 
@@ -240,36 +162,36 @@ class _Steps:
             with torch.enable_grad():
                 y = module(x.clone() if writes else x)
         except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
-            raise _NotAChain from e
+            raise NotAChain from e
         if rule is not None:
             check_module_call(path, (x,), {}, y)
         if not (isinstance(y, torch.Tensor) and y.requires_grad):
-            raise _NotAChain
+            raise NotAChain
         out = y.detach()
         output_factor = getattr(rule, "output_factor", None)  # the gradient form (NOTE [gradient-form rules])
         if rule is None or callable(output_factor):
             factor = None if output_factor is None else output_factor(path, 1, out)
-            self.records.append(_Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
+            self.records.append(Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
         elif isinstance(rule, Pass):
             check_pass(path, (x,), y)
-            self.records.append(_Passed(out, out._version))
+            self.records.append(Passed(out, out._version))
         else:
             tensors: list[torch.Tensor] = []
             template = Template.of(module, tensors)
             seen = x.detach()
             call = ModuleCall(path, (seen,), out, template, tuple(tensors), {})
-            self.records.append(_Ruled(rule, call, (seen._version, out._version)))
+            self.records.append(Ruled(rule, call, (seen._version, out._version)))
         return out
 
-    def _affine_step(self, path: str, rule: Rule | None, module: nn.Module, affine: Affine,
-                     x: torch.Tensor) -> torch.Tensor:
+    def _affine_step(self, path: str, rule: Rule | None, module: nn.Module, affine: Affine, x: torch.Tensor,
+                     own: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
         """A linear layer or a convolution: run without a graph, its adjoint is one op (NOTE [affine modules])."""
-        weight, bias = module._parameters["weight"], module._parameters.get("bias")
+        weight, bias = own["weight"], own.get("bias")
         assert weight is not None  # (affine_of asks for one)
         done = None if rule is None else fused(rule, affine, x, weight, bias)
         y = affine.run(x, weight, bias) if done is None else done[0]
         if done is not None:
-            self.records.append(_Fused(done[1], x, y, (x._version, y._version)))
+            self.records.append(Fused(done[1], x, y, (x._version, y._version)))
             return y
         output_factor = getattr(rule, "output_factor", None)
         if rule is None or callable(output_factor):
@@ -277,12 +199,77 @@ class _Steps:
             share = (None if output_factor is None else
                      (True, divisor(path, 1, y)) if callable(divisor) else (False, output_factor(path, 1, y)))
             scales = bool(getattr(rule, "scales_inputs", False))
-            self.records.append(_AffineLocal(x, affine.adjoint(weight, fast=True), share, scales, x._version))
+            self.records.append(AffineLocal(x, affine.adjoint(weight, fast=True), share, scales, x._version))
         else:
             tensors: list[torch.Tensor] = []
-            call = ModuleCall(path, (x,), y, Template.of(module, tensors), tuple(tensors), {})
-            self.records.append(_Ruled(rule, call, (x._version, y._version)))
+            template = Template.of(module, tensors)
+            slots = module.__dict__["_parameters"]
+            if own is not slots:  # the model's own module (it holds no buffer): the call's tensors instead
+                tensors = [cast(torch.Tensor, own[name]) for name, t in slots.items() if t is not None]
+            call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
+            self.records.append(Ruled(rule, call, (x._version, y._version)))
         return y
+
+
+def _own_tensors(model: nn.Module, params: TensorDictBase, links: list[Link],
+                 kinds: list[_Kind]) -> list[dict[str, torch.Tensor]] | None:
+    """Each link's parameters from ``params``, where the walk needs no shadow (NOTE [walks without a shadow]).
+
+    # NOTE [walks without a shadow]
+    The call's shadow (NOTE [shadow modules]) puts the params in private copies of the
+    modules, so that a module's forward computes with them and never with the model's.
+    On the walk a linear layer or a convolution is computed from its tensors directly,
+    and the other modules of known backward (pooling, torch's activations and reshapes)
+    hold no tensor at all: their forward reads plain attributes only, and runs on the
+    model's own module without changing it. Where every link is such a module, and the
+    params hold exactly those layers' tensors in the model's shapes, the walk takes the
+    tensors from the params and needs no shadow (~0.1 ms a call on the benchmarks'
+    MLP). Anything else (a buffer, a parameter elsewhere, a module of another kind, a
+    key or shape that differs: the shadow names what is wrong) takes the shadow.
+    """
+    if any(m.__dict__["_parameters"] or m.__dict__["_buffers"] for m in _containers(model)):
+        return None
+    values = leaves(params)
+    own: list[dict[str, torch.Tensor]] = []
+    for (name, module), kind in zip(links, kinds, strict=True):
+        state = module.__dict__
+        if kind is _GRAPH or state["_buffers"] or (kind.affine is None and state["_parameters"]):
+            return None
+        tensors: dict[str, torch.Tensor] = {}
+        for slot, tensor in state["_parameters"].items():
+            value = values.get((*name.split("."), slot)) if tensor is not None else None
+            if tensor is not None and (not isinstance(value, torch.Tensor) or value.shape != tensor.shape):
+                return None
+            if value is not None:
+                tensors[slot] = value
+        own.append(tensors)
+    if len(values) != sum(len(t) for t in own):  # (keys the layers do not hold, or a layer twice)
+        return None
+    return own
+
+
+def _containers(model: nn.Module) -> list[nn.Module]:
+    """The nested ``Sequential`` s of a chain, the root first."""
+    found = [model]
+    for module in found:
+        found.extend(m for m in module._modules.values() if isinstance(m, nn.Sequential))
+    return found
+
+
+def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, links: list[Link],
+             steps: _Steps) -> torch.Tensor:
+    """The chain's output, each module run by ``steps``: from the params directly where it can, else on a shadow."""
+    kinds = [_kind(link[1], steps.rule_of(link)[1]) for link in links]
+    own = _own_tensors(f.model, params, links, kinds)
+    if own is None:
+        out = run_chain(f, params, flat, links, steps)
+        return cast(torch.Tensor, out.get(f.out_keys[0]))
+    h = flat.get(key)
+    for link, tensors, kind in zip(links, own, kinds, strict=True):
+        h = steps(link, link[1], h, tensors, kind)
+    if not (isinstance(h, torch.Tensor) and h.shape[:1] == flat.batch_size):
+        raise NotAChain  # (an output without the batch: the general path says what is wrong)
+    return h
 
 
 class _RandomState:
@@ -301,18 +288,18 @@ class _RandomState:
 
 def _rule_below(links: list[Link], ruled: dict[int, tuple[str, Rule]]) -> bool:
     """Whether a rule sits inside a link (a non-Sequential block), where the walk would not see it."""
-    return any(id(m) in ruled for _, link in links for m in link.modules() if m is not link)
+    return any(id(m) in ruled for _, link in links if link._modules for m in link.modules() if m is not link)
 
 
-def _put_in(f: Functional, out: TensorDictBase, flat: TensorDictBase, key: NestedKey, batch: torch.Size,
+def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey, batch: torch.Size,
             target: Target, cotangents: Cotangents | None) -> tuple[torch.Tensor, TensorDictBase]:
-    """The relevance put in at the chain's output, and the target values.
+    """The relevance put in at the chain's output ``y``, and the target values.
 
     An int target selects one class of the output: what it puts in there is a one-hot,
     with no graph (saves the target's TensorDicts and a backward, ~0.2 ms a call). Others
     as the engine offers them, and a pullback to the output.
     """
-    y = out.get(f.out_keys[0]).detach()
+    y = y.detach()
     if (isinstance(target, int) and not isinstance(target, bool) and cotangents is None and y.dim() == 2
             and -y.shape[1] <= target < y.shape[1]):  # (else the engine's selection says what is wrong)
         seed = torch.zeros_like(y)
@@ -320,14 +307,14 @@ def _put_in(f: Functional, out: TensorDictBase, flat: TensorDictBase, key: Neste
         return seed, TensorDict({f.out_keys[0]: y[:, target].reshape(batch)}, batch_size=batch)
     with torch.enable_grad():
         y.requires_grad_()
-        out.set(f.out_keys[0], y)
+        out = TensorDict({f.out_keys[0]: y}, batch_size=flat.batch_size)
         values = offered_targets(f, out, flat, (key,), batch, target)
     keys = list(values.keys(True, True))
-    leaves = [values.get(k) for k in keys]
-    if reaches_other_leaves(leaves, [y]):
-        raise _NotAChain  # a closed-over tensor that requires grad: the taps refuse it
+    tensors = [values.get(k) for k in keys]
+    if reaches_other_leaves(tensors, [y]):
+        raise NotAChain  # a closed-over tensor that requires grad: the taps refuse it
     cot, _ = seed_cotangents(values, False, cotangents)
-    (relevance,) = torch.autograd.grad(leaves, y, [cot.get(k) for k in keys], allow_unused=True,
+    (relevance,) = torch.autograd.grad(tensors, y, [cot.get(k) for k in keys], allow_unused=True,
                                        materialize_grads=True)
     return relevance, values
 
@@ -349,12 +336,12 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     steps = _Steps(by_module)
     try:
         with torch.no_grad():  # (the steps that need a graph turn it on for their module)
-            out = run_chain(f, params, flat, links, steps)
-        relevance, values = _put_in(f, out, flat, key, batch, target, cotangents)
+            y = _forward(f, params, flat, key, links, steps)
+        relevance, values = _put_in(f, y, flat, key, batch, target, cotangents)
         with torch.no_grad():  # rules run as in a backward
             for record in reversed(steps.records):
                 relevance = record.back(relevance)
-    except _NotAChain:
+    except NotAChain:
         rng.restore()
         return None
     grads = TensorDict({key: unflatten(relevance, 0, batch)}, batch_size=batch)

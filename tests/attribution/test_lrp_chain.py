@@ -7,6 +7,7 @@ modified vjps]). Models are float64, so the two agree to a few ulps.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -326,3 +327,82 @@ def test_a_rule_on_the_root_takes_the_general_path(monkeypatch: pytest.MonkeyPat
     out = tdhook_fn.call(mlp(), p, xs)[..., 0]
     (grad,) = torch.autograd.grad(out.sum(), xs)
     torch.testing.assert_close(whole["input"], x * grad / (out.detach() + 1e-6 * torch.sign(out.detach()))[:, None])
+
+
+def _shadows(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each walk borrowed a shadow (NOTE [walks without a shadow])."""
+    chain_module = importlib.import_module("tdhook_fn.attribution._lrp_chain")
+    borrowed: list[bool] = []
+    original = chain_module.run_chain
+    monkeypatch.setattr(chain_module, "run_chain", lambda *a: borrowed.append(True) or original(*a))
+    return borrowed
+
+
+def test_a_walk_without_a_shadow_computes_with_the_params_not_the_models_tensors(
+        monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(12, 4), nn.Tanh(), nn.Linear(4, 3)).double().eval()
+    x = torch.randn(3, 2, 4, 4, dtype=torch.float64)
+    f = tdhook_fn.functional(model)
+    other = tdhook_fn.params(model).apply(lambda t: t * -1.5)  # not the model's numbers
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(-1.5)
+    borrowed = _shadows(monkeypatch)
+    td = TensorDict(input=x, batch_size=[3])
+    before = snapshot(model)
+    ours = lrp(f, other, td, target=2, rules=EpsilonPlus())
+    assert walks.taken == [True] and borrowed == []
+    assert same(snapshot(model), before)
+    f_twin, p_twin = tdhook_fn.pure(twin)
+    assert_close_ulps(ours, general(monkeypatch, f_twin, p_twin, td, target=2, rules=EpsilonPlus()), ulps=64)
+
+
+@pytest.mark.parametrize("change", ["prelu", "buffer", "container parameter", "module twice", "batch norm"])
+def test_what_needs_the_shadow_gets_it(monkeypatch: pytest.MonkeyPatch, walks: Walks, change: str) -> None:
+    """Modules holding tensors the walk does not compute from, and layouts it does not map, borrow the shadow."""
+    torch.manual_seed(0)
+    linear = nn.Linear(6, 6)
+    layers: list[nn.Module] = [nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3)]
+    if change == "prelu":
+        layers[1] = nn.PReLU()
+    elif change == "batch norm":
+        layers[1] = nn.BatchNorm1d(6)
+    elif change == "module twice":
+        layers = [linear, nn.ReLU(), linear, nn.Linear(6, 3)]
+    model = nn.Sequential(*layers).double().eval()
+    if change == "buffer":
+        model[0].register_buffer("scale", torch.ones(6, dtype=torch.float64))
+    elif change == "container parameter":
+        model.register_parameter("extra", nn.Parameter(torch.ones(2, dtype=torch.float64)))
+    f = tdhook_fn.functional(model)
+    other = tdhook_fn.params(model).apply(lambda t: t * 1.5 if t.is_floating_point() else t)  # (not the model's)
+    borrowed = _shadows(monkeypatch)
+    td = TensorDict(input=torch.randn(4, 6, dtype=torch.float64), batch_size=[4])
+    rules = {nn.Linear: Epsilon(), nn.ReLU: Pass(), nn.PReLU: Pass(), nn.BatchNorm1d: Pass()}
+    ours = lrp(f, other, td, target=1, rules=rules)
+    assert walks.taken == [True] and borrowed == [True]
+    assert_close_ulps(ours, general(monkeypatch, f, other, td, target=1, rules=rules), ulps=64)
+
+
+@pytest.mark.parametrize("change", ["missing", "unexpected", "shape"])
+def test_params_that_do_not_fit_are_named_as_without_the_walk(monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    f, p = tdhook_fn.pure(model)
+    if change == "missing":
+        p = p.exclude(("2", "bias"))
+    elif change == "unexpected":
+        p = p.clone()
+        p["extra"] = torch.zeros(2, dtype=torch.float64)
+    else:
+        p = p.clone()
+        p["0", "weight"] = torch.zeros(8, 5, dtype=torch.float64)
+    td = TensorDict(input=torch.randn(4, 6, dtype=torch.float64), batch_size=[4])
+    with pytest.raises(ValueError, match="params do not match the model") as walked:
+        lrp(f, p, td, target=0, rules=EpsilonPlus())
+    with pytest.raises(ValueError, match="params do not match the model") as tapped:
+        general(monkeypatch, f, p, td, target=0, rules=EpsilonPlus())
+    assert str(walked.value) == str(tapped.value)

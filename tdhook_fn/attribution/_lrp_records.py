@@ -1,0 +1,135 @@
+"""How each module on the LRP chain walk hands relevance back (NOTE [lrp on a chain]).
+
+Each record keeps what its module's step saw in the forward; ``back(relevance)`` gives
+the relevance of the module's input from that of its output. A record raises
+:class:`NotAChain` where the walk cannot give the taps' numbers (a tensor it reads was
+written in place since), and the call takes the general path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._lrp_affine import Adjoint
+from ._lrp_call import ModuleCall
+from ._lrp_fused import Pullback
+from ._lrp_rules import Rule
+
+__all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled"]
+
+
+class NotAChain(Exception):
+    """This call takes the general path (NOTE [lrp on a chain])."""
+
+
+def _unwritten(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
+    """Leave the walk for the general path if a later module wrote one of ``tensors`` in place."""
+    if tuple(t._version for t in tensors) != versions:
+        raise NotAChain
+
+
+@dataclass(frozen=True)
+class Local:
+    """A module's own Jacobian from ``x`` to ``y``; the relevance scaled by ``factor`` before, by ``x`` after."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    factor: torch.Tensor | None
+    scales_inputs: bool
+    version: int
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.y,), (self.version,))
+        share = relevance if self.factor is None else relevance * self.factor
+        (c,) = torch.autograd.grad(self.y, self.x, share, allow_unused=True, materialize_grads=True)
+        return self.x.detach() * c if self.scales_inputs else c
+
+
+@dataclass(frozen=True)
+class Passed:
+    """Pass: the relevance as it is, unless a later module wrote the output in place (the taps differ then)."""
+
+    y: torch.Tensor
+    version: int
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.y,), (self.version,))
+        return relevance
+
+
+@dataclass(frozen=True)
+class Ruled:
+    """A rule's relevance on what its module saw; the tensors' versions as they were then."""
+
+    rule: Rule
+    call: ModuleCall
+    versions: tuple[int, ...]
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        (x,), y = self.call.inputs, self.call.output
+        _unwritten((x, y), self.versions)
+        relevances = list(self.rule.relevance(self.call, relevance))
+        if len(relevances) != 1:
+            raise ValueError(f"lrp: the rule at {self.call.path!r} returned {len(relevances)} relevances for 1 input")
+        return torch.zeros_like(x) if relevances[0] is None else relevances[0]
+
+
+@dataclass(frozen=True)
+class AffineLocal:
+    """:class:`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
+
+    x: torch.Tensor
+    adjoint: Adjoint
+    share: tuple[bool, torch.Tensor] | None  # (divides, by): the rule's output factor, or its divisor
+    scales_inputs: bool
+    version: int
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.x,), (self.version,))
+        if self.share is not None:
+            divides, by = self.share
+            relevance = relevance / by if divides else relevance * by
+        c = self.adjoint(relevance, self.x.shape)
+        return self.x * c if self.scales_inputs else c
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A rule's relevance by a pullback prepared in the forward (NOTE [fused alpha-beta])."""
+
+    pull: Pullback
+    x: torch.Tensor
+    y: torch.Tensor
+    versions: tuple[int, ...]
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        _unwritten((self.x, self.y), self.versions)
+        return self.pull(relevance)
+
+
+@dataclass(frozen=True)
+class Reshaped:
+    """A flatten, unflatten or identity: the relevance reshaped back to the input's shape."""
+
+    shape: torch.Size
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        return relevance.reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Max pooling: each window's relevance goes to the input its maximum came from, as its gradient does."""
+
+    shape: torch.Size
+    indices: torch.Tensor  # of each maximum, flat within its channel's input plane
+    dims: int  # of the plane
+
+    def back(self, relevance: torch.Tensor) -> torch.Tensor:
+        plane = relevance.new_zeros(self.shape).flatten(-self.dims)
+        return plane.scatter_add_(-1, self.indices.flatten(-self.dims), relevance.flatten(-self.dims)).view(self.shape)
+
+
+Record = Local | AffineLocal | Passed | Ruled | Fused | Reshaped | Pooled
