@@ -223,6 +223,10 @@ def _rule_taps(ruled: Mapping[str, Rule]) -> list[Tap]:
     return [_RuleTap(path, "custom", rule=rule) for path, rule in ruled.items()]
 
 
+def _given(targets: TensorDictBase) -> Callable[[], TensorDictBase]:
+    return lambda: targets
+
+
 @never_traced
 @accepts_tensors
 def lrp(
@@ -314,16 +318,19 @@ def lrp(
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
     ruled = resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
-    result = None
+    walked: tuple[TensorDict, Callable[[], TensorDictBase]] | None = None
     if len(keys) == 1 and not (per_target or taps or layers or target_layers or layer_calls) and untransformed():
-        result = chain_lrp(f, params, inputs, keys[0], target, ruled, cotangents)
-    if result is None:
+        walked = chain_lrp(f, params, inputs, keys[0], target, ruled, cotangents)
+    if walked is None:
         result = gradients(
             f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
             taps=[*taps, *_rule_taps(ruled)], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls,
             method="lrp",
         )
-    refuse_level_zero_graph(result.grads)
+        maps, targets = result.grads, _given(result.targets)
+    else:
+        maps, targets = walked
+    refuse_level_zero_graph(maps)
     if check_conservation:
-        raise_unless_conserved(result.grads.select(*keys), result.targets, per_target, cotangents, inputs.batch_size)
-    return result.grads
+        raise_unless_conserved(maps.select(*keys), targets(), per_target, cotangents, inputs.batch_size)
+    return maps

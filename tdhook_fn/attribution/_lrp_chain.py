@@ -56,7 +56,7 @@ from .._params import leaves
 from .._targets import Target
 from .._vjp import reaches_other_leaves
 from ._checks import check_call
-from ._engine import Cotangents, Gradients, offered_targets, seed_cotangents, unflatten
+from ._engine import Cotangents, offered_targets, seed_cotangents, unflatten
 from ._lrp_affine import Affine, affine_of
 from ._lrp_call import ModuleCall, Template
 from ._lrp_checks import check_module_call, check_pass
@@ -257,9 +257,11 @@ def _containers(model: nn.Module) -> list[nn.Module]:
 
 
 def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, links: list[Link],
-             steps: _Steps) -> torch.Tensor:
-    """The chain's output, each module run by ``steps``: from the params directly where it can, else on a shadow."""
-    kinds = [_kind(link[1], steps.rule_of(link)[1]) for link in links]
+             kinds: list[_Kind], steps: _Steps) -> torch.Tensor:
+    """The chain's output, each module run by ``steps``: from the params directly where it can, else on a shadow.
+
+    ``kinds`` are the links' modules' kinds; a shadow's modules are of the same kinds.
+    """
     own = _own_tensors(f.model, params, links, kinds)
     if own is None:
         out = run_chain(f, params, flat, links, steps)
@@ -292,8 +294,8 @@ def _rule_below(links: list[Link], ruled: dict[int, tuple[str, Rule]]) -> bool:
 
 
 def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey, batch: torch.Size,
-            target: Target, cotangents: Cotangents | None) -> tuple[torch.Tensor, TensorDictBase]:
-    """The relevance put in at the chain's output ``y``, and the target values.
+            target: Target, cotangents: Cotangents | None) -> tuple[torch.Tensor, Callable[[], TensorDictBase]]:
+    """The relevance put in at the chain's output ``y``, and the target values (made when asked).
 
     An int target selects one class of the output: what it puts in there is a one-hot,
     with no graph (saves the target's TensorDicts and a backward, ~0.2 ms a call). Others
@@ -304,7 +306,7 @@ def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey
             and -y.shape[1] <= target < y.shape[1]):  # (else the engine's selection says what is wrong)
         seed = torch.zeros_like(y)
         seed[:, target] = 1.0
-        return seed, TensorDict({f.out_keys[0]: y[:, target].reshape(batch)}, batch_size=batch)
+        return seed, lambda: TensorDict({f.out_keys[0]: y[:, target].reshape(batch)}, batch_size=batch)
     with torch.enable_grad():
         y.requires_grad_()
         out = TensorDict({f.out_keys[0]: y}, batch_size=flat.batch_size)
@@ -316,15 +318,16 @@ def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey
     cot, _ = seed_cotangents(values, False, cotangents)
     (relevance,) = torch.autograd.grad(tensors, y, [cot.get(k) for k in keys], allow_unused=True,
                                        materialize_grads=True)
-    return relevance, values
+    return relevance, lambda: values
 
 
 def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey, target: Target,
-              ruled: Resolved, cotangents: Cotangents | None) -> Gradients | None:
-    """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain]; ``None`` where it does not apply.
+              ruled: Resolved, cotangents: Cotangents | None,
+              ) -> tuple[TensorDict, Callable[[], TensorDictBase]] | None:
+    """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain], and the target values (made when asked).
 
-    Rules are looked up by module (``ruled.by_module``): a module the chain runs twice has
-    its rule both times.
+    ``None`` where the walk does not apply. Rules are looked up by module
+    (``ruled.by_module``): a module the chain runs twice has its rule both times.
     """
     by_module = ruled.by_module
     links = chain_of(f, lambda _name, module: id(module) in by_module)
@@ -332,17 +335,20 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
         return None  # (a rule on the root: the taps run the whole model as one ruled module)
     check_call("lrp", f, params, inputs, (key,))
     batch, flat = inputs.batch_size, inputs.reshape(-1)
-    rng = _RandomState(flat.get(key).device)  # a walk given up gives the taps the random state it found (dropout)
     steps = _Steps(by_module)
+    kinds = [_kind(link[1], steps.rule_of(link)[1]) for link in links]
+    # a walk given up gives the taps the random state it found (dropout); known modules draw none but RReLU
+    random = any(kind is _GRAPH or isinstance(link[1], nn.RReLU) for link, kind in zip(links, kinds, strict=True))
+    rng = _RandomState(flat.get(key).device) if random else None
     try:
         with torch.no_grad():  # (the steps that need a graph turn it on for their module)
-            y = _forward(f, params, flat, key, links, steps)
+            y = _forward(f, params, flat, key, links, kinds, steps)
         relevance, values = _put_in(f, y, flat, key, batch, target, cotangents)
         with torch.no_grad():  # rules run as in a backward
             for record in reversed(steps.records):
                 relevance = record.back(relevance)
     except NotAChain:
-        rng.restore()
+        if rng is not None:
+            rng.restore()
         return None
-    grads = TensorDict({key: unflatten(relevance, 0, batch)}, batch_size=batch)
-    return Gradients(grads, TensorDict({}, batch_size=batch), values)
+    return TensorDict({key: unflatten(relevance, 0, batch)}, batch_size=batch), values
