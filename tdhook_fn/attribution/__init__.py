@@ -6,6 +6,7 @@ with respect to params.
 """
 
 from ._activation_maximisation import activation_maximisation, pgd_step
+from ._convergence import convergence_delta
 from ._grad_cam import DimsConfig, grad_cam
 from ._guided_backprop import guided_backprop, module_paths
 from ._integrated_gradients import integrated_gradients
@@ -56,6 +57,7 @@ __all__ = [
     "WSquare",
     "ZPlus",
     "activation_maximisation",
+    "convergence_delta",
     "grad_cam",
     "guided_backprop",
     "integrated_gradients",

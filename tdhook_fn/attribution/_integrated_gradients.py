@@ -14,6 +14,7 @@ from .._taps import Tap, capture, intervene
 from .._targets import Target
 from .._vjp import untransformed
 from ._checks import check_call, check_layers
+from ._convergence import delta_of
 from ._engine import (
     Cotangents,
     gradients,
@@ -84,7 +85,10 @@ def integrated_gradients(
         chunk_size (int | None): path points per forward; bounds memory. The result is
             the same up to a few ulps (NOTE [chunk-invariant sums]).
         return_convergence_delta (bool): also return ``sum(attr) - (F(x) - F(b))`` per
-            sample (and per target), as captum defines it.
+            sample (and per target), as captum defines it, over the maps of the path's
+            space: the inputs', or the layers' with ``interpolate="layers"`` (gradients
+            read at layers while the inputs move are no shares of the change); with
+            ``cotangents`` the change is weighted by them (NOTE [convergence delta]).
         layers (Sequence[str]): attribute activations at these paths instead.
         interpolate (str): for ``layers``, ``"layers"`` interpolates the activations
             themselves between their values at ``b`` and ``x`` (captum's
@@ -108,6 +112,8 @@ def integrated_gradients(
             the embedding layer with ``layers=[...]``, ``interpolate="layers"``).
         ValueError: ``f`` takes several inputs as keywords (``functional(model,
             in_keys={...})``) and ``input_keys`` does not say which the baselines replace.
+        ValueError: ``return_convergence_delta`` with ``use_inputs=False`` in input space
+            (no map of the path's space), or with cotangents that depend on the values.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -128,6 +134,11 @@ def integrated_gradients(
     in_layer_space = bool(layers) and interpolate == "layers"
     if interpolate not in ("layers", "inputs"):
         raise ValueError(f"interpolate must be 'layers' or 'inputs', got {interpolate!r}")
+    if return_convergence_delta and not (in_layer_space or use_inputs):
+        raise ValueError("integrated_gradients: return_convergence_delta needs the maps of the path's space: the "
+                         "inputs' (use_inputs=True), or the layers' with interpolate='layers'; the gradients read at "
+                         "layers while the inputs move do not sum to the change (tdhook_fn.attribution."
+                         "convergence_delta sums any maps you give it)")
     check_layers("integrated_gradients", layers)
     check_call("integrated_gradients", f, params, inputs)
     if input_keys is None and len(getattr(f, "keywords", {})) > 1:
@@ -164,8 +175,9 @@ def integrated_gradients(
     attrs = _in_dtypes(total, dtypes)  # half precision: rounded once, at the end
     if not return_convergence_delta:
         return attrs
+    counted = attrs if in_layer_space else attrs.select(*keys)  # the path's space's maps (NOTE [convergence delta])
     values = target_values(f, params, _ends(inputs, base), target, target_layers=target_layers, taps=all_taps)
-    return attrs, _convergence_delta(values, inputs.batch_size, attrs, per_target)
+    return attrs, delta_of(values, inputs.batch_size, counted, per_target, cotangents)
 
 
 def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
@@ -362,19 +374,3 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _convergence_delta(values: TensorDictBase, batch: torch.Size, attrs: TensorDict, per_target: bool) -> torch.Tensor:
-    """``sum(attr) - (F(x) - F(b))`` per sample (and target); ``values`` are ``[2, *B]`` targets."""
-    values = values.reshape(2, *batch)
-    lead = 1 if per_target else 0
-    ends = None
-    for v in values.values(True, True):
-        v = v.unsqueeze(-1) if v.dim() == len(batch) + 1 else v
-        change = (v[1] - v[0]).flatten(len(batch))  # [*B, T]
-        if not per_target:  # each target its own sum: targets of different widths add up per sample
-            change = change.sum(-1)
-        ends = change if ends is None else ends + change
-    assert ends is not None
-    if per_target:
-        ends = ends.movedim(-1, 0)
-    attr_sum = sum(a.flatten(lead + len(batch)).sum(-1) for a in attrs.values(True, True))
-    return cast(torch.Tensor, attr_sum - ends)

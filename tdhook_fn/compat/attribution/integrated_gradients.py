@@ -8,7 +8,8 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import label
-from tdhook_fn.attribution import integrated_gradients
+from tdhook_fn.attribution import convergence_delta, integrated_gradients
+from tdhook_fn.attribution._saliency import grad_taps
 
 from .gradient_helpers import GradientAttributionWithBaseline
 from .gradient_helpers._calls import AttributionCall, UserFn
@@ -98,13 +99,19 @@ class IntegratedGradients(GradientAttributionWithBaseline):
     def _attribute_with_baselines(
         self, call: AttributionCall, baselines: TensorDictBase
     ) -> tuple[TensorDictBase, Any]:
-        result = integrated_gradients(
+        attrs = integrated_gradients(
             call.f, call.params, call.inputs, baselines, n_steps=self._n_steps, method=self._method,
-            multiply_by_inputs=self._multiply_by_inputs, return_convergence_delta=self._compute_convergence_delta,
-            layers=call.layers, interpolate="inputs", use_inputs=call.use_inputs, input_keys=call.input_keys,
-            **call.options(),
+            multiply_by_inputs=self._multiply_by_inputs, layers=call.layers, interpolate="inputs",
+            use_inputs=call.use_inputs, input_keys=call.input_keys, **call.options(),
         )
-        return result if isinstance(result, tuple) else (result, None)
+        assert isinstance(attrs, TensorDictBase)
+        if not self._compute_convergence_delta:
+            return attrs, None
+        # tdhook's formula: every map counts, module ones too, and the change is not weighted by init_attr_grads
+        starts = call.inputs.clone(False)
+        starts.update(baselines)
+        return attrs, convergence_delta(call.f, call.params, call.inputs, starts, attrs, target=call.target,
+                                        target_layers=call.target_layers, taps=grad_taps(call.grad_fns, call.taps))
 
     @staticmethod
     def init_attr_targets_with_labels(
