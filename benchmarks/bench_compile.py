@@ -3,7 +3,9 @@
 For each model and method: the first compiled call (tracing and code generation), the
 steady-state compiled time over the eager time of the same function (medians of rounds
 that time both in turn, so that both share the machine's drift), and the graph breaks
-``torch._dynamo.explain`` counts (0 is what fullgraph needs).
+``torch._dynamo.explain`` counts (0 is what fullgraph needs). The last row of each model
+is the floor: ``torch.func.functional_call`` written by hand with the same params, which
+is what compiling any call of the model costs over its eager run.
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ def _methods(net: nn.Module, layer: str, target: Any) -> dict[str, Callable[...,
                                                                       layers=[layer]),
         "integrated_gradients n=16": lambda p, td: integrated_gradients(f, p, td, 0.0, target=target, n_steps=16),
         f"Grad-CAM {layer}": lambda p, td: grad_cam(f, p, td, target=target, layers={layer: _dims(net, layer)}),
+        "floor: functional_call": lambda p, td: _functional_call(net, p, td),
     }
+
+
+def _functional_call(net: nn.Module, p: Any, td: TensorDict) -> Any:
+    """A hand-written ``torch.func.functional_call`` of the model with the same params: what any call costs."""
+    tensors = {".".join(key): value for key, value in p.items(include_nested=True, leaves_only=True)}
+    return torch.func.functional_call(net, tensors, (td["input"],))
 
 
 def _dims(net: nn.Module, layer: str) -> DimsConfig:
