@@ -11,8 +11,9 @@ from torch import nn
 
 from .._functional import NestedKey
 from .._modes import check_attribution_modes
+from .._vjp import untransformed
 
-__all__ = ["check_call", "check_layers"]
+__all__ = ["check_batch_first", "check_call", "check_layers"]
 
 
 def check_layers(method: str, layers: Any, name: str = "layers") -> None:
@@ -59,3 +60,60 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
     model = getattr(f, "model", None)
     if isinstance(model, nn.Module):
         check_attribution_modes(model, method)
+    check_batch_first(method, f, params, inputs)
+
+
+def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase) -> None:
+    """Raise where ``f`` reads a sample with a batch dim of 1 in front other than the sample itself.
+
+    # NOTE [unbatched inputs]
+    The methods run ``f`` on inputs with one batch dim in front: several batch dims are
+    flattened to one, and inputs without any (``batch_size=[]``) become a batch of one,
+    ``[1, ...]`` (integrated gradients puts its path points there too). A model that
+    reads the leading dim otherwise would compute another function there than on the
+    sample, and the maps would be silently wrong: ``nn.MultiheadAttention`` with
+    ``batch_first=False`` given ``[T, D]`` sees one position of ``T`` sequences, a
+    forward reducing over dim 0 sums over the batch. So for inputs without batch dims an
+    eager call first runs ``f`` on the sample and on it as a batch of one (the same
+    random state for both, without a graph) and raises where the two differ; a model
+    that cannot run the sample alone (batch norm, a batched-only forward) reads it as a
+    batch of one, and is left to that. Under ``vmap`` and ``torch.compile`` nothing is
+    compared (the data cannot be read there).
+    """
+    if inputs.batch_size != torch.Size([]) or not untransformed():
+        return
+    tensors = [t for t in inputs.values(True, True) if isinstance(t, torch.Tensor)]
+    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        cpu, cuda = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+        try:
+            alone = f(params, inputs)
+        except Exception:  # (batched-only: the batch of one is the only reading)
+            return
+        torch.set_rng_state(cpu)
+        for d, state in zip(devices, cuda, strict=True):
+            torch.cuda.set_rng_state(state, d)
+        try:
+            batched = f(params, inputs.unsqueeze(0))
+        except Exception as e:
+            raise ValueError(_not_batch_first(method, "raises on it as a batch of one, [1, ...]")) from e
+    for key, value in alone.items(True, True):
+        one = batched.get(key, None)
+        if not isinstance(value, torch.Tensor) or not isinstance(one, torch.Tensor):
+            continue
+        if one.numel() != value.numel():  # (the same numbers in another shape are the same function)
+            raise ValueError(_not_batch_first(method, f"gives output {key!r} of shape {tuple(one.shape)} on it as a "
+                                                      f"batch of one, {tuple(value.shape)} on the sample"))
+        scale = float(value.abs().max()) if value.is_floating_point() and value.numel() else 1.0
+        if not torch.allclose(one.reshape(-1), value.reshape(-1), rtol=1e-4, atol=1e-5 * max(1.0, scale)):
+            raise ValueError(_not_batch_first(method, f"gives another output {key!r} on it as a batch of one "
+                                                      "than on the sample"))
+
+
+def _not_batch_first(method: str, what: str) -> str:
+    return (f"{method}: the inputs have no batch dims (batch_size=[]), so the model runs on the sample as a batch of "
+            f"one (NOTE [unbatched inputs]), and this model {what}: it does not read a leading dim as the batch "
+            "(e.g. nn.MultiheadAttention or nn.TransformerEncoderLayer with batch_first=False given [T, D], or a "
+            "forward that reduces over dim 0). Give the inputs the batch dim the model reads as the batch, and "
+            "batch_size=[B] (e.g. TensorDict(input=x[None], batch_size=[1]) for a batch-first model, or a "
+            "batch_first=True model)")
