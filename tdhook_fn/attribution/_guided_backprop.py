@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import Functional
+from .._functional import Functional, NestedKey
 from .._taps import Tap, map_grad
 from .._targets import Target
 from ._engine import Cotangents
@@ -45,6 +45,8 @@ def guided_backprop(
     per_target: bool = False,
     layers: Sequence[str] = (),
     target_layers: Sequence[str] = (),
+    use_inputs: bool = True,
+    input_keys: Sequence[NestedKey] | None = None,
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
@@ -60,8 +62,9 @@ def guided_backprop(
         f (Functional): pure function of a model.
         classes_to_skip (tuple[type, ...]): module classes left alone.
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
-        params, inputs, target, per_target, layers, target_layers, grad_fns, taps, cotangents, layer_calls:
-            as in :func:`saliency`.
+        params, inputs, target, per_target, layers, target_layers, use_inputs, input_keys, grad_fns, taps,
+            cotangents, layer_calls: as in :func:`saliency` (token ids: ``layers=[<embedding>]``,
+            ``use_inputs=False``).
 
     Returns:
         TensorDict: keyed like the inputs (and layer paths), ``[*B]`` or ``[T, *B]``; a
@@ -80,6 +83,6 @@ def guided_backprop(
     guides = [map_grad(path, torch.relu, site="input") for path in module_paths(f.model, classes_to_skip)]
     return saliency(
         f, params, inputs, target=target, multiply_by_inputs=multiply_by_inputs, per_target=per_target,
-        layers=layers, target_layers=target_layers, grad_fns=grad_fns, taps=[*guides, *taps], cotangents=cotangents,
-        layer_calls=layer_calls,
+        layers=layers, target_layers=target_layers, use_inputs=use_inputs, input_keys=input_keys, grad_fns=grad_fns,
+        taps=[*guides, *taps], cotangents=cotangents, layer_calls=layer_calls,
     )

@@ -54,3 +54,22 @@ def test_embedding_layer_saliency_works(setup):
     _, f, p, _, td = setup
     out = saliency(f, p, td, target=1, layers=["embed"], use_inputs=False)
     assert out["embed"].shape == (2, 5, 4) and set(out.keys()) == {"embed"}
+
+
+def test_guided_backprop_at_the_embedding_of_token_ids(setup):
+    """use_inputs=False: the ids are not differentiated; pure and compat give the embedding's guided gradients."""
+    from tdhook_fn.attribution import guided_backprop
+    from tdhook_fn.compat.attribution import GuidedBackpropagation
+
+    model, f, p, ids, td = setup
+    pure = guided_backprop(f, p, td, target=1, layers=["embed"], use_inputs=False)
+    assert set(pure.keys()) == {"embed"} and pure["embed"].shape == (2, 5, 4)
+    with pytest.raises(TypeError, match=r"'ids' is torch.int64.*use_inputs=False"):
+        guided_backprop(f, p, td, target=1, layers=["embed"])
+    factory = GuidedBackpropagation(use_inputs=False, input_modules=["embed"],
+                                    init_attr_targets=lambda out, _: TensorDict(t=out["output"][..., 1],
+                                                                                batch_size=out.batch_size))
+    with factory.prepare(model, in_keys=["ids"], out_keys=["output"]) as hooked:
+        out = hooked(td.clone())
+    assert ("attr", "ids") not in out.keys(True)
+    torch.testing.assert_close(out["attr", "embed"], pure["embed"])

@@ -69,10 +69,8 @@ class GuidedBackpropagation(GradientAttribution):
         self._multiply_by_inputs = multiply_by_inputs
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
-        attrs = guided_backprop(
+        return guided_backprop(
             call.f, call.params, call.inputs, classes_to_skip=self._classes_to_skip,
-            multiply_by_inputs=self._multiply_by_inputs, layers=call.layers, **call.options(),
+            multiply_by_inputs=self._multiply_by_inputs, layers=call.layers, use_inputs=call.use_inputs,
+            input_keys=call.input_keys, **call.options(),
         )
-        # guided_backprop attributes every input; keep the ones asked for (gradients per key
-        # do not depend on which others are taken).
-        return attrs.select(*(call.input_keys if call.use_inputs else ()), *call.layers)
