@@ -533,3 +533,35 @@ def test_default_skip_matches_tdhook() -> None:
     cases += [("seq", nn.Sequential()), ("list", nn.ModuleList()), ("dict", nn.ModuleDict()), ("", nn.ModuleDict())]
     for name, module in cases:
         assert OURS.Pruning.default_skip(name, module) == tdhook.weights.Pruning.default_skip(name, module), name
+
+
+def test_a_composite_of_pruning_and_caching_needs_a_context_with_a_cache() -> None:
+    """Its context class holds the cache: PruningContext has none (a clear error), HookingContextWithCache has."""
+    from tdhook_fn.compat.contexts import CompositeHookingContextFactory, HookingContextWithCache
+    from tdhook_fn.compat.latent import ActivationCaching
+    from tdhook_fn.compat.weights.pruning import PruningContext
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    magnitude = lambda module_key, parameter_name, parameter: parameter.abs()
+    Pruning = tdhook_fn.compat.weights.Pruning
+
+    class Pruned(CompositeHookingContextFactory):
+        _hooking_context_class = PruningContext
+
+    class Cached(CompositeHookingContextFactory):
+        _hooking_context_class = HookingContextWithCache
+
+    x = TensorDict(input=torch.ones(3, 4), batch_size=[3])
+    with pytest.raises(TypeError, match="PruningContext, which has no cache.*HookingContextWithCache"):
+        with Pruned(Pruning(magnitude, 0.5), ActivationCaching("0")).prepare(net) as hooked:
+            hooked(x.clone())
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    with Cached(Pruning(magnitude, 0.5), ActivationCaching("0")).prepare(net) as hooked:
+        out = hooked(x.clone())
+        cached = hooked.hooking_context.cache
+    with Pruning(magnitude, 0.5).prepare(net) as pruned:
+        torch.testing.assert_close(out["output"], pruned(x.clone())["output"])
+    assert len(list(cached.keys(True, True))) == 1
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())

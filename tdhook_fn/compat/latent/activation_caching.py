@@ -115,7 +115,12 @@ class ActivationCaching(HookingContextFactory):
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         context = module.hooking_context
-        assert isinstance(context, HookingContextWithCache)  # this factory's own context made the module
+        if not isinstance(context, HookingContextWithCache):  # a composite's context class, not this factory's own
+            raise TypeError(
+                f"ActivationCaching: the context is a {type(context).__name__}, which has no cache for the "
+                "activations; a CompositeHookingContextFactory with ActivationCaching needs a context class with "
+                "one: set its _hooking_context_class to HookingContextWithCache (tdhook_fn.compat.contexts) or a "
+                "subclass of it")
         cache = context.cache
         containers = (nn.ModuleList, nn.ModuleDict)
         selected = [
