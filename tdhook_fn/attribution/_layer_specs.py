@@ -99,6 +99,13 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
     for path in paths:
         call = _chosen_run(method, path, len(seen[path]), wanted.get(path))
         shape, dtype = seen[path][call or 0]
+        if td.batch_size and shape[:1] != td.batch_size[:1]:
+            raise ValueError(
+                f"{method}: layer {path!r} outputs shape {list(shape)}, whose first dim is not the batch "
+                f"({td.batch_size[0]}: the batch dims flattened to one): a layer is attributed per sample, "
+                "so its activation needs one row per sample, batch first. A batch-free activation (a positional "
+                "embedding shared by the samples, a layer of a batch_first=False model) cannot be; attribute a "
+                "layer after it joins the batch, or give the model batch-first inputs")
         specs.append(LayerSpec(shape, dtype, call, len(seen[path])))
     return specs
 

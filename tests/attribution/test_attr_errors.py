@@ -243,3 +243,27 @@ def test_module_paths_refuses_a_name_it_cannot_quote() -> None:
     model.add_module("a>b", torch.nn.ReLU())
     with pytest.raises(ValueError, match=r"module 'a>b': a submodule name with '>' cannot be written as a path"):
         module_paths(model)
+
+
+class _PositionalEmbedding(torch.nn.Module):
+    """Adds an embedding of the positions, shared by the samples: its activation has no batch dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Embedding(8, 4)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(x + self.positions(torch.arange(x.shape[1]))).sum(-2)
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients"])
+def test_a_layer_without_the_batch_dim_is_named(method):
+    torch.manual_seed(0)
+    f, p = tdhook_fn.pure(_PositionalEmbedding())
+    x = TensorDict(input=torch.randn(6, 5, 4), batch_size=[6])
+    call = {"saliency": lambda: saliency(f, p, x, target=1, layers=["positions"]),
+            "integrated_gradients": lambda: integrated_gradients(f, p, x, 0.0, target=1, layers=["positions"])}[method]
+    with pytest.raises(ValueError, match=r"layer 'positions' outputs shape \[5, 4\], whose first dim is not the batch"):
+        call()
+    assert saliency(f, p, x, target=1, layers=["head"])["head"].shape == (6, 5, 2)  # after it joins the batch
