@@ -78,7 +78,10 @@ def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: Tenso
     random state for both, without a graph) and raises where the two differ; a model
     that cannot run the sample alone (batch norm, a batched-only forward) reads it as a
     batch of one, and is left to that. Under ``vmap`` and ``torch.compile`` nothing is
-    compared (the data cannot be read there).
+    compared (the data cannot be read there). Not seen either: a batch dim that the
+    model does not read as the batch but whose size fits (``batch_size=[T]`` for a
+    ``batch_first=False`` model given ``[T, B, D]``): the model runs on what it is given,
+    and the maps are those of the positions taken as samples.
     """
     if inputs.batch_size != torch.Size([]) or not untransformed():
         return
