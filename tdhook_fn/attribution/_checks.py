@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import NestedKey
 from .._modes import check_attribution_modes
+from .._targets import as_target
 from .._vjp import untransformed
 
 __all__ = ["check_batch_first", "check_call", "check_layers"]
@@ -27,7 +28,8 @@ def check_layers(method: str, layers: Any, name: str = "layers") -> None:
             raise TypeError(f"{method}: each of {name} must be a submodule path (str), got {path!r}")
 
 
-def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequence[NestedKey] = ()) -> None:
+def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequence[NestedKey] = (),
+               target: Any = None) -> None:
     """The arguments every method shares, checked before anything runs.
 
     Raises:
@@ -60,10 +62,10 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
     model = getattr(f, "model", None)
     if isinstance(model, nn.Module):
         check_attribution_modes(model, method)
-    check_batch_first(method, f, params, inputs)
+    check_batch_first(method, f, params, inputs, target)
 
 
-def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase) -> None:
+def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, target: Any = None) -> None:
     """Raise where ``f`` reads a sample with a batch dim of 1 in front other than the sample itself.
 
     # NOTE [unbatched inputs]
@@ -75,7 +77,9 @@ def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: Tenso
     ``batch_first=False`` given ``[T, D]`` sees one position of ``T`` sequences, a
     forward reducing over dim 0 sums over the batch. So for inputs without batch dims an
     eager call first runs ``f`` on the sample and on it as a batch of one (the same
-    random state for both, without a graph) and raises where the two differ; a model
+    random state for both, without a graph) and raises where what is attributed (the
+    target values; every output where no target is given) differs, unless the sample
+    alone gives another value when run again (noise the random state does not hold); a model
     that cannot run the sample alone (batch norm, a batched-only forward) reads it as a
     batch of one, and is left to that. Under ``vmap`` and ``torch.compile`` nothing is
     compared (the data cannot be read there). Not seen either: a batch dim that the
@@ -89,28 +93,53 @@ def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: Tenso
     devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
     with torch.no_grad(), torch.random.fork_rng(devices=devices):
         cpu, cuda = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+
+        def seeded(td: TensorDictBase) -> Any:
+            torch.set_rng_state(cpu)
+            for d, state in zip(devices, cuda, strict=True):
+                torch.cuda.set_rng_state(state, d)
+            return _attributed(f(params, td), td, target)
+
         try:
-            alone = f(params, inputs)
+            alone = seeded(inputs)
         except Exception:  # (batched-only: the batch of one is the only reading)
             return
-        torch.set_rng_state(cpu)
-        for d, state in zip(devices, cuda, strict=True):
-            torch.cuda.set_rng_state(state, d)
         try:
-            batched = f(params, inputs.unsqueeze(0))
+            batched = seeded(inputs.unsqueeze(0))
         except Exception as e:
             raise ValueError(_not_batch_first(method, "raises on it as a batch of one, [1, ...]")) from e
+        differs = _difference(alone, batched)
+        if differs is not None and _difference(alone, seeded(inputs)) is None:  # (else: noise of its own)
+            raise ValueError(_not_batch_first(method, differs))
+
+
+def _attributed(out: Any, td: TensorDictBase, target: Any) -> Any:
+    """What is attributed of ``f``'s output ``out`` on ``td``: the target values, or every output without one."""
+    if target is None or not isinstance(out, TensorDictBase):
+        return out
+    offered = out.clone(False)
+    for key, value in td.items(True, True):  # (labels and other inputs a target may read)
+        if key not in offered.keys(True, True):
+            offered.set(key, value)
+    values = as_target(target, outputs=list(out.keys(True, True)))(offered)
+    return TensorDict(target=values) if isinstance(values, torch.Tensor) else values
+
+
+def _difference(alone: Any, batched: Any) -> str | None:
+    """How the outputs on the sample and on it as a batch of one differ, if they do."""
     for key, value in alone.items(True, True):
         one = batched.get(key, None)
         if not isinstance(value, torch.Tensor) or not isinstance(one, torch.Tensor):
             continue
         if one.numel() != value.numel():  # (the same numbers in another shape are the same function)
-            raise ValueError(_not_batch_first(method, f"gives output {key!r} of shape {tuple(one.shape)} on it as a "
-                                                      f"batch of one, {tuple(value.shape)} on the sample"))
-        scale = float(value.abs().max()) if value.is_floating_point() and value.numel() else 1.0
-        if not torch.allclose(one.reshape(-1), value.reshape(-1), rtol=1e-4, atol=1e-5 * max(1.0, scale)):
-            raise ValueError(_not_batch_first(method, f"gives another output {key!r} on it as a batch of one "
-                                                      "than on the sample"))
+            return (f"gives {key!r} of shape {tuple(one.shape)} on it as a batch of one, {tuple(value.shape)} on the "
+                    "sample")
+        finite = value[torch.isfinite(value)] if value.is_floating_point() else value
+        scale = float(finite.abs().max()) if value.is_floating_point() and finite.numel() else 1.0
+        if not torch.allclose(one.reshape(-1), value.reshape(-1), rtol=1e-4, atol=1e-5 * max(1.0, scale),
+                              equal_nan=True):
+            return f"gives another {key!r} on it as a batch of one than on the sample"
+    return None
 
 
 def _not_batch_first(method: str, what: str) -> str:

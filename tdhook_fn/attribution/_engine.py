@@ -219,7 +219,7 @@ def gradients(
     ``layer_calls`` picks the run of a layer whose module runs more than once (NOTE
     [modules that run more than once]); ``method`` names the caller in errors.
     """
-    check_call(method, f, params, inputs, input_keys)
+    check_call(method, f, params, inputs, input_keys, target)
     if per_target and cotangents is not None:
         raise ValueError(f"{method}: per_target and cotangents exclude each other (cotangents say what is put in at "
                          "the targets, per_target puts in one one-hot per target); give one of them")

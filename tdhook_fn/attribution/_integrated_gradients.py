@@ -140,7 +140,7 @@ def integrated_gradients(
                          "layers while the inputs move do not sum to the change (tdhook_fn.attribution."
                          "convergence_delta sums any maps you give it)")
     check_layers("integrated_gradients", layers)
-    check_call("integrated_gradients", f, params, inputs)
+    check_call("integrated_gradients", f, params, inputs, target=target)
     if input_keys is None and len(getattr(f, "keywords", {})) > 1:
         raise ValueError(
             f"integrated_gradients: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of "

@@ -195,7 +195,7 @@ class _Steps:
             return y
         output_factor = getattr(rule, "output_factor", None)
         if rule is None or callable(output_factor):
-            divisor = getattr(rule, "output_divisor", None)  # one division in the walk, not 1 / d and a product
+            divisor = _divisor(rule)  # one division in the walk, not 1 / d and a product
             share = (None if output_factor is None else
                      (True, divisor(path, 1, y)) if callable(divisor) else (False, output_factor(path, 1, y)))
             scales = bool(getattr(rule, "scales_inputs", False))
@@ -209,6 +209,16 @@ class _Steps:
             call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
             self.records.append(Ruled(rule, call, (x._version, y._version)))
         return y
+
+
+def _divisor(rule: Any) -> Callable[..., torch.Tensor] | None:
+    """``rule.output_divisor`` where its ``output_factor`` is the one defined with it (a subclass may change one)."""
+    divisor = getattr(rule, "output_divisor", None)
+    if not callable(divisor):
+        return None
+    owners = [next((c for c in type(rule).__mro__ if name in c.__dict__), None)
+              for name in ("output_divisor", "output_factor")]
+    return cast(Callable[..., torch.Tensor], divisor) if owners[0] is owners[1] else None
 
 
 def _own_tensors(model: nn.Module, params: TensorDictBase, links: list[Link],
@@ -264,11 +274,11 @@ def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: N
     """
     own = _own_tensors(f.model, params, links, kinds)
     if own is None:
-        out = run_chain(f, params, flat, links, steps)
-        return cast(torch.Tensor, out.get(f.out_keys[0]))
-    h = flat.get(key)
-    for link, tensors, kind in zip(links, own, kinds, strict=True):
-        h = steps(link, link[1], h, tensors, kind)
+        h = run_chain(f, params, flat, links, steps).get(f.out_keys[0])
+    else:
+        h = flat.get(key)
+        for link, tensors, kind in zip(links, own, kinds, strict=True):
+            h = steps(link, link[1], h, tensors, kind)
     if not (isinstance(h, torch.Tensor) and h.shape[:1] == flat.batch_size):
         raise NotAChain  # (an output without the batch: the general path says what is wrong)
     return h
@@ -333,7 +343,7 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     links = chain_of(f, lambda _name, module: id(module) in by_module)
     if links is None or key != f.in_keys[0] or id(f.model) in by_module or _rule_below(links, by_module):
         return None  # (a rule on the root: the taps run the whole model as one ruled module)
-    check_call("lrp", f, params, inputs, (key,))
+    check_call("lrp", f, params, inputs, (key,), target)
     batch, flat = inputs.batch_size, inputs.reshape(-1)
     steps = _Steps(by_module)
     kinds = [_kind(link[1], steps.rule_of(link)[1]) for link in links]

@@ -21,11 +21,8 @@ Grouped convolutions take the rule's own path (stacked channels would cross grou
 
 from __future__ import annotations
 
-import functools
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
 
 import torch
 
@@ -56,7 +53,6 @@ class _Stacked:
     bias: torch.Tensor | None
     adjoint: Adjoint  # of the halves' blocks, to the stacked inputs
     coefficients: tuple[float, ...]  # alpha, -beta (of the halves that run)
-    nbytes: int
 
 
 def _stack(rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -74,59 +70,19 @@ def _stack(rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Te
         back = torch.cat([w for _, w, _, _ in halves])
         stacked = torch.cat([weight, back])
     biases = None if bias is None else torch.cat([bias, *(b for *_, b in halves if b is not None)])
-    nbytes = sum(t.numel() * t.element_size() for t in (stacked, back, *(() if biases is None else (biases,))))
-    return _Stacked(stacked, biases, affine.adjoint(back, fast=True), tuple(c for c, *_ in halves), 2 * nbytes)
+    return _Stacked(stacked, biases, affine.adjoint(back, fast=True), tuple(c for c, *_ in halves))
 
 
-class _Memo:
-    """The stacked weights of recent modules, while their tensors live unchanged (bounded in bytes).
-
-    The walk runs the same params call after call; their stacking is a dozen small ops
-    per module (~60 us on the benchmarks' CNN). An entry is used only for the very
-    tensors it was made from, at the same version and storage, and leaves with them.
-    """
-
-    max_bytes = 64 << 20
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        self.nbytes = 0
-
-    def get(self, rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Tensor | None,
-            signed: bool) -> _Stacked:
-        key = (id(weight), id(bias), rule, affine, signed)
-        stamp = tuple((t._version, t.data_ptr(), t.dtype, t.shape) for t in (weight, bias) if t is not None)
-        entry = self.entries.get(key)
-        if entry is not None and entry[0]() is weight and (bias is None or entry[1]() is bias) and entry[2] == stamp:
-            return cast(_Stacked, entry[3])
-        stacked = _stack(rule, affine, weight, bias, signed)
-        if stacked.nbytes <= self.max_bytes:
-            if self.nbytes + stacked.nbytes > self.max_bytes:
-                self.entries.clear()
-                self.nbytes = 0
-            drop = functools.partial(self._drop, key)
-            self.entries[key] = (weakref.ref(weight, drop), None if bias is None else weakref.ref(bias, drop), stamp,
-                                 stacked)
-            self.nbytes += stacked.nbytes
-        return stacked
-
-    def _drop(self, key: tuple[Any, ...], _ref: Any) -> None:
-        entry = self.entries.pop(key, None)
-        if entry is not None:
-            self.nbytes -= entry[3].nbytes
-
-
-_MEMO = _Memo()
 
 
 def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor,
           bias: torch.Tensor | None) -> tuple[torch.Tensor, Pullback] | None:
     """The module's output and the rule's pullback by NOTE [fused alpha-beta]; ``None`` where it does not apply."""
-    if type(rule) is not AlphaBeta or affine.groups != 1:
-        return None
     dim, rows = affine.channel_dim, weight.shape[0]
+    if type(rule) is not AlphaBeta or affine.groups != 1 or x.dim() < -dim or x.shape[dim] != weight.shape[1]:
+        return None  # (an input that does not fit: the module's own op names it, not the stacked weights)
     signed = not _no_negative_entry(x)
-    stacked = _MEMO.get(rule, affine, weight, bias, signed)
+    stacked = _stack(rule, affine, weight, bias, signed)
     if signed:
         pos, neg = x.clamp(min=0), x.clamp(max=0)
         inputs = torch.cat([pos, neg], dim)

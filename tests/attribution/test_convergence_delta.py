@@ -112,3 +112,29 @@ def test_baselines_with_another_batch_are_refused() -> None:
     attr = integrated_gradients(f, p, x, b, target=1, n_steps=4)
     with pytest.raises(ValueError, match="baselines have batch"):
         convergence_delta(f, p, x, b[:3], attr, target=1)
+
+
+def test_compat_delta_starts_only_the_attributed_inputs_at_their_baselines() -> None:
+    """tdhook's formula, with a baseline given for an input that is not attributed (it never moves)."""
+    from tdhook_fn.compat.attribution import IntegratedGradients
+
+    class TwoInputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(3, 6), nn.Linear(6, 2)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.tanh(self.a(x) + self.b(y)))
+
+    torch.manual_seed(0)
+    model = TwoInputs().double().eval()
+    x, y = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    base = TensorDict(x=torch.zeros_like(x), y=torch.zeros_like(y), note=torch.zeros(3), batch_size=[3])
+    td = TensorDict(x=x, y=y, baseline=base, batch_size=[3])
+    factory = IntegratedGradients(n_steps=200, init_attr_inputs=lambda i, _e: i.select("y"), multiply_by_inputs=True,
+                                  compute_convergence_delta=True,
+                                  init_attr_targets=lambda t, _e: TensorDict(out=t["output"][..., 0],
+                                                                             batch_size=t.batch_size))
+    with factory.prepare(model, in_keys=["x", "y"]) as hooked:
+        out = hooked(td.clone())
+    assert out["convergence_delta"].abs().max() < 1e-6  # only y moved, from its baseline

@@ -224,7 +224,7 @@ def test_the_walks_max_pooling_ties_and_overlaps_are_the_gradients(pool: nn.Modu
 
 
 def test_the_stacked_weights_follow_the_params_and_keep_nothing_alive(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The walk's memo of stacked weights (NOTE [fused alpha-beta]): new params, in-place writes, and no leak."""
+    """The walk's stacked weights (NOTE [fused alpha-beta]) follow new params and any write, and keep nothing."""
     import gc
     import weakref
 
@@ -249,6 +249,10 @@ def test_the_stacked_weights_follow_the_params_and_keep_nothing_alive(monkeypatc
     walked, tapped = both(p)
     assert_close_ulps(walked, tapped, ulps=64)
     assert not torch.allclose(walked, first)
+    p["0", "weight"].data.mul_(-1.0)  # through .data: no new version (a training loop writes so)
+    again, tapped = both(p)
+    assert_close_ulps(again, tapped, ulps=64)
+    assert not torch.allclose(again, walked)
     other = p.apply(lambda t: t * 0.5)  # new tensors
     assert_close_ulps(*both(other), ulps=64)
     dead = weakref.ref(other["0", "weight"])

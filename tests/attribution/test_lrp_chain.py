@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -406,3 +407,29 @@ def test_params_that_do_not_fit_are_named_as_without_the_walk(monkeypatch: pytes
     with pytest.raises(ValueError, match="params do not match the model") as tapped:
         general(monkeypatch, f, p, td, target=0, rules=EpsilonPlus())
     assert str(walked.value) == str(tapped.value)
+
+
+def test_an_output_without_the_batch_on_the_shadow_takes_the_general_path(monkeypatch: pytest.MonkeyPatch,
+                                                                          walks: Walks) -> None:
+    """A batch of one flattened whole (Flatten(0)) with a module of unknown backward (Softmax: the shadow)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(0), nn.Linear(12, 3), nn.Softmax(-1)).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=x, batch_size=[])
+    ours = lrp(f, p, td, target=0, rules={nn.Linear: Epsilon()}, warn_on_missing_rule=False)
+    assert walks.taken == [False]
+    assert_close_ulps(ours, general(monkeypatch, f, p, td, target=0, rules={nn.Linear: Epsilon()},
+                                    warn_on_missing_rule=False), ulps=4)
+
+
+def test_an_epsilon_with_its_own_output_factor_keeps_it_on_the_walk(monkeypatch: pytest.MonkeyPatch,
+                                                                     walks: Walks) -> None:
+    @dataclass(frozen=True)
+    class HalfEpsilon(Epsilon):
+        def output_factor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
+            return 0.5 * super().output_factor(path, n_inputs, output)
+
+    x = torch.randn(5, 6, dtype=torch.float64)
+    rules = {nn.Linear: HalfEpsilon(), nn.ReLU: Pass(), nn.Tanh: Pass()}
+    both(monkeypatch, walks, mlp(), x, target=1, rules=rules)

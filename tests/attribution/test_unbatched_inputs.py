@@ -55,8 +55,8 @@ def test_attention_given_positions_first_raises() -> None:
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=False).double().eval()
     f, p = tdhook_fn.pure(layer)
     td = TensorDict(input=torch.randn(5, 8, dtype=torch.float64), batch_size=[])
-    with pytest.raises(ValueError, match="another output 'output'"):
-        saliency(f, p, td, target=lambda out: out["output"][-1].sum())
+    with pytest.raises(ValueError, match="another 'target'"):
+        saliency(f, p, td, target=lambda out: out["output"][..., -1, 0])
     batched = TensorDict(input=td["input"][:, None], batch_size=[])  # [T, 1, D]: the batch where the model reads it
     with pytest.raises(ValueError, match="raises on it as a batch of one"):
         saliency(f, p, batched, target=lambda out: out["output"][-1].sum())
@@ -72,7 +72,7 @@ def test_batch_first_models_give_the_batched_maps(method: str) -> None:
     assert_close_ulps(alone, METHODS[method](f, p, TensorDict(input=x[None], batch_size=[1]), 1)["input"][0])
     sums_rows = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.Flatten(-2), _SumDimZero()).double()
     f, p = tdhook_fn.pure(sums_rows)  # [C, H*W] summed over C; as a batch of one, over the batch
-    with pytest.raises(ValueError, match="of shape \\(3, 16\\) on it as a batch of one"):
+    with pytest.raises(ValueError, match="'target' of shape \\(3,\\) on it as a batch of one"):
         METHODS[method](f, p, TensorDict(input=x, batch_size=[]), lambda out: out["output"][..., 0])
     mlp = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).double()
     f, p = tdhook_fn.pure(mlp)
@@ -107,3 +107,27 @@ def test_per_sample_vmap_is_not_checked() -> None:
     x = TensorDict(input=torch.randn(6, 4, dtype=torch.float64), batch_size=[6])
     per_sample = torch.func.vmap(lambda td: saliency(f, p, td, target=1))(x)
     assert_close_ulps(per_sample, saliency(f, p, x, target=1))
+
+
+class _WithExtras(nn.Module):
+    """Outputs a NaN-holding log, a mean over dim 0 the target does not read, and noise of its own generator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.linear(x)
+        noise = torch.randn(y.shape, generator=self.generator, dtype=y.dtype)
+        return {"y": y, "log": torch.log(y), "mean": y.mean(0), "noisy": y + noise}
+
+
+@pytest.mark.parametrize("target_key", ["y", "log", "noisy"])
+def test_what_the_target_does_not_read_raises_no_false_alarm(target_key: str) -> None:
+    torch.manual_seed(0)
+    f = tdhook_fn.functional(_WithExtras().double(), out_keys=["y", "log", "mean", "noisy"])
+    p = tdhook_fn.params(f.model)
+    td = TensorDict(input=torch.randn(4, dtype=torch.float64), batch_size=[])
+    maps = saliency(f, p, td, target=lambda out: out[target_key][..., 0])
+    assert maps["input"].shape == (4,)
