@@ -176,11 +176,7 @@ class _Steps:
             check_pass(path, (x,), y)
             self.records.append(Passed(out, out._version))
         else:
-            tensors: list[torch.Tensor] = []
-            template = Template.of(module, tensors)
-            seen = x.detach()
-            call = ModuleCall(path, (seen,), out, template, tuple(tensors), {})
-            self.records.append(Ruled(rule, call, (seen._version, out._version)))
+            self._ruled(path, rule, module, x.detach(), out, None)
         return out
 
     def _affine_step(self, path: str, rule: Rule | None, module: nn.Module, affine: Affine, x: torch.Tensor,
@@ -201,14 +197,19 @@ class _Steps:
             scales = bool(getattr(rule, "scales_inputs", False))
             self.records.append(AffineLocal(x, affine.adjoint(weight, fast=True), share, scales, x._version))
         else:
-            tensors: list[torch.Tensor] = []
-            template = Template.of(module, tensors)
-            slots = module.__dict__["_parameters"]
-            if own is not slots:  # the model's own module (it holds no buffer): the call's tensors instead
-                tensors = [cast(torch.Tensor, own[name]) for name, t in slots.items() if t is not None]
-            call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
-            self.records.append(Ruled(rule, call, (x._version, y._version)))
+            self._ruled(path, rule, module, x, y, own)
         return y
+
+    def _ruled(self, path: str, rule: Rule, module: nn.Module, x: torch.Tensor, y: torch.Tensor,
+               own: Mapping[str, torch.Tensor | None] | None) -> None:
+        """Record ``rule.relevance`` on what ``module`` saw; ``own``: its parameters, if not its own slots'."""
+        tensors: list[torch.Tensor] = []
+        template = Template.of(module, tensors)
+        slots = module.__dict__["_parameters"]
+        if own is not None and own is not slots:  # the model's own module (it holds no buffer): the call's tensors
+            tensors = [cast(torch.Tensor, own[name]) for name, t in slots.items() if t is not None]
+        call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
+        self.records.append(Ruled(rule, call, (x._version, y._version)))
 
 
 def _divisor(rule: Any) -> Callable[..., torch.Tensor] | None:

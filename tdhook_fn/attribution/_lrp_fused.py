@@ -26,17 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _lrp_rules
 from ._lrp_affine import Adjoint, Affine
 from ._lrp_rules import AlphaBeta, Rule, stabilize
 
 __all__ = ["Pullback", "fused"]
 
 Pullback = Callable[[torch.Tensor], torch.Tensor]  # the relevance at the output -> the input's
-
-
-def _no_negative_entry(x: torch.Tensor) -> bool:
-    """Whether ``x`` has no negative entry (the walk is eager: the data may decide; see the rules' own check)."""
-    return x.device.type != "meta" and (x.numel() == 0 or bool(x.amin() >= 0))
 
 
 def _clamped(t: torch.Tensor | None, *, positive: bool) -> torch.Tensor | None:
@@ -73,15 +69,13 @@ def _stack(rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Te
     return _Stacked(stacked, biases, affine.adjoint(back, fast=True), tuple(c for c, *_ in halves))
 
 
-
-
 def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor,
           bias: torch.Tensor | None) -> tuple[torch.Tensor, Pullback] | None:
     """The module's output and the rule's pullback by NOTE [fused alpha-beta]; ``None`` where it does not apply."""
     dim, rows = affine.channel_dim, weight.shape[0]
     if type(rule) is not AlphaBeta or affine.groups != 1 or x.dim() < -dim or x.shape[dim] != weight.shape[1]:
         return None  # (an input that does not fit: the module's own op names it, not the stacked weights)
-    signed = not _no_negative_entry(x)
+    signed = not _lrp_rules._no_negative_entry(x)  # (the rules' own check, one reduction)
     stacked = _stack(rule, affine, weight, bias, signed)
     if signed:
         pos, neg = x.clamp(min=0), x.clamp(max=0)
