@@ -23,8 +23,10 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
+from .._functional import NestedKey
 from .._taps import Tap
 from .._targets import Target
+from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call
 from ._engine import Cotangents, target_values
 
@@ -35,11 +37,12 @@ def convergence_delta(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
     inputs: TensorDictBase,
-    baselines: TensorDictBase,
+    baselines: Baselines,
     attributions: TensorDictBase,
     *,
     target: Target,
     per_target: bool = False,
+    input_keys: Sequence[NestedKey] | None = None,
     target_layers: Sequence[str] = (),
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
@@ -53,10 +56,14 @@ def convergence_delta(
     Args:
         f, params, target, target_layers, taps: as the attribution was computed.
         inputs (TensorDict): the path's end, batch ``[*B]``.
-        baselines (TensorDict): the path's start: the inputs with the baselines in place
-            of the attributed keys (same keys and batch as ``inputs``).
+        baselines (TensorDict | Tensor | float): the path's start, as
+            :func:`integrated_gradients` takes it: a baseline per attributed input (other
+            keys of a TensorDict are not read), one tensor for the one attributed input,
+            or a number for all of them. The inputs not attributed stay as they are.
         attributions (TensorDict): the maps, batch ``[*B]`` or ``[T, *B]``.
         per_target (bool): one delta per target.
+        input_keys (list | None): the inputs the baselines replace, as in
+            :func:`integrated_gradients` (default: every input ``f`` reads).
         cotangents (Callable | None): what the attribution put in at the targets; the
             change is weighted by it. It must not depend on the target values.
 
@@ -64,8 +71,10 @@ def convergence_delta(
         Tensor: ``[*B]``, or ``[T, *B]`` with ``per_target``.
 
     Raises:
+        KeyError: a TensorDict of baselines lacks an attributed input.
         ValueError: ``cotangents`` differ between the two ends (they depend on the
-            values), or the batch sizes do not fit.
+            values), a baseline's shape is not its input's, or ``f`` takes several keyword
+            inputs and ``input_keys`` does not say which the baselines replace.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -77,15 +86,15 @@ def convergence_delta(
     >>> attr = integrated_gradients(f, p, x, b, target=1, n_steps=64)
     >>> bool(convergence_delta(f, p, x, b, attr, target=1).abs().max() < 1e-3)
     True
+    >>> attr = integrated_gradients(f, p, x, 0.0, target=1, n_steps=64)  # baselines as a number
+    >>> bool(convergence_delta(f, p, x, 0.0, attr, target=1).abs().max() < 1e-3)
+    True
     """
     check_call("convergence_delta", f, params, inputs)
-    batch = inputs.batch_size
-    if baselines.batch_size != batch:
-        raise ValueError(f"convergence_delta: baselines have batch {list(baselines.batch_size)}, the inputs "
-                         f"{list(batch)}; give the path's start with the inputs' batch")
-    ends = cast(TensorDictBase, torch.stack([baselines, inputs]))
+    keys = attributed_keys("convergence_delta", f, inputs, input_keys)
+    ends = both_ends(inputs, path_starts(inputs, baselines, keys, "convergence_delta"))
     values = target_values(f, params, ends, target, target_layers=target_layers, taps=taps)
-    return delta_of(values, batch, attributions, per_target, cotangents)
+    return delta_of(values, inputs.batch_size, attributions, per_target, cotangents)
 
 
 def delta_of(values: TensorDictBase, batch: torch.Size, attributions: TensorDictBase, per_target: bool,

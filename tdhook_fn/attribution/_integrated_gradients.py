@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -13,12 +13,12 @@ from .._paths import resolve_path
 from .._taps import Tap, capture, intervene
 from .._targets import Target
 from .._vjp import untransformed
+from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call, check_layers
 from ._convergence import delta_of
 from ._engine import (
     Cotangents,
     gradients,
-    input_keys_of,
     scaled,
     target_values,
 )
@@ -37,7 +37,7 @@ def integrated_gradients(
     f: PureFn,
     params: TensorDictBase,
     inputs: TensorDictBase,
-    baselines: TensorDictBase | torch.Tensor | float,
+    baselines: Baselines,
     *,
     target: Target,
     n_steps: int = 50,
@@ -141,17 +141,10 @@ def integrated_gradients(
                          "convergence_delta sums any maps you give it)")
     check_layers("integrated_gradients", layers)
     check_call("integrated_gradients", f, params, inputs, target=target)
-    if input_keys is None and len(getattr(f, "keywords", {})) > 1:
-        raise ValueError(
-            f"integrated_gradients: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of "
-            "them the baselines "
-            "replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an attention mask, "
-            "are then passed unchanged, as captum's additional_forward_args)"
-        )
-    base_keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys)
+    base_keys = attributed_keys("integrated_gradients", f, inputs, input_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
     _check_interpolable(inputs, path_keys)
-    base = _baselines(inputs, baselines, base_keys)
+    base = path_starts(inputs, baselines, base_keys, "integrated_gradients")
     keys = () if in_layer_space or not use_inputs else base_keys
     all_taps = grad_taps(grad_fns, taps)
     ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
@@ -176,7 +169,7 @@ def integrated_gradients(
     if not return_convergence_delta:
         return attrs
     counted = attrs if in_layer_space else attrs.select(*keys)  # the path's space's maps (NOTE [convergence delta])
-    values = target_values(f, params, _ends(inputs, base), target, target_layers=target_layers, taps=all_taps)
+    values = target_values(f, params, both_ends(inputs, base), target, target_layers=target_layers, taps=all_taps)
     return attrs, delta_of(values, inputs.batch_size, counted, per_target, cotangents)
 
 
@@ -189,49 +182,6 @@ def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> No
                 "and input (every path point would round to the baseline). For token ids interpolate at the "
                 "embedding layer: layers=['<embedding path>'], interpolate='layers'"
             )
-
-
-def _baselines(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tensor | float,
-               keys: Sequence[NestedKey]) -> TensorDict:
-    if isinstance(baselines, torch.Tensor) and len(keys) != 1:
-        raise TypeError(f"integrated_gradients: a tensor baseline fits one attributed input, but {len(keys)} are "
-                        f"attributed {list(keys)}; pass baselines as a TensorDict with those keys, or a number")
-    out = TensorDict({}, batch_size=inputs.batch_size)
-    for key in keys:
-        x = inputs.get(key)
-        if isinstance(baselines, TensorDictBase):
-            if key not in baselines.keys(True, True):
-                raise KeyError(f"integrated_gradients: no baseline for input {key!r}")
-            b = baselines.get(key)
-            if b.shape != x.shape:
-                raise ValueError(
-                    f"integrated_gradients: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}"
-                )
-        elif isinstance(baselines, torch.Tensor):
-            b = _broadcast_baseline(key, baselines, x)
-        elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
-            if not (x.is_floating_point() or x.is_complex()) and not float(baselines).is_integer():
-                raise ValueError(f"integrated_gradients: input {key!r} is {x.dtype} (token ids) and the baseline "
-                                 f"{baselines!r} is not a whole number; give an id (a pad or mask token)")
-            b = torch.full_like(x, baselines)
-        else:
-            raise TypeError(f"integrated_gradients: baselines must be a TensorDict, a tensor or a number, got "
-                            f"{type(baselines).__name__}")
-        out.set(key, b)
-    return out
-
-
-def _broadcast_baseline(key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A tensor baseline for input ``key``: its shape, or one that broadcasts to it (one sample's, ``[1, ...]``)."""
-    if (b.is_floating_point() or b.is_complex()) != (x.is_floating_point() or x.is_complex()):
-        raise TypeError(f"integrated_gradients: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype} (token "
-                        "ids take a baseline of ids, floating-point inputs a floating-point baseline)")
-    try:
-        return b.to(x.dtype).expand(x.shape)
-    except RuntimeError:
-        raise ValueError(f"integrated_gradients: baselines has shape {list(b.shape)}, which does not broadcast to "
-                         f"input {key!r} of shape {list(x.shape)}; give the input's shape, one sample's "
-                         f"{list(x.shape[1:])} or a number") from None
 
 
 def _path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[NestedKey],
@@ -256,7 +206,7 @@ def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base:
     if not isinstance(f, Functional):
         raise TypeError("layer attribution needs f to be a tdhook_fn.Functional")
     batch = inputs.batch_size
-    flat = _ends(inputs, base).reshape(-1)
+    flat = both_ends(inputs, base).reshape(-1)
 
     def run(specs: list[LayerSpec]) -> TensorDictBase:
         runs = [0] * len(layers)
@@ -360,13 +310,6 @@ def _in_dtypes(total: TensorDict, dtypes: Mapping[Any, torch.dtype]) -> TensorDi
     for key, dtype in dtypes.items():
         out.set(key, total.get(key).to(dtype))
     return out
-
-
-def _ends(inputs: TensorDictBase, base: TensorDictBase) -> TensorDictBase:
-    """Baselines and inputs in one batch ``[2, *B]``."""
-    starts = inputs.clone(False)
-    starts.update(base)
-    return cast(TensorDictBase, torch.stack([starts, inputs]))
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

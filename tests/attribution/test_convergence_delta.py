@@ -110,25 +110,59 @@ def test_baselines_with_another_batch_are_refused() -> None:
     f, p = tdhook_fn.pure(smooth())
     x, b = data()
     attr = integrated_gradients(f, p, x, b, target=1, n_steps=4)
-    with pytest.raises(ValueError, match="baselines have batch"):
+    with pytest.raises(ValueError, match=r"convergence_delta: baseline 'input' has shape \(3, 4\), input \(7, 4\)"):
         convergence_delta(f, p, x, b[:3], attr, target=1)
+
+
+def test_baselines_are_taken_as_integrated_gradients_takes_them() -> None:
+    """A number, a tensor (one sample's broadcasts) or a TensorDict: the same delta as the full path start."""
+    f, p = tdhook_fn.pure(smooth())
+    x, _ = data()
+    attr = integrated_gradients(f, p, x, 0.5, target=1, n_steps=3, method="riemann_left")
+    full = convergence_delta(f, p, x, x.apply(lambda v: torch.full_like(v, 0.5)), attr, target=1)
+    assert full.abs().max() > 1e-6  # few steps: a delta to compare
+    row = torch.full((1, 4), 0.5, dtype=torch.float64)
+    for baselines in (0.5, row, row.expand(7, 4)):
+        torch.testing.assert_close(convergence_delta(f, p, x, baselines, attr, target=1), full, rtol=0, atol=0)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(3, 6), nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.a(x) + self.b(y)))
+
+
+def two_inputs() -> tuple[nn.Module, TensorDict]:
+    torch.manual_seed(0)
+    model = TwoInputs().double().eval()
+    return model, TensorDict(x=torch.randn(3, 4, dtype=torch.float64), y=torch.randn(3, 3, dtype=torch.float64),
+                             batch_size=[3])
+
+
+def test_baselines_for_the_attributed_inputs_only() -> None:
+    """Baselines holding only ``y``: with ``input_keys=["y"]`` x stays; without, the missing baseline is named."""
+    model, td = two_inputs()
+    f, p = tdhook_fn.functional(model, in_keys=["x", "y"]), tdhook_fn.params(model)
+    only_y = td.select("y").apply(torch.zeros_like)
+    attr = integrated_gradients(f, p, td, only_y, target=0, n_steps=200, input_keys=["y"])
+    delta = convergence_delta(f, p, td, only_y, attr, target=0, input_keys=["y"])
+    assert delta.abs().max() < 1e-6  # the path moved y alone
+    start = td.clone()
+    start["y"] = torch.zeros_like(td["y"])
+    torch.testing.assert_close(delta, convergence_delta(f, p, td, start, attr, target=0), rtol=0, atol=0)
+    with pytest.raises(KeyError, match="convergence_delta: no baseline for input 'x'.*input_keys"):
+        convergence_delta(f, p, td, only_y, attr, target=0)
 
 
 def test_compat_delta_starts_only_the_attributed_inputs_at_their_baselines() -> None:
     """tdhook's formula, with a baseline given for an input that is not attributed (it never moves)."""
     from tdhook_fn.compat.attribution import IntegratedGradients
 
-    class TwoInputs(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(3, 6), nn.Linear(6, 2)
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return self.head(torch.tanh(self.a(x) + self.b(y)))
-
-    torch.manual_seed(0)
-    model = TwoInputs().double().eval()
-    x, y = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    model, inputs = two_inputs()
+    x, y = inputs["x"], inputs["y"]
     base = TensorDict(x=torch.zeros_like(x), y=torch.zeros_like(y), note=torch.zeros(3), batch_size=[3])
     td = TensorDict(x=x, y=y, baseline=base, batch_size=[3])
     factory = IntegratedGradients(n_steps=200, init_attr_inputs=lambda i, _e: i.select("y"), multiply_by_inputs=True,

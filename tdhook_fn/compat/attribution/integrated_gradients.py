@@ -9,7 +9,6 @@ from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import label
 from tdhook_fn.attribution import convergence_delta, integrated_gradients
-from tdhook_fn.attribution._engine import input_keys_of
 from tdhook_fn.attribution._saliency import grad_taps
 
 from .gradient_helpers import GradientAttributionWithBaseline
@@ -109,11 +108,9 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         if not self._compute_convergence_delta:
             return attrs, None
         # tdhook's formula: every map counts, module ones too, and the change is not weighted by init_attr_grads
-        moved = tuple(call.input_keys) if call.input_keys is not None else tuple(input_keys_of(call.f, call.inputs))
-        starts = call.inputs.clone(False)
-        starts.update(baselines.select(*moved))  # only the inputs the path moves start at their baselines
-        return attrs, convergence_delta(call.f, call.params, call.inputs, starts, attrs, target=call.target,
-                                        target_layers=call.target_layers, taps=grad_taps(call.grad_fns, call.taps))
+        return attrs, convergence_delta(call.f, call.params, call.inputs, baselines, attrs, target=call.target,
+                                        input_keys=call.input_keys, target_layers=call.target_layers,
+                                        taps=grad_taps(call.grad_fns, call.taps))
 
     @staticmethod
     def init_attr_targets_with_labels(

@@ -1,0 +1,76 @@
+"""Where a path starts: the baselines of the attributed inputs, as integrated gradients and its delta take them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import NestedKey
+from ._engine import input_keys_of
+
+__all__ = ["Baselines", "attributed_keys", "both_ends", "path_starts"]
+
+Baselines = TensorDictBase | torch.Tensor | float
+
+
+def attributed_keys(method: str, f: Callable[..., Any], inputs: TensorDictBase,
+                    input_keys: Sequence[NestedKey] | None) -> tuple[NestedKey, ...]:
+    """The inputs the baselines replace: ``input_keys``, else every input ``f`` reads (one, or all positional)."""
+    if input_keys is None and len(getattr(f, "keywords", {})) > 1:
+        raise ValueError(
+            f"{method}: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of them the "
+            "baselines replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an "
+            "attention mask, are then passed unchanged, as captum's additional_forward_args)")
+    return tuple(input_keys_of(f, inputs) if input_keys is None else input_keys)
+
+
+def path_starts(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str) -> TensorDict:
+    """The baseline of each of ``keys``, in the input's shape: from a TensorDict, a tensor or a number."""
+    if isinstance(baselines, torch.Tensor) and len(keys) != 1:
+        raise TypeError(f"{method}: a tensor baseline fits one attributed input, but {len(keys)} are "
+                        f"attributed {list(keys)}; pass baselines as a TensorDict with those keys, or a number")
+    out = TensorDict({}, batch_size=inputs.batch_size)
+    for key in keys:
+        x = inputs.get(key)
+        if isinstance(baselines, TensorDictBase):
+            if key not in baselines.keys(True, True):
+                raise KeyError(f"{method}: no baseline for input {key!r}; give one, or name the inputs the baselines "
+                               "replace with input_keys=[...]")
+            b = baselines.get(key)
+            if b.shape != x.shape:
+                raise ValueError(f"{method}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
+        elif isinstance(baselines, torch.Tensor):
+            b = _broadcast(method, key, baselines, x)
+        elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
+            if not (x.is_floating_point() or x.is_complex()) and not float(baselines).is_integer():
+                raise ValueError(f"{method}: input {key!r} is {x.dtype} (token ids) and the baseline "
+                                 f"{baselines!r} is not a whole number; give an id (a pad or mask token)")
+            b = torch.full_like(x, baselines)
+        else:
+            raise TypeError(f"{method}: baselines must be a TensorDict, a tensor or a number, got "
+                            f"{type(baselines).__name__}")
+        out.set(key, b)
+    return out
+
+
+def both_ends(inputs: TensorDictBase, starts: TensorDictBase) -> TensorDictBase:
+    """The path's start (the inputs, ``starts`` in place of theirs) and end in one batch ``[2, *B]``."""
+    first = inputs.clone(False)
+    first.update(starts)
+    return cast(TensorDictBase, torch.stack([first, inputs]))
+
+
+def _broadcast(method: str, key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A tensor baseline for input ``key``: its shape, or one that broadcasts to it (one sample's, ``[1, ...]``)."""
+    if (b.is_floating_point() or b.is_complex()) != (x.is_floating_point() or x.is_complex()):
+        raise TypeError(f"{method}: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype} (token "
+                        "ids take a baseline of ids, floating-point inputs a floating-point baseline)")
+    try:
+        return b.to(x.dtype).expand(x.shape)
+    except RuntimeError:
+        raise ValueError(f"{method}: baselines has shape {list(b.shape)}, which does not broadcast to "
+                         f"input {key!r} of shape {list(x.shape)}; give the input's shape, one sample's "
+                         f"{list(x.shape[1:])} or a number") from None
