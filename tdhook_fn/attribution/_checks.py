@@ -89,7 +89,8 @@ def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: Tenso
     """
     if inputs.batch_size != torch.Size([]) or not untransformed():
         return
-    tensors = [t for t in inputs.values(True, True) if isinstance(t, torch.Tensor)]
+    # the GPUs the call may draw on: the inputs', and the params' (a GPU model may move CPU inputs there)
+    tensors = [t for td in (inputs, params) for t in td.values(True, True) if isinstance(t, torch.Tensor)]
     devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
     with torch.no_grad(), torch.random.fork_rng(devices=devices):
         cpu, cuda = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
