@@ -11,11 +11,12 @@ from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_globals
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ._params import Key
 from ._paths import resolve_path
-from ._shadow import Shadow, _lock, private_buffer, raise_key_mismatch, raise_shape_mismatch, shape_mismatch
+from ._shadow import HOOK_DICTS, Shadow, _lock, private_buffer, raise_key_mismatch, raise_shape_mismatch, shape_mismatch
 from ._taps import Captured, Tap
 
 __all__ = ["run_traced", "trace_constant"]
@@ -41,10 +42,19 @@ __all__ = ["run_traced", "trace_constant"]
 #   trace ``register_forward_hook``'s handle).
 #
 # The graph is specialised to the model as it was when traced, so the traced code reads
-# what could change it and Dynamo guards on it: the submodules (iterating
-# ``model.modules()``: a replaced or added submodule re-traces) and every plain-valued
-# attribute of each (``training``, ``p``, ``eps``, ``stride``, ...: ``model.eval()`` or
-# ``dropout.p = 0`` re-traces), compared with their values in the plan.
+# what could change it and Dynamo guards on it (``state_of``):
+#
+# - the submodules (iterating ``model.modules()``: a replaced or added submodule re-traces);
+# - every plain-valued attribute of each (``training``, ``p``, ``eps``, ``stride``, ...:
+#   ``model.eval()`` or ``dropout.p = 0`` re-traces), compared with its value in the plan;
+# - the identity of every other attribute the shadow shares with the model (``id()``, which
+#   Dynamo guards exactly): a tensor attribute, a function, an instance ``forward`` or a
+#   config object assigned anew re-traces. In-place changes need no guard: the graph reads
+#   a shared tensor as an input, and a shared object's attributes through the object;
+# - the attribute names of each module: one added (an instance ``forward``) re-traces;
+# - the keys of every hook dict of each module and of torch's global module hooks: the
+#   shadow holds a copy, so a hook added or removed on the model re-traces. (torch does
+#   not guard its own modules' hooks: ``torch._dynamo.config.skip_nnmodule_hook_guards``.)
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,10 @@ class TracePlan:
 
 Slots = tuple[tuple[Key, str, bool, torch.Size | None], ...]  # key, dotted name, is buffer, shape
 Settings = tuple[tuple[int, str, Any], ...]  # module index in model.modules(), attribute, value
+Identities = tuple[tuple[int, str, int], ...]  # module index, attribute, id() of its value
+Hooks = tuple[tuple[int, str, tuple[Any, ...]], ...]  # module index (-1: torch's global hooks), hook dict, its keys
+Attributes = tuple[tuple[str, ...], ...]  # the attribute names of each module
+State = tuple[Settings, Identities, Hooks, Attributes]
 
 
 _Setting = (bool, int, float, str, type(None))
@@ -69,11 +83,31 @@ def _is_setting(value: Any) -> bool:
     return isinstance(value, _Setting)
 
 
-def settings_of(model: nn.Module) -> Settings:
-    """Every module's plain-valued attributes, for the guards of NOTE [compiled calls]."""
-    return tuple((i, name, tuple(value) if isinstance(value, list) else value)
-                 for i, module in enumerate(model.modules())
-                 for name, value in vars(module).items() if _is_setting(value))
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")  # (the *_with_kwargs
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",  # and *_always_called ones share their keys)
+                 "_global_backward_hooks", "_global_backward_pre_hooks")
+# the shadow's own slots, and what only state_dict and load_state_dict read
+_UNGUARDED = frozenset({*HOOK_DICTS, "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+                        "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                        "_load_state_dict_post_hooks"})
+
+
+def state_of(model: nn.Module) -> State:
+    """What a traced call of ``model`` depends on beyond the params, for the guards of NOTE [compiled calls]."""
+    settings: list[tuple[int, str, Any]] = []
+    identities: list[tuple[int, str, int]] = []
+    hooks: list[tuple[int, str, tuple[Any, ...]]] = [(-1, name, tuple(getattr(module_globals, name)))
+                                                      for name in _GLOBAL_HOOKS]
+    for i, module in enumerate(model.modules()):
+        for name, value in vars(module).items():
+            if name in _UNGUARDED:
+                continue
+            if _is_setting(value):
+                settings.append((i, name, tuple(value) if isinstance(value, list) else value))
+            else:
+                identities.append((i, name, id(value)))
+        hooks += [(i, name, tuple(getattr(module, name))) for name in _HOOKS]
+    return tuple(settings), tuple(identities), tuple(hooks), tuple(tuple(vars(m)) for m in model.modules())
 
 
 _this = sys.modules[__name__]
@@ -90,8 +124,9 @@ def trace_constant(fn: _F) -> _F:
 
 
 @trace_constant
-def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> tuple[str, Slots, tuple[Key, ...], Settings]:
-    """Store the plan for ``model`` and ``paths`` as a global of this module; return its name, slots, keys, settings.
+def traced_plan(model: nn.Module, paths: tuple[str, ...]
+                ) -> tuple[str, Slots, tuple[Key, ...], State]:
+    """Store the plan for ``model`` and ``paths`` as a global of this module; return its name, slots, keys, state.
 
     The plain parts come back in the constant itself: read from the stored plan, every
     element would get a guard of its own (on top of those on the model's attributes and
@@ -118,13 +153,17 @@ def traced_plan(model: nn.Module, paths: tuple[str, ...]) -> tuple[str, Slots, t
     if not hasattr(_this, name):
         weakref.finalize(model, _this.__dict__.pop, name, None)
     setattr(_this, name, TracePlan(shadow.root, targets))
-    return name, slots, tuple(shadow.keys), settings_of(model)
+    return name, slots, tuple(shadow.keys), state_of(model)
+
+
+def _changed(attribute: str) -> None:
+    raise RuntimeError(f"tdhook_fn: attribute {attribute!r} of the model changed while it was being compiled")
 
 
 def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
                invoke: Callable[[nn.Module], Any]) -> tuple[Any, Captured]:
     """:func:`tdhook_fn._call.run` while Dynamo traces it (NOTE [compiled calls])."""
-    name, slots, keys, settings = traced_plan(model, tuple(tap.path for tap in taps))
+    name, slots, keys, (settings, identities, hooks, attributes) = traced_plan(model, tuple(tap.path for tap in taps))
     plan: TracePlan = getattr(_this, name)  # only its modules are read from it
     if len(values) != len(keys) or not set(keys).issuperset(values):
         raise_key_mismatch(set(keys), set(values))
@@ -132,7 +171,16 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
     for index, attribute, value in settings:
         now = getattr(modules[index], attribute)
         if (tuple(now) if isinstance(now, list) else now) != value:
-            raise RuntimeError(f"tdhook_fn: attribute {attribute!r} of the model changed while it was being compiled")
+            _changed(attribute)
+    for index, attribute, ident in identities:
+        if id(vars(modules[index])[attribute]) != ident:
+            _changed(attribute)
+    for module, names in zip(modules, attributes, strict=True):
+        if tuple([name for name in vars(module)]) != names:  # (iterated: Dynamo guards the keys; tuple() it does not)
+            _changed(next(iter(set(vars(module)) ^ set(names)), "?"))
+    for index, attribute, hook_keys in hooks:  # (through vars: Dynamo skips guards on a module's own hook attributes)
+        if tuple(vars(module_globals if index < 0 else modules[index])[attribute]) != hook_keys:
+            _changed(attribute)
     tensors: dict[str, Any] = {}
     wrong: list[str] = []
     copies: dict[Key, Any] = {}

@@ -176,3 +176,63 @@ def test_lrp_inside_compiled_code_runs_eagerly_and_fullgraph_names_it() -> None:
     with pytest.raises(Exception, match="disable"):
         torch.compile(fn, fullgraph=True, backend="eager")(p, x)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
+
+
+class _Scaled(torch.nn.Module):
+    """A forward that reads attributes the shadow shares with the model: a tensor, a function, an object."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.scale = torch.tensor(2.0)
+        self.act = torch.relu
+        self.config = type("Config", (), {"shift": 1.0})()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.lin(x)) * self.scale + self.config.shift
+
+
+def _change(model: _Scaled, change: str) -> Any:
+    """Change ``model`` after a compiled call as ``change`` says; return what undoes it (a hook's handle) or None."""
+    if change == "forward hook":
+        return model.lin.register_forward_hook(lambda _m, _a, out: out * 3)
+    if change == "forward pre-hook":
+        return model.lin.register_forward_pre_hook(lambda _m, args: (args[0] + 1,))
+    if change == "global hook":
+        return torch.nn.modules.module.register_module_forward_hook(lambda _m, _a, out: out * 0 + 7)
+    if change == "tensor attribute":
+        model.scale = torch.tensor(3.0)
+    elif change == "tensor attribute in place":
+        model.scale.fill_(5.0)
+    elif change == "function attribute":
+        model.act = torch.tanh
+    elif change == "object attribute":
+        model.config = type("Config", (), {"shift": -4.0})()
+    elif change == "object's attribute":
+        model.config.shift = 9.0
+    elif change == "instance forward":
+        model.forward = lambda x: model.lin(x) * 0 - 1  # type: ignore[method-assign]
+    return None
+
+
+@pytest.mark.parametrize("change", ["forward hook", "forward pre-hook", "global hook", "tensor attribute",
+                                    "tensor attribute in place", "function attribute", "object attribute",
+                                    "object's attribute", "instance forward"])
+def test_what_the_forward_reads_changed_after_compiling_is_never_stale(change: str) -> None:
+    """The shadow holds a copy of the model's state (NOTE [compiled calls]): each change re-traces or reads through."""
+    torch.manual_seed(0)
+    model = _Scaled()
+    p, x = tdhook_fn.params(model), torch.randn(4, 3)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(model, p, x), fullgraph=True, backend="eager")
+    before = compiled(p, x)
+    handle = _change(model, change)
+    try:
+        expected = tdhook_fn.call(model, p, x)
+        assert not torch.allclose(expected, before)  # the change changes the output
+        torch.testing.assert_close(compiled(p, x), expected)
+    finally:
+        if handle is not None:
+            handle.remove()
+    if handle is not None:  # and removing the hook again
+        torch.testing.assert_close(compiled(p, x), before)
