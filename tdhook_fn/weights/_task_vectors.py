@@ -70,7 +70,7 @@ def _check_alpha(alpha: object) -> None:
 
 
 def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float | torch.Tensor = 1.0) -> TensorDictBase:
-    """``base + alpha * sum(vectors)`` on floating tensors; integer buffers stay ``base``'s.
+    """``base + alpha * sum(vectors)`` on floating and complex tensors; integer and bool buffers stay ``base``'s.
 
     Args:
         base (TensorDict): parameters to start from.
@@ -105,12 +105,17 @@ def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float |
     total = vectors[0] if len(vectors) == 1 else cast(TensorDictBase, sum(vectors[1:], vectors[0]))
 
     def shift(b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return b + _times(v, alpha) if b.is_floating_point() else b
+        return b + _times(v, alpha) if _moves(b) else b
 
     return cast(TensorDictBase, base.apply(shift, total))
 
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def _moves(b: torch.Tensor) -> bool:
+    """Whether a vector shifts this tensor: real and complex weights (spectral layers); not integer or bool buffers."""
+    return b.is_floating_point() or b.is_complex()
 
 
 def _times(v: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
@@ -164,7 +169,7 @@ def _stacked(base: TensorDictBase, vector: TensorDictBase, alphas: torch.Tensor)
     """``base + alpha * vector`` for each alpha, batch ``[len(alphas)]``."""
 
     def shift(b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if not b.is_floating_point():
+        if not _moves(b):
             return b.expand(len(alphas), *b.shape)
         a = alphas.to(torch.float32 if b.dtype in _HALF else b.dtype).reshape(-1, *[1] * b.dim())
         return b + _times(v, a)

@@ -247,3 +247,26 @@ def test_mismatched_model_is_named() -> None:
     with factory(tdhook_fn.compat.weights, model).prepare(model) as hooked:
         with pytest.raises(ValueError, match="heads"):
             hooked.get_task_vector(nn.Sequential(nn.Linear(4, 4)))
+
+
+class _Spectral(nn.Module):
+    """An FNO-style layer: complex weights on the low frequencies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, dtype=torch.cfloat))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.irfft(torch.fft.rfft(x, dim=-1)[..., :4] * self.w, n=x.shape[-1], dim=-1)
+
+
+@pytest.mark.parametrize("lib", LIBS, ids=["tdhook", "compat"])
+def test_complex_weights_get_the_vector_as_tdhook(lib: Any) -> None:
+    torch.manual_seed(0)
+    base, tuned = _Spectral(), _Spectral()
+    x = torch.randn(3, 6)
+    with lib.TaskVectors([1.0], lambda _m: 1.0, lambda _m: True).prepare(copy.deepcopy(base)) as hooked:
+        vector = hooked.get_task_vector(tuned)
+        with hooked.with_applied_vectors(vector, alpha=1.0) as applied:
+            out = applied(TensorDict(input=x, batch_size=[3]))["output"]
+    torch.testing.assert_close(out, tuned(x))

@@ -261,3 +261,17 @@ def test_a_model_with_a_bool_buffer_has_task_vectors() -> None:
     for vector in (task_vector(base, tuned), forget_vector(tuned, base)):
         applied = apply_vectors(base, vector)
         assert torch.equal(applied["weight"], tuned["weight"]) and torch.equal(applied["active"], base["active"])
+
+
+def test_complex_weights_move_with_the_vector() -> None:
+    """Spectral layers hold complex weights: applied, swept and forgotten like real ones."""
+    base = TensorDict(w=torch.tensor([1 + 1j, 2 + 0j]), steps=torch.tensor([3]))
+    tuned = TensorDict(w=torch.tensor([3 + 1j, 2 + 5j]), steps=torch.tensor([4]))
+    vector = task_vector(base, tuned)
+    applied = apply_vectors(base, vector)
+    assert torch.equal(applied["w"], tuned["w"]) and torch.equal(applied["steps"], base["steps"])
+    assert torch.equal(apply_vectors(tuned, forget_vector(base, tuned))["w"], base["w"])
+    swept = sweep_alphas(lambda p: p["w"] + 0, base, vector, [0.0, 0.5, 1.0])
+    for alpha, w in zip([0.0, 0.5, 1.0], swept, strict=True):
+        torch.testing.assert_close(w, apply_vectors(base, vector, alpha=alpha)["w"], rtol=0, atol=0)
+    torch.testing.assert_close(swept[1], base["w"] + 0.5 * (tuned["w"] - base["w"]))
