@@ -217,6 +217,21 @@ def test_a_parameter_changed_inside_is_used_changed_and_still_masked() -> None:
     assert all(torch.equal(v, before[k]) for k, v in after.items() if k != "layers.0.weight")
 
 
+def test_a_write_through_data_inside_is_used_and_still_masked() -> None:
+    """``.data`` moves no version counter: the pruned values are made at each call, never kept."""
+    model = make_blocks()
+    with factory(OURS, "global_float").prepare(model) as hooked:
+        before = hooked_output(hooked)
+        model.layers[0].weight.data.mul_(2)  # a hand-written training loop's update
+        model.layers[0].bias.data[0] = 5.0
+        after = pruned_params(hooked, model)
+        expected = {tuple(k.split(".")): v for k, v in after.items()}
+        out = hooked_output(hooked)
+        assert not torch.equal(out, before)
+        assert torch.equal(out, tdhook_fn.call(model, TensorDict(expected, batch_size=[]), X))
+        assert float(after["layers.0.bias"][0]) in (0.0, 5.0)  # masked where the mask prunes it
+
+
 def test_parameters_keep_identity_and_order() -> None:
     model = make_blocks()
     order = [(n, id(p), p.data_ptr()) for n, p in model.named_parameters()]

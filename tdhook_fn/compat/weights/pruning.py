@@ -16,9 +16,9 @@ moment as in tdhook, and are kept by the prepared module, one set per entered co
 prepared module is the routed model with a params transform (NOTE [params transforms] in
 ``tdhook_fn.compat.modules``): each call of the hooked module runs the model on its private
 shadow with the pruned parameters, :func:`~tdhook_fn.weights.apply_masks` of the live ones
-(kept between calls, computed again when a parameter's version counter moves), and the
-live buffers, as in a plain forward. Nothing is written, so contexts may overlap and exit
-in any order, and nothing needs restoring after an exception. A method composed after
+(computed at each call, so that any write to a parameter is seen), and the live
+buffers, as in a plain forward. Nothing is written, so contexts may overlap and exit in any
+order, and nothing needs restoring after an exception. A method composed after
 ``Pruning`` reads the pruned parameters from ``RoutedModule.params``.
 
 Gradients are tdhook's: its model *holds* the pruned values, so ``.backward()`` fills
@@ -50,7 +50,6 @@ Differences from tdhook 0.1.3:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -100,10 +99,11 @@ class _PrunedParams:
     """The params transform of one entered context: its masks applied at every call.
 
     Masks are held by parameter object and found by name in whichever model is routed
-    (the user's model or a TensorDictModule around it). The pruned values of the
-    parameters are kept and computed again only after a parameter changed (its version
-    counter moved). A tensor that is not one of them (another transform's result, in a
-    composite) is masked as it comes.
+    (the user's model or a TensorDictModule around it). The pruned values are computed
+    at every call (one multiply per pruned tensor), never kept: a write through ``.data``
+    moves no version counter, so kept values would go stale unseen. A tensor that is not
+    one of the parameters (another transform's result, in a composite) is masked as it
+    comes.
 
     Args:
         targets: ``(parameter, keep-mask)`` pairs; a parameter listed twice gets both masks.
@@ -119,22 +119,12 @@ class _PrunedParams:
             merged[id(param)] = (param, keep if previous is None else previous[1] & keep)
         self._params = [param for param, _ in merged.values()]
         self._masks = TensorDict({str(i): keep for i, (_, keep) in enumerate(merged.values())}, batch_size=[])
-        self._lock = threading.Lock()
-        self._state: tuple[tuple[Any, ...], TensorDictBase] | None = None
         self._pruned()  # a mask of the wrong shape raises now
 
     def _pruned(self) -> TensorDictBase:
-        """``apply_masks`` of the parameters' current values, by their index.
-
-        Values made under ``torch.inference_mode`` cannot enter autograd: the mode is part
-        of what they are kept for.
-        """
-        state = (torch.is_inference_mode_enabled(), *(_layout(param) for param in self._params))
-        with self._lock:
-            if self._state is None or self._state[0] != state:
-                current = TensorDict({str(i): p.detach() for i, p in enumerate(self._params)}, batch_size=[])
-                self._state = state, apply_masks(current, self._masks)
-            return self._state[1]
+        """``apply_masks`` of the parameters' current values, by their index."""
+        current = TensorDict({str(i): p.detach() for i, p in enumerate(self._params)}, batch_size=[])
+        return apply_masks(current, self._masks)
 
     def __call__(self, model: nn.Module, params: TensorDictBase) -> TensorDictBase:
         names = {id(param): tuple(name.split(".")) for name, param in model.named_parameters()}
