@@ -248,3 +248,32 @@ def test_unsupported_options_and_bad_keys() -> None:
     with pytest.raises(ValueError, match="names no submodule of the model"), outside.prepare(model):
         pass
     assert same(before, snapshot(model))
+
+
+class _NormedAdapter(nn.Module):
+    """An adapter with a BatchNorm of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.norm = nn.Linear(6, 6), nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor, **_: Any) -> torch.Tensor:
+        return self.norm(self.lin(x))
+
+
+def test_training_mode_updates_the_buffers_as_tdhook() -> None:
+    """The model and the adapters run as plain forwards: BatchNorm statistics move as in tdhook."""
+    states = []
+    for lib in LIBS:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.BatchNorm1d(6), nn.Linear(6, 3)).train()
+        adapter = _NormedAdapter().train()
+        with lib.Adapters({"b": (adapter, "[0]", "[0]")}).prepare(model) as hooked:
+            out = hooked(TensorDict(input=X.clone(), batch_size=[5]))["output"]
+        states.append((out, {**model.state_dict(), **{f"adapter.{k}": v for k, v in adapter.state_dict().items()}}))
+    (theirs, their_state), (ours, our_state) = states
+    torch.testing.assert_close(ours, theirs)
+    assert their_state.keys() == our_state.keys()
+    for key, value in their_state.items():
+        torch.testing.assert_close(our_state[key], value, msg=key)
+    assert int(our_state["2.num_batches_tracked"]) == 1 and int(our_state["adapter.norm.num_batches_tracked"]) == 1

@@ -119,6 +119,14 @@ class RoutedModule(TensorDictModuleWrapper):
         transformed = self._transformed(detach=detach)
         return params_of(self.model, detach=detach) if transformed is None else transformed[1]
 
+    def overrides(self) -> dict[tuple[str, ...], Any] | None:
+        """What the active params transforms replace, keyed from :attr:`model`, for a live call of it.
+
+        ``None`` when no transform applies (see NOTE [params transforms]).
+        """
+        transformed = self._transformed()
+        return None if transformed is None else replaced(*transformed)
+
     def _transformed(self, *, detach: bool = False) -> tuple[TensorDictBase, TensorDictBase] | None:
         """``(params, after every transform)``, or ``None`` when no transform applies."""
         transforms = (*active_transforms(), *self._params_transforms)

@@ -9,11 +9,12 @@ tdhook registers a setting hook per adapter and direction on the model. Here
 ``_hook_module`` registers nothing on the model: it turns each of those hooks into an
 :class:`~tdhook_fn.compat.weights._adapter_call.AdapterCall` (the same callback as a
 module holding the adapter) and gives them to the prepared module. Every call of the
-hooked module then builds :func:`tdhook_fn.weights.with_adapters` over the model's pure
-function and runs it with the model's live parameters plus the adapters' live
-parameters, so a loss on the adapted output back-propagates into the adapters' own
-``nn.Parameter`` objects (train them with any ``torch.optim`` optimizer, as with tdhook)
-and into the model's. The adapters run before the hooks registered on the hooked module.
+hooked module then runs the model live (NOTE [live parameters]) with each of them spliced
+in where its hook would act, as a plain forward of the adapter. So a loss on the adapted
+output back-propagates into the adapters' own ``nn.Parameter`` objects (train them with
+any ``torch.optim`` optimizer, as with tdhook) and into the model's, and buffers update as
+in tdhook (BatchNorm in training mode, in the model and in the adapters). The adapters
+run before the hooks registered on the hooked module.
 For an adapter reading another module, the activation there is stored in the context's
 ``cache`` by an ordinary (virtual) ``get`` hook, under tdhook's key
 ``"{in_key}_{output|input}"`` and through ``cache_callback``, and read from there, as
@@ -43,13 +44,11 @@ from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
 from tdhook_fn import Functional, PathError
-from tdhook_fn._params import params as params_of
-from tdhook_fn._taps import Site
+from tdhook_fn._taps import Site, Tap
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, RemovableHandleProtocol, resolve_submodule_path
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 from tdhook_fn.compat.modules._virtual import module_path
-from tdhook_fn.weights import Adapter, with_adapters
 
 from ._adapter_call import AdapterCall, ArgsRecorder, recording_args
 
@@ -94,18 +93,13 @@ class _AdaptedModule(TensorDictModuleWrapper):
         if not splices:
             return routed(tensordict, *args, **kwargs)
         hooked = routed.functional()  # the model with the hooks active now as taps
-        bare = Functional(hooked.model, hooked.in_keys, hooked.out_keys)
-        params = routed.params()
-        key = "adapters"
-        while key in params.keys():  # a name no submodule of the model has
-            key = f"_{key}"
-        adapters = {str(i): Adapter(call, path, path, site) for i, (call, path, site) in enumerate(splices)}
+        # each adapter a plain forward of its own, spliced in before the hooks (NOTE [adapters as splices])
+        splice_taps = [Tap(path, "intervene", call, site) for call, path, site in splices]
         recorders = [ArgsRecorder(path, "custom", spec=call.spec) for call, path, _ in splices if call.spec.needs_args]
-        adapted = with_adapters(bare, adapters, key=key).with_taps(*recorders, *hooked.taps)
-        weights = TensorDict({name: params_of(a.module, detach=False) for name, a in adapters.items()}, batch_size=[])
-        params.set(key, weights)
+        adapted = Functional(hooked.model, hooked.in_keys, hooked.out_keys, (*recorders, *splice_taps, *hooked.taps),
+                             hooked.keywords)
         with recording_args():
-            outputs = adapted(params, tensordict)
+            outputs = adapted.call_live(tensordict, overrides=routed.overrides())
         for out_key in hooked.out_keys:
             tensordict.set(out_key, outputs.get(out_key))
         return tensordict
