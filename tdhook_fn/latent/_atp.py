@@ -19,10 +19,20 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
-from .._probe import on_meta
 from .._vjp import vjp
 from ._cache import cache
-from ._run import Metric, Reads, check_f, flat_sources, forward, metric_values, resolve_runs
+from ._run import (
+    Metric,
+    Reads,
+    activation_shapes,
+    check_alike,
+    check_f,
+    check_float,
+    flat_sources,
+    forward,
+    metric_values,
+    resolve_runs,
+)
 from ._sites import Site, as_sites
 
 __all__ = ["attribution_patching"]
@@ -46,12 +56,17 @@ def attribution_patching(
         f (Functional): pure function of a model.
         params (TensorDict): its parameters (constants here).
         clean (TensorDict): inputs the patched activations come from, ``[*B]``.
-        corrupted (TensorDict): the inputs that run, same batch size.
+        corrupted (TensorDict): the inputs that run, same batch size and the same shape of each
+            site's selection (prompts of one length: a clean run would otherwise broadcast).
         sites (Site | str | Sequence): the sites, as for :func:`patching_sweep`.
         metric (Callable): ``outputs -> Tensor`` of one value per sample.
 
     Returns:
         Tensor: ``[len(sites), *B]``: the estimated change of the metric.
+
+    Raises:
+        TypeError: a site's activation is not float (token ids: take the embedding's output).
+        ValueError: the clean and corrupted selections differ in shape.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -75,8 +90,12 @@ def attribution_patching(
                            "clean activations")
     flat = corrupted.reshape(-1)
     chosen = resolve_runs("attribution_patching", f, params, flat, chosen)
-    zeros = {key: torch.zeros(shape, dtype=dtype, device=targets[key].device)
-             for key, (shape, dtype) in _shapes(f, params, flat, chosen).items()}
+    shapes = activation_shapes("attribution_patching", f, params, flat, chosen)
+    for site in chosen:
+        shape, dtype = shapes[site.key]
+        check_float("attribution_patching", site, dtype, "attribution patching takes the gradient with respect to it")
+        check_alike("attribution_patching", site, targets[site.key].shape, shape)
+    zeros = {key: torch.zeros(shape, dtype=dtype, device=targets[key].device) for key, (shape, dtype) in shapes.items()}
 
     def run(deltas: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         reads = Reads("attribution_patching", chosen)
@@ -96,11 +115,3 @@ def attribution_patching(
 
 def _add(delta: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda act: act + delta
-
-
-def _shapes(f: Any, params: TensorDictBase, flat: TensorDictBase,
-            sites: Sequence[Site]) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Shape and dtype of each site's selection, from a forward on meta tensors (no compute)."""
-    reads = Reads("attribution_patching", sites)
-    on_meta(lambda p, td: forward(f, p, td, reads.taps()), params, flat, reset=reads.clear)
-    return {s.key: (reads.get(s).shape, reads.get(s).dtype) for s in sites}

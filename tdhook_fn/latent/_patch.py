@@ -46,7 +46,19 @@ from .._taps import Tap
 from .._vjp import any_requires_grad, untransformed
 from ._cache import cache
 from ._causal import CausalCut, causal_cut, check_agrees, share_before
-from ._run import Edits, Metric, Reads, Sources, check_f, flat_sources, forward, metric_values, resolve_runs
+from ._run import (
+    Edits,
+    Metric,
+    Reads,
+    Sources,
+    activation_shapes,
+    check_alike,
+    check_f,
+    flat_sources,
+    forward,
+    metric_values,
+    resolve_runs,
+)
 from ._sites import Site, as_indices, as_sites
 
 __all__ = ["patch", "patching_sweep"]
@@ -132,7 +144,9 @@ def patching_sweep(
         f (Functional): pure function of a model.
         params (TensorDict): its parameters.
         clean (TensorDict): the inputs the patched activations come from, ``[*B]``.
-        corrupted (TensorDict): the inputs that run, same batch size.
+        corrupted (TensorDict): the inputs that run, same batch size, and the same shape of
+            activation at each site's module (prompts of one length: the runs patch from the
+            whole clean activation, which would otherwise broadcast).
         sites (Site | str | Sequence): one patched run each, e.g. every layer x every
             token position: ``[Site(p, index=(t,)) for p in paths for t in range(L)]``.
         metric (Callable): ``outputs -> Tensor`` of one value per sample (the outputs'
@@ -195,6 +209,11 @@ def patching_sweep(
     modules = _modules(chosen)
     wholes = list(modules.values())
     full = flat_sources("patching_sweep", cache(f, params, clean, wholes), wholes, batch, "sources")
+    corrupted_shapes = activation_shapes("patching_sweep", f, params, flat, wholes)
+    for site in chosen:  # the runs patch from the whole clean activation: it must be the corrupted one's shape
+        whole = modules[_group(site)]
+        check_alike("patching_sweep", site, full[whole.key].shape, corrupted_shapes[whole.key][0])
+        site.check_index(full[whole.key])
     todo, values = list(range(len(chosen))), None
     if skip_unchanged and _may_skip(params, clean, corrupted):
         todo, values = _unchanged(f, params, corrupted, chosen, modules, full, metric, batch)

@@ -20,7 +20,10 @@ __all__ = [
     "Edits",
     "Reads",
     "Sources",
+    "activation_shapes",
+    "check_alike",
     "check_f",
+    "check_float",
     "flat_sources",
     "forward",
     "metric_values",
@@ -94,6 +97,37 @@ def resolve_runs(method: str, f: Functional, params: TensorDictBase, flat: Tenso
             site = dataclasses.replace(site, call=runs + site.call)
         out.append(site)
     return out
+
+
+def activation_shapes(method: str, f: Functional, params: TensorDictBase, flat: TensorDictBase,
+                      sites: Sequence[Site]) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Shape and dtype of each site's selection on the inputs ``flat``, from a forward on meta tensors (no compute)."""
+    reads = Reads(method, sites)
+    on_meta(lambda p, td: forward(f, p, td, reads.taps()), params, flat, reset=reads.clear)
+    return {s.key: (reads.get(s).shape, reads.get(s).dtype) for s in sites}
+
+
+def check_alike(method: str, site: Site, clean: torch.Size, corrupted: torch.Size) -> None:
+    """Raise unless the clean and the corrupted inputs give activations of one shape at ``site``.
+
+    Else a patch would broadcast: a clean run of one position would go to every corrupted one.
+    """
+    if clean != corrupted:
+        raise ValueError(f"{method}: at site {site.key!r} the clean inputs give an activation of shape "
+                         f"{tuple(clean)}, the corrupted inputs {tuple(corrupted)} (batch flattened); patching "
+                         "needs them of one shape: give clean and corrupted inputs of one length (pad the shorter "
+                         "prompts, with an attention mask)")
+
+
+def check_float(method: str, site: Site, dtype: torch.dtype, needs: str) -> None:
+    """Raise ``TypeError`` naming ``site`` unless its activation is float (not token ids): ``method`` ``needs`` it."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    kind = "boolean" if dtype == torch.bool else "integer"
+    instead = (f"the output of the module it feeds, e.g. Site({site.path!r}) (an embedding's output)"
+               if site.site == "input" else "the output of a later module, where the activation is float")
+    raise TypeError(f"{method}: site {site.key!r} holds an {kind} activation ({dtype}, e.g. token ids); {needs}, "
+                    f"so it needs a float activation: use {instead}")
 
 
 def forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, taps: Sequence[Tap]) -> TensorDict:

@@ -12,7 +12,8 @@ A site is a submodule path plus, optionally, a selection of its activation:
   ``(slice(None), [0, 5])`` for features 0 and 5 at every position. Edits write the
   selection back out of place (``select_scatter``, ``slice_scatter``, ``index_copy``),
   so they compose with ``vmap`` and ``grad``.
-- ``site``: the module's ``"output"`` (default) or its first ``"input"``.
+- ``site``: the module's ``"output"`` (default) or its first ``"input"``, a positional
+  argument (a module called with keyword arguments only has none: read a submodule).
 - ``call``: the run of a module that runs more than once in one forward (``0`` the
   first; negative counts from the end: ``-1`` is the last run, as hook libraries that
   overwrite their cache see it). Without it such a module is an error.
@@ -91,11 +92,14 @@ class Site:
     def read(self, value: Any) -> torch.Tensor:
         """The selected part of a module's output (or input) ``value``, batch dim first."""
         tensor = self.element_of(value)
+        self.check_index(tensor)
         return tensor[(slice(None), *as_indices(self.index))] if self.index else tensor
 
     def write(self, value: Any, new: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         """``value`` with its selected part replaced by ``new(selected part)``, out of place."""
-        return self.with_element(value, _put(self.element_of(value), 1, self.index, new))
+        tensor = self.element_of(value)
+        self.check_index(tensor)
+        return self.with_element(value, _put(tensor, 1, self.index, new))
 
     def with_element(self, value: Any, tensor: torch.Tensor) -> Any:
         """``value`` with the site's element (the value itself unless a tuple) replaced by ``tensor``."""
@@ -119,6 +123,14 @@ class Site:
                              "the latent methods resolve it with a probe forward (see resolve_runs)")
         return Tap(self.path, "intervene", lambda value: self.write(value, new), self.site, call=self.call)
 
+    def check_index(self, tensor: torch.Tensor) -> None:
+        """Raise ``IndexError`` naming the site unless its ``index`` fits ``tensor`` (batch dim first)."""
+        dims = tensor.shape[1:]
+        if len(self.index) > len(dims) or not all(map(_fits, self.index, dims)):
+            raise IndexError(f"site {self.key!r}: index {self.index!r} does not fit the activation there, "
+                             f"{tuple(dims)} per sample ({tuple(tensor.shape)} with the batch flattened); give "
+                             "one int, slice or list of ints per dim after the batch dim, each within its size")
+
     def _tap_call(self) -> int | None:
         """The run a reading tap fires at: every run for a negative ``call`` (picked afterwards)."""
         return None if self.call is None or self.call < 0 else self.call
@@ -126,6 +138,12 @@ class Site:
     def element_of(self, value: Any) -> torch.Tensor:
         """The tensor the site reads in a module's output (or input) ``value``."""
         if isinstance(value, tuple):
+            if self.site == "input" and not value:  # the tap hands over the positional arguments
+                module = f"module {self.path!r}" if self.path else "model itself (the root module)"
+                raise ValueError(f"site {self.key!r}: the {module} received no positional arguments, only keyword "
+                                 "ones (as a model that f calls with its in_keys by name); input sites read the "
+                                 "positional ones: read the input of a submodule, or the output of the module "
+                                 "that runs before it")
             if not -len(value) <= self.element < len(value):
                 raise ValueError(f"site {self.key!r}: element {self.element} of a tuple of {len(value)}")
             value = value[self.element]
@@ -140,6 +158,13 @@ def _show(part: Any) -> str:
         return ":".join("" if v is None else str(v) for v in (part.start, part.stop)) + (
             f":{part.step}" if part.step is not None else "")
     return str(part)
+
+
+def _fits(part: int | slice | Sequence[int], size: int) -> bool:
+    """Whether an index part selects within a dim of ``size`` (a slice always does)."""
+    if isinstance(part, slice):
+        return True
+    return all(-size <= i < size for i in ([part] if isinstance(part, int) else part))
 
 
 def as_indices(index: Index) -> tuple[Any, ...]:
@@ -159,9 +184,7 @@ def _put(t: torch.Tensor, dim: int, index: Index, new: Callable[[torch.Tensor], 
         start, stop, step = part.indices(t.shape[dim])
         inner = _put(t[(slice(None),) * dim + (part,)], dim + 1, rest, new)
         return t.slice_scatter(inner, dim, start, stop, step)
-    size = t.shape[dim]
-    if any(not -size <= i < size for i in part):
-        raise IndexError(f"site index {part} is out of range for a dim of size {size}")
+    size = t.shape[dim]  # Site.check_index checked the range
     idx = torch.tensor([i % size for i in part], device=t.device)  # negative entries count from the end
     inner = _put(t.index_select(dim, idx), dim + 1, rest, new)
     return t.index_copy(dim, idx, inner)

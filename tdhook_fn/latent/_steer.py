@@ -9,7 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._modes import check_attribution_modes
 from ._cache import cache
-from ._run import Edits, Sources, check_f, flat_sources, forward, resolve_runs
+from ._run import Edits, Sources, check_f, check_float, flat_sources, forward, resolve_runs
 from ._sites import Site, as_sites
 
 __all__ = ["activation_addition", "steer"]
@@ -68,6 +68,7 @@ def steer(
 
     def scaled(site: Site) -> Callable[[torch.Tensor], torch.Tensor]:
         def add(act: torch.Tensor) -> torch.Tensor:
+            check_float("steer", site, act.dtype, _ADDS)
             per_row = scales.to(act.dtype).repeat_interleave(n).reshape(-1, *[1] * (act.dim() - 1))
             v = vecs.aligned(site, act[:n]).to(act.dtype)
             tiled = v.repeat(runs, *[1] * (v.dim() - 1)) if site.key in vecs.per_sample else v
@@ -79,8 +80,15 @@ def steer(
     return out.reshape(runs, *batch)
 
 
+_ADDS = "steering adds a vector to it"
+
+
 def _plus(alpha: float | torch.Tensor, vecs: Sources, site: Site) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda act: act + alpha * vecs.aligned(site, act).to(act.dtype)
+    def add(act: torch.Tensor) -> torch.Tensor:
+        check_float("steer", site, act.dtype, _ADDS)
+        return act + alpha * vecs.aligned(site, act).to(act.dtype)
+
+    return add
 
 
 def activation_addition(
@@ -111,6 +119,8 @@ def activation_addition(
         raise ValueError(f"activation_addition: positive has batch {list(positive.batch_size)}, negative "
                          f"{list(negative.batch_size)}; give pairs of examples")
     pos, neg = cache(f, params, positive, chosen), cache(f, params, negative, chosen)
+    for site in chosen:
+        check_float("activation_addition", site, pos.get(site.key).dtype, "a steering vector is added to it")
     dims = tuple(range(len(positive.batch_size)))
 
     def mean(diff: torch.Tensor) -> torch.Tensor:
