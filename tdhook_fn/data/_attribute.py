@@ -9,7 +9,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._fingerprint import Json, fingerprint, tensor_digest
+from ._digest import tensor_digest
+from ._fingerprint import Json, fingerprint
 from ._job import OutDir, differences
 from ._progress import progress_bar
 from ._source import Source
@@ -45,7 +46,10 @@ def attribute(
     with the same arguments, it redoes only the batches it had not recorded, and a
     finished ``out_dir`` returns at once. An ``out_dir`` written by a different method,
     ``f``, params, dataset, ``batch_size`` or method argument is refused (NOTE [job
-    fingerprints]) unless ``overwrite=True``, which deletes it and starts again.
+    fingerprints]) unless ``overwrite=True``, which deletes it and starts again. Every
+    sample counts (NOTE [every row counts]): a TensorDict dataset is digested whole; a
+    ``Dataset``'s batches are digested as they are read, and resuming or returning an
+    ``out_dir`` reads its recorded batches again and refuses one that changed.
 
     Under ``torchrun`` (a ``torch.distributed`` process group, started here from
     torchrun's environment if the script has not), each rank takes a disjoint,
@@ -104,13 +108,15 @@ def attribute(
 def _run(world: World, out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDict], TensorDictBase],
          resume: bool, overwrite: bool, progress: bool) -> TensorDict:
     plan = _shared_plan(world, out, job, source, run_batch, resume, overwrite)
+    _check_recorded(world, out, source, plan["check"])
     mine = world.share(plan["pending"])
     if mine:
         result = out.result()
         pending = sum(_size(source, i) for i in plan["pending"])
         with progress_bar(source.length, source.length - pending, enabled=progress and world.rank == 0) as bar:
             for index in mine:
-                _write(out, result, source, index, run_batch(source.batch(index)))
+                batch, digest = source.read(index)
+                _write(out, result, source, index, run_batch(batch), digest)
                 bar.update(_size(source, index) * world.size)
     world.barrier()
     if world.rank == 0 and plan["pending"]:
@@ -152,18 +158,34 @@ def _shared_plan(world: World, out: OutDir, job: Json, source: Source,
 
 def _plan(out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDict], TensorDictBase],
           resume: bool, overwrite: bool) -> dict[str, Any]:
-    """Claim ``out_dir``, lay it out if new, and list the batches to do."""
+    """Claim ``out_dir``, lay it out if new, and list the batches to do and the recorded ones to check."""
     state = out.claim(job, overwrite)
+    check = sorted(out.done()) if source.lazy else []  # a TensorDict's rows are all in the job
     if state == "complete":
-        return {"pending": []}
+        return {"pending": [], "check": check}
     if state == "partial" and not resume:
         raise FileExistsError(f"attribute: out_dir {str(out.path)!r} holds an unfinished run of this job and "
                               f"resume=False; pass resume=True to finish it or overwrite=True to start again")
     if state == "new":  # batch 0 gives the layout's shapes and dtypes, and is kept
-        first = run_batch(source.batch(0))
+        batch, digest = source.read(0)
+        first = run_batch(batch)
         out.lay_out(job, first[:1], source.length)
-        _write(out, out.result(), source, 0, first)
-    return {"pending": sorted(set(range(source.n_batches)) - out.done())}
+        _write(out, out.result(), source, 0, first, digest)
+    return {"pending": sorted(set(range(source.n_batches)) - out.done()), "check": check}
+
+
+def _check_recorded(world: World, out: OutDir, source: Source, recorded: list[int]) -> None:
+    """Read the recorded batches again, a share per rank; one read otherwise than recorded is refused on every rank."""
+    if not recorded:  # the same plan on every rank: all return here, or none
+        return
+    changed = next((i for i in world.share(recorded) if source.digest(i) != out.digest(i)), None)
+    found = [i for i in world.gather(changed) if i is not None]
+    if found:
+        start, stop = source.bounds(min(found))
+        raise ValueError(
+            f"attribute: batch {min(found)} (samples {start} to {stop - 1}) of the dataset differs from the one "
+            f"recorded in out_dir {str(out.path)!r}: a sample or the order changed since, so the rows there are "
+            f"another dataset's. Use a new out_dir, or delete the old one (overwrite=True) to start again")
 
 
 def _batch_runner(method: Method, f: Any, params: TensorDictBase, kwargs: dict[str, Any],
@@ -188,22 +210,29 @@ def _batch_runner(method: Method, f: Any, params: TensorDictBase, kwargs: dict[s
 
 def _job(method: Method, f: Any, params: TensorDictBase, source: Source, kwargs: dict[str, Any]) -> Json:
     job: dict[str, Json] = {
-        "method": fingerprint(method),
-        "f": fingerprint(f),
+        "method": _described("method", method),
+        "f": _described("f", f),
         "params": sorted([".".join(k) if isinstance(k, tuple) else k, tensor_digest(cast(torch.Tensor, v))]
                          for k, v in params.items(True, True)),
         "dataset": source.describe(),
         "batch_size": source.batch_size,
     }
     for key, value in sorted(kwargs.items()):
-        job[f"argument {key}"] = fingerprint(value)
+        job[f"argument {key}"] = _described(f"argument {key}", value)
     return job
 
 
-def _write(out: OutDir, result: TensorDict, source: Source, index: int, rows: TensorDictBase) -> None:
+def _described(what: str, value: object) -> Json:
+    try:
+        return fingerprint(value)
+    except TypeError as e:
+        raise TypeError(f"attribute: {what}: {e}") from e
+
+
+def _write(out: OutDir, result: TensorDict, source: Source, index: int, rows: TensorDictBase, digest: str) -> None:
     start, stop = source.bounds(index)
     result[start:stop] = rows
-    out.record(result, index)
+    out.record(result, index, digest)
 
 
 def _size(source: Source, index: int) -> int:

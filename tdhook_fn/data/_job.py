@@ -7,10 +7,10 @@ out_dir)`` opens it) and three entries of ours beside it:
 - ``_job.json``: the job's fingerprint (NOTE [job fingerprints]), written first, then
   rewritten with ``"layout": true`` once the memmap files exist. A directory with a
   different fingerprint is refused, and one we did not write is never deleted.
-- ``_done/<batch>``: an empty file per finished batch, created only after the batch's
-  rows are written and flushed to disk (``fsync``), so a batch is either written and
-  recorded or redone; a process killed at any moment loses at most the batches it had not
-  recorded.
+- ``_done/<batch>``: a file per finished batch holding the digest of the batch's samples
+  (NOTE [every row counts]), created only after the batch's rows are written and flushed
+  to disk (``fsync``), so a batch is either written and recorded or redone; a process
+  killed at any moment loses at most the batches it had not recorded.
 - ``_complete``: written once every batch is recorded; a re-run returns at once.
 
 Every file of ours is written to a temporary name and renamed, which is atomic.
@@ -92,12 +92,16 @@ class OutDir:
     def done(self) -> set[int]:
         return {int(name) for name in os.listdir(self.path / _DONE) if name.isdigit()}
 
-    def record(self, result: TensorDictBase, index: int) -> None:
-        """Flush the result's files to disk, then mark batch ``index`` as done."""
+    def record(self, result: TensorDictBase, index: int, digest: str) -> None:
+        """Flush the result's files to disk, then mark batch ``index`` as done, read with ``digest``."""
         for leaf in result.values(True, True):
             if isinstance(leaf, MemoryMappedTensor) and leaf.filename is not None:
                 _fsync(leaf.filename)
-        self._write(f"{_DONE}/{index}", "")
+        self._write(f"{_DONE}/{index}", digest)
+
+    def digest(self, index: int) -> str:
+        """The digest recorded with batch ``index``."""
+        return (self.path / _DONE / str(index)).read_text()
 
     def finish(self) -> None:
         self._write(_COMPLETE, "")

@@ -4,10 +4,21 @@ Two kinds are accepted: a TensorDict with a leading batch dim (a slice per batch
 memory-mapped one is read a batch at a time) and a map-style
 ``torch.utils.data.Dataset`` whose items are TensorDicts or dicts of tensors (the items
 of a batch are stacked).
+
+# NOTE [every row counts]
+An ``out_dir`` must not return, or resume with, rows of a dataset that has changed since,
+even in one sample or in its order. A TensorDict is digested whole when the job is
+described: every leaf's bytes, read through (a memory-mapped one is not loaded), which is
+cheap next to attributing it. A Dataset is read lazily (decoding images, tokenizing), so it
+is digested a batch at a time as each batch is read, and the digest is recorded with the
+batch (NOTE [resumable out_dir]); resuming or returning the ``out_dir`` reads its recorded
+batches again (reading only, no attribution) and refuses one whose digest differs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +48,8 @@ class Source:
             raise ValueError(f"attribute: batch_size must be a positive int, got {batch_size!r}")
         self.dataset = dataset
         self.batch_size = batch_size
-        self.length = dataset.batch_size[0] if isinstance(dataset, TensorDictBase) else len(dataset)
+        self.lazy = not isinstance(dataset, TensorDictBase)  # rows digested per batch as read (see the NOTE)
+        self.length = len(dataset) if self.lazy else dataset.batch_size[0]
         if self.length == 0:
             raise ValueError("attribute: the dataset is empty")
         self.n_batches = -(-self.length // batch_size)
@@ -47,20 +59,30 @@ class Source:
         start = index * self.batch_size
         return start, min(start + self.batch_size, self.length)
 
-    def batch(self, index: int) -> TensorDict:
-        """Batch ``index`` as a TensorDict in ordinary memory, batch size ``[n]``."""
+    def read(self, index: int) -> tuple[TensorDict, str]:
+        """Batch ``index`` as a TensorDict in ordinary memory, batch size ``[n]``, and the digest of its samples."""
         start, stop = self.bounds(index)
-        if isinstance(self.dataset, TensorDictBase):
-            return self.dataset[start:stop].to_tensordict()
-        stacked: TensorDictBase = TensorDict.maybe_dense_stack([self._item(i) for i in range(start, stop)])
-        return stacked.to_tensordict()
+        if not self.lazy:
+            batch = self.dataset[start:stop].to_tensordict()
+            return batch, _digest(index, [batch])
+        items = [self._item(i) for i in range(start, stop)]
+        stacked: TensorDictBase = TensorDict.maybe_dense_stack(items)
+        return stacked.to_tensordict(), _digest(index, items)
+
+    def digest(self, index: int) -> str:
+        """The digest :meth:`read` gives for batch ``index``, without stacking the batch."""
+        start, stop = self.bounds(index)
+        if not self.lazy:
+            return self.read(index)[1]
+        return _digest(index, [self._item(i) for i in range(start, stop)])
 
     def describe(self) -> Json:
-        """Length, type and the fingerprints of the first and last samples (NOTE [job fingerprints])."""
-        first, last = (self._item(i) if not isinstance(self.dataset, TensorDictBase) else self.dataset[i]
-                       for i in (0, self.length - 1))
-        return {"length": self.length, "type": type(self.dataset).__name__,
-                "first": fingerprint(first), "last": fingerprint(last)}
+        """Length, type and, for a TensorDict, every leaf's digest (NOTE [every row counts])."""
+        try:
+            rows = "digested per batch" if self.lazy else fingerprint(self.dataset)
+        except TypeError as e:
+            raise TypeError(f"attribute: cannot fingerprint the dataset: {e}") from e
+        return {"length": self.length, "type": type(self.dataset).__name__, "rows": rows}
 
     def _item(self, i: int) -> TensorDictBase:
         item = self.dataset[i]
@@ -70,3 +92,11 @@ class Source:
             return TensorDict(dict(item), batch_size=[])
         raise TypeError(f"attribute: dataset[{i}] is a {type(item).__name__}; the items of a Dataset must be "
                         f"TensorDicts or dicts of tensors, e.g. {{'input': x, 'label': y}}")
+
+
+def _digest(index: int, parts: list[TensorDictBase]) -> str:
+    try:
+        described = [fingerprint(part) for part in parts]
+    except TypeError as e:
+        raise TypeError(f"attribute: cannot fingerprint batch {index} of the dataset: {e}") from e
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()

@@ -2,10 +2,14 @@
 
 ``python data_job.py OUT_DIR CALLS_DIR`` runs IG with ``per_target`` over 60 samples in
 batches of 8, counting each batch it attributes in ``CALLS_DIR/rank-<r>`` (one line per
-call). ``KILL_AT=k`` SIGKILLs the process at its k-th batch: ``KILL_WHERE=method`` while
-attributing it, ``record`` after its rows are written but before it is recorded.
-``KILL_RANK`` limits the kill to one rank. ``TWICE=1`` runs the job a second time, into
-``OUT_DIR-again``, in the same processes.
+call). ``KILL_AT=k`` SIGKILLs the process at a k-th batch: ``KILL_WHERE=method`` while
+attributing the k-th batch logged in ``CALLS_DIR/rank-<r>``, ``record`` after the rows of
+its k-th batch are written but before it is recorded. ``KILL_RANK`` limits the kill to one
+rank. ``TWICE=1`` runs the job a second time, into ``OUT_DIR-again``, in the same processes.
+
+The model's last layer has a forward hook reading a global numpy array, so the resumed and
+distributed runs (each process with its own hash seed) also show that such a job's
+fingerprint is the same in every process.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import signal
 import sys
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -22,11 +27,19 @@ import tdhook_fn.data
 from tdhook_fn.attribution import integrated_gradients
 from tdhook_fn.data import _job
 
+WEIGHTS = np.array([1.0, 0.5, 2.0, 1.0, 0.25], dtype=np.float32)  # read by the hook: part of the job
+
+
+def weighted(module, args, output):  # type: ignore[no-untyped-def]
+    return output * torch.from_numpy(WEIGHTS)
+
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
+    net = torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 5))
+    net[3].register_forward_hook(weighted)
+    return net
 
 
 def dataset() -> TensorDict:
@@ -38,30 +51,31 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-KILLS = {"method": 0, "record": 0}  # globals, not closure cells: the job's fingerprint is the same on every rank
-
-
-def _kill_here(where: str) -> None:
-    KILLS[where] += 1
+def _kill_here(where: str, count: int) -> None:
     wanted = os.environ.get("KILL_RANK")
-    if (os.environ.get("KILL_WHERE", "method") == where and KILLS[where] == int(os.environ.get("KILL_AT", "0"))
+    if (os.environ.get("KILL_WHERE", "method") == where and count == int(os.environ.get("KILL_AT", "0"))
             and (wanted is None or int(wanted) == _rank())):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def counted_ig(f, params, inputs, **kwargs):  # type: ignore[no-untyped-def]
-    with open(os.path.join(os.environ["CALLS_DIR"], f"rank-{_rank()}"), "a") as fh:
+    # Counted in the file, not in a global: the values of the globals a method reads are part of its job.
+    log = os.path.join(os.environ["CALLS_DIR"], f"rank-{_rank()}")
+    with open(log, "a") as fh:
         fh.write(f"{inputs.batch_size[0]}\n")
-    _kill_here("method")
+    with open(log) as fh:
+        _kill_here("method", len(fh.readlines()))
     return integrated_gradients(f, params, inputs, **kwargs)
 
 
 _record = _job.OutDir.record
+RECORDS = [0]  # read by killing_record only, which is no part of the job
 
 
-def killing_record(self, result, index):  # type: ignore[no-untyped-def]
-    _kill_here("record")
-    _record(self, result, index)
+def killing_record(self, result, index, digest):  # type: ignore[no-untyped-def]
+    RECORDS[0] += 1
+    _kill_here("record", RECORDS[0])
+    _record(self, result, index, digest)
 
 
 def main(out_dir: str, calls_dir: str) -> None:

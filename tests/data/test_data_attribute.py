@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,17 +94,20 @@ def test_baselines_may_be_a_callable_of_the_batch(job, tmp_path):
     _close(out["input"], whole["input"])
 
 
-CALLS: list[int] = []  # a global, not a closure cell: the method's fingerprint must not change as it grows
+def _counting(log: Path):
+    """saliency logging each batch's size to the file ``log``, and a reader of the log.
 
+    A file, not a list: the values of the globals and closure cells a method reads are part
+    of its fingerprint, so a list it grows would make each run another job.
+    """
+    path = str(log)
 
-def counted_saliency(f, params, inputs, **kwargs):
-    CALLS.append(inputs.batch_size[0])
-    return saliency(f, params, inputs, **kwargs)
+    def counted_saliency(f, params, inputs, **kwargs):
+        with open(path, "a") as fh:
+            fh.write(f"{inputs.batch_size[0]}\n")
+        return saliency(f, params, inputs, **kwargs)
 
-
-def _counting():
-    CALLS.clear()
-    return counted_saliency, CALLS
+    return counted_saliency, lambda: [int(n) for n in log.read_text().split()] if log.exists() else []
 
 
 def test_a_method_closing_over_changing_state_is_another_job(job, tmp_path):
@@ -119,28 +123,28 @@ def test_a_method_closing_over_changing_state_is_another_job(job, tmp_path):
 
 def test_a_finished_out_dir_is_returned_without_attributing_again(job, tmp_path):
     net, f, p, data = job
-    method, calls = _counting()
+    method, calls = _counting(tmp_path / "calls")
     first = tdhook_fn.data.attribute(method, f, p, data, tmp_path / "r", batch_size=10, target=1, progress=False)
-    assert calls == [10, 10, 3]
+    assert calls() == [10, 10, 3]
     again = tdhook_fn.data.attribute(method, f, p, data, tmp_path / "r", batch_size=10, target=1, progress=False)
-    assert calls == [10, 10, 3]
+    assert calls() == [10, 10, 3]
     assert torch.equal(first["input"], again["input"])
 
 
 def test_a_partial_out_dir_resumes_only_its_missing_batches(job, tmp_path):
     net, f, p, data = job
-    method, calls = _counting()
+    method, calls = _counting(tmp_path / "calls")
     full = tdhook_fn.data.attribute(method, f, p, data, tmp_path / "r", batch_size=5, target=1, progress=False)
     expected = full["input"].clone()
     for name in ("2", "4"):
         (tmp_path / "r" / "_done" / name).unlink()
     (tmp_path / "r" / "_complete").unlink()
-    calls.clear()
+    (tmp_path / "calls").unlink()
     with pytest.raises(FileExistsError, match="resume=False"):
         tdhook_fn.data.attribute(method, f, p, data, tmp_path / "r", batch_size=5, target=1, progress=False,
                                  resume=False)
     out = tdhook_fn.data.attribute(method, f, p, data, tmp_path / "r", batch_size=5, target=1, progress=False)
-    assert calls == [5, 3]  # batches 2 and 4 only
+    assert calls() == [5, 3]  # batches 2 and 4 only
     assert torch.equal(out["input"], expected)
 
 
@@ -151,7 +155,7 @@ def test_an_out_dir_of_another_job_is_refused_and_overwrite_starts_again(job, tm
     tdhook_fn.data.attribute(base["method"], f, p, data, tmp_path / "r", batch_size=5, target=1, progress=False)
     other = dict(base)
     if change == "method":
-        other["method"] = _counting()[0]
+        other["method"] = _counting(tmp_path / "calls")[0]
     elif change == "target":
         other["target"] = 2
     elif change == "n_samples":
