@@ -76,10 +76,12 @@ _POOL_SIZE = 16
 Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
 
 
-def _signature(state: dict[str, Any]) -> tuple[Any, ...]:
-    """What a shadow's structure depends on: names and identities of children and tensors."""
+def _signature(module: nn.Module) -> tuple[Any, ...]:
+    """What a shadow's structure depends on: the class (a shadow is made of it: ``__class__``
+    assigned anew needs a new shadow), names and identities of children and tensors."""
+    state = module.__dict__
     mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
-    return (*mods, *map(id, mods.values()), None, *params, *map(id, params.values()), None, *bufs,
+    return (type(module), *mods, *map(id, mods.values()), None, *params, *map(id, params.values()), None, *bufs,
             *map(id, bufs.values()))
 
 
@@ -110,7 +112,7 @@ class _Node:
         self.shadow = shadow
         self.own = own
         self.path = path
-        self.signature = _signature(module.__dict__)
+        self.signature = _signature(module)
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []
         self.filled: list[dict[Any, Any]] = []  # hook dicts filled by the last refresh
@@ -122,8 +124,8 @@ class _Node:
         return None if module is None else module.__dict__
 
     def is_current(self) -> bool:
-        state = self.original()
-        return state is not None and _signature(state) == self.signature
+        module = self.module()
+        return module is not None and _signature(module) == self.signature
 
     def refresh(self, rebinder: Rebinder) -> None:
         original = self.original()
@@ -230,8 +232,8 @@ class Shadow:
 
     def is_current(self) -> bool:
         for node in self.nodes:
-            state = node.module()
-            if state is None or _signature(state.__dict__) != node.signature:
+            module = node.module()
+            if module is None or _signature(module) != node.signature:
                 return False
         return True
 

@@ -52,8 +52,8 @@ __all__ = ["run_traced", "trace_constant"]
 #   config object assigned anew re-traces. In-place changes need no guard: the graph reads
 #   a shared tensor as an input, and a shared object's attributes through the object;
 # - the attribute names of each module: one added (an instance ``forward``) re-traces;
-# - the keys of every hook dict of each module and of torch's global module hooks: the
-#   shadow holds a copy, so a hook added or removed on the model re-traces. (torch does
+# - the keys and hooks (by id) of every hook dict of each module and of torch's global
+#   module hooks: the shadow holds a copy, so a hook added, removed or replaced re-traces. (torch does
 #   not guard its own modules' hooks: ``torch._dynamo.config.skip_nnmodule_hook_guards``.)
 
 
@@ -68,7 +68,7 @@ class TracePlan:
 Slots = tuple[tuple[Key, str, bool, torch.Size | None], ...]  # key, dotted name, is buffer, shape
 Settings = tuple[tuple[int, str, Any], ...]  # module index in model.modules(), attribute, value
 Identities = tuple[tuple[int, str, int], ...]  # module index, attribute, id() of its value
-Hooks = tuple[tuple[int, str, tuple[Any, ...]], ...]  # module index (-1: torch's global hooks), hook dict, its keys
+Hooks = tuple[tuple[int, str, tuple[tuple[Any, int], ...]], ...]  # module index (-1: global), hook dict, (key, id)s
 Attributes = tuple[tuple[str, ...], ...]  # the attribute names of each module
 State = tuple[Settings, Identities, Hooks, Attributes]
 
@@ -76,11 +76,17 @@ State = tuple[Settings, Identities, Hooks, Attributes]
 _Setting = (bool, int, float, str, type(None))
 
 
+def _is_plain(value: Any) -> bool:
+    """Exactly a Python scalar (a numpy float is a float subclass, which Dynamo reads as a tensor) and equal to
+    itself (not NaN: a NaN setting would never compare equal to its own value)."""
+    return type(value) in _Setting and value == value
+
+
 def _is_setting(value: Any) -> bool:
-    """A plain value a forward may branch on (``p``, ``eps``, ``stride``, ``training``)."""
-    if isinstance(value, (tuple, list)):
-        return all(isinstance(v, _Setting) for v in value)
-    return isinstance(value, _Setting)
+    """A plain value a forward may branch on (``p``, ``eps``, ``stride``, ``training``); others are guarded by id."""
+    if type(value) in (tuple, list):
+        return all(_is_plain(v) for v in value)
+    return _is_plain(value)
 
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")  # (the *_with_kwargs
@@ -92,11 +98,16 @@ _UNGUARDED = frozenset({*HOOK_DICTS, "_parameters", "_buffers", "_modules", "_no
                         "_load_state_dict_post_hooks"})
 
 
+def _hook_ids(hooks: dict[Any, Any]) -> tuple[tuple[Any, int], ...]:
+    """Each hook's key and id: a hook replaced under its key is another (the shadow's copy keeps the old one alive)."""
+    return tuple((key, id(hook)) for key, hook in hooks.items())
+
+
 def state_of(model: nn.Module) -> State:
     """What a traced call of ``model`` depends on beyond the params, for the guards of NOTE [compiled calls]."""
     settings: list[tuple[int, str, Any]] = []
     identities: list[tuple[int, str, int]] = []
-    hooks: list[tuple[int, str, tuple[Any, ...]]] = [(-1, name, tuple(getattr(module_globals, name)))
+    hooks: list[tuple[int, str, tuple[Any, ...]]] = [(-1, name, _hook_ids(getattr(module_globals, name)))
                                                       for name in _GLOBAL_HOOKS]
     for i, module in enumerate(model.modules()):
         for name, value in vars(module).items():
@@ -106,7 +117,7 @@ def state_of(model: nn.Module) -> State:
                 settings.append((i, name, tuple(value) if isinstance(value, list) else value))
             else:
                 identities.append((i, name, id(value)))
-        hooks += [(i, name, tuple(getattr(module, name))) for name in _HOOKS]
+        hooks += [(i, name, _hook_ids(getattr(module, name))) for name in _HOOKS]
     return tuple(settings), tuple(identities), tuple(hooks), tuple(tuple(vars(m)) for m in model.modules())
 
 
@@ -178,8 +189,9 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
     for module, names in zip(modules, attributes, strict=True):
         if tuple([name for name in vars(module)]) != names:  # (iterated: Dynamo guards the keys; tuple() it does not)
             _changed(next(iter(set(vars(module)) ^ set(names)), "?"))
-    for index, attribute, hook_keys in hooks:  # (through vars: Dynamo skips guards on a module's own hook attributes)
-        if tuple(vars(module_globals if index < 0 else modules[index])[attribute]) != hook_keys:
+    for index, attribute, hook_ids in hooks:  # (through vars: Dynamo skips guards on a module's own hook attributes)
+        table = vars(module_globals if index < 0 else modules[index])[attribute]
+        if tuple([(key, id(hook)) for key, hook in table.items()]) != hook_ids:
             _changed(attribute)
     tensors: dict[str, Any] = {}
     wrong: list[str] = []

@@ -236,3 +236,59 @@ def test_what_the_forward_reads_changed_after_compiling_is_never_stale(change: s
             handle.remove()
     if handle is not None:  # and removing the hook again
         torch.testing.assert_close(compiled(p, x), before)
+
+
+def test_a_hook_replaced_under_its_key_retraces() -> None:
+    torch.manual_seed(0)
+    model = _Scaled()
+    handle = model.lin.register_forward_hook(lambda _m, _a, out: out * 2)
+    p, x = tdhook_fn.params(model), torch.randn(4, 3)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(model, p, x), fullgraph=True, backend="eager")
+    compiled(p, x)
+    model.lin._forward_hooks[handle.id] = lambda _m, _a, out: out**3
+    torch.testing.assert_close(compiled(p, x), model(x).detach())
+    handle.remove()
+
+
+def test_a_module_given_another_class_gets_another_shadow_eager_and_compiled() -> None:
+    class Negated(_Scaled):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return -super().forward(x)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Scaled(), torch.nn.Linear(2, 2))
+    p, x = tdhook_fn.params(model), torch.randn(4, 3)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(model, p, x), fullgraph=True, backend="eager")
+    tdhook_fn.call(model, p, x), compiled(p, x)  # a pooled shadow and a traced one, of the old class
+    model[0].__class__ = Negated
+    expected = model(x).detach()
+    torch.testing.assert_close(tdhook_fn.call(model, p, x), expected)
+    torch.testing.assert_close(compiled(p, x), expected)
+
+
+def test_numpy_and_nan_attributes_compile_with_fullgraph() -> None:
+    """A numpy float is a float subclass (Dynamo reads it as a tensor), NaN never equals itself: guarded by id."""
+    import numpy as np
+
+    class Odd(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+            self.scale = np.sqrt(4.0)
+            self.missing = float("nan")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * float(self.scale)
+
+    model = Odd()
+    p, x = tdhook_fn.params(model), torch.randn(4, 3)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(model, p, x), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(p, x), tdhook_fn.call(model, p, x))
+    compiled(p, x)
+    assert _graphs() == 1
+    model.scale = np.sqrt(9.0)
+    torch.testing.assert_close(compiled(p, x), tdhook_fn.call(model, p, x))

@@ -24,7 +24,14 @@ def attributed_keys(method: str, f: Callable[..., Any], inputs: TensorDictBase,
             f"{method}: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of them the "
             "baselines replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an "
             "attention mask, are then passed unchanged, as captum's additional_forward_args)")
-    return tuple(input_keys_of(f, inputs) if input_keys is None else input_keys)
+    if input_keys is None:
+        return input_keys_of(f, inputs)
+    present = inputs.keys(True, True)
+    missing = [key for key in input_keys if key not in present]
+    if missing:
+        raise KeyError(f"{method}: input_keys names {missing}, which the inputs do not hold; they hold "
+                       f"{sorted(map(str, present))}")
+    return tuple(input_keys)
 
 
 def path_starts(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str) -> TensorDict:

@@ -144,9 +144,11 @@ def patching_sweep(
         f (Functional): pure function of a model.
         params (TensorDict): its parameters.
         clean (TensorDict): the inputs the patched activations come from, ``[*B]``.
-        corrupted (TensorDict): the inputs that run, same batch size, and the same shape of
-            activation at each site's module (prompts of one length: the runs patch from the
-            whole clean activation, which would otherwise broadcast).
+        corrupted (TensorDict): the inputs that run, same batch size. With
+            ``batching="vmap"`` the same shape of activation at each site's module (prompts
+            of one length: the runs patch through masks over the whole activation); with
+            ``"fold"`` the same shape of each site's selection (the last position of prompts
+            of other lengths, ``index=(-1,)``, is patched as ``patch`` does).
         sites (Site | str | Sequence): one patched run each, e.g. every layer x every
             token position: ``[Site(p, index=(t,)) for p in paths for t in range(L)]``.
         metric (Callable): ``outputs -> Tensor`` of one value per sample (the outputs'
@@ -210,10 +212,15 @@ def patching_sweep(
     wholes = list(modules.values())
     full = flat_sources("patching_sweep", cache(f, params, clean, wholes), wholes, batch, "sources")
     corrupted_shapes = activation_shapes("patching_sweep", f, params, flat, wholes)
-    for site in chosen:  # the runs patch from the whole clean activation: it must be the corrupted one's shape
+    for site in chosen:
         whole = modules[_group(site)]
-        check_alike("patching_sweep", site, full[whole.key].shape, corrupted_shapes[whole.key][0])
         site.check_index(full[whole.key])
+        clean_shape, corrupted_shape = full[whole.key].shape, corrupted_shapes[whole.key][0]
+        if batching == "fold":  # each run patches the site's selection only: those must agree
+            clean_shape = full[whole.key][_selection(site)].shape
+            corrupted_shape = torch.empty(corrupted_shape, device="meta")[_selection(site)].shape
+        check_alike("patching_sweep", site, clean_shape, corrupted_shape,  # vmap's masks span the whole activation
+                    "" if batching == "fold" else "; or batching='fold', which patches only each site's selection")
     todo, values = list(range(len(chosen))), None
     if skip_unchanged and _may_skip(params, clean, corrupted):
         todo, values = _unchanged(f, params, corrupted, chosen, modules, full, metric, batch)

@@ -107,7 +107,7 @@ def activation_shapes(method: str, f: Functional, params: TensorDictBase, flat: 
     return {s.key: (reads.get(s).shape, reads.get(s).dtype) for s in sites}
 
 
-def check_alike(method: str, site: Site, clean: torch.Size, corrupted: torch.Size) -> None:
+def check_alike(method: str, site: Site, clean: torch.Size, corrupted: torch.Size, also: str = "") -> None:
     """Raise unless the clean and the corrupted inputs give activations of one shape at ``site``.
 
     Else a patch would broadcast: a clean run of one position would go to every corrupted one.
@@ -116,7 +116,7 @@ def check_alike(method: str, site: Site, clean: torch.Size, corrupted: torch.Siz
         raise ValueError(f"{method}: at site {site.key!r} the clean inputs give an activation of shape "
                          f"{tuple(clean)}, the corrupted inputs {tuple(corrupted)} (batch flattened); patching "
                          "needs them of one shape: give clean and corrupted inputs of one length (pad the shorter "
-                         "prompts, with an attention mask)")
+                         f"prompts, with an attention mask){also}")
 
 
 def check_float(method: str, site: Site, dtype: torch.dtype, needs: str) -> None:

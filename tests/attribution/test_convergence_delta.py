@@ -172,3 +172,13 @@ def test_compat_delta_starts_only_the_attributed_inputs_at_their_baselines() -> 
     with factory.prepare(model, in_keys=["x", "y"]) as hooked:
         out = hooked(td.clone())
     assert out["convergence_delta"].abs().max() < 1e-6  # only y moved, from its baseline
+
+
+def test_input_keys_the_inputs_do_not_hold_are_named() -> None:
+    f, p = tdhook_fn.pure(smooth())
+    x, b = data()
+    attr = integrated_gradients(f, p, x, b, target=1, n_steps=4)
+    with pytest.raises(KeyError, match=r"convergence_delta: input_keys names \['inputs'\].*they hold \['input'\]"):
+        convergence_delta(f, p, x, 0.0, attr, target=1, input_keys=["inputs"])
+    with pytest.raises(KeyError, match=r"integrated_gradients: input_keys names \['inputs'\]"):
+        integrated_gradients(f, p, x, 0.0, target=1, input_keys=["inputs"])

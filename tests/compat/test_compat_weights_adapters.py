@@ -277,3 +277,28 @@ def test_training_mode_updates_the_buffers_as_tdhook() -> None:
     for key, value in their_state.items():
         torch.testing.assert_close(our_state[key], value, msg=key)
     assert int(our_state["2.num_batches_tracked"]) == 1 and int(our_state["adapter.norm.num_batches_tracked"]) == 1
+
+
+@pytest.mark.parametrize("adapters_first", [True, False])
+def test_a_composite_with_pruning_in_either_order_is_tdhooks(adapters_first: bool) -> None:
+    import tdhook.contexts
+
+    import tdhook_fn.compat.contexts
+
+    outputs = []
+    for lib, contexts in zip(LIBS, (tdhook.contexts, tdhook_fn.compat.contexts), strict=True):
+        torch.manual_seed(0)
+        model, adapter = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)), _NormedAdapter().eval()
+
+        class Composite(contexts.CompositeHookingContextFactory):  # type: ignore[name-defined, misc]
+            _hooked_module_class = lib.adapters.HookedModuleWithAdapters
+            _hooking_context_class = contexts.HookingContextWithCache
+
+        adapters = lib.Adapters({"a": (adapter, "[0]", "[0]")})
+        pruning = lib.Pruning(lambda module_key, parameter_name, parameter: parameter.abs(), 0.5)
+        composite = Composite(*((adapters, pruning) if adapters_first else (pruning, adapters)))
+        composite._hooked_module_kwargs.update(adapters._hooked_module_kwargs)
+        with composite.prepare(model) as hooked:
+            outputs.append(hooked(TensorDict(input=X.clone(), batch_size=[5]))["output"])
+    theirs, ours = outputs
+    torch.testing.assert_close(ours, theirs)

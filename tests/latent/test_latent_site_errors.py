@@ -121,3 +121,15 @@ def test_a_sweep_of_positions_refuses_prompts_of_different_lengths(gpt2):
     _, f, p = gpt2
     with pytest.raises(ValueError, match=r"'transformer\.h\.1\[0\]'.*\(2, 1, 32\).*\(2, 5, 32\)"):
         patching_sweep(f, p, _ids(1, 1), _ids(5, 2), [Site("transformer.h.1", index=(0,))], _last_logit)
+
+
+def test_a_folded_sweep_of_the_last_position_takes_prompts_of_other_lengths(gpt2):
+    """batching='fold' patches each site's selection only: the last position of a shorter clean prompt, as patch."""
+    _, f, p = gpt2
+    clean, corrupt = _ids(4, 1), _ids(6, 2)
+    last = Site("transformer.h.0", index=(-1,))
+    got = patching_sweep(f, p, clean, corrupt, [last], _last_logit, batching="fold")
+    expected = _last_logit(patch(f, p, corrupt, last, cache(f, p, clean, last)))
+    torch.testing.assert_close(got.reshape(-1), expected.reshape(-1))
+    with pytest.raises(ValueError, match=r"'transformer\.h\.0\[-1\]'.*batching='fold'"):
+        patching_sweep(f, p, clean, corrupt, [last], _last_logit, batching="vmap")

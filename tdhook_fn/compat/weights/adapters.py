@@ -189,6 +189,8 @@ class Adapters(HookingContextFactory):
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         """Register each adapter and direction, in tdhook's order (see NOTE [adapters as splices])."""
         prepared = module.td_module
+        while not isinstance(prepared, _AdaptedModule) and isinstance(prepared, TensorDictModuleWrapper):
+            prepared = prepared.td_module  # a later factory's wrapper (Pruning's, in a composite)
         context = module.hooking_context
         if not isinstance(prepared, _AdaptedModule) or not isinstance(context, HookingContextWithCache):
             raise TypeError("Adapters hooks modules it prepared itself, in a HookingContextWithCache")
