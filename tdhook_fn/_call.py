@@ -11,7 +11,7 @@ from torch import nn
 
 from ._params import Key, leaves
 from ._paths import resolve_path
-from ._shadow import shadow_of
+from ._shadow import param_marks, shadow_of
 from ._taps import Captured, Tap
 from ._traced import run_traced
 
@@ -49,6 +49,7 @@ def run(
                 shadow.override(dict(overrides))
         else:
             shadow.load(values)
+        marks = {} if values is None else param_marks(values, shadow.param_keys)
         handles = []
         try:
             for tap, target in zip(taps, targets, strict=False):
@@ -58,7 +59,7 @@ def run(
             for handle in handles:
                 handle.remove()
         if values is not None:
-            shadow.check_params_kept(values)
+            shadow.check_params_kept(values, marks)
     return output, captured
 
 

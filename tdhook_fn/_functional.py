@@ -9,7 +9,7 @@ from typing import Any
 
 import optree
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
@@ -212,7 +212,21 @@ def _get_input(td: TensorDictBase, key: NestedKey) -> Any:
     value = td.get(key, _MISSING)
     if value is _MISSING:
         raise KeyError(f"functional: in_key {key!r} is not in the TensorDict (keys: {list(td.keys())})")
+    if is_non_tensor(value):  # a string or number kwarg ("mode"): the forward gets the value, not its wrapper
+        return _one_value(key, value)
     return value
+
+
+def _one_value(key: NestedKey, value: Any) -> Any:
+    """The plain value of a non-tensor entry; one value however often it was stacked (a batch, path points)."""
+    values = value.tolist() if hasattr(value, "tolist") else [value.data]
+    while isinstance(values, list) and values:
+        first = values[0]
+        if any(v != first for v in values[1:]):
+            raise TypeError(f"functional: in_key {key!r} holds different non-tensor values across the batch "
+                            f"({values[:3]}...); the forward takes one: call it on each group of samples alike")
+        values = first
+    return values
 
 
 def _register_dataclass(cls: type) -> None:

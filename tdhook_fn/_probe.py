@@ -8,6 +8,8 @@ from typing import Any, TypeVar, cast
 import torch
 from tensordict import TensorDictBase
 
+from ._functional import with_copied_inputs
+
 __all__ = ["on_meta"]
 
 T = TypeVar("T")
@@ -18,7 +20,8 @@ def on_meta(run: Callable[[TensorDictBase, TensorDictBase], T], params: TensorDi
     """``run(params, td)`` with every tensor on the ``meta`` device (shapes only, no compute).
 
     A forward that meta tensors cannot run (data-dependent control flow) is run for real,
-    without grad, after ``reset()`` clears whatever the failed attempt recorded.
+    without grad, on copies of the inputs (it may write them in place), after ``reset()``
+    clears whatever the failed attempt recorded.
     """
     if torch.compiler.is_compiling():  # tracing already runs on fake tensors; the unused probe is dead code
         return run(params, td)       # in the graph (meta copies would be new guards on every call)
@@ -28,4 +31,4 @@ def on_meta(run: Callable[[TensorDictBase, TensorDictBase], T], params: TensorDi
     except Exception:
         reset()
         with torch.no_grad():
-            return run(params, td)
+            return run(params, with_copied_inputs(td))

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -241,6 +241,10 @@ class Shadow:
         for node in self.nodes:
             node.refresh(self.rebinder)
 
+    @property
+    def param_keys(self) -> list[Key]:
+        return [key for _, _, key, _ in self.param_slots]
+
     def load(self, values: dict[Key, torch.Tensor]) -> None:
         """Put ``values`` in the slots; the keys and shapes must be exactly the model's.
 
@@ -287,8 +291,11 @@ class Shadow:
                         f"override {'.'.join(key)!r} has shape {tuple(value.shape)}, the model has {tuple(shape)}")
                 own[name] = value
 
-    def check_params_kept(self, values: dict[Key, torch.Tensor]) -> None:
-        """Raise if the forward replaced one of the given parameters (NOTE [pure buffers])."""
+    def check_params_kept(self, values: dict[Key, torch.Tensor], marks: dict[Key, tuple[int, int]]) -> None:
+        """Raise if the forward replaced one of the given parameters (NOTE [pure buffers]), or wrote one.
+
+        ``marks`` are :func:`param_marks` of ``values`` before the call.
+        """
         for slots, name, key, _ in self.param_slots:
             if slots[name] is not values[key]:
                 raise RuntimeError(
@@ -296,6 +303,15 @@ class Shadow:
                     "did not compute with the params you gave (an accelerate offloading hook, or a forward assigning "
                     "to the parameter, does this). Remove the hook (accelerate.hooks.remove_hook_from_module) or load "
                     "the model without offloading"
+                )
+        for key, mark in marks.items():
+            if _mark(values[key]) != mark:
+                raise RuntimeError(
+                    f"module {'.'.join(key[:-1]) or '<root>'!r} wrote its parameter {key[-1]!r} while it ran (a "
+                    "forward that clamps or renormalises its weights in place, or assigns to .data): the params you "
+                    "gave were changed, and with them the model's own tensors where they share memory (as "
+                    "tdhook_fn.params does). Constrain the weights outside the forward, e.g. with "
+                    "torch.nn.utils.parametrize, or after an optimizer step"
                 )
 
     def unload(self) -> None:
@@ -314,6 +330,21 @@ class Shadow:
                 "the model that its forward calls"
             )
         return shadow
+
+
+def _mark(t: torch.Tensor) -> tuple[int, int]:
+    return t._version, t.data_ptr()
+
+
+def param_marks(values: dict[Key, Any], keys: Sequence[Key]) -> dict[Key, tuple[int, int]]:
+    """The version and storage of each given parameter among ``keys``, to see a forward writing it.
+
+    Not for tensors a functorch transform wraps (they have no storage of their own; the
+    params are constants of the methods' transforms, so those are seen).
+    """
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return {key: _mark(values[key]) for key in keys
+            if isinstance(values[key], torch.Tensor) and not wrapped(values[key])}
 
 
 def shape_mismatch(key: Key, value: Any, shape: torch.Size | None) -> list[str]:

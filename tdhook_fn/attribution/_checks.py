@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import NestedKey
+from .._functional import NestedKey, with_copied_inputs
 from .._modes import check_attribution_modes
 from .._targets import as_target
 from .._vjp import untransformed
@@ -99,7 +99,7 @@ def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: Tenso
             torch.set_rng_state(cpu)
             for d, state in zip(devices, cuda, strict=True):
                 torch.cuda.set_rng_state(state, d)
-            return _attributed(f(params, td), td, target)
+            return _attributed(f(params, with_copied_inputs(td)), td, target)  # (a forward may write its inputs)
 
         try:
             alone = seeded(inputs)

@@ -196,6 +196,8 @@ def _path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[Ne
             points.set(key, b + a * (x - b))  # captum's baseline + alpha * (input - baseline)
         else:
             points.set(key, x.expand(n, *x.shape))
+    for key, value in inputs.non_tensor_items(True):  # a string or number kwarg the forward also takes
+        points.set_non_tensor(key, value)
     return points
 
 

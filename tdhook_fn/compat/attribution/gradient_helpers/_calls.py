@@ -34,6 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 import tdhook_fn
 from tdhook_fn import Functional, Tap, capture
+from tdhook_fn._functional import with_copied_inputs
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import RoutedModule
 
@@ -210,7 +211,7 @@ def make_cotangents(init_attr_grads: UserFn, additional: TensorDict, stepped: bo
 
 def activations(f: Functional, params: TensorDictBase, inputs: TensorDictBase, paths: Sequence[str]) -> TensorDict:
     """Activations at ``paths`` (keyed by path) for ``inputs`` with the batch flattened, no grad."""
-    flat = inputs.reshape(-1)
+    flat = with_copied_inputs(inputs.reshape(-1))  # (a forward may write its inputs in place)
     probe = f.with_taps(*(capture(path, key=f"{_CACHE_IN}{i}") for i, path in enumerate(paths)))
     with torch.no_grad():
         out = probe(params, flat)
