@@ -342,6 +342,8 @@ def param_marks(values: dict[Key, Any], keys: Sequence[Key]) -> dict[Key, tuple[
     Not for tensors a functorch transform wraps (they have no storage of their own; the
     params are constants of the methods' transforms, so those are seen).
     """
+    if torch._C._functorch.peek_interpreter_stack() is None:  # (no transform: nothing is wrapped)
+        return {key: (values[key]._version, values[key].data_ptr()) for key in keys}
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return {key: _mark(values[key]) for key in keys
             if isinstance(values[key], torch.Tensor) and not wrapped(values[key])}
