@@ -23,23 +23,19 @@ from torch.nn.modules import module as module_globals
 
 from ._call import run
 from ._functional import Functional, _get_input, _pack
-from ._shadow import HOOK_DICTS
+from ._shadow import GLOBAL_HOOK_DICTS, HOOK_DICTS
 
 __all__ = ["Link", "chain_of", "run_chain"]
 
 Link = tuple[str, nn.Module]  # (name, module): the name is the path in the Sequentials, as named_modules gives it
 Step = Callable[[Link, nn.Module, Any], Any]
 
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called",
-                 "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
-
-
 def _is_sequential(module: nn.Module) -> bool:
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
 
 
 def _hook_free(model: nn.Module) -> bool:
-    if any(getattr(module_globals, name, None) for name in _GLOBAL_HOOKS):
+    if any(getattr(module_globals, name, None) for name in GLOBAL_HOOK_DICTS):
         return False
     return all("forward" not in m.__dict__ and not any(m.__dict__.get(h) for h in HOOK_DICTS) for m in model.modules())
 

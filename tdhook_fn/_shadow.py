@@ -69,6 +69,8 @@ HOOK_DICTS = (
     "_backward_hooks",
     "_backward_pre_hooks",
 )
+GLOBAL_HOOK_DICTS = tuple(f"_global{name}" for name in HOOK_DICTS  # torch's hooks for every module
+                          if name != "_forward_pre_hooks_with_kwargs")  # (which has no global one)
 _OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
 _POOL_SIZE = 16
 
@@ -207,6 +209,7 @@ class Shadow:
                     self.keys.add(key)
                     slots.append((node.own[kind], name, key, _shape(tensor)))
         self.param_slots = [slot for node in self.nodes for slot in node.params]
+        self.param_keys = [key for _, _, key, _ in self.param_slots]
         self.buffer_slots = [slot for node in self.nodes for slot in node.buffers]
         self.slots_of: dict[Key, list[Slot]] = {}
         for slot in (*self.param_slots, *self.buffer_slots):
@@ -240,10 +243,6 @@ class Shadow:
     def refresh(self) -> None:
         for node in self.nodes:
             node.refresh(self.rebinder)
-
-    @property
-    def param_keys(self) -> list[Key]:
-        return [key for _, _, key, _ in self.param_slots]
 
     def load(self, values: dict[Key, torch.Tensor]) -> None:
         """Put ``values`` in the slots; the keys and shapes must be exactly the model's.
@@ -343,7 +342,7 @@ def param_marks(values: dict[Key, Any], keys: Sequence[Key]) -> dict[Key, tuple[
     params are constants of the methods' transforms, so those are seen).
     """
     if torch._C._functorch.peek_interpreter_stack() is None:  # (no transform: nothing is wrapped)
-        return {key: (values[key]._version, values[key].data_ptr()) for key in keys}
+        return {key: _mark(values[key]) for key in keys}
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return {key: _mark(values[key]) for key in keys
             if isinstance(values[key], torch.Tensor) and not wrapped(values[key])}

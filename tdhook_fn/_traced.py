@@ -16,7 +16,16 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from ._params import Key
 from ._paths import resolve_path
-from ._shadow import HOOK_DICTS, Shadow, _lock, private_buffer, raise_key_mismatch, raise_shape_mismatch, shape_mismatch
+from ._shadow import (
+    GLOBAL_HOOK_DICTS,
+    HOOK_DICTS,
+    Shadow,
+    _lock,
+    private_buffer,
+    raise_key_mismatch,
+    raise_shape_mismatch,
+    shape_mismatch,
+)
 from ._taps import Captured, Tap
 
 __all__ = ["run_traced", "trace_constant"]
@@ -53,8 +62,8 @@ __all__ = ["run_traced", "trace_constant"]
 #   a shared tensor as an input, and a shared object's attributes through the object;
 # - the attribute names of each module: one added (an instance ``forward``) re-traces;
 # - the keys and hooks (by id) of every hook dict of each module and of torch's global
-#   module hooks: the shadow holds a copy, so a hook added, removed or replaced re-traces. (torch does
-#   not guard its own modules' hooks: ``torch._dynamo.config.skip_nnmodule_hook_guards``.)
+#   module hooks: the shadow holds a copy, so a hook added, removed or replaced re-traces.
+#   (torch does not guard its own modules' hooks: ``skip_nnmodule_hook_guards``.)
 
 
 @dataclass(frozen=True)
@@ -89,9 +98,6 @@ def _is_setting(value: Any) -> bool:
     return _is_plain(value)
 
 
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")  # (the *_with_kwargs
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",  # and *_always_called ones share their keys)
-                 "_global_backward_hooks", "_global_backward_pre_hooks")
 # the shadow's own slots, and what only state_dict and load_state_dict read
 _UNGUARDED = frozenset({*HOOK_DICTS, "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
                         "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
@@ -108,8 +114,10 @@ def state_of(model: nn.Module) -> State:
     settings: list[tuple[int, str, Any]] = []
     identities: list[tuple[int, str, int]] = []
     hooks: list[tuple[int, str, tuple[Any, ...]]] = [(-1, name, _hook_ids(getattr(module_globals, name)))
-                                                      for name in _GLOBAL_HOOKS]
+                                                      for name in GLOBAL_HOOK_DICTS]
+    attributes: list[tuple[str, ...]] = []
     for i, module in enumerate(model.modules()):
+        attributes.append(tuple(vars(module)))
         for name, value in vars(module).items():
             if name in _UNGUARDED:
                 continue
@@ -117,8 +125,8 @@ def state_of(model: nn.Module) -> State:
                 settings.append((i, name, tuple(value) if isinstance(value, list) else value))
             else:
                 identities.append((i, name, id(value)))
-        hooks += [(i, name, _hook_ids(getattr(module, name))) for name in _HOOKS]
-    return tuple(settings), tuple(identities), tuple(hooks), tuple(tuple(vars(m)) for m in model.modules())
+        hooks += [(i, name, _hook_ids(getattr(module, name))) for name in HOOK_DICTS]
+    return tuple(settings), tuple(identities), tuple(hooks), tuple(attributes)
 
 
 _this = sys.modules[__name__]
