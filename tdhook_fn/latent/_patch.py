@@ -19,17 +19,6 @@ all runs of a chunk (``chunk_size`` runs, all by default) go through the model a
 
 Either way the result equals the loop of :func:`patch` calls up to float rounding, and
 ``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
-
-# NOTE [unchanged sites]
-A run whose clean selection equals the corrupted one bit for bit (``-0.0`` is not
-``0.0``) patches nothing: it *is* the corrupted run, and its metric is the corrupted
-run's. In a causal model every position before the first corrupted token is such a
-site, at every layer (half the grid for a corruption in the middle of the prompt). With
-``skip_unchanged`` (default), one forward of the corrupted inputs reads the activations
-and the metric (of all of ``f``'s outputs, its own taps' included), and only the other
-runs go through the model. The data decide which runs run, so this is done only
-outside transforms and where no gradient is asked for (there a no-op patch is not the
-corrupted run: its patched value depends on the params through the clean run).
 """
 
 from __future__ import annotations
@@ -43,13 +32,12 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional
 from .._modes import check_attribution_modes
 from .._taps import Tap
-from .._vjp import any_requires_grad, untransformed
+from .._vjp import untransformed
 from ._cache import cache
 from ._causal import CausalCut, causal_cut, check_agrees, share_before
 from ._run import (
     Edits,
     Metric,
-    Reads,
     Sources,
     activation_shapes,
     check_alike,
@@ -59,7 +47,8 @@ from ._run import (
     metric_values,
     resolve_runs,
 )
-from ._sites import Site, as_indices, as_sites
+from ._sites import Site, as_sites
+from ._unchanged import Group, group, may_skip, selection, unchanged, whole_sites
 
 __all__ = ["patch", "patching_sweep"]
 
@@ -208,29 +197,29 @@ def patching_sweep(
                             why=" (under vmap the runs cannot draw their own masks; batching='fold' can)")
     flat = corrupted.reshape(-1)
     chosen = resolve_runs("patching_sweep", f, params, flat, chosen)
-    modules = _modules(chosen)
+    modules = whole_sites(chosen)
     wholes = list(modules.values())
     full = flat_sources("patching_sweep", cache(f, params, clean, wholes), wholes, batch, "sources")
     corrupted_shapes = activation_shapes("patching_sweep", f, params, flat, wholes)
     for site in chosen:
-        whole = modules[_group(site)]
+        whole = modules[group(site)]
         site.check_index(full[whole.key])
         clean_shape, corrupted_shape = full[whole.key].shape, corrupted_shapes[whole.key][0]
         if batching == "fold":  # each run patches the site's selection only: those must agree
-            clean_shape = full[whole.key][_selection(site)].shape
-            corrupted_shape = torch.empty(corrupted_shape, device="meta")[_selection(site)].shape
+            clean_shape = full[whole.key][selection(site)].shape
+            corrupted_shape = torch.empty(corrupted_shape, device="meta")[selection(site)].shape
         check_alike("patching_sweep", site, clean_shape, corrupted_shape,  # vmap's masks span the whole activation
                     "" if batching == "fold" else "; or batching='fold', which patches only each site's selection")
     todo, values = list(range(len(chosen))), None
-    if skip_unchanged and _may_skip(params, clean, corrupted):
-        todo, values = _unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
+    if skip_unchanged and may_skip(params, clean, corrupted):
+        todo, values = unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
     runs = [chosen[k] for k in todo]
     size = chunk_size or max(len(runs), 1)
     chunks = [runs[start : start + size] for start in range(0, len(runs), size)]
     if causal and runs:
         parts = [_causal_runs(f, params, flat, runs, modules, full, metric, batch, size)]
     elif batching == "fold":
-        sources = {site.key: full[modules[_group(site)].key][_selection(site)] for site in runs}
+        sources = {site.key: full[modules[group(site)].key][selection(site)] for site in runs}
         parts = [_folded(f, params, flat, part, sources, metric, batch) for part in chunks]
     else:
         parts = [_mapped(f, params, flat, part, modules, full, _reader(metric, batch)) for part in chunks]
@@ -239,63 +228,6 @@ def patching_sweep(
     if parts:
         values[todo] = torch.cat(parts).to(values.dtype)
     return values
-
-
-def _selection(site: Site) -> tuple[Any, ...]:
-    return (slice(None), *as_indices(site.index))
-
-
-def _may_skip(*tds: TensorDictBase) -> bool:
-    """Whether the data may decide which runs run: eager, and no gradient asked for (NOTE [unchanged sites])."""
-    return untransformed() and not (torch.is_grad_enabled() and any_requires_grad(tds))
-
-
-def _unchanged(f: Functional, params: TensorDictBase, corrupted: TensorDictBase, chosen: Sequence[Site],
-               modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size,
-               ) -> tuple[list[int], torch.Tensor]:
-    """The runs that patch something, and every run's value with the unchanged ones filled in."""
-    wholes = list(modules.values())
-    reads = Reads("patching_sweep", wholes)
-    out = forward(f, params, corrupted.reshape(-1), reads.taps())  # all of f's outputs, as a patched run's
-    base = metric_values("patching_sweep", metric, out, batch)
-    mine = {whole.key: reads.get(whole) for whole in wholes}
-    todo = []
-    for k, site in enumerate(chosen):
-        key, where = modules[_group(site)].key, _selection(site)
-        if not _same_bits(full[key][where], mine[key][where]):
-            todo.append(k)
-    return todo, base.expand(len(chosen), *base.shape).clone()
-
-
-_AS_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit: ``-0.0`` and ``0.0`` differ (a patch that flips a zero's sign patches something)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point() and a.element_size() in _AS_INTEGERS:
-        as_int = _AS_INTEGERS[a.element_size()]
-        return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
-    return torch.equal(a, b)
-
-
-Group = tuple[str, str, int | None, int]
-
-
-def _group(site: Site) -> Group:
-    return (site.path, site.site, site.call, site.element)
-
-
-def _modules(sites: Sequence[Site]) -> dict[Group, Site]:
-    """A whole-activation site for each module (and element) the sites read."""
-    out: dict[Group, Site] = {}
-    for site in sites:
-        key = _group(site)
-        if key not in out:
-            out[key] = Site(site.path, element=site.element, site=site.site, call=site.call,
-                            key=f"_tdhook_fn_module_{len(out)}")
-    return out
 
 
 def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
@@ -315,13 +247,13 @@ def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: S
         runs = [cut.shifted(site, start) for site in runs]
     masks: dict[str, torch.Tensor] = {}
     for k, site in enumerate(runs):
-        whole = modules[_group(site)]
+        whole = modules[group(site)]
         clean = full[whole.key]
         if whole.key not in masks:
-            depth = max(len(s.index) for s in runs if _group(s) == _group(site))
+            depth = max(len(s.index) for s in runs if group(s) == group(site))
             shape = [clean.shape[d + 1] if d < depth else 1 for d in range(clean.dim() - 1)]
             masks[whole.key] = torch.zeros(len(runs), 1, *shape, dtype=torch.bool, device=clean.device)
-        masks[whole.key][k][(slice(None), *as_indices(site.index))] = True
+        masks[whole.key][k][selection(site)] = True
     chunk_modules = [m for m in modules.values() if m.key in masks]
 
     def one_run(mask: dict[str, torch.Tensor]) -> Any:
@@ -336,7 +268,7 @@ def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, ru
                  size: int) -> torch.Tensor:
     """Each run's metric (in order), a run cut to the positions from its first patch on (NOTE [causal sweeps])."""
     cut = causal_cut(f, params, flat)
-    starts = [cut.start(site, full[modules[_group(site)].key]) for site in runs]
+    starts = [cut.start(site, full[modules[group(site)].key]) for site in runs]
     last = max(range(len(runs)), key=starts.__getitem__)
     if starts[last]:  # the claim that the model is causal, tested on the run that leans on it most
         whole = _mapped(f, params, flat, [runs[last]], modules, full, _outputs)
@@ -358,7 +290,7 @@ def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, 
     """
     by_module: dict[Group, list[int]] = {}
     for k, site in enumerate(runs):
-        by_module.setdefault(_group(site), []).append(k)
+        by_module.setdefault(group(site), []).append(k)
     chunks = []
     for members in by_module.values():
         members.sort(key=starts.__getitem__)
@@ -391,7 +323,7 @@ def _folded(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: S
     n = flat.batch_size[0]
     groups: dict[Group, list[tuple[int, Site]]] = {}
     for k, site in enumerate(runs):  # one tap per module: all its runs in one write
-        groups.setdefault(_group(site), []).append((k, site))
+        groups.setdefault(group(site), []).append((k, site))
     taps = [_runs_tap(members, sources, len(runs), n) for members in groups.values()]
     out = forward(f, params, flat.expand(len(runs), n).reshape(-1), taps)
     return metric_values("patching_sweep", metric, out, (len(runs), *batch))
@@ -406,7 +338,7 @@ def _runs_tap(members: list[tuple[int, Site]], sources: dict[str, Any], runs: in
         patched = tensor.clone()
         by_run = patched.view(runs, n, *tensor.shape[1:])
         for k, site in members:
-            by_run[k][(slice(None), *as_indices(site.index))] = sources[site.key].to(tensor.dtype)
+            by_run[k][selection(site)] = sources[site.key].to(tensor.dtype)
         return first.with_element(value, patched)
 
     return Tap(first.path, "intervene", replace, first.site, call=first.call)
