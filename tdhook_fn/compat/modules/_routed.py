@@ -94,9 +94,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return resolve_path(self.td_module, self._extra_relative_path)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        transformed = self._transformed()
-        overrides = None if transformed is None else replaced(*transformed, self._prefix())
-        return route(self.td_module, lambda root: root(*args, **kwargs), overrides=overrides)
+        return route(self.td_module, lambda root: root(*args, **kwargs), overrides=self.overrides(self._prefix()))
 
     def forward_with_params(self, params: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
         """:meth:`forward` with ``params`` in place of the model's own tensors.
@@ -119,13 +117,13 @@ class RoutedModule(TensorDictModuleWrapper):
         transformed = self._transformed(detach=detach)
         return params_of(self.model, detach=detach) if transformed is None else transformed[1]
 
-    def overrides(self) -> dict[tuple[str, ...], Any] | None:
-        """What the active params transforms replace, keyed from :attr:`model`, for a live call of it.
+    def overrides(self, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any] | None:
+        """What the active params transforms replace, for a live call: keyed from :attr:`model`, after ``prefix``.
 
         ``None`` when no transform applies (see NOTE [params transforms]).
         """
         transformed = self._transformed()
-        return None if transformed is None else replaced(*transformed)
+        return None if transformed is None else replaced(*transformed, prefix)
 
     def _transformed(self, *, detach: bool = False) -> tuple[TensorDictBase, TensorDictBase] | None:
         """``(params, after every transform)``, or ``None`` when no transform applies."""
