@@ -60,11 +60,13 @@ class Source:
         return start, min(start + self.batch_size, self.length)
 
     def read(self, index: int) -> tuple[TensorDict, str]:
-        """Batch ``index`` as a TensorDict in ordinary memory, batch size ``[n]``, and the digest of its samples."""
+        """Batch ``index`` as a TensorDict in ordinary memory, batch size ``[n]``, and the digest of its samples.
+
+        A TensorDict's rows are all in the job's description already: no digest per batch.
+        """
         start, stop = self.bounds(index)
         if not self.lazy:
-            batch = self.dataset[start:stop].to_tensordict()
-            return batch, _digest(index, [batch])
+            return self.dataset[start:stop].to_tensordict(), _IN_THE_JOB
         items = [self._item(i) for i in range(start, stop)]
         stacked: TensorDictBase = TensorDict.maybe_dense_stack(items)
         return stacked.to_tensordict(), _digest(index, items)
@@ -73,7 +75,7 @@ class Source:
         """The digest :meth:`read` gives for batch ``index``, without stacking the batch."""
         start, stop = self.bounds(index)
         if not self.lazy:
-            return self.read(index)[1]
+            return _IN_THE_JOB
         return _digest(index, [self._item(i) for i in range(start, stop)])
 
     def describe(self) -> Json:
@@ -92,6 +94,9 @@ class Source:
             return TensorDict(dict(item), batch_size=[])
         raise TypeError(f"attribute: dataset[{i}] is a {type(item).__name__}; the items of a Dataset must be "
                         f"TensorDicts or dicts of tensors, e.g. {{'input': x, 'label': y}}")
+
+
+_IN_THE_JOB = "in the job"  # what a TensorDict's batches record (describe digests every row)
 
 
 def _digest(index: int, parts: list[TensorDictBase]) -> str:
