@@ -155,16 +155,17 @@ class RoutedModule(TensorDictModuleWrapper):
         that only replace values (``set``) compose with transforms; backward hooks
         (``*_grad``) fire under ``torch.autograd`` only.
 
-        Raises:
-            ValueError: the context's ``in_keys`` map keys to keyword arguments.
+        ``in_keys`` given as a dict (keyword inputs, e.g. a Hugging Face model's
+        ``attention_mask``) pass each key as the keyword the context's TensorDictModule
+        passes it as.
         """
         model, wrapper = self.model, self.td_module
         if model is wrapper:
             f = functional(model)
         else:
-            if getattr(wrapper, "_kwargs", None):
-                raise ValueError("functional: in_keys given as a dict (keyword arguments) are not supported")
-            f = functional(model, list(wrapper.in_keys), list(wrapper.out_keys))
+            keywords = getattr(wrapper, "_kwargs", None)  # tensordict's keyword names, in in_keys order
+            in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
+            f = functional(model, in_keys, list(wrapper.out_keys))
         return f.with_taps(*self.taps())
 
     def _prefix(self) -> tuple[str, ...]:
