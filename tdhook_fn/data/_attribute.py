@@ -187,18 +187,17 @@ def _plan(out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDic
           resume: bool, overwrite: bool) -> dict[str, Any]:
     """Claim ``out_dir``, lay it out if new, and list the batches to do and the recorded ones to check."""
     state = out.claim(job, overwrite)
-    if state == "complete":
-        return {"pending": [], "recorded": sorted(out.done())}
-    if state == "partial" and not resume:
-        raise FileExistsError(f"attribute: out_dir {str(out.path)!r} holds an unfinished run of this job and "
-                              f"resume=False; pass resume=True to finish it or overwrite=True to start again")
     recorded = sorted(out.done())
     if state == "new":  # batch 0 gives the layout's shapes and dtypes, and is kept
         batch, digest = source.read(0)
         first = run_batch(batch)
         out.lay_out(job, first[:1], source.length)
         _write(out, out.result(), source, 0, first, digest)
-    return {"pending": sorted(set(range(source.n_batches)) - out.done()), "recorded": recorded}
+    pending = sorted(set(range(source.n_batches)) - out.done())  # a finished run's records may have gone since
+    if state != "new" and pending and not resume:
+        raise FileExistsError(f"attribute: out_dir {str(out.path)!r} holds an unfinished run of this job and "
+                              f"resume=False; pass resume=True to finish it or overwrite=True to start again")
+    return {"pending": pending, "recorded": recorded}
 
 
 # NOTE [checked out_dir]

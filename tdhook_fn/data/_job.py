@@ -69,7 +69,8 @@ class OutDir:
         if entries and not self._ours(entries):
             raise FileExistsError(
                 f"attribute: out_dir {str(self.path)!r} is not empty and was not written by tdhook_fn.data.attribute "
-                f"(it has no {_JOB}); choose an empty or new directory. It is never deleted, even with overwrite=True")
+                f"(it has neither {LOCK} nor a job file of ours, {_JOB}); choose an empty or new directory. "
+                f"It is never deleted, even with overwrite=True")
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         self._remove_temporary()  # under the lock, no other process of ours writes here
@@ -87,6 +88,7 @@ class OutDir:
             return self._start(job)
         if not self._layout_intact(old.get("files")):
             return self._start(job)
+        (self.path / _DONE).mkdir(exist_ok=True)  # gone: every batch is redone
         return "complete" if (self.path / _COMPLETE).exists() else "partial"
 
     def release(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,11 @@ def _zero_a_middle_batch(out: Path) -> None:
     (lambda out: (out / "input.memmap").unlink(), N // BATCH),
     (_zero_a_middle_batch, 1),
     (lambda out: (out / "meta.json").unlink(), N // BATCH),  # the layout itself: laid out again
-], ids=["truncated", "deleted", "overwritten", "meta-deleted"])
+    (lambda out: (out / "_done" / "7").unlink(), 1),  # a record of a finished run
+    (lambda out: shutil.rmtree(out / "_done"), N // BATCH),
+    (lambda out: (out / "_done" / "7").write_text("3f2a"), 1),  # a record not ours
+], ids=["truncated", "deleted", "overwritten", "meta-deleted", "record-deleted", "records-deleted",
+        "record-unreadable"])
 def test_a_finished_out_dir_with_damaged_files_redoes_the_damaged_batches(job, tmp_path, damage, redone):
     method, calls = _counting(tmp_path / "calls")
     _run(job, tmp_path / "r", method)
