@@ -6,7 +6,10 @@ label, batches of 64, one intra-op thread per process:
 - one process: ``attribute`` (memmap, fsync and records per batch) against a hand-written
   loop that keeps every batch's map in memory and concatenates them, in the same run;
 - ``torchrun --nproc_per_node=2`` (gloo) against ``--nproc_per_node=1``, timed inside the
-  ranks from a barrier before the call to the end of ``attribute`` (start-up excluded).
+  ranks from a barrier before the call to the end of ``attribute`` (start-up excluded);
+- the checks of what is on disk: digesting each batch's rows as written (part of the run),
+  and returning the finished ``out_dir`` (file sizes, and every batch's rows digested again),
+  each as a share of the one-process run.
 
 ``python bench_data.py --rank-job OUT`` is the job each torchrun rank runs.
 """
@@ -33,6 +36,7 @@ from sklearn.datasets import load_digits
 import tdhook_fn
 import tdhook_fn.data
 from tdhook_fn.attribution import integrated_gradients
+from tdhook_fn.data._digest import rows_digest
 
 BATCH, STEPS = 64, 32
 
@@ -83,7 +87,7 @@ def main(rounds: int = 3) -> None:
     net = make_cnn()
     f, params, data = tdhook_fn.functional(net), tdhook_fn.params(net), digits()
     n = data.batch_size[0]
-    loop_times, ours_times = [], []
+    loop_times, ours_times, return_times, digest_times = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):  # interleaved, so that both see the same machine state
             start = time.perf_counter()
@@ -94,7 +98,16 @@ def main(rounds: int = 3) -> None:
                                            batch_size=BATCH, progress=False, **_kwargs())  # type: ignore[arg-type]
             ours_times.append(time.perf_counter() - start)
             torch.testing.assert_close(out["input"].clone(), reference, rtol=0, atol=0)
+            start = time.perf_counter()  # a finished out_dir: sizes checked, every batch's rows digested again
+            tdhook_fn.data.attribute(integrated_gradients, f, params, data, Path(tmp) / f"r{r}",
+                                     batch_size=BATCH, progress=False, **_kwargs())  # type: ignore[arg-type]
+            return_times.append(time.perf_counter() - start)
+            start = time.perf_counter()  # what digesting the rows as they are written costs the run
+            for i in range(0, n, BATCH):
+                rows_digest(out, i, min(i + BATCH, n))
+            digest_times.append(time.perf_counter() - start)
     loop, ours = statistics.median(loop_times), statistics.median(ours_times)
+    returning, digests = statistics.median(return_times), statistics.median(digest_times)
     one, two = _torchrun(1), _torchrun(2)
     print(f"\ndataset-scale IG ({n} digits, {STEPS} steps, batches of {BATCH}, 1 thread per process)")
     print(f"  {'variant':<44}{'seconds':>10}{'samples/s':>12}{'speed ratio':>14}")
@@ -104,6 +117,11 @@ def main(rounds: int = 3) -> None:
         print(f"  {label:<44}{seconds:>10.2f}{n / seconds:>12.0f}{base / seconds:>13.2f}x")
     print("  (speed ratio: the row's samples/s over the loop's, and for 2 ranks over 1 rank; targets >= 0.9x and "
           ">= 1.6x. The torchrun ranks run with OMP_NUM_THREADS=1, the in-process rows with torch.set_num_threads(1))")
+    print("\nchecking what is on disk, against the one-process run above")
+    print(f"  {'step':<60}{'seconds':>10}{'of the run':>12}")
+    print(f"  {'digesting every batch as written (inside the run)':<60}{digests:>10.4f}{digests / ours:>11.2%}")
+    print(f"  {'returning the finished out_dir (sizes, every digest again)':<60}{returning:>10.4f}"
+          f"{returning / ours:>11.2%}")
 
 
 if __name__ == "__main__":

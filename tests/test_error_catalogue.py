@@ -7,7 +7,11 @@ Rows are grouped in one list per area; append a new area's list to ``ROWS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -318,7 +322,71 @@ def _compat_grad_cam(dims: tuple[int, ...]) -> Any:
         return hooked(td)
 
 
-ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS]
+# ---------------------------------------------------------------- data (dataset runs into an out_dir)
+
+
+def _attribute_into(out: Path, **extra: Any) -> Any:
+    import tdhook_fn.data
+
+    return tdhook_fn.data.attribute(attribution.saliency, tiny_f(), tiny_params(), _DATA, out,
+                                    **{"batch_size": 2, "target": 0, "progress": False, **extra})
+
+
+_DATA = TensorDict(input=torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), batch_size=[5])
+
+
+def _in_an_out_dir(prepare: Callable[[Path], Any], **extra: Any) -> Any:
+    """Run into a fresh out_dir once, ``prepare`` it (a context entered around the second run), run again."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        _attribute_into(out)
+        with prepare(out):
+            return _attribute_into(out, **extra)
+
+
+@contextlib.contextmanager
+def _held(out: Path) -> Iterator[None]:
+    from tdhook_fn.data._lock import DirLock
+
+    lock = DirLock(out)  # a second open file: its flock excludes this process's run as another process's would
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _corrupt_job(out: Path) -> Any:
+    (out / "_job.json").write_text("{")
+    return contextlib.nullcontext()
+
+
+def _zero_rows(out: Path) -> Any:
+    with open(out / "input.memmap", "r+b") as fh:
+        fh.write(bytes(8))
+    return contextlib.nullcontext()
+
+
+def _not_ours() -> Any:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "notes.txt").write_text("mine")
+        return _attribute_into(Path(tmp), overwrite=True)
+
+
+DATA_ROWS: list[Row] = [
+    ("data-out-dir-in-use", lambda: _in_an_out_dir(_held),
+     RuntimeError, ("out_dir", "in use by process", str(os.getpid()), "wait", "another out_dir")),
+    ("data-corrupt-job-file", lambda: _in_an_out_dir(_corrupt_job),
+     ValueError, ("cannot read", "_job.json", "overwrite=True")),
+    ("data-damaged-rows-resume-false", lambda: _in_an_out_dir(_zero_rows, resume=False),
+     FileExistsError, ("batches [0]", "damaged", "resume=True", "overwrite=True")),
+    ("data-another-job", lambda: _in_an_out_dir(lambda out: contextlib.nullcontext(), batch_size=3),
+     ValueError, ("holds another job", "batch_size", "overwrite=True")),
+    ("data-directory-not-ours", _not_ours, FileExistsError, ("not written by", "never deleted")),
+]
+
+
+ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, cast
@@ -9,7 +10,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._digest import tensor_digest
+from ._digest import rows_digest, tensor_digest
 from ._fingerprint import Json, fingerprint
 from ._job import OutDir, differences
 from ._progress import progress_bar
@@ -19,6 +20,7 @@ from ._world import World, joined
 __all__ = ["attribute"]
 
 Method = Callable[..., TensorDictBase]
+logger = logging.getLogger("tdhook_fn.data")
 
 
 def attribute(
@@ -51,6 +53,12 @@ def attribute(
     ``Dataset``'s batches are digested as they are read, and resuming or returning an
     ``out_dir`` reads its recorded batches again and refuses one that changed.
 
+    Before an ``out_dir`` is resumed or returned, what is on disk is checked: the size of
+    every result file, and each recorded batch's rows against a digest taken when they were
+    written. Rows lost or damaged since (a truncated or deleted file) are redone, never
+    returned. One process at a time works in an ``out_dir``: another is refused, naming the
+    pid and host of the one there (whose lock goes when it exits, even if killed).
+
     Under ``torchrun`` (a ``torch.distributed`` process group, started here from
     torchrun's environment if the script has not), each rank takes a disjoint,
     deterministic share of the batches still to do and writes its rows into the same
@@ -70,9 +78,12 @@ def attribute(
         batch_size: samples per batch (the unit of work and of resuming).
         resume: ``False`` refuses to continue a partial ``out_dir`` (a finished one is
             still returned).
-        overwrite: delete an ``out_dir`` of another job (or this one) and start again.
-            A non-empty directory this function did not write is never deleted.
-        progress: a progress bar on rank 0 (needs ``tqdm``; shown on a terminal only).
+        overwrite: delete an ``out_dir`` of another job (or this one, partial or
+            corrupt) and start again. A non-empty directory this function did not write
+            is never deleted.
+        progress: progress on rank 0: a ``tqdm`` bar on a terminal, elsewhere (Slurm,
+            nohup, CI) a line on the ``tdhook_fn.data`` logger at most every 10 seconds
+            and one at the end (on stderr while ``logging`` is not configured).
         **method_kwargs: passed to the method; ``baselines`` may also be a callable of
             the batch, called per batch.
 
@@ -101,25 +112,41 @@ def attribute(
     per_target = bool(method_kwargs.get("per_target", False))
     run_batch = _batch_runner(method, f, params, method_kwargs, per_target)
     job = _job(method, f, params, source, method_kwargs)
+    out = OutDir(out_dir)
     with joined() as world:
-        return _run(world, OutDir(out_dir), job, source, run_batch, resume, overwrite, progress)
+        try:
+            return _run(world, out, job, source, run_batch, resume, overwrite, progress)
+        finally:
+            out.release()
 
 
 def _run(world: World, out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDict], TensorDictBase],
          resume: bool, overwrite: bool, progress: bool) -> TensorDict:
     plan = _shared_plan(world, out, job, source, run_batch, resume, overwrite)
-    _check_recorded(world, out, source, plan["check"])
-    mine = world.share(plan["pending"])
+    damaged = _check_recorded(world, out, source, plan["recorded"])
+    if damaged:
+        if not resume:
+            raise FileExistsError(
+                f"attribute: out_dir {str(out.path)!r} holds batches {damaged[:10]} whose rows on disk are damaged "
+                f"(they differ from what was written) and resume=False; pass resume=True to redo them or "
+                f"overwrite=True to start again")
+        if world.rank == 0:
+            logger.warning("attribute: out_dir %r: the rows of batches %s differ from what was written; redoing them",
+                           str(out.path), damaged[:10])
+            out.forget(damaged)
+        world.barrier()  # forgotten before any rank records them again
+    pending = sorted(plan["pending"] + damaged)
+    mine = world.share(pending)
     if mine:
         result = out.result()
-        pending = sum(_size(source, i) for i in plan["pending"])
-        with progress_bar(source.length, source.length - pending, enabled=progress and world.rank == 0) as bar:
+        left = sum(_size(source, i) for i in pending)
+        with progress_bar(source.length, source.length - left, enabled=progress and world.rank == 0) as bar:
             for index in mine:
                 batch, digest = source.read(index)
                 _write(out, result, source, index, run_batch(batch), digest)
                 bar.update(_size(source, index) * world.size)
     world.barrier()
-    if world.rank == 0 and plan["pending"]:
+    if world.rank == 0 and pending:
         missing = sorted(set(range(source.n_batches)) - out.done())
         if missing:
             raise RuntimeError(f"attribute: batches {missing[:10]} of {str(out.path)!r} were not recorded; run again")
@@ -160,32 +187,50 @@ def _plan(out: OutDir, job: Json, source: Source, run_batch: Callable[[TensorDic
           resume: bool, overwrite: bool) -> dict[str, Any]:
     """Claim ``out_dir``, lay it out if new, and list the batches to do and the recorded ones to check."""
     state = out.claim(job, overwrite)
-    check = sorted(out.done()) if source.lazy else []  # a TensorDict's rows are all in the job
-    if state == "complete":
-        return {"pending": [], "check": check}
-    if state == "partial" and not resume:
-        raise FileExistsError(f"attribute: out_dir {str(out.path)!r} holds an unfinished run of this job and "
-                              f"resume=False; pass resume=True to finish it or overwrite=True to start again")
+    recorded = sorted(out.done())
     if state == "new":  # batch 0 gives the layout's shapes and dtypes, and is kept
         batch, digest = source.read(0)
         first = run_batch(batch)
         out.lay_out(job, first[:1], source.length)
         _write(out, out.result(), source, 0, first, digest)
-    return {"pending": sorted(set(range(source.n_batches)) - out.done()), "check": check}
+    pending = sorted(set(range(source.n_batches)) - out.done())  # a finished run's records may have gone since
+    if state != "new" and pending and not resume:
+        raise FileExistsError(f"attribute: out_dir {str(out.path)!r} holds an unfinished run of this job and "
+                              f"resume=False; pass resume=True to finish it or overwrite=True to start again")
+    return {"pending": pending, "recorded": recorded}
 
 
-def _check_recorded(world: World, out: OutDir, source: Source, recorded: list[int]) -> None:
-    """Read the recorded batches again, a share per rank; one read otherwise than recorded is refused on every rank."""
+# NOTE [checked out_dir]
+# What is on disk is checked before an out_dir is resumed or returned, so that rows lost
+# or damaged since they were written (a truncated or deleted file, a full disk) are never
+# returned as results. Rank 0 compares every result file's size with the size recorded at
+# the layout (a stat per file; OutDir.claim), and every recorded batch's rows are digested
+# again, a share per rank, against the digest computed when they were written: a batch
+# that differs is redone (or, with resume=False, refused). Reading and hashing the rows
+# costs a small fraction of attributing them (benchmarks/bench_data.py measures it).
+def _check_recorded(world: World, out: OutDir, source: Source, recorded: list[int]) -> list[int]:
+    """The recorded batches whose rows are damaged, on every rank; a batch of a changed dataset raises on every rank."""
     if not recorded:  # the same plan on every rank: all return here, or none
-        return
-    changed = next((i for i in world.share(recorded) if source.digest(i) != out.digest(i)), None)
-    found = [i for i in world.gather(changed) if i is not None]
-    if found:
-        start, stop = source.bounds(min(found))
+        return []
+    result = out.result()
+    changed: int | None = None
+    damaged: list[int] = []
+    for index in world.share(recorded):
+        record = out.recorded(index)
+        if record is not None and source.lazy and source.digest(index) != record["samples"]:
+            changed = index
+            break
+        if record is None or rows_digest(result, *source.bounds(index)) != record["rows"]:
+            damaged.append(index)
+    found = world.gather((changed, damaged))
+    changes = [c for c, _ in found if c is not None]
+    if changes:
+        start, stop = source.bounds(min(changes))
         raise ValueError(
-            f"attribute: batch {min(found)} (samples {start} to {stop - 1}) of the dataset differs from the one "
+            f"attribute: batch {min(changes)} (samples {start} to {stop - 1}) of the dataset differs from the one "
             f"recorded in out_dir {str(out.path)!r}: a sample or the order changed since, so the rows there are "
             f"another dataset's. Use a new out_dir, or delete the old one (overwrite=True) to start again")
+    return sorted(i for _, some in found for i in some)
 
 
 def _batch_runner(method: Method, f: Any, params: TensorDictBase, kwargs: dict[str, Any],
@@ -232,7 +277,7 @@ def _described(what: str, value: object) -> Json:
 def _write(out: OutDir, result: TensorDict, source: Source, index: int, rows: TensorDictBase, digest: str) -> None:
     start, stop = source.bounds(index)
     result[start:stop] = rows
-    out.record(result, index, digest)
+    out.record(result, index, digest, rows_digest(result, start, stop))
 
 
 def _size(source: Source, index: int) -> int:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import cast
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 
-__all__ = ["array_digest", "tensor_digest"]
+__all__ = ["array_digest", "rows_digest", "tensor_digest"]
 
 _SLAB_BYTES = 1 << 24
 
@@ -37,4 +39,12 @@ def array_digest(a: np.ndarray) -> str:
     h = hashlib.sha256(f"{a.dtype.str}{a.dtype}{a.shape}".encode())
     if a.size:
         h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
+
+
+def rows_digest(result: TensorDictBase, start: int, stop: int) -> str:
+    """The SHA-256 of rows ``start:stop`` of every leaf of ``result``, by key (NOTE [checked out_dir])."""
+    h = hashlib.sha256()
+    for key, leaf in sorted(result.items(True, True), key=lambda item: str(item[0])):
+        h.update(f"{key}:{tensor_digest(cast(torch.Tensor, leaf)[start:stop])};".encode())
     return h.hexdigest()

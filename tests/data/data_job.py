@@ -72,10 +72,10 @@ _record = _job.OutDir.record
 RECORDS = [0]  # read by killing_record only, which is no part of the job
 
 
-def killing_record(self, result, index, digest):  # type: ignore[no-untyped-def]
+def killing_record(self, result, index, *digests):  # type: ignore[no-untyped-def]
     RECORDS[0] += 1
     _kill_here("record", RECORDS[0])
-    _record(self, result, index, digest)
+    _record(self, result, index, *digests)
 
 
 def main(out_dir: str, calls_dir: str) -> None:
