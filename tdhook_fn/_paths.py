@@ -9,32 +9,36 @@ A path names something reachable from a root module, in the syntax of tdhook's
 # NOTE [safe paths]
 tdhook 0.1.3 hands these strings to ``eval``, so a path can run arbitrary code. Here a
 path is scanned into steps (attribute, item, call) whose operands are Python literals
-read by ``ast.literal_eval``, and resolving a path never changes the model:
+read by ``ast.literal_eval``, and resolving a path never changes the model, nor reaches
+past the model's modules:
 
 - Dunder names are refused. Paths longer than 10,000 characters are refused before
   they are parsed.
 - A call must directly follow a name (``fn(0)``, ``<fn>(0)``); calling the result of an
   item or of another call (``[0](1)``, ``fn(0)(1)``) is refused, as its name cannot be
   checked.
-- A call is refused by the *name* it calls, overridden or not, when that name is part of
-  an API that can change a model: anything defined on ``torch.nn.Module`` and its
-  containers, the module classes of ``torch.nn`` and ``tensordict.nn``, ``torch.Tensor``,
-  ``tensordict.TensorDictBase``, and transformers' ``PreTrainedModel`` and
-  ``GenerationMixin`` once transformers is imported (we never import it); and any name
-  ending in ``_``. So a user class overriding ``train`` cannot be switched to eval by
-  ``"train(False)"``, nor a TensorDictModule re-initialised by
-  ``"reset_parameters_recursive()"``. The read-only lookups ``get_submodule``,
-  ``get_parameter`` and ``get_buffer`` stay callable. By name, not by where the function
-  is defined: an override lives in user code and calls the library's version, and
-  tensordict's and transformers' methods are not torch's, so a check of ``__module__``
-  lets both through. See ``_path_calls.py``.
-- The whole path is parsed and every call name checked *before* the first step is
-  applied, so a refused call anywhere in a path means nothing in it ran. When a call is
-  made, the object must be a Python function or method (no builtins, no classes), whose
-  own name passes the rule and which is not defined in torch, tensordict or transformers
-  (an alias such as ``self.fn = self.train`` is refused there).
+- Calls follow an allow-list (NOTE [path calls] in ``_path_calls.py``): a path calls only
+  ``get_submodule``, ``get_parameter``, ``get_buffer`` and methods the user's own
+  ``nn.Module`` classes define, on an ``nn.Module``; never a method of torch's,
+  tensordict's, transformers' or another installed library's code (``train``, ``to``,
+  ``ModuleList.pop``, ``reset_parameters_recursive``), also where a class overrides it,
+  and never a method of an object that is not a module (``checkpoint.unlink()``,
+  ``log.setLevel(50)``, ``rng.seed(3)``). Every call is checked before it runs, the first
+  in full and the later ones by name before any call runs.
+- Attribute and item steps call nothing a path could not (NOTE [path access]).
 - Parses are cached (``_path_cache.py``): at most 4,096 paths and 1 MiB of paths, steps
   and literals together, least recently used out first. Failed parses are not cached.
+
+# NOTE [path access]
+An attribute step reads attributes of ``nn.Module`` objects only: torch's lookup reads
+the module's own dictionaries, a property of the user's class is user code, and the
+properties of library module classes only read (``device``, ``dtype``). Attributes of
+anything else are refused (``"checkpoint.parent"``, ``"weight.data"``): an arbitrary
+object's ``__getattr__`` or property may run any code, and tdhook's documented paths only
+walk modules. An item step indexes an ``nn.Module`` (torch's containers, or the user's own
+``__getitem__``) or a plain ``list``, ``tuple``, ``dict`` or ``OrderedDict`` (exactly these
+types, whose indexing runs no Python code; a ``defaultdict`` would insert a missing key);
+anything else, tensors included, is refused.
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ import copy
 import difflib
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from ._path_cache import ParseCache
-from ._path_calls import call_refusal, callable_refusal
+from ._path_calls import CallRefused, call_refusal, checked_method, later_call_refusal
 
 __all__ = ["Attr", "Call", "Item", "PathError", "Step", "parse_path", "path_to_name", "resolve_path"]
 
@@ -276,14 +281,21 @@ def _nearest(obj: Any, wanted: Any) -> str:
     return f"{type(obj).__name__} has no {wanted!r} ({hint})"
 
 
-def _check_calls(path: str, steps: tuple[Step, ...]) -> None:
-    """Refuse the path if any of its calls is refused by name; nothing has run yet."""
-    for i, step in enumerate(steps):
-        if isinstance(step, Call):
-            name = _called_name(steps, i)
-            why = call_refusal(name)
-            if why is not None:
-                raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
+def _check_calls(path: str, root: Any, steps: tuple[Step, ...]) -> frozenset[int]:
+    """The indices of the call steps, after refusing the path if any call is refused before
+    anything runs: by the name rule, and for a later call by the model's classes (NOTE [path calls])."""
+    calls = [i for i, step in enumerate(steps) if isinstance(step, Call)]
+    for i in calls:
+        name = _called_name(steps, i)
+        why = call_refusal(name)
+        if why is not None:
+            raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
+    for i in calls[1:]:
+        name = _called_name(steps, i)
+        why = later_call_refusal(root, name)
+        if why is not None:
+            raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
+    return frozenset(calls)
 
 
 def _called_name(steps: tuple[Step, ...], i: int) -> str:
@@ -293,22 +305,46 @@ def _called_name(steps: tuple[Step, ...], i: int) -> str:
     return before.name
 
 
-def _apply(path: str, obj: Any, steps: tuple[Step, ...], i: int) -> Any:
-    step = steps[i]
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+_CONTAINERS = (list, tuple, dict, OrderedDict)  # exact types: their indexing runs no Python code
+
+
+def _access(path: str, obj: Any, step: Attr | Item) -> Any:
+    """One attribute or item step, where NOTE [path access] allows it."""
     if isinstance(step, Attr):
+        if not isinstance(obj, nn.Module):
+            raise _error(
+                path,
+                f"{step.name!r} is an attribute of a {_type_name(obj)}, and paths read attributes "
+                "of nn.Module objects only (another object's attributes may run its code)",
+            )
         try:
             return getattr(obj, step.name)
         except AttributeError:
             raise _error(path, _nearest(obj, step.name)) from None
-    if isinstance(step, Item):
-        try:
-            return obj[_fresh(step.key)]
-        except (IndexError, KeyError, TypeError) as e:
-            raise _error(path, f"{_nearest(obj, step.key)}; {type(e).__name__}: {e}") from None
-    why = callable_refusal(obj)
-    if why is not None:
-        raise _error(path, f"calling {_called_name(steps, i)!r} is not allowed in a path: {why}")
-    return obj(*_fresh(step.args), **_fresh(dict(step.kwargs)))
+    if not (isinstance(obj, nn.Module) or type(obj) in _CONTAINERS):
+        raise _error(
+            path,
+            f"indexing a {_type_name(obj)} with {step.key!r} is not allowed in a path: paths index "
+            "nn.Module objects and plain lists, tuples and dicts only",
+        )
+    try:
+        return obj[_fresh(step.key)]
+    except (IndexError, KeyError, TypeError) as e:
+        raise _error(path, f"{_nearest(obj, step.key)}; {type(e).__name__}: {e}") from None
+
+
+def _call(path: str, obj: Any, name: str, call: Call) -> Any:
+    """``obj.name(*args, **kwargs)``, where NOTE [path calls] allows it."""
+    try:
+        method = checked_method(obj, name)
+    except CallRefused as e:
+        raise _error(path, f"calling {name!r} is not allowed in a path: {e}") from None
+    return method(*_fresh(call.args), **_fresh(dict(call.kwargs)))
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
@@ -331,9 +367,11 @@ def _fresh(value: Any) -> Any:
 def resolve_path(root: nn.Module, path: str) -> Any:
     """Follow ``path`` from ``root`` without evaluating it, and without changing ``root``.
 
-    The whole path is parsed and its calls checked before the first step is taken (see
-    NOTE [safe paths]): a path may call only your own methods (``"fn(0)"``) and
-    ``get_submodule``, ``get_parameter``, ``get_buffer``.
+    The whole path is parsed and its calls checked before the first call runs (see
+    NOTE [safe paths]): a path may call only methods your own ``nn.Module`` classes
+    define (``"fn(0)"``) and ``get_submodule``, ``get_parameter``, ``get_buffer``, on a
+    module; it reads attributes of modules only, and indexes modules, lists, tuples and
+    dicts only.
 
     Args:
         root (nn.Module): where the path starts.
@@ -343,9 +381,9 @@ def resolve_path(root: nn.Module, path: str) -> Any:
         Any: the object the path names, usually a submodule.
 
     Raises:
-        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls
-            something it may not, or does not resolve; the message names the path and
-            the nearest existing names, or the refused method and why.
+        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls,
+            reads or indexes something it may not, or does not resolve; the message names
+            the path and the nearest existing names, or the refused step and why.
 
     >>> from torch import nn
     >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
@@ -353,11 +391,26 @@ def resolve_path(root: nn.Module, path: str) -> Any:
     True
     """
     steps = parse_path(path)
-    _check_calls(path, steps)
+    last_call = max(_check_calls(path, root, steps), default=-1)
     obj: Any = root
-    for i in range(len(steps)):
+    i = 0
+    while i < len(steps):
+        step, following = steps[i], steps[i + 1] if i + 1 < len(steps) else None
         try:
-            obj = _apply(path, obj, steps, i)
+            if isinstance(step, Attr) and isinstance(following, Call):
+                obj = _call(path, obj, step.name, following)
+                i += 2
+                if i <= last_call and not isinstance(obj, nn.Module):
+                    raise _error(
+                        path,
+                        f"{step.name!r} returned a {_type_name(obj)}, not an nn.Module, and a later call "
+                        "of the path needs a module to call a method of",
+                    )
+            elif isinstance(step, Call):  # steps come from _parse_steps, which prevents this
+                raise AssertionError(f"call step {i} does not follow a name")
+            else:
+                obj = _access(path, obj, step)
+                i += 1
         except PathError:
             raise
         except Exception as e:  # a user method or property failed: still a bad path
