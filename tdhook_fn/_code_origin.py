@@ -5,12 +5,16 @@ A submodule path may call a method only where the user wrote it (NOTE [path call
 ``_path_calls.py``). A function is *library code* when, after ``functools.wraps``
 wrappers are unwrapped (``torch.no_grad`` on a user method leaves it the user's), either
 
-- its module's top-level package is torch, tensordict, transformers, tdhook, tdhook_fn
-  (also from a source checkout, where no ``site-packages`` is in the path) or a standard
-  library module (``sys.stdlib_module_names``), or
-- its source file (or, for generated code such as ``<string>``, its module's file) lies
-  in a ``site-packages`` or ``dist-packages`` directory, or under the interpreter's
-  standard library or installation directories (``sysconfig``).
+- its module's top-level package is torch, tensordict, transformers, tdhook or tdhook_fn
+  (also from a source checkout, where no ``site-packages`` is in the path), or
+- its source file (for generated or frozen code such as ``<string>``, its module's file)
+  lies in a ``site-packages`` or ``dist-packages`` directory, or under the interpreter's
+  standard library or installation directories (``sysconfig``), or
+- it has no source file and its module is a standard library module (frozen or built in).
+
+Files decide, not module names: a user's own ``test.py`` or ``code.py`` is user code
+although the standard library has modules of those names. Code of ``__main__`` without a
+file (a REPL, ``python -c``) is user code.
 
 Everything else is user code: scripts, notebooks, the user's packages in a source tree or
 an editable install, and this project's tests. A user package installed into
@@ -60,12 +64,13 @@ def library_of(func: Any) -> str | None:
         inner = func
     module = getattr(inner, "__module__", None) or ""
     top = module.partition(".")[0]
-    if top in _LIBRARY_PACKAGES or top in sys.stdlib_module_names:
+    if top in _LIBRARY_PACKAGES:
         return module
     code = getattr(inner, "__code__", None)
     filename = getattr(code, "co_filename", "") or ""
-    if not filename or filename.startswith("<"):  # generated code: where its module lives
+    if filename.startswith("<") and module != "__main__":  # generated or frozen code: where its module lives
         filename = getattr(sys.modules.get(module), "__file__", None) or ""
-    if filename and _installed_file(filename):
-        return module or filename
-    return None
+    if filename and not filename.startswith("<"):
+        return (module or filename) if _installed_file(filename) else None
+    # no source file: a frozen or built-in standard library module, or the user's REPL
+    return module if top in sys.stdlib_module_names else None

@@ -195,8 +195,8 @@ def _decide(cls: type, name: str, found: tuple[type, Any] | None) -> str | None:
     library = library_of(func)
     if library is not None:
         return (
-            f"{func.__qualname__!r} is defined in {library}, installed library code, "
-            f"not by your own module class; {_ALLOWED_HINT}"
+            f"{func.__qualname__!r} is library code (defined in {library}), not a method your own "
+            f"module class defines; {_ALLOWED_HINT}"
         )
     return None
 

@@ -366,7 +366,7 @@ PATHS_ROWS: list[Row] = [
     ("paths-attribute-set-on-the-instance", lambda: _resolve_in_holding("show('x')"),
      tdhook_fn.PathError, ("'show'", "set on this _Holding", "not a method its class defines")),
     ("paths-inherited-library-method", lambda: tdhook_fn.resolve_path(_WithFilters(), "addFilter('x')"),
-     tdhook_fn.PathError, ("'addFilter'", "defined in logging", "installed library code", "your own methods")),
+     tdhook_fn.PathError, ("'addFilter'", "is library code", "defined in logging", "your own methods")),
 ]
 
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
 from torch import nn
 
 import tdhook_fn
@@ -22,6 +23,7 @@ from tdhook_fn._paths import PathError, resolve_path
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.hooks import resolve_submodule_path
 from tdhook_fn.compat.latent import ActivationPatching
+from tdhook_fn.compat.modules import HookedModule
 
 
 class Helper:
@@ -207,7 +209,7 @@ class Mixed(nn.Module, logging.Filterer):
 )
 def test_methods_inherited_from_other_libraries_are_refused(path, fragment):
     model = Mixed()
-    with pytest.raises(PathError, match="installed library code") as e:
+    with pytest.raises(PathError, match="is library code") as e:
         resolve_path(model, path)
     assert fragment in str(e.value)
     assert model.filters == []
@@ -243,10 +245,32 @@ def test_methods_of_a_library_installed_in_site_packages_are_refused(tmp_path, m
 
     model = UserModel()
     target = tmp_path / "written.txt"
-    with pytest.raises(PathError, match="Saver.snapshot' is defined in fake_saver_lib, installed library code"):
+    with pytest.raises(PathError, match=r"Saver.snapshot' is library code \(defined in fake_saver_lib\)"):
         resolve_path(model, f"snapshot({str(target)!r})")
     assert not target.exists()
     assert resolve_path(model, "lin_again()") is model.lin
+
+
+@pytest.mark.parametrize("path", ["disable_context()", "restore()", "td_module.module.fn(0)"])
+def test_tdhook_fn_s_own_module_classes_are_library_code(path):
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def fn(self, i):
+            return self.lin
+
+        def forward(self, input):
+            return self.lin(input)
+
+    hooked = HookedModule(TensorDictModule(Net(), ["input"], ["y"]))
+    if path.startswith("td_module"):  # the user's module inside: its own methods stay callable
+        assert resolve_path(hooked, path) is hooked.td_module.module.lin
+        return
+    with pytest.raises(PathError, match="is library code") as e:
+        resolve_path(hooked, path)
+    assert "tdhook_fn.compat" in str(e.value)
 
 
 def test_library_of_tells_library_code_from_user_code():
