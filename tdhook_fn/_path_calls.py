@@ -24,7 +24,8 @@ returns only once it ran. So, before any call of a path runs:
 
 - the name rule, for every call of the path;
 - the first call in full (2, 3): its receiver is reached by attribute and item steps
-  only, which call nothing (NOTE [path access] in ``_paths.py``);
+  only, which run no method a path names (only torch's lookups or the user's own
+  properties and ``__getitem__``: NOTE [path access] in ``_path_access.py``);
 - every later call by name: it must be in :data:`READ_ONLY` or pass 2-3 on some module
   class of the root's tree (``root.modules()``). ``"fn(0).checkpoint.unlink()"`` is thus
   refused before ``fn(0)`` runs: no module class of the model defines ``unlink``.
@@ -55,6 +56,7 @@ import torch
 from torch import nn
 
 from ._code_origin import library_of
+from ._path_access import type_name
 
 __all__ = ["READ_ONLY", "CallRefused", "call_refusal", "checked_method", "later_call_refusal"]
 
@@ -170,13 +172,7 @@ def _describe(value: Any) -> str:
     func = value.__func__ if inspect.ismethod(value) else value
     if inspect.isfunction(func):
         return f"{func.__qualname__!r}, defined in {func.__module__}"
-    return f"a {_type_name(value)}"
-
-
-def _type_name(value: Any) -> str:
-    cls = type(value)
-    module = cls.__module__
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+    return f"a {type_name(value)}"
 
 
 def _decide(cls: type, name: str, found: tuple[type, Any] | None) -> str | None:
@@ -231,7 +227,7 @@ def checked_method(receiver: Any, name: str) -> Callable[..., Any]:
             (nor one of :data:`READ_ONLY`).
     """
     if not isinstance(receiver, nn.Module):
-        raise CallRefused(f"its receiver is a {_type_name(receiver)}, not an nn.Module; {_ALLOWED_HINT}")
+        raise CallRefused(f"its receiver is a {type_name(receiver)}, not an nn.Module; {_ALLOWED_HINT}")
     own = vars(receiver)
     if name in own:
         raise CallRefused(

@@ -25,36 +25,24 @@ past the model's modules:
   and never a method of an object that is not a module (``checkpoint.unlink()``,
   ``log.setLevel(50)``, ``rng.seed(3)``). Every call is checked before it runs, the first
   in full and the later ones by name before any call runs.
-- Attribute and item steps call nothing a path could not (NOTE [path access]).
+- Attribute and item steps read modules and plain containers only (NOTE [path access]
+  in ``_path_access.py``).
 - Parses are cached (``_path_cache.py``): at most 4,096 paths and 1 MiB of paths, steps
   and literals together, least recently used out first. Failed parses are not cached.
-
-# NOTE [path access]
-An attribute step reads attributes of ``nn.Module`` objects only: torch's lookup reads
-the module's own dictionaries, a property of the user's class is user code, and the
-properties of library module classes only read (``device``, ``dtype``). Attributes of
-anything else are refused (``"checkpoint.parent"``, ``"weight.data"``): an arbitrary
-object's ``__getattr__`` or property may run any code, and tdhook's documented paths only
-walk modules. An item step indexes an ``nn.Module`` (torch's containers, or the user's own
-``__getitem__``) or a plain ``list``, ``tuple``, ``dict`` or ``OrderedDict`` (exactly these
-types, whose indexing runs no Python code; a ``defaultdict`` would insert a missing key);
-anything else, tensors included, is refused.
 """
 
 from __future__ import annotations
 
 import ast
-import copy
-import difflib
 import re
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from ._path_cache import ParseCache
+from ._path_access import AccessRefused, read_attribute, read_item, type_name
+from ._path_cache import ParseCache, fresh
 from ._path_calls import CallRefused, call_refusal, checked_method, later_call_refusal
 
 __all__ = ["Attr", "Call", "Item", "PathError", "Step", "parse_path", "path_to_name", "resolve_path"]
@@ -268,19 +256,6 @@ def _checked_attr(path: str, name: str) -> Attr:
     return Attr(name)
 
 
-def _children(obj: Any) -> list[str]:
-    if isinstance(obj, nn.Module):
-        return [*obj._modules, *obj._parameters, *obj._buffers]
-    return [n for n in dir(obj) if not n.startswith("_")]
-
-
-def _nearest(obj: Any, wanted: Any) -> str:
-    names = _children(obj)
-    close = difflib.get_close_matches(str(wanted), names, n=3)
-    hint = f"nearest: {close}" if close else f"available: {names[:20]}"
-    return f"{type(obj).__name__} has no {wanted!r} ({hint})"
-
-
 def _check_calls(path: str, root: Any, steps: tuple[Step, ...]) -> frozenset[int]:
     """The indices of the call steps, after refusing the path if any call is refused before
     anything runs: by the name rule, and for a later call by the model's classes (NOTE [path calls])."""
@@ -305,63 +280,13 @@ def _called_name(steps: tuple[Step, ...], i: int) -> str:
     return before.name
 
 
-def _type_name(obj: Any) -> str:
-    cls = type(obj)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-
-
-_CONTAINERS = (list, tuple, dict, OrderedDict)  # exact types: their indexing runs no Python code
-
-
-def _access(path: str, obj: Any, step: Attr | Item) -> Any:
-    """One attribute or item step, where NOTE [path access] allows it."""
-    if isinstance(step, Attr):
-        if not isinstance(obj, nn.Module):
-            raise _error(
-                path,
-                f"{step.name!r} is an attribute of a {_type_name(obj)}, and paths read attributes "
-                "of nn.Module objects only (another object's attributes may run its code)",
-            )
-        try:
-            return getattr(obj, step.name)
-        except AttributeError:
-            raise _error(path, _nearest(obj, step.name)) from None
-    if not (isinstance(obj, nn.Module) or type(obj) in _CONTAINERS):
-        raise _error(
-            path,
-            f"indexing a {_type_name(obj)} with {step.key!r} is not allowed in a path: paths index "
-            "nn.Module objects and plain lists, tuples and dicts only",
-        )
-    try:
-        return obj[_fresh(step.key)]
-    except (IndexError, KeyError, TypeError) as e:
-        raise _error(path, f"{_nearest(obj, step.key)}; {type(e).__name__}: {e}") from None
-
-
 def _call(path: str, obj: Any, name: str, call: Call) -> Any:
     """``obj.name(*args, **kwargs)``, where NOTE [path calls] allows it."""
     try:
         method = checked_method(obj, name)
     except CallRefused as e:
         raise _error(path, f"calling {name!r} is not allowed in a path: {e}") from None
-    return method(*_fresh(call.args), **_fresh(dict(call.kwargs)))
-
-
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
-
-
-def _fresh(value: Any) -> Any:
-    """``value`` or, if it holds anything mutable, a deep copy: code that mutates its
-    arguments or keys must not change the cached parse."""
-    if isinstance(value, _IMMUTABLE):
-        return value
-    if isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value):
-        return value
-    if isinstance(value, slice) and all(isinstance(v, _IMMUTABLE) for v in (value.start, value.stop, value.step)):
-        return value
-    if isinstance(value, dict) and all(isinstance(v, _IMMUTABLE) for v in value.values()):
-        return value  # a new dict each call (from step.kwargs); its keys are str
-    return copy.deepcopy(value)
+    return method(*fresh(call.args), **fresh(dict(call.kwargs)))
 
 
 def resolve_path(root: nn.Module, path: str) -> Any:
@@ -403,14 +328,19 @@ def resolve_path(root: nn.Module, path: str) -> Any:
                 if i <= last_call and not isinstance(obj, nn.Module):
                     raise _error(
                         path,
-                        f"{step.name!r} returned a {_type_name(obj)}, not an nn.Module, and a later call "
+                        f"{step.name!r} returned a {type_name(obj)}, not an nn.Module, and a later call "
                         "of the path needs a module to call a method of",
                     )
             elif isinstance(step, Call):  # steps come from _parse_steps, which prevents this
                 raise AssertionError(f"call step {i} does not follow a name")
-            else:
-                obj = _access(path, obj, step)
+            elif isinstance(step, Attr):
+                obj = read_attribute(obj, step.name)
                 i += 1
+            else:
+                obj = read_item(obj, fresh(step.key))
+                i += 1
+        except AccessRefused as e:
+            raise _error(path, str(e)) from None
         except PathError:
             raise
         except Exception as e:  # a user method or property failed: still a bad path
