@@ -1,13 +1,15 @@
-"""The parse cache of submodule paths: least recently used, bounded in entries and bytes."""
+"""The parse cache of submodule paths (least recently used, bounded in entries and bytes), and
+the fresh copies of cached literals that calls receive."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Generic, TypeVar
 
-__all__ = ["ParseCache", "footprint"]
+__all__ = ["ParseCache", "footprint", "fresh"]
 
 V = TypeVar("V")
 
@@ -88,3 +90,20 @@ def footprint(*objects: Any) -> int:
         elif isinstance(slots := getattr(type(obj), "__slots__", None), tuple):
             stack += [getattr(obj, name, None) for name in slots]
     return size
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
+
+
+def fresh(value: Any) -> Any:
+    """``value`` or, if it holds anything mutable, a deep copy: code that mutates its
+    arguments or keys must not change the cached parse."""
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value):
+        return value
+    if isinstance(value, slice) and all(isinstance(v, _IMMUTABLE) for v in (value.start, value.stop, value.step)):
+        return value
+    if isinstance(value, dict) and all(isinstance(v, _IMMUTABLE) for v in value.values()):
+        return value  # a new dict each call (from step.kwargs); its keys are str
+    return copy.deepcopy(value)

@@ -9,30 +9,24 @@ A path names something reachable from a root module, in the syntax of tdhook's
 # NOTE [safe paths]
 tdhook 0.1.3 hands these strings to ``eval``, so a path can run arbitrary code. Here a
 path is scanned into steps (attribute, item, call) whose operands are Python literals
-read by ``ast.literal_eval``, and resolving a path never changes the model:
+read by ``ast.literal_eval``, and resolving a path never changes the model, nor reaches
+past the model's modules:
 
 - Dunder names are refused. Paths longer than 10,000 characters are refused before
   they are parsed.
 - A call must directly follow a name (``fn(0)``, ``<fn>(0)``); calling the result of an
   item or of another call (``[0](1)``, ``fn(0)(1)``) is refused, as its name cannot be
   checked.
-- A call is refused by the *name* it calls, overridden or not, when that name is part of
-  an API that can change a model: anything defined on ``torch.nn.Module`` and its
-  containers, the module classes of ``torch.nn`` and ``tensordict.nn``, ``torch.Tensor``,
-  ``tensordict.TensorDictBase``, and transformers' ``PreTrainedModel`` and
-  ``GenerationMixin`` once transformers is imported (we never import it); and any name
-  ending in ``_``. So a user class overriding ``train`` cannot be switched to eval by
-  ``"train(False)"``, nor a TensorDictModule re-initialised by
-  ``"reset_parameters_recursive()"``. The read-only lookups ``get_submodule``,
-  ``get_parameter`` and ``get_buffer`` stay callable. By name, not by where the function
-  is defined: an override lives in user code and calls the library's version, and
-  tensordict's and transformers' methods are not torch's, so a check of ``__module__``
-  lets both through. See ``_path_calls.py``.
-- The whole path is parsed and every call name checked *before* the first step is
-  applied, so a refused call anywhere in a path means nothing in it ran. When a call is
-  made, the object must be a Python function or method (no builtins, no classes), whose
-  own name passes the rule and which is not defined in torch, tensordict or transformers
-  (an alias such as ``self.fn = self.train`` is refused there).
+- Calls follow an allow-list (NOTE [path calls] in ``_path_calls.py``): a path calls only
+  ``get_submodule``, ``get_parameter``, ``get_buffer`` and methods the user's own
+  ``nn.Module`` classes define, on an ``nn.Module``; never a method of torch's,
+  tensordict's, transformers' or another installed library's code (``train``, ``to``,
+  ``ModuleList.pop``, ``reset_parameters_recursive``), also where a class overrides it,
+  and never a method of an object that is not a module (``checkpoint.unlink()``,
+  ``log.setLevel(50)``, ``rng.seed(3)``). Every call is checked before it runs, the first
+  in full and the later ones by name before any call runs.
+- Attribute and item steps read modules and plain containers only (NOTE [path access]
+  in ``_path_access.py``).
 - Parses are cached (``_path_cache.py``): at most 4,096 paths and 1 MiB of paths, steps
   and literals together, least recently used out first. Failed parses are not cached.
 """
@@ -40,8 +34,6 @@ read by ``ast.literal_eval``, and resolving a path never changes the model:
 from __future__ import annotations
 
 import ast
-import copy
-import difflib
 import re
 import threading
 from dataclasses import dataclass
@@ -49,8 +41,9 @@ from typing import Any
 
 from torch import nn
 
-from ._path_cache import ParseCache
-from ._path_calls import call_refusal, callable_refusal
+from ._path_access import AccessRefused, read_attribute, read_item, type_name
+from ._path_cache import ParseCache, fresh
+from ._path_calls import CallRefused, call_refusal, checked_method, later_call_refusal
 
 __all__ = ["Attr", "Call", "Item", "PathError", "Step", "parse_path", "path_to_name", "resolve_path"]
 
@@ -263,27 +256,21 @@ def _checked_attr(path: str, name: str) -> Attr:
     return Attr(name)
 
 
-def _children(obj: Any) -> list[str]:
-    if isinstance(obj, nn.Module):
-        return [*obj._modules, *obj._parameters, *obj._buffers]
-    return [n for n in dir(obj) if not n.startswith("_")]
-
-
-def _nearest(obj: Any, wanted: Any) -> str:
-    names = _children(obj)
-    close = difflib.get_close_matches(str(wanted), names, n=3)
-    hint = f"nearest: {close}" if close else f"available: {names[:20]}"
-    return f"{type(obj).__name__} has no {wanted!r} ({hint})"
-
-
-def _check_calls(path: str, steps: tuple[Step, ...]) -> None:
-    """Refuse the path if any of its calls is refused by name; nothing has run yet."""
-    for i, step in enumerate(steps):
-        if isinstance(step, Call):
-            name = _called_name(steps, i)
-            why = call_refusal(name)
-            if why is not None:
-                raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
+def _check_calls(path: str, root: Any, steps: tuple[Step, ...]) -> frozenset[int]:
+    """The indices of the call steps, after refusing the path if any call is refused before
+    anything runs: by the name rule, and for a later call by the model's classes (NOTE [path calls])."""
+    calls = [i for i, step in enumerate(steps) if isinstance(step, Call)]
+    for i in calls:
+        name = _called_name(steps, i)
+        why = call_refusal(name)
+        if why is not None:
+            raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
+    for i in calls[1:]:
+        name = _called_name(steps, i)
+        why = later_call_refusal(root, name)
+        if why is not None:
+            raise _error(path, f"calling {name!r} is not allowed in a path: {why}")
+    return frozenset(calls)
 
 
 def _called_name(steps: tuple[Step, ...], i: int) -> str:
@@ -293,47 +280,23 @@ def _called_name(steps: tuple[Step, ...], i: int) -> str:
     return before.name
 
 
-def _apply(path: str, obj: Any, steps: tuple[Step, ...], i: int) -> Any:
-    step = steps[i]
-    if isinstance(step, Attr):
-        try:
-            return getattr(obj, step.name)
-        except AttributeError:
-            raise _error(path, _nearest(obj, step.name)) from None
-    if isinstance(step, Item):
-        try:
-            return obj[_fresh(step.key)]
-        except (IndexError, KeyError, TypeError) as e:
-            raise _error(path, f"{_nearest(obj, step.key)}; {type(e).__name__}: {e}") from None
-    why = callable_refusal(obj)
-    if why is not None:
-        raise _error(path, f"calling {_called_name(steps, i)!r} is not allowed in a path: {why}")
-    return obj(*_fresh(step.args), **_fresh(dict(step.kwargs)))
-
-
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
-
-
-def _fresh(value: Any) -> Any:
-    """``value`` or, if it holds anything mutable, a deep copy: code that mutates its
-    arguments or keys must not change the cached parse."""
-    if isinstance(value, _IMMUTABLE):
-        return value
-    if isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value):
-        return value
-    if isinstance(value, slice) and all(isinstance(v, _IMMUTABLE) for v in (value.start, value.stop, value.step)):
-        return value
-    if isinstance(value, dict) and all(isinstance(v, _IMMUTABLE) for v in value.values()):
-        return value  # a new dict each call (from step.kwargs); its keys are str
-    return copy.deepcopy(value)
+def _call(path: str, obj: Any, name: str, call: Call) -> Any:
+    """``obj.name(*args, **kwargs)``, where NOTE [path calls] allows it."""
+    try:
+        method = checked_method(obj, name)
+    except CallRefused as e:
+        raise _error(path, f"calling {name!r} is not allowed in a path: {e}") from None
+    return method(*fresh(call.args), **fresh(dict(call.kwargs)))
 
 
 def resolve_path(root: nn.Module, path: str) -> Any:
     """Follow ``path`` from ``root`` without evaluating it, and without changing ``root``.
 
-    The whole path is parsed and its calls checked before the first step is taken (see
-    NOTE [safe paths]): a path may call only your own methods (``"fn(0)"``) and
-    ``get_submodule``, ``get_parameter``, ``get_buffer``.
+    The whole path is parsed and its calls checked before the first call runs (see
+    NOTE [safe paths]): a path may call only methods your own ``nn.Module`` classes
+    define (``"fn(0)"``) and ``get_submodule``, ``get_parameter``, ``get_buffer``, on a
+    module; it reads attributes of modules only, and indexes modules, lists, tuples and
+    dicts only.
 
     Args:
         root (nn.Module): where the path starts.
@@ -343,9 +306,9 @@ def resolve_path(root: nn.Module, path: str) -> Any:
         Any: the object the path names, usually a submodule.
 
     Raises:
-        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls
-            something it may not, or does not resolve; the message names the path and
-            the nearest existing names, or the refused method and why.
+        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls,
+            reads or indexes something it may not, or does not resolve; the message names
+            the path and the nearest existing names, or the refused step and why.
 
     >>> from torch import nn
     >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
@@ -353,11 +316,31 @@ def resolve_path(root: nn.Module, path: str) -> Any:
     True
     """
     steps = parse_path(path)
-    _check_calls(path, steps)
+    last_call = max(_check_calls(path, root, steps), default=-1)
     obj: Any = root
-    for i in range(len(steps)):
+    i = 0
+    while i < len(steps):
+        step, following = steps[i], steps[i + 1] if i + 1 < len(steps) else None
         try:
-            obj = _apply(path, obj, steps, i)
+            if isinstance(step, Attr) and isinstance(following, Call):
+                obj = _call(path, obj, step.name, following)
+                i += 2
+                if i <= last_call and not isinstance(obj, nn.Module):
+                    raise _error(
+                        path,
+                        f"{step.name!r} returned a {type_name(obj)}, not an nn.Module, and a later call "
+                        "of the path needs a module to call a method of",
+                    )
+            elif isinstance(step, Call):  # steps come from _parse_steps, which prevents this
+                raise AssertionError(f"call step {i} does not follow a name")
+            elif isinstance(step, Attr):
+                obj = read_attribute(obj, step.name)
+                i += 1
+            else:
+                obj = read_item(obj, fresh(step.key))
+                i += 1
+        except AccessRefused as e:
+            raise _error(path, str(e)) from None
         except PathError:
             raise
         except Exception as e:  # a user method or property failed: still a bad path

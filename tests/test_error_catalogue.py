@@ -8,7 +8,9 @@ Rows are grouped in one list per area; append a new area's list to ``ROWS``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import pathlib
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -386,7 +388,57 @@ DATA_ROWS: list[Row] = [
 ]
 
 
-ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS]
+# ---------------------------------------------------------------- paths
+
+
+class _Holding(nn.Module):
+    """A model holding objects that are not modules; no path may call, read or index into them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.checkpoint = pathlib.Path("/nonexistent/tdhook_fn/ckpt.pt")
+        self.log = logging.getLogger("tdhook_fn.tests.error_catalogue")
+        self.show = print
+
+    def me(self) -> nn.Module:
+        return self
+
+    def log_of(self) -> logging.Logger:
+        return self.log
+
+
+class _WithFilters(nn.Module, logging.Filterer):
+    """A user module inheriting a standard-library mixin."""
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        logging.Filterer.__init__(self)
+
+
+def _resolve_in_holding(path: str) -> Any:
+    return tdhook_fn.resolve_path(_Holding(), path)
+
+
+PATHS_ROWS: list[Row] = [
+    ("paths-call-on-a-non-module", lambda: _resolve_in_holding("checkpoint.unlink()"),
+     tdhook_fn.PathError, ("'checkpoint.unlink()'", "'unlink'", "pathlib", "not an nn.Module", "your own methods")),
+    ("paths-attribute-of-a-non-module", lambda: _resolve_in_holding("checkpoint.parent"),
+     tdhook_fn.PathError, ("'checkpoint.parent'", "'parent'", "pathlib", "attributes of nn.Module objects only")),
+    ("paths-index-a-tensor", lambda: _resolve_in_holding("lin.weight[0]"),
+     tdhook_fn.PathError, ("'lin.weight[0]'", "indexing", "Parameter", "lists, tuples and dicts")),
+    ("paths-later-call-no-class-defines", lambda: _resolve_in_holding("me().log.setLevel(50)"),
+     tdhook_fn.PathError, ("'setLevel'", "no module class of this model defines", "before any call runs")),
+    ("paths-later-call-on-a-non-module-result", lambda: _resolve_in_holding("log_of().me()"),
+     tdhook_fn.PathError, ("'log_of' returned", "logging.Logger", "not an nn.Module")),
+    ("paths-attribute-set-on-the-instance", lambda: _resolve_in_holding("show('x')"),
+     tdhook_fn.PathError, ("'show'", "set on this _Holding", "not a method its class defines")),
+    ("paths-inherited-library-method", lambda: tdhook_fn.resolve_path(_WithFilters(), "addFilter('x')"),
+     tdhook_fn.PathError, ("'addFilter'", "is library code", "defined in logging", "your own methods")),
+]
+
+
+ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

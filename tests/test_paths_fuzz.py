@@ -1,4 +1,15 @@
-"""Fuzzed submodule paths never run code: a sentinel reachable only through dunders stays uncalled."""
+"""Fuzzed submodule paths never run code: a sentinel reachable only through dunders stays uncalled.
+
+The model also holds objects that are not modules (a checkpoint file, a logger, random
+generators, a plain object with a method, a defaultdict): no path touches them (NOTE [path
+calls], NOTE [path access]).
+"""
+
+import logging
+import pathlib
+import random
+import tempfile
+from collections import defaultdict
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -16,12 +27,32 @@ def sentinel(*args, **kwargs):
     return SENTINEL_CALLS
 
 
+class Helper:
+    """Not a module: its own method is the user's code, but no path may call it."""
+
+    def poke(self, *args, **kwargs):
+        return sentinel("poke", *args, **kwargs)
+
+
+_TMP = tempfile.TemporaryDirectory()  # removed when the interpreter exits
+CHECKPOINT = pathlib.Path(_TMP.name) / "ckpt.pt"
+CHECKPOINT.write_text("weights")
+LOG = logging.getLogger("tdhook_fn.tests.paths_fuzz")
+LOG.setLevel(logging.WARNING)
+
+
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layers = nn.ModuleList([nn.Sequential(nn.Linear(3, 3), nn.ReLU()) for _ in range(3)])
         self.add_module("0", nn.Linear(3, 1))
         self.register_buffer("x", torch.arange(3.0))
+        self.checkpoint = CHECKPOINT
+        self.log = LOG
+        self.rng = torch.Generator().manual_seed(0)
+        self.pyrng = random.Random(0)
+        self.helper = Helper()
+        self.lazy: defaultdict[str, list[int]] = defaultdict(list)
 
     def fn(self, i):
         return self.layers[i]
@@ -30,11 +61,17 @@ class Net(nn.Module):
         OK_CALLS.append(i)
         return self.layers[i]
 
+    def me(self):
+        OK_CALLS.append("me")
+        return self
+
 
 MODEL = Net()
 MODEL.eval()
 STATE = {k: v.detach().clone() for k, v in MODEL.state_dict().items()}
 N_MODULES = len(list(MODEL.modules()))
+RNG_STATE = MODEL.rng.get_state().clone()
+PYRNG_STATE = MODEL.pyrng.getstate()
 
 ALPHABET = "abcdefgilnorstuxy_0123456789[]()<>.:-'\",=*/\\ #;+"
 TOKENS = [
@@ -54,11 +91,12 @@ grammar_paths = st.lists(st.sampled_from(TOKENS), max_size=14).map("".join)
 NAMES = [
     *"layers fn train pop append insert zero_ fill_ mul_ weight data x _modules _buffers get_submodule"
     " clear eval half to requires_grad_ sentinel getcwd system 0 1 2".split(),
+    *"checkpoint log rng pyrng helper lazy me poke unlink write_text parent setLevel seed manual_seed".split(),
     *"__class__ __init__ __globals__ __func__ __self__ __dict__ __subclasses__ __import__ __builtins__"
     " __base__ __mro__ __getattribute__ __setattr__ __call__".split(),
 ]
 ITEMS = "[0] [-1] [2] [1:] [::-1] ['x'] ['layers'] ['sentinel'] ['__builtins__'] ['__import__'] [()]".split()
-CALLS = "() (0) (1) (False) (True) ('os') ('x') (None) (1.0) ('layers.0') (i=0) ('x',None)".split()
+CALLS = "() (0) (1) (3) (50) (False) (True) ('os') ('x') (None) (1.0) ('layers.0') (i=0) ('x',None)".split()
 step = st.one_of(
     st.sampled_from(NAMES).map(lambda n: "." + n),
     st.sampled_from(NAMES).map(lambda n: f"<{n}>"),
@@ -69,12 +107,14 @@ structured_paths = st.lists(step, min_size=1, max_size=8).map("".join)
 # Attacks grafted onto paths that resolve, so that a missing guard is found within a few examples.
 PREFIXES = [
     *["", "layers", "layers[0]", "layers[-1][0]", "layers.0.0", "fn", "fn(0)", "fn(1)[0]", "<0>", "x"],
-    *["get_submodule('layers.2')", "_modules['layers']", "<layers>[1:]"],
+    *["get_submodule('layers.2')", "_modules['layers']", "<layers>[1:]", "me()", "me().me()", "checkpoint"],
 ]
 ATTACKS = [
     *[".train()", ".train(True)", ".pop(0)", ".pop(-1)", ".append(None)", ".insert(0, None)", ".clear()"],
     *[".zero_()", ".weight.zero_()", ".weight.data.fill_(1.0)", ".mul_(0)", ".half()", ".to('meta')"],
     *[".requires_grad_(False)", "._modules.clear()", ".__dict__.clear()", ".__setattr__('training', 1)"],
+    *[".checkpoint.unlink()", ".checkpoint.write_text('x')", ".unlink()", ".checkpoint.parent", ".log.setLevel(50)"],
+    *[".rng.seed()", ".rng.manual_seed(3)", ".pyrng.seed(3)", ".helper.poke(1)", "<helper>.<poke>()", ".lazy['k']"],
     ".__globals__['sentinel']()",
     "<__globals__>['sentinel']()",
     ".__func__.__globals__['sentinel']()",
@@ -113,6 +153,10 @@ def _model_unchanged():
     assert all(torch.equal(state[k], STATE[k]) for k in state)
     assert not any(m.training for m in MODEL.modules())
     assert len(list(MODEL.modules())) == N_MODULES and len(MODEL.layers) == 3
+    assert CHECKPOINT.read_text() == "weights" and sorted(CHECKPOINT.parent.iterdir()) == [CHECKPOINT]
+    assert LOG.level == logging.WARNING
+    assert torch.equal(MODEL.rng.get_state(), RNG_STATE) and MODEL.pyrng.getstate() == PYRNG_STATE
+    assert MODEL.lazy == {}
 
 
 @FUZZ
@@ -147,7 +191,7 @@ def test_parse_is_deterministic_and_never_yields_dunders(path):
 
 
 # Paths whose allowed calls come before a refused one: the allowed calls must not run either.
-CALL_PREFIXES = ["ok()", "ok(1)", "ok(0)[0]", "ok(2).0", "<ok>(1)", "layers[0]", "fn(0)", "x"]
+CALL_PREFIXES = ["ok()", "ok(1)", "ok(0)[0]", "ok(2).0", "<ok>(1)", "layers[0]", "fn(0)", "x", "me()", "me().me()"]
 refused_after_calls = st.tuples(
     st.lists(st.sampled_from(CALL_PREFIXES), min_size=1, max_size=2).map(".".join),
     st.sampled_from([a for a in ATTACKS if "(" in a]),
@@ -158,6 +202,7 @@ refused_after_calls = st.tuples(
 @FUZZ
 @given(refused_after_calls)
 def test_a_refused_call_anywhere_means_no_call_runs(path):
+    OK_CALLS.clear()  # other tests may make allowed calls
     try:
         resolve_path(MODEL, path)
     except ValueError:
@@ -177,6 +222,7 @@ def test_fuzz_model_is_reachable(path):
 
 
 def test_sentinel_is_live():
+    OK_CALLS.clear()
     # sentinel would record a call, and is only reachable through dunders
     sentinel(1)
     assert SENTINEL_CALLS == [((1,), {})]
@@ -185,4 +231,9 @@ def test_sentinel_is_live():
     # and ok() records its calls when a path may make them
     assert resolve_path(MODEL, "ok(1)") is MODEL.layers[1]
     assert OK_CALLS == [1]
+    OK_CALLS.clear()
+    # the held objects are live: a path could change them if it reached them
+    assert MODEL.helper.poke(0) is SENTINEL_CALLS
+    SENTINEL_CALLS.clear()
+    assert resolve_path(MODEL, "me().checkpoint") is CHECKPOINT and OK_CALLS == ["me"]
     OK_CALLS.clear()

@@ -119,8 +119,11 @@ def resolve_submodule_path(root: nn.Module, path: str) -> Any:
 
     Raises:
         PathError: (a ``ValueError``) the path does not parse, names a dunder, calls a
-            method a path may not call (checked for the whole path before anything in it
-            runs; see NOTE [safe paths] in :mod:`tdhook_fn._paths`), or does not resolve.
+            method a path may not call (only ``get_submodule``, ``get_parameter``,
+            ``get_buffer`` and methods your own module classes define, on a module;
+            checked before any call in the path runs, see NOTE [safe paths] in
+            :mod:`tdhook_fn._paths`), reads or indexes what is not a module or a plain
+            container, or does not resolve.
     """
     return resolve_path(root, path)
 
