@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._params import leaves
 from ._checks import check_same_structure, check_tensordict
 from ._task_vectors import _HALF, _moves, _times
 
@@ -185,8 +186,9 @@ class _Shifted:
 
     def __init__(self, base: TensorDictBase, vector: TensorDictBase) -> None:
         self.base, self.vector = base, vector
-        self.keys: list[tuple[str, ...]] = [(k,) if isinstance(k, str) else k for k in base.keys(True, True)]
-        self.pairs = [(base.get(k), vector.get(k)) for k in self.keys]
+        bases, vectors = leaves(base), leaves(vector)
+        self.keys = list(bases)
+        self.pairs = [(bases[k], vectors[k]) for k in self.keys]
         # the dtype alpha multiplies each moving leaf in: half precision in float32 (as _times)
         self.leaf_alpha_dtypes = [_alpha_dtype(b) if _moves(b) else None for b, _ in self.pairs]
         # vmap needs one batched input even where nothing moves (integer buffers only)
@@ -217,7 +219,9 @@ def _in(alpha: Alpha, dtype: torch.dtype) -> float | torch.Tensor:
 
 def _plain_tree(td: TensorDictBase, batch_size: torch.Size, device: torch.device | None) -> bool:
     """Whether ``td`` and its nested TensorDicts are plain TensorDicts of this batch size and device, without names."""
-    if type(td) is not TensorDict or td.batch_size != batch_size or td.device != device or any(td.names):
+    if type(td) is not TensorDict or td.batch_size != batch_size or td.device != device:
+        return False
+    if td.batch_dims and any(td.names):
         return False
     return all(
         _plain_tree(value, batch_size, device) if isinstance(value, TensorDictBase) else isinstance(value, torch.Tensor)
@@ -247,6 +251,8 @@ def _alpha_values(alphas: object) -> torch.Tensor:
         )
     else:
         for i, a in enumerate(alphas):
+            if type(a) is float or type(a) is int:  # the usual case, without abc checks
+                continue
             number = isinstance(a, numbers.Real) or (isinstance(a, torch.Tensor) and a.dim() == 0)
             if isinstance(a, bool) or not number:
                 raise TypeError(f"sweep_alphas: alphas[{i}] is {a!r}, not a number")
