@@ -18,24 +18,25 @@ from ._task_vectors import _HALF, _moves, _times
 __all__ = ["sweep_alphas"]
 
 # NOTE [vmap or loop]
-# One ``vmap`` over the alphas saves the per-call overhead of every alpha but one (of
-# sixteen, 4x faster than a loop on a 64-sample MLP); it also computes every op on the
-# alphas of its chunk at once. While ``chunk`` copies of the largest tensor one evaluation
-# creates (weights shifted by alpha included) stay within a cache-sized budget, that is
-# free; beyond it each vmapped op streams its operands from memory (and fresh large
-# buffers page fault), where a loop reuses the same warm buffers: with 2048 samples a vmap
-# of 16 alphas is 1.5-2.5x slower than the loop. So the first alpha is evaluated alone
-# while a dispatch mode records the largest tensor it creates (a count, not a timing: the
-# same call always decides the same way), and the others run in vmapped chunks of
-# ``_CACHE_BYTES // largest`` alphas, or in a loop where fewer than ``_MIN_VMAP`` would fit
-# (vmap's own overhead is then not paid back). Both budgets were measured on the
+# One ``vmap`` over the alphas saves the per-call overhead of every alpha but one (on
+# the benchmark's MLP, 16 alphas run 2.3x faster than the loop with 16 samples, 1.5x
+# with 64); it also computes every op on the alphas of its chunk at once. While
+# ``chunk`` copies of the largest tensor one evaluation creates (weights shifted by
+# alpha included) stay within a cache-sized budget, that is free; beyond it each
+# vmapped op streams its operands from memory (and fresh large buffers page fault),
+# where a loop reuses the same warm buffers: with 2048 samples a vmap of 16 alphas is
+# 1.5-2.5x slower than the loop. So the first alpha is evaluated alone while a dispatch
+# mode records the largest tensor it creates (a count, not a timing: the same call
+# always decides the same way), and the others run in vmapped chunks of
+# ``_CACHE_BYTES // largest`` alphas, or in a loop where fewer than ``_MIN_VMAP`` would
+# fit (vmap's own overhead is then not paid back). Both budgets were measured on the
 # benchmark's MLP (benchmarks/bench_weights.py, one thread, 16 alphas; the loop's time
 # over vmap's): vmap 1.5x faster at 8 x 64 KiB, even at 4-8 x 128 KiB, 1.2x slower at
 # 4 x 256 KiB; chunks of 2 are 1.3-1.5x slower everywhere.
 # The mode costs about one more evaluation; the size is recorded per fn (held weakly)
-# and parameter shapes, so a later sweep of the same fn runs every alpha in vmap at once.
-# A fn whose closure changes size between sweeps keeps its first decision: slower at
-# worst, never other numbers.
+# and parameter shapes, so a later sweep of the same fn chunks every alpha at once,
+# without the lone first evaluation or the mode. A fn whose closure changes size
+# between sweeps keeps its first decision: slower at worst, never other numbers.
 _CACHE_BYTES = 768 * 1024
 _MIN_VMAP = 4
 _LARGEST: weakref.WeakKeyDictionary[Any, dict[Hashable, int | None]] = weakref.WeakKeyDictionary()
@@ -54,9 +55,10 @@ def sweep_alphas(
     """``fn(base + alpha * vector)`` for every alpha, stacked.
 
     With ``chunk_size=None`` the alphas run in ``vmap`` chunks when one evaluation is small
-    (per-call overhead dominates) and in a loop when it is large (NOTE [vmap or loop]):
-    the size of the largest tensor one evaluation creates decides, recorded at the first
-    sweep of ``fn`` with parameters of these shapes. ``fn`` that cannot be vmapped
+    (per-call overhead dominates) and in a loop when it is large (a vmapped chunk's copies
+    of every activation no longer fit in cache): the size of the largest tensor one
+    evaluation creates decides, recorded at the first sweep of ``fn`` with parameters of
+    these shapes. ``fn`` that cannot be vmapped
     (``.item()``, data-dependent control flow) falls back to the loop. Both ways give the
     same numbers up to the rounding of batched matmuls.
 
@@ -67,7 +69,7 @@ def sweep_alphas(
         vector (TensorDict): direction, e.g. a task or forget vector.
         alphas (Sequence[float] | Tensor): the scalings to evaluate.
         chunk_size (int | None): ``1`` forces the loop; ``k > 1`` vmaps ``k`` alphas at a
-            time; ``None`` chooses from the first evaluation. Default: ``None``.
+            time; ``None`` chooses by the size of one evaluation. Default: ``None``.
 
     Returns:
         Tensor: ``[len(alphas), *fn_output_shape]``.
@@ -173,16 +175,14 @@ def _evaluated_with_largest(evaluate: Callable[[], torch.Tensor]) -> tuple[torch
         return evaluate(), None
 
 
+# NOTE [sweep params]
+# Leaves are paired once per sweep; each alpha's parameter set is then put together as one
+# nested dict of its leaves. ``TensorDict.apply`` (what ``apply_vectors`` does) costs
+# about 150 us on the benchmark's 6-leaf MLP, more than its forward on 64 samples costs.
+# A ``base`` that is not a tree of plain TensorDicts of one batch size and device, without
+# dim names (a tensorclass, say), is built by ``apply``.
 class _Shifted:
-    """``base + alpha * vector`` for one alpha: a number, or under ``vmap`` the batched alpha in each dtype.
-
-    # NOTE [sweep params]
-    Leaves are paired once per sweep; each alpha's parameter set is then put together as one
-    nested dict of its leaves. ``TensorDict.apply`` (what ``apply_vectors`` does) costs
-    about 150 us on the benchmark's 6-leaf MLP, more than its forward on 64 samples costs.
-    A ``base`` that is not a tree of plain TensorDicts of one batch size and device, without
-    dim names (a tensorclass, say), is built by ``apply``.
-    """
+    """``base + alpha * vector`` for one alpha: a number, or under ``vmap`` the batched alpha in each dtype."""
 
     def __init__(self, base: TensorDictBase, vector: TensorDictBase) -> None:
         self.base, self.vector = base, vector
