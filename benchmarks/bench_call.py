@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from _timing import median_seconds, print_table
+from _timing import interleaved_medians, median_seconds, print_table
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -45,13 +45,15 @@ def main() -> None:
     params = tdhook_fn.params(model)
     stacked = torch.stack([params] * 5)
     plain = [{".".join(k): v for k, v in params.items(include_nested=True, leaves_only=True)}] * 5
-    with torch.no_grad():
-        loop = median_seconds(lambda: [functional_call(model, p, (x,)) for p in plain])
-        batched = median_seconds(lambda: vmap(tdhook_fn.call, (None, 0, None))(model, stacked, x))
-    print_table("ensemble of 5 parameter sets, mlp 128-256x4-10, batch 64", [
-        ("loop of functional_call", loop),
-        ("vmap(tdhook_fn.call)", batched),
-    ], {"loop": loop})
+    stacked_plain = {k: torch.stack([v] * 5) for k, v in plain[0].items()}  # the hand-written vmap's input
+    with torch.no_grad():  # in alternating rounds, so that all three share the machine's drift
+        times = interleaved_medians({
+            "loop of functional_call": lambda: [functional_call(model, p, (x,)) for p in plain],
+            "vmap of functional_call": lambda: vmap(lambda p: functional_call(model, p, (x,)))(stacked_plain),
+            "vmap(tdhook_fn.call)": lambda: vmap(tdhook_fn.call, (None, 0, None))(model, stacked, x),
+        }, rounds=15, number=5)
+    print_table("ensemble of 5 parameter sets, mlp 128-256x4-10, batch 64", list(times.items()),
+                {"loop": times["loop of functional_call"], "vmap floor": times["vmap of functional_call"]})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ TARGETS: dict[str, Any] = {"transformer layer d64, batch 8x16": lambda out: out[
 def _methods(net: nn.Module, layer: str, target: Any) -> dict[str, Callable[..., Any]]:
     f = tdhook_fn.functional(net)
     frozen = copy.deepcopy(net).requires_grad_(False)  # the module's own forward, its weights not trained
+    # the floor's plain dict of the same tensors as the params, built once outside the timing
+    tensors = {".".join(k): v for k, v in tdhook_fn.params(net).items(include_nested=True, leaves_only=True)}
     return {
         "call": lambda p, td: tdhook_fn.call(net, p, td["input"]),
         "functional": lambda p, td: f(p, td),
@@ -41,15 +43,9 @@ def _methods(net: nn.Module, layer: str, target: Any) -> dict[str, Callable[...,
                                                                       layers=[layer]),
         "integrated_gradients n=16": lambda p, td: integrated_gradients(f, p, td, 0.0, target=target, n_steps=16),
         f"Grad-CAM {layer}": lambda p, td: grad_cam(f, p, td, target=target, layers={layer: _dims(net, layer)}),
-        "floor: functional_call": lambda p, td: _functional_call(net, p, td),
+        "floor: functional_call": lambda p, td: torch.func.functional_call(net, tensors, (td["input"],)),
         "floor: the module itself": lambda p, td: frozen(td["input"]),
     }
-
-
-def _functional_call(net: nn.Module, p: Any, td: TensorDict) -> Any:
-    """A hand-written ``torch.func.functional_call`` of the model with the same params: what any call costs."""
-    tensors = {".".join(key): value for key, value in p.items(include_nested=True, leaves_only=True)}
-    return torch.func.functional_call(net, tensors, (td["input"],))
 
 
 def _dims(net: nn.Module, layer: str) -> DimsConfig:

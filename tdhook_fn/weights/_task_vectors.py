@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 from tensordict import TensorDictBase
 
 from ._checks import check_same_structure, check_tensordict
 
-__all__ = ["apply_vectors", "best_alpha", "forget_vector", "sweep_alphas", "task_vector"]
+__all__ = ["apply_vectors", "best_alpha", "forget_vector", "task_vector"]
 
 
 def task_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBase:
@@ -128,144 +127,6 @@ def _times(v: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
     if v.dtype in _HALF:
         return (v.float() * (alpha.float() if isinstance(alpha, torch.Tensor) else alpha)).to(v.dtype)
     return alpha * v
-
-
-def _alpha_values(alphas: object) -> torch.Tensor:
-    """``alphas`` as a 1-d float64 tensor, or the error saying what they should be."""
-    if isinstance(alphas, torch.Tensor) or hasattr(alphas, "__array__"):
-        values = torch.as_tensor(alphas).detach()
-        if values.dim() != 1:
-            fix = "for one alpha pass [a]" if values.dim() == 0 else "pass alphas.flatten()"
-            raise ValueError(f"sweep_alphas: alphas must be 1-d, got shape {tuple(values.shape)}: {fix}")
-        if values.is_complex() or values.dtype == torch.bool:
-            raise TypeError(f"sweep_alphas: alphas must hold real numbers, got dtype {values.dtype}")
-        values = values.to(torch.float64)
-    elif isinstance(alphas, numbers.Real):
-        raise TypeError(
-            f"sweep_alphas: alphas must be a sequence of numbers, got the number {alphas!r}: pass alphas=[{alphas!r}], "
-            f"or apply_vectors(base, vector, alpha={alphas!r}) for the one parameter set"
-        )
-    elif isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence):
-        got = "None" if alphas is None else f"{type(alphas).__name__} {alphas!r}"
-        raise TypeError(
-            f"sweep_alphas: alphas must be a sequence of numbers or a 1-d tensor, e.g. [0.0, 0.5, 1.0], got {got}"
-        )
-    else:
-        for i, a in enumerate(alphas):
-            number = isinstance(a, numbers.Real) or (isinstance(a, torch.Tensor) and a.dim() == 0)
-            if isinstance(a, bool) or not number:
-                raise TypeError(f"sweep_alphas: alphas[{i}] is {a!r}, not a number")
-        values = torch.tensor([float(a) for a in alphas], dtype=torch.float64)
-    if len(values) == 0:
-        raise ValueError("sweep_alphas: alphas is empty: pass at least one alpha, e.g. alphas=[0.0, 0.5, 1.0]")
-    finite = torch.isfinite(values)
-    if not bool(finite.all()):
-        i = int((~finite).nonzero()[0])
-        raise ValueError(f"sweep_alphas: alphas[{i}] is {float(values[i])}: every alpha must be a finite number")
-    return values
-
-
-def _stacked(base: TensorDictBase, vector: TensorDictBase, alphas: torch.Tensor) -> TensorDictBase:
-    """``base + alpha * vector`` for each alpha, batch ``[len(alphas)]``."""
-
-    def shift(b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if not _moves(b):
-            return b.expand(len(alphas), *b.shape)
-        a = alphas.to(torch.float32 if b.dtype in _HALF else b.dtype).reshape(-1, *[1] * b.dim())
-        return b + _times(v, a)
-
-    return cast(TensorDictBase, base.apply(shift, vector, batch_size=[len(alphas), *base.batch_size]))
-
-
-def sweep_alphas(
-    fn: Callable[[TensorDictBase], torch.Tensor],
-    base: TensorDictBase,
-    vector: TensorDictBase,
-    alphas: Sequence[float] | torch.Tensor,
-    *,
-    chunk_size: int | None = None,
-) -> torch.Tensor:
-    """``fn(base + alpha * vector)`` for every alpha, stacked.
-
-    # NOTE [vmap or loop]
-    One ``vmap`` over the alphas wins when ``fn`` evaluates little data (per-call overhead
-    dominates); a loop wins on large evaluation sets, where a vmapped matmul over K
-    weight sets is slower than K plain ones and holds K copies of the parameters. With
-    ``chunk_size=None`` the choice is measured: two alphas run alone, the second timed.
-    Under a millisecond per evaluation the rest run in ``vmap`` chunks of 16 (overhead
-    dominates there; vmap of two alphas is not yet faster per alpha than the loop, of
-    sixteen it is 2.5x faster on a 64-sample MLP). Slower evaluations time ``vmap`` on
-    the next two alphas and evaluate the rest the cheaper way. ``fn`` that cannot be
-    vmapped (``.item()``, data-dependent control flow) falls back to the loop.
-
-    Args:
-        fn (Callable[[TensorDict], Tensor]): a score of one parameter set, e.g. accuracy
-            of ``tdhook_fn.call(model, p, x)``.
-        base (TensorDict): parameters at ``alpha = 0``.
-        vector (TensorDict): direction, e.g. a task or forget vector.
-        alphas (Sequence[float] | Tensor): the scalings to evaluate.
-        chunk_size (int | None): ``1`` forces the loop; ``k > 1`` vmaps ``k`` alphas at a
-            time; ``None`` measures. Default: ``None``.
-
-    Returns:
-        Tensor: ``[len(alphas), *fn_output_shape]``.
-
-    Raises:
-        TypeError: ``fn`` is not callable, ``base`` or ``vector`` is not a TensorDict, or
-            ``alphas`` is not a sequence of numbers or a 1-d tensor (a single number included:
-            pass ``[a]``).
-        ValueError: the structures differ, ``alphas`` is empty, not 1-d or not finite, or
-            ``chunk_size`` is not ``None`` or an int > 0.
-    """
-    if not callable(fn):
-        raise TypeError(
-            f"sweep_alphas: fn must be callable (a score of one parameter set), got {type(fn).__name__}: "
-            "call sweep_alphas(fn, base, vector, alphas)"
-        )
-    check_tensordict("sweep_alphas", "base", base)
-    check_tensordict("sweep_alphas", "vector", vector, "e.g. from task_vector or forget_vector")
-    check_same_structure("sweep_alphas", base, vector)
-    values = _alpha_values(alphas)
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"sweep_alphas: chunk_size should be None or an int > 0, got {chunk_size!r}")
-    def one(a: torch.Tensor) -> torch.Tensor:
-        return torch.as_tensor(fn(apply_vectors(base, vector, alpha=float(a))))
-
-    def many(chunk: torch.Tensor) -> torch.Tensor:
-        return torch.func.vmap(fn)(_stacked(base, vector, chunk))
-
-    if chunk_size == 1:
-        return torch.stack([one(a) for a in values])
-    if chunk_size is not None:
-        return torch.cat([many(values[i : i + chunk_size]) for i in range(0, len(values), chunk_size)])
-    return _measured(one, many, values)
-
-
-_OVERHEAD_BOUND_S = 1e-3  # below this per evaluation, per-call overhead dominates: vmap wins
-_VMAP_CHUNK = 16
-
-
-def _measured(one: Callable[[Any], torch.Tensor], many: Callable[[torch.Tensor], torch.Tensor],
-              values: torch.Tensor) -> torch.Tensor:
-    results = [one(values[0])]  # also warms up caches, so the next one is timed fairly
-    if len(values) == 1:
-        return torch.stack(results)
-    start = time.perf_counter()
-    results.append(one(values[1]))
-    per_alpha_loop = time.perf_counter() - start
-    rest = values[2:]
-    try:
-        if per_alpha_loop >= _OVERHEAD_BOUND_S and len(rest) > 2:
-            start = time.perf_counter()
-            results += list(many(rest[:2]))
-            if (time.perf_counter() - start) / 2 >= per_alpha_loop:
-                return torch.stack(results + [one(a) for a in rest[2:]])
-            rest = rest[2:]
-        chunks = [rest[i : i + _VMAP_CHUNK] for i in range(0, len(rest), _VMAP_CHUNK)]
-        results += [r for chunk in chunks for r in many(chunk)]
-    except Exception:  # fn is not vmappable: the loop it is
-        results = results[:2] + [one(a) for a in values[2:]]
-    return torch.stack(results)
 
 
 def best_alpha(alphas: Sequence[float], scores: Sequence[float] | torch.Tensor,

@@ -275,3 +275,75 @@ def test_complex_weights_move_with_the_vector() -> None:
     for alpha, w in zip([0.0, 0.5, 1.0], swept, strict=True):
         torch.testing.assert_close(w, apply_vectors(base, vector, alpha=alpha)["w"], rtol=0, atol=0)
     torch.testing.assert_close(swept[1], base["w"] + 0.5 * (tuned["w"] - base["w"]))
+
+
+# ---------------------------------------------------------------- sweep_alphas: vmap or loop, by size
+
+
+class _Counted:
+    """``fn`` that counts its calls: a loop calls it once per alpha, vmap once per chunk."""
+
+    __hash__ = None  # type: ignore[assignment]  # unhashable: sweep_alphas cannot record its size
+
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, p):
+        self.calls += 1
+        return self.fn(p)
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "loop"])
+def test_both_strategies_give_the_reference_values(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the budget forced either way, the sweep equals a loop of apply_vectors, and a second sweep too."""
+    from tdhook_fn.weights import _sweep
+
+    monkeypatch.setattr(_sweep, "_CACHE_BYTES", 1 << 40 if strategy == "vmap" else 0)
+    model, base, vector, x, y = _setup()
+    alphas = [i / 4 for i in range(-8, 8)]
+    for name in VMAPPABLE:
+        fn = _fns(model, x, y)[name]
+        expected = torch.stack([fn(apply_vectors(base, vector, alpha=a)) for a in alphas])
+        calls = []
+        counted = lambda p, fn=fn: calls.append(1) or fn(p)
+        for sweep in ("first", "second"):  # the second with the size recorded
+            calls.clear()
+            assert_close_ulps(sweep_alphas(counted, base, vector, alphas), expected, msg=f"{name}, {sweep} sweep")
+            vmapped = 2 if sweep == "first" else 1  # the first alpha alone, measured; then one chunk
+            assert len(calls) == (vmapped if strategy == "vmap" else len(alphas)), (name, sweep, len(calls))
+
+
+def test_the_size_of_an_evaluation_decides_and_no_clock() -> None:
+    """Small evaluations run in vmap chunks, one making a 4 MiB tensor in a loop: the same way on every sweep."""
+    base = TensorDict(w=torch.arange(3.0), batch_size=[])
+    vector = base.apply(torch.ones_like)
+    alphas = [i / 8 for i in range(16)]
+    small = _Counted(lambda p: p["w"].sum())
+    large = _Counted(lambda p: p["w"].sum() + torch.zeros(1 << 20).sum())
+    for _ in range(3):  # unhashable fns: measured again each time, deciding alike
+        small.calls = large.calls = 0
+        expected = torch.tensor([3.0 + 3 * a for a in alphas])
+        assert_close_ulps(sweep_alphas(small, base, vector, alphas), expected)
+        assert_close_ulps(sweep_alphas(large, base, vector, alphas), expected)
+        assert small.calls == 2 and large.calls == len(alphas)
+
+
+def test_vmap_chunks_are_even_and_bounded_by_the_budget() -> None:
+    from tdhook_fn.weights._sweep import _CACHE_BYTES, _chunk_for
+
+    assert _chunk_for(_CACHE_BYTES // 12, 15) == 8  # 12 fit: 8 + 7, not 12 + 3
+    assert _chunk_for(_CACHE_BYTES // 12, 5) == 5
+    assert _chunk_for(1, 40) == 40
+    assert _chunk_for(_CACHE_BYTES // 3, 16) == 1  # 3 would fit: vmap does not pay back, loop
+    assert _chunk_for(2 * _CACHE_BYTES, 16) == 1
+
+
+def test_sweep_of_a_tensordict_with_nested_batch_dims() -> None:
+    """A base whose nested TensorDict has its own batch dims is built by apply: same values both ways."""
+    base = TensorDict(w=torch.arange(3.0), sub=TensorDict(u=torch.ones(2, 2), batch_size=[2]), batch_size=[])
+    vector = base.apply(lambda t: t + 1)
+    fn = lambda p: p["w"].sum() + p["sub", "u"].square().sum()
+    alphas = [0.0, 0.5, 1.0, -1.0, 2.0]
+    expected = torch.stack([fn(apply_vectors(base, vector, alpha=a)) for a in alphas])
+    for chunk in (None, 1, 2, 5):
+        assert_close_ulps(sweep_alphas(fn, base, vector, alphas, chunk_size=chunk), expected, msg=f"chunk {chunk}")
