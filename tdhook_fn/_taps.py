@@ -16,8 +16,7 @@ under any transform.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -222,9 +221,9 @@ def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Sit
 
 # NOTE [taps that never fire]
 # A tap on a submodule that the forward never calls does nothing: an intervention changes
-# nothing, a capture reads nothing, and the results look plausible. So each call counts the
-# runs of the submodules its ``must_run`` taps sit on, and after the forward raises for a
-# tap whose submodule never ran (or ran fewer times than its ``call`` needs), naming its
+# nothing, a capture reads nothing, and the results look plausible. So each call counts how
+# often the hook of each ``must_run`` tap ran, and after the forward raises for a tap whose
+# submodule never ran (or ran fewer times than its ``call`` needs), naming its
 # path, as the latent methods refuse a site that never ran. A submodule skipped in some
 # branch of the forward is refused too on the calls that skip it: tap one that runs on
 # every call, or build the taps per call. Two captures under one key would keep one
@@ -258,37 +257,67 @@ def check_tap_keys(taps: Sequence[Tap], reserved: Collection[Any] = (), where: s
                              "replace the other: give each its own key (capture(path, key=...))")
 
 
-@contextmanager
-def attached(taps: Sequence[Tap], modules: Sequence[nn.Module], captured: Captured) -> Iterator[None]:
-    """``taps`` attached to their shadow ``modules`` for one call; see NOTE [taps that never fire].
+def attached(taps: Sequence[Tap], modules: Sequence[nn.Module], captured: Captured) -> _Attached:
+    """``taps`` attached to their shadow ``modules`` for one call (a context manager).
 
     Everything registered is removed on the way out, also when the call raises; when it
-    returns, a ``must_run`` tap whose submodule did not run (at its ``call``) raises.
+    returns, a ``must_run`` tap whose submodule did not run (at its ``call``) raises
+    (NOTE [taps that never fire]).
 
     Raises:
         ValueError: two captures share a key, or a ``must_run`` tap never fired (its path named).
     """
-    check_tap_keys(taps)
-    runs: dict[int, list[int]] = {}
-    handles: list[RemovableHandle] = []
-    try:
-        for tap, module in zip(taps, modules, strict=True):
-            handles.append(tap.attach(module, captured))
-            if tap.must_run and id(module) not in runs:
-                runs[id(module)] = count = [0]
-                handles.append(module.register_forward_pre_hook(_counter(count)))
-        yield
-    finally:
-        for handle in handles:
+    return _Attached(taps, modules, captured)
+
+
+class _Attached:
+    """What :func:`attached` returns: a class, not a generator, as it runs on every call."""
+
+    __slots__ = ("captured", "handles", "modules", "runs", "taps")
+
+    def __init__(self, taps: Sequence[Tap], modules: Sequence[nn.Module], captured: Captured):
+        self.taps, self.modules, self.captured = taps, modules, captured
+        self.handles: list[RemovableHandle] = []
+        self.runs: list[list[int]] = []
+
+    def __enter__(self) -> None:
+        if not self.taps:
+            return
+        check_tap_keys(self.taps)
+        try:
+            for tap, module in zip(self.taps, self.modules, strict=True):
+                # a must_run tap counts its hook's runs; a subclass's own attach is left as it is
+                if tap.must_run and type(tap).attach is Tap.attach:
+                    kind, hook = tap.hook(self.captured)
+                    self.runs.append(count := [0])
+                    counted = _counted(hook, count)
+                    self.handles.append(module.register_forward_hook(counted) if kind == "_forward_hooks"
+                                        else module.register_forward_pre_hook(counted))
+                else:
+                    self.handles.append(tap.attach(module, self.captured))
+        except BaseException:
+            self._remove()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        self._remove()
+        if kind is not None or not self.runs:
+            return
+        counts = iter(self.runs)
+        for tap in self.taps:
+            if tap.must_run and type(tap).attach is Tap.attach:
+                _check_fired(tap, next(counts)[0])
+
+    def _remove(self) -> None:
+        for handle in self.handles:
             handle.remove()
-    for tap, module in zip(taps, modules, strict=True):
-        if tap.must_run:
-            _check_fired(tap, runs[id(module)][0])
+        self.handles.clear()
 
 
-def _counter(count: list[int]) -> Callable[..., None]:
-    def counted(_m: nn.Module, _args: Any) -> None:
+def _counted(hook: Callable[..., Any], count: list[int]) -> Callable[..., Any]:
+    def counted(*args: Any) -> Any:
         count[0] += 1
+        return hook(*args)
 
     return counted
 
