@@ -247,9 +247,10 @@ def check_tap_keys(taps: Sequence[Tap], reserved: Collection[Any] = (), where: s
     for tap in taps:
         if tap.kind == "capture":
             owners.setdefault(tap.key, []).append(tap.path)
+    taken = {key[0] if isinstance(key, tuple) and key else key for key in reserved}  # (a nested key: its first part)
     for key, paths in owners.items():
-        if key in reserved:
-            raise ValueError(f"{where}: capture({paths[0]!r}) stores under key {key!r}, which is an output of the "
+        if key in taken:
+            raise ValueError(f"{where}: capture({paths[0]!r}) stores under key {key!r}, which holds an output of the "
                              f"function (out_keys {list(reserved)}): it would replace that output; give the capture "
                              "another key (capture(path, key=...))")
         if len(paths) > 1:

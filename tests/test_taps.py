@@ -186,15 +186,18 @@ def test_a_capture_keyed_like_an_output_is_refused():
 
     model, p, x = _setup()
     f = tdhook_fn.functional(model)
-    with pytest.raises(ValueError, match=r"capture\('\[0\]'\) stores under key 'output', which is an output"):
+    with pytest.raises(ValueError, match=r"capture\('\[0\]'\) stores under key 'output', which holds an output"):
         f.with_taps(capture("[0]", key="output"))
-    with pytest.raises(ValueError, match="key 'output', which is an output"):
+    with pytest.raises(ValueError, match="key 'output', which holds an output"):
         saliency(f, p, TensorDict(input=x, batch_size=[3]), target=0, taps=[capture("[0]", key="output")])
     g = tdhook_fn.functional(model, out_keys=["logits"])
     with pytest.raises(ValueError, match="key 'logits'"):
         g.with_taps(capture("[0]", key="logits"))
     assert set(g.with_taps(capture("[0]", key="output"))(p, TensorDict(input=x, batch_size=[3])).keys()) == {
         "logits", "output"}
+    nested = tdhook_fn.functional(model, out_keys=[("out", "logits")])
+    with pytest.raises(ValueError, match="key 'out', which holds an output"):  # it would replace the nested output
+        nested.with_taps(capture("[0]", key="out"))
 
 
 def test_two_captures_with_one_key_are_refused():
