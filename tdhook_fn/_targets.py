@@ -197,6 +197,10 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
     The TensorDict given to the target must hold ``key`` (integer labels, one per sample)
     and the output (``output``, or the single other entry).
 
+    Raises:
+        ValueError: a label is negative or not below the output's number of classes (the
+            key, the bad labels and the number of classes named).
+
     >>> import torch
     >>> from tensordict import TensorDict
     >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
