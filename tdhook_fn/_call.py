@@ -12,7 +12,7 @@ from torch import nn
 from ._params import Key, leaves
 from ._paths import resolve_path
 from ._shadow import param_marks, shadow_of
-from ._taps import Captured, Tap
+from ._taps import Captured, Tap, attached
 from ._traced import run_traced
 
 __all__ = ["call", "call_with_taps", "run"]
@@ -50,14 +50,9 @@ def run(
         else:
             shadow.load(values)
         marks = {} if values is None else param_marks(values, shadow.param_keys)
-        handles = []
-        try:
-            for tap, target in zip(taps, targets, strict=False):
-                handles.append(tap.attach(shadow.module_for(target, tap.path), captured))
+        modules = [shadow.module_for(target, tap.path) for tap, target in zip(taps, targets, strict=True)]
+        with attached(taps, modules, captured):
             output = invoke(shadow.root)
-        finally:
-            for handle in handles:
-                handle.remove()
         if values is not None:
             shadow.check_params_kept(values, marks)
     return output, captured

@@ -16,7 +16,7 @@ from torch import nn
 from ._call import run
 from ._params import Key
 from ._params import params as params_of
-from ._taps import Captured, Tap
+from ._taps import Captured, Tap, check_tap_keys
 
 __all__ = ["Functional", "NestedKey", "functional", "pure", "with_copied_inputs"]
 
@@ -54,10 +54,11 @@ class Functional:
         keywords: Mapping[NestedKey, str] | None = None,
     ):
         self.model = model
-        self.in_keys = tuple(in_keys)
+        self.in_keys = tuple(_one_key_as_list(in_keys))
         self.keywords = dict(keywords or {})
-        self.out_keys = tuple(out_keys)
+        self.out_keys = tuple(_one_key_as_list(out_keys))
         self.taps = tuple(taps)
+        check_tap_keys(self.taps, self.out_keys, "functional")  # NOTE [taps that never fire]
 
     def with_taps(self, *taps: Tap) -> Functional:
         """A new function with ``taps`` added after this one's."""
@@ -118,19 +119,20 @@ class Functional:
 
 def functional(
     model: nn.Module,
-    in_keys: Sequence[NestedKey] | Mapping[NestedKey, str] | None = None,
-    out_keys: Sequence[NestedKey] | None = None,
+    in_keys: Sequence[NestedKey] | Mapping[NestedKey, str] | str | None = None,
+    out_keys: Sequence[NestedKey] | str | None = None,
 ) -> Functional:
     """Turn ``model`` into a pure ``f(params, td) -> td``.
 
     Args:
         model (nn.Module): an ``nn.Module`` or a ``TensorDictModule``.
-        in_keys (list | dict | None): keys of the forward's positional arguments, or a
+        in_keys (list | dict | str | None): keys of the forward's positional arguments (one
+            str is one key, as in tensordict's ``TensorDictModule``), or a
             dict ``{key: keyword}`` passing each key as that keyword argument (as
             tensordict's ``TensorDictModule`` does: ``{"input_ids": "input_ids",
             "attention_mask": "attention_mask"}`` for a Hugging Face model). Default:
             ``["input"]``, or the ``TensorDictModule``'s own.
-        out_keys (list | None): for a dict (or other ``Mapping``, e.g. a transformers
+        out_keys (list | str | None): for a dict (or other ``Mapping``, e.g. a transformers
             ``ModelOutput``) output, the entries to keep, by key (a tuple walks nested
             dicts); otherwise keys for the output's leaves in order (tuples, lists and
             dataclasses are flattened in optree order). Default: ``["output"]``, or the
@@ -155,6 +157,7 @@ def functional(
         out_keys = model.out_keys if out_keys is None else out_keys
     if not isinstance(model, nn.Module):
         raise TypeError(f"functional: expected an nn.Module, got {type(model).__name__}")
+    in_keys, out_keys = _one_key_as_list(in_keys), _one_key_as_list(out_keys)
     keywords = dict(in_keys) if isinstance(in_keys, Mapping) else {}
     for key, name in keywords.items():
         if not isinstance(name, str):
@@ -168,8 +171,8 @@ def functional(
 
 def pure(
     model: nn.Module,
-    in_keys: Sequence[NestedKey] | Mapping[NestedKey, str] | None = None,
-    out_keys: Sequence[NestedKey] | None = None,
+    in_keys: Sequence[NestedKey] | Mapping[NestedKey, str] | str | None = None,
+    out_keys: Sequence[NestedKey] | str | None = None,
 ) -> tuple[Functional, TensorDict]:
     """``(functional(model, in_keys, out_keys), params(model))``: what every method takes first.
 
@@ -206,6 +209,11 @@ def with_copied_inputs(td: TensorDictBase, keep: Collection[NestedKey] = ()) -> 
         if isinstance(value, torch.Tensor) and key not in keep:
             out.set(key, value.clone())
     return out
+
+
+def _one_key_as_list(keys: Any) -> Any:
+    """A lone str key as a list of that key: ``"input"`` names one entry, not five (as ``TensorDictModule``)."""
+    return [keys] if isinstance(keys, str) else keys
 
 
 def _get_input(td: TensorDictBase, key: NestedKey) -> Any:

@@ -19,9 +19,22 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._functional import NestedKey
 
-__all__ = ["Target", "as_target", "check_target", "label"]
+__all__ = ["Target", "as_target", "autograd_off_note", "check_target", "label"]
 
 Target = int | tuple[int, ...] | torch.Tensor | Callable[[TensorDictBase], TensorDictBase | torch.Tensor]
+
+
+def autograd_off_note() -> str:
+    """Why a target or metric has no gradient when autograd is off: ``""`` where it is on.
+
+    Under ``torch.inference_mode()`` no op records a graph, whatever the methods enable
+    inside, so every target is without gradient; ``torch.no_grad()`` is fine (the methods
+    enable grad for their own forward).
+    """
+    if not torch.is_inference_mode_enabled():
+        return ""
+    return ("; autograd is off: torch.inference_mode() is active, so nothing computed in it has a gradient. Call it "
+            "outside torch.inference_mode() (torch.no_grad() around it is fine)")
 
 
 def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
@@ -184,6 +197,10 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
     The TensorDict given to the target must hold ``key`` (integer labels, one per sample)
     and the output (``output``, or the single other entry).
 
+    Raises:
+        ValueError: a label is negative or not below the output's number of classes (the
+            key, the bad labels and the number of classes named).
+
     >>> import torch
     >>> from tensordict import TensorDict
     >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
@@ -213,7 +230,23 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
         if labels.shape != value.shape[:-1]:
             raise ValueError(f"label({key!r}): labels have shape {tuple(labels.shape)}, but output {out_key!r} of "
                              f"shape {tuple(value.shape)} needs one label per sample: {tuple(value.shape[:-1])}")
+        _check_labels(key, labels, value.shape[-1])
         picked = value.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
         return TensorDict({out_key: picked}, batch_size=td.batch_size)
 
     return select
+
+
+def _check_labels(key: NestedKey, labels: torch.Tensor, classes: int) -> None:
+    """Raise naming ``key`` and the bad values unless every label is a class index in ``[0, classes)``.
+
+    Read where the values can be (NOTE [tensor targets]); under ``vmap`` and
+    ``torch.compile`` the range is left to ``gather``.
+    """
+    if not _concrete(labels) or not labels.numel():
+        return
+    wrong = (labels < 0) | (labels >= classes)
+    if bool(wrong.any()):
+        bad = sorted({int(v) for v in labels[wrong].tolist()})
+        raise ValueError(f"label({key!r}): labels {bad[:5]}{'...' if len(bad) > 5 else ''} are not class indices of "
+                         f"the output, which has {classes} classes on its last dim (valid labels: 0 to {classes - 1})")

@@ -438,7 +438,89 @@ PATHS_ROWS: list[Row] = [
 ]
 
 
-ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS]
+# ---------------------------------------------------------------- taps, targets, attribution patching (round 3)
+
+
+def _gpt2_wpe(method: str) -> Any:
+    """Layer attribution of GPT-2's positional embedding, whose output ``[1, T, D]`` is shared by the batch."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20, n_positions=8)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    f, p = tdhook_fn.pure(model, ["input_ids"], ["logits"])
+    td = TensorDict(input_ids=torch.randint(0, 20, (3, 5)), batch_size=[3])
+    last = lambda out: out["logits"][:, -1, 0]
+    if method == "saliency":
+        return attribution.saliency(f, p, td, target=last, layers=["transformer.wpe"], use_inputs=False)
+    return attribution.integrated_gradients(f, p, td, 0.0, target=last, layers=["transformer.wpe"], use_inputs=False)
+
+
+def _atp(metric: Callable[[TensorDict], torch.Tensor], inference: bool = False) -> Any:
+    from tdhook_fn.latent import Site, attribution_patching
+
+    sites = [Site("[1]", index=(i,)) for i in range(4)]
+    f, p, clean, corrupted = tiny_f(), tiny_params(), tiny_inputs(), tiny_inputs()
+    with torch.inference_mode(inference):
+        return attribution_patching(f, p, clean, corrupted, sites, metric)
+
+
+def _tap_call(*taps: tdhook_fn.Tap) -> Any:
+    return tdhook_fn.call_with_taps(_WithSpare(), tdhook_fn.params(_WithSpare()), list(taps), torch.ones(2, 3))
+
+
+def _saliency_in_inference_mode() -> Any:
+    f, p, x = tiny_f(), tiny_params(), tiny_inputs()
+    with torch.inference_mode():
+        return attribution.saliency(f, p, x, target=0)
+
+
+_FEWER = lambda out: TensorDict(o=out["output"][:2, 0], batch_size=[2])  # values for 2 of the 5 samples
+
+ERRORS_ROUND3_ROWS: list[Row] = [
+    # taps
+    ("capture-keyed-like-an-output", lambda: tiny_f().with_taps(tdhook_fn.capture("[0]", key="output")),
+     ValueError, ("capture('[0]')", "key 'output'", "out_keys", "another key")),
+    ("two-captures-one-key", lambda: tiny_f().with_taps(tdhook_fn.capture("[0]", key="h"),
+                                                        tdhook_fn.capture("[2]", key="h")),
+     ValueError, ("2 captures", "one key 'h'", "'[0]'", "'[2]'", "its own key")),
+    ("intervene-never-called", lambda: _tap_call(tdhook_fn.intervene("spare", torch.zeros_like)),
+     ValueError, ("intervene('spare')", "never called module 'spare'", "did nothing")),
+    ("capture-never-called", lambda: _tap_call(tdhook_fn.capture("spare")),
+     ValueError, ("capture('spare')", "never called module 'spare'")),
+    ("tap-call-beyond-runs", lambda: _tap_call(tdhook_fn.intervene("lin", torch.zeros_like, call=2)),
+     ValueError, ("call=2", "module 'lin' once", "below 1")),
+    # targets
+    ("label-out-of-range", lambda: attribution.saliency(
+        tiny_f(), tiny_params(), _td_of(torch.randn(5, 3), y=torch.tensor([0, 1, 2, 1, 7])),
+        target=tdhook_fn.label("y")),
+     ValueError, ("label('y')", "[2, 7]", "2 classes", "0 to 1")),
+    ("label-negative", lambda: attribution.saliency(
+        tiny_f(), tiny_params(), _td_of(torch.randn(5, 3), y=torch.tensor([0, -1, 1, 1, 0])),
+        target=tdhook_fn.label("y")),
+     ValueError, ("label('y')", "[-1]", "2 classes")),
+    ("target-tensordict-other-batch", lambda: attribution.saliency(tiny_f(), tiny_params(), tiny_inputs(),
+                                                                   target=_FEWER),
+     ValueError, ("TensorDict (batch size [2])", "'o'", "leading dims must be the batch [5]")),
+    ("ig-target-tensordict-other-batch", lambda: attribution.integrated_gradients(
+        tiny_f(), tiny_params(), tiny_inputs(), 0.0, target=_FEWER, n_steps=4),
+     ValueError, ("TensorDict (batch size [2])", "leading dims must be the batch [4, 5]")),
+    ("saliency-inference-mode", _saliency_in_inference_mode,
+     ValueError, ("does not depend differentiably", "autograd is off", "torch.inference_mode()", "outside")),
+    # layers without a batch dim
+    ("saliency-gpt2-wpe-layer", lambda: _gpt2_wpe("saliency"),
+     ValueError, ("saliency", "'transformer.wpe'", "[1, 5, 8]", "not the batch", "positional embedding")),
+    ("ig-gpt2-wpe-layer", lambda: _gpt2_wpe("integrated_gradients"),
+     ValueError, ("integrated_gradients", "'transformer.wpe'", "not the batch", "attribute a layer after")),
+    # attribution patching
+    ("atp-metric-argmax", lambda: _atp(lambda out: out["output"].argmax(-1).float()),
+     ValueError, ("attribution_patching", "metric", "does not depend differentiably", "argmax", "estimate would be 0")),
+    ("atp-inference-mode", lambda: _atp(lambda out: out["output"][..., 0], inference=True),
+     ValueError, ("attribution_patching", "autograd is off", "torch.inference_mode()", "torch.no_grad()")),
+]
+
+
+ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -91,3 +91,16 @@ def test_bad_in_keys_and_models():
         tdhook_fn.functional(lambda x: x)
     with pytest.raises(ValueError, match="out_keys"):
         tdhook_fn.functional(model, out_keys=[])
+
+
+def test_a_single_str_key_is_one_key_as_in_tensordict_module():
+    """``in_keys="x"`` names one entry (as ``TensorDictModule`` reads it), not the characters of the str."""
+    model = mlp().eval()
+    x = torch.randn(3, 4)
+    f = tdhook_fn.functional(model, in_keys="x", out_keys="logits")
+    assert f.in_keys == ("x",) and f.out_keys == ("logits",)
+    assert list(f.in_keys) == TensorDictModule(model, in_keys="x", out_keys="logits").in_keys
+    out = f(tdhook_fn.params(model), TensorDict(x=x, batch_size=[3]))
+    assert set(out.keys()) == {"logits"} and torch.equal(out["logits"], model(x))
+    g, _ = tdhook_fn.pure(model, "x", "logits")
+    assert g.in_keys == ("x",) and g.out_keys == ("logits",)

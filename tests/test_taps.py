@@ -2,6 +2,7 @@ import copy
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torch import nn
 from torch.func import grad, jacrev, vjp, vmap
 from zoo import Blocks, TwoInput, mlp, same, snapshot
@@ -132,3 +133,79 @@ def test_map_grad_on_tuple_outputs():
     x = torch.randn(2, 5, 3)
     f = lambda x, s: tdhook_fn.call_with_taps(model, p, [map_grad("", lambda g: g * s)], x)[0][0].sum()
     torch.testing.assert_close(grad(f)(x, 3.0), 3 * grad(f)(x, 1.0))
+
+
+class _WithSpare(nn.Module):
+    """``lin`` runs; ``spare`` is never called by the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.spare = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("tap", [
+    intervene("spare", torch.zeros_like), perturb("spare", torch.zeros(3)), map_grad("spare", lambda g: 0 * g),
+    capture("spare"), capture("spare", site="input"),
+], ids=["intervene", "perturb", "map_grad", "capture", "capture-input"])
+def test_a_tap_on_a_module_the_forward_never_calls_is_refused(tap):
+    """It did nothing (an intervention changed nothing): an error naming the path, as latent's sites."""
+    model = _WithSpare().eval()
+    before = snapshot(model)
+    never = r"'spare'(, site='input')?\) never ran: the forward never called module 'spare'"
+    with pytest.raises(ValueError, match=never):
+        tdhook_fn.call_with_taps(model, tdhook_fn.params(model), [tap], torch.randn(2, 4))
+    f = tdhook_fn.functional(model).with_taps(tap)
+    with pytest.raises(ValueError, match="never called module 'spare'"):
+        f(tdhook_fn.params(model), TensorDict(input=torch.randn(2, 4), batch_size=[2]))
+    assert same(before, snapshot(model))
+
+
+def test_a_tap_at_a_run_the_module_never_makes_is_refused():
+    model, p, x = _setup()
+    with pytest.raises(ValueError, match=r"call=1, but the forward ran module '\[0\]' once"):
+        tdhook_fn.call_with_taps(model, p, [intervene("[0]", torch.zeros_like, call=1)], x)
+    out, _ = tdhook_fn.call_with_taps(model, p, [intervene("[0]", torch.zeros_like, call=0)], x)  # the one run
+    assert torch.equal(out, model[2].bias.expand(3, 3).detach())
+
+
+def test_guided_backprop_still_taps_every_module_including_those_never_called():
+    from tdhook_fn.attribution import guided_backprop
+
+    model = _WithSpare().eval()
+    td = TensorDict(input=torch.randn(2, 4), batch_size=[2])
+    assert guided_backprop(tdhook_fn.functional(model), tdhook_fn.params(model), td, target=0)["input"].shape == (2, 4)
+
+
+def test_a_capture_keyed_like_an_output_is_refused():
+    """It would replace the model's output in f's result (a method would then differentiate the capture)."""
+    from tdhook_fn.attribution import saliency
+
+    model, p, x = _setup()
+    f = tdhook_fn.functional(model)
+    with pytest.raises(ValueError, match=r"capture\('\[0\]'\) stores under key 'output', which holds an output"):
+        f.with_taps(capture("[0]", key="output"))
+    with pytest.raises(ValueError, match="key 'output', which holds an output"):
+        saliency(f, p, TensorDict(input=x, batch_size=[3]), target=0, taps=[capture("[0]", key="output")])
+    g = tdhook_fn.functional(model, out_keys=["logits"])
+    with pytest.raises(ValueError, match="key 'logits'"):
+        g.with_taps(capture("[0]", key="logits"))
+    assert set(g.with_taps(capture("[0]", key="output"))(p, TensorDict(input=x, batch_size=[3])).keys()) == {
+        "logits", "output"}
+    nested = tdhook_fn.functional(model, out_keys=[("out", "logits")])
+    with pytest.raises(ValueError, match="key 'out', which holds an output"):  # it would replace the nested output
+        nested.with_taps(capture("[0]", key="out"))
+
+
+def test_two_captures_with_one_key_are_refused():
+    model, p, x = _setup()
+    taps = [capture("[0]", key="h"), capture("[2]", key="h")]
+    with pytest.raises(ValueError, match=r"2 captures store under one key 'h' \(paths \['\[0\]', '\[2\]'\]\)"):
+        tdhook_fn.call_with_taps(model, p, taps, x)
+    with pytest.raises(ValueError, match="one key 'h'"):
+        tdhook_fn.functional(model).with_taps(*taps)
+    with pytest.raises(ValueError, match="one key '0'"):  # the default keys clash too
+        tdhook_fn.functional(model).with_taps(capture("[0]", call=0), capture("[0]"))

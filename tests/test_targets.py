@@ -38,3 +38,26 @@ def test_an_int_target_out_of_range_names_the_class_and_the_output(target) -> No
     td = TensorDict(output=torch.zeros(2, 3), batch_size=[2])
     with pytest.raises(IndexError, match=r"out of range for output 'output' of shape \(2, 3\) \(3 classes"):
         as_target(target)(td)
+
+
+@pytest.mark.parametrize(("labels", "bad"), [([0, 3, 5, 1], "3, 5"), ([-1, 2, 0, -2], "-2, -1")])
+def test_label_out_of_range_names_the_key_the_values_and_the_classes(labels, bad) -> None:
+    """A raw ``gather`` error (or a negative label read from the end) before."""
+    td = TensorDict(output=torch.randn(4, 3), y=torch.tensor(labels), batch_size=[4])
+    with pytest.raises(ValueError, match=rf"label\('y'\): labels \[{bad}\] are not class indices .* 3 classes"):
+        label("y")(td)
+
+
+def test_label_range_in_a_method_and_under_vmap() -> None:
+    import tdhook_fn
+    from tdhook_fn.attribution import saliency
+
+    net = torch.nn.Linear(3, 2)
+    f, p = tdhook_fn.pure(net)
+    x = torch.randn(4, 3)
+    td = TensorDict(input=x, y=torch.tensor([0, 1, 2, 1]), batch_size=[4])
+    with pytest.raises(ValueError, match=r"label\('y'\): labels \[2\] .* 2 classes"):
+        saliency(f, p, td, target=label("y"))
+    good = TensorDict(input=x, y=torch.tensor([0, 1, 1, 0]), batch_size=[4])
+    per_sample = torch.func.vmap(lambda s: saliency(f, p, s, target=label("y"))["input"])(good)
+    torch.testing.assert_close(per_sample, net.weight.detach()[good["y"]])

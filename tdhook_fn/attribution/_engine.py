@@ -34,7 +34,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, with_copied_inputs
 from .._taps import Tap, capture
-from .._targets import Target, as_target
+from .._targets import Target, as_target, autograd_off_note
 from .._vjp import vjp
 from ._checks import check_call
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
@@ -117,6 +117,7 @@ def _check_targets(values: Any) -> TensorDictBase:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
             raise ValueError(
                 f"target {key!r} does not depend differentiably on the attributed inputs or layers"
+                f"{autograd_off_note()}"
             )
     return values
 
@@ -169,15 +170,34 @@ def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras
 
 
 def _as_target_values(values: Any, batch: torch.Size) -> Any:
-    """A plain tensor returned by a target, as the one target key ``"target"``."""
-    if not isinstance(values, torch.Tensor):
+    """The target values as a TensorDict of batch ``batch`` (a plain tensor as the one key ``"target"``).
+
+    Every value must have the batch as its leading dims, in a TensorDict as in a plain
+    tensor: values for fewer samples (``output[:2]``) or for the path points of integrated
+    gradients read as samples would give maps of zeros, or of the wrong samples, silently.
+    A TensorDict built with another batch size but holding per-sample values is re-batched.
+    """
+    if isinstance(values, torch.Tensor):
+        _check_leading_batch("a tensor", values, batch)
+        return TensorDict({"target": values}, batch_size=batch)
+    if not isinstance(values, TensorDictBase) or values.batch_size == batch:
         return values
-    if values.shape[: len(batch)] != batch:
+    for key, value in values.items(True, True):
+        if isinstance(value, torch.Tensor):
+            _check_leading_batch(f"a TensorDict (batch size {list(values.batch_size)}) holding {key!r}", value, batch)
+    out = TensorDict({}, batch_size=batch)
+    for key, value in values.items(True, True):
+        out.set(key, value)
+    return out
+
+
+def _check_leading_batch(what: str, value: torch.Tensor, batch: torch.Size) -> None:
+    if value.shape[: len(batch)] != batch:
         raise ValueError(
-            f"target returned a tensor of shape {list(values.shape)}; its leading dims must be the batch "
-            f"{list(batch)} (one value per sample, with a last dim for several targets)"
+            f"target returned {what} of shape {list(value.shape)}; its leading dims must be the batch "
+            f"{list(batch)} of the outputs it is given (one value per sample, with a last dim for several targets: "
+            "build it from every sample, e.g. TensorDict(key=out[..., i], batch_size=out.batch_size))"
         )
-    return TensorDict({"target": values}, batch_size=batch)
 
 
 def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target, *,

@@ -19,6 +19,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
+from .._targets import autograd_off_note
 from .._vjp import vjp
 from ._cache import cache
 from ._run import (
@@ -66,7 +67,9 @@ def attribution_patching(
 
     Raises:
         TypeError: a site's activation is not float (token ids: take the embedding's output).
-        ValueError: the clean and corrupted selections differ in shape.
+        ValueError: the clean and corrupted selections differ in shape; the metric has no
+            gradient (an argmax, a comparison, ``.detach()``, or any metric under
+            ``torch.inference_mode()``), which would make every estimate 0.
 
     >>> import torch, tdhook_fn
     >>> from tensordict import TensorDict
@@ -102,7 +105,9 @@ def attribution_patching(
         taps = [site.editor(_add(deltas[site.key])) for site in chosen]
         out = forward(f, params, flat, [*taps, *reads.taps()])
         seen = {site.key: reads.get(site) for site in chosen}  # read after the (zero) edit
-        return metric_values("attribution_patching", metric, out, batch).reshape(-1), seen
+        values = metric_values("attribution_patching", metric, out, batch)
+        _check_differentiable(values)
+        return values.reshape(-1), seen
 
     values, pullback, seen = cast(Any, vjp(run, zeros, constants=(params, flat)))
     (grads,) = pullback(torch.ones_like(values))
@@ -111,6 +116,16 @@ def attribution_patching(
         term = (targets[site.key] - seen[site.key].detach()) * grads[site.key]
         estimates.append(term.reshape(term.shape[0], -1).sum(1))
     return torch.stack(estimates).reshape(len(chosen), *batch)
+
+
+def _check_differentiable(values: torch.Tensor) -> None:
+    """The metric must have a gradient: without one every estimate is 0, silently (as a target in saliency)."""
+    if values.is_floating_point() and values.requires_grad:
+        return
+    raise ValueError(f"attribution_patching: the metric does not depend differentiably on the sites' activations "
+                     f"(it returned {values.dtype} values without a gradient: an argmax, a comparison or .detach() "
+                     "has none), so every estimate would be 0; give a differentiable metric, such as a logit or a "
+                     f"logit difference{autograd_off_note()}")
 
 
 def _add(delta: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -267,3 +267,18 @@ def test_a_layer_without_the_batch_dim_is_named(method):
     with pytest.raises(ValueError, match=r"layer 'positions' outputs shape \[5, 4\], whose first dim is not the batch"):
         call()
     assert saliency(f, p, x, target=1, layers=["head"])["head"].shape == (6, 5, 2)  # after it joins the batch
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients"])
+def test_a_method_under_inference_mode_says_autograd_is_off(method) -> None:
+    """The target had no gradient, and the error did not say why."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    f, p = tdhook_fn.pure(net)
+    x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    call = getattr(tdhook_fn.attribution, method)
+    args = (0.0,) if method == "integrated_gradients" else ()
+    expected = call(f, p, x, *args, target=0)["input"]
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"does not depend .*autograd is off: torch.inference"):
+        call(f, p, x, *args, target=0)
+    with torch.no_grad():  # (the methods enable grad for their own forward)
+        torch.testing.assert_close(call(f, p, x, *args, target=0)["input"], expected)

@@ -319,3 +319,48 @@ def test_int_and_tuple_targets_ignore_extra_input_keys(extra):
         )
         assert torch.equal(attrs["input"], expected["input"])
         assert torch.equal(delta, expected_delta)
+
+
+# --- a target's values are per sample, in a TensorDict as in a tensor ---------------------------------------------
+
+
+def _small_cnn():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(2 * 4 * 4, 3)).eval()
+    return tdhook_fn.functional(net), tdhook_fn.params(net), TensorDict(input=torch.randn(4, 1, 6, 6), batch_size=[4])
+
+
+def _calls():
+    from tdhook_fn.attribution import Epsilon, Ignore, Pass, guided_backprop, lrp
+
+    rules = {torch.nn.Linear: Epsilon(1e-9), torch.nn.Conv2d: Epsilon(1e-9), torch.nn.ReLU: Pass(),
+             torch.nn.Flatten: Ignore()}
+    return {
+        "saliency": lambda f, p, x, t: saliency(f, p, x, target=t),
+        "integrated_gradients": lambda f, p, x, t: integrated_gradients(f, p, x, 0.0, target=t, n_steps=4),
+        "ig-chunked": lambda f, p, x, t: integrated_gradients(f, p, x, 0.0, target=t, n_steps=4, chunk_size=2),
+        "ig-per-target": lambda f, p, x, t: integrated_gradients(f, p, x, 0.0, target=t, n_steps=4, per_target=True),
+        "grad_cam": lambda f, p, x, t: grad_cam(f, p, x, target=t, layers={"[1]": DimsConfig((1, 2), (0,))}),
+        "guided_backprop": lambda f, p, x, t: guided_backprop(f, p, x, target=t),
+        "lrp": lambda f, p, x, t: lrp(f, p, x, target=t, rules=rules),
+    }
+
+
+@pytest.mark.parametrize("method", list(_calls()))
+def test_a_target_tensordict_of_another_batch_is_refused(method):
+    """Values for two of four samples gave zero maps for the others (in IG: path points read as samples)."""
+    call = _calls()[method]
+    f, p, x = _small_cnn()
+    fewer = lambda out: TensorDict(o=out["output"][:2, :2], batch_size=[2])
+    with pytest.raises(ValueError, match=r"target returned a TensorDict \(batch size \[2\]\) holding 'o' of shape "
+                                         r"\[2, .*; its leading dims must be the batch"):
+        call(f, p, x, fewer)
+    with pytest.raises(ValueError, match="leading dims must be the batch"):  # as a plain tensor is refused
+        call(f, p, x, lambda out: out["output"][:2, :2])
+    # per-sample values under another batch size are read per sample: the same maps as with the batch
+    batch_free = lambda out: TensorDict(o=out["output"][..., :2], batch_size=[])
+    batched = lambda out: TensorDict(o=out["output"][..., :2], batch_size=out.batch_size)
+    ours, expected = call(f, p, x, batch_free), call(f, p, x, batched)
+    for key in expected.keys(True, True):
+        torch.testing.assert_close(ours[key], expected[key])

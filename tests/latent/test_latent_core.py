@@ -95,6 +95,30 @@ def test_sweep_chunks_and_atp_linear_case():
     torch.testing.assert_close(attribution_patching(f, p, clean, corrupt, grid, metric), exact, atol=1e-6, rtol=1e-5)
 
 
+
+@pytest.mark.parametrize("metric", [
+    lambda out: out["output"].argmax(-1).float(),
+    lambda out: (out["output"][..., 1] > 0).float(),
+    lambda out: out["output"][..., 1].detach(),
+], ids=["argmax", "comparison", "detach"])
+def test_atp_refuses_a_metric_without_gradient(metric):
+    """Every estimate was 0 (the true effects were not): refused, as saliency refuses such a target."""
+    net, f, p, clean, corrupt = _setup()
+    with pytest.raises(ValueError, match="the metric does not depend differentiably .* every estimate would be 0"):
+        attribution_patching(f, p, clean, corrupt, [Site("[3]", index=(i,)) for i in range(4)], metric)
+
+
+def test_atp_under_inference_mode_says_autograd_is_off_and_no_grad_is_fine():
+    net, f, p, clean, corrupt = _setup()
+    grid = [Site("[3]", index=(i,)) for i in range(4)]
+    metric = lambda out: out["output"][..., 1]
+    expected = attribution_patching(f, p, clean, corrupt, grid, metric)
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"autograd is off: torch.inference_mode\(\)"):
+        attribution_patching(f, p, clean, corrupt, grid, metric)
+    with torch.no_grad():
+        torch.testing.assert_close(attribution_patching(f, p, clean, corrupt, grid, metric), expected)
+
+
 BAD = [
     ("not-functional", lambda f, p, c, x: cache(lambda q, td: td, p, c, "[0]"), TypeError, "Functional"),
     ("module-as-f", lambda f, p, c, x: cache(f.model, p, c, "[0]"), TypeError, "tdhook_fn.functional(model)"),
