@@ -17,21 +17,22 @@ Baselines = TensorDictBase | torch.Tensor | float
 
 
 def attributed_keys(method: str, f: Callable[..., Any], inputs: TensorDictBase,
-                    input_keys: Sequence[NestedKey] | None) -> tuple[NestedKey, ...]:
+                    input_keys: NestedKey | Sequence[NestedKey] | None) -> tuple[NestedKey, ...]:
     """The inputs the baselines replace: ``input_keys``, else every input ``f`` reads (one, or all positional)."""
     if input_keys is None and len(getattr(f, "keywords", {})) > 1:
         raise ValueError(
             f"{method}: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of them the "
             "baselines replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an "
             "attention mask, are then passed unchanged, as captum's additional_forward_args)")
+    keys = input_keys_of(f, inputs, input_keys)
     if input_keys is None:
-        return input_keys_of(f, inputs)
+        return keys
     present = inputs.keys(True, True)
-    missing = [key for key in input_keys if key not in present]
+    missing = [key for key in keys if key not in present]
     if missing:
         raise KeyError(f"{method}: input_keys names {missing}, which the inputs do not hold; they hold "
                        f"{sorted(map(str, present))}")
-    return tuple(input_keys)
+    return keys
 
 
 def path_starts(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str) -> TensorDict:

@@ -42,7 +42,7 @@ def convergence_delta(
     *,
     target: Target,
     per_target: bool = False,
-    input_keys: Sequence[NestedKey] | None = None,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
     target_layers: Sequence[str] = (),
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,

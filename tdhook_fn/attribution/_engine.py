@@ -76,8 +76,12 @@ class Gradients:
     targets: TensorDictBase
 
 
-def input_keys_of(f: Callable[..., Any], inputs: TensorDictBase) -> tuple[NestedKey, ...]:
-    """The keys to attribute: ``f.in_keys`` for a Functional, else every float leaf."""
+def input_keys_of(f: Callable[..., Any], inputs: TensorDictBase,
+                  given: NestedKey | Sequence[NestedKey] | None = None) -> tuple[NestedKey, ...]:
+    """The keys to attribute: ``given`` (a str is one key, as in ``functional``), else ``f.in_keys``
+    for a Functional, else every float leaf."""
+    if given is not None:
+        return (given,) if isinstance(given, str) else tuple(given)
     keys = getattr(f, "in_keys", None)
     if keys is not None:
         return tuple(keys)

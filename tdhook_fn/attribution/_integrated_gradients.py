@@ -50,7 +50,7 @@ def integrated_gradients(
     interpolate: Literal["layers", "inputs"] = "layers",
     target_layers: Sequence[str] = (),
     use_inputs: bool = True,
-    input_keys: Sequence[NestedKey] | None = None,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,

@@ -240,7 +240,7 @@ def lrp(
     layers: Sequence[str] = (),
     target_layers: Sequence[str] = (),
     use_inputs: bool = True,
-    input_keys: Sequence[NestedKey] | None = None,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
     warn_on_missing_rule: bool = True,
     check_conservation: bool = False,
     taps: Sequence[Tap] = (),
@@ -314,7 +314,7 @@ def lrp(
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
     inputs = as_values(params, inputs)
-    keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
+    keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
     ruled = resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)

@@ -37,7 +37,7 @@ def saliency(
     layers: Sequence[str] = (),
     target_layers: Sequence[str] = (),
     use_inputs: bool = True,
-    input_keys: Sequence[NestedKey] | None = None,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
     grad_fns: Mapping[str, GradFn] | None = None,
     taps: Sequence[Tap] = (),
     cotangents: Cotangents | None = None,
@@ -103,7 +103,7 @@ def saliency(
     torch.Size([5, 3])
     """
     method = "input_x_gradient" if multiply_by_inputs else "saliency"
-    keys = tuple(input_keys_of(f, inputs) if input_keys is None else input_keys) if use_inputs else ()
+    keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
     check_layers(method, layers)
     result = gradients(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers),
