@@ -174,8 +174,8 @@ def _parse_expression(path: str, source: str) -> ast.expr:
 def parse_path(path: str) -> tuple[Step, ...]:
     """Split a path into attribute, item and call steps.
 
-    Only the syntax is checked here; :func:`resolve_path` also refuses calls by name (see
-    NOTE [safe paths]).
+    Only the syntax is checked here; `resolve_path` also refuses calls by name (paths are
+    never evaluated).
 
     Args:
         path (str): a submodule path; ``""`` is the root itself.
@@ -188,8 +188,9 @@ def parse_path(path: str) -> tuple[Step, ...]:
             something that does not directly follow a name, or is longer than 10,000
             characters.
 
-    >>> parse_path("layers[0].<block/0>.fn(1)")
-    (Attr(name='layers'), Item(key=0), Attr(name='block/0'), Attr(name='fn'), Call(args=(1,), kwargs=()))
+    Examples:
+        >>> parse_path("layers[0].<block/0>.fn(1)")
+        (Attr(name='layers'), Item(key=0), Attr(name='block/0'), Attr(name='fn'), Call(args=(1,), kwargs=()))
     """
     if not isinstance(path, str):
         raise PathError(f"a submodule path must be a str, got {type(path).__name__}")
@@ -331,8 +332,8 @@ def _fresh(value: Any) -> Any:
 def resolve_path(root: nn.Module, path: str) -> Any:
     """Follow ``path`` from ``root`` without evaluating it, and without changing ``root``.
 
-    The whole path is parsed and its calls checked before the first step is taken (see
-    NOTE [safe paths]): a path may call only your own methods (``"fn(0)"``) and
+    The whole path is parsed and its calls checked before the first step is taken (paths
+    are never evaluated): a path may call only your own methods (``"fn(0)"``) and
     ``get_submodule``, ``get_parameter``, ``get_buffer``.
 
     Args:
@@ -347,10 +348,11 @@ def resolve_path(root: nn.Module, path: str) -> Any:
             something it may not, or does not resolve; the message names the path and
             the nearest existing names, or the refused method and why.
 
-    >>> from torch import nn
-    >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
-    >>> resolve_path(net, "[0]") is net[0] and resolve_path(net, "<1>") is net[1]
-    True
+    Examples:
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+        >>> resolve_path(net, "[0]") is net[0] and resolve_path(net, "<1>") is net[1]
+        True
     """
     steps = parse_path(path)
     _check_calls(path, steps)
@@ -371,8 +373,12 @@ def path_to_name(path: str) -> str:
     Paths holding a negative index, a slice or a call are returned unchanged; otherwise
     quotes are dropped and brackets become dots.
 
-    >>> path_to_name("layers[0]['attn']"), path_to_name("<block/0>.fc")
-    ('layers.0.attn', 'block/0.fc')
+    Args:
+        path (str): a submodule path, as `tdhook_fn.resolve_path` reads it.
+
+    Examples:
+        >>> path_to_name("layers[0]['attn']"), path_to_name("<block/0>.fc")
+        ('layers.0.attn', 'block/0.fc')
     """
     if re.search(r"\[-|[:()]", path):
         return path

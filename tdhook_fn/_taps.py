@@ -37,12 +37,12 @@ Captured = dict[str, Any]
 class Tap:
     """What to do with the activation at ``path``.
 
-    Build taps with :func:`capture`, :func:`intervene`, :func:`perturb` and
-    :func:`map_grad`. A subclass with ``kind="custom"`` overrides :meth:`attach` to register
+    Build taps with `capture`, `intervene`, `perturb` and
+    `map_grad`. A subclass with ``kind="custom"`` overrides `attach` to register
     any hook on the call's private shadow module (the compat layer does).
 
     Attributes:
-        path (str): submodule path (see :func:`tdhook_fn.resolve_path`).
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
         kind (str): ``"capture"``, ``"intervene"``, ``"map_grad"`` or ``"custom"``.
         fn (Callable | None): applied to the value (``capture``, ``intervene``) or to the
             gradient flowing through it (``map_grad``).
@@ -88,8 +88,8 @@ class Tap:
 
         Returns:
             tuple[str, Callable]: ``"_forward_hooks"`` or ``"_forward_pre_hooks"``, and
-            the hook (what :meth:`attach` registers; the compiled path of
-            :func:`tdhook_fn.call` puts it in the dict itself, NOTE [compiled calls]).
+            the hook (what `attach` registers; the compiled path of
+            `tdhook_fn.call` puts it in the dict itself).
         """
         transform = self._transform(captured)
         if self.call is not None:
@@ -182,23 +182,49 @@ def capture(
 ) -> Tap:
     """Read the activation at ``path``: its value (or ``fn(value)``) is returned under ``key``.
 
-    >>> import torch, tdhook_fn
-    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
-    >>> out, seen = tdhook_fn.call_with_taps(net, tdhook_fn.params(net), [capture("[0]")],
-    ...                                      torch.ones(2))
-    >>> seen["0"].shape
-    torch.Size([3])
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
+        key (str): where the value is stored. Default: a name derived from the path
+            (`tdhook_fn.path_to_name`).
+        fn (Callable | None): applied to the value before it is stored. Default: ``None``, the value.
+        call (int | None): for a submodule that runs more than once in one forward, read only its
+            ``call``-th run (0 is the first). Default: ``None``, every run (the last is kept).
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> out, seen = tdhook_fn.call_with_taps(net, tdhook_fn.params(net), [capture("[0]")],
+        ...                                      torch.ones(2))
+        >>> seen["0"].shape
+        torch.Size([3])
     """
     return Tap(path, "capture", fn, site, key, call)
 
 
 def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output", call: int | None = None) -> Tap:
-    """Replace the activation at ``path`` by ``fn(activation)`` (at every run, or at run ``call``)."""
+    """Replace the activation at ``path`` by ``fn(activation)`` (at every run, or at run ``call``).
+
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        fn (Callable): ``activation -> new activation``.
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
+        call (int | None): for a submodule that runs more than once in one forward, act only at
+            its ``call``-th run (0 is the first). Default: ``None``, every run.
+    """
     return Tap(path, "intervene", fn, site, call=call)
 
 
 def perturb(path: str, delta: torch.Tensor, *, site: Site = "output", call: int | None = None) -> Tap:
-    """Add ``delta`` to the activation at ``path``; see NOTE [layer gradients]."""
+    """Add ``delta`` to the activation at ``path`` (a zero ``delta`` makes its gradient the layer's).
+
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        delta (Tensor): added to the activation (broadcast to its shape).
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
+        call (int | None): for a submodule that runs more than once in one forward, act only at
+            its ``call``-th run (0 is the first). Default: ``None``, every run.
+    """
     return Tap(path, "intervene", lambda value: value + delta, site, call=call)
 
 
@@ -209,5 +235,10 @@ def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Sit
     (tdhook's ``bwd_pre`` direction); with ``site="input"`` the gradient leaving the module
     through its input (tdhook's ``bwd``). The forward value is unchanged. ``fn`` must be a
     pure tensor function (it runs under ``vmap`` inside transforms).
+
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        fn (Callable[[Tensor], Tensor]): ``gradient -> new gradient``, a pure tensor function.
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
     """
     return Tap(path, "map_grad", fn, site)

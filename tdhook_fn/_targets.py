@@ -133,7 +133,7 @@ def check_target(target: Any, batch_size: Sequence[int], method: str = "attribut
 def as_target(
     target: Target, *, outputs: Sequence[NestedKey] | None = None
 ) -> Callable[[TensorDictBase], TensorDictBase | torch.Tensor]:
-    """The callable form of ``target`` (see NOTE [one target rule]).
+    """The callable form of ``target``, the one rule every method follows.
 
     Args:
         target (int | tuple[int, ...] | Tensor | Callable): an index, several indices, an
@@ -150,14 +150,15 @@ def as_target(
     Raises:
         TypeError: ``target`` is none of these, or a tensor of non-integer dtype.
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), batch_size=[2])
-    >>> as_target((0, 2))(td)["output"]
-    tensor([[0., 2.],
-            [3., 5.]])
-    >>> as_target(torch.tensor([2, 0]))(td)["output"]  # one class per sample
-    tensor([2., 3.])
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), batch_size=[2])
+        >>> as_target((0, 2))(td)["output"]
+        tensor([[0., 2.],
+                [3., 5.]])
+        >>> as_target(torch.tensor([2, 0]))(td)["output"]  # one class per sample
+        tensor([2., 3.])
     """
     if isinstance(target, bool):
         raise TypeError("target must be an int, a tuple of ints, a tensor of class indices or a callable, not a bool")
@@ -184,12 +185,18 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
     The TensorDict given to the target must hold ``key`` (integer labels, one per sample)
     and the output (``output``, or the single other entry).
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
-    ...                 batch_size=[2])
-    >>> label("y")(td)["output"]
-    tensor([2., 3.])
+    Args:
+        key (NestedKey): the entry holding the integer labels.
+        output (NestedKey | None): the output entry the labels index. Default: ``None``, the single
+            entry other than ``key``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
+        ...                 batch_size=[2])
+        >>> label("y")(td)["output"]
+        tensor([2., 3.])
     """
 
     def select(td: TensorDictBase) -> TensorDictBase:

@@ -98,3 +98,80 @@ def test_images_exist_and_are_small() -> None:
             image = (page.parent / target).resolve()
             assert image.is_file(), f"{page.relative_to(DOCS)} shows a missing image {target}"
             assert image.stat().st_size < 150 * 1024, f"{target} is over 150 KB"
+
+
+# ---- every public callable documents every parameter, as the API pages parse it ----------------
+
+API_MODULES = ["tdhook_fn", "tdhook_fn.attribution", "tdhook_fn.weights", "tdhook_fn.latent", "tdhook_fn.data"]
+# The options mkdocs.yml gives mkdocstrings (docstring_style: google, docstring_options).
+GOOGLE_OPTIONS = {"returns_named_value": False}
+SPHINX_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj|exc):`")
+
+
+def _public_callables() -> list[tuple[str, str]]:
+    import importlib
+    import inspect
+
+    found = []
+    for module_name in API_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isfunction(value) or inspect.isclass(value):
+                found.append((module_name, name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def griffe_package():
+    griffe = pytest.importorskip("griffe")
+    return griffe.load("tdhook_fn", search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=False)
+
+
+class _Records(__import__("logging").Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize(("module", "name"), _public_callables(), ids=lambda v: v)
+def test_every_parameter_is_documented(griffe_package, module: str, name: str) -> None:
+    """Each signature parameter has its own ``Args:`` entry, and griffe parses the docstring without a warning."""
+    import logging
+
+    from griffe import DocstringSectionKind, Kind
+
+    obj = griffe_package[module.removeprefix("tdhook_fn").lstrip(".") + ("." if module != "tdhook_fn" else "") + name]
+    obj = obj.final_target if obj.is_alias else obj
+    function = obj.members["__init__"] if obj.kind is Kind.CLASS and "__init__" in obj.members else obj
+    assert obj.docstring is not None, f"{module}.{name} has no docstring"
+    records = _Records()
+    logger = logging.getLogger("griffe")
+    logger.addHandler(records)
+    try:
+        sections = obj.docstring.parse("google", **GOOGLE_OPTIONS)
+        if function is not obj and function.docstring is not None:  # merge_init_into_class
+            sections += function.docstring.parse("google", **GOOGLE_OPTIONS)
+    finally:
+        logger.removeHandler(records)
+    assert not records.messages, f"{module}.{name}: griffe warns: {records.messages}"
+    kinds = {DocstringSectionKind.parameters}
+    if obj.kind is Kind.CLASS:  # a dataclass's fields may be documented as its attributes
+        kinds.add(DocstringSectionKind.attributes)
+    documented = {p.name for s in sections if s.kind in kinds for p in s.value}
+    for section in sections:
+        text = section.value if section.kind is DocstringSectionKind.text else ""
+        assert not re.search(r"^\s*>>>", text, re.M), f"{module}.{name}: a doctest outside an Examples: section"
+        assert not SPHINX_ROLE.search(obj.docstring.value), f"{module}.{name}: a Sphinx role; use `name`"
+        assert "NOTE [" not in obj.docstring.value, f"{module}.{name}: a source NOTE name in user docs"
+    wanted = []
+    for parameter in getattr(function, "parameters", []):
+        if parameter.name in ("self", "cls"):
+            continue
+        star = {"var_positional": "*", "var_keyword": "**"}.get(parameter.kind.name if parameter.kind else "", "")
+        wanted.append((parameter.name, star + parameter.name))
+    missing = [shown for bare, shown in wanted if bare not in documented and shown not in documented]
+    assert not missing, f"{module}.{name}: parameters without an Args entry: {missing}"

@@ -139,12 +139,12 @@ class ModuleCall:
 
     def vjp(self, inputs: Sequence[torch.Tensor], cotangent: torch.Tensor,
             modify: Modify | None = None) -> tuple[torch.Tensor, ...]:
-        """``J^T cotangent`` of :meth:`run` at ``inputs``, for each input."""
+        """``J^T cotangent`` of `run` at ``inputs``, for each input."""
         return self.linearize(inputs, modify)[1](cotangent)
 
     def linearize(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None,
                   ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]]:
-        """:meth:`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
+        """`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
         affine = self._affine(inputs)
         if affine is not None:
             weight, bias = self._weight_and_bias(modify)

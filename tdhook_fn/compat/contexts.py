@@ -1,13 +1,13 @@
 """Hooking contexts with the public API of ``tdhook.contexts`` from tdhook 0.1.3.
 
 ``HookingContextFactory().prepare(model)`` gives a context; entering it gives a
-:class:`~tdhook_fn.compat.modules.HookedModule` that runs ``model`` with hooks. Unlike
+`HookedModule` that runs ``model`` with hooks. Unlike
 tdhook, entering a context changes nothing on the model: hooks are virtual and every
-call runs on a private shadow of the model (see :mod:`tdhook_fn.compat.modules`).
+call runs on a private shadow of the model (see `tdhook_fn.compat.modules`).
 
 Subclasses customise the same steps as in tdhook: ``_prepare_module`` turns the working
 module into the module to run (it receives a
-:class:`~tdhook_fn.compat.modules.RoutedModule`, whose ``functional()`` and ``params()``
+`RoutedModule`, whose ``functional()`` and ``params()``
 give the model as a pure function at call time), ``_restore_module`` undoes it (it
 receives the same working module), ``_spawn_hooked_module`` wraps it and
 ``_hook_module`` registers the context's own hooks on the hooked module. Public
@@ -62,7 +62,8 @@ class HookingContext:
         factory (HookingContextFactory): supplies the prepare/restore/spawn/hook steps.
         module (nn.Module): the model; an ``nn.Module`` is wrapped in a
             ``TensorDictModule(module, in_keys or ["input"], out_keys or ["output"])``.
-        in_keys, out_keys: the keys of that wrapper.
+        in_keys (list | None): the input keys of that wrapper.
+        out_keys (list | None): the output keys of that wrapper.
         pre_factories (list | None): factories whose contexts are entered first, each
             preparing the module the next one receives.
     """
@@ -191,7 +192,8 @@ class HookingContextWithCache(HookingContext):
     """A context owning a cache TensorDict, cleared on entry unless ``clear_cache=False``.
 
     Args:
-        *args, **kwargs: as :class:`HookingContext`.
+        *args (Any): passed on to `HookingContext`.
+        **kwargs (Any): passed on to `HookingContext`.
         cache (TensorDict | None): the cache. Default: a new TensorDict.
         clear_cache (bool): clear it on every entry. Default: ``True``.
     """

@@ -9,7 +9,7 @@ context's module, and handed to the pure method as paths from the model; the tar
 given to ``init_attr_targets`` are keyed by the paths as written, as in tdhook.
 
 Differences from tdhook 0.1.3 (beyond those of
-:mod:`~tdhook_fn.compat.attribution.gradient_helpers.common`):
+`common`):
 
 - ``additional_init_keys`` reach ``init_attr_targets`` and ``init_attr_grads``: tdhook
   runs its ``Saliency`` on a copy of the inputs without them, and fails with a
@@ -48,7 +48,7 @@ Keys = list[Any]
 class ActivationMaximisation(GradientAttribution):
     """Activation maximisation (Mahendran & Vedaldi 2015): inputs that excite modules most.
 
-    Computed by :func:`tdhook_fn.attribution.activation_maximisation`: ``n_steps`` of
+    Computed by `tdhook_fn.attribution.activation_maximisation`: ``n_steps`` of
     ``x <- clamp(x + alpha * grad, min_value, max_value)`` on every input, the gradient
     being that of the summed activations of ``modules_to_maximise`` (or of
     ``init_attr_targets``' values). The final inputs are written under
@@ -71,14 +71,15 @@ class ActivationMaximisation(GradientAttribution):
         attribution_key (str | tuple[str, ...]): where results go. Default: ``"attr"``.
         clean_intermediate_keys (bool): accepted; there are no intermediate keys.
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> with ActivationMaximisation(["module[2]"], n_steps=3, max_value=1.0).prepare(model) as hooked:
-    ...     out = hooked(td)
-    >>> out["attr", "input"].shape, bool(out["attr", "input"].max() <= 1.0)
-    (torch.Size([5, 3]), True)
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> with ActivationMaximisation(["module[2]"], n_steps=3, max_value=1.0).prepare(model) as hooked:
+        ...     out = hooked(td)
+        >>> out["attr", "input"].shape, bool(out["attr", "input"].max() <= 1.0)
+        (torch.Size([5, 3]), True)
     """
 
     def __init__(

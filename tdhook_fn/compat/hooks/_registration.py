@@ -120,7 +120,7 @@ def resolve_submodule_path(root: nn.Module, path: str) -> Any:
     Raises:
         PathError: (a ``ValueError``) the path does not parse, names a dunder, calls a
             method a path may not call (checked for the whole path before anything in it
-            runs; see NOTE [safe paths] in :mod:`tdhook_fn._paths`), or does not resolve.
+            runs; see NOTE [safe paths] in `tdhook_fn._paths`), or does not resolve.
     """
     return resolve_path(root, path)
 
@@ -149,7 +149,7 @@ def register_hook_to_module(
     Args:
         module: the module to hook.
         hook: the hook; its signature is checked against ``direction`` first.
-        direction: one of :data:`HookDirection`.
+        direction: one of `HookDirection`.
         prepend: run the hook before the hooks already registered.
 
     Returns:
@@ -267,7 +267,7 @@ class MultiHookManager:
             module: the model to hook (the root itself is never hooked).
             hook_factory: builds the hook for a submodule from its name, relative to the
                 module that ``relative_path`` names.
-            direction: one of :data:`HookDirection`.
+            direction: one of `HookDirection`.
             prepend: run the hooks before those already registered.
             relative_path: a submodule path; only modules below it are considered.
 

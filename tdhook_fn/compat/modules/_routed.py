@@ -97,12 +97,12 @@ class RoutedModule(TensorDictModuleWrapper):
         return route(self.td_module, lambda root: root(*args, **kwargs), overrides=self.overrides(self._prefix()))
 
     def forward_with_params(self, params: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`forward` with ``params`` in place of the model's own tensors.
+        """`forward` with ``params`` in place of the model's own tensors.
 
         No params transform applies: ``params`` are used as given.
 
         Args:
-            params (TensorDict): keyed like :meth:`params` (relative to :attr:`model`).
+            params (TensorDict): keyed like `params` (relative to `model`).
         """
         return route(self.td_module, lambda root: root(*args, **kwargs), self._nest(params))
 
@@ -110,7 +110,7 @@ class RoutedModule(TensorDictModuleWrapper):
         """The params calls run with, passed through the params transforms active now.
 
         Args:
-            detach (bool): start from :func:`tdhook_fn.params` of the model (detached,
+            detach (bool): start from `tdhook_fn.params` of the model (detached,
                 buffers copied) instead of its own tensors, live (gradients reach the
                 model). Default: ``False``.
         """
@@ -118,7 +118,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return params_of(self.model, detach=detach) if transformed is None else transformed[1]
 
     def overrides(self, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any] | None:
-        """What the active params transforms replace, for a live call: keyed from :attr:`model`, after ``prefix``.
+        """What the active params transforms replace, for a live call: keyed from `model`, after ``prefix``.
 
         ``None`` when no transform applies (see NOTE [params transforms]).
         """
@@ -138,7 +138,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return start, params.detach() if detach else params
 
     def taps(self) -> tuple[Tap, ...]:
-        """The virtual hooks active now, as taps with paths relative to :attr:`model`."""
+        """The virtual hooks active now, as taps with paths relative to `model`."""
         return taps_for(self.model, active_hooks())
 
     def functional(self) -> Functional:
@@ -146,7 +146,7 @@ class RoutedModule(TensorDictModuleWrapper):
 
         Call it while the hooked module runs (inside a prepared module's forward): the
         hooks registered on the hooked module at that moment become ``f``'s taps.
-        ``params`` are keyed like :meth:`params`; ``td`` needs the context's ``in_keys``
+        ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys``
         and the result holds its ``out_keys``.
 
         The taps run the recorded tdhook hooks as they are, side effects included: a
