@@ -175,3 +175,11 @@ def test_every_parameter_is_documented(griffe_package, module: str, name: str) -
         wanted.append((parameter.name, star + parameter.name))
     missing = [shown for bare, shown in wanted if bare not in documented and shown not in documented]
     assert not missing, f"{module}.{name}: parameters without an Args entry: {missing}"
+
+
+def test_pages_speak_to_users() -> None:
+    """No source NOTE names, issue or commit numbers in the user docs: they mean nothing to a reader."""
+    internal = re.compile(r"NOTE \[|\bissue #?\d+|\bcommit [0-9a-f]{7,40}\b|\bPR #?\d+", re.I)
+    found = [f"{page.relative_to(DOCS)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
+             for page in PAGES for text in [page.read_text()] for m in internal.finditer(text)]
+    assert not found, f"internal references in docs/: {found}"
