@@ -163,7 +163,8 @@ def test_every_parameter_is_documented(griffe_package, module: str, name: str) -
         kinds.add(DocstringSectionKind.attributes)
     documented = {p.name for s in sections if s.kind in kinds for p in s.value}
     for section in sections:
-        text = section.value if section.kind is DocstringSectionKind.text else ""
+        text = {DocstringSectionKind.text: lambda: section.value,
+                DocstringSectionKind.admonition: lambda: section.value.contents}.get(section.kind, str)()
         assert not re.search(r"^\s*>>>", text, re.M), f"{module}.{name}: a doctest outside an Examples: section"
         assert not SPHINX_ROLE.search(obj.docstring.value), f"{module}.{name}: a Sphinx role; use `name`"
         assert "NOTE [" not in obj.docstring.value, f"{module}.{name}: a source NOTE name in user docs"

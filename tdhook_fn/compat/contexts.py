@@ -12,8 +12,8 @@ give the model as a pure function at call time), ``_restore_module`` undoes it (
 receives the same working module), ``_spawn_hooked_module`` wraps it and
 ``_hook_module`` registers the context's own hooks on the hooked module. Public
 attributes a factory sets on the working module land on the context's
-TensorDictModule, as in tdhook, and are gone after the context, even when a step fails
-(see NOTE [prepared attributes]). ``_hooking_context_class``, ``_hooked_module_class``,
+TensorDictModule, as in tdhook, and are gone after the context, even when a step fails.
+``_hooking_context_class``, ``_hooked_module_class``,
 ``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
 extra arguments.
 

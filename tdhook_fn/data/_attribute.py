@@ -80,7 +80,7 @@ def attribute(
     Returns:
         The result, memory-mapped from ``out_dir``, batch size ``[len(dataset), ...]``.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from tensordict import TensorDict
         >>> import tdhook_fn, tdhook_fn.data

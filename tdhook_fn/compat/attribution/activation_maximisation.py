@@ -1,6 +1,6 @@
 """``ActivationMaximisation`` (``tdhook.attribution.activation_maximisation``): gradient ascent on the inputs.
 
-# NOTE [paths of modules_to_maximise]
+**Paths of modules_to_maximise.**
 tdhook 0.1.3 runs its ``Saliency`` as a pre-factory on the ``TensorDictModule`` of the
 context, so ``modules_to_maximise`` are paths from that ``TensorDictModule``: for a
 plain ``nn.Module`` prepared by the context, ``"module[2]"`` is the model's ``[2]``
@@ -56,7 +56,7 @@ class ActivationMaximisation(GradientAttribution):
 
     Args:
         modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``
-            (``"module[2]"`` for a plain model, see NOTE [paths of modules_to_maximise]).
+            (``"module[2]"`` for a plain model, see the module's docstring).
         alpha (float): step size. Default: ``0.1``.
         n_steps (int): number of steps. Default: ``10``.
         min_value (float): lower bound after each step. Default: ``-inf``.

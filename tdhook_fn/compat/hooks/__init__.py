@@ -2,7 +2,7 @@
 
 Names, signatures, defaults, error types and runtime behaviour follow tdhook, with one
 deliberate exception: submodule paths are never evaluated. ``resolve_submodule_path``
-walks them with `tdhook_fn._paths.resolve_path` (see NOTE [safe paths] there), so a
+walks them with `tdhook_fn.resolve_path` (which never evaluates a path), so a
 malformed or malicious path, or one calling a method that could change the model (such as
 ``"train(False)"``), raises `tdhook_fn.PathError` (a ``ValueError``) before anything
 in it runs.

@@ -120,7 +120,7 @@ def resolve_submodule_path(root: nn.Module, path: str) -> Any:
     Raises:
         PathError: (a ``ValueError``) the path does not parse, names a dunder, calls a
             method a path may not call (checked for the whole path before anything in it
-            runs; see NOTE [safe paths] in `tdhook_fn._paths`), or does not resolve.
+            runs; see `tdhook_fn.resolve_path`), or does not resolve.
     """
     return resolve_path(root, path)
 

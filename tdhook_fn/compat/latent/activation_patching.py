@@ -5,7 +5,7 @@ and on ``td[patch_key]``'s inputs with the outputs of ``modules_to_patch`` repla
 their clean values (or by ``patch_fn(module_key=, output=, output_to_patch=)``), and
 writes the clean outputs into ``td`` and the patched ones under ``(patch_key, key)``.
 The clean activations come from `tdhook_fn.latent.cache`, the patched run from
-`tdhook_fn.latent.patch` (see NOTE [latent contexts, pure] in ``_calls.py``); no
+`tdhook_fn.latent.patch`; no
 hook is registered on the model.
 
 Differences from tdhook 0.1.3:

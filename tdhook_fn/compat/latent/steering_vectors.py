@@ -2,11 +2,10 @@
 
 `SteeringVectors` replaces the outputs of ``modules_to_steer`` by
 ``steer_fn(module_key=, output=)`` in every call of the hooked module: one virtual hook
-per module (see NOTE [virtual hooks] in `tdhook_fn.compat.modules`), so the model
+per module (see `tdhook_fn.compat.modules`), so the model
 never carries a hook. `ActivationAddition` computes steering vectors, the mean
 over samples of ``act(positive) - act(negative)``, with
-`tdhook_fn.latent.activation_addition` (see NOTE [latent contexts, pure] in
-``_calls.py``).
+`tdhook_fn.latent.activation_addition`.
 
 Differences from tdhook 0.1.3:
 

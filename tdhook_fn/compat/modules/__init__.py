@@ -3,7 +3,7 @@
 Names, signatures, defaults, TensorDict keys and errors follow tdhook, with one change
 of architecture: **no torch hook is ever registered on the user's model**. ``set``,
 ``get``, ``stop`` and their variants record *virtual hooks* on the
-`HookedModule` (see NOTE [virtual hooks] in ``_virtual.py``); every call runs the
+`HookedModule`; every call runs the
 model on the core's private shadow (`tdhook_fn._call.run`) with those hooks
 attached there, and with the model's live parameters, so ``out.backward()`` still fills
 ``model.weight.grad`` and gradient hooks fire during backward.
@@ -22,7 +22,7 @@ Consequences, where this differs from tdhook 0.1.3:
 - Keys with ``relative=True`` start at the user's model. Keys with ``relative=False``
   start at the hooked module and must end on a submodule of the model
   (``ValueError`` otherwise; tdhook would hook a wrapper module for real).
-- Paths are never evaluated (see NOTE [safe paths] in `tdhook_fn._paths`).
+- Paths are never evaluated (see `tdhook_fn.resolve_path`).
 
 Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receives a
 `RoutedModule`: the model, routed. At call time (inside the prepared module's
@@ -32,8 +32,7 @@ registered at that moment, ``module.params()`` its live parameters (use
 ``tdhook_fn.params(module.model)`` for a detached copy), and ``module.model`` the user's
 model that hook keys and ``f``'s paths are relative to. A method that runs the model with
 other weights gives them to the hooked module's calls, never to the model:
-``module.with_params_transform(transform)`` (see NOTE [params transforms] in
-``_transforms.py``).
+``module.with_params_transform(transform)``.
 
 Examples:
     >>> import torch

@@ -29,7 +29,7 @@ class RoutedModule(TensorDictModuleWrapper):
 
     Behaves like the wrapped module (same ``in_keys``, ``out_keys``, attributes, and
     ``forward`` writing into the given TensorDict), but every call runs on a private
-    shadow of it (see NOTE [virtual hooks]) with the model's live tensors, so the model
+    shadow of it with the model's live tensors, so the model
     never carries a hook. Contexts give one to ``_prepare_module``; its methods give a
     method the model as a pure function at call time.
 
@@ -39,7 +39,7 @@ class RoutedModule(TensorDictModuleWrapper):
         extra_relative_path (str): the path of the user's model inside ``td_module``
             (``"module"`` for a wrapped ``nn.Module``, ``""`` otherwise). Default: ``""``.
         params_transforms (Sequence[ParamsTransform]): applied to the params of every
-            call, after the active ones (see NOTE [params transforms]). Default: none.
+            call, after the active ones. Default: none.
     """
 
     def __init__(
@@ -85,7 +85,7 @@ class RoutedModule(TensorDictModuleWrapper):
             super().__delattr__(name)
 
     def with_params_transform(self, transform: ParamsTransform) -> RoutedModule:
-        """This routed module, whose calls also apply ``transform`` (see NOTE [params transforms])."""
+        """This routed module, whose calls also apply ``transform`` to their params."""
         return RoutedModule(self.td_module, self._extra_relative_path, (*self._params_transforms, transform))
 
     @property
@@ -120,7 +120,7 @@ class RoutedModule(TensorDictModuleWrapper):
     def overrides(self, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any] | None:
         """What the active params transforms replace, for a live call: keyed from `model`, after ``prefix``.
 
-        ``None`` when no transform applies (see NOTE [params transforms]).
+        ``None`` when no transform applies.
         """
         transformed = self._transformed()
         return None if transformed is None else replaced(*transformed, prefix)

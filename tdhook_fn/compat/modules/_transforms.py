@@ -45,7 +45,7 @@ _TRANSFORMS: ContextVar[tuple[ParamsTransform, ...]] = ContextVar("tdhook_fn_par
 def transforming_params(*transforms: ParamsTransform) -> Iterator[None]:
     """Apply ``transforms`` to the params of every routed call in this thread until exit.
 
-    See NOTE [params transforms]. Context variables are per thread (and asyncio task):
+    Context variables are per thread (and asyncio task):
     other threads' calls are not affected.
     """
     token = _TRANSFORMS.set((*_TRANSFORMS.get(), *transforms))

@@ -94,7 +94,7 @@ class VirtualHookHandle:
 
 
 class VirtualHooks:
-    """A thread-safe registry of virtual hooks (see NOTE [virtual hooks])."""
+    """A thread-safe registry of virtual hooks: recorded here, attached only to each call's private shadow."""
 
     def __init__(self) -> None:
         self._entries: dict[int, VirtualHook] = {}

@@ -4,12 +4,12 @@ ROME-style edits and sparse autoencoders replace an activation by ``adapter(acti
 (``in_key == out_key``); transcoders replace the activation at ``out_key`` by the adapter
 applied to the one cached at ``in_key``.
 
-# NOTE [adapters as splices]
+**Adapters as splices.**
 tdhook registers a setting hook per adapter and direction on the model. Here
 ``_hook_module`` registers nothing on the model: it turns each of those hooks into an
 `AdapterCall` (the same callback as a
 module holding the adapter) and gives them to the prepared module. Every call of the
-hooked module then runs the model live (NOTE [live parameters]) with each of them spliced
+hooked module then runs the model live (with its own parameters) with each of them spliced
 in where its hook would act, as a plain forward of the adapter. So a loss on the adapted
 output back-propagates into the adapters' own ``nn.Parameter`` objects (train them with
 any ``torch.optim`` optimizer, as with tdhook) and into the model's, and buffers update as

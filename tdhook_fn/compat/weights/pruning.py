@@ -5,7 +5,7 @@ context yields runs the model with pruned parameters, the raw model and everythi
 holding it (other threads, ``tdhook_fn.params(model)`` taken earlier, which shares its
 storage) keep the original weights.
 
-# NOTE [pruning without writing]
+**Pruning without writing.**
 tdhook prunes the model in place on entry and restores it on exit. Two overlapping
 contexts (two threads) then restore each other's pruned values, and every other user of
 the model sees pruned weights while a context is open. Here, on entry, the masks come from
@@ -13,7 +13,7 @@ the pure functions of `tdhook_fn.weights` (`pruning_scores`,
 `global_unstructured_masks`,
 `ln_structured_mask`), computed from the model's values at that
 moment as in tdhook, and are kept by the prepared module, one set per entered context. The
-prepared module is the routed model with a params transform (NOTE [params transforms] in
+prepared module is the routed model with a params transform (see
 ``tdhook_fn.compat.modules``): each call of the hooked module runs the model on its private
 shadow with the pruned parameters, `apply_masks` of the live ones
 (computed at each call, so that any write to a parameter is seen), and the live
@@ -167,7 +167,7 @@ class _Transforming(TensorDictModuleWrapper):
 class PruningContext(HookingContext):
     """The context of `Pruning`, as tdhook names it.
 
-    It restores nothing because nothing is written (see NOTE [pruning without writing]);
+    It restores nothing because nothing is written (see the module's docstring);
     the masks live in the prepared module of each entry.
     """
 
@@ -198,7 +198,7 @@ class Pruning(HookingContextFactory):
         ValueError: neither ``amount_to_prune`` nor ``modules_to_prune`` is given.
 
     The hooked module the context yields runs with pruned parameters; the model itself is
-    never pruned (see NOTE [pruning without writing]).
+    never pruned (see the module's docstring).
 
     Examples:
         >>> import torch

@@ -4,7 +4,7 @@ The numbers come from `tdhook_fn.weights` (`task_vector`,
 `forget_vector`, `apply_vectors`,
 `best_alpha`); no weight is ever written into the user's model.
 
-# NOTE [applied vectors]
+**Applied vectors.**
 tdhook's ``with_applied_vectors`` loads the new weights into the model itself
 (``TensorDict.to_module``) and yields the hooked module. Here it yields the hooked module
 too, but the weights are only *registered* for it, in a context variable: while the
@@ -184,7 +184,7 @@ class TaskVectorsModule(HookedModule):
     def with_applied_vectors(self, *vectors: TensorDictBase, alpha: float | None = None) -> Iterator[TaskVectorsModule]:
         """Yield this module, whose calls run the model with `get_weights` meanwhile.
 
-        The model itself keeps its weights (see NOTE [applied vectors]).
+        The model itself keeps its weights (see the module's docstring).
         """
         weights = self.get_weights(*vectors, alpha=alpha)
         if self._prefix:
