@@ -15,7 +15,7 @@ V = TypeVar("V")
 class ParseCache(Generic[V]):
     """``path -> parse`` for at most ``max_entries`` paths and ``max_bytes`` bytes.
 
-    The bytes are those an entry keeps alive, as :func:`footprint` estimates them; an
+    The bytes are those an entry keeps alive, as `footprint` estimates them; an
     entry larger than ``max_bytes`` is not kept. The least recently used entries leave
     first. Thread-safe; callers parse outside the lock.
 
@@ -61,7 +61,7 @@ class ParseCache(Generic[V]):
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cached entries keep alive (:func:`footprint` summed)."""
+        """Bytes the cached entries keep alive (`footprint` summed)."""
         return self._nbytes
 
     def __len__(self) -> int:

@@ -5,7 +5,7 @@ A call step ``name(...)`` is refused by its *name*, before anything in the path 
 and its containers, on every module class ``torch.nn`` and ``tensordict.nn`` export, on
 ``torch.Tensor``, on tensordict's ``TensorDictBase``, and on transformers'
 ``PreTrainedModel`` and ``GenerationMixin`` (with all their mixins) once transformers has
-been imported; and any name ending in ``_``. :data:`READ_ONLY` names stay callable. The
+been imported; and any name ending in ``_``. `READ_ONLY` names stay callable. The
 object a call step reaches is checked again when it is called: it must be a Python
 function or method, neither named by the rule nor defined in torch, tensordict or
 transformers (this catches aliases such as ``self.fn = self.train``).
@@ -80,7 +80,7 @@ _owners_cache: tuple[tuple[object, ...], Mapping[str, str]] | None = None
 
 
 def _owners() -> Mapping[str, str]:
-    """:func:`_core_owners` plus the transformers classes imported so far."""
+    """`_core_owners` plus the transformers classes imported so far."""
     global _owners_cache
     found = tuple(getattr(sys.modules.get(module), cls, None) for module, cls, _ in _TRANSFORMERS)
     cached = _owners_cache

@@ -206,7 +206,7 @@ _CACHE: ParseCache[tuple[Step, ...]] = ParseCache(max_entries=4096, max_bytes=1 
 
 
 def _parse(path: str) -> tuple[Step, ...]:
-    """:func:`_parse_steps`, cached (failures are not cached)."""
+    """`_parse_steps`, cached (failures are not cached)."""
     steps = _CACHE.get(path)
     if steps is None:
         steps = _parse_steps(path)

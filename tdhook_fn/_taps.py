@@ -2,8 +2,8 @@
 
 A tap names a submodule by path and a site, its ``"output"`` or its ``"input"`` (the
 first positional argument of its forward; ``fn`` sees all of them when there are
-several). Taps are given to :func:`tdhook_fn.call_with_taps` or to a
-:class:`tdhook_fn.Functional`, and exist only for that call, on the call's private
+several). Taps are given to `tdhook_fn.call_with_taps` or to a
+`tdhook_fn.Functional`, and exist only for that call, on the call's private
 shadow of the model (see NOTE [shadow modules]), so other calls, in this thread or
 others, never see them.
 

@@ -5,7 +5,7 @@ A target is a callable ``outputs_td -> TensorDict`` of target values, as tdhook'
 ``init_attr_targets``; every target value is a tensor whose leading dimensions are the
 batch. Shortcuts: an ``int`` ``i`` selects ``output[..., i]`` of the single output; a tuple
 of ints selects ``output[..., (i, j, ...)]`` (several targets along the last dimension,
-summed or attributed one by one by the methods); :func:`label` selects, per sample, the
+summed or attributed one by one by the methods); `label` selects, per sample, the
 class stored under another key of the TensorDict.
 """
 

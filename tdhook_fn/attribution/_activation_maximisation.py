@@ -2,7 +2,7 @@
 
 # NOTE [ascent step]
 One step is ``x <- clamp(x + alpha * g, min_value, max_value)``, ``g`` the gradient of the
-target at ``x`` (one :func:`~tdhook_fn.attribution._engine.gradients` call: a forward
+target at ``x`` (one `gradients` call: a forward
 and a VJP). It is tdhook 0.1.3's ``PGDModule`` step with ``ascent=True`` and
 ``use_sign=False``, which writes ``x - alpha * (-g)``: the same number to the last bit.
 The starting point is not clamped, the raw gradient (not its sign) is used and the step

@@ -2,7 +2,7 @@
 
 # NOTE [convergence delta]
 Completeness (Sundararajan et al. 2017): integrated gradients along a path sum to the
-change of the target along it. :func:`convergence_delta` is that sum minus that change,
+change of the target along it. `convergence_delta` is that sum minus that change,
 as captum's ``compute_convergence_delta``: every map it is given counts. What
 ``integrated_gradients(..., return_convergence_delta=True)`` gives it are the maps of the
 path's own space, the only ones completeness speaks of: the inputs' maps where the

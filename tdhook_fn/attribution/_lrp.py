@@ -8,16 +8,16 @@ with a rule, a tap on the call's shadow module sees the module's inputs ``x`` an
 forward returns ``y`` unchanged and whose backward sends nothing back through ``y``'s own
 graph and gives ``x`` the rule's relevance ``rule.relevance(call, R)``, ``R`` being what
 arrives at the output. The tensors the rule needs (the module's parameters and buffers as
-the *call* sees them, i.e. the params given to :func:`lrp`) are inputs of the function, so
+the *call* sees them, i.e. the params given to `lrp`) are inputs of the function, so
 every transform (``vmap``, ``grad``, the engine's ``vjp``) sees them; the module's
-structure travels as a :class:`~tdhook_fn.attribution._lrp_call.Template` because the
+structure travels as a `Template` because the
 shadow is emptied when the forward returns, before the backward runs. Rules of the
 form ``R_i = x_i (J^T (factor * R))_i`` (epsilon) skip that second forward: they only
 scale gradients around the module's own backward (NOTE [gradient-form rules]). The
 rule's hook runs before any other hook on the module's output (``prepend``), so that a
 layer perturbation or a user intervention acts on the rule's output, and its input
 hook after all others (the rule taps come last), so that it sees what the module
-sees. Modules without a rule (and those with :class:`Ignore`) keep their plain gradient.
+sees. Modules without a rule (and those with `Ignore`) keep their plain gradient.
 
 # NOTE [zero-valued carriers]
 An ``autograd.Function`` under ``torch.func`` costs about 0.6 ms of Python per call

@@ -128,7 +128,7 @@ class Resolved(dict[str, Rule]):
 
 def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool = True,
                   method: str = "lrp") -> Resolved:
-    """The rule of each submodule that has one (not :class:`Ignore`), by path (and by module).
+    """The rule of each submodule that has one (not `Ignore`), by path (and by module).
 
     Raises:
         TypeError: ``rules`` is neither a mapping nor a callable, or a rule has no

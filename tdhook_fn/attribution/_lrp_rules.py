@@ -1,8 +1,8 @@
 """LRP rules: how one module hands the relevance at its output back to its inputs.
 
 A rule is a frozen dataclass with one method, ``relevance(call, grad)``: ``call`` is what
-the module saw in this run (a :class:`ModuleCall`), ``grad`` the relevance arriving at its
-output; it returns the relevance of each positional input. :func:`tdhook_fn.attribution.lrp`
+the module saw in this run (a `ModuleCall`), ``grad`` the relevance arriving at its
+output; it returns the relevance of each positional input. `tdhook_fn.attribution.lrp`
 runs it as the module's VJP (NOTE [lrp as modified vjps]). The maths of each rule is that
 of tdhook 0.1.3 (itself after Zennit and LXT), defaults included.
 """

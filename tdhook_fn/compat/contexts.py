@@ -288,14 +288,14 @@ class HookingContextFactory:
         """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself.
 
         Public attributes set on ``module`` are set on the context's TensorDictModule
-        (NOTE [working module attributes] in :mod:`tdhook_fn.compat.modules`).
+        (NOTE [working module attributes] in `tdhook_fn.compat.modules`).
         """
         return module
 
     def _restore_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> Any:
-        """Undo :meth:`_prepare_module` on exit; ``module`` is the one it received.
+        """Undo `_prepare_module` on exit; ``module`` is the one it received.
 
         Default: return ``module``.
         """

@@ -17,7 +17,7 @@ all runs of a chunk (``chunk_size`` runs, all by default) go through the model a
   takes it (every module runs for every run). The write into the copy is in place:
   ``grad`` goes through it, ``vmap`` does not.
 
-Either way the result equals the loop of :func:`patch` calls up to float rounding, and
+Either way the result equals the loop of `patch` calls up to float rounding, and
 ``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
 """
 

@@ -18,7 +18,7 @@ A site is a submodule path plus, optionally, a selection of its activation:
   first; negative counts from the end: ``-1`` is the last run, as hook libraries that
   overwrite their cache see it). Without it such a module is an error.
 
-:func:`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
+`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
 A site's ``key`` names its entry in results: its path as a name, the selection, then
 ``:input``, ``#element`` and ``@call`` where those are not the defaults
 (``"transformer.h.0.attn[:][0]:input@1"``).

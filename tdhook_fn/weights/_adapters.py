@@ -100,7 +100,7 @@ AdapterSpec = Adapter | tuple[nn.Module, str, str]
 
 
 def _as_adapters(what: str, adapters: Mapping[str, AdapterSpec]) -> dict[str, Adapter]:
-    """``adapters`` as name -> :class:`Adapter`, or a TypeError/ValueError naming the bad one."""
+    """``adapters`` as name -> `Adapter`, or a TypeError/ValueError naming the bad one."""
     if not isinstance(adapters, Mapping):
         raise TypeError(
             f"{what}: adapters must be a mapping name -> Adapter or (module, in_path, out_path), "

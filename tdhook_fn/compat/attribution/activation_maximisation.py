@@ -140,7 +140,7 @@ class ActivationMaximisation(GradientAttribution):
     def _prepare_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """As :class:`GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
+        """As `GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
         self._model_paths(module)
         return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
 

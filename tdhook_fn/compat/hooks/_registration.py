@@ -72,7 +72,7 @@ def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) ->
 
     Args:
         hook: the hook to check.
-        direction: one of :data:`HookDirection`.
+        direction: one of `HookDirection`.
 
     Raises:
         ValueError: the direction is unknown or the parameter count does not fit.

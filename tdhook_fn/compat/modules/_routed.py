@@ -168,7 +168,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return f.with_taps(*self.taps())
 
     def _prefix(self) -> tuple[str, ...]:
-        """The model's key inside :attr:`td_module` (``()`` when the model is the root)."""
+        """The model's key inside `td_module` (``()`` when the model is the root)."""
         path = module_path(self.td_module, self.model) if isinstance(self.model, nn.Module) else None
         return tuple(part[1:-1] for part in path.split(".")) if path else ()
 

@@ -107,7 +107,7 @@ class _AdaptedModule(TensorDictModuleWrapper):
 
 
 class _Detach:
-    """Removes one ``attach`` of an :class:`_AdaptedModule` (once; later ones stay)."""
+    """Removes one ``attach`` of an `_AdaptedModule` (once; later ones stay)."""
 
     def __init__(self, module: _AdaptedModule, splices: tuple[Splice, ...]) -> None:
         self._module = module

@@ -256,8 +256,8 @@ class GradientAttribution(HookingContextFactory):
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
         """The attributions for one call, keyed by input key and module path, batch ``[*B]``.
 
-        Default: plain gradients (:func:`tdhook_fn.attribution.saliency`) given to
-        :meth:`_grad_attr` with the attributed inputs and module activations.
+        Default: plain gradients (`tdhook_fn.attribution.saliency`) given to
+        `_grad_attr` with the attributed inputs and module activations.
         """
         grads = saliency(
             call.f, call.params, call.inputs, layers=call.layers, use_inputs=call.use_inputs,
