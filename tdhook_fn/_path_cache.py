@@ -19,11 +19,12 @@ class ParseCache(Generic[V]):
     entry larger than ``max_bytes`` is not kept. The least recently used entries leave
     first. Thread-safe; callers parse outside the lock.
 
-    >>> cache = ParseCache[tuple[str, ...]](max_entries=2, max_bytes=10_000)
-    >>> for path in ("a", "b", "c"):
-    ...     cache.put(path, (path,))
-    >>> cache.get("a"), cache.get("c"), len(cache)
-    (None, ('c',), 2)
+    Examples:
+        >>> cache = ParseCache[tuple[str, ...]](max_entries=2, max_bytes=10_000)
+        >>> for path in ("a", "b", "c"):
+        ...     cache.put(path, (path,))
+        >>> cache.get("a"), cache.get("c"), len(cache)
+        (None, ('c',), 2)
     """
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:

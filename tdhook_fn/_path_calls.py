@@ -98,10 +98,11 @@ def _owners() -> Mapping[str, str]:
 def call_refusal(name: str) -> str | None:
     """Why a path may not call a method named ``name``; ``None`` when it may.
 
-    >>> call_refusal("fn") is None, call_refusal("get_submodule") is None
-    (True, True)
-    >>> call_refusal("train").split(",")[0], call_refusal("zero_").split(";")[0]
-    ('it is a torch.nn.Module method', "names ending in '_' are in-place operations by convention")
+    Examples:
+        >>> call_refusal("fn") is None, call_refusal("get_submodule") is None
+        (True, True)
+        >>> call_refusal("train").split(",")[0], call_refusal("zero_").split(";")[0]
+        ('it is a torch.nn.Module method', "names ending in '_' are in-place operations by convention")
     """
     if name in READ_ONLY:
         return None
