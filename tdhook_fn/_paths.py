@@ -1,7 +1,7 @@
 """Submodule paths, parsed by a small grammar and never evaluated.
 
 A path names something reachable from a root module, in the syntax of tdhook's
-``resolve_submodule_path``::
+``resolve_submodule_path``:
 
     "[0]"  "layers[-1]"  "layers['attr']"  "layers.attention"  "layers[1:3]"
     "fn(0)"  "<block0/module>.layers[0]"  "m1.<0>.layers"  "layers.0"
