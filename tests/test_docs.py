@@ -7,6 +7,9 @@ build itself is ``make docs``.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 import os
 import re
 import sys
@@ -106,75 +109,75 @@ API_MODULES = ["tdhook_fn", "tdhook_fn.attribution", "tdhook_fn.weights", "tdhoo
 # The options mkdocs.yml gives mkdocstrings (docstring_style: google, docstring_options).
 GOOGLE_OPTIONS = {"returns_named_value": False, "returns_multiple_items": False}
 SPHINX_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj|exc):`")
+STAR = {"var_positional": "*", "var_keyword": "**"}  # how *args and **kwargs may be documented
 
 
 def _public_callables() -> list[tuple[str, str]]:
-    import importlib
-    import inspect
-
+    """``(module, name)`` of every function and class in the ``__all__`` of the API modules."""
     found = []
     for module_name in API_MODULES:
         module = importlib.import_module(module_name)
-        for name in module.__all__:
-            value = getattr(module, name)
-            if inspect.isfunction(value) or inspect.isclass(value):
-                found.append((module_name, name))
+        found += [(module_name, name) for name in module.__all__
+                  if inspect.isfunction(getattr(module, name)) or inspect.isclass(getattr(module, name))]
     return found
 
 
 @pytest.fixture(scope="module")
 def griffe_package():
+    """tdhook_fn as mkdocstrings sees it: loaded by griffe from the source, statically."""
     griffe = pytest.importorskip("griffe")
     return griffe.load("tdhook_fn", search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=False)
 
 
-class _Records(__import__("logging").Handler):
+class _Messages(logging.Handler):
+    """Collects what griffe logs (its docstring warnings) while installed on the ``griffe`` logger."""
+
     def __init__(self) -> None:
         super().__init__()
         self.messages: list[str] = []
 
-    def emit(self, record) -> None:
+    def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
 
 
 @pytest.mark.parametrize(("module", "name"), _public_callables(), ids=lambda v: v)
 def test_every_parameter_is_documented(griffe_package, module: str, name: str) -> None:
-    """Each signature parameter has its own ``Args:`` entry, and griffe parses the docstring without a warning."""
-    import logging
-
+    """Each signature parameter has an ``Args:`` entry of its own, and griffe parses the docstring without a
+    warning; examples sit in an ``Examples:`` section, names in backticks (no Sphinx roles), no NOTE names."""
     from griffe import DocstringSectionKind, Kind
 
-    obj = griffe_package[module.removeprefix("tdhook_fn").lstrip(".") + ("." if module != "tdhook_fn" else "") + name]
+    relative = f"{module}.{name}".removeprefix("tdhook_fn.")
+    obj = griffe_package[relative]
     obj = obj.final_target if obj.is_alias else obj
-    function = obj.members["__init__"] if obj.kind is Kind.CLASS and "__init__" in obj.members else obj
     assert obj.docstring is not None, f"{module}.{name} has no docstring"
-    records = _Records()
-    logger = logging.getLogger("griffe")
-    logger.addHandler(records)
+    init = obj.members.get("__init__") if obj.kind is Kind.CLASS else None
+    signature = init if init is not None else obj
+    messages = _Messages()
+    logging.getLogger("griffe").addHandler(messages)
     try:
         sections = obj.docstring.parse("google", **GOOGLE_OPTIONS)
-        if function is not obj and function.docstring is not None:  # merge_init_into_class
-            sections += function.docstring.parse("google", **GOOGLE_OPTIONS)
+        if init is not None and init.docstring is not None:  # mkdocs.yml: merge_init_into_class
+            sections += init.docstring.parse("google", **GOOGLE_OPTIONS)
     finally:
-        logger.removeHandler(records)
-    assert not records.messages, f"{module}.{name}: griffe warns: {records.messages}"
-    kinds = {DocstringSectionKind.parameters}
-    if obj.kind is Kind.CLASS:  # a dataclass's fields may be documented as its attributes
-        kinds.add(DocstringSectionKind.attributes)
-    documented = {p.name for s in sections if s.kind in kinds for p in s.value}
+        logging.getLogger("griffe").removeHandler(messages)
+    assert not messages.messages, f"{module}.{name}: griffe warns: {messages.messages}"
+
+    assert not SPHINX_ROLE.search(obj.docstring.value), f"{module}.{name}: a Sphinx role; write `name`"
+    assert "NOTE [" not in obj.docstring.value, f"{module}.{name}: a source NOTE name in user docs"
     for section in sections:
         text = {DocstringSectionKind.text: lambda: section.value,
                 DocstringSectionKind.admonition: lambda: section.value.contents}.get(section.kind, str)()
         assert not re.search(r"^\s*>>>", text, re.M), f"{module}.{name}: a doctest outside an Examples: section"
-        assert not SPHINX_ROLE.search(obj.docstring.value), f"{module}.{name}: a Sphinx role; use `name`"
-        assert "NOTE [" not in obj.docstring.value, f"{module}.{name}: a source NOTE name in user docs"
-    wanted = []
-    for parameter in getattr(function, "parameters", []):
-        if parameter.name in ("self", "cls"):
-            continue
-        star = {"var_positional": "*", "var_keyword": "**"}.get(parameter.kind.name if parameter.kind else "", "")
-        wanted.append((parameter.name, star + parameter.name))
-    missing = [shown for bare, shown in wanted if bare not in documented and shown not in documented]
+
+    kinds = {DocstringSectionKind.parameters}
+    if obj.kind is Kind.CLASS:  # a dataclass's fields may be documented as its attributes
+        kinds.add(DocstringSectionKind.attributes)
+    documented = {entry.name for section in sections if section.kind in kinds for entry in section.value}
+    missing = []
+    for parameter in getattr(signature, "parameters", []):
+        shown = STAR.get(parameter.kind.name if parameter.kind else "", "") + parameter.name
+        if parameter.name not in ("self", "cls") and not {parameter.name, shown} & documented:
+            missing.append(shown)
     assert not missing, f"{module}.{name}: parameters without an Args entry: {missing}"
 
 
