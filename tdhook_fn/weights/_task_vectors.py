@@ -193,8 +193,8 @@ def sweep_alphas(
 ) -> torch.Tensor:
     """``fn(base + alpha * vector)`` for every alpha, stacked.
 
-    Vmap or loop? One ``vmap`` over the alphas wins when ``fn`` evaluates little data (per-call overhead
-    dominates); a loop wins on large evaluation sets, where a vmapped matmul over K
+    **vmap or loop.** One ``vmap`` over the alphas wins when ``fn`` evaluates little data
+    (per-call overhead dominates); a loop wins on large evaluation sets, where a vmapped matmul over K
     weight sets is slower than K plain ones and holds K copies of the parameters. With
     ``chunk_size=None`` the choice is measured: two alphas run alone, the second timed.
     Under a millisecond per evaluation the rest run in ``vmap`` chunks of 16 (overhead
