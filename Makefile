@@ -6,6 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.stamp-install
+SITE_DIR ?= site
 
 .PHONY: install demo test lint typecheck unit bench docs clean
 
@@ -42,7 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 docs: $(STAMP)
-	$(PY) -m mkdocs build --strict --site-dir site
+	$(PY) -m mkdocs build --strict --site-dir $(SITE_DIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

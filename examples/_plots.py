@@ -22,23 +22,38 @@ def show_digit(ax: Axes, image: torch.Tensor, title: str) -> None:
     _finish(ax, title)
 
 
+def robust_limit(values: torch.Tensor, quantile: float = 0.99) -> float:
+    """The ``quantile`` of the non-zero ``|values|``: a colour scale a few extreme pixels do not flatten.
+
+    Attribution maps are heavy-tailed: one pixel can be ten times the rest, and a scale set by
+    the max then shows the rest as zero. Pixels beyond the limit saturate (the colour bar's
+    ends). Zeros (a blank background) are left out so that they do not pull the scale down;
+    an all-zero map gets 1.
+    """
+    magnitudes = values.detach().abs().flatten().float()
+    magnitudes = magnitudes[magnitudes > 0]
+    if magnitudes.numel() == 0:
+        return 1.0
+    return float(torch.quantile(magnitudes, quantile))
+
+
 def show_signed(fig: Figure, ax: Axes, values: torch.Tensor, title: str, *, limit: float | None = None,
-                bar: bool = True) -> AxesImage:
-    """A signed map on a symmetric scale (``±limit``, default its own max), so white always means zero."""
-    limit = limit or float(values.abs().max()) or 1.0
+                bar: bool = True, label: str | None = None) -> AxesImage:
+    """A signed map on a symmetric scale (``±limit``, default `robust_limit`), so white always means zero."""
+    limit = limit or robust_limit(values)
     image = ax.imshow(values.squeeze().detach().numpy(), cmap=SIGNED, vmin=-limit, vmax=limit)
     if bar:
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=label)
     _finish(ax, title)
     return image
 
 
 def show_positive(fig: Figure, ax: Axes, values: torch.Tensor, title: str, *, limit: float | None = None,
-                  bar: bool = True) -> AxesImage:
-    """A non-negative map (|gradient|, ReLU'd Grad-CAM, spread) from zero up (to ``limit``, default its max)."""
-    image = ax.imshow(values.squeeze().detach().numpy(), cmap=POSITIVE, vmin=0, vmax=limit)
+                  bar: bool = True, label: str | None = None) -> AxesImage:
+    """A non-negative map (|gradient|, ReLU'd Grad-CAM, spread) from zero up (to ``limit``, default `robust_limit`)."""
+    image = ax.imshow(values.squeeze().detach().numpy(), cmap=POSITIVE, vmin=0, vmax=limit or robust_limit(values))
     if bar:
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=label)
     _finish(ax, title)
     return image
 

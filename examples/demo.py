@@ -81,19 +81,17 @@ def main() -> None:
 def plot_methods(images: torch.Tensor, labels: list[int], predictions: list[int], saliency_maps: torch.Tensor,
                  ig: torch.Tensor, cams: torch.Tensor, args: argparse.Namespace) -> Path:
     columns = ["input", "saliency |∂y/∂x|", "integrated gradients", "Grad-CAM (last conv)"]
-    fig, axes = plt.subplots(len(images), 4, figsize=(10, 2.3 * len(images) + 0.6), layout="constrained")
-    # one scale per method column, so that the digits' maps compare
-    limits = [float(saliency_maps.abs().max()) or 1.0, float(ig.abs().max()) or 1.0, float(cams.abs().max()) or 1.0]
+    fig, axes = plt.subplots(len(images), 4, figsize=(11, 2.3 * len(images) + 0.6), layout="constrained")
+    # one scale per map, its 99th percentile of |value|: a shared or max scale lets one extreme pixel
+    # (integrated gradients has them) flatten the other maps to blank; brighter pixels saturate
     for row, (image, label, predicted) in enumerate(zip(images, labels, predictions, strict=True)):
         verdict = "right" if label == predicted else "WRONG"
         show_digit(axes[row, 0], image, f"true {label}, predicted {predicted} ({verdict})")
-        shown = [show_positive(fig, axes[row, 1], saliency_maps[row], columns[1], limit=limits[0], bar=False),
-                 show_signed(fig, axes[row, 2], ig[row], columns[2], limit=limits[1], bar=False),
-                 show_positive(fig, axes[row, 3], cams[row], columns[3], limit=limits[2], bar=False)]
-    for col, image in enumerate(shown, start=1):
-        fig.colorbar(image, ax=list(axes[:, col]), location="bottom", fraction=0.03, pad=0.02, aspect=25)
-    fig.suptitle("Why the CNN predicts its class: three attributions of the predicted logit "
-                 "(one colour scale per column)")
+        show_positive(fig, axes[row, 1], saliency_maps[row], columns[1], label="|gradient|")
+        show_signed(fig, axes[row, 2], ig[row], columns[2], label="attribution")
+        show_positive(fig, axes[row, 3], cams[row], columns[3], label="ReLU(Grad-CAM)")
+    fig.suptitle("Why the CNN predicts its class: three attributions of the predicted logit\n"
+                 "(each map on its own scale, to its 99th percentile; red raises the logit, blue lowers it)")
     return save(fig, args.out, "demo_methods.png")
 
 

@@ -1,10 +1,10 @@
 """tdhook_fn: interpretability for PyTorch models as pure functions over ``torch.func``.
 
-The core: :func:`params` (a model's tensors as a TensorDict), :func:`call` (run a model
-with given params, never touching it), :func:`functional` (a pure ``f(params, td) -> td``),
-:func:`pure` (both at once: ``f, params = pure(model)``), submodule paths, taps and
-targets. Methods live in :mod:`tdhook_fn.attribution` and :mod:`tdhook_fn.weights`;
-:mod:`tdhook_fn.compat` exposes tdhook's API on top.
+The core: `params` (a model's tensors as a TensorDict), `call` (run a model
+with given params, never touching it), `functional` (a pure ``f(params, td) -> td``),
+`pure` (both at once: ``f, params = pure(model)``), submodule paths, taps and
+targets. Methods live in `tdhook_fn.attribution` and `tdhook_fn.weights`;
+`tdhook_fn.compat` exposes tdhook's API on top.
 """
 
 from ._call import call, call_with_taps

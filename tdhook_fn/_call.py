@@ -61,15 +61,16 @@ def run(
 def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any) -> Any:
     """Run ``model(*args, **kwargs)`` with ``params`` in place of its own tensors.
 
-    The model is never changed, not even while the call runs, so threads may share it
-    (see NOTE [shadow modules]). Works under ``torch.func`` transforms: ``vmap`` over a
+    The model is never changed, not even while the call runs (it runs on a private shadow
+    copy of the module tree), so threads may share it. Works under ``torch.func`` transforms: ``vmap`` over a
     stacked params TensorDict (batch ``[K]``) or over inputs, ``grad``/``vjp``/``jacrev``
     with respect to params or inputs.
 
     Args:
         model (nn.Module): the module whose forward runs.
-        params (TensorDict): exactly the keys of :func:`tdhook_fn.params` ``(model)``.
-        *args, **kwargs: passed to the forward.
+        params (TensorDict): exactly the keys of `tdhook_fn.params` ``(model)``.
+        *args (Any): passed to the forward.
+        **kwargs (Any): passed to the forward.
 
     Returns:
         Any: what the forward returns.
@@ -77,11 +78,12 @@ def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any)
     Raises:
         ValueError: ``params`` lacks or adds keys (they are named).
 
-    >>> import torch, tdhook_fn
-    >>> net = torch.nn.Linear(3, 2)
-    >>> ensemble = torch.stack([tdhook_fn.params(net)] * 4)
-    >>> torch.func.vmap(tdhook_fn.call, (None, 0, None))(net, ensemble, torch.ones(3)).shape
-    torch.Size([4, 2])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Linear(3, 2)
+        >>> ensemble = torch.stack([tdhook_fn.params(net)] * 4)
+        >>> torch.func.vmap(tdhook_fn.call, (None, 0, None))(net, ensemble, torch.ones(3)).shape
+        torch.Size([4, 2])
     """
     output, _ = run(model, params, (), lambda root: root(*args, **kwargs))
     return output
@@ -90,7 +92,14 @@ def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any)
 def call_with_taps(
     model: nn.Module, params: TensorDictBase, taps: Sequence[Tap], /, *args: Any, **kwargs: Any
 ) -> tuple[Any, Captured]:
-    """Like :func:`call`, with ``taps`` active for this call only.
+    """Like `call`, with ``taps`` active for this call only.
+
+    Args:
+        model (nn.Module): the module whose forward runs.
+        params (TensorDict): exactly the keys of `tdhook_fn.params` ``(model)``.
+        taps (Sequence[Tap]): the taps active for this call (`capture`, `intervene`, ...).
+        *args (Any): passed to the forward.
+        **kwargs (Any): passed to the forward.
 
     Returns:
         tuple[Any, dict[str, Any]]: the forward's output and the captured activations

@@ -4,8 +4,8 @@
 In a hook-free ``nn.Sequential`` (nested ones included) each module's output is the next
 module's input and nothing else, and the last output is the model's. A method that wants
 to act between modules (LRP hands relevance back module by module) can then run the
-modules itself, one ``step`` each, instead of wrapping them in taps. :func:`chain_of`
-says whether ``f``'s model is such a chain, and :func:`run_chain` runs it on the call's
+modules itself, one ``step`` each, instead of wrapping them in taps. `chain_of`
+says whether ``f``'s model is such a chain, and `run_chain` runs it on the call's
 shadow (NOTE [shadow modules]), so the model is never touched. The test is structural
 and conservative: any hook (the model's, a submodule's or a global one), an instance
 ``forward`` (accelerate), a ``Sequential`` subclass with its own ``forward``, keyword

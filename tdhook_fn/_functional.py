@@ -28,12 +28,12 @@ _MISSING: Any = object()
 
 
 class Functional:
-    """A pure function of ``(params, td)`` running ``model``; build it with :func:`functional`.
+    """A pure function of ``(params, td)`` running ``model``; build it with `functional`.
 
     Calling it reads ``in_keys`` from ``td``, runs the model on its private shadow with
-    ``params`` (see :func:`tdhook_fn.call`) and returns a new TensorDict holding
+    ``params`` (see `tdhook_fn.call`) and returns a new TensorDict holding
     ``out_keys`` and any captured activations (under their tap keys). ``td`` is not
-    modified. :meth:`with_taps` adds taps.
+    modified. `with_taps` adds taps.
 
     Attributes:
         model (nn.Module): the module (or ``TensorDictModule``) that runs.
@@ -78,7 +78,7 @@ class Functional:
     def call_live(self, td: TensorDictBase, *, overrides: Mapping[Key, Any] | None = None) -> TensorDict:
         """``self(params, td)`` with the model's own tensors, live, as a plain forward runs.
 
-        For the compat layer's routed calls (NOTE [live parameters]): gradients reach the
+        For the compat layer's routed calls: gradients reach the
         model's parameters and buffers update (BatchNorm in training mode), while the
         forward still runs on a private shadow with this function's taps. ``overrides``
         replace some of the model's tensors by key, for this call only; the model's own
@@ -142,15 +142,16 @@ def functional(
         Functional: ``f(params, td)`` with any batch size of ``td`` (``[]``, ``[3]``,
         ``[2, 3]``); the result keeps as much of it as the outputs share.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Linear(3, 2)
-    >>> f = tdhook_fn.functional(net)
-    >>> td = TensorDict(input=torch.ones(5, 3), batch_size=[5])
-    >>> f(tdhook_fn.params(net), td)["output"].shape
-    torch.Size([5, 2])
-    >>> torch.func.vmap(f, (None, 0))(tdhook_fn.params(net), td).batch_size
-    torch.Size([5])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Linear(3, 2)
+        >>> f = tdhook_fn.functional(net)
+        >>> td = TensorDict(input=torch.ones(5, 3), batch_size=[5])
+        >>> f(tdhook_fn.params(net), td)["output"].shape
+        torch.Size([5, 2])
+        >>> torch.func.vmap(f, (None, 0))(tdhook_fn.params(net), td).batch_size
+        torch.Size([5])
     """
     if isinstance(model, TensorDictModuleBase):
         in_keys = model.in_keys if in_keys is None else in_keys
@@ -176,23 +177,25 @@ def pure(
 ) -> tuple[Functional, TensorDict]:
     """``(functional(model, in_keys, out_keys), params(model))``: what every method takes first.
 
-    The one-line path from a module to a method call, as captum's ``Method(model)``:
-
-    >>> import torch, tdhook_fn
-    >>> from tdhook_fn.attribution import integrated_gradients
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> x = torch.randn(5, 3)
-    >>> f, params = tdhook_fn.pure(model)
-    >>> integrated_gradients(f, params, x, 0.0, target=model(x).argmax(-1)).shape
-    torch.Size([5, 3])
+    The one-line path from a module to a method call, as captum's ``Method(model)``.
 
     Args:
         model (nn.Module): an ``nn.Module`` or a ``TensorDictModule``.
-        in_keys, out_keys: as in :func:`functional`.
+        in_keys (Sequence | Mapping | None): the input keys, as in `functional`.
+        out_keys (Sequence | None): the output keys, as in `functional`.
 
     Returns:
         tuple[Functional, TensorDict]: the pure function and the model's parameters and
-        buffers (detached, see :func:`tdhook_fn.params`).
+        buffers (detached, see `tdhook_fn.params`).
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tdhook_fn.attribution import integrated_gradients
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> x = torch.randn(5, 3)
+        >>> f, params = tdhook_fn.pure(model)
+        >>> integrated_gradients(f, params, x, 0.0, target=model(x).argmax(-1)).shape
+        torch.Size([5, 3])
     """
     return functional(model, in_keys, out_keys), params_of(model)
 

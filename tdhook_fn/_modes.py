@@ -1,7 +1,7 @@
 """Training-mode modules that make an attribution depend on the batch or on chance.
 
 # NOTE [training mode in attributions]
-:func:`tdhook_fn.call` runs a model in whatever mode it is in (its buffers are private
+`tdhook_fn.call` runs a model in whatever mode it is in (its buffers are private
 copies for the call, NOTE [pure buffers]). An attribution is
 different: its forward sees a batch the user never built (integrated gradients pushes
 ``n_steps`` path points through at once, ``per_target`` and ``vmap`` reshape it), so

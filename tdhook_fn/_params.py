@@ -31,10 +31,11 @@ def params(model: nn.Module, *, detach: bool = True) -> TensorDict:
         submodule ``"0"``. ``torch.stack`` several of them to get a batch ``[K]`` to
         ``vmap`` over.
 
-    >>> from torch import nn
-    >>> net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
-    >>> sorted(params(net).keys(include_nested=True, leaves_only=True))[:2]
-    [('0', 'bias'), ('0', 'weight')]
+    Examples:
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+        >>> sorted(params(net).keys(include_nested=True, leaves_only=True))[:2]
+        [('0', 'bias'), ('0', 'weight')]
     """
     td = TensorDict({}, batch_size=[])
     for name, p in model.named_parameters():

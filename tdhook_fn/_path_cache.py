@@ -17,15 +17,16 @@ V = TypeVar("V")
 class ParseCache(Generic[V]):
     """``path -> parse`` for at most ``max_entries`` paths and ``max_bytes`` bytes.
 
-    The bytes are those an entry keeps alive, as :func:`footprint` estimates them; an
+    The bytes are those an entry keeps alive, as `footprint` estimates them; an
     entry larger than ``max_bytes`` is not kept. The least recently used entries leave
     first. Thread-safe; callers parse outside the lock.
 
-    >>> cache = ParseCache[tuple[str, ...]](max_entries=2, max_bytes=10_000)
-    >>> for path in ("a", "b", "c"):
-    ...     cache.put(path, (path,))
-    >>> cache.get("a"), cache.get("c"), len(cache)
-    (None, ('c',), 2)
+    Examples:
+        >>> cache = ParseCache[tuple[str, ...]](max_entries=2, max_bytes=10_000)
+        >>> for path in ("a", "b", "c"):
+        ...     cache.put(path, (path,))
+        >>> cache.get("a"), cache.get("c"), len(cache)
+        (None, ('c',), 2)
     """
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
@@ -63,7 +64,7 @@ class ParseCache(Generic[V]):
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cached entries keep alive (:func:`footprint` summed)."""
+        """Bytes the cached entries keep alive (`footprint` summed)."""
         return self._nbytes
 
     def __len__(self) -> int:

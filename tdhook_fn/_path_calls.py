@@ -4,7 +4,7 @@
 tdhook documents one call form, ``"fn(0)"``: a method of the user's model returning a
 submodule. A path's call ``name(...)`` is made only when all of these hold (an allow-list):
 
-1. The name passes the name rule (:func:`call_refusal`): it is one of :data:`READ_ONLY`,
+1. The name passes the name rule (`call_refusal`): it is one of `READ_ONLY`,
    or it is neither defined on the model-changing APIs of torch, tensordict and (once
    imported) transformers nor ends in ``_``. A user class overriding ``train`` calls
    ``super().train()``, so the name is refused also where the class is the user's.
@@ -12,7 +12,7 @@ submodule. A path's call ``name(...)`` is made only when all of these hold (an a
    *class*: an attribute set on the instance (``self.fn = self.ckpt.unlink``,
    ``self.switch = self.train``) is refused, and so is a submodule (its forward).
 3. The class holds a function (plain, static or class method) under the name, and either
-   the name is in :data:`READ_ONLY` (torch's or any override: they only read), or the
+   the name is in `READ_ONLY` (torch's or any override: they only read), or the
    function is user code, not inherited from torch, tensordict, transformers or any
    other installed library (NOTE [user code] in ``_code_origin.py``).
 
@@ -26,7 +26,7 @@ returns only once it ran. So, before any call of a path runs:
 - the first call in full (2, 3): its receiver is reached by attribute and item steps
   only, which run no method a path names (only torch's lookups or the user's own
   properties and ``__getitem__``: NOTE [path access] in ``_path_access.py``);
-- every later call by name: it must be in :data:`READ_ONLY` or pass 2-3 on some module
+- every later call by name: it must be in `READ_ONLY` or pass 2-3 on some module
   class of the root's tree (``root.modules()``). ``"fn(0).checkpoint.unlink()"`` is thus
   refused before ``fn(0)`` runs: no module class of the model defines ``unlink``.
 
@@ -114,7 +114,7 @@ _owners_cache: tuple[tuple[object, ...], Mapping[str, str]] | None = None
 
 
 def _owners() -> Mapping[str, str]:
-    """:func:`_core_owners` plus the transformers classes imported so far."""
+    """`_core_owners` plus the transformers classes imported so far."""
     global _owners_cache
     found = tuple(getattr(sys.modules.get(module), cls, None) for module, cls, _ in _TRANSFORMERS)
     cached = _owners_cache
@@ -132,10 +132,11 @@ def _owners() -> Mapping[str, str]:
 def call_refusal(name: str) -> str | None:
     """Why a path may not call a method named ``name`` (rule 1 of NOTE [path calls]); ``None`` when it may.
 
-    >>> call_refusal("fn") is None, call_refusal("get_submodule") is None
-    (True, True)
-    >>> call_refusal("train").split(",")[0], call_refusal("zero_").split(";")[0]
-    ('it is a torch.nn.Module method', "names ending in '_' are in-place operations by convention")
+    Examples:
+        >>> call_refusal("fn") is None, call_refusal("get_submodule") is None
+        (True, True)
+        >>> call_refusal("train").split(",")[0], call_refusal("zero_").split(";")[0]
+        ('it is a torch.nn.Module method', "names ending in '_' are in-place operations by convention")
     """
     if name in READ_ONLY:
         return None
@@ -219,12 +220,12 @@ def _class_refusal(cls: type, name: str) -> tuple[Any, str | None]:
 def checked_method(receiver: Any, name: str) -> Callable[..., Any]:
     """``receiver.name`` as its class defines it, if a path may call it (rules 2-3 of NOTE [path calls]).
 
-    The name rule (:func:`call_refusal`) is checked separately, for the whole path first.
+    The name rule (`call_refusal`) is checked separately, for the whole path first.
 
     Raises:
         CallRefused: the receiver is not an ``nn.Module``, the name is set on the
             instance or missing, or the class's attribute is not a function the user wrote
-            (nor one of :data:`READ_ONLY`).
+            (nor one of `READ_ONLY`).
     """
     if not isinstance(receiver, nn.Module):
         raise CallRefused(f"its receiver is a {type_name(receiver)}, not an nn.Module; {_ALLOWED_HINT}")

@@ -1,7 +1,7 @@
 """Submodule paths, parsed by a small grammar and never evaluated.
 
 A path names something reachable from a root module, in the syntax of tdhook's
-``resolve_submodule_path``::
+``resolve_submodule_path``:
 
     "[0]"  "layers[-1]"  "layers['attr']"  "layers.attention"  "layers[1:3]"
     "fn(0)"  "<block0/module>.layers[0]"  "m1.<0>.layers"  "layers.0"
@@ -167,8 +167,8 @@ def _parse_expression(path: str, source: str) -> ast.expr:
 def parse_path(path: str) -> tuple[Step, ...]:
     """Split a path into attribute, item and call steps.
 
-    Only the syntax is checked here; :func:`resolve_path` also refuses calls by name (see
-    NOTE [safe paths]).
+    Only the syntax is checked here; `resolve_path` also refuses calls by name (paths are
+    never evaluated).
 
     Args:
         path (str): a submodule path; ``""`` is the root itself.
@@ -181,8 +181,9 @@ def parse_path(path: str) -> tuple[Step, ...]:
             something that does not directly follow a name, or is longer than 10,000
             characters.
 
-    >>> parse_path("layers[0].<block/0>.fn(1)")
-    (Attr(name='layers'), Item(key=0), Attr(name='block/0'), Attr(name='fn'), Call(args=(1,), kwargs=()))
+    Examples:
+        >>> parse_path("layers[0].<block/0>.fn(1)")
+        (Attr(name='layers'), Item(key=0), Attr(name='block/0'), Attr(name='fn'), Call(args=(1,), kwargs=()))
     """
     if not isinstance(path, str):
         raise PathError(f"a submodule path must be a str, got {type(path).__name__}")
@@ -198,7 +199,7 @@ _CACHE: ParseCache[tuple[Step, ...]] = ParseCache(max_entries=4096, max_bytes=1 
 
 
 def _parse(path: str) -> tuple[Step, ...]:
-    """:func:`_parse_steps`, cached (failures are not cached)."""
+    """`_parse_steps`, cached (failures are not cached)."""
     steps = _CACHE.get(path)
     if steps is None:
         steps = _parse_steps(path)
@@ -292,8 +293,8 @@ def _call(path: str, obj: Any, name: str, call: Call) -> Any:
 def resolve_path(root: nn.Module, path: str) -> Any:
     """Follow ``path`` from ``root`` without evaluating it, and without changing ``root``.
 
-    The whole path is parsed and its calls checked before the first call runs (see
-    NOTE [safe paths]): a path may call only methods your own ``nn.Module`` classes
+    The whole path is parsed and its calls checked before the first call runs (paths are
+    never evaluated): a path may call only methods your own ``nn.Module`` classes
     define (``"fn(0)"``) and ``get_submodule``, ``get_parameter``, ``get_buffer``, on a
     module; it reads attributes of modules only, and indexes modules, lists, tuples and
     dicts only.
@@ -310,10 +311,11 @@ def resolve_path(root: nn.Module, path: str) -> Any:
             reads or indexes something it may not, or does not resolve; the message names
             the path and the nearest existing names, or the refused step and why.
 
-    >>> from torch import nn
-    >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
-    >>> resolve_path(net, "[0]") is net[0] and resolve_path(net, "<1>") is net[1]
-    True
+    Examples:
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+        >>> resolve_path(net, "[0]") is net[0] and resolve_path(net, "<1>") is net[1]
+        True
     """
     steps = parse_path(path)
     last_call = max(_check_calls(path, root, steps), default=-1)
@@ -354,8 +356,12 @@ def path_to_name(path: str) -> str:
     Paths holding a negative index, a slice or a call are returned unchanged; otherwise
     quotes are dropped and brackets become dots.
 
-    >>> path_to_name("layers[0]['attn']"), path_to_name("<block/0>.fc")
-    ('layers.0.attn', 'block/0.fc')
+    Args:
+        path (str): a submodule path, as `tdhook_fn.resolve_path` reads it.
+
+    Examples:
+        >>> path_to_name("layers[0]['attn']"), path_to_name("<block/0>.fc")
+        ('layers.0.attn', 'block/0.fc')
     """
     if re.search(r"\[-|[:()]", path):
         return path

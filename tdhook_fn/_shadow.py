@@ -187,7 +187,7 @@ class _Node:
 class Shadow:
     """A private copy of a model's module tree with empty tensor slots.
 
-    Use :func:`shadow_of` to borrow one.
+    Use `shadow_of` to borrow one.
     """
 
     def __init__(self, model: nn.Module):
@@ -275,7 +275,7 @@ class Shadow:
                     own[name] = theirs[name]
 
     def override(self, values: dict[Key, torch.Tensor]) -> None:
-        """Put ``values`` in the slots of their keys, over what :meth:`load_own` put there.
+        """Put ``values`` in the slots of their keys, over what `load_own` put there.
 
         For a caller that runs the model's own tensors but a few replaced (compat's
         params transforms): the keys are the model's, the shapes must match.
@@ -293,7 +293,7 @@ class Shadow:
     def check_params_kept(self, values: dict[Key, torch.Tensor], marks: dict[Key, tuple[int, int]]) -> None:
         """Raise if the forward replaced one of the given parameters (NOTE [pure buffers]), or wrote one.
 
-        ``marks`` are :func:`param_marks` of ``values`` before the call.
+        ``marks`` are `param_marks` of ``values`` before the call.
         """
         for slots, name, key, _ in self.param_slots:
             if slots[name] is not values[key]:

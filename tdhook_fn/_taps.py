@@ -2,8 +2,8 @@
 
 A tap names a submodule by path and a site, its ``"output"`` or its ``"input"`` (the
 first positional argument of its forward; ``fn`` sees all of them when there are
-several). Taps are given to :func:`tdhook_fn.call_with_taps` or to a
-:class:`tdhook_fn.Functional`, and exist only for that call, on the call's private
+several). Taps are given to `tdhook_fn.call_with_taps` or to a
+`tdhook_fn.Functional`, and exist only for that call, on the call's private
 shadow of the model (see NOTE [shadow modules]), so other calls, in this thread or
 others, never see them.
 
@@ -37,12 +37,12 @@ Captured = dict[str, Any]
 class Tap:
     """What to do with the activation at ``path``.
 
-    Build taps with :func:`capture`, :func:`intervene`, :func:`perturb` and
-    :func:`map_grad`. A subclass with ``kind="custom"`` overrides :meth:`attach` to register
+    Build taps with `capture`, `intervene`, `perturb` and
+    `map_grad`. A subclass with ``kind="custom"`` overrides `attach` to register
     any hook on the call's private shadow module (the compat layer does).
 
     Attributes:
-        path (str): submodule path (see :func:`tdhook_fn.resolve_path`).
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
         kind (str): ``"capture"``, ``"intervene"``, ``"map_grad"`` or ``"custom"``.
         fn (Callable | None): applied to the value (``capture``, ``intervene``) or to the
             gradient flowing through it (``map_grad``).
@@ -52,9 +52,8 @@ class Tap:
             only at its ``call``-th run (0 is the first). Default: ``None``, every run
             (a capture then keeps the last).
         must_run (bool): raise after the call when the forward never ran the submodule (or
-            ran it ``call`` times or fewer), since the tap then did nothing (NOTE [taps that
-            never fire]). :func:`capture`, :func:`intervene`, :func:`perturb` and
-            :func:`map_grad` set it. Default: ``False`` (the methods' own taps, which check
+            ran it ``call`` times or fewer), since the tap then did nothing. `capture`,
+            `intervene`, `perturb` and `map_grad` set it. Default: ``False`` (the methods' own taps, which check
             their runs themselves or tap every submodule, such as guided backpropagation's).
     """
 
@@ -94,8 +93,8 @@ class Tap:
 
         Returns:
             tuple[str, Callable]: ``"_forward_hooks"`` or ``"_forward_pre_hooks"``, and
-            the hook (what :meth:`attach` registers; the compiled path of
-            :func:`tdhook_fn.call` puts it in the dict itself, NOTE [compiled calls]).
+            the hook (what `attach` registers; the compiled path of
+            `tdhook_fn.call` puts it in the dict itself).
         """
         transform = self._transform(captured)
         if self.call is not None:
@@ -188,23 +187,49 @@ def capture(
 ) -> Tap:
     """Read the activation at ``path``: its value (or ``fn(value)``) is returned under ``key``.
 
-    >>> import torch, tdhook_fn
-    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
-    >>> out, seen = tdhook_fn.call_with_taps(net, tdhook_fn.params(net), [capture("[0]")],
-    ...                                      torch.ones(2))
-    >>> seen["0"].shape
-    torch.Size([3])
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
+        key (str): where the value is stored. Default: a name derived from the path
+            (`tdhook_fn.path_to_name`).
+        fn (Callable | None): applied to the value before it is stored. Default: ``None``, the value.
+        call (int | None): for a submodule that runs more than once in one forward, read only its
+            ``call``-th run (0 is the first). Default: ``None``, every run (the last is kept).
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> out, seen = tdhook_fn.call_with_taps(net, tdhook_fn.params(net), [capture("[0]")],
+        ...                                      torch.ones(2))
+        >>> seen["0"].shape
+        torch.Size([3])
     """
     return Tap(path, "capture", fn, site, key, call, must_run=True)
 
 
 def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output", call: int | None = None) -> Tap:
-    """Replace the activation at ``path`` by ``fn(activation)`` (at every run, or at run ``call``)."""
+    """Replace the activation at ``path`` by ``fn(activation)`` (at every run, or at run ``call``).
+
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        fn (Callable): ``activation -> new activation``.
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
+        call (int | None): for a submodule that runs more than once in one forward, act only at
+            its ``call``-th run (0 is the first). Default: ``None``, every run.
+    """
     return Tap(path, "intervene", fn, site, call=call, must_run=True)
 
 
 def perturb(path: str, delta: torch.Tensor, *, site: Site = "output", call: int | None = None) -> Tap:
-    """Add ``delta`` to the activation at ``path``; see NOTE [layer gradients]."""
+    """Add ``delta`` to the activation at ``path`` (a zero ``delta`` makes its gradient the layer's).
+
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        delta (Tensor): added to the activation (broadcast to its shape).
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
+        call (int | None): for a submodule that runs more than once in one forward, act only at
+            its ``call``-th run (0 is the first). Default: ``None``, every run.
+    """
     return Tap(path, "intervene", lambda value: value + delta, site, call=call, must_run=True)
 
 
@@ -215,6 +240,11 @@ def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Sit
     (tdhook's ``bwd_pre`` direction); with ``site="input"`` the gradient leaving the module
     through its input (tdhook's ``bwd``). The forward value is unchanged. ``fn`` must be a
     pure tensor function (it runs under ``vmap`` inside transforms).
+
+    Args:
+        path (str): submodule path (see `tdhook_fn.resolve_path`).
+        fn (Callable[[Tensor], Tensor]): ``gradient -> new gradient``, a pure tensor function.
+        site (str): ``"output"`` or ``"input"`` of the submodule. Default: ``"output"``.
     """
     return Tap(path, "map_grad", fn, site, must_run=True)
 
@@ -272,7 +302,7 @@ def attached(taps: Sequence[Tap], modules: Sequence[nn.Module], captured: Captur
 
 
 class _Attached:
-    """What :func:`attached` returns: a class, not a generator, as it runs on every call."""
+    """What `attached` returns: a class, not a generator, as it runs on every call."""
 
     __slots__ = ("captured", "handles", "modules", "runs", "taps")
 

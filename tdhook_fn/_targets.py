@@ -5,7 +5,7 @@ A target is a callable ``outputs_td -> TensorDict`` of target values, as tdhook'
 ``init_attr_targets``; every target value is a tensor whose leading dimensions are the
 batch. Shortcuts: an ``int`` ``i`` selects ``output[..., i]`` of the single output; a tuple
 of ints selects ``output[..., (i, j, ...)]`` (several targets along the last dimension,
-summed or attributed one by one by the methods); :func:`label` selects, per sample, the
+summed or attributed one by one by the methods); `label` selects, per sample, the
 class stored under another key of the TensorDict.
 """
 
@@ -146,7 +146,7 @@ def check_target(target: Any, batch_size: Sequence[int], method: str = "attribut
 def as_target(
     target: Target, *, outputs: Sequence[NestedKey] | None = None
 ) -> Callable[[TensorDictBase], TensorDictBase | torch.Tensor]:
-    """The callable form of ``target`` (see NOTE [one target rule]).
+    """The callable form of ``target``, the one rule every method follows.
 
     Args:
         target (int | tuple[int, ...] | Tensor | Callable): an index, several indices, an
@@ -163,14 +163,15 @@ def as_target(
     Raises:
         TypeError: ``target`` is none of these, or a tensor of non-integer dtype.
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), batch_size=[2])
-    >>> as_target((0, 2))(td)["output"]
-    tensor([[0., 2.],
-            [3., 5.]])
-    >>> as_target(torch.tensor([2, 0]))(td)["output"]  # one class per sample
-    tensor([2., 3.])
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), batch_size=[2])
+        >>> as_target((0, 2))(td)["output"]
+        tensor([[0., 2.],
+                [3., 5.]])
+        >>> as_target(torch.tensor([2, 0]))(td)["output"]  # one class per sample
+        tensor([2., 3.])
     """
     if isinstance(target, bool):
         raise TypeError("target must be an int, a tuple of ints, a tensor of class indices or a callable, not a bool")
@@ -197,16 +198,22 @@ def label(key: NestedKey, output: NestedKey | None = None) -> Callable[[TensorDi
     The TensorDict given to the target must hold ``key`` (integer labels, one per sample)
     and the output (``output``, or the single other entry).
 
+    Args:
+        key (NestedKey): the entry holding the integer labels.
+        output (NestedKey | None): the output entry the labels index. Default: ``None``, the single
+            entry other than ``key``.
+
     Raises:
         ValueError: a label is negative or not below the output's number of classes (the
             key, the bad labels and the number of classes named).
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
-    ...                 batch_size=[2])
-    >>> label("y")(td)["output"]
-    tensor([2., 3.])
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict(output=torch.arange(6.0).reshape(2, 3), y=torch.tensor([2, 0]),
+        ...                 batch_size=[2])
+        >>> label("y")(td)["output"]
+        tensor([2., 3.])
     """
 
     def select(td: TensorDictBase) -> TensorDictBase:

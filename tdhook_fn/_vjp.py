@@ -1,13 +1,13 @@
-"""``vjp``: :func:`torch.func.vjp` with ``has_aux``, by plain autograd where that gives the same result.
+"""``vjp``: `torch.func.vjp` with ``has_aux``, by plain autograd where that gives the same result.
 
 # NOTE [eager vjp]
-:func:`torch.func.vjp` wraps every tensor at a new grad level, and each op of the forward
+`torch.func.vjp` wraps every tensor at a new grad level, and each op of the forward
 and of the pullback then goes through functorch's dispatch: on small models that is most
 of the cost (measured on torch 2.13 CPU, saliency of a 3-layer MLP at batch 64: 2.1x a
 plain ``backward()`` under ``func.vjp``, 1.3x by autograd). Outside every functorch
 transform and torch.compile, and when no tensor of the call (params, inputs) requires
-grad, both give the same numbers, and :func:`vjp` runs the forward on detached copies of
-the primals marked ``requires_grad`` and pulls back with :func:`torch.autograd.grad`
+grad, both give the same numbers, and `vjp` runs the forward on detached copies of
+the primals marked ``requires_grad`` and pulls back with `torch.autograd.grad`
 (the graph is kept, so the pullback may be called once per target).
 
 One case differs: a tensor the forward closes over (in a target, a tap, a rule) that
@@ -84,7 +84,7 @@ class _Unsupported(Exception):
 
 
 def _flatten_like(template: Any, tree: Any, tensors: list[torch.Tensor]) -> None:
-    """Append ``tree``'s tensors to ``tensors`` in the order :func:`_flatten` gives ``template``'s.
+    """Append ``tree``'s tensors to ``tensors`` in the order `_flatten` gives ``template``'s.
 
     A TensorDict's leaves are taken by ``template``'s keys: a cotangent built from the
     values handed out (whose nested keys may come in another order) pairs by key.

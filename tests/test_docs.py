@@ -7,6 +7,9 @@ build itself is ``make docs``.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 import os
 import re
 import sys
@@ -98,3 +101,89 @@ def test_images_exist_and_are_small() -> None:
             image = (page.parent / target).resolve()
             assert image.is_file(), f"{page.relative_to(DOCS)} shows a missing image {target}"
             assert image.stat().st_size < 150 * 1024, f"{target} is over 150 KB"
+
+
+# ---- every public callable documents every parameter, as the API pages parse it ----------------
+
+API_MODULES = ["tdhook_fn", "tdhook_fn.attribution", "tdhook_fn.weights", "tdhook_fn.latent", "tdhook_fn.data"]
+# The options mkdocs.yml gives mkdocstrings (docstring_style: google, docstring_options).
+GOOGLE_OPTIONS = {"returns_named_value": False, "returns_multiple_items": False}
+SPHINX_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj|exc):`")
+STAR = {"var_positional": "*", "var_keyword": "**"}  # how *args and **kwargs may be documented
+
+
+def _public_callables() -> list[tuple[str, str]]:
+    """``(module, name)`` of every function and class in the ``__all__`` of the API modules."""
+    found = []
+    for module_name in API_MODULES:
+        module = importlib.import_module(module_name)
+        found += [(module_name, name) for name in module.__all__
+                  if inspect.isfunction(getattr(module, name)) or inspect.isclass(getattr(module, name))]
+    return found
+
+
+@pytest.fixture(scope="module")
+def griffe_package():
+    """tdhook_fn as mkdocstrings sees it: loaded by griffe from the source, statically."""
+    griffe = pytest.importorskip("griffe")
+    return griffe.load("tdhook_fn", search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=False)
+
+
+class _Messages(logging.Handler):
+    """Collects what griffe logs (its docstring warnings) while installed on the ``griffe`` logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize(("module", "name"), _public_callables(), ids=lambda v: v)
+def test_every_parameter_is_documented(griffe_package, module: str, name: str) -> None:
+    """Each signature parameter has an ``Args:`` entry of its own, and griffe parses the docstring without a
+    warning; examples sit in an ``Examples:`` section, names in backticks (no Sphinx roles), no NOTE names."""
+    from griffe import DocstringSectionKind, Kind
+
+    relative = f"{module}.{name}".removeprefix("tdhook_fn.")
+    obj = griffe_package[relative]
+    obj = obj.final_target if obj.is_alias else obj
+    assert obj.docstring is not None, f"{module}.{name} has no docstring"
+    init = obj.members.get("__init__") if obj.kind is Kind.CLASS else None
+    signature = init if init is not None else obj
+    messages = _Messages()
+    logging.getLogger("griffe").addHandler(messages)
+    try:
+        sections = obj.docstring.parse("google", **GOOGLE_OPTIONS)
+        if init is not None and init.docstring is not None:  # mkdocs.yml: merge_init_into_class
+            sections += init.docstring.parse("google", **GOOGLE_OPTIONS)
+    finally:
+        logging.getLogger("griffe").removeHandler(messages)
+    assert not messages.messages, f"{module}.{name}: griffe warns: {messages.messages}"
+
+    assert not SPHINX_ROLE.search(obj.docstring.value), f"{module}.{name}: a Sphinx role; write `name`"
+    assert "NOTE [" not in obj.docstring.value, f"{module}.{name}: a source NOTE name in user docs"
+    for section in sections:
+        text = {DocstringSectionKind.text: lambda: section.value,
+                DocstringSectionKind.admonition: lambda: section.value.contents}.get(section.kind, str)()
+        assert not re.search(r"^\s*>>>", text, re.M), f"{module}.{name}: a doctest outside an Examples: section"
+
+    kinds = {DocstringSectionKind.parameters}
+    if obj.kind is Kind.CLASS:  # a dataclass's fields may be documented as its attributes
+        kinds.add(DocstringSectionKind.attributes)
+    documented = {entry.name for section in sections if section.kind in kinds for entry in section.value}
+    missing = []
+    for parameter in getattr(signature, "parameters", []):
+        shown = STAR.get(parameter.kind.name if parameter.kind else "", "") + parameter.name
+        if parameter.name not in ("self", "cls") and not {parameter.name, shown} & documented:
+            missing.append(shown)
+    assert not missing, f"{module}.{name}: parameters without an Args entry: {missing}"
+
+
+def test_pages_speak_to_users() -> None:
+    """No source NOTE names, issue or commit numbers in the user docs: they mean nothing to a reader."""
+    internal = re.compile(r"NOTE \[|\bissue #?\d+|\bcommit [0-9a-f]{7,40}\b|\bPR #?\d+", re.I)
+    found = [f"{page.relative_to(DOCS)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
+             for page in PAGES for text in [page.read_text()] for m in internal.finditer(text)]
+    assert not found, f"internal references in docs/: {found}"

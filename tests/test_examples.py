@@ -69,3 +69,30 @@ def test_migration_example_runs_without_tdhook(runs) -> None:
 def test_every_example_is_tested() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
     assert scripts == set(PICTURES)
+
+
+def test_colour_scale_is_not_set_by_one_extreme_pixel() -> None:
+    """A map with one outlier pixel still spreads its other pixels over most of the colour range.
+
+    (The demo's integrated-gradients column once shared a scale set by one pixel of one map;
+    five of its six maps showed as blank.)
+    """
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from _plots import robust_limit
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    values = torch.linspace(-1.0, 1.0, 28 * 28).reshape(28, 28)
+    values[3, 4] = 100.0  # one pixel a hundred times the rest
+    limit = robust_limit(values)
+    assert 0.9 <= limit <= 1.0, limit  # the other pixels span (nearly) the whole scale
+    shown = (values.abs() / limit).clamp(max=1.0)
+    assert float((shown > 0.5).float().mean()) > 0.45  # half the pixels in the outer half of the colour bar
+    assert robust_limit(torch.zeros(5, 5)) == 1.0
+    sparse = torch.zeros(10, 10)
+    sparse[0, 0] = 2.0  # mostly zero: the scale falls back to the max
+    assert robust_limit(sparse) == 2.0

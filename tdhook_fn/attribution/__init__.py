@@ -1,6 +1,6 @@
 """Gradient attribution as pure functions: ``method(f, params, inputs, ..., *, target)``.
 
-Every method runs ``f`` once under one VJP (see NOTE [attribution engine]),
+Every method runs ``f`` once under one VJP,
 works for one sample or any batch size, under ``vmap``, and composes with ``grad``
 with respect to params.
 """

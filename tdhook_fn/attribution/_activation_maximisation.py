@@ -2,7 +2,7 @@
 
 # NOTE [ascent step]
 One step is ``x <- clamp(x + alpha * g, min_value, max_value)``, ``g`` the gradient of the
-target at ``x`` (one :func:`~tdhook_fn.attribution._engine.gradients` call: a forward
+target at ``x`` (one `gradients` call: a forward
 and a VJP). It is tdhook 0.1.3's ``PGDModule`` step with ``ascent=True`` and
 ``use_sign=False``, which writes ``x - alpha * (-g)``: the same number to the last bit.
 The starting point is not clamped, the raw gradient (not its sign) is used and the step
@@ -53,10 +53,20 @@ def pgd_step(x: torch.Tensor, grad: torch.Tensor, alpha: float, *, min_value: fl
     ``g`` is ``grad``, or its sign with ``use_sign``; ``+`` with ``ascent`` (maximise),
     ``-`` without (minimise). The same numbers as tdhook 0.1.3's ``PGDModule`` step.
 
-    >>> pgd_step(torch.tensor([0.0, 1.0]), torch.tensor([2.0, -3.0]), 0.5, max_value=1.0)
-    tensor([ 1.0000, -0.5000])
-    >>> pgd_step(torch.tensor([0.0, 1.0]), torch.tensor([2.0, -3.0]), 0.5, ascent=False, use_sign=True)
-    tensor([-0.5000,  1.5000])
+    Args:
+        x (Tensor): the current point.
+        grad (Tensor): the gradient at ``x``.
+        alpha (float): the step size.
+        min_value (float): lower bound of the result. Default: ``-inf``.
+        max_value (float): upper bound of the result. Default: ``inf``.
+        ascent (bool): step up the gradient (maximise). Default: ``True``.
+        use_sign (bool): step along the gradient's sign. Default: ``False``.
+
+    Examples:
+        >>> pgd_step(torch.tensor([0.0, 1.0]), torch.tensor([2.0, -3.0]), 0.5, max_value=1.0)
+        tensor([ 1.0000, -0.5000])
+        >>> pgd_step(torch.tensor([0.0, 1.0]), torch.tensor([2.0, -3.0]), 0.5, ascent=False, use_sign=True)
+        tensor([-0.5000,  1.5000])
     """
     g = torch.sign(grad) if use_sign else grad
     step = x + alpha * g if ascent else x - alpha * g
@@ -92,19 +102,19 @@ def activation_maximisation(
     offered to the target.
 
     Args:
-        f (Functional | Callable): pure ``f(params, td) -> td``, e.g. :func:`tdhook_fn.functional`.
+        f (Functional | Callable): pure ``f(params, td) -> td``, e.g. `tdhook_fn.functional`.
         params (TensorDict): parameters for ``f``.
         inputs (TensorDict): starting points, any batch size ``[*B]``; several seeds are
             a batch dim (or ``vmap`` over this function).
         target (int | tuple[int, ...] | Callable): what to maximise, see
-            :func:`tdhook_fn.as_target`; with ``target_layers`` a callable reads their
+            `tdhook_fn.as_target`; with ``target_layers`` a callable reads their
             activations under their path.
         alpha (float): step size; a negative one descends. Default: ``0.1``.
         n_steps (int): number of steps (``0`` returns a copy of the inputs). Default: ``10``.
         min_value (float): lower bound of the inputs after each step. Default: ``-inf``.
         max_value (float): upper bound of the inputs after each step. Default: ``inf``.
         per_target (bool): one ascent per target, on a new leading dim ``T``, all under one
-            ``vmap`` (NOTE [one ascent per objective]). Default: ``False`` (ascend their sum).
+            ``vmap``. Default: ``False`` (ascend their sum).
         target_layers (Sequence[str]): paths whose activations the target sees (tdhook's
             ``modules_to_maximise``).
         input_keys (Sequence | None): the inputs to optimise. Default: ``f.in_keys``.
@@ -125,19 +135,20 @@ def activation_maximisation(
             there is no input to optimise, targets differ in number across keys.
         KeyError: an ``input_keys`` entry is not in ``inputs``.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.zeros(5, 3), batch_size=[5])
-    >>> best = activation_maximisation(f, p, x, target=1, n_steps=20, min_value=-1.0, max_value=1.0)
-    >>> bool((net(best["input"])[:, 1] > net(x["input"])[:, 1]).all())
-    True
-    >>> activation_maximisation(f, p, x, target=(0, 1), per_target=True)["input"].shape
-    torch.Size([2, 5, 3])
-    >>> seeds = TensorDict(input=torch.randn(4, 5, 3), batch_size=[4, 5])
-    >>> torch.func.vmap(lambda td: activation_maximisation(f, p, td, target=1))(seeds)["input"].shape
-    torch.Size([4, 5, 3])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.zeros(5, 3), batch_size=[5])
+        >>> best = activation_maximisation(f, p, x, target=1, n_steps=20, min_value=-1.0, max_value=1.0)
+        >>> bool((net(best["input"])[:, 1] > net(x["input"])[:, 1]).all())
+        True
+        >>> activation_maximisation(f, p, x, target=(0, 1), per_target=True)["input"].shape
+        torch.Size([2, 5, 3])
+        >>> seeds = TensorDict(input=torch.randn(4, 5, 3), batch_size=[4, 5])
+        >>> torch.func.vmap(lambda td: activation_maximisation(f, p, td, target=1))(seeds)["input"].shape
+        torch.Size([4, 5, 3])
     """
     _check_options(alpha, n_steps, min_value, max_value, per_target)
     check_layers(_METHOD, target_layers, "target_layers")

@@ -2,7 +2,7 @@
 
 # NOTE [convergence delta]
 Completeness (Sundararajan et al. 2017): integrated gradients along a path sum to the
-change of the target along it. :func:`convergence_delta` is that sum minus that change,
+change of the target along it. `convergence_delta` is that sum minus that change,
 as captum's ``compute_convergence_delta``: every map it is given counts. What
 ``integrated_gradients(..., return_convergence_delta=True)`` gives it are the maps of the
 path's own space, the only ones completeness speaks of: the inputs' maps where the
@@ -49,21 +49,26 @@ def convergence_delta(
 ) -> torch.Tensor:
     """``sum(attributions) - (F(inputs) - F(baselines))`` per sample (and target), as captum's delta.
 
-    Every map in ``attributions`` counts (see NOTE [convergence delta] for which maps
-    completeness speaks of); ``F`` is the target, summed over its values, or one per
-    target with ``per_target`` (``attributions`` then ``[T, *B]``).
+    Every map in ``attributions`` counts (completeness speaks of the maps of the path's
+    space: the inputs', or the layers' when the layers are interpolated); ``F`` is the
+    target, summed over its values, or one per target with ``per_target`` (``attributions``
+    then ``[T, *B]``).
 
     Args:
-        f, params, target, target_layers, taps: as the attribution was computed.
+        f (Functional | Callable): the pure function the attribution was computed with.
+        params (TensorDict): its parameters, as the attribution was computed.
+        target (int | tuple[int, ...] | Tensor | Callable): the attribution's target.
+        target_layers (Sequence[str]): the attribution's ``target_layers``.
+        taps (Sequence[Tap]): the attribution's ``taps``.
         inputs (TensorDict): the path's end, batch ``[*B]``.
         baselines (TensorDict | Tensor | float): the path's start, as
-            :func:`integrated_gradients` takes it: a baseline per attributed input (other
+            `integrated_gradients` takes it: a baseline per attributed input (other
             keys of a TensorDict are not read), one tensor for the one attributed input,
             or a number for all of them. The inputs not attributed stay as they are.
         attributions (TensorDict): the maps, batch ``[*B]`` or ``[T, *B]``.
         per_target (bool): one delta per target.
         input_keys (list | None): the inputs the baselines replace, as in
-            :func:`integrated_gradients` (default: every input ``f`` reads).
+            `integrated_gradients` (default: every input ``f`` reads).
         cotangents (Callable | None): what the attribution put in at the targets; the
             change is weighted by it. It must not depend on the target values.
 
@@ -76,19 +81,20 @@ def convergence_delta(
             values), a baseline's shape is not its input's, or ``f`` takes several keyword
             inputs and ``input_keys`` does not say which the baselines replace.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> from tdhook_fn.attribution import integrated_gradients
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.pure(net)
-    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> b = TensorDict(input=torch.zeros(5, 3), batch_size=[5])
-    >>> attr = integrated_gradients(f, p, x, b, target=1, n_steps=64)
-    >>> bool(convergence_delta(f, p, x, b, attr, target=1).abs().max() < 1e-3)
-    True
-    >>> attr = integrated_gradients(f, p, x, 0.0, target=1, n_steps=64)  # baselines as a number
-    >>> bool(convergence_delta(f, p, x, 0.0, attr, target=1).abs().max() < 1e-3)
-    True
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> from tdhook_fn.attribution import integrated_gradients
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.pure(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> b = TensorDict(input=torch.zeros(5, 3), batch_size=[5])
+        >>> attr = integrated_gradients(f, p, x, b, target=1, n_steps=64)
+        >>> bool(convergence_delta(f, p, x, b, attr, target=1).abs().max() < 1e-3)
+        True
+        >>> attr = integrated_gradients(f, p, x, 0.0, target=1, n_steps=64)  # baselines as a number
+        >>> bool(convergence_delta(f, p, x, 0.0, attr, target=1).abs().max() < 1e-3)
+        True
     """
     check_call("convergence_delta", f, params, inputs)
     keys = attributed_keys("convergence_delta", f, inputs, input_keys)

@@ -61,7 +61,7 @@ _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 
 @dataclass
 class Gradients:
-    """What :func:`gradients` returns.
+    """What `gradients` returns.
 
     Attributes:
         grads (TensorDict): by input key and layer path; batch ``[*B]``, or ``[T, *B]``
@@ -206,7 +206,7 @@ def _check_leading_batch(what: str, value: torch.Tensor, batch: torch.Size) -> N
 
 def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target, *,
                   target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
-    """The target values of ``f(params, inputs)``, seen as :func:`gradients` sees them."""
+    """The target values of ``f(params, inputs)``, seen as `gradients` sees them."""
     tappable = _tappable(f, bool(target_layers or taps))
     flat = inputs.reshape(-1)
     runs = [0] * len(target_layers)
@@ -313,13 +313,13 @@ def seed_cotangents(values: TensorDictBase, per_target: bool, cotangents: Cotang
 
 def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
                     input_keys: Sequence[NestedKey], batch: torch.Size, target: Target) -> TensorDictBase:
-    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as :func:`gradients` sees them."""
+    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them."""
     seen = TensorDict({}, batch_size=out.batch_size)
     return _offer(out, [], seen, _extras(f, flat, input_keys), batch, True, target, check=True)
 
 
 def _target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
-    """A capture of each target layer, and counters of its module's runs (for :func:`_check_target_layer_runs`)."""
+    """A capture of each target layer, and counters of its module's runs (for `_check_target_layer_runs`)."""
     return [*(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *run_counters(target_layers, runs)]
 
 

@@ -91,24 +91,32 @@ def grad_cam(
         f (Functional): pure function of a model (layers are read through taps).
         params (TensorDict): parameters for ``f``.
         inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``; or a tensor, batch
-            first (with one layer the result is then a tensor; see :func:`saliency`).
-        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`.
-        layers (Mapping[str, DimsConfig]): path -> dims (see :class:`DimsConfig`).
+            first (with one layer the result is then a tensor; see `saliency`).
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
+        layers (Mapping[str, DimsConfig]): path -> dims (see `DimsConfig`).
         absolute (bool): pool ``|grad|``. Default: ``False``.
         per_target (bool): one map per target on a leading dim ``T``. Default: ``False``.
-        target_layers, grad_fns, taps, cotangents, layer_calls: as in :func:`saliency`.
+        target_layers (Sequence[str]): paths whose activations the target sees, as in `saliency`.
+        grad_fns (Mapping[str, Callable] | None): path -> function applied to the gradient at that
+            module's output, as in `saliency`.
+        taps (Sequence[Tap]): any further taps for the call, as in `saliency`.
+        cotangents (Callable | None): the gradients fed back from the targets, as in `saliency`.
+            Default: ones.
+        layer_calls (Mapping[str, int] | None): the run to attribute of a layer whose module runs
+            more than once, as in `saliency`.
 
     Returns:
         TensorDict: one map per layer path, batch ``[*B]`` or ``[T, *B]``.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-    ...                           torch.nn.Linear(4 * 6 * 6, 3))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(2, 1, 8, 8), batch_size=[2])
-    >>> grad_cam(f, p, x, target=0, layers={"[1]": DimsConfig((1, 2), (0,))})["[1]"].shape
-    torch.Size([2, 6, 6])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+        ...                           torch.nn.Linear(4 * 6 * 6, 3))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(2, 1, 8, 8), batch_size=[2])
+        >>> grad_cam(f, p, x, target=0, layers={"[1]": DimsConfig((1, 2), (0,))})["[1]"].shape
+        torch.Size([2, 6, 6])
     """
     _check_dims(layers)
     result = gradients(

@@ -22,8 +22,13 @@ __all__ = ["guided_backprop", "module_paths"]
 def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] = ()) -> list[str]:
     """Paths of every submodule below the root, except instances of ``classes_to_skip``.
 
-    >>> module_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), (nn.Linear,))
-    ['1']
+    Args:
+        model (nn.Module): the model whose submodules are listed.
+        classes_to_skip (tuple[type, ...]): module classes left out. Default: ``()``.
+
+    Examples:
+        >>> module_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), (nn.Linear,))
+        ['1']
     """
     names = [name for name, module in model.named_modules() if name and not isinstance(module, classes_to_skip)]
     for name in names:
@@ -60,23 +65,38 @@ def guided_backprop(
 
     Args:
         f (Functional): pure function of a model.
+        params (TensorDict): parameters for ``f``, as in `saliency`.
+        inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``, as in `saliency`.
+        target (int | tuple[int, ...] | Tensor | Callable): what is attributed, as in `saliency`.
         classes_to_skip (tuple[type, ...]): module classes left alone.
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
-        params, inputs, target, per_target, layers, target_layers, use_inputs, input_keys, grad_fns, taps,
-            cotangents, layer_calls: as in :func:`saliency` (token ids: ``layers=[<embedding>]``,
-            ``use_inputs=False``).
+        per_target (bool): one map per target along a new leading dim ``T``, as in `saliency`.
+            Default: ``False``.
+        layers (Sequence[str]): paths whose activations are attributed too, as in `saliency` (token
+            ids: ``layers=[<embedding>]`` with ``use_inputs=False``).
+        target_layers (Sequence[str]): paths whose activations the target sees, as in `saliency`.
+        use_inputs (bool): attribute the inputs, as in `saliency`. Default: ``True``.
+        input_keys (Sequence | None): which inputs, as in `saliency`. Default: ``f.in_keys``.
+        grad_fns (Mapping[str, Callable] | None): path -> function applied to the gradient at that
+            module's output, as in `saliency`.
+        taps (Sequence[Tap]): any further taps for the call, as in `saliency`.
+        cotangents (Callable | None): the gradients fed back from the targets, as in `saliency`.
+            Default: ones.
+        layer_calls (Mapping[str, int] | None): the run to attribute of a layer whose module runs
+            more than once, as in `saliency`.
 
     Returns:
         TensorDict: keyed like the inputs (and layer paths), ``[*B]`` or ``[T, *B]``; a
         tensor for a tensor ``inputs``.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> guided_backprop(f, p, x, target=1)["input"].shape
-    torch.Size([5, 3])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> guided_backprop(f, p, x, target=1)["input"].shape
+        torch.Size([5, 3])
     """
     if not isinstance(f, Functional):
         raise TypeError("guided_backprop needs f to be a tdhook_fn.Functional (it taps every submodule)")

@@ -59,7 +59,7 @@ def integrated_gradients(
     """Integrated gradients along the straight line from ``baselines`` to ``inputs``.
 
     ``attr = (x - b) * sum_k w_k * grad F(b + a_k (x - b))`` with the nodes ``a_k`` and
-    weights ``w_k`` of ``method`` (captum's, see :func:`quadrature`). All path points of a
+    weights ``w_k`` of ``method`` (captum's, see `quadrature`). All path points of a
     chunk go through ``f`` in one forward and one VJP; several targets give one map each
     with ``per_target`` (a vmapped VJP, no extra forward).
 
@@ -68,27 +68,27 @@ def integrated_gradients(
         params (TensorDict): parameters for ``f`` (constants here).
         inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``; or a tensor, batch
             first, for an ``f`` with one in_key (the result is then a tensor; see
-            :func:`saliency`).
+            `saliency`).
         baselines (TensorDict | Tensor | float): a baseline per attributed input key, with
             the input's shape; a tensor for the one attributed input, with its shape or
             one that broadcasts to it (one sample's, ``[1, ...]``); or one number for all.
-        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`;
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`;
             a tensor holds one class index per sample.
         n_steps (int): number of path points. Default: 50.
         method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
         multiply_by_inputs (bool): multiply by ``x - b`` (the integrated gradients of the
             paper; ``False`` gives the path-averaged gradient). Default: ``True``, as
             captum's ``IntegratedGradients``; the compat
-            :class:`~tdhook_fn.compat.attribution.IntegratedGradients` defaults to
+            `IntegratedGradients` defaults to
             ``False``, as tdhook 0.1.3 does.
         per_target (bool): one map per target on a new leading dim ``T``. Default: the sum.
         chunk_size (int | None): path points per forward; bounds memory. The result is
-            the same up to a few ulps (NOTE [chunk-invariant sums]).
+            the same up to a few ulps.
         return_convergence_delta (bool): also return ``sum(attr) - (F(x) - F(b))`` per
             sample (and per target), as captum defines it, over the maps of the path's
             space: the inputs', or the layers' with ``interpolate="layers"`` (gradients
             read at layers while the inputs move are no shares of the change); with
-            ``cotangents`` the change is weighted by them (NOTE [convergence delta]).
+            ``cotangents`` the change is weighted by them.
         layers (Sequence[str]): attribute activations at these paths instead.
         interpolate (str): for ``layers``, ``"layers"`` interpolates the activations
             themselves between their values at ``b`` and ``x`` (captum's
@@ -96,8 +96,16 @@ def integrated_gradients(
             interpolates the inputs and integrates the gradients read at the layers
             (tdhook's ``IntegratedGradients`` with ``input_modules``; layer results are
             not multiplied).
-        target_layers, use_inputs, input_keys, grad_fns, taps, cotangents, layer_calls: as in
-            :func:`saliency`.
+        target_layers (Sequence[str]): paths whose activations the target sees, as in `saliency`.
+        use_inputs (bool): attribute the inputs, as in `saliency`. Default: ``True``.
+        input_keys (Sequence | None): which inputs, as in `saliency`. Default: ``f.in_keys``.
+        grad_fns (Mapping[str, Callable] | None): path -> function applied to the gradient at that
+            module's output, as in `saliency`.
+        taps (Sequence[Tap]): any further taps for the call, as in `saliency`.
+        cotangents (Callable | None): the gradients fed back from the targets, as in `saliency`.
+            Default: ones.
+        layer_calls (Mapping[str, int] | None): the run to attribute of a layer whose module runs
+            more than once, as in `saliency`.
 
     Returns:
         TensorDict | tuple[TensorDict, Tensor]: attributions keyed like the attributed
@@ -115,18 +123,19 @@ def integrated_gradients(
         ValueError: ``return_convergence_delta`` with ``use_inputs=False`` in input space
             (no map of the path's space), or with cotangents that depend on the values.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> attr, delta = integrated_gradients(f, p, x, 0.0, target=1, return_convergence_delta=True)
-    >>> attr["input"].shape, bool(delta.abs().max() < 1e-3)
-    (torch.Size([5, 3]), True)
-    >>> f, p = tdhook_fn.pure(net)  # captum's IntegratedGradients(net).attribute(x, target=pred)
-    >>> pred = net(x["input"]).argmax(-1)
-    >>> integrated_gradients(f, p, x["input"], 0.0, target=pred).shape
-    torch.Size([5, 3])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> attr, delta = integrated_gradients(f, p, x, 0.0, target=1, return_convergence_delta=True)
+        >>> attr["input"].shape, bool(delta.abs().max() < 1e-3)
+        (torch.Size([5, 3]), True)
+        >>> f, p = tdhook_fn.pure(net)  # captum's IntegratedGradients(net).attribute(x, target=pred)
+        >>> pred = net(x["input"]).argmax(-1)
+        >>> integrated_gradients(f, p, x["input"], 0.0, target=pred).shape
+        torch.Size([5, 3])
     """
     alphas, steps = quadrature(method, n_steps)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
@@ -290,7 +299,7 @@ def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float],
     the weights to float32; ours keep the input's dtype. Half-precision gradients (bf16,
     fp16) are summed in float32: added one by one in their own dtype, hundreds of steps
     lose most of their digits (measured: 13% relative error in bf16 at 300 steps, captum
-    0.3%); :func:`integrated_gradients` casts the sum back at the end.
+    0.3%); `integrated_gradients` casts the sum back at the end.
     """
     out = TensorDict({}, batch_size=[s for i, s in enumerate(grads.batch_size) if i != lead])
     for key, g in grads.items(True, True):

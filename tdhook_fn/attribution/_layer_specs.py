@@ -4,12 +4,12 @@
 Layer attribution needs each layer's activation shape before the forward: the zero
 perturbation is a primal of the VJP (NOTE [layer gradients]). A forward on meta tensors
 finds it, but meta kernels run in Python (measured on torch 2.13 CPU: layer saliency of a
-4-layer MLP at batch 64 took 11-12 ms probing every call, 2.5-3.5 ms remembering). So :func:`remembered_specs` keeps
+4-layer MLP at batch 64 took 11-12 ms probing every call, 2.5-3.5 ms remembering). So `remembered_specs` keeps
 the specs per model, keyed by the layers, the runs asked for and the inputs' keys,
-shapes and dtypes, and the call checks them against what it sees (:func:`checked_taps`,
-:func:`check_runs`): the activation's type, shape and dtype at the layer, and how many
+shapes and dtypes, and the call checks them against what it sees (`checked_taps`,
+`check_runs`): the activation's type, shape and dtype at the layer, and how many
 times its module ran. Any difference (the model was changed, or runs otherwise on these
-inputs) raises :class:`StaleSpec` inside the forward; the engine then probes afresh and
+inputs) raises `StaleSpec` inside the forward; the engine then probes afresh and
 makes the call again. A fresh probe that the call contradicts raises a ``RuntimeError``
 naming the layer. Under torch.compile nothing is remembered: the probe is dead code in
 the graph there.
@@ -113,7 +113,7 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
 def remembered_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
                      layer_calls: Mapping[str, int] | None = None, *, method: str = "attribution",
                      fresh: bool = False) -> tuple[list[LayerSpec], bool]:
-    """:func:`layer_specs`, remembered per model; and whether they came from memory (to be checked)."""
+    """`layer_specs`, remembered per model; and whether they came from memory (to be checked)."""
     if torch.compiler.is_compiling():
         return layer_specs(f, params, td, paths, layer_calls, method=method), False
     inputs = [(k, tuple(v.shape), v.dtype, v.device) for k, v in td.items(True, True) if isinstance(v, torch.Tensor)]
@@ -147,7 +147,7 @@ def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths:
 
 
 def run_counters(paths: Sequence[str], runs: list[int]) -> list[Tap]:
-    """Taps counting in ``runs[i]`` the runs of ``paths[i]``'s module, for :func:`check_runs`."""
+    """Taps counting in ``runs[i]`` the runs of ``paths[i]``'s module, for `check_runs`."""
     if torch.compiler.is_compiling():
         return []
     return [Tap(path, "intervene", _counter(runs, i)) for i, path in enumerate(paths)]
@@ -157,8 +157,8 @@ def checked_taps(paths: Sequence[str], layers: Mapping[str, Replace | None], del
                  specs: Sequence[LayerSpec], act_key: Callable[[int], str], runs: list[int]) -> list[Tap]:
     """Per layer: the perturbation ``replace(act) + delta`` at its run, a capture, and a run counter.
 
-    The perturbation raises :class:`StaleSpec` where the activation does not fit ``delta``;
-    ``runs[i]`` counts the runs of layer ``i``'s module, for :func:`check_runs`.
+    The perturbation raises `StaleSpec` where the activation does not fit ``delta``;
+    ``runs[i]`` counts the runs of layer ``i``'s module, for `check_runs`.
     """
     taps = []
     for i, (path, delta, spec) in enumerate(zip(paths, deltas, specs, strict=True)):
@@ -168,7 +168,7 @@ def checked_taps(paths: Sequence[str], layers: Mapping[str, Replace | None], del
 
 
 def check_runs(paths: Sequence[str], specs: Sequence[LayerSpec], runs: Sequence[int]) -> None:
-    """Raise :class:`StaleSpec` where a module ran another number of times than in the probe."""
+    """Raise `StaleSpec` where a module ran another number of times than in the probe."""
     if torch.compiler.is_compiling():
         return
     for path, spec, n in zip(paths, specs, runs, strict=True):

@@ -8,16 +8,16 @@ with a rule, a tap on the call's shadow module sees the module's inputs ``x`` an
 forward returns ``y`` unchanged and whose backward sends nothing back through ``y``'s own
 graph and gives ``x`` the rule's relevance ``rule.relevance(call, R)``, ``R`` being what
 arrives at the output. The tensors the rule needs (the module's parameters and buffers as
-the *call* sees them, i.e. the params given to :func:`lrp`) are inputs of the function, so
+the *call* sees them, i.e. the params given to `lrp`) are inputs of the function, so
 every transform (``vmap``, ``grad``, the engine's ``vjp``) sees them; the module's
-structure travels as a :class:`~tdhook_fn.attribution._lrp_call.Template` because the
+structure travels as a `Template` because the
 shadow is emptied when the forward returns, before the backward runs. Rules of the
 form ``R_i = x_i (J^T (factor * R))_i`` (epsilon) skip that second forward: they only
 scale gradients around the module's own backward (NOTE [gradient-form rules]). The
 rule's hook runs before any other hook on the module's output (``prepend``), so that a
 layer perturbation or a user intervention acts on the rule's output, and its input
 hook after all others (the rule taps come last), so that it sees what the module
-sees. Modules without a rule (and those with :class:`Ignore`) keep their plain gradient.
+sees. Modules without a rule (and those with `Ignore`) keep their plain gradient.
 
 # NOTE [zero-valued carriers]
 An ``autograd.Function`` under ``torch.func`` costs about 0.6 ms of Python per call
@@ -215,7 +215,13 @@ class _RuleTap(Tap):
 
 
 def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True) -> list[Tap]:
-    """One tap per module with a rule (not :class:`Ignore`), for ``f.with_taps`` or any method's ``taps``."""
+    """One tap per module with a rule (not `Ignore`), for ``f.with_taps`` or any method's ``taps``.
+
+    Args:
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
+        rules (Mapping | Callable): which rule runs where, as in `lrp`.
+        warn_on_missing_rule (bool): warn for each leaf module without a rule. Default: ``True``.
+    """
     return _rule_taps(resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule))
 
 
@@ -249,27 +255,36 @@ def lrp(
 ) -> TensorDict:
     """Relevance of the inputs (and layer activations) for the target, by LRP rules.
 
-    Each module with a rule passes relevance back by that rule (NOTE [lrp as modified
-    vjps]); the others by their plain gradient. The relevance put in at the targets is
+    Each module with a rule passes relevance back by that rule (a modified backward of
+    that module); the others by their plain gradient. The relevance put in at the targets is
     the cotangent (ones; one-hots with ``per_target``), so a map sums to about 1 per
     target where the rules conserve relevance, as in tdhook. Only the attributed inputs
     and the layer perturbations are differentiated; ``params`` are constants.
 
     Args:
-        f (Functional): pure function of a model (:func:`tdhook_fn.functional`).
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
         params (TensorDict): parameters for ``f``; the rules compute with these.
         inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``; or a tensor,
-            batch first (the result is then a tensor; see :func:`saliency`).
-        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`.
+            batch first (the result is then a tensor; see `saliency`).
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
         rules (Mapping | Callable): which rule runs where. A mapping from a submodule path
             (``"[0]"``), a regex over module names (``r"features\\.\\d+"``, full match) or
             an ``nn.Module`` class to a rule; exact paths win over patterns, patterns
             over classes, and earlier keys over later ones. Or a callable
-            ``(name, module) -> rule | None`` such as :class:`EpsilonPlus` (tdhook's
+            ``(name, module) -> rule | None`` such as `EpsilonPlus` (tdhook's
             ``rule_mapper``). Rules may not nest (a module with a rule inside another).
-        per_target, layers, target_layers, use_inputs, input_keys, taps, cotangents, layer_calls:
-            as in :func:`saliency`; the result at a layer path is the relevance of that
-            module's output.
+        per_target (bool): one map per target along a new leading dim ``T``, as in `saliency`.
+            Default: ``False``.
+        layers (Sequence[str]): paths attributed too, as in `saliency`; the result at a layer path is
+            the relevance of that module's output.
+        target_layers (Sequence[str]): paths whose activations the target sees, as in `saliency`.
+        use_inputs (bool): attribute the inputs, as in `saliency`. Default: ``True``.
+        input_keys (Sequence | None): which inputs, as in `saliency`. Default: ``f.in_keys``.
+        taps (Sequence[Tap]): any further taps for the call, as in `saliency`.
+        cotangents (Callable | None): the gradients fed back from the targets, as in `saliency`.
+            Default: ones.
+        layer_calls (Mapping[str, int] | None): the run to attribute of a layer whose module runs
+            more than once, as in `saliency`.
         warn_on_missing_rule (bool): warn for each leaf module without a rule (its plain
             gradient is used). Default: ``True``, as tdhook.
         check_conservation (bool): raise ``RuntimeError`` unless the input relevance of
@@ -288,28 +303,29 @@ def lrp(
             its module (``Pass`` on a shape-changing layer; the path is named).
         NotImplementedError: called under ``torch.func.grad``/``vjp``/``jvp``, with params
             that require grad, or with a closed-over tensor that makes the maps require
-            grad (NOTE [lrp maps are not differentiable]); ``torch.no_grad()`` or detached
+            grad (LRP maps are not differentiable); ``torch.no_grad()`` or detached
             params avoid it. Inputs that require grad are fine: they are read as values
             (the maps never require grad).
         RuntimeError: ``check_conservation`` and relevance is not conserved.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> from tdhook_fn.attribution import Epsilon, Pass, lrp
-    >>> _ = torch.manual_seed(0)
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False), torch.nn.ReLU(),
-    ...                           torch.nn.Linear(4, 2, bias=False)).double()
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(5, 3, dtype=torch.float64), batch_size=[5])
-    >>> rules = {torch.nn.Linear: Epsilon(1e-12), torch.nn.ReLU: Pass()}
-    >>> r = lrp(f, p, x, target=1, rules=rules)
-    >>> r["input"].shape
-    torch.Size([5, 3])
-    >>> r["input"].sum(-1)  # conserved: LRP-0 without biases sums to the relevance 1 put in
-    tensor([1.0000, 1.0000, 1.0000, 1.0000, 1.0000], dtype=torch.float64)
-    >>> per_sample = torch.func.vmap(lambda td: lrp(f, p, td, target=1, rules=rules))(x)
-    >>> torch.allclose(per_sample["input"], r["input"])
-    True
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> from tdhook_fn.attribution import Epsilon, Pass, lrp
+        >>> _ = torch.manual_seed(0)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False), torch.nn.ReLU(),
+        ...                           torch.nn.Linear(4, 2, bias=False)).double()
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3, dtype=torch.float64), batch_size=[5])
+        >>> rules = {torch.nn.Linear: Epsilon(1e-12), torch.nn.ReLU: Pass()}
+        >>> r = lrp(f, p, x, target=1, rules=rules)
+        >>> r["input"].shape
+        torch.Size([5, 3])
+        >>> r["input"].sum(-1)  # conserved: LRP-0 without biases sums to the relevance 1 put in
+        tensor([1.0000, 1.0000, 1.0000, 1.0000, 1.0000], dtype=torch.float64)
+        >>> per_sample = torch.func.vmap(lambda td: lrp(f, p, td, target=1, rules=rules))(x)
+        >>> torch.allclose(per_sample["input"], r["input"])
+        True
     """
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")

@@ -62,7 +62,7 @@ class Affine:
 
     def pull(self, cotangent: torch.Tensor, weight: torch.Tensor, x_shape: torch.Size, *,
              fast: bool = False) -> torch.Tensor:
-        """``J^T cotangent``, for an input of shape ``x_shape``; ``fast``: see :meth:`adjoint`."""
+        """``J^T cotangent``, for an input of shape ``x_shape``; ``fast``: see `adjoint`."""
         return self.adjoint(weight, fast=fast)(cotangent, x_shape)
 
     def adjoint(self, weight: torch.Tensor, *, fast: bool = False) -> Adjoint:

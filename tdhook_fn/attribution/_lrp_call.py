@@ -1,4 +1,4 @@
-"""What an LRP rule sees of one module run: :class:`ModuleCall`, and the :class:`Template` to run it again.
+"""What an LRP rule sees of one module run: `ModuleCall`, and the `Template` to run it again.
 
 The call's shadow module is emptied when its forward returns, and a rule runs in the
 backward; so the module's structure is kept as a template without tensors, and the
@@ -85,7 +85,7 @@ class Template:
         return Template(type(module), state, slots[0], slots[1], children, affine)
 
     def build(self, tensors: Iterator[torch.Tensor]) -> nn.Module:
-        """A new module of this structure holding ``tensors`` (in :meth:`of`'s order)."""
+        """A new module of this structure holding ``tensors`` (in `of`'s order)."""
         module = self.cls.__new__(self.cls)
         state = module.__dict__
         state.update((k, v.bind(module) if isinstance(v, _Own) else v) for k, v in self.state.items())
@@ -139,12 +139,12 @@ class ModuleCall:
 
     def vjp(self, inputs: Sequence[torch.Tensor], cotangent: torch.Tensor,
             modify: Modify | None = None) -> tuple[torch.Tensor, ...]:
-        """``J^T cotangent`` of :meth:`run` at ``inputs``, for each input."""
+        """``J^T cotangent`` of `run` at ``inputs``, for each input."""
         return self.linearize(inputs, modify)[1](cotangent)
 
     def linearize(self, inputs: Sequence[torch.Tensor], modify: Modify | None = None,
                   ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]]:
-        """:meth:`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
+        """`run` at ``inputs`` and its pullback ``cotangent -> J^T cotangent`` (one forward)."""
         affine = self._affine(inputs)
         if affine is not None:
             weight, bias = self._weight_and_bias(modify)

@@ -11,7 +11,7 @@ be applied to it directly, the modules taken last to first:
   module), with the rule's output factor and input scaling as plain products;
 - Pass: the relevance as it is;
 - any other rule: ``rule.relevance`` on what the module saw, as in the backward of
-  :class:`_RuleVJP`.
+  `_RuleVJP`.
 
 Modules whose backward is known run without a graph: linear layers and convolutions
 (their adjoint is one op, NOTE [affine modules]; z+ and alpha-beta take every ``z`` from

@@ -66,7 +66,7 @@ def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
 def as_values(params: Any, inputs: TensorDictBase) -> TensorDictBase:
     """``inputs``, detached if they require grad; a refusal where the maps could be differentiated.
 
-    Raises under a functorch ``grad``/``vjp``/``jvp`` of lrp (:func:`_refuse_outer_differentiation`)
+    Raises under a functorch ``grad``/``vjp``/``jvp`` of lrp (`_refuse_outer_differentiation`)
     and, under regular autograd, for params that require grad: the maps would carry a
     gradient in them, and a wrong one. Inputs that require grad are read as values.
     """

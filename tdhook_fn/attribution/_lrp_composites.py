@@ -37,10 +37,10 @@ _PLAIN = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.Ada
 class EpsilonPlus:
     """The composite EpsilonPlus, as tdhook defines it: a rule mapper ``(name, module) -> rule``.
 
-    Convolutions get z+ (:class:`AlphaBeta` ``(1, 0, stabilizer)``), ``nn.Linear``
-    :class:`Epsilon` ``(epsilon)``, activations and BatchNorm :class:`Pass`, average pooling
-    :class:`Epsilon` ``(stabilizer)``; max pooling, dropout, flatten and identity
-    :class:`Ignore` (their plain gradient). Other modules get no rule.
+    Convolutions get z+ (`AlphaBeta` ``(1, 0, stabilizer)``), ``nn.Linear``
+    `Epsilon` ``(epsilon)``, activations and BatchNorm `Pass`, average pooling
+    `Epsilon` ``(stabilizer)``; max pooling, dropout, flatten and identity
+    `Ignore` (their plain gradient). Other modules get no rule.
 
     Args:
         epsilon (float): of the dense layers' epsilon rule. Default: ``1e-6``.
@@ -128,7 +128,7 @@ class Resolved(dict[str, Rule]):
 
 def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool = True,
                   method: str = "lrp") -> Resolved:
-    """The rule of each submodule that has one (not :class:`Ignore`), by path (and by module).
+    """The rule of each submodule that has one (not `Ignore`), by path (and by module).
 
     Raises:
         TypeError: ``rules`` is neither a mapping nor a callable, or a rule has no

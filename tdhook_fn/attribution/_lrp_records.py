@@ -2,7 +2,7 @@
 
 Each record keeps what its module's step saw in the forward; ``back(relevance)`` gives
 the relevance of the module's input from that of its output. A record raises
-:class:`NotAChain` where the walk cannot give the taps' numbers (a tensor it reads was
+`NotAChain` where the walk cannot give the taps' numbers (a tensor it reads was
 written in place since), and the call takes the general path.
 """
 
@@ -78,7 +78,7 @@ class Ruled:
 
 @dataclass(frozen=True)
 class AffineLocal:
-    """:class:`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
+    """`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
 
     x: torch.Tensor
     adjoint: Adjoint

@@ -45,7 +45,7 @@ def quadrature(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[floa
     """Nodes ``alphas`` in ``[0, 1]`` and weights ``steps`` of a quadrature rule.
 
     Args:
-        method (str): one of :data:`SUPPORTED_METHODS`.
+        method (str): one of `SUPPORTED_METHODS`.
         n_steps (int): number of nodes; at least 2 for the Riemann rules, 1 for
             ``gausslegendre``.
 
@@ -55,8 +55,9 @@ def quadrature(method: str, n_steps: int) -> tuple[tuple[float, ...], tuple[floa
     Raises:
         ValueError: unknown method (the supported ones are listed) or too few steps.
 
-    >>> quadrature("riemann_trapezoid", 3)
-    ((0.0, 0.5, 1.0), (0.16666666666666666, 0.3333333333333333, 0.16666666666666666))
+    Examples:
+        >>> quadrature("riemann_trapezoid", 3)
+        ((0.0, 0.5, 1.0), (0.16666666666666666, 0.3333333333333333, 0.16666666666666666))
     """
     if not isinstance(method, str) or method not in SUPPORTED_METHODS:
         raise ValueError(f"unknown integration method {method!r}; supported: {list(SUPPORTED_METHODS)}")

@@ -58,7 +58,7 @@ def saliency(
         inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``; or, for an
             ``f`` with one in_key, a tensor whose first dim is the batch (captum's
             ``inputs``): the result is then that key's map, as a tensor.
-        target (int | tuple[int, ...] | Tensor | Callable): see :func:`tdhook_fn.as_target`;
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`;
             a tensor holds one class index per sample (captum's ``target=pred``), a
             callable may return a tensor.
         abs (bool): absolute value of the gradient. Default: ``False``.
@@ -88,19 +88,20 @@ def saliency(
         ``[T, *B]``. For a tensor ``inputs``, the one map as a tensor (a call giving
         several maps, inputs and layers, raises ``ValueError``).
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> saliency(f, p, x, target=1)["input"].shape
-    torch.Size([5, 3])
-    >>> per_sample = torch.func.vmap(lambda td: saliency(f, p, td, target=1))(x)
-    >>> torch.allclose(per_sample["input"], saliency(f, p, x, target=1)["input"])
-    True
-    >>> pred = net(x["input"]).argmax(-1)  # captum style: a tensor in, a tensor out
-    >>> saliency(f, p, x["input"], target=pred).shape
-    torch.Size([5, 3])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> saliency(f, p, x, target=1)["input"].shape
+        torch.Size([5, 3])
+        >>> per_sample = torch.func.vmap(lambda td: saliency(f, p, td, target=1))(x)
+        >>> torch.allclose(per_sample["input"], saliency(f, p, x, target=1)["input"])
+        True
+        >>> pred = net(x["input"]).argmax(-1)  # captum style: a tensor in, a tensor out
+        >>> saliency(f, p, x["input"], target=pred).shape
+        torch.Size([5, 3])
     """
     method = "input_x_gradient" if multiply_by_inputs else "saliency"
     keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()

@@ -3,8 +3,11 @@
 ``UnraveledKey`` is a str or a non-empty tuple of str (a TensorDict key written out), and
 ``isinstance(key, UnraveledKey)`` checks exactly that, as in tdhook 0.1.3.
 
->>> isinstance(("attr", "input"), UnraveledKey), isinstance(("attr", 0), UnraveledKey), isinstance((), UnraveledKey)
-(True, False, False)
+Examples:
+    >>> isinstance(("attr", "input"), UnraveledKey), isinstance(("attr", 0), UnraveledKey)
+    (True, False)
+    >>> isinstance((), UnraveledKey)
+    False
 """
 
 from __future__ import annotations

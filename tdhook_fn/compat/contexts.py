@@ -1,19 +1,19 @@
 """Hooking contexts with the public API of ``tdhook.contexts`` from tdhook 0.1.3.
 
 ``HookingContextFactory().prepare(model)`` gives a context; entering it gives a
-:class:`~tdhook_fn.compat.modules.HookedModule` that runs ``model`` with hooks. Unlike
+`HookedModule` that runs ``model`` with hooks. Unlike
 tdhook, entering a context changes nothing on the model: hooks are virtual and every
-call runs on a private shadow of the model (see :mod:`tdhook_fn.compat.modules`).
+call runs on a private shadow of the model (see `tdhook_fn.compat.modules`).
 
 Subclasses customise the same steps as in tdhook: ``_prepare_module`` turns the working
 module into the module to run (it receives a
-:class:`~tdhook_fn.compat.modules.RoutedModule`, whose ``functional()`` and ``params()``
+`RoutedModule`, whose ``functional()`` and ``params()``
 give the model as a pure function at call time), ``_restore_module`` undoes it (it
 receives the same working module), ``_spawn_hooked_module`` wraps it and
 ``_hook_module`` registers the context's own hooks on the hooked module. Public
 attributes a factory sets on the working module land on the context's
-TensorDictModule, as in tdhook, and are gone after the context, even when a step fails
-(see NOTE [prepared attributes]). ``_hooking_context_class``, ``_hooked_module_class``,
+TensorDictModule, as in tdhook, and are gone after the context, even when a step fails.
+``_hooking_context_class``, ``_hooked_module_class``,
 ``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
 extra arguments.
 
@@ -62,7 +62,8 @@ class HookingContext:
         factory (HookingContextFactory): supplies the prepare/restore/spawn/hook steps.
         module (nn.Module): the model; an ``nn.Module`` is wrapped in a
             ``TensorDictModule(module, in_keys or ["input"], out_keys or ["output"])``.
-        in_keys, out_keys: the keys of that wrapper.
+        in_keys (list | None): the input keys of that wrapper.
+        out_keys (list | None): the output keys of that wrapper.
         pre_factories (list | None): factories whose contexts are entered first, each
             preparing the module the next one receives.
     """
@@ -191,7 +192,8 @@ class HookingContextWithCache(HookingContext):
     """A context owning a cache TensorDict, cleared on entry unless ``clear_cache=False``.
 
     Args:
-        *args, **kwargs: as :class:`HookingContext`.
+        *args (Any): passed on to `HookingContext`.
+        **kwargs (Any): passed on to `HookingContext`.
         cache (TensorDict | None): the cache. Default: a new TensorDict.
         clear_cache (bool): clear it on every entry. Default: ``True``.
     """
@@ -286,14 +288,14 @@ class HookingContextFactory:
         """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself.
 
         Public attributes set on ``module`` are set on the context's TensorDictModule
-        (NOTE [working module attributes] in :mod:`tdhook_fn.compat.modules`).
+        (NOTE [working module attributes] in `tdhook_fn.compat.modules`).
         """
         return module
 
     def _restore_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> Any:
-        """Undo :meth:`_prepare_module` on exit; ``module`` is the one it received.
+        """Undo `_prepare_module` on exit; ``module`` is the one it received.
 
         Default: return ``module``.
         """

@@ -1,6 +1,6 @@
 """Dataset-scale runs of the pure methods: streamed, memory-mapped, resumable, distributed.
 
-:func:`attribute` runs any method of :mod:`tdhook_fn.attribution` (or any function of
+`attribute` runs any method of `tdhook_fn.attribution` (or any function of
 the same shape) over a whole dataset a batch at a time, writes one row per sample into a
 memory-mapped TensorDict on disk, records each finished batch so that a killed job
 resumes where it stopped, and under ``torchrun`` shares the batches between the ranks of

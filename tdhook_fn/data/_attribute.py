@@ -44,12 +44,12 @@ def attribute(
     ``TensorDict.load_memmap(out_dir)`` opens it again later. Memory stays bounded by
     ``batch_size``: one batch is read, attributed and written at a time.
 
-    The run is resumable (NOTE [resumable out_dir]): killed at any moment and run again
+    The run is resumable: killed at any moment and run again
     with the same arguments, it redoes only the batches it had not recorded, and a
     finished ``out_dir`` returns at once. An ``out_dir`` written by a different method,
-    ``f``, params, dataset, ``batch_size`` or method argument is refused (NOTE [job
-    fingerprints]) unless ``overwrite=True``, which deletes it and starts again. Every
-    sample counts (NOTE [every row counts]): a TensorDict dataset is digested whole; a
+    ``f``, params, dataset, ``batch_size`` or method argument is refused (each is
+    fingerprinted) unless ``overwrite=True``, which deletes it and starts again. Every
+    sample counts: a TensorDict dataset is digested whole; a
     ``Dataset``'s batches are digested as they are read, and resuming or returning an
     ``out_dir`` reads its recorded batches again and refuses one that changed.
 
@@ -66,10 +66,11 @@ def attribute(
     once all are written, equal to the single-process one.
 
     Args:
-        method: a pure method such as :func:`tdhook_fn.attribution.saliency`,
-            :func:`~tdhook_fn.attribution.integrated_gradients` or
-            :func:`~tdhook_fn.attribution.grad_cam`.
-        f, params: the model as for the method.
+        method: a pure method such as `tdhook_fn.attribution.saliency`,
+            `integrated_gradients` or
+            `grad_cam`.
+        f: the pure function of the model, as for the method.
+        params: its parameters, as for the method.
         dataset: a TensorDict with a leading batch dim, or a map-style
             ``torch.utils.data.Dataset`` whose items are TensorDicts or dicts of tensors.
             Keys the model does not read (labels) reach the target as for the methods,
@@ -90,7 +91,7 @@ def attribute(
     Returns:
         The result, memory-mapped from ``out_dir``, batch size ``[len(dataset), ...]``.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from tensordict import TensorDict
         >>> import tdhook_fn, tdhook_fn.data

@@ -2,7 +2,7 @@
 
 # NOTE [job fingerprints]
 An ``out_dir`` written by one job must never be silently reused by another, so each
-argument of :func:`~tdhook_fn.data.attribute` is reduced to a JSON value that is the
+argument of `attribute` is reduced to a JSON value that is the
 same in every process and every run of the same script, and differs when anything the
 numbers depend on does:
 

@@ -61,7 +61,7 @@ class OutDir:
     def claim(self, job: Json, overwrite: bool) -> str:
         """Lock ``path`` and make it this job's; ``"new"``, ``"partial"`` (resume) or ``"complete"``.
 
-        The lock is held until :meth:`release`, also when this raises.
+        The lock is held until `release`, also when this raises.
         """
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"attribute: out_dir {str(self.path)!r} exists and is not a directory")

@@ -27,7 +27,7 @@ LOCK = "_tdhook_fn.lock"
 
 
 class DirLock:
-    """The exclusive lock on ``LOCK`` in a directory, held from :meth:`acquire` to :meth:`release`."""
+    """The exclusive lock on ``LOCK`` in a directory, held from `acquire` to `release`."""
 
     def __init__(self, directory: Path):
         self.file = directory / LOCK

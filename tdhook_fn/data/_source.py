@@ -72,7 +72,7 @@ class Source:
         return stacked.to_tensordict(), _digest(index, items)
 
     def digest(self, index: int) -> str:
-        """The digest :meth:`read` gives for batch ``index``, without stacking the batch."""
+        """The digest `read` gives for batch ``index``, without stacking the batch."""
         start, stop = self.bounds(index)
         if not self.lazy:
             return _IN_THE_JOB

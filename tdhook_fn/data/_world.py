@@ -1,6 +1,6 @@
 """The processes of a run: one, or the ranks of a ``torch.distributed`` process group.
 
-Under ``torchrun`` with no process group yet, :func:`joined` starts one from the
+Under ``torchrun`` with no process group yet, `joined` starts one from the
 environment torchrun sets (gloo on CPU, nccl when CUDA is available) and keeps it for
 the later runs of the process (starting a group again on torchrun's rendezvous port can
 hang), ending it at exit; a group the caller started is used as it is and left alone.

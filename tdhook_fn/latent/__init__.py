@@ -1,15 +1,15 @@
 """Reading and editing the internals of a model as pure functions: caching, patching, steering.
 
-Every method takes a :class:`tdhook_fn.Functional` ``f``, its params and inputs with any
-batch size, and never touches the model. A :class:`Site` names where (a path, a tuple
-element, a selection within one sample); :func:`sites` expands a regex over module names.
+Every method takes a `tdhook_fn.Functional` ``f``, its params and inputs with any
+batch size, and never touches the model. A `Site` names where (a path, a tuple
+element, a selection within one sample); `sites` expands a regex over module names.
 
-- :func:`cache`: activations at sites.
-- :func:`patch`: outputs with activations replaced (from a cache of a clean run, or
+- `cache`: activations at sites.
+- `patch`: outputs with activations replaced (from a cache of a clean run, or
   ``fn(current, source)``).
-- :func:`patching_sweep`: the metric with each site patched in turn, all runs batched.
-- :func:`attribution_patching`: every patching effect to first order, one backward.
-- :func:`steer` and :func:`activation_addition`: steering vectors, several scales at once.
+- `patching_sweep`: the metric with each site patched in turn, all runs batched.
+- `attribution_patching`: every patching effect to first order, one backward.
+- `steer` and `activation_addition`: steering vectors, several scales at once.
 """
 
 from ._atp import attribution_patching

@@ -47,7 +47,7 @@ def attribution_patching(
     sites: Site | str | Sequence[Site | str],
     metric: Metric,
 ) -> torch.Tensor:
-    """First-order estimates of the patching effects at ``sites`` (NOTE [attribution patching]).
+    """First-order estimates of the patching effects at ``sites`` (attribution patching).
 
     Each site's estimate sums ``(a_clean - a_corrupted) * d metric / d a`` over its
     selection: for ``Site(path, index=(t,))`` on a ``[N, L, D]`` residual stream, over the
@@ -59,7 +59,7 @@ def attribution_patching(
         clean (TensorDict): inputs the patched activations come from, ``[*B]``.
         corrupted (TensorDict): the inputs that run, same batch size and the same shape of each
             site's selection (prompts of one length: a clean run would otherwise broadcast).
-        sites (Site | str | Sequence): the sites, as for :func:`patching_sweep`.
+        sites (Site | str | Sequence): the sites, as for `patching_sweep`.
         metric (Callable): ``outputs -> Tensor`` of one value per sample.
 
     Returns:
@@ -71,18 +71,19 @@ def attribution_patching(
             gradient (an argmax, a comparison, ``.detach()``, or any metric under
             ``torch.inference_mode()``), which would make every estimate 0.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> from tdhook_fn.latent import patching_sweep
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
-    >>> logit = lambda out: out["output"][..., 0]
-    >>> sites = [Site("[1]", index=(i,)) for i in range(4)]  # the head is linear in [1]: exact
-    >>> est = attribution_patching(f, p, clean, corrupt, sites, logit)
-    >>> exact = patching_sweep(f, p, clean, corrupt, sites, logit) - logit(f(p, corrupt))
-    >>> torch.allclose(est, exact, atol=1e-6)
-    True
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> from tdhook_fn.latent import patching_sweep
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
+        >>> logit = lambda out: out["output"][..., 0]
+        >>> sites = [Site("[1]", index=(i,)) for i in range(4)]  # the head is linear in [1]: exact
+        >>> est = attribution_patching(f, p, clean, corrupt, sites, logit)
+        >>> exact = patching_sweep(f, p, clean, corrupt, sites, logit) - logit(f(p, corrupt))
+        >>> torch.allclose(est, exact, atol=1e-6)
+        True
     """
     f = check_f("attribution_patching", f, params, corrupted)
     chosen = as_sites(sites, "attribution_patching")

@@ -30,10 +30,10 @@ def cache(
     activations stay differentiable unless ``detach``.
 
     Args:
-        f (Functional): pure function of a model (:func:`tdhook_fn.functional`).
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
         params (TensorDict): its parameters.
         inputs (TensorDict): any batch size ``[*B]``.
-        sites (Site | str | Sequence): where to read (see :class:`Site`, :func:`sites`).
+        sites (Site | str | Sequence): where to read (see `Site`, `sites`).
         detach (bool): detach the cached values. Default: ``False``.
         dtype (torch.dtype | None): cast them. Default: keep.
         outputs (bool): also return ``f``'s outputs, under their keys. Default: ``False``.
@@ -45,14 +45,15 @@ def cache(
         ValueError: a site never ran, or ran twice without ``call``; keys clash (also
             with ``f``'s out_keys, with ``outputs``).
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> acts = cache(f, p, x, ["[0]", Site("[1]", index=(2,))])
-    >>> acts["0"].shape, acts["1[2]"].shape
-    (torch.Size([5, 4]), torch.Size([5]))
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> acts = cache(f, p, x, ["[0]", Site("[1]", index=(2,))])
+        >>> acts["0"].shape, acts["1[2]"].shape
+        (torch.Size([5, 4]), torch.Size([5]))
     """
     f = check_f("cache", f, params, inputs)
     chosen = as_sites(sites, "cache")

@@ -113,7 +113,7 @@ class CausalCut:
 
     def chunk(self, before: float, start: int) -> int:
         """How many runs from position ``start`` on to run in one chunk, ``before`` of the forward before their
-        module (NOTE [causal chunks]; :func:`share_before`)."""
+        module (NOTE [causal chunks]; `share_before`)."""
         return max(1, round(math.sqrt(2 * before * (self.length - start) / (1.05 - before))))
 
     def inputs(self, flat: TensorDictBase, start: int) -> TensorDictBase:

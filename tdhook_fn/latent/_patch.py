@@ -17,7 +17,7 @@ all runs of a chunk (``chunk_size`` runs, all by default) go through the model a
   takes it (every module runs for every run). The write into the copy is in place:
   ``grad`` goes through it, ``vmap`` does not.
 
-Either way the result equals the loop of :func:`patch` calls up to float rounding, and
+Either way the result equals the loop of `patch` calls up to float rounding, and
 ``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
 """
 
@@ -83,21 +83,22 @@ def patch(
         inputs (TensorDict): any batch size ``[*B]``.
         sites (Site | str | Sequence): where to patch.
         sources (TensorDict): the new activations by site key, ``[*B, *selection]`` (as
-            :func:`cache` returns for the same sites, e.g. from a clean run), or without
+            `cache` returns for the same sites, e.g. from a clean run), or without
             the batch dims to patch every sample alike.
         fn (Callable | None): ``fn(current, source) -> new`` instead of ``source``.
 
     Returns:
         TensorDict: ``f``'s outputs, batch ``[*B]``.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
-    >>> out = patch(f, p, corrupt, "[1]", cache(f, p, clean, "[1]"))
-    >>> torch.allclose(out["output"], f(p, clean)["output"])
-    True
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
+        >>> out = patch(f, p, corrupt, "[1]", cache(f, p, clean, "[1]"))
+        >>> torch.allclose(out["output"], f(p, clean)["output"])
+        True
     """
     f = check_f("patch", f, params, inputs)
     chosen = as_sites(sites, "patch")
@@ -126,8 +127,7 @@ def patching_sweep(
 ) -> torch.Tensor:
     """``metric`` of the corrupted run with each site, in turn, patched from the clean run.
 
-    All runs of a chunk go through the model at once (see NOTE [patching sweeps]), not
-    in a loop of forwards.
+    All runs of a chunk go through the model at once, not in a loop of forwards.
 
     Args:
         f (Functional): pure function of a model.
@@ -145,7 +145,7 @@ def patching_sweep(
         chunk_size (int | None): runs per forward; bounds memory. Default: all.
         batching (str): ``"vmap"`` maps the runs with ``torch.func.vmap`` over their
             patch masks: everything before a chunk's first patched module runs once,
-            and each run equals its :func:`patch` call up to float rounding (the
+            and each run equals its `patch` call up to float rounding (the
             model must run under ``vmap``; Hugging Face models do). ``"fold"`` folds the runs into the
             batch: any model that takes a batch, every module runs for every run.
             Default: ``"vmap"``.
@@ -156,7 +156,7 @@ def patching_sweep(
             Default: ``True``.
         causal (bool): the model is a causal decoder (a Hugging Face one, with a key/value
             cache): a run patching position ``p`` first runs the positions ``[p:]`` only,
-            the ones before from the corrupted run's cache (NOTE [causal sweeps]; about
+            the ones before from the corrupted run's cache (about
             half the work over a grid of every position). The claim is tested on one run
             (``RuntimeError`` if the model is not causal). Eager, ``batching="vmap"``
             only. Default: ``False``.
@@ -164,15 +164,16 @@ def patching_sweep(
     Returns:
         Tensor: ``[len(sites), *B]``, in the order of ``sites``.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
-    >>> logit = lambda out: out["output"][..., 0]
-    >>> effects = patching_sweep(f, p, clean, corrupt, [Site("[1]", index=(i,)) for i in range(4)], logit)
-    >>> effects.shape
-    torch.Size([4, 5])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
+        >>> logit = lambda out: out["output"][..., 0]
+        >>> effects = patching_sweep(f, p, clean, corrupt, [Site("[1]", index=(i,)) for i in range(4)], logit)
+        >>> effects.shape
+        torch.Size([4, 5])
     """
     f = check_f("patching_sweep", f, params, corrupted)
     chosen = as_sites(sites, "patching_sweep")

@@ -36,7 +36,7 @@ Metric = Callable[[TensorDictBase], torch.Tensor]
 
 
 def check_f(method: str, f: Any, params: Any, inputs: Any) -> Functional:
-    """``f`` must be a :class:`tdhook_fn.Functional` (sites are taps) and the data TensorDicts."""
+    """``f`` must be a `tdhook_fn.Functional` (sites are taps) and the data TensorDicts."""
     if isinstance(f, nn.Module):
         raise TypeError(f"{method}: f is the module {type(f).__name__}; pass tdhook_fn.functional(model)")
     if not isinstance(f, Functional):
@@ -193,7 +193,7 @@ def flat_sources(method: str, sources: Any, sites: Sequence[Site], batch: torch.
 
 
 class Edits:
-    """Edits at sites that count their runs: each must run exactly once per forward (as :class:`Reads`)."""
+    """Edits at sites that count their runs: each must run exactly once per forward (as `Reads`)."""
 
     def __init__(self, method: str):
         self.method = method

@@ -18,7 +18,7 @@ A site is a submodule path plus, optionally, a selection of its activation:
   first; negative counts from the end: ``-1`` is the last run, as hook libraries that
   overwrite their cache see it). Without it such a module is an error.
 
-:func:`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
+`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
 A site's ``key`` names its entry in results: its path as a name, the selection, then
 ``:input``, ``#element`` and ``@call`` where those are not the defaults
 (``"transformer.h.0.attn[:][0]:input@1"``).
@@ -44,10 +44,10 @@ Index = tuple[int | slice | Sequence[int], ...]
 
 @dataclass(frozen=True)
 class Site:
-    """A place to read or edit an activation (see NOTE [sites]).
+    """A place to read or edit an activation: a module's output or input, and a selection within it.
 
     Attributes:
-        path (str): submodule path (:func:`tdhook_fn.resolve_path`).
+        path (str): submodule path (`tdhook_fn.resolve_path`).
         index (tuple): selection within one sample; ``()`` is the whole activation.
         element (int): the element of a tuple output. Default: 0.
         site (str): ``"output"`` or ``"input"``. Default: ``"output"``.
@@ -196,15 +196,16 @@ def sites(model: nn.Module, pattern: str, **options: Any) -> list[Site]:
     Args:
         model (nn.Module): the model whose ``named_modules`` are matched.
         pattern (str): e.g. ``r"transformer\\.h\\.\\d+"`` for every GPT-2 block.
-        **options: :class:`Site` fields for all of them (``index``, ``element``, ...).
+        **options: `Site` fields for all of them (``index``, ``element``, ...).
 
     Raises:
         ValueError: nothing matches (the error lists some names).
 
-    >>> from torch import nn
-    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
-    >>> [s.path for s in sites(net, r"\\d+")]
-    ['0', '1', '2']
+    Examples:
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+        >>> [s.path for s in sites(net, r"\\d+")]
+        ['0', '1', '2']
     """
     regex = re.compile(pattern)
     found = [Site(name, **options) for name, _ in model.named_modules() if name and regex.fullmatch(name)]

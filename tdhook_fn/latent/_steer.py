@@ -32,21 +32,22 @@ def steer(
         inputs (TensorDict): any batch size ``[*B]``.
         sites (Site | str | Sequence): where to add.
         vectors (TensorDict): by site key, shaped like one sample's selection (added to
-            every sample, e.g. from :func:`activation_addition`) or ``[*B, *selection]``.
+            every sample, e.g. from `activation_addition`) or ``[*B, *selection]``.
         alpha (float | Tensor): the scale; a 1-d tensor of ``A`` scales gives ``A`` steered
             runs in one batched forward. Default: 1.0.
 
     Returns:
         TensorDict: ``f``'s outputs, batch ``[*B]``, or ``[A, *B]`` for ``A`` alphas.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> v = TensorDict({"0": torch.ones(4)})
-    >>> steer(f, p, x, "[0]", v, alpha=torch.tensor([0.0, 1.0, 2.0]))["output"].shape
-    torch.Size([3, 5, 2])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> v = TensorDict({"0": torch.ones(4)})
+        >>> steer(f, p, x, "[0]", v, alpha=torch.tensor([0.0, 1.0, 2.0]))["output"].shape
+        torch.Size([3, 5, 2])
     """
     f = check_f("steer", f, params, inputs)
     chosen = as_sites(sites, "steer")
@@ -103,16 +104,24 @@ def activation_addition(
     As tdhook's ``ActivationAddition``. ``positive`` and ``negative`` need the same batch
     size (pairs of examples).
 
+    Args:
+        f (Functional | Callable): pure ``f(params, td) -> td``.
+        params (TensorDict): parameters for ``f``.
+        positive (TensorDict): the examples towards which to steer, batch ``[N]``.
+        negative (TensorDict): the examples they are contrasted with, batch ``[N]``.
+        sites (Site | str | Sequence): where the activations are read.
+
     Returns:
         TensorDict: by site key, shaped like one sample's selection (batch ``[]``).
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    >>> pos, neg = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
-    >>> activation_addition(f, p, pos, neg, "[1]")["1"].shape
-    torch.Size([4])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> pos, neg = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
+        >>> activation_addition(f, p, pos, neg, "[1]")["1"].shape
+        torch.Size([4])
     """
     chosen = as_sites(sites, "activation_addition")
     if positive.batch_size != negative.batch_size:

@@ -1,6 +1,6 @@
 """Weight methods as parameter arithmetic: task vectors, pruning masks, adapters.
 
-Every function takes and returns params TensorDicts (see :func:`tdhook_fn.params`);
+Every function takes and returns params TensorDicts (see `tdhook_fn.params`);
 none of them changes a model or copies its weights beyond the results.
 """
 

@@ -25,7 +25,14 @@ __all__ = ["Adapted", "Adapter", "adapter_params", "with_adapters"]
 @dataclass(frozen=True)
 class Adapter:
     """``module`` reads the activation at ``in_path`` and its output replaces the one at
-    ``out_path``; ``site="input"`` acts on module inputs (tdhook's ``fwd_pre``)."""
+    ``out_path``; ``site="input"`` acts on module inputs (tdhook's ``fwd_pre``).
+
+    Args:
+        module (nn.Module): the adapter.
+        in_path (str): where it reads its input (see `tdhook_fn.resolve_path`).
+        out_path (str): the activation its output replaces.
+        site (str): ``"output"`` or ``"input"`` of the modules at the paths. Default: ``"output"``.
+    """
 
     module: nn.Module
     in_path: str
@@ -34,7 +41,14 @@ class Adapter:
 
 
 class Adapted(Functional):
-    """A :class:`tdhook_fn.Functional` with adapters; ``params[key][name]`` holds their weights."""
+    """A `tdhook_fn.Functional` with adapters; ``params[key][name]`` holds their weights.
+
+    Args:
+        base (Functional): the function adapted.
+        adapters (Mapping[str, Adapter]): the adapters by name.
+        key (str): the params entry holding the adapters' weights.
+        taps (Sequence[Tap]): further taps, active after the adapters. Default: ``()``.
+    """
 
     def __init__(self, base: Functional, adapters: Mapping[str, Adapter], key: str, taps: Sequence[Tap] = ()):
         super().__init__(base.model, base.in_keys, base.out_keys, taps, base.keywords)
@@ -86,7 +100,7 @@ AdapterSpec = Adapter | tuple[nn.Module, str, str]
 
 
 def _as_adapters(what: str, adapters: Mapping[str, AdapterSpec]) -> dict[str, Adapter]:
-    """``adapters`` as name -> :class:`Adapter`, or a TypeError/ValueError naming the bad one."""
+    """``adapters`` as name -> `Adapter`, or a TypeError/ValueError naming the bad one."""
     if not isinstance(adapters, Mapping):
         raise TypeError(
             f"{what}: adapters must be a mapping name -> Adapter or (module, in_path, out_path), "
@@ -145,7 +159,7 @@ def with_adapters(f: Functional, adapters: Mapping[str, AdapterSpec], *, key: st
 
     Args:
         f (Functional): pure function of a model.
-        adapters (Mapping): name -> :class:`Adapter` or ``(module, in_path, out_path)``.
+        adapters (Mapping): name -> `Adapter` or ``(module, in_path, out_path)``.
         key (str): where the adapters' weights live in the params. Default: ``"adapters"``.
 
     Returns:
@@ -153,19 +167,20 @@ def with_adapters(f: Functional, adapters: Mapping[str, AdapterSpec], *, key: st
 
     Raises:
         TypeError: ``f`` is not a Functional, ``adapters`` not a mapping, an adapter not an
-            :class:`Adapter` or ``(module, in_path, out_path)`` with an ``nn.Module`` (named).
+            `Adapter` or ``(module, in_path, out_path)`` with an ``nn.Module`` (named).
         ValueError: an adapter path does not resolve in ``f.model``, its ``site`` is not
             ``"output"`` or ``"input"`` (the adapter is named), or ``key`` is also a name in
             the model.
 
-    >>> import torch, tdhook_fn
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> sae = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-    >>> g = with_adapters(tdhook_fn.functional(net), {"sae": (sae, "[1]", "[1]")})
-    >>> p = tdhook_fn.params(net).update(adapter_params({"sae": (sae, "[1]", "[1]")}))
-    >>> g(p, TensorDict(input=torch.randn(5, 3), batch_size=[5]))["output"].shape
-    torch.Size([5, 2])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> sae = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+        >>> g = with_adapters(tdhook_fn.functional(net), {"sae": (sae, "[1]", "[1]")})
+        >>> p = tdhook_fn.params(net).update(adapter_params({"sae": (sae, "[1]", "[1]")}))
+        >>> g(p, TensorDict(input=torch.randn(5, 3), batch_size=[5]))["output"].shape
+        torch.Size([5, 2])
     """
     if not isinstance(f, Functional):
         raise TypeError(
@@ -192,6 +207,10 @@ def with_adapters(f: Functional, adapters: Mapping[str, AdapterSpec], *, key: st
 
 def adapter_params(adapters: Mapping[str, AdapterSpec], *, key: str = "adapters") -> TensorDict:
     """``{key: {name: params(adapter module)}}``, to merge into a model's params.
+
+    Args:
+        adapters (Mapping[str, Adapter | tuple]): the adapters by name, as `with_adapters` takes them.
+        key (str): the entry the weights go under. Default: ``"adapters"``.
 
     Raises:
         TypeError: ``adapters`` is not a mapping, or an adapter is malformed (it is named).

@@ -66,10 +66,11 @@ def global_unstructured_masks(scores: TensorDictBase, amount: float | int) -> Te
         TypeError: ``scores`` is not a TensorDict, or ``amount`` is not a number.
         ValueError: ``amount`` is out of range.
 
-    >>> import torch
-    >>> s = TensorDict(a=torch.tensor([3.0, -1.0]), b=torch.tensor([[0.5, 2.0]]))
-    >>> global_unstructured_masks(s, 2)["b"]
-    tensor([[False,  True]])
+    Examples:
+        >>> import torch
+        >>> s = TensorDict(a=torch.tensor([3.0, -1.0]), b=torch.tensor([[0.5, 2.0]]))
+        >>> global_unstructured_masks(s, 2)["b"]
+        tensor([[False,  True]])
     """
     check_tensordict("global_unstructured_masks", "scores", scores, "e.g. from pruning_scores")
     _refuse_stacked("global_unstructured_masks", "scores", scores)
@@ -194,9 +195,9 @@ def apply_masks(params: TensorDictBase, masks: TensorDictBase) -> TensorDictBase
     """``params`` with every masked entry zeroed; keys without a mask are unchanged.
 
     Args:
-        params (TensorDict): parameters, e.g. :func:`tdhook_fn.params` (not written).
+        params (TensorDict): parameters, e.g. `tdhook_fn.params` (not written).
         masks (TensorDict): bool keep-masks (``True`` keeps a weight) keyed like ``params``,
-            e.g. from :func:`global_unstructured_masks` or :func:`ln_structured_mask`.
+            e.g. from `global_unstructured_masks` or `ln_structured_mask`.
 
     Returns:
         TensorDict: a new params TensorDict.
@@ -236,7 +237,12 @@ def apply_masks(params: TensorDictBase, masks: TensorDictBase) -> TensorDictBase
 
 
 def default_skip(name: str, module: nn.Module) -> bool:
-    """tdhook's rule: skip the root and containers (their parameters belong to children)."""
+    """tdhook's rule: skip the root and containers (their parameters belong to children).
+
+    Args:
+        name (str): the submodule's name (``""`` for the root).
+        module (nn.Module): the submodule.
+    """
     return name in ("", "td_module", "module") or isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict))
 
 
@@ -254,18 +260,28 @@ def pruning_scores(
     by ``skip(name, module)``; returning ``None`` leaves that parameter unpruned. The
     parameter passed is the one in ``params`` (the model is not read for values).
 
-    >>> import torch, tdhook_fn
-    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
-    >>> s = pruning_scores(net, tdhook_fn.params(net), lambda module_key, parameter_name, parameter:
-    ...                    parameter.abs() if parameter_name == "weight" else None)
-    >>> sorted(s.keys(True, True))
-    [('0', 'weight'), ('1', 'weight')]
+    Args:
+        model (nn.Module): the model whose submodules are visited.
+        params (TensorDict): its parameters (as `tdhook_fn.params` returns them); the scores
+            are computed from these.
+        importance (Callable): ``importance(module_key=..., parameter_name=..., parameter=...)``
+            returns a score tensor shaped like the parameter, or ``None`` to leave it unpruned.
+        skip (Callable | None): ``skip(name, module)`` is true for submodules to leave out.
+            Default: ``None``, none is skipped (`default_skip` is tdhook's rule).
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``params`` not a TensorDict,
             ``importance`` or ``skip`` not callable, or a score is not a tensor.
         ValueError: a score's shape differs from its parameter's (the key is named).
         KeyError: ``params`` lacks a parameter of ``model`` (named).
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> s = pruning_scores(net, tdhook_fn.params(net), lambda module_key, parameter_name, parameter:
+        ...                    parameter.abs() if parameter_name == "weight" else None)
+        >>> sorted(s.keys(True, True))
+        [('0', 'weight'), ('1', 'weight')]
     """
     if not isinstance(model, nn.Module):
         raise TypeError(

@@ -81,13 +81,14 @@ def sweep_alphas(
         ValueError: the structures differ, ``alphas`` is empty, not 1-d or not finite, or
             ``chunk_size`` is not ``None`` or an int > 0.
 
-    >>> import torch, tdhook_fn
-    >>> from tdhook_fn.weights import task_vector
-    >>> net = torch.nn.Linear(2, 1)
-    >>> base = tdhook_fn.params(net)
-    >>> vector = task_vector(base, base.apply(lambda t: t + 1))
-    >>> sweep_alphas(lambda p: p["bias"].sum() - base["bias"].sum(), base, vector, [0.0, 0.5, 2.0])
-    tensor([0.0000, 0.5000, 2.0000])
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tdhook_fn.weights import task_vector
+        >>> net = torch.nn.Linear(2, 1)
+        >>> base = tdhook_fn.params(net)
+        >>> vector = task_vector(base, base.apply(lambda t: t + 1))
+        >>> sweep_alphas(lambda p: p["bias"].sum() - base["bias"].sum(), base, vector, [0.0, 0.5, 2.0])
+        tensor([0.0000, 0.5000, 2.0000])
     """
     if not callable(fn):
         raise TypeError(

@@ -19,19 +19,20 @@ def task_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBa
     """``finetuned - base``: what fine-tuning changed.
 
     Args:
-        base (TensorDict): parameters before fine-tuning (e.g. :func:`tdhook_fn.params`).
+        base (TensorDict): parameters before fine-tuning (e.g. `tdhook_fn.params`).
         finetuned (TensorDict): parameters after, with the same keys and shapes.
 
     Raises:
         TypeError: an argument is not a TensorDict (e.g. a module: pass ``tdhook_fn.params(it)``).
         ValueError: the keys or shapes differ (they are named).
 
-    >>> import torch, tdhook_fn
-    >>> net = torch.nn.Linear(2, 2)
-    >>> base = tdhook_fn.params(net)
-    >>> tuned = base.apply(lambda t: t + 1)
-    >>> torch.equal(apply_vectors(base, task_vector(base, tuned))["weight"], tuned["weight"])
-    True
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Linear(2, 2)
+        >>> base = tdhook_fn.params(net)
+        >>> tuned = base.apply(lambda t: t + 1)
+        >>> torch.equal(apply_vectors(base, task_vector(base, tuned))["weight"], tuned["weight"])
+        True
     """
     check_tensordict("task_vector", "base", base)
     check_tensordict("task_vector", "finetuned", finetuned)
@@ -46,6 +47,10 @@ def _minus(a: TensorDictBase, b: TensorDictBase) -> TensorDictBase:
 
 def forget_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBase:
     """``base - finetuned``: the negated task vector, to unlearn the task.
+
+    Args:
+        base (TensorDict): the base model's parameters.
+        finetuned (TensorDict): the fine-tuned model's parameters, same keys and shapes.
 
     Raises:
         TypeError: an argument is not a TensorDict.
@@ -82,11 +87,12 @@ def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float |
             taken for a positional alpha: pass ``alpha=...``), or ``alpha`` is not a number.
         ValueError: a vector's keys or shapes differ from ``base``'s, or ``alpha`` is not finite.
 
-    >>> import torch, tdhook_fn
-    >>> base = tdhook_fn.params(torch.nn.Linear(2, 2))
-    >>> doubled = apply_vectors(base, base, base, alpha=0.5)
-    >>> torch.allclose(doubled["weight"], 2 * base["weight"])
-    True
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> base = tdhook_fn.params(torch.nn.Linear(2, 2))
+        >>> doubled = apply_vectors(base, base, base, alpha=0.5)
+        >>> torch.allclose(doubled["weight"], 2 * base["weight"])
+        True
     """
     check_tensordict("apply_vectors", "base", base)
     for i, vector in enumerate(vectors):
@@ -135,12 +141,18 @@ def best_alpha(alphas: Sequence[float], scores: Sequence[float] | torch.Tensor,
 
     Ties go to the earliest alpha; the alpha is returned as given.
 
+    Args:
+        alphas (Sequence[float]): the alphas tried.
+        scores (Sequence[float] | Tensor): the score of each.
+        adequate (Sequence[bool] | Tensor): whether each is acceptable.
+
     Raises:
         ValueError: ``alphas``, ``scores`` and ``adequate`` differ in length.
         RuntimeError: no alpha is adequate (tdhook's error).
 
-    >>> best_alpha([0.5, 1.0, 1.5], [0.9, 0.95, 0.97], [True, True, False])
-    1.0
+    Examples:
+        >>> best_alpha([0.5, 1.0, 1.5], [0.9, 0.95, 0.97], [True, True, False])
+        1.0
     """
     lengths = len(alphas), len(scores), len(adequate)
     if len(set(lengths)) != 1:

@@ -1,4 +1,4 @@
-"""``input_keys`` given as one str names one input, as ``functional``'s ``in_keys`` does (it was split into characters)."""
+"""``input_keys`` given as one str names one input, as ``functional``'s ``in_keys`` does (not its characters)."""
 
 import pytest
 import torch
@@ -46,4 +46,5 @@ def test_a_str_input_keys_is_one_key_for_integrated_gradients_and_its_delta():
     assert list(one.keys()) == ["second"]
     torch.testing.assert_close(one["second"], listed["second"], rtol=0, atol=0)
     delta = convergence_delta(f, params, inputs, 0.0, one, target=1, input_keys="second")
-    torch.testing.assert_close(delta, convergence_delta(f, params, inputs, 0.0, listed, target=1, input_keys=["second"]))
+    listed_delta = convergence_delta(f, params, inputs, 0.0, listed, target=1, input_keys=["second"])
+    torch.testing.assert_close(delta, listed_delta)

@@ -1,19 +1,20 @@
 """Gradient attribution contexts with the API of ``tdhook.attribution`` from tdhook 0.1.3.
 
-Each class is a :class:`~tdhook_fn.compat.contexts.HookingContextFactory` whose numbers
-come from the pure methods of :mod:`tdhook_fn.attribution`; see
-:mod:`tdhook_fn.compat.attribution.gradient_helpers.common` for what differs from tdhook.
-``LRP`` computes through :func:`tdhook_fn.attribution.lrp` (rules in ``lrp_helpers``),
-``ActivationMaximisation`` through :func:`tdhook_fn.attribution.activation_maximisation`.
+Each class is a `HookingContextFactory` whose numbers
+come from the pure methods of `tdhook_fn.attribution`; see
+`tdhook_fn.compat.attribution.gradient_helpers.common` for what differs from tdhook.
+``LRP`` computes through `tdhook_fn.attribution.lrp` (rules in ``lrp_helpers``),
+``ActivationMaximisation`` through `tdhook_fn.attribution.activation_maximisation`.
 
->>> import torch
->>> from tensordict import TensorDict
->>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
->>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
->>> with Saliency(input_modules=["[1]"]).prepare(model) as hooked:
-...     out = hooked(td)
->>> out["attr", "input"].shape, out["attr", "[1]"].shape
-(torch.Size([5, 3]), torch.Size([5, 4]))
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    >>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    >>> with Saliency(input_modules=["[1]"]).prepare(model) as hooked:
+    ...     out = hooked(td)
+    >>> out["attr", "input"].shape, out["attr", "[1]"].shape
+    (torch.Size([5, 3]), torch.Size([5, 4]))
 """
 
 from . import lrp_helpers

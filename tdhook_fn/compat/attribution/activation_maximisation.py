@@ -1,6 +1,6 @@
 """``ActivationMaximisation`` (``tdhook.attribution.activation_maximisation``): gradient ascent on the inputs.
 
-# NOTE [paths of modules_to_maximise]
+**Paths of modules_to_maximise.**
 tdhook 0.1.3 runs its ``Saliency`` as a pre-factory on the ``TensorDictModule`` of the
 context, so ``modules_to_maximise`` are paths from that ``TensorDictModule``: for a
 plain ``nn.Module`` prepared by the context, ``"module[2]"`` is the model's ``[2]``
@@ -9,7 +9,7 @@ context's module, and handed to the pure method as paths from the model; the tar
 given to ``init_attr_targets`` are keyed by the paths as written, as in tdhook.
 
 Differences from tdhook 0.1.3 (beyond those of
-:mod:`~tdhook_fn.compat.attribution.gradient_helpers.common`):
+`common`):
 
 - ``additional_init_keys`` reach ``init_attr_targets`` and ``init_attr_grads``: tdhook
   runs its ``Saliency`` on a copy of the inputs without them, and fails with a
@@ -48,7 +48,7 @@ Keys = list[Any]
 class ActivationMaximisation(GradientAttribution):
     """Activation maximisation (Mahendran & Vedaldi 2015): inputs that excite modules most.
 
-    Computed by :func:`tdhook_fn.attribution.activation_maximisation`: ``n_steps`` of
+    Computed by `tdhook_fn.attribution.activation_maximisation`: ``n_steps`` of
     ``x <- clamp(x + alpha * grad, min_value, max_value)`` on every input, the gradient
     being that of the summed activations of ``modules_to_maximise`` (or of
     ``init_attr_targets``' values). The final inputs are written under
@@ -56,7 +56,7 @@ class ActivationMaximisation(GradientAttribution):
 
     Args:
         modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``
-            (``"module[2]"`` for a plain model, see NOTE [paths of modules_to_maximise]).
+            (``"module[2]"`` for a plain model, see the module's docstring).
         alpha (float): step size. Default: ``0.1``.
         n_steps (int): number of steps. Default: ``10``.
         min_value (float): lower bound after each step. Default: ``-inf``.
@@ -71,14 +71,15 @@ class ActivationMaximisation(GradientAttribution):
         attribution_key (str | tuple[str, ...]): where results go. Default: ``"attr"``.
         clean_intermediate_keys (bool): accepted; there are no intermediate keys.
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    >>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
-    >>> with ActivationMaximisation(["module[2]"], n_steps=3, max_value=1.0).prepare(model) as hooked:
-    ...     out = hooked(td)
-    >>> out["attr", "input"].shape, bool(out["attr", "input"].max() <= 1.0)
-    (torch.Size([5, 3]), True)
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> td = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> with ActivationMaximisation(["module[2]"], n_steps=3, max_value=1.0).prepare(model) as hooked:
+        ...     out = hooked(td)
+        >>> out["attr", "input"].shape, bool(out["attr", "input"].max() <= 1.0)
+        (torch.Size([5, 3]), True)
     """
 
     def __init__(
@@ -139,7 +140,7 @@ class ActivationMaximisation(GradientAttribution):
     def _prepare_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """As :class:`GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
+        """As `GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
         self._model_paths(module)
         return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
 

@@ -34,16 +34,17 @@ class DimsConfig:
     feature_sum_dims: tuple[int, ...] | None = None
 
     def per_sample(self, batch_dims: int = 1) -> attribution.DimsConfig:
-        """The same dims for one sample (:class:`tdhook_fn.attribution.DimsConfig`).
+        """The same dims for one sample (`tdhook_fn.attribution.DimsConfig`).
 
         Positive dims shift down by the ``batch_dims`` leading batch dims and negative ones
         are kept. Raises ``ValueError`` for a batch dim: pooling or summing over it mixes
         samples.
 
-        >>> DimsConfig((2, 3), (1,)).per_sample()
-        DimsConfig(weight_pooling_dims=(1, 2), feature_sum_dims=(0,))
-        >>> DimsConfig((3,)).per_sample(batch_dims=2)  # an input TensorDict of batch [N, M]
-        DimsConfig(weight_pooling_dims=(1,), feature_sum_dims=None)
+        Examples:
+            >>> DimsConfig((2, 3), (1,)).per_sample()
+            DimsConfig(weight_pooling_dims=(1, 2), feature_sum_dims=(0,))
+            >>> DimsConfig((3,)).per_sample(batch_dims=2)  # an input TensorDict of batch [N, M]
+            DimsConfig(weight_pooling_dims=(1,), feature_sum_dims=None)
         """
         return attribution.DimsConfig(_shift(self.weight_pooling_dims, batch_dims),
                                       _shift(self.feature_sum_dims, batch_dims))
@@ -66,11 +67,11 @@ class GradCAM(GradientAttribution):
     """Grad-CAM (Selvaraju et al. 2016) of the modules in ``modules_to_attribute``.
 
     Results go under ``(attribution_key, path)``; computed by
-    :func:`tdhook_fn.attribution.grad_cam`. As in tdhook, inputs are not attributed,
+    `tdhook_fn.attribution.grad_cam`. As in tdhook, inputs are not attributed,
     the outputs are the targets, and ``use_inputs``, ``use_outputs``, ``target_modules``,
     ``init_attr_inputs`` and ``cache_callback`` are accepted and ignored. The other
     arguments are those of
-    :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttribution`.
+    `GradientAttribution`.
 
     Args:
         modules_to_attribute (dict[str, DimsConfig] | None): path -> dims.

@@ -22,7 +22,7 @@ class IntegratedGradients(GradientAttributionWithBaseline):
     """Integrated gradients (Sundararajan et al. 2017), and with ``input_modules`` their
     conditional (layer) variant (Dhamdhere et al. 2018) as tdhook computes it.
 
-    Computed by :func:`tdhook_fn.attribution.integrated_gradients` with
+    Computed by `tdhook_fn.attribution.integrated_gradients` with
     ``interpolate="inputs"``: the inputs move from the baselines, the gradients at the
     inputs and at ``input_modules`` are integrated, and only input attributions are
     multiplied by ``x - baseline``. ``init_attr_targets`` and ``init_attr_grads`` see the
@@ -32,14 +32,36 @@ class IntegratedGradients(GradientAttributionWithBaseline):
     to compute it with ``input_modules`` or ``target_modules``).
 
     Args:
-        use_inputs, use_outputs, input_modules, target_modules, init_attr_targets,
-        init_attr_inputs, init_attr_cache_in, init_attr_grads, additional_init_keys,
-        output_grad_callbacks, attribution_key, clean_intermediate_keys, cache_callback,
-        compute_convergence_delta, baseline_key: see
-            :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttributionWithBaseline`.
+        use_inputs (bool): attribute the inputs, as in `GradientAttribution`. Default: ``True``.
+        use_outputs (bool): the outputs are targets, as in `GradientAttribution`. Default: ``True``.
+        input_modules (list[str] | None): module paths whose outputs are attributed, as in
+            `GradientAttribution`. Default: none.
+        target_modules (list[str] | None): module paths whose outputs are targets, as in
+            `GradientAttribution`. Default: none.
+        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the values to
+            differentiate, as in `GradientAttribution`. Default: all targets.
+        init_attr_inputs (Callable | None): ``(inputs, additional) -> TensorDict`` whose keys are the
+            inputs attributed, as in `GradientAttribution`. Default: all ``in_keys``.
+        init_attr_cache_in (Callable | None): ``(activations, additional) -> TensorDict`` whose keys
+            are the ``input_modules`` attributed, as in `GradientAttribution`.
+        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the gradients fed
+            back from the targets, as in `GradientAttribution`. Default: ones.
+        additional_init_keys (list | None): input keys passed to the callables above as
+            ``additional``, as in `GradientAttribution`.
+        output_grad_callbacks (dict[str, Callable] | None): path -> callback replacing the gradient at that
+            module's output, as in `GradientAttribution`.
+        attribution_key (str | tuple[str, ...]): where results go, as in `GradientAttribution`.
+            Default: ``"attr"``.
+        clean_intermediate_keys (bool): accepted; there are no intermediate keys, as in `GradientAttribution`.
+        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value`` giving the
+            value of each ``target_modules`` entry, as in `GradientAttribution`.
+        compute_convergence_delta (bool): also write ``"convergence_delta"``, as in
+            `GradientAttributionWithBaseline`. Default: ``False``.
+        baseline_key (str | tuple[str, ...]): where the baselines are, as in
+            `GradientAttributionWithBaseline`. Default: ``"baseline"``.
         multiply_by_inputs (bool): multiply input attributions by ``x - baseline``.
             Default: ``False``, as in tdhook 0.1.3: the path-averaged gradient. The pure
-            :func:`tdhook_fn.attribution.integrated_gradients` (and captum's
+            `tdhook_fn.attribution.integrated_gradients` (and captum's
             ``IntegratedGradients``) default to ``True``, the integrated gradients of the
             paper; pass ``multiply_by_inputs=True`` here to get those.
         method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.

@@ -2,7 +2,7 @@
 
 The rule mapper is asked once per module on entering the context, with tdhook's names
 (those of the wrapping ``TensorDictModule``: ``"module.0"``); each call computes the
-relevance with :func:`tdhook_fn.attribution.lrp`, the chosen rules run as modified VJPs
+relevance with `tdhook_fn.attribution.lrp`, the chosen rules run as modified VJPs
 on a pure forward (nothing is registered on the model, no ``forward`` is swapped).
 """
 
@@ -49,27 +49,44 @@ def _as_rule(rule: Any, name: str) -> attribution.Rule:
 class LRP(GradientAttribution):
     """Layer-wise relevance propagation (Bach et al. 2015) with per-module rules.
 
-    Computed by :func:`tdhook_fn.attribution.lrp`. The relevance put in at the targets is
+    Computed by `tdhook_fn.attribution.lrp`. The relevance put in at the targets is
     the gradient fed back (ones, or ``init_attr_grads``), and results are relevances
     (not multiplied by the inputs again), under ``(attribution_key, key)`` and
     ``(attribution_key, path)`` for ``input_modules``.
 
     Args:
-        use_inputs, use_outputs, input_modules, target_modules, init_attr_targets,
-        init_attr_inputs, init_attr_cache_in, init_attr_grads, additional_init_keys,
-        attribution_key, clean_intermediate_keys, cache_callback:
-            see :class:`~tdhook_fn.compat.attribution.gradient_helpers.GradientAttribution`.
+        use_inputs (bool): attribute the inputs, as in `GradientAttribution`. Default: ``True``.
+        use_outputs (bool): the outputs are targets, as in `GradientAttribution`. Default: ``True``.
+        input_modules (list[str] | None): module paths whose outputs are attributed, as in
+            `GradientAttribution`. Default: none.
+        target_modules (list[str] | None): module paths whose outputs are targets, as in
+            `GradientAttribution`. Default: none.
+        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the values to
+            differentiate, as in `GradientAttribution`. Default: all targets.
+        init_attr_inputs (Callable | None): ``(inputs, additional) -> TensorDict`` whose keys are the
+            inputs attributed, as in `GradientAttribution`. Default: all ``in_keys``.
+        init_attr_cache_in (Callable | None): ``(activations, additional) -> TensorDict`` whose keys
+            are the ``input_modules`` attributed, as in `GradientAttribution`.
+        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the gradients fed
+            back from the targets, as in `GradientAttribution`. Default: ones.
+        additional_init_keys (list | None): input keys passed to the callables above as
+            ``additional``, as in `GradientAttribution`.
+        attribution_key (str | tuple[str, ...]): where results go, as in `GradientAttribution`.
+            Default: ``"attr"``.
+        clean_intermediate_keys (bool): accepted; there are no intermediate keys, as in `GradientAttribution`.
+        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value`` giving the
+            value of each ``target_modules`` entry, as in `GradientAttribution`.
         output_grad_callbacks (None): not supported with LRP (a rule replaces the module's
             backward); must be ``None`` or empty.
         rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g.
-            :class:`~tdhook_fn.compat.attribution.lrp_helpers.rules.EpsilonPlus`. A rule is
-            a tdhook rule class of ``lrp_helpers.rules`` or a :mod:`tdhook_fn.attribution`
+            `EpsilonPlus`. A rule is
+            a tdhook rule class of ``lrp_helpers.rules`` or a `tdhook_fn.attribution`
             rule. Default: no rules (plain gradients).
         warn_on_missing_rule (bool): warn, on entering the context, for each module
             (containers included) without a rule that ``skip_modules`` does not skip.
             Default: ``True``.
         skip_modules (Callable | None): ``(name, module) -> bool``: modules not given to the
-            rule mapper, e.g. :meth:`default_skip`. Default: none skipped.
+            rule mapper, e.g. `default_skip`. Default: none skipped.
 
     Raises:
         NotImplementedError: ``output_grad_callbacks`` are given.

@@ -2,11 +2,11 @@
 
 Names, signatures, defaults, error types and runtime behaviour follow tdhook, with one
 deliberate exception: submodule paths are never evaluated. ``resolve_submodule_path``
-walks them with :func:`tdhook_fn._paths.resolve_path` (see NOTE [safe paths] there), so a
+walks them with `tdhook_fn.resolve_path` (which never evaluates a path), so a
 malformed or malicious path, or one calling anything but ``get_submodule``,
 ``get_parameter``, ``get_buffer`` and the methods the user's own module classes define
 (such as ``"train(False)"`` or ``"checkpoint.unlink()"``), raises
-:class:`tdhook_fn.PathError` (a ``ValueError``) before any call in it runs.
+`tdhook_fn.PathError` (a ``ValueError``) before any call in it runs.
 """
 
 from ._caching import CacheProxy, EarlyStoppingException, HookFactory, MutableWeakRef, TensorDictRef

@@ -37,7 +37,7 @@ class TensorDictRef:
     """A strong, replaceable reference to a TensorDict.
 
     Args:
-        td: the TensorDict, or ``None`` until :meth:`set` is called.
+        td: the TensorDict, or ``None`` until `set` is called.
     """
 
     def __init__(self, td: TensorDict | None) -> None:
@@ -70,14 +70,14 @@ def _resolve_cache(cache: _Cache) -> TensorDict:
 
 
 class CacheProxy:
-    """Stands for ``cache[key]``, read only when :meth:`resolve` is called.
+    """Stands for ``cache[key]``, read only when `resolve` is called.
 
     The cache is held weakly, so a proxy kept inside a hook does not keep a finished
     run's cache alive.
 
     Args:
         key: the entry to read.
-        cache: a TensorDict, or a :class:`MutableWeakRef` / :class:`TensorDictRef` to one.
+        cache: a TensorDict, or a `MutableWeakRef` / `TensorDictRef` to one.
     """
 
     def __init__(self, key: _UnraveledKey, cache: _Cache) -> None:
@@ -150,10 +150,10 @@ class HookFactory:
 
         Args:
             key: the cache entry to write.
-            cache: a TensorDict, or a :class:`MutableWeakRef` / :class:`TensorDictRef` to one.
+            cache: a TensorDict, or a `MutableWeakRef` / `TensorDictRef` to one.
             callback: if given, called with the hook arguments by name plus ``key`` and
                 ``direction``; its result is stored instead of the last hook argument.
-            direction: one of :data:`HookDirection`.
+            direction: one of `HookDirection`.
 
         Returns:
             The hook.
@@ -191,10 +191,10 @@ class HookFactory:
         """Make a hook that replaces the value torch lets a hook of ``direction`` replace.
 
         Args:
-            value: the replacement; a :class:`CacheProxy` is read when the hook runs.
+            value: the replacement; a `CacheProxy` is read when the hook runs.
             callback: if given, called with the hook arguments by name plus ``value`` and
                 ``direction``; its result is the replacement (``None`` keeps the original).
-            direction: one of :data:`HookDirection`.
+            direction: one of `HookDirection`.
 
         Returns:
             The hook.
@@ -230,7 +230,7 @@ class HookFactory:
 
         Args:
             callback: called with the hook arguments by name plus ``direction``.
-            direction: one of :data:`HookDirection`.
+            direction: one of `HookDirection`.
 
         Returns:
             The hook.
@@ -248,7 +248,7 @@ class HookFactory:
 
     @staticmethod
     def make_stopping_hook(key: str) -> Callable[..., Any]:
-        """Make a forward hook that raises :class:`EarlyStoppingException`.
+        """Make a forward hook that raises `EarlyStoppingException`.
 
         Args:
             key: passed to the exception.

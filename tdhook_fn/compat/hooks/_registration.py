@@ -72,7 +72,7 @@ def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) ->
 
     Args:
         hook: the hook to check.
-        direction: one of :data:`HookDirection`.
+        direction: one of `HookDirection`.
 
     Raises:
         ValueError: the direction is unknown or the parameter count does not fit.
@@ -121,8 +121,8 @@ def resolve_submodule_path(root: nn.Module, path: str) -> Any:
         PathError: (a ``ValueError``) the path does not parse, names a dunder, calls a
             method a path may not call (only ``get_submodule``, ``get_parameter``,
             ``get_buffer`` and methods your own module classes define, on a module;
-            checked before any call in the path runs, see NOTE [safe paths] in
-            :mod:`tdhook_fn._paths`), reads or indexes what is not a module or a plain
+            checked before any call in the path runs; see `tdhook_fn.resolve_path`), reads or
+            indexes what is not a module or a plain
             container, or does not resolve.
     """
     return resolve_path(root, path)
@@ -152,7 +152,7 @@ def register_hook_to_module(
     Args:
         module: the module to hook.
         hook: the hook; its signature is checked against ``direction`` first.
-        direction: one of :data:`HookDirection`.
+        direction: one of `HookDirection`.
         prepend: run the hook before the hooks already registered.
 
     Returns:
@@ -270,7 +270,7 @@ class MultiHookManager:
             module: the model to hook (the root itself is never hooked).
             hook_factory: builds the hook for a submodule from its name, relative to the
                 module that ``relative_path`` names.
-            direction: one of :data:`HookDirection`.
+            direction: one of `HookDirection`.
             prepend: run the hooks before those already registered.
             relative_path: a submodule path; only modules below it are considered.
 

@@ -3,13 +3,12 @@
 Every call of the hooked module stores, in the context's cache, the value each module
 whose name matches ``key_pattern`` produces in each of ``directions``, under its name
 (or ``(direction, name)``). The caching hooks are tdhook's own
-(:meth:`HookFactory.make_caching_hook <tdhook_fn.compat.hooks.HookFactory.make_caching_hook>`),
-registered as *virtual* hooks on the hooked module (see NOTE [virtual hooks] in
-:mod:`tdhook_fn.compat.modules`): they fire on the private shadow each call runs on,
+(`HookFactory.make_caching_hook`), registered as *virtual* hooks on the hooked module
+(see `tdhook_fn.compat.modules`): they fire on the private shadow each call runs on,
 and the model never carries a hook.
 
-# NOTE [caching is hooks]
-:func:`tdhook_fn.latent.cache` does not express tdhook's caching, in any direction:
+**Caching is hooks.**
+`tdhook_fn.latent.cache` does not express tdhook's caching, in any direction:
 tdhook keeps the last run of a module that runs several times (``cache`` refuses it),
 refuses a tuple output without ``callback`` (``cache`` reads element 0), hands
 ``callback`` the module and its ``args``, caches the backward directions (``bwd``,

@@ -4,20 +4,20 @@ A call of the hooked module on ``td`` runs the model on ``td``'s inputs (the cle
 and on ``td[patch_key]``'s inputs with the outputs of ``modules_to_patch`` replaced by
 their clean values (or by ``patch_fn(module_key=, output=, output_to_patch=)``), and
 writes the clean outputs into ``td`` and the patched ones under ``(patch_key, key)``.
-The clean activations come from :func:`tdhook_fn.latent.cache`, the patched run from
-:func:`tdhook_fn.latent.patch` (see NOTE [latent contexts, pure] in ``_calls.py``); no
+The clean activations come from `tdhook_fn.latent.cache`, the patched run from
+`tdhook_fn.latent.patch`; no
 hook is registered on the model.
 
 Differences from tdhook 0.1.3:
 
 - ``patch_fn`` receives the ``module_key`` of the module being patched. tdhook passes
   the last entry of ``modules_to_patch`` to every call (a closure over its loop variable).
-- With ``patch_fn``, the patched run is :class:`tdhook_fn.latent.Site` editors on the
+- With ``patch_fn``, the patched run is `tdhook_fn.latent.Site` editors on the
   pure model (``patch``'s ``fn`` does not say which site it is called for).
 - A module whose output is not a tensor (a tuple) raises ``RuntimeError`` naming it,
   also with ``cache_callback`` (tdhook accepts it there if ``patch_fn`` returns a tuple).
 - A module that runs more than once in a forward raises ``ValueError`` (from
-  :func:`tdhook_fn.latent.cache`); tdhook caches its last run and patches every run
+  `tdhook_fn.latent.cache`); tdhook caches its last run and patches every run
   with it.
 - ``cache_callback`` is called with ``args=(first positional input,)``, ``key`` the
   module key and ``direction="fwd"``.

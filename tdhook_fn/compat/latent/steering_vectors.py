@@ -1,12 +1,11 @@
 """``SteeringVectors`` and ``ActivationAddition`` (``tdhook.latent.steering_vectors``, tdhook 0.1.3).
 
-:class:`SteeringVectors` replaces the outputs of ``modules_to_steer`` by
+`SteeringVectors` replaces the outputs of ``modules_to_steer`` by
 ``steer_fn(module_key=, output=)`` in every call of the hooked module: one virtual hook
-per module (see NOTE [virtual hooks] in :mod:`tdhook_fn.compat.modules`), so the model
-never carries a hook. :class:`ActivationAddition` computes steering vectors, the mean
+per module (see `tdhook_fn.compat.modules`), so the model
+never carries a hook. `ActivationAddition` computes steering vectors, the mean
 over samples of ``act(positive) - act(negative)``, with
-:func:`tdhook_fn.latent.activation_addition` (see NOTE [latent contexts, pure] in
-``_calls.py``).
+`tdhook_fn.latent.activation_addition`.
 
 Differences from tdhook 0.1.3:
 
@@ -18,7 +17,7 @@ Differences from tdhook 0.1.3:
   ``_negative_cache`` there, whatever ``clean_intermediate_keys`` says, which has no
   effect in either).
 - ``ActivationAddition(cache_callback=...)`` raises ``NotImplementedError``: the vectors
-  come from :func:`tdhook_fn.latent.activation_addition`, which reads the module outputs
+  come from `tdhook_fn.latent.activation_addition`, which reads the module outputs
   themselves (select within them with ``tdhook_fn.latent.Site(path, index=...)``).
 - A steered module returning something other than a tensor (a tuple) raises
   ``RuntimeError`` naming it in ``ActivationAddition``, as tdhook's caching hook does; a

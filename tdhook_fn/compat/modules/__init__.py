@@ -3,8 +3,8 @@
 Names, signatures, defaults, TensorDict keys and errors follow tdhook, with one change
 of architecture: **no torch hook is ever registered on the user's model**. ``set``,
 ``get``, ``stop`` and their variants record *virtual hooks* on the
-:class:`HookedModule` (see NOTE [virtual hooks] in ``_virtual.py``); every call runs the
-model on the core's private shadow (:func:`tdhook_fn._call.run`) with those hooks
+`HookedModule`; every call runs the
+model on the core's private shadow (`tdhook_fn._call.run`) with those hooks
 attached there, and with the model's live parameters, so ``out.backward()`` still fills
 ``model.weight.grad`` and gradient hooks fire during backward.
 
@@ -22,34 +22,34 @@ Consequences, where this differs from tdhook 0.1.3:
 - Keys with ``relative=True`` start at the user's model. Keys with ``relative=False``
   start at the hooked module and must end on a submodule of the model
   (``ValueError`` otherwise; tdhook would hook a wrapper module for real).
-- Paths are never evaluated (see NOTE [safe paths] in :mod:`tdhook_fn._paths`).
+- Paths are never evaluated (see `tdhook_fn.resolve_path`).
 
 Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receives a
-:class:`RoutedModule`: the model, routed. At call time (inside the prepared module's
+`RoutedModule`: the model, routed. At call time (inside the prepared module's
 forward, while the hooked module runs) ``module.functional()`` is the model as a pure
-:class:`tdhook_fn.Functional` ``f(params, td)`` whose taps are the virtual hooks
+`tdhook_fn.Functional` ``f(params, td)`` whose taps are the virtual hooks
 registered at that moment, ``module.params()`` its live parameters (use
 ``tdhook_fn.params(module.model)`` for a detached copy), and ``module.model`` the user's
 model that hook keys and ``f``'s paths are relative to. A method that runs the model with
 other weights gives them to the hooked module's calls, never to the model:
-``module.with_params_transform(transform)`` (see NOTE [params transforms] in
-``_transforms.py``).
+``module.with_params_transform(transform)``.
 
->>> import torch
->>> from tensordict import TensorDict
->>> from tdhook_fn.compat.contexts import HookingContextFactory
->>> class Doubled(HookingContextFactory):
-...     def _prepare_module(self, module, in_keys, out_keys, extra_relative_path):
-...         def doubled(td):
-...             f, params = module.functional(), module.params()
-...             td["doubled"] = 2 * f(params, td)["output"]
-...             return td
-...         return FunctionModule(doubled, in_keys, [*out_keys, "doubled"])
->>> model = torch.nn.Sequential(torch.nn.Linear(3, 2))
->>> with Doubled().prepare(model) as hooked:
-...     handle = hooked.set("[0]", torch.ones(1, 2))
-...     hooked(TensorDict(input=torch.zeros(1, 3), batch_size=[1]))["doubled"]
-tensor([[2., 2.]])
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from tdhook_fn.compat.contexts import HookingContextFactory
+    >>> class Doubled(HookingContextFactory):
+    ...     def _prepare_module(self, module, in_keys, out_keys, extra_relative_path):
+    ...         def doubled(td):
+    ...             f, params = module.functional(), module.params()
+    ...             td["doubled"] = 2 * f(params, td)["output"]
+    ...             return td
+    ...         return FunctionModule(doubled, in_keys, [*out_keys, "doubled"])
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    >>> with Doubled().prepare(model) as hooked:
+    ...     handle = hooked.set("[0]", torch.ones(1, 2))
+    ...     hooked(TensorDict(input=torch.zeros(1, 3), batch_size=[1]))["doubled"]
+    tensor([[2., 2.]])
 """
 
 from tdhook_fn.compat.hooks import (

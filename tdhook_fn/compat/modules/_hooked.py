@@ -109,7 +109,7 @@ class HookedModule(TensorDictModuleWrapper):
         grad_enabled: bool = False,
         run_callback: Callable[..., Any] | None = None,
     ) -> HookedModuleRun:
-        """A :class:`HookedModuleRun` of this module on ``data``."""
+        """A `HookedModuleRun` of this module on ``data``."""
         return HookedModuleRun(self, data, cache, run_name, run_sep, run_cache, grad_enabled, run_callback)
 
     def _model(self) -> nn.Module:
@@ -135,7 +135,7 @@ class HookedModule(TensorDictModuleWrapper):
 
         Raises:
             PathError: (a ``ValueError``) ``key`` does not resolve, is refused (see NOTE
-                [safe paths] in :mod:`tdhook_fn._paths`: checked before anything in it
+                [safe paths] in `tdhook_fn._paths`: checked before anything in it
                 runs), or names no module of the model.
             ValueError: the hook does not fit ``direction``.
         """

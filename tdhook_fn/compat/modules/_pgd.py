@@ -20,7 +20,7 @@ class PGDModule(TensorDictModuleBase):
     """Run ``td_module`` ``n_steps`` times, each followed by a projected gradient step.
 
     ``td_module`` writes gradients under ``grad_key``; each key found there is then moved
-    by :func:`tdhook_fn.attribution.pgd_step` (descent by default, on the sign of the
+    by `tdhook_fn.attribution.pgd_step` (descent by default, on the sign of the
     gradient with ``use_sign``, clamped to ``[min_value, max_value]``). With a
     ``working_key`` the steps run on ``td[working_key]``, which holds the result after;
     with ``working_key=None`` on ``td`` itself.

@@ -29,7 +29,7 @@ class RoutedModule(TensorDictModuleWrapper):
 
     Behaves like the wrapped module (same ``in_keys``, ``out_keys``, attributes, and
     ``forward`` writing into the given TensorDict), but every call runs on a private
-    shadow of it (see NOTE [virtual hooks]) with the model's live tensors, so the model
+    shadow of it with the model's live tensors, so the model
     never carries a hook. Contexts give one to ``_prepare_module``; its methods give a
     method the model as a pure function at call time.
 
@@ -39,7 +39,7 @@ class RoutedModule(TensorDictModuleWrapper):
         extra_relative_path (str): the path of the user's model inside ``td_module``
             (``"module"`` for a wrapped ``nn.Module``, ``""`` otherwise). Default: ``""``.
         params_transforms (Sequence[ParamsTransform]): applied to the params of every
-            call, after the active ones (see NOTE [params transforms]). Default: none.
+            call, after the active ones. Default: none.
     """
 
     def __init__(
@@ -85,7 +85,7 @@ class RoutedModule(TensorDictModuleWrapper):
             super().__delattr__(name)
 
     def with_params_transform(self, transform: ParamsTransform) -> RoutedModule:
-        """This routed module, whose calls also apply ``transform`` (see NOTE [params transforms])."""
+        """This routed module, whose calls also apply ``transform`` to their params."""
         return RoutedModule(self.td_module, self._extra_relative_path, (*self._params_transforms, transform))
 
     @property
@@ -97,12 +97,12 @@ class RoutedModule(TensorDictModuleWrapper):
         return route(self.td_module, lambda root: root(*args, **kwargs), overrides=self.overrides(self._prefix()))
 
     def forward_with_params(self, params: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`forward` with ``params`` in place of the model's own tensors.
+        """`forward` with ``params`` in place of the model's own tensors.
 
         No params transform applies: ``params`` are used as given.
 
         Args:
-            params (TensorDict): keyed like :meth:`params` (relative to :attr:`model`).
+            params (TensorDict): keyed like `params` (relative to `model`).
         """
         return route(self.td_module, lambda root: root(*args, **kwargs), self._nest(params))
 
@@ -110,7 +110,7 @@ class RoutedModule(TensorDictModuleWrapper):
         """The params calls run with, passed through the params transforms active now.
 
         Args:
-            detach (bool): start from :func:`tdhook_fn.params` of the model (detached,
+            detach (bool): start from `tdhook_fn.params` of the model (detached,
                 buffers copied) instead of its own tensors, live (gradients reach the
                 model). Default: ``False``.
         """
@@ -118,9 +118,9 @@ class RoutedModule(TensorDictModuleWrapper):
         return params_of(self.model, detach=detach) if transformed is None else transformed[1]
 
     def overrides(self, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any] | None:
-        """What the active params transforms replace, for a live call: keyed from :attr:`model`, after ``prefix``.
+        """What the active params transforms replace, for a live call: keyed from `model`, after ``prefix``.
 
-        ``None`` when no transform applies (see NOTE [params transforms]).
+        ``None`` when no transform applies.
         """
         transformed = self._transformed()
         return None if transformed is None else replaced(*transformed, prefix)
@@ -138,7 +138,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return start, params.detach() if detach else params
 
     def taps(self) -> tuple[Tap, ...]:
-        """The virtual hooks active now, as taps with paths relative to :attr:`model`."""
+        """The virtual hooks active now, as taps with paths relative to `model`."""
         return taps_for(self.model, active_hooks())
 
     def functional(self) -> Functional:
@@ -146,7 +146,7 @@ class RoutedModule(TensorDictModuleWrapper):
 
         Call it while the hooked module runs (inside a prepared module's forward): the
         hooks registered on the hooked module at that moment become ``f``'s taps.
-        ``params`` are keyed like :meth:`params`; ``td`` needs the context's ``in_keys``
+        ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys``
         and the result holds its ``out_keys``.
 
         The taps run the recorded tdhook hooks as they are, side effects included: a
@@ -169,7 +169,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return f.with_taps(*self.taps())
 
     def _prefix(self) -> tuple[str, ...]:
-        """The model's key inside :attr:`td_module` (``()`` when the model is the root)."""
+        """The model's key inside `td_module` (``()`` when the model is the root)."""
         path = module_path(self.td_module, self.model) if isinstance(self.model, nn.Module) else None
         return tuple(part[1:-1] for part in path.split(".")) if path else ()
 

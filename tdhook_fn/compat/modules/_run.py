@@ -32,15 +32,15 @@ class HookedModuleRun:
     ``_input``, ``_grad``, ``_grad_output`` variants) apply to that run only and are
     removed afterwards. They live in a registry of the run's own, active in the thread
     that exits the run, so runs in different threads do not see each other's hooks.
-    An :class:`~tdhook_fn.compat.hooks.EarlyStoppingException` ends the run quietly.
+    An `EarlyStoppingException` ends the run quietly.
 
     Args:
         module (HookedModule): the module to run.
         data (TensorDict): its input.
-        cache (TensorDict | None): where :meth:`save` stores. Default: the run cache.
-        run_name (str | None): prefix of :meth:`save`'s keys. Default: ``"run"``.
+        cache (TensorDict | None): where `save` stores. Default: the run cache.
+        run_name (str | None): prefix of `save`'s keys. Default: ``"run"``.
         run_sep (str | None): separator after it. Default: ``"."``.
-        run_cache (TensorDict | None): where :meth:`get` stores. Default: a new one.
+        run_cache (TensorDict | None): where `get` stores. Default: a new one.
         grad_enabled (bool): run with autograd on. Default: ``False``; the ``*_grad``
             methods turn it on.
         run_callback (Callable | None): ``run_callback(module, data)`` performs the run.
@@ -73,7 +73,7 @@ class HookedModuleRun:
 
     @property
     def cache(self) -> TensorDict:
-        """The run cache, where :meth:`get` stores."""
+        """The run cache, where `get` stores."""
         return self._cache
 
     @cache.setter
@@ -119,7 +119,7 @@ class HookedModuleRun:
         prepend: bool = False,
         relative: bool = True,
     ) -> None:
-        """Replace the value at ``key`` during the run (see :meth:`HookedModule.set`)."""
+        """Replace the value at ``key`` during the run (see `HookedModule.set`)."""
         self._ensure_in_context("set")
         handle = self._record(
             lambda: self._module.set(
@@ -152,7 +152,7 @@ class HookedModuleRun:
         prepend: bool = False,
         relative: bool = True,
     ) -> CacheProxy:
-        """Like :meth:`get`, into the outer cache, under ``"{run_name}{run_sep}{key}_{type}"``."""
+        """Like `get`, into the outer cache, under ``"{run_name}{run_sep}{key}_{type}"``."""
         self._ensure_in_context("save")
         cache_key = cache_key or f"{self._name}{self._sep}{key}_{DIRECTION_TO_TYPE[direction]}"
         return self._cache_into(self._save_cache, key, cache_key, callback, direction, prepend, relative)

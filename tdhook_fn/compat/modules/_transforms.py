@@ -7,7 +7,7 @@ model's storage, would see them. It gives the hooked module's calls other params
 instead: a *params transform* ``transform(model, params) -> params`` receives the routed
 model and the params it would run with (its live tensors, or the previous transform's
 result) and returns the ones to use, same keys. ``RoutedModule.with_params_transform``
-attaches one to a prepared module; :func:`transforming_params` activates one for every
+attaches one to a prepared module; `transforming_params` activates one for every
 routed call in this thread while it is open (for a method that wraps a module that is
 not a RoutedModule, such as a pre-factory's hooked module). Routed calls apply the active
 transforms, outer ones first; a call without any runs exactly as before.
@@ -45,7 +45,7 @@ _TRANSFORMS: ContextVar[tuple[ParamsTransform, ...]] = ContextVar("tdhook_fn_par
 def transforming_params(*transforms: ParamsTransform) -> Iterator[None]:
     """Apply ``transforms`` to the params of every routed call in this thread until exit.
 
-    See NOTE [params transforms]. Context variables are per thread (and asyncio task):
+    Context variables are per thread (and asyncio task):
     other threads' calls are not affected.
     """
     token = _TRANSFORMS.set((*_TRANSFORMS.get(), *transforms))
@@ -56,7 +56,7 @@ def transforming_params(*transforms: ParamsTransform) -> Iterator[None]:
 
 
 def active_transforms() -> tuple[ParamsTransform, ...]:
-    """The transforms :func:`transforming_params` made active in this thread, outermost first."""
+    """The transforms `transforming_params` made active in this thread, outermost first."""
     return _TRANSFORMS.get()
 
 

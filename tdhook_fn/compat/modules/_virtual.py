@@ -3,9 +3,9 @@
 # NOTE [virtual hooks]
 tdhook 0.1.3 registers torch hooks on the user's model while a context is open, so the
 model changes under every thread that shares it and keeps any hook nobody removed. Here
-a hook is only *recorded*: a :class:`VirtualHooks` registry holds entries (target
+a hook is only *recorded*: a `VirtualHooks` registry holds entries (target
 submodule, direction, hook, prepend). Every execution of the model goes through
-:func:`route`, which runs it on the core's private shadow (:func:`tdhook_fn._call.run`)
+`route`, which runs it on the core's private shadow (`tdhook_fn._call.run`)
 with the entries of the registries *active* at that moment turned into custom taps.
 
 A registry is active while its owner runs: ``HookedModule.forward`` and a
@@ -94,7 +94,7 @@ class VirtualHookHandle:
 
 
 class VirtualHooks:
-    """A thread-safe registry of virtual hooks (see NOTE [virtual hooks])."""
+    """A thread-safe registry of virtual hooks: recorded here, attached only to each call's private shadow."""
 
     def __init__(self) -> None:
         self._entries: dict[int, VirtualHook] = {}
@@ -157,7 +157,7 @@ def recording_into(registry: VirtualHooks) -> Iterator[None]:
 
 
 def recording_target() -> VirtualHooks | None:
-    """The registry set by :func:`recording_into`, if any."""
+    """The registry set by `recording_into`, if any."""
     return _RECORDING.get()
 
 
@@ -244,7 +244,7 @@ def route(
         params (TensorDict | None): the model's tensors. Default: its own, live.
         taps (Sequence[Tap]): more taps for this call, after the hooks'. Default: none.
         overrides (Mapping | None): with ``params=None``, tensors replacing some of the
-            model's own for this call, by key (see :func:`tdhook_fn._call.run`).
+            model's own for this call, by key (see `tdhook_fn._call.run`).
 
     Returns:
         Any: what ``invoke`` returns.

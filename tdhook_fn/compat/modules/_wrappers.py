@@ -122,7 +122,7 @@ class ModuleCall(TensorDictModuleBase):
 
 
 class ModuleCallWithCache(TensorDictModuleBase):
-    """Like :class:`ModuleCall`, with a fresh cache per call that hooks can fill.
+    """Like `ModuleCall`, with a fresh cache per call that hooks can fill.
 
     Before each call ``cache_ref`` is pointed at a new TensorDict with the flattened
     batch size; afterwards the cache is written to ``td`` (under ``cache_key``) when
@@ -132,7 +132,9 @@ class ModuleCallWithCache(TensorDictModuleBase):
         td_module (TensorDictModuleBase): the module to call.
         stored_keys (list): keys hooks store in the cache (declared as outputs).
         cache_key (str | None): where the cache goes in ``td``. Default: ``td`` itself.
-        in_key, out_key, flatten: as :class:`ModuleCall`.
+        in_key (str | None): sub-TensorDict holding the inputs, as in `ModuleCall`.
+        out_key (str | None): sub-TensorDict receiving the outputs, as in `ModuleCall`.
+        flatten (bool): flatten the batch dims for the call, as in `ModuleCall`. Default: ``True``.
         cache_ref (MutableWeakRef | TensorDictRef | None): the reference hooks write
             through. Default: a new ``MutableWeakRef``.
         cache_as_output (bool): write the cache to ``td``. Default: ``True``.

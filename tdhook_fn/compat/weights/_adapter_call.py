@@ -1,4 +1,4 @@
-"""tdhook's adapter hook as a module, so that :func:`tdhook_fn.weights.with_adapters` can splice it.
+"""tdhook's adapter hook as a module, so that `tdhook_fn.weights.with_adapters` can splice it.
 
 tdhook 0.1.3 runs an adapter inside a setting hook: ``adapter(adapter_input, **kwargs)``
 where ``adapter_input`` is the hooked value (``fwd``: the output; ``fwd_pre``: the tuple of
@@ -9,10 +9,10 @@ and ``kwargs`` are the hook's other arguments (``module``, ``args`` for ``fwd``,
 ``args=`` (the hooked module's positional inputs) and must accept it. A result of another
 type than the hooked value is refused.
 
-:class:`AdapterCall` does exactly that in its ``forward``, with the adapter as its child
+`AdapterCall` does exactly that in its ``forward``, with the adapter as its child
 module, so the adapter's weights are ordinary entries of the params the adapted model
-runs with. ``args`` come from :class:`ArgsRecorder`, a tap recording the hooked module's
-inputs into the :func:`recording_args` store of the current call.
+runs with. ``args`` come from `ArgsRecorder`, a tap recording the hooked module's
+inputs into the `recording_args` store of the current call.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _ARGS: ContextVar[dict[int, tuple[Any, ...]] | None] = ContextVar("tdhook_fn_ada
 
 @contextmanager
 def recording_args() -> Iterator[None]:
-    """A fresh store for :class:`ArgsRecorder` taps, for one call of an adapted model."""
+    """A fresh store for `ArgsRecorder` taps, for one call of an adapted model."""
     token = _ARGS.set({})
     try:
         yield

@@ -4,12 +4,12 @@ ROME-style edits and sparse autoencoders replace an activation by ``adapter(acti
 (``in_key == out_key``); transcoders replace the activation at ``out_key`` by the adapter
 applied to the one cached at ``in_key``.
 
-# NOTE [adapters as splices]
+**Adapters as splices.**
 tdhook registers a setting hook per adapter and direction on the model. Here
 ``_hook_module`` registers nothing on the model: it turns each of those hooks into an
-:class:`~tdhook_fn.compat.weights._adapter_call.AdapterCall` (the same callback as a
+`AdapterCall` (the same callback as a
 module holding the adapter) and gives them to the prepared module. Every call of the
-hooked module then runs the model live (NOTE [live parameters]) with each of them spliced
+hooked module then runs the model live (with its own parameters) with each of them spliced
 in where its hook would act, as a plain forward of the adapter. So a loss on the adapted
 output back-propagates into the adapters' own ``nn.Parameter`` objects (train them with
 any ``torch.optim`` optimizer, as with tdhook) and into the model's, and buffers update as
@@ -63,7 +63,8 @@ class HookedModuleWithAdapters(HookedModule):
     """A hooked module holding the adapters as ``self.adapters`` (an ``nn.ModuleDict``).
 
     Args:
-        *args, **kwargs: as :class:`~tdhook_fn.compat.modules.HookedModule`.
+        *args (Any): passed on to `HookedModule`.
+        **kwargs (Any): passed on to `HookedModule`.
         adapters (dict[str, nn.Module]): the adapter modules by name.
     """
 
@@ -106,7 +107,7 @@ class _AdaptedModule(TensorDictModuleWrapper):
 
 
 class _Detach:
-    """Removes one ``attach`` of an :class:`_AdaptedModule` (once; later ones stay)."""
+    """Removes one ``attach`` of an `_AdaptedModule` (once; later ones stay)."""
 
     def __init__(self, module: _AdaptedModule, splices: tuple[Splice, ...]) -> None:
         self._module = module
@@ -125,7 +126,7 @@ class Adapters(HookingContextFactory):
             out_key)``: the output (``fwd``) or the positional inputs (``fwd_pre``) of the
             module at ``out_key`` are replaced by ``adapter(x, **kwargs)``, where ``x`` is
             that value when ``in_key == out_key``, else the value cached at ``in_key``;
-            ``kwargs`` as tdhook (see :mod:`tdhook_fn.compat.weights._adapter_call`; a
+            ``kwargs`` as tdhook (see `tdhook_fn.compat.weights._adapter_call`; a
             ``fwd`` adapter receives ``args=``).
         cache_callback (Callable | None): transforms what is cached at ``in_key`` (a
             ``get`` hook callback). Default: the raw value.
@@ -138,19 +139,20 @@ class Adapters(HookingContextFactory):
     Raises:
         NotImplementedError: another direction is asked for.
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> class SAE(torch.nn.Module):
-    ...     def __init__(self):
-    ...         super().__init__()
-    ...         self.enc, self.dec = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
-    ...     def forward(self, x, **kwargs):
-    ...         return self.dec(torch.relu(self.enc(x)))
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> with Adapters({"sae": (SAE(), "[0]", "[0]")}).prepare(net) as hooked:
-    ...     hooked(TensorDict(input=torch.randn(5, 3), batch_size=[5]))["output"].sum().backward()
-    ...     hooked.adapters["sae"].enc.weight.grad is not None
-    True
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> class SAE(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.enc, self.dec = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+        ...     def forward(self, x, **kwargs):
+        ...         return self.dec(torch.relu(self.enc(x)))
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> with Adapters({"sae": (SAE(), "[0]", "[0]")}).prepare(net) as hooked:
+        ...     hooked(TensorDict(input=torch.randn(5, 3), batch_size=[5]))["output"].sum().backward()
+        ...     hooked.adapters["sae"].enc.weight.grad is not None
+        True
     """
 
     _hooked_module_class = HookedModuleWithAdapters

@@ -5,17 +5,17 @@ context yields runs the model with pruned parameters, the raw model and everythi
 holding it (other threads, ``tdhook_fn.params(model)`` taken earlier, which shares its
 storage) keep the original weights.
 
-# NOTE [pruning without writing]
+**Pruning without writing.**
 tdhook prunes the model in place on entry and restores it on exit. Two overlapping
 contexts (two threads) then restore each other's pruned values, and every other user of
 the model sees pruned weights while a context is open. Here, on entry, the masks come from
-the pure functions of :mod:`tdhook_fn.weights` (:func:`~tdhook_fn.weights.pruning_scores`,
-:func:`~tdhook_fn.weights.global_unstructured_masks`,
-:func:`~tdhook_fn.weights.ln_structured_mask`), computed from the model's values at that
+the pure functions of `tdhook_fn.weights` (`pruning_scores`,
+`global_unstructured_masks`,
+`ln_structured_mask`), computed from the model's values at that
 moment as in tdhook, and are kept by the prepared module, one set per entered context. The
-prepared module is the routed model with a params transform (NOTE [params transforms] in
+prepared module is the routed model with a params transform (see
 ``tdhook_fn.compat.modules``): each call of the hooked module runs the model on its private
-shadow with the pruned parameters, :func:`~tdhook_fn.weights.apply_masks` of the live ones
+shadow with the pruned parameters, `apply_masks` of the live ones
 (computed at each call, so that any write to a parameter is seen), and the live
 buffers, as in a plain forward. Nothing is written, so contexts may overlap and exit in any
 order, and nothing needs restoring after an exception. A method composed after
@@ -24,7 +24,7 @@ order, and nothing needs restoring after an exception. A method composed after
 Gradients are tdhook's: its model *holds* the pruned values, so ``.backward()`` fills
 ``.grad`` with the gradient at the pruned weights for every entry, pruned ones included
 (not masked). The pruned values here carry an identity gradient to the live parameters
-(:class:`_PrunedValues`), so ``model.weight.grad`` equals tdhook's.
+(`_PrunedValues`), so ``model.weight.grad`` equals tdhook's.
 
 Differences from tdhook 0.1.3:
 
@@ -43,7 +43,7 @@ Differences from tdhook 0.1.3:
 - A failure while computing the masks (a mask of the wrong shape included) is raised from
   ``__enter__`` and changes nothing (tdhook may leave the model partly pruned).
 - Any ``CompositeHookingContextFactory`` may include ``Pruning``, whatever its
-  ``_hooking_context_class``; :class:`PruningContext` adds nothing to ``HookingContext``.
+  ``_hooking_context_class``; `PruningContext` adds nothing to ``HookingContext``.
 - A parameter tied between modules is scored once (under its first name), and a module
   named twice in ``modules_to_prune`` is pruned with both masks at once.
 """
@@ -165,9 +165,9 @@ class _Transforming(TensorDictModuleWrapper):
 
 
 class PruningContext(HookingContext):
-    """The context of :class:`Pruning`, as tdhook names it.
+    """The context of `Pruning`, as tdhook names it.
 
-    It restores nothing because nothing is written (see NOTE [pruning without writing]);
+    It restores nothing because nothing is written (see the module's docstring);
     the masks live in the prepared module of each entry.
     """
 
@@ -190,7 +190,7 @@ class Pruning(HookingContextFactory):
             each scored parameter of that module loses the ``amount`` slices along ``dim``
             with the lowest L1 norm of importance.
         skip_modules (Callable | None): global mode: ``skip_modules(name, module)`` leaves a
-            submodule's own parameters out. Default: none skipped (see :meth:`default_skip`).
+            submodule's own parameters out. Default: none skipped (see `default_skip`).
         relative_path (str | None): path of the pruning root inside the model (for a
             TensorDictModule, inside it). Default: the model itself.
 
@@ -198,18 +198,19 @@ class Pruning(HookingContextFactory):
         ValueError: neither ``amount_to_prune`` nor ``modules_to_prune`` is given.
 
     The hooked module the context yields runs with pruned parameters; the model itself is
-    never pruned (see NOTE [pruning without writing]).
+    never pruned (see the module's docstring).
 
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> pruning = Pruning(lambda module_key, parameter_name, parameter: parameter.abs(), 0.5)
-    >>> x = torch.ones(1, 4)
-    >>> with pruning.prepare(net) as hooked:
-    ...     pruned = hooked(TensorDict(input=x, batch_size=[1]))["output"]
-    ...     zeros = sum(int((p == 0).sum()) for p in net.parameters())
-    >>> zeros, torch.equal(pruned, net(x))
-    (0, False)
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> pruning = Pruning(lambda module_key, parameter_name, parameter: parameter.abs(), 0.5)
+        >>> x = torch.ones(1, 4)
+        >>> with pruning.prepare(net) as hooked:
+        ...     pruned = hooked(TensorDict(input=x, batch_size=[1]))["output"]
+        ...     zeros = sum(int((p == 0).sum()) for p in net.parameters())
+        >>> zeros, torch.equal(pruned, net(x))
+        (0, False)
     """
 
     _hooking_context_class = PruningContext
@@ -284,7 +285,7 @@ class Pruning(HookingContextFactory):
         """tdhook's skip rule: the roots (``""``, ``"td_module"``, ``"module"``) and containers.
 
         Containers are ``ModuleList``, ``Sequential`` and ``TensorDictModule``, as in tdhook;
-        :func:`tdhook_fn.weights.default_skip` lists ``ModuleDict`` instead. None of them
+        `tdhook_fn.weights.default_skip` lists ``ModuleDict`` instead. None of them
         has parameters of its own, so both rules prune the same parameters.
         """
         if isinstance(module, nn.ModuleDict):

@@ -1,21 +1,21 @@
 """Task vectors with the public API of ``tdhook.weights.task_vectors`` from tdhook 0.1.3.
 
-The numbers come from :mod:`tdhook_fn.weights` (:func:`~tdhook_fn.weights.task_vector`,
-:func:`~tdhook_fn.weights.forget_vector`, :func:`~tdhook_fn.weights.apply_vectors`,
-:func:`~tdhook_fn.weights.best_alpha`); no weight is ever written into the user's model.
+The numbers come from `tdhook_fn.weights` (`task_vector`,
+`forget_vector`, `apply_vectors`,
+`best_alpha`); no weight is ever written into the user's model.
 
-# NOTE [applied vectors]
+**Applied vectors.**
 tdhook's ``with_applied_vectors`` loads the new weights into the model itself
 (``TensorDict.to_module``) and yields the hooked module. Here it yields the hooked module
 too, but the weights are only *registered* for it, in a context variable: while the
 ``with`` block runs, calls of the hooked module made in that thread (or asyncio task) run
 the model on its private shadow with those weights
-(:meth:`~tdhook_fn.compat.modules.RoutedModule.forward_with_params`). The model, and calls
+(`forward_with_params`). The model, and calls
 made through it directly or from other threads, keep the original weights.
 
 Differences from tdhook 0.1.3:
 
-- Vectors are keyed like :func:`tdhook_fn.params` of the model, which is
+- Vectors are keyed like `tdhook_fn.params` of the model, which is
   ``TensorDict.from_module``'s layout (nested by submodule, parameters and buffers) except
   that a tied parameter appears once, under its first name.
 - Integer buffers (``num_batches_tracked``) keep the model's value in applied weights;
@@ -67,11 +67,12 @@ class _VectorsModule(TensorDictModuleWrapper):
 
 
 class TaskVectorsContext(HookingContext):
-    """The context of :class:`TaskVectors`: finds the best scaling of a vector.
+    """The context of `TaskVectors`: finds the best scaling of a vector.
 
     Args:
-        *args, **kwargs: as :class:`~tdhook_fn.compat.contexts.HookingContext`.
-        alphas (Iterable[float]): the scalings :meth:`compute_alpha` tries, in order.
+        *args (Any): passed on to `HookingContext`.
+        **kwargs (Any): passed on to `HookingContext`.
+        alphas (Iterable[float]): the scalings `compute_alpha` tries, in order.
         get_test_accuracy (Callable): ``get_test_accuracy(module) -> float``, the score of
             the hooked module running with applied vectors.
         get_control_adequacy (Callable): ``get_control_adequacy(module) -> bool``, whether
@@ -95,7 +96,7 @@ class TaskVectorsContext(HookingContext):
         """The alpha of highest test accuracy among those with adequate control, as tdhook.
 
         Each alpha is tried on the hooked module with ``vector`` applied (see
-        :meth:`TaskVectorsModule.with_applied_vectors`); the accuracy is only asked for
+        `TaskVectorsModule.with_applied_vectors`); the accuracy is only asked for
         adequate ones. Ties go to the earliest alpha.
 
         Raises:
@@ -118,10 +119,10 @@ class TaskVectorsContext(HookingContext):
 
 
 class TaskVectorsModule(HookedModule):
-    """The hooked module of :class:`TaskVectors`: task vectors of the model and their use.
+    """The hooked module of `TaskVectors`: task vectors of the model and their use.
 
-    The model's weights (:func:`tdhook_fn.params`) are taken when the context is entered
-    and are the base of every vector and of :meth:`get_weights`.
+    The model's weights (`tdhook_fn.params`) are taken when the context is entered
+    and are the base of every vector and of `get_weights`.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -161,11 +162,11 @@ class TaskVectorsModule(HookedModule):
         Args:
             *vectors (TensorDict): keyed like the model's params.
             alpha (float | None): the scaling. Default: the context's
-                :meth:`TaskVectorsContext.compute_alpha` of ``sum(vectors)``.
+                `TaskVectorsContext.compute_alpha` of ``sum(vectors)``.
 
         Raises:
             RuntimeError: ``alpha`` is ``None`` and the module was not made by
-                :class:`TaskVectors` (or no alpha is adequate).
+                `TaskVectors` (or no alpha is adequate).
         """
         if alpha is None:
             context = self.hooking_context
@@ -181,9 +182,9 @@ class TaskVectorsModule(HookedModule):
 
     @contextmanager
     def with_applied_vectors(self, *vectors: TensorDictBase, alpha: float | None = None) -> Iterator[TaskVectorsModule]:
-        """Yield this module, whose calls run the model with :meth:`get_weights` meanwhile.
+        """Yield this module, whose calls run the model with `get_weights` meanwhile.
 
-        The model itself keeps its weights (see NOTE [applied vectors]).
+        The model itself keeps its weights (see the module's docstring).
         """
         weights = self.get_weights(*vectors, alpha=alpha)
         if self._prefix:
@@ -206,16 +207,17 @@ class TaskVectors(HookingContextFactory):
         get_control_adequacy (Callable[[nn.Module], bool]): whether a module is still
             acceptable on the control task.
 
-    >>> import copy, torch
-    >>> net = torch.nn.Linear(2, 1)
-    >>> tuned = copy.deepcopy(net)
-    >>> with torch.no_grad():
-    ...     _ = tuned.bias.add_(1.0)
-    >>> factory = TaskVectors([0.5, 1.0], lambda m: 0.0, lambda m: True)
-    >>> with factory.prepare(net) as hooked:
-    ...     vector = hooked.get_task_vector(tuned)
-    ...     torch.equal(hooked.get_weights(vector, alpha=1.0)["bias"], tuned.bias.detach())
-    True
+    Examples:
+        >>> import copy, torch
+        >>> net = torch.nn.Linear(2, 1)
+        >>> tuned = copy.deepcopy(net)
+        >>> with torch.no_grad():
+        ...     _ = tuned.bias.add_(1.0)
+        >>> factory = TaskVectors([0.5, 1.0], lambda m: 0.0, lambda m: True)
+        >>> with factory.prepare(net) as hooked:
+        ...     vector = hooked.get_task_vector(tuned)
+        ...     torch.equal(hooked.get_weights(vector, alpha=1.0)["bias"], tuned.bias.detach())
+        True
     """
 
     _hooking_context_class = TaskVectorsContext

@@ -5,7 +5,7 @@ tdhook builds its targets from a TensorDict of the model outputs (``use_outputs`
 with the activations of ``target_modules`` (keyed by their path), and hands it with the
 ``additional_init_keys`` entries to ``init_attr_targets(targets, additional)``. The pure
 methods give their target callable the outputs, the ``target_layers`` activations under
-their path and the inputs' extra keys: :func:`make_target` rebuilds tdhook's call from
+their path and the inputs' extra keys: `make_target` rebuilds tdhook's call from
 that, with ``additional`` taken from the caller's TensorDict, exactly as tdhook takes it.
 
 Two details keep user callables seeing what tdhook shows them:
@@ -71,7 +71,7 @@ class AttributionCall:
         use_inputs (bool): attribute the inputs.
         layers (tuple[str, ...]): attributed module paths (``input_modules``).
         target_layers (tuple[str, ...]): paths whose activations the target sees.
-        target (Callable): the target callable, see :func:`make_target`.
+        target (Callable): the target callable, see `make_target`.
         cotangents (Callable | None): ``init_attr_grads`` for the method, or ``None``.
         grad_fns (Mapping[str, Callable]): ``output_grad_callbacks`` as gradient maps.
         taps (tuple[Tap, ...]): extra taps (``cache_callback`` captures).
@@ -222,7 +222,7 @@ def activations(f: Functional, params: TensorDictBase, inputs: TensorDictBase, p
 
 
 def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn:
-    """An ``output_grad_callbacks`` entry as a gradient map (:func:`tdhook_fn.map_grad`).
+    """An ``output_grad_callbacks`` entry as a gradient map (`tdhook_fn.map_grad`).
 
     The callback is called as tdhook's ``set_grad_output`` hook calls it: with
     ``module`` (the user's submodule), ``grad_output`` (a one-tuple), ``value=None`` and

@@ -1,9 +1,9 @@
 """``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
 
 Same constructor arguments, defaults, TensorDict keys and errors as tdhook 0.1.3, with a
-different inside: a prepared module is one :class:`~tdhook_fn.compat.modules.FunctionModule`
+different inside: a prepared module is one `FunctionModule`
 that, on each call, reads the model as a pure function (with the hooked module's active
-virtual hooks), calls a method of :mod:`tdhook_fn.attribution` and writes
+virtual hooks), calls a method of `tdhook_fn.attribution` and writes
 ``(attribution_key, key)`` entries (and ``"convergence_delta"``) into the TensorDict.
 No hook is registered on the model and nothing is cached between calls, so a prepared
 context can be called from several threads at once (tdhook's shared caches break there).
@@ -75,8 +75,8 @@ def _under(prefix: Any, key: Any) -> tuple[str, ...]:
 class GradientAttribution(HookingContextFactory):
     """Base class of gradient attributions: gradients of targets w.r.t. inputs and modules.
 
-    Subclasses implement :meth:`_attribute` (call a method of :mod:`tdhook_fn.attribution`),
-    or, as in tdhook, :meth:`_grad_attr` (turn plain gradients into attributions).
+    Subclasses implement `_attribute` (call a method of `tdhook_fn.attribution`),
+    or, as in tdhook, `_grad_attr` (turn plain gradients into attributions).
 
     Args:
         use_inputs (bool): attribute the inputs. Default: ``True``.
@@ -256,8 +256,8 @@ class GradientAttribution(HookingContextFactory):
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
         """The attributions for one call, keyed by input key and module path, batch ``[*B]``.
 
-        Default: plain gradients (:func:`tdhook_fn.attribution.saliency`) given to
-        :meth:`_grad_attr` with the attributed inputs and module activations.
+        Default: plain gradients (`tdhook_fn.attribution.saliency`) given to
+        `_grad_attr` with the attributed inputs and module activations.
         """
         grads = saliency(
             call.f, call.params, call.inputs, layers=call.layers, use_inputs=call.use_inputs,
@@ -277,7 +277,8 @@ class GradientAttributionWithBaseline(GradientAttribution):
     """A gradient attribution against baselines, read from ``(baseline_key, key)``.
 
     Args:
-        *args, **kwargs: as :class:`GradientAttribution`.
+        *args (Any): passed on to `GradientAttribution`.
+        **kwargs (Any): passed on to `GradientAttribution`.
         compute_convergence_delta (bool): also write ``"convergence_delta"``:
             ``sum(attr) - (F(x) - F(baseline))`` per sample. Default: ``False``.
         baseline_key (str | tuple[str, ...]): where the baselines are. Default: ``"baseline"``.

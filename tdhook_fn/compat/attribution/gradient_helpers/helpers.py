@@ -1,6 +1,6 @@
 """Integration rules of integrated gradients (``tdhook.attribution.gradient_helpers.helpers``).
 
-The numbers come from :func:`tdhook_fn.attribution.quadrature` (captum's nodes and
+The numbers come from `tdhook_fn.attribution.quadrature` (captum's nodes and
 weights). Unlike tdhook, too few steps raise ``ValueError`` rather than ``AssertionError``.
 """
 
@@ -23,7 +23,7 @@ def approximation_parameters(method: str) -> tuple[StepsFn, StepsFn]:
     """The step sizes and the alphas of ``method``, each as a function of ``n_steps``.
 
     Args:
-        method (str): one of :data:`SUPPORTED_METHODS`.
+        method (str): one of `SUPPORTED_METHODS`.
 
     Returns:
         tuple: ``(step_sizes, alphas)``; ``step_sizes(n)`` are the quadrature weights,
@@ -32,9 +32,10 @@ def approximation_parameters(method: str) -> tuple[StepsFn, StepsFn]:
     Raises:
         ValueError: unknown method (now), too few steps (when called).
 
-    >>> step_sizes, alphas = approximation_parameters("riemann_trapezoid")
-    >>> alphas(3), step_sizes(3)
-    ([0.0, 0.5, 1.0], [0.16666666666666666, 0.3333333333333333, 0.16666666666666666])
+    Examples:
+        >>> step_sizes, alphas = approximation_parameters("riemann_trapezoid")
+        >>> alphas(3), step_sizes(3)
+        ([0.0, 0.5, 1.0], [0.16666666666666666, 0.3333333333333333, 0.16666666666666666])
     """
     if method not in SUPPORTED_METHODS:
         raise ValueError(f"Invalid integral approximation method name: {method}")

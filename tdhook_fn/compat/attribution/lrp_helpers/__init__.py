@@ -1,7 +1,7 @@
 """``tdhook.attribution.lrp_helpers``: tdhook's LRP rule classes, the ``Sum`` layer and module types.
 
-The rule classes stand for the rules of :mod:`tdhook_fn.attribution` (``EpsilonRule()``
-is :class:`tdhook_fn.attribution.Epsilon`); see :mod:`.rules`.
+The rule classes stand for the rules of `tdhook_fn.attribution` (``EpsilonRule()``
+is `tdhook_fn.attribution.Epsilon`); see `.rules`.
 """
 
 from . import layers, rules, types

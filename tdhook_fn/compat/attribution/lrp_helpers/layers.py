@@ -11,7 +11,7 @@ __all__ = ["Sum"]
 class Sum(nn.Module):
     """``torch.sum(input, dim)`` as a module, so that a composite can give it a rule.
 
-    :class:`~tdhook_fn.compat.attribution.lrp_helpers.rules.EpsilonPlus` gives it the
+    `EpsilonPlus` gives it the
     epsilon rule with its ``stabilizer``.
 
     Args:

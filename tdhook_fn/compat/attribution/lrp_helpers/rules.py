@@ -1,15 +1,16 @@
 """``tdhook.attribution.lrp_helpers.rules``: tdhook's rule classes and composites, as tdhook_fn rules.
 
 Each tdhook rule class takes tdhook's arguments with tdhook's defaults and stands for a
-rule of :mod:`tdhook_fn.attribution` (its :meth:`Rule.rule`), which computes the
+rule of `tdhook_fn.attribution` (its `Rule.rule`), which computes the
 relevance; nothing is registered on a module. A rule mapper (``rule_mapper`` of
-:class:`~tdhook_fn.compat.attribution.LRP`, or :class:`EpsilonPlus`) may return these or
+`LRP`, or `EpsilonPlus`) may return these or
 tdhook_fn rules directly; a custom rule is an object with a ``relevance(call, grad)``
-method (see :class:`tdhook_fn.attribution.Rule`), not a subclass of :class:`Rule`.
+method (see `tdhook_fn.attribution.Rule`), not a subclass of `Rule`.
 
->>> import torch
->>> EpsilonPlus()("0", torch.nn.Conv2d(1, 2, 3)).rule()
-AlphaBeta(alpha=1.0, beta=0.0, stabilizer=1e-06)
+Examples:
+    >>> import torch
+    >>> EpsilonPlus()("0", torch.nn.Conv2d(1, 2, 3)).rule()
+    AlphaBeta(alpha=1.0, beta=0.0, stabilizer=1e-06)
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ RuleMapper = Callable[[str, nn.Module], Any]
 def stabilize(tensor: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
     """``tensor`` moved ``epsilon`` away from zero, zero counting as positive.
 
-    Computed by :func:`tdhook_fn.attribution.stabilize`.
+    Computed by `tdhook_fn.attribution.stabilize`.
     """
     return attribution.stabilize(tensor, epsilon)
 
@@ -60,7 +61,7 @@ class Rule:
     """Base of tdhook's rule classes: an object standing for one tdhook_fn rule."""
 
     def rule(self) -> attribution.Rule:
-        """The :mod:`tdhook_fn.attribution` rule this object stands for, with its current settings."""
+        """The `tdhook_fn.attribution` rule this object stands for, with its current settings."""
         raise TypeError(f"{type(self).__name__} stands for no tdhook_fn rule: tdhook_fn runs rules as modified "
                         "VJPs, not as autograd Functions with forward/backward; return an object with a "
                         "relevance(call, grad) method (see tdhook_fn.attribution.Rule) from the rule mapper")
@@ -70,7 +71,7 @@ class Rule:
 
 
 class EpsilonRule(Rule):
-    """LRP-epsilon: :class:`tdhook_fn.attribution.Epsilon`. ``epsilon`` may be changed later."""
+    """LRP-epsilon: `tdhook_fn.attribution.Epsilon`. ``epsilon`` may be changed later."""
 
     def __init__(self, epsilon: float = 1e-6) -> None:
         self.epsilon = epsilon
@@ -80,49 +81,49 @@ class EpsilonRule(Rule):
 
 
 class UniformEpsilonRule(EpsilonRule):
-    """LRP-epsilon split over the inputs: :class:`tdhook_fn.attribution.UniformEpsilon`."""
+    """LRP-epsilon split over the inputs: `tdhook_fn.attribution.UniformEpsilon`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.UniformEpsilon(self.epsilon)
 
 
 class SoftmaxEpsilonRule(EpsilonRule):
-    """LXT's softmax rule: :class:`tdhook_fn.attribution.SoftmaxEpsilon` (``epsilon`` unused, as in tdhook)."""
+    """LXT's softmax rule: `tdhook_fn.attribution.SoftmaxEpsilon` (``epsilon`` unused, as in tdhook)."""
 
     def rule(self) -> attribution.Rule:
         return attribution.SoftmaxEpsilon()
 
 
 class PassRule(Rule):
-    """Relevance passes unchanged: :class:`tdhook_fn.attribution.Pass`."""
+    """Relevance passes unchanged: `tdhook_fn.attribution.Pass`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.Pass()
 
 
 class IgnoreRule(Rule):
-    """The module's plain gradient: :class:`tdhook_fn.attribution.Ignore`."""
+    """The module's plain gradient: `tdhook_fn.attribution.Ignore`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.Ignore()
 
 
 class StopRule(Rule):
-    """No relevance goes back: :class:`tdhook_fn.attribution.Stop`."""
+    """No relevance goes back: `tdhook_fn.attribution.Stop`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.Stop()
 
 
 class UniformRule(Rule):
-    """The output relevance split evenly over the inputs: :class:`tdhook_fn.attribution.Uniform`."""
+    """The output relevance split evenly over the inputs: `tdhook_fn.attribution.Uniform`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.Uniform()
 
 
 class WSquareRule(Rule):
-    """LRP-w²: :class:`tdhook_fn.attribution.WSquare`."""
+    """LRP-w²: `tdhook_fn.attribution.WSquare`."""
 
     def __init__(self, stabilizer: float = 1e-6) -> None:
         self.stabilizer = stabilizer
@@ -132,14 +133,14 @@ class WSquareRule(Rule):
 
 
 class FlatRule(WSquareRule):
-    """LRP-flat: :class:`tdhook_fn.attribution.Flat`."""
+    """LRP-flat: `tdhook_fn.attribution.Flat`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.Flat(self.stabilizer)
 
 
 class AlphaBetaRule(Rule):
-    """LRP-alpha-beta: :class:`tdhook_fn.attribution.AlphaBeta`; ``alpha=1, beta=0`` is z+.
+    """LRP-alpha-beta: `tdhook_fn.attribution.AlphaBeta`; ``alpha=1, beta=0`` is z+.
 
     Raises:
         ValueError: ``alpha`` or ``beta`` is negative, or ``alpha - beta != 1``.
@@ -154,14 +155,14 @@ class AlphaBetaRule(Rule):
 
 
 class LayerNormRule(Rule):
-    """LXT's layer-norm rule: :class:`tdhook_fn.attribution.LayerNorm`."""
+    """LXT's layer-norm rule: `tdhook_fn.attribution.LayerNorm`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.LayerNorm()
 
 
 class PseudoIdentityRule(Rule):
-    """An activation as a rescaled identity: :class:`tdhook_fn.attribution.PseudoIdentity`."""
+    """An activation as a rescaled identity: `tdhook_fn.attribution.PseudoIdentity`."""
 
     def __init__(self, stabilizer: float = 1e-6) -> None:
         self.stabilizer = stabilizer
@@ -171,7 +172,7 @@ class PseudoIdentityRule(Rule):
 
 
 class AHQKVRule(Rule):
-    """LXT's rule for a fused q/k/v projection: :class:`tdhook_fn.attribution.AHQKV`."""
+    """LXT's rule for a fused q/k/v projection: `tdhook_fn.attribution.AHQKV`."""
 
     def rule(self) -> attribution.Rule:
         return attribution.AHQKV()
@@ -180,9 +181,9 @@ class AHQKVRule(Rule):
 class BaseRuleMapper:
     """A rule mapper ``(name, module) -> rule | None`` for the layers every composite treats alike.
 
-    Activations and batch norms get :class:`PassRule`; max pooling, identity, dropout and
-    flatten :class:`IgnoreRule`; :class:`~.layers.Sum` and average pooling
-    :class:`EpsilonRule` ``(stabilizer)``. Subclasses override :meth:`_call`.
+    Activations and batch norms get `PassRule`; max pooling, identity, dropout and
+    flatten `IgnoreRule`; `Sum` and average pooling
+    `EpsilonRule` ``(stabilizer)``. Subclasses override `_call`.
 
     Args:
         stabilizer (float): epsilon of the sum and average-pooling rule. Default: ``1e-6``.
@@ -209,12 +210,12 @@ class BaseRuleMapper:
 
 
 class EpsilonPlus(BaseRuleMapper):
-    """The EpsilonPlus composite of :class:`tdhook_fn.attribution.EpsilonPlus`, plus the epsilon rule at ``Sum``.
+    """The EpsilonPlus composite of `tdhook_fn.attribution.EpsilonPlus`, plus the epsilon rule at ``Sum``.
 
     Convolutions get z+ (``AlphaBetaRule(1, 0, stabilizer)``), ``nn.Linear``
-    ``EpsilonRule(epsilon)``, the rest as :class:`BaseRuleMapper`. The answers are tdhook's
+    ``EpsilonRule(epsilon)``, the rest as `BaseRuleMapper`. The answers are tdhook's
     rule objects (shared per mapper, in ``_rules``, as in tdhook); their tdhook_fn rules are
-    those of :class:`tdhook_fn.attribution.EpsilonPlus` (tested).
+    those of `tdhook_fn.attribution.EpsilonPlus` (tested).
 
     Args:
         epsilon (float): of the linear layers' epsilon rule. Default: ``1e-6``.
