@@ -2,7 +2,7 @@
 
 # NOTE [sweep chunks]
 A chunk of ``n`` runs under ``vmap`` costs one forward's fixed part ``F`` (every weight
-read once, the Python of one forward: on the CPU about as much as 64 rows, a row being
+read once, the Python of one forward: on the CPU about as much as 16 rows, a row being
 one sample at one position), the part below its first patched module once (``q W``,
 with ``W`` one run's work and ``q`` the share of the forward before that module,
 :func:`share_before`) and the rest once per run: per run ``(F + q W) / n + (1 - q) W``.
@@ -31,7 +31,7 @@ from ._unchanged import Group, group
 
 __all__ = ["FIXED_ROWS", "RunSize", "by_memory", "chunked", "run_size"]
 
-FIXED_ROWS = 64  # one forward's fixed cost, in rows of work (NOTE [sweep chunks])
+FIXED_ROWS = 16  # one forward's fixed cost, in rows of work (NOTE [sweep chunks])
 _MEMORY = 1 << 30  # bytes a chunk's runs may take
 _SHARED_LEFT = 0.1  # the shared part's most, per run, against the rest
 _SCRATCH = 8  # a module's intermediates, in units of the largest site activation
