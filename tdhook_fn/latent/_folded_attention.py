@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +50,13 @@ class _Folded(torch.autograd.Function):
         ctx.options = options
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, mask = ctx.saved_tensors
         float_mask = mask is not None and mask.is_floating_point()
         if float_mask:  # an additive mask may carry a gradient too
-            _, pull = torch.func.vjp(lambda a, b, c, m: _attend(a, b, c, m, ctx.options), q, k, v, mask)
+            pull = torch.func.vjp(lambda a, b, c, m: _attend(a, b, c, m, ctx.options), q, k, v, mask)[1]
             return (*pull(grad), None)
-        _, pull = torch.func.vjp(lambda a, b, c: _attend(a, b, c, mask, ctx.options), q, k, v)
+        pull = torch.func.vjp(lambda a, b, c: _attend(a, b, c, mask, ctx.options), q, k, v)[1]
         return (*pull(grad), None, None)
 
     @staticmethod
@@ -67,13 +67,18 @@ class _Folded(torch.autograd.Function):
         if mask is not None:
             mask = _in_front(mask, in_dims[3], runs)
         if q.dim() < 4:  # one run's query is [L, E]: the runs are its batch dim as they are
-            return _Folded.apply(q, k, v, mask, options), 0
+            return _folded(q, k, v, mask, options), 0
         n = q.shape[1]
         q, k, v = (t.expand(runs, n, *t.shape[2:]).reshape(runs * n, *t.shape[2:]) for t in (q, k, v))
         if mask is not None:
             mask = _folded_mask(mask, runs, n, q.dim())
-        out = _Folded.apply(q, k, v, mask, options)
+        out = _folded(q, k, v, mask, options)
         return out.reshape(runs, n, *out.shape[1:]), 0
+
+
+def _folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            options: dict[str, Any]) -> torch.Tensor:
+    return cast(torch.Tensor, _Folded.apply(q, k, v, mask, options))  # type: ignore[no-untyped-call]
 
 
 def _in_front(t: torch.Tensor, dim: int | None, runs: int) -> torch.Tensor:
@@ -101,7 +106,7 @@ class _FoldAttention(TorchFunctionMode):
         if bound.get("dropout_p", 0.0):  # random per sample: left to vmap's own randomness rules
             return func(*args, **(kwargs or {}))
         q, k, v, mask = (bound.pop(name, None) for name in _NAMES[:4])
-        return _Folded.apply(q, k, v, mask, bound)
+        return _folded(q, k, v, mask, bound)
 
 
 @contextmanager

@@ -246,7 +246,7 @@ def _in_order(parts: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tens
     """The chunks' values, which hold the runs ``order``, in the runs' order."""
     if not parts:
         return torch.empty(0)
-    values = torch.cat(parts)
+    values = torch.cat(list(parts))
     if list(order) == sorted(order):
         return values
     inverse = torch.empty(len(order), dtype=torch.long)
