@@ -1,4 +1,15 @@
-"""The latent toolkit on a random-init GPT-2 (6 layers, d=256, 8 heads), batch 8 x 64 tokens, no grad.
+"""The latent toolkit on random-init models, no grad.
+
+First, ``patching_sweep``'s default against a loop of ``patch`` calls on default-config
+GPT-2 (``GPT2LMHeadModel(GPT2Config())``, sdpa attention) and BERT
+(``BertForSequenceClassification(BertConfig())``), a layer x position grid of the
+residual stream; the sizes come from the environment, to fit a slow machine:
+``LATENT_LAYERS`` (12, the default configs'), ``LATENT_TOKENS`` (16), ``LATENT_BATCH``
+(1), ``LATENT_ROUNDS`` (3). Times are CPU seconds of this process (one thread: its wall
+time on an idle machine, and steadier on a shared one), medians of interleaved rounds.
+``--default-configs`` runs only this part.
+
+Then, on a GPT-2 with 6 layers, d=256, 8 heads, eager attention, batch 8 x 64 tokens:
 
 - caching every block's output, against a plain forward, tdhook 0.1.3's ActivationCaching
   and nnsight;
@@ -14,7 +25,13 @@ Every variant is first checked to give the same numbers.
 from __future__ import annotations
 
 import copy
+import functools
+import os
+import statistics
+import sys
+import time
 import warnings
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -42,6 +59,74 @@ def gpt2() -> transformers.GPT2LMHeadModel:
 
 def metric(out: TensorDict) -> torch.Tensor:
     return out["logits"][..., -1, TOKEN]
+
+
+def _cpu_medians(impls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each)."""
+    for fn in impls.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            start = time.process_time()
+            fn()
+            samples[name].append(time.process_time() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _patch_loop(f, p, corrupt, part, sources, score):  # type: ignore[no-untyped-def]
+    """One ``patch`` call per site of ``part`` (a position of a block), from the clean blocks ``sources``."""
+    return torch.stack([score(patch(f, p, corrupt, s, TensorDict({s.key: sources[s.path][:, s.index[0]]},
+                                                                   batch_size=corrupt.batch_size))) for s in part])
+
+
+def bench_default_configs() -> None:
+    """``patching_sweep``'s default (and ``causal=True``) against a loop of ``patch``, default-config models."""
+    layers, tokens = int(os.environ.get("LATENT_LAYERS", 12)), int(os.environ.get("LATENT_TOKENS", 16))
+    batch, rounds = int(os.environ.get("LATENT_BATCH", 1)), int(os.environ.get("LATENT_ROUNDS", 3))
+    torch.manual_seed(0)
+    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=layers)).eval()
+    bert = transformers.BertForSequenceClassification(transformers.BertConfig(num_hidden_layers=layers)).eval()
+    cases = [
+        ("GPT-2", gpt, ["input_ids"], "transformer.h", lambda out: out["logits"][..., -1, TOKEN], True),
+        ("BERT", bert, {"input_ids": "input_ids"}, "bert.encoder.layer",
+         lambda out: out["logits"][..., 1] - out["logits"][..., 0], False),
+    ]
+    for name, model, in_keys, blocks, score, causal in cases:
+        assert model.config._attn_implementation == "sdpa"
+        f = tdhook_fn.functional(model, in_keys=in_keys, out_keys=["logits"])
+        p = tdhook_fn.params(model)
+        g = torch.Generator().manual_seed(0)
+        clean, corrupt = (TensorDict(input_ids=torch.randint(0, model.config.vocab_size, (batch, tokens), generator=g),
+                                     batch_size=[batch]) for _ in range(2))
+        grid = [Site(f"{blocks}.{layer}", index=(t,)) for layer in range(layers) for t in range(tokens)]
+        part = grid[::4]  # the loop's runs: every 4th site
+        sources = cache(f, p, clean, [f"{blocks}.{i}" for i in range(layers)])
+
+        loop = functools.partial(_patch_loop, f, p, corrupt, part, sources, score)
+        impls: dict[str, Callable[[], object]] = {
+            "loop of tdhook_fn.latent.patch": loop,
+            "patching_sweep, default": functools.partial(patching_sweep, f, p, clean, corrupt, grid, score),
+        }
+        if causal:
+            impls["patching_sweep, causal=True"] = functools.partial(patching_sweep, f, p, clean, corrupt, grid, score,
+                                                                     causal=True)
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sweep = patching_sweep(f, p, clean, corrupt, grid, score)
+            torch.testing.assert_close(loop(), sweep[::4], rtol=1e-4, atol=1e-4, msg=f"{name}: the loop differs")
+            if causal:
+                torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, score, causal=True), sweep,
+                                           rtol=1e-4, atol=1e-4, msg=f"{name}: the causal sweep differs")
+            times = _cpu_medians(impls, rounds)
+        assert not [w for w in caught if "batching rule" in str(w.message)], [str(w.message) for w in caught]
+        per_run = [(label, seconds / (len(part) if label.startswith("loop") else len(grid)))
+                   for label, seconds in times.items()]
+        print_table(f"patching sweep, default-config {name} ({layers} layers, sdpa), batch {batch}x{tokens}, "
+                    f"{len(grid)} runs; CPU time per patched run (loop timed over {len(part)} runs)", per_run,
+                    {"loop": per_run[0][1]})
+        print("  speed-up over the loop: " + ", ".join(f"{label} {per_run[0][1] / t:.2f}x"
+                                                       for label, t in per_run[1:]))
 
 
 def _nnsight(model: torch.nn.Module):  # type: ignore[no-untyped-def]
@@ -175,6 +260,9 @@ def bench_atp(model, f, p, clean, corrupt) -> None:  # type: ignore[no-untyped-d
 
 
 def main() -> None:
+    bench_default_configs()  # first: after any tdhook call ours run slower in the same process (bench_lrp.py)
+    if "--default-configs" in sys.argv:
+        return
     model = gpt2()
     f = tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"])
     p = tdhook_fn.params(model)

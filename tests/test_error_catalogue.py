@@ -520,7 +520,35 @@ ERRORS_ROUND3_ROWS: list[Row] = [
 ]
 
 
-ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS]
+# ---------------------------------------------------------------- latent
+
+
+class _BlockTwice(nn.Module):
+    """One block called twice in a forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block, self.head = nn.Linear(3, 3), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.block(x)))
+
+
+def _sweep_a_block_that_runs_twice() -> Any:
+    from tdhook_fn.latent import Site, patching_sweep
+
+    model = _BlockTwice().eval()
+    return patching_sweep(tdhook_fn.functional(model), tdhook_fn.params(model), tiny_inputs(), tiny_inputs(),
+                          [Site("block", index=(0,))], lambda out: out["output"][..., 0])
+
+
+LATENT_ROWS: list[Row] = [
+    ("patching-sweep-site-runs-twice", _sweep_a_block_that_runs_twice,
+     ValueError, ("patching_sweep", "'block'", "ran 2 times", "Site(..., call=k)")),
+]
+
+
+ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

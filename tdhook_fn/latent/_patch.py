@@ -3,14 +3,17 @@
 # NOTE [patching sweeps]
 A sweep patches each site, one at a time, with its activation from the clean run and
 reads a metric. Hook libraries run one hooked forward per site in a Python loop. Here
-all runs of a chunk (``chunk_size`` runs, all by default) go through the model at once:
+all runs of a chunk (``chunk_size`` runs, by default sized from their cost: NOTE [sweep
+chunks]) go through the model at once:
 
 - ``batching="vmap"`` (default): ``torch.func.vmap`` over one boolean mask per run and
   module; the tap at a module takes the clean activation where the run's mask is set
   (``torch.where``: the patched values are the clean ones exactly). Tensors are batched
   over the runs only from the first patched module on, so everything before it (the
   embeddings and the layers below, for a sweep ordered layer by layer) is computed once
-  for the whole chunk. The model must run under ``vmap``.
+  for the whole chunk. The model must run under ``vmap``; torch's fused attention,
+  which has no batching rule, gets the runs folded into its batch (NOTE [folded
+  attention]).
 - ``batching="fold"``: the runs are folded into the batch (``chunk_size * N``
   samples); at each module one tap copies the activation once and writes, into the rows
   of each run patched there, that run's clean selection. Any model that takes a batch
@@ -33,18 +36,20 @@ from .._functional import Functional
 from .._modes import check_attribution_modes
 from .._taps import Tap
 from .._vjp import untransformed
-from ._cache import cache
 from ._causal import CausalCut, causal_cut, check_agrees, share_before
+from ._chunks import FIXED_ROWS, RunSize, by_memory, chunked, run_size
+from ._folded_attention import folded_attention
 from ._run import (
     Edits,
     Metric,
+    Reads,
     Sources,
-    activation_shapes,
     check_alike,
     check_f,
     flat_sources,
     forward,
     metric_values,
+    probe_shapes,
     resolve_runs,
 )
 from ._sites import Site, as_sites
@@ -142,7 +147,9 @@ def patching_sweep(
             token position: ``[Site(p, index=(t,)) for p in paths for t in range(L)]``.
         metric (Callable): ``outputs -> Tensor`` of one value per sample (the outputs'
             batch dims, whatever they are).
-        chunk_size (int | None): runs per forward; bounds memory. Default: all.
+        chunk_size (int | None): runs per forward; bounds memory. Default: from the runs'
+            cost and memory: enough runs to share the work before their
+            first patch and each forward's fixed cost, within 1 GiB.
         batching (str): ``"vmap"`` maps the runs with ``torch.func.vmap`` over their
             patch masks: everything before a chunk's first patched module runs once,
             and each run equals its `patch` call up to float rounding (the
@@ -200,8 +207,10 @@ def patching_sweep(
     chosen = resolve_runs("patching_sweep", f, params, flat, chosen)
     modules = whole_sites(chosen)
     wholes = list(modules.values())
-    full = flat_sources("patching_sweep", cache(f, params, clean, wholes), wholes, batch, "sources")
-    corrupted_shapes = activation_shapes("patching_sweep", f, params, flat, wholes)
+    reads = Reads("patching_sweep", wholes)  # the clean run's activations, errors named as the sweep's
+    forward(f, params, clean.reshape(-1), reads.taps())
+    full = {whole.key: reads.get(whole) for whole in wholes}
+    corrupted_shapes, out_bytes = probe_shapes("patching_sweep", f, params, flat, wholes)
     for site in chosen:
         whole = modules[group(site)]
         site.check_index(full[whole.key])
@@ -215,20 +224,35 @@ def patching_sweep(
     if skip_unchanged and may_skip(params, clean, corrupted):
         todo, values = unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
     runs = [chosen[k] for k in todo]
-    size = chunk_size or max(len(runs), 1)
-    chunks = [runs[start : start + size] for start in range(0, len(runs), size)]
+    size = run_size(corrupted_shapes.values(), out_bytes)
     if causal and runs:
-        parts = [_causal_runs(f, params, flat, runs, modules, full, metric, batch, size)]
-    elif batching == "fold":
-        sources = {site.key: full[modules[group(site)].key][selection(site)] for site in runs}
-        parts = [_folded(f, params, flat, part, sources, metric, batch) for part in chunks]
+        done = _causal_runs(f, params, flat, runs, modules, full, metric, batch, size, chunk_size)
     else:
-        parts = [_mapped(f, params, flat, part, modules, full, _reader(metric, batch)) for part in chunks]
+        chunks = chunked(f.model, runs, size, chunk_size, share=batching == "vmap")  # NOTE [sweep chunks]
+        if batching == "fold":
+            sources = {site.key: full[modules[group(site)].key][selection(site)] for site in runs}
+            parts = [_folded(f, params, flat, [runs[k] for k in chunk], sources, metric, batch) for chunk in chunks]
+        else:
+            parts = [_mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch))
+                     for chunk in chunks]
+        done = _in_order(parts, [k for chunk in chunks for k in chunk])
     if values is None:
-        return torch.cat(parts)
-    if parts:
-        values[todo] = torch.cat(parts).to(values.dtype)
+        return done
+    if runs:
+        values[todo] = done.to(values.dtype)
     return values
+
+
+def _in_order(parts: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
+    """The chunks' values, which hold the runs ``order``, in the runs' order."""
+    if not parts:
+        return torch.empty(0)
+    values = torch.cat(list(parts))
+    if list(order) == sorted(order):
+        return values
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return values[inverse.to(values.device)]
 
 
 def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
@@ -261,12 +285,13 @@ def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: S
         taps = [m.editor(_where(mask[m.key], full[m.key])) for m in chunk_modules]
         return read(run_forward(params, flat, taps))
 
-    return torch.func.vmap(one_run)(masks)
+    with folded_attention():  # NOTE [folded attention]
+        return torch.func.vmap(one_run)(masks)
 
 
 def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
                  modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size,
-                 size: int) -> torch.Tensor:
+                 size: RunSize, cap: int | None) -> torch.Tensor:
     """Each run's metric (in order), a run cut to the positions from its first patch on (NOTE [causal sweeps])."""
     cut = causal_cut(f, params, flat)
     starts = [cut.start(site, full[modules[group(site)].key]) for site in runs]
@@ -276,7 +301,7 @@ def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, ru
         check_agrees(_mapped(f, params, flat, [runs[last]], modules, full, _outputs, cut, starts[last]), whole,
                      runs[last])
     values: list[torch.Tensor] = [torch.empty(0)] * len(runs)
-    for chunk in _causal_chunks(runs, starts, cut, size):
+    for chunk in _causal_chunks(runs, starts, cut, size, cap, flat.batch_size[0]):
         part = _mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch), cut,
                        starts[chunk[0]])
         for k, value in zip(chunk, part, strict=True):
@@ -284,11 +309,14 @@ def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, ru
     return torch.stack(values)
 
 
-def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, size: int) -> list[list[int]]:
+def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, size: RunSize, cap: int | None,
+                   samples: int) -> list[list[int]]:
     """The runs in chunks cut at their first run's start: one module each, by start, sized by ``cut.chunk``.
 
-    One module per chunk keeps what ``vmap`` shares below it (NOTE [causal sweeps]).
+    One module per chunk keeps what ``vmap`` shares below it (NOTE [causal sweeps]); the
+    memory of NOTE [sweep chunks] and ``cap`` bound the chunks.
     """
+    most = min(by_memory(size), cap or len(runs))
     by_module: dict[Group, list[int]] = {}
     for k, site in enumerate(runs):
         by_module.setdefault(group(site), []).append(k)
@@ -298,7 +326,7 @@ def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, 
         before = share_before(cut.f.model, runs[members[0]])
         lo = 0
         while lo < len(members):
-            n = min(size, cut.chunk(before, starts[members[lo]]))
+            n = min(most, cut.chunk(before, starts[members[lo]], FIXED_ROWS / samples))
             chunks.append(members[lo : lo + n])
             lo += n
     return chunks

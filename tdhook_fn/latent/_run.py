@@ -27,6 +27,7 @@ __all__ = [
     "flat_sources",
     "forward",
     "metric_values",
+    "probe_shapes",
     "resolve_runs",
     "unflatten",
 ]
@@ -102,9 +103,16 @@ def resolve_runs(method: str, f: Functional, params: TensorDictBase, flat: Tenso
 def activation_shapes(method: str, f: Functional, params: TensorDictBase, flat: TensorDictBase,
                       sites: Sequence[Site]) -> dict[str, tuple[torch.Size, torch.dtype]]:
     """Shape and dtype of each site's selection on the inputs ``flat``, from a forward on meta tensors (no compute)."""
+    return probe_shapes(method, f, params, flat, sites)[0]
+
+
+def probe_shapes(method: str, f: Functional, params: TensorDictBase, flat: TensorDictBase,
+                 sites: Sequence[Site]) -> tuple[dict[str, tuple[torch.Size, torch.dtype]], int]:
+    """`activation_shapes`, and the bytes of ``f``'s outputs on ``flat``, from the same meta forward."""
     reads = Reads(method, sites)
-    on_meta(lambda p, td: forward(f, p, td, reads.taps()), params, flat, reset=reads.clear)
-    return {s.key: (reads.get(s).shape, reads.get(s).dtype) for s in sites}
+    out = on_meta(lambda p, td: forward(f, p, td, reads.taps()), params, flat, reset=reads.clear)
+    out_bytes = sum(t.numel() * t.element_size() for t in out.values(True, True) if isinstance(t, torch.Tensor))
+    return {s.key: (reads.get(s).shape, reads.get(s).dtype) for s in sites}, out_bytes
 
 
 def check_alike(method: str, site: Site, clean: torch.Size, corrupted: torch.Size, also: str = "") -> None:

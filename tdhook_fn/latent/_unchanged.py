@@ -75,11 +75,13 @@ def group(site: Site) -> Group:
 
 
 def whole_sites(sites: Sequence[Site]) -> dict[Group, Site]:
-    """A whole-activation site for each module (and element) the sites read."""
+    """A whole-activation site for each module (and element) the sites read, keyed as the user would name it.
+
+    Its key (the path, with ``:input``, ``#element``, ``@call``) is what an error about it names.
+    """
     out: dict[Group, Site] = {}
     for site in sites:
         key = group(site)
         if key not in out:
-            out[key] = Site(site.path, element=site.element, site=site.site, call=site.call,
-                            key=f"_tdhook_fn_module_{len(out)}")
+            out[key] = Site(site.path, element=site.element, site=site.site, call=site.call)
     return out
