@@ -325,7 +325,7 @@ def test_parse_cache_is_bounded_in_bytes():
     tracemalloc.start()
     try:
         baseline = tracemalloc.get_traced_memory()[0]
-        for i in range(50):  # 200 distinct paths
+        for i in range(12):  # 48 distinct paths, each ~150 KiB parsed: the 1 MiB budget holds 7
             for path in _long_paths(i):
                 assert len(path) <= _MAX_LENGTH
                 parse_path(path)
