@@ -35,6 +35,7 @@ raises after the forward.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -47,7 +48,8 @@ from torch import nn
 
 from ._params import Key
 from ._paths import PathError
-from ._rebind import Rebinder
+from ._reach import SCALARS
+from ._rebind import RebindError, Rebinder
 
 __all__ = [
     "HOOK_DICTS",
@@ -72,6 +74,9 @@ HOOK_DICTS = (
 GLOBAL_HOOK_DICTS = tuple(f"_global{name}" for name in HOOK_DICTS  # torch's hooks for every module
                           if name != "_forward_pre_hooks_with_kwargs")  # (which has no global one)
 _OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
+# what the checks of NOTE [checked attributes] skip: the own slots, and what no forward runs
+_UNSCANNED = _OWN_SLOTS | {"_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
+                           "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"}
 _POOL_SIZE = 16
 
 # (the shadow's slot dict, the name in it, the params key, the expected shape or None)
@@ -92,14 +97,6 @@ def _offloads(hook: Any) -> bool:
     return getattr(hook, "offload", False) is True or any(_offloads(h) for h in getattr(hook, "hooks", ()) or ())
 
 
-def _holds_modules(value: Any) -> bool:
-    """A plain list, tuple or dict with a module in it (one level)."""
-    kind = type(value)
-    if kind is dict:
-        return any(isinstance(v, nn.Module) for v in value.values())
-    return (kind is list or kind is tuple) and any(isinstance(v, nn.Module) for v in value)
-
-
 def _shape(tensor: torch.Tensor) -> torch.Size | None:
     return None if isinstance(tensor, nn.parameter.UninitializedTensorMixin) else tensor.shape  # type: ignore[attr-defined]
 
@@ -107,7 +104,8 @@ def _shape(tensor: torch.Tensor) -> torch.Size | None:
 class _Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "filled", "holders", "module", "own", "params", "path", "shadow", "signature")
+    __slots__ = ("buffers", "checked", "children", "hooks", "hooks_checked", "holders", "module", "own", "params",
+                 "names", "path", "shadow", "signature", "tensor_holders")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -117,9 +115,13 @@ class _Node:
         self.signature = _signature(module)
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []
-        self.filled: list[dict[Any, Any]] = []  # hook dicts filled by the last refresh
-        self.holders = tuple(name for name, value in module.__dict__.items()
-                             if name not in _OWN_SLOTS and _holds_modules(value))
+        self.hooks = tuple(own[name] for name in HOOK_DICTS)
+        self.children = dict(own["_modules"])
+        self.names = (tuple(own["_parameters"]), tuple(own["_buffers"]))
+        self.checked: tuple[tuple[int, ...], tuple[weakref.ref[Any], ...]] | None = None
+        self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+        self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
+        self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
 
     def original(self) -> dict[str, Any] | None:
         module = self.module()
@@ -129,7 +131,8 @@ class _Node:
         module = self.module()
         return module is not None and _signature(module) == self.signature
 
-    def refresh(self, rebinder: Rebinder) -> None:
+    def refresh(self, rebinder: Rebinder, seen: dict[int, Any]) -> bool:
+        """Fill the shadow from the original; whether it holds tensors of the model to fill after the load."""
         original = self.original()
         assert original is not None  # the caller holds the model
         state = self.shadow.__dict__
@@ -139,49 +142,87 @@ class _Node:
         for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
             theirs = original.get(name)
             if theirs:
-                self._copy_hooks(rebinder, name, theirs, own[name])
+                self._copy_hooks(rebinder, name, theirs, own[name], seen)
         state.update(own)
+        if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
+            state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])
         if not rebinder.suspects.isdisjoint(map(type, original.values())):
-            if "forward" in original:
-                rebinder.check_opaque(original["forward"], self.path, "forward")
             rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
-        elif "forward" in original:
-            rebinder.check_opaque(original["forward"], self.path, "forward")
         if original.get("gradient_checkpointing") is True and original.get("training") is True:
             raise RuntimeError(
                 f"module {self.path or '<root>'!r} uses activation checkpointing (gradient_checkpointing=True in "
                 "training mode): its backward runs the forward again, after this call has released its private copy "
                 "of the model, so it would compute with no params, or another call's. Call "
                 "model.gradient_checkpointing_disable() or model.eval()")
-        if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
-            if _offloads(original["_hf_hook"]):
-                raise RuntimeError(
-                    f"module {self.path or '<root>'!r} has an accelerate offloading hook, which loads the weights "
-                    "from its own store while the module runs, so the call would not compute with the params you "
-                    "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
-                    "offloading")
-            rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
-        for name in self.holders:  # plain containers of modules (NOTE [what is scanned])
-            if _holds_modules(original.get(name)):
-                state[name] = rebinder.rebind_held(original[name], self.path, name)
+        if "_hf_hook" in original and _offloads(original["_hf_hook"]):
+            raise RuntimeError(
+                f"module {self.path or '<root>'!r} has an accelerate offloading hook, which loads the weights "
+                "from its own store while the module runs, so the call would not compute with the params you "
+                "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
+                "offloading")
+        checked = self.checked
+        ids = tuple(map(id, original.values()))
+        if checked is None or checked[0] != ids or not all(ref() is not None for ref in checked[1]):
+            self._check(rebinder, original, state, ids, seen)
+        for name in self.holders:  # plain containers of modules or tensors (NOTE [what is scanned])
+            state[name] = rebinder.held_copy(original[name], self.path, name)
+        return bool(self.tensor_holders)
 
-    def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any]) -> None:
+    def _check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any], ids: tuple[int, ...],
+               seen: dict[int, Any]) -> None:
+        """Refuse what reaches the model after rebinding; find the containers to copy (NOTE [checked attributes])."""
+        self.checked = None
+        if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
+            rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
+        holders: list[str] = []
+        tensor_holders: list[str] = []
+        refs: list[weakref.ref[Any]] = []
+        for name in sorted(original, key=lambda n: n != "forward"):  # the forward first: the telling message
+            value = original[name]
+            if name in _UNSCANNED or type(value) in SCALARS or name == "_hf_hook":
+                continue  # (accelerate's hook: checked above; the tensors it keeps are used only when offloading)
+            if type(value) in (list, tuple, dict) or isinstance(value, torch.Tensor):
+                modules, tensors = rebinder.holds(value, self.path, name, seen)
+                holders += [name] if modules or tensors else []
+                tensor_holders += [name] if tensors else []
+            else:
+                rebinder.check_reach(state[name], self.path, "forward" if name == "forward" else f"attribute {name!r}",
+                                     seen)
+            with contextlib.suppress(TypeError):  # (what has no weak reference is compared by id only)
+                refs.append(weakref.ref(value))
+        self.holders, self.tensor_holders = tuple(holders), tuple(tensor_holders)
+        self.checked = ids, tuple(refs)
+
+    def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any],
+                    seen: dict[int, Any]) -> None:
         ours.update(theirs)
-        self.filled.append(ours)
-        for hook in theirs.values():
-            rebinder.check_opaque(hook, self.path, f"{name} entry")
         if rebinder.may_refer(theirs.values()):
             rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
+        handles = tuple(theirs), tuple(map(id, theirs.values()))  # (handle ids are never reused)
+        if self.hooks_checked.get(name) != handles:
+            for hook in ours.values():
+                rebinder.check_reach(hook, self.path, f"{name} entry", seen)
+            self.hooks_checked[name] = handles
 
     def release(self) -> None:
-        """Drop everything copied from the original; keep the shadow's own (emptied) slots."""
+        """Drop everything copied from the original, and what the forward registered on the shadow
+        (NOTE [registered while running]); keep the shadow's own (emptied) slots."""
         state = self.shadow.__dict__
         state.clear()
-        if self.filled:
-            for hooks in self.filled:
+        if any(self.hooks):
+            for hooks in self.hooks:
                 hooks.clear()
-            self.filled.clear()
-        state.update(self.own)
+        own = self.own
+        for kind, names in zip(("_parameters", "_buffers"), self.names, strict=True):
+            slots = own[kind]
+            if len(slots) != len(names):  # (a slot deleted by the forward is back: unload set it to None)
+                kept = {name: slots.get(name) for name in names}
+                slots.clear()
+                slots.update(kept)
+        if own["_modules"] != self.children:
+            own["_modules"].clear()
+            own["_modules"].update(self.children)
+        state.update(own)
 
 
 class Shadow:
@@ -196,9 +237,8 @@ class Shadow:
         self.node_of: dict[int, _Node] = {}
         names = {id(m): name for name, m in reversed(list(model.named_modules(remove_duplicate=False)))}
         self.root = self._copy(model, names)
-        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()})
         self.keys: set[Key] = set()
-        canonical: dict[int, Key] = {}
+        canonical: dict[int, Key] = {}  # id(the model's tensor) -> its key
         for prefix, module in model.named_modules(remove_duplicate=False):
             node = self.node_of[id(module)]
             for kind, slots in (("_parameters", node.params), ("_buffers", node.buffers)):
@@ -214,6 +254,8 @@ class Shadow:
         self.slots_of: dict[Key, list[Slot]] = {}
         for slot in (*self.param_slots, *self.buffer_slots):
             self.slots_of.setdefault(slot[2], []).append(slot)
+        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()}, names, canonical)
+        self.pending: list[_Node] = []  # nodes holding the model's tensors in attributes, this call
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -241,8 +283,37 @@ class Shadow:
         return True
 
     def refresh(self) -> None:
-        for node in self.nodes:
-            node.refresh(self.rebinder)
+        seen: dict[int, Any] = {}  # objects walked by this refresh's checks without reaching the model
+        rebinder = self.rebinder
+        self.pending = [node for node in self.nodes if node.refresh(rebinder, seen)]
+
+    def _fill_held(self) -> None:
+        """Point attributes holding the model's tensors at the call's tensors (NOTE [held tensors])."""
+        keys = self.rebinder.tensor_keys
+
+        def current(tensor: torch.Tensor) -> Any:
+            slots, name, _, _ = self.slots_of[keys[id(tensor)]][0]
+            return slots[name]
+
+        for node in self.pending:
+            original = node.original()
+            assert original is not None
+            state = node.shadow.__dict__
+            for name in node.tensor_holders:
+                state[name] = self.rebinder.held_copy(original[name], node.path, name, current)
+
+    def refuse_held(self) -> None:
+        """Raise if an attribute holds the model's tensors: a traced call cannot point it at the params.
+
+        Raises:
+            RebindError: naming the module and the attribute.
+        """
+        for node in self.pending:
+            raise RebindError(
+                f"module {node.path or '<root>'!r}: its attribute {node.tensor_holders[0]!r} holds a parameter or "
+                "buffer of the model outside its registered slots, which a call under torch.compile cannot point at "
+                "the params you gave. Register the tensor (a tied parameter as a parameter of the module) or call "
+                "without torch.compile")
 
     def load(self, values: dict[Key, torch.Tensor]) -> None:
         """Put ``values`` in the slots; the keys and shapes must be exactly the model's.
@@ -263,6 +334,8 @@ class Shadow:
         if wrong:
             self.unload()
             raise_shape_mismatch(wrong)
+        if self.pending:
+            self._fill_held()
 
     def load_own(self) -> None:
         """Put the model's own tensors in the slots (live: gradients and in-place updates reach it)."""
@@ -273,6 +346,8 @@ class Shadow:
                 theirs = original[kind]
                 for own, name, _, _ in slots:
                     own[name] = theirs[name]
+        if self.pending:
+            self._fill_held()
 
     def override(self, values: dict[Key, torch.Tensor]) -> None:
         """Put ``values`` in the slots of their keys, over what :meth:`load_own` put there.
@@ -289,6 +364,8 @@ class Shadow:
                     raise ValueError(
                         f"override {'.'.join(key)!r} has shape {tuple(value.shape)}, the model has {tuple(shape)}")
                 own[name] = value
+        if self.pending:
+            self._fill_held()
 
     def check_params_kept(self, values: dict[Key, torch.Tensor], marks: dict[Key, tuple[int, int]]) -> None:
         """Raise if the forward replaced one of the given parameters (NOTE [pure buffers]), or wrote one.
