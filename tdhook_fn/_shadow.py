@@ -31,11 +31,38 @@ updates are dropped with the copies. Parameters are used as given, never copied.
 A forward that replaces one of its *parameters* while it runs (accelerate's offloading
 hooks load weights from their own store) would silently ignore the given params, so it
 raises after the forward.
+
+# NOTE [registered while running]
+What a forward registers on its shadow (``register_buffer`` in a lazy cache, a parameter,
+a submodule, a hook) or assigns to it lives for that call only: on release the shadow's
+own slots get back the names and children they had when it was built, its hook
+dictionaries are emptied, and its ``__dict__`` (where plain assignments land) is dropped.
+``_non_persistent_buffers_set``, which ``register_buffer`` writes, is a private copy of
+the original's for each call, so the model is never written.
+
+# NOTE [held tensors]
+A parameter or buffer of the model held outside its slots, in a plain dict, list or
+tuple attribute (a hand-rolled tie: ``self.tied = {"w": self.lin.weight}``) or as a
+plain tensor attribute (``self.alias = self.buf``), is replaced in the shadow's copy of
+that attribute by the call's tensor for its key, after the load: the forward computes
+with the given params and gradients reach their keys. A traced call (``_traced``) cannot
+do this and refuses such a model.
+
+# NOTE [checked attributes]
+Each module's attributes (and hooks) are checked, after rebinding, for what still
+reaches the model (NOTE [reaching the model]) and for the containers to copy, when the
+shadow is first used and again only when they change: a name added or removed, a value
+that is not a scalar replaced (by id, and by a weak reference where it has one, so a
+new object that got a dead one's id is seen), or a scalar replaced by an object. A
+hook dict is checked again when its handles or hooks change. So an ordinary call pays a
+length and a few ids per module. Not seen: an object *mutated* in place after it was
+checked (an attribute of it assigned anew to point at a module).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from collections import OrderedDict
@@ -49,7 +76,7 @@ from torch import nn
 from ._params import Key
 from ._paths import PathError
 from ._reach import SCALARS
-from ._rebind import RebindError, Rebinder
+from ._rebind import Rebinder, RebindError
 
 __all__ = [
     "HOOK_DICTS",
@@ -78,6 +105,7 @@ _OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
 _UNSCANNED = _OWN_SLOTS | {"_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
                            "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"}
 _POOL_SIZE = 16
+_ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
 
 # (the shadow's slot dict, the name in it, the params key, the expected shape or None)
 Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
@@ -104,8 +132,9 @@ def _shape(tensor: torch.Tensor) -> torch.Size | None:
 class _Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "checked", "children", "hooks", "hooks_checked", "holders", "module", "own", "params",
-                 "names", "path", "shadow", "signature", "tensor_holders")
+    __slots__ = ("buffers", "children", "holders", "hooks", "hooks_checked", "module", "names", "own", "params",
+                 "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots", "tensor_holders",
+                 "watch", "watched")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -117,8 +146,15 @@ class _Node:
         self.buffers: list[Slot] = []
         self.hooks = tuple(own[name] for name in HOOK_DICTS)
         self.children = dict(own["_modules"])
+        self.slots = (own["_parameters"], own["_buffers"], own["_modules"])
         self.names = (tuple(own["_parameters"]), tuple(own["_buffers"]))
-        self.checked: tuple[tuple[int, ...], tuple[weakref.ref[Any], ...]] | None = None
+        self.size_slots = len(own["_parameters"]) + len(own["_buffers"])
+        # what the attributes were when last checked (NOTE [checked attributes])
+        self.size = -1  # how many
+        self.watch: tuple[str, ...] = ()  # the names of those that are not scalars,
+        self.watched: tuple[int, ...] = ()  # their ids,
+        self.refs: tuple[weakref.ref[Any], ...] = ()  # weak references to those that have them,
+        self.scalars: tuple[str, ...] = ()  # and the names of the scalars (bool, int, float, str, None)
         self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
         self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
@@ -160,26 +196,29 @@ class _Node:
                 "from its own store while the module runs, so the call would not compute with the params you "
                 "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
                 "offloading")
-        checked = self.checked
-        ids = tuple(map(id, original.values()))
-        if checked is None or checked[0] != ids or not all(ref() is not None for ref in checked[1]):
-            self._check(rebinder, original, state, ids, seen)
-        for name in self.holders:  # plain containers of modules or tensors (NOTE [what is scanned])
-            state[name] = rebinder.held_copy(original[name], self.path, name)
-        return bool(self.tensor_holders)
+        if (len(original) != self.size or (self.watch and tuple(map(id, map(original.get, self.watch))) != self.watched)
+                or not SCALARS.issuperset(map(type, map(original.get, self.scalars, _ABSENT)))
+                or (self.refs and not all(ref() is not None for ref in self.refs))):
+            self._check(rebinder, original, state, seen)
+        if self.holders:  # plain containers of modules or tensors (NOTE [what is scanned])
+            for name in self.holders:
+                state[name] = rebinder.held_copy(original[name], self.path, name)
+            return bool(self.tensor_holders)
+        return False
 
-    def _check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any], ids: tuple[int, ...],
+    def _check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any],
                seen: dict[int, Any]) -> None:
         """Refuse what reaches the model after rebinding; find the containers to copy (NOTE [checked attributes])."""
-        self.checked = None
+        self.size = -1  # (checked again at the next call if this raises)
         if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
             rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
         holders: list[str] = []
         tensor_holders: list[str] = []
         refs: list[weakref.ref[Any]] = []
-        for name in sorted(original, key=lambda n: n != "forward"):  # the forward first: the telling message
+        watch = [name for name, value in original.items() if name not in _UNSCANNED and type(value) not in SCALARS]
+        for name in sorted(watch, key=lambda n: n != "forward"):  # the forward first: the telling message
             value = original[name]
-            if name in _UNSCANNED or type(value) in SCALARS or name == "_hf_hook":
+            if name == "_hf_hook":
                 continue  # (accelerate's hook: checked above; the tensors it keeps are used only when offloading)
             if type(value) in (list, tuple, dict) or isinstance(value, torch.Tensor):
                 modules, tensors = rebinder.holds(value, self.path, name, seen)
@@ -191,7 +230,10 @@ class _Node:
             with contextlib.suppress(TypeError):  # (what has no weak reference is compared by id only)
                 refs.append(weakref.ref(value))
         self.holders, self.tensor_holders = tuple(holders), tuple(tensor_holders)
-        self.checked = ids, tuple(refs)
+        self.watch, self.refs = tuple(watch), tuple(refs)
+        self.watched = tuple(map(id, map(original.get, self.watch)))
+        self.scalars = tuple(name for name, value in original.items() if type(value) in SCALARS)
+        self.size = len(original)
 
     def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any],
                     seen: dict[int, Any]) -> None:
@@ -212,17 +254,20 @@ class _Node:
         if any(self.hooks):
             for hooks in self.hooks:
                 hooks.clear()
-        own = self.own
-        for kind, names in zip(("_parameters", "_buffers"), self.names, strict=True):
-            slots = own[kind]
-            if len(slots) != len(names):  # (a slot deleted by the forward is back: unload set it to None)
-                kept = {name: slots.get(name) for name in names}
-                slots.clear()
-                slots.update(kept)
-        if own["_modules"] != self.children:
-            own["_modules"].clear()
-            own["_modules"].update(self.children)
-        state.update(own)
+        params, buffers, modules = self.slots
+        if len(params) + len(buffers) != self.size_slots or modules != self.children:
+            self._restore_slots()
+        state.update(self.own)
+
+    def _restore_slots(self) -> None:
+        """The shadow's own slots with the names they had when it was built (a slot the forward deleted is back
+        already: unload set it to None); its children as they were."""
+        for slots, names in zip(self.slots, self.names, strict=False):
+            kept = {name: slots.get(name) for name in names}
+            slots.clear()
+            slots.update(kept)
+        self.slots[2].clear()
+        self.slots[2].update(self.children)
 
 
 class Shadow:
