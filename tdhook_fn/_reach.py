@@ -17,7 +17,7 @@ Python modules. The walk is bounded (``_LIMIT`` objects per value); past it a va
 taken as not reaching the model.
 
 The walk runs when a shadow is built and again only when the identities of a module's
-attributes or hooks change (NOTE [checked attributes] in ``_shadow``), so an ordinary
+attributes or hooks change (NOTE [checked attributes] in ``_shadow_node``), so an ordinary
 call pays one tuple of ids per module.
 """
 
