@@ -10,7 +10,8 @@ hooks, or keep an unregistered back-reference to a parent. Run as copied, those 
 params. So every such value is rebound to the shadow of the module it refers to:
 
 - a module of the model becomes its shadow;
-- a bound method of one is bound to its shadow instead;
+- a bound method of one is bound to its shadow instead, a weak reference to one refers to
+  its shadow instead;
 - a ``functools.partial`` is rebuilt with its function and arguments rebound (and the
   attributes ``functools.update_wrapper`` gave it), as is a list or tuple *inside* one;
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,7 +47,8 @@ from ._reach import SCALARS, reach
 
 __all__ = ["RebindError", "Rebinder", "filled"]
 
-_CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType})
+_CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType,
+                                              weakref.ReferenceType})
 _CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple})
 _PLAIN: frozenset[type] = frozenset({list, tuple, dict})
 # NOTE [what is scanned]: every call scans each module's attributes for these types only
@@ -101,6 +104,10 @@ class Rebinder:
         if kind is types.MethodType:
             owner = self.shadows.get(id(value.__self__))
             return value if owner is None else types.MethodType(value.__func__, owner)
+        if kind is weakref.ReferenceType:  # a weak back-reference to a module (a parent) refers to its shadow
+            target = value()
+            shadow = None if target is None else self.shadows.get(id(target))
+            return value if shadow is None or not isinstance(target, nn.Module) else weakref.ref(shadow)
         if kind is functools.partial:
             return self._partial(value, path, attr)
         if kind is types.FunctionType:

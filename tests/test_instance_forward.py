@@ -477,3 +477,26 @@ def test_a_hand_tied_parameter_is_refused_under_torch_compile() -> None:
     with pytest.raises(Exception, match=r"module '<root>': its attribute 'tied' holds a parameter or buffer of the "
                                         r"model.*torch.compile"):
         compiled(tdhook_fn.params(model), torch.randn(2, 4))
+
+
+def test_a_weak_back_reference_to_the_parent_is_rebound() -> None:
+    class Child(nn.Module):
+        def __init__(self, parent: nn.Module) -> None:
+            super().__init__()
+            self.parent_ref = weakref.ref(parent)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.parent_ref().scale
+
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(3.0))
+            self.child = Child(self)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.child(x)
+
+    model = Parent()
+    assert torch.equal(tdhook_fn.call(model, _zeros(model), torch.ones(2)), torch.zeros(2))
+    assert model.child.parent_ref() is model
