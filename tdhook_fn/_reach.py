@@ -10,7 +10,9 @@ shadow holds it after rebinding, is walked: attributes (``__dict__`` and ``__slo
 the targets of weak references, bound methods' ``__self__`` and ``__func__``, closure
 cells and defaults, partials, and the items of dicts, lists, tuples and sets. Modules and
 tensors end a route: one of the model's is what we look for, any other is left alone
-(a module's own attributes are walked as its own node). Not walked: a function's
+(a module's own attributes are walked as its own node). A weak reference to a tensor is
+not followed: it can only tell whether the tensor changed (``nn.LSTM`` keeps them, to
+rebuild its ``_flat_weights`` when the registered parameters differ). Not walked: a function's
 globals (a global ``model`` cannot be told from a library's modules), the metadata
 ``functools.update_wrapper`` gives functions and partials, hook handles, classes and
 Python modules. The walk is bounded (``_LIMIT`` objects per value); past it a value is
@@ -18,7 +20,7 @@ taken as not reaching the model.
 
 The walk runs when a shadow is built and again only when the identities of a module's
 attributes or hooks change (NOTE [checked attributes] in ``_shadow_node``), so an ordinary
-call pays one tuple of ids per module.
+call pays a length and a few ids per module.
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ def reach(value: Any, target: Callable[[Any], str | None], seen: dict[int, Any])
 def _children(obj: Any) -> Iterator[tuple[str, Any]]:
     kind = type(obj)
     if isinstance(obj, weakref.ref):
-        yield "()", obj()
+        target = obj()
+        if not isinstance(target, torch.Tensor):  # (a weak reference to a tensor tells only whether it changed)
+            yield "()", target
     elif kind is types.MethodType:
         yield ".__self__", obj.__self__
         yield ".__func__", obj.__func__

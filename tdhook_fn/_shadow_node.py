@@ -164,8 +164,10 @@ class Node:
         watch = [name for name, value in original.items() if name not in _UNSCANNED and type(value) not in SCALARS]
         for name in sorted(watch, key=lambda n: n != "forward"):  # the forward first: the telling message
             value = original[name]
-            if name == "_hf_hook":
-                continue  # (accelerate's hook: checked above; the tensors it keeps are used only when offloading)
+            if name == "_hf_hook" or (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase)):
+                # accelerate's hook: checked above (the tensors it keeps are used only when offloading); an RNN's
+                # flat weights: its forward rebuilds them from the registered parameters when they differ
+                continue
             if type(value) in (list, tuple, dict) or isinstance(value, torch.Tensor):
                 modules, tensors = rebinder.holds(value, self.path, name, seen)
                 holders += [name] if modules or tensors else []

@@ -500,3 +500,12 @@ def test_a_weak_back_reference_to_the_parent_is_rebound() -> None:
     model = Parent()
     assert torch.equal(tdhook_fn.call(model, _zeros(model), torch.ones(2)), torch.zeros(2))
     assert model.child.parent_ref() is model
+
+
+def test_an_lstm_keeping_weak_references_to_its_weights_computes_with_the_given_params() -> None:
+    torch.manual_seed(0)
+    model = nn.LSTM(3, 4, batch_first=True).eval()  # keeps _flat_weights and weak references to them
+    p = tdhook_fn.params(model).apply(lambda t: 0.5 * t)
+    x = torch.randn(2, 5, 3)
+    expected = torch.func.functional_call(model, dict(p.flatten_keys(".").items()), (x,))[0]
+    torch.testing.assert_close(tdhook_fn.call(model, p, x)[0], expected)
