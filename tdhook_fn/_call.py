@@ -15,7 +15,19 @@ from ._shadow import param_marks, shadow_of
 from ._taps import Captured, Tap, attached
 from ._traced import run_traced
 
-__all__ = ["call", "call_with_taps", "run"]
+__all__ = ["call", "call_with_taps", "require_params", "run"]
+
+
+def require_params(params: Any, where: str) -> None:
+    """Refuse ``params=None`` at a public entry point: only the internal live path runs the model's own tensors.
+
+    Raises:
+        TypeError: ``params`` is None.
+    """
+    if params is None:
+        raise TypeError(
+            f"{where}: params is None; pass tdhook_fn.params(model) (or a TensorDict with its keys). The model's own "
+            "tensors are never run live: that would update its buffers and fill its .grad")
 
 
 def run(
@@ -76,6 +88,7 @@ def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any)
         Any: what the forward returns.
 
     Raises:
+        TypeError: ``params`` is None or not a TensorDict.
         ValueError: ``params`` lacks or adds keys (they are named).
 
     Examples:
@@ -85,6 +98,7 @@ def call(model: nn.Module, params: TensorDictBase, /, *args: Any, **kwargs: Any)
         >>> torch.func.vmap(tdhook_fn.call, (None, 0, None))(net, ensemble, torch.ones(3)).shape
         torch.Size([4, 2])
     """
+    require_params(params, "call")
     output, _ = run(model, params, (), lambda root: root(*args, **kwargs))
     return output
 
@@ -104,5 +118,9 @@ def call_with_taps(
     Returns:
         tuple[Any, dict[str, Any]]: the forward's output and the captured activations
         by tap key.
+
+    Raises:
+        TypeError: ``params`` is None or not a TensorDict.
     """
+    require_params(params, "call_with_taps")
     return run(model, params, taps, lambda root: root(*args, **kwargs))

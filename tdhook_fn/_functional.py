@@ -13,7 +13,7 @@ from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-from ._call import run
+from ._call import require_params, run
 from ._params import Key
 from ._params import params as params_of
 from ._taps import Captured, Tap, check_tap_keys
@@ -72,7 +72,11 @@ class Functional:
 
         For what no TensorDict holds, such as a Hugging Face cache object
         (``past_key_values=``). Not for a ``TensorDictModule`` (it takes the TensorDict only).
+
+        Raises:
+            TypeError: ``params`` is None (pass `tdhook_fn.params` ``(model)``).
         """
+        require_params(params, "functional")
         return self._run(params, td, extra)
 
     def call_live(self, td: TensorDictBase, *, overrides: Mapping[Key, Any] | None = None) -> TensorDict:

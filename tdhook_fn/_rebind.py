@@ -10,38 +10,53 @@ hooks, or keep an unregistered back-reference to a parent. Run as copied, those 
 params. So every such value is rebound to the shadow of the module it refers to:
 
 - a module of the model becomes its shadow;
-- a bound method of one is bound to its shadow instead;
+- a bound method of one is bound to its shadow instead, a weak reference to one refers to
+  its shadow instead;
 - a ``functools.partial`` is rebuilt with its function and arguments rebound (and the
   attributes ``functools.update_wrapper`` gave it), as is a list or tuple *inside* one;
 
 - a function whose closure cells or defaults hold any of these is rebuilt with new cells
   for those values (its other cells stay shared with the original function).
 
-A callable *object* used as ``forward`` or as a hook, whose attributes refer to a module
-of the model, cannot be rebound without copying it: it is refused with an error naming
-the module and the attribute. Values that reach the model only through other objects
-cannot be seen here; ``accelerate``'s offloading hooks, which replace the module's
-parameters while it runs, are caught after the forward (see ``_shadow``).
+A plain list, tuple or dict attribute (nested ones too) holding modules of the model is
+copied for each call with the shadows in their place; one holding parameters or buffers
+of the model, or an attribute that *is* one (``self.alias = self.lin.weight`` of a plain
+tensor), gets the call's tensors for those (NOTE [held tensors] in ``_shadow``).
+
+What is left after rebinding must not reach the model (NOTE [reaching the model]): a
+callable *object* (nnsight's forward ``Controller``), an object holding a module or a
+parameter, a closure over such an object, cannot be rebound without copying it, and is
+refused with an error naming the module, the attribute and the route to the model.
+``accelerate``'s offloading hooks, which replace the module's parameters while it runs,
+are caught after the forward (see ``_shadow``).
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
+
+from ._params import Key
+from ._reach import SCALARS, reach
 
 __all__ = ["RebindError", "Rebinder", "filled"]
 
-_CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType})
+_CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType,
+                                              weakref.ReferenceType})
 _CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple})
+_PLAIN: frozenset[type] = frozenset({list, tuple, dict})
 # NOTE [what is scanned]: every call scans each module's attributes for these types only
-# (a C-level pass). Plain lists, tuples and dicts attributes that held modules when the
-# shadow was built are rebound on every call (Rebinder.rebind_held; a module that is not
-# registered is refused): modules belong in nn.ModuleList / nn.ModuleDict. Lists and
-# tuples are looked into inside partials and closures.
+# (a C-level pass). Plain lists, tuples and dicts attributes that held modules or tensors
+# of the model when the module's attributes were last checked are copied on every call
+# (Rebinder.held_copy; a module that is not registered is refused): modules belong in
+# nn.ModuleList / nn.ModuleDict. Lists and tuples are looked into inside partials and
+# closures. Everything else is walked only when its identity changes (NOTE [reaching the model]).
 
 
 class RebindError(ValueError):
@@ -55,10 +70,15 @@ class Rebinder:
         shadows (Mapping[int, nn.Module]): ``id(original module) -> shadow``. Originals are
             alive while a call runs, so an id found here is that module.
         module_types (set[type]): the classes of the model's modules (a cheap first test).
+        paths (Mapping[int, str]): ``id(original module) -> its path``, for messages.
+        tensor_keys (Mapping[int, Key]): ``id(the model's parameter or buffer) -> its key``.
     """
 
-    def __init__(self, shadows: Mapping[int, nn.Module], module_types: set[type]):
+    def __init__(self, shadows: Mapping[int, nn.Module], module_types: set[type], paths: Mapping[int, str],
+                 tensor_keys: Mapping[int, Key]):
         self.shadows = shadows
+        self.paths = paths
+        self.tensor_keys = tensor_keys
         self.suspects = frozenset(module_types) | _CALLABLE_TYPES
         self.inner_suspects = self.suspects | _CONTAINER_TYPES
 
@@ -84,6 +104,10 @@ class Rebinder:
         if kind is types.MethodType:
             owner = self.shadows.get(id(value.__self__))
             return value if owner is None else types.MethodType(value.__func__, owner)
+        if kind is weakref.ReferenceType:  # a weak back-reference to a module (a parent) refers to its shadow
+            target = value()
+            shadow = None if target is None else self.shadows.get(id(target))
+            return value if shadow is None or not isinstance(target, nn.Module) else weakref.ref(shadow)
         if kind is functools.partial:
             return self._partial(value, path, attr)
         if kind is types.FunctionType:
@@ -128,42 +152,82 @@ class Rebinder:
         new.__qualname__ = fn.__qualname__
         return new
 
-    def rebind_held(self, value: Any, path: str, attr: str) -> Any:
-        """A plain list, tuple or dict attribute holding modules, with each pointed at its shadow.
+    def held_copy(self, value: Any, path: str, attr: str,
+                  tensors: Callable[[torch.Tensor], Any] | None = None) -> Any:
+        """A plain list, tuple or dict (nested ones too) with each module of the model replaced by its shadow.
+
+        With ``tensors``, each parameter or buffer of the model (also ``value`` itself) is
+        replaced by ``tensors(it)``. Other items are rebound (`rebind`).
 
         Raises:
             RebindError: it holds a module that is not a registered submodule of the model
                 (no shadow runs it, no params or taps reach it).
         """
-        def held(item: Any) -> Any:
-            if not isinstance(item, nn.Module):
-                return item
-            shadow = self.shadows.get(id(item))
+        kind = type(value)
+        if kind is dict:
+            return {key: self.held_copy(item, path, attr, tensors) for key, item in value.items()}
+        if kind is list or kind is tuple:
+            return kind(self.held_copy(item, path, attr, tensors) for item in value)
+        if isinstance(value, nn.Module):
+            shadow = self.shadows.get(id(value))
             if shadow is None:
                 raise RebindError(
-                    f"module {path or '<root>'!r}: its attribute {attr!r} holds a {type(item).__name__} that is not "
+                    f"module {path or '<root>'!r}: its attribute {attr!r} holds a {type(value).__name__} that is not "
                     "a registered submodule, so it would run with its own tensors, and no params, tap or rule "
                     "would reach it. Hold modules in nn.ModuleList / nn.ModuleDict")
             return shadow
+        if isinstance(value, torch.Tensor):
+            return tensors(value) if tensors is not None and id(value) in self.tensor_keys else value
+        return self.rebind(value, path, attr)
 
-        if isinstance(value, dict):
-            return {key: held(item) for key, item in value.items()}
-        return type(value)(held(item) for item in value)
+    def holds(self, value: Any, path: str, attr: str, seen: dict[int, Any]) -> tuple[bool, bool]:
+        """Whether a plain container (or a tensor) attribute holds modules, and tensors, of the model.
 
-    def check_opaque(self, value: Any, path: str, attr: str) -> None:
-        """Refuse a callable object (not a function) whose attributes refer to a module of the model."""
-        if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial, type)):
+        Raises:
+            RebindError: an item of it reaches the model in a way that cannot be rebound
+                (`check_reach`), or is a module that is not registered.
+        """
+        kind = type(value)
+        if kind in _PLAIN:
+            modules = tensors = False
+            for item in value.values() if kind is dict else value:
+                m, t = self.holds(item, path, attr, seen)
+                modules, tensors = modules or m, tensors or t
+            return modules, tensors
+        if isinstance(value, torch.Tensor):
+            return False, id(value) in self.tensor_keys
+        if isinstance(value, nn.Module):
+            self.held_copy(value, path, attr)  # raises if it is not registered
+            return True, False
+        self.check_reach(self.rebind(value, path, attr), path, f"attribute {attr!r}", seen)
+        return False, False
+
+    def check_reach(self, value: Any, path: str, attr: str, seen: dict[int, Any]) -> None:
+        """Refuse ``value`` (as the shadow holds it, rebound) if it still reaches a module or tensor of the model.
+
+        Raises:
+            RebindError: naming the module, ``attr`` and the route to the model.
+        """
+        if type(value) in SCALARS:
             return
-        state = getattr(value, "__dict__", None)
-        if not callable(value) or not isinstance(state, dict):
+        found = reach(value, self._target, seen)
+        if found is None:
             return
-        if any(self._refers(v) for v in state.values()):
-            raise RebindError(
-                f"module {path or '<root>'!r}: its {attr} is a {type(value).__name__} object that refers to a module "
-                "of the model; tdhook_fn runs calls on a private copy of the model and cannot point that object at "
-                "it, so the call would read the model's own tensors. Use a method (types.MethodType), a "
-                "functools.partial taking the module, or a hook that uses its module argument"
-            )
+        route, what = found
+        raise RebindError(
+            f"module {path or '<root>'!r}: its {attr} is a {type(value).__name__} object that reaches {what} of the "
+            f"model (through {route or 'itself'}); tdhook_fn runs each call on a private copy of the model and cannot "
+            "point that object at the copy, so the call would compute with the model's own tensors, not the params "
+            "you gave. Remove it from the model (a library that wraps a model in place, as nnsight's NNsight does "
+            "with every module's forward, should wrap a copy: NNsight(copy.deepcopy(model))), or use a method, a "
+            "functools.partial taking the module, or a hook that uses its module argument, and keep tensors in "
+            "registered modules")
+
+    def _target(self, obj: Any) -> str | None:
+        if isinstance(obj, nn.Module):
+            return f"module {self.paths.get(id(obj)) or '<root>'!r}" if id(obj) in self.shadows else None
+        key = self.tensor_keys.get(id(obj))
+        return None if key is None else f"tensor {'.'.join(key)!r}"
 
     def check_hook_object(self, value: Any, path: str, attr: str, depth: int = 2) -> None:
         """Refuse a hook object (accelerate's ``_hf_hook``) that keeps a module of the model in its attributes.

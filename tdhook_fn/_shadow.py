@@ -31,6 +31,14 @@ updates are dropped with the copies. Parameters are used as given, never copied.
 A forward that replaces one of its *parameters* while it runs (accelerate's offloading
 hooks load weights from their own store) would silently ignore the given params, so it
 raises after the forward.
+
+# NOTE [held tensors]
+A parameter or buffer of the model held outside its slots, in a plain dict, list or
+tuple attribute (a hand-rolled tie: ``self.tied = {"w": self.lin.weight}``) or as a
+plain tensor attribute (``self.alias = self.buf``), is replaced in the shadow's copy of
+that attribute by the call's tensor for its key, after the load: the forward computes
+with the given params and gradients reach their keys. A traced call (``_traced``) cannot
+do this and refuses such a model.
 """
 
 from __future__ import annotations
@@ -47,9 +55,11 @@ from torch import nn
 
 from ._params import Key
 from ._paths import PathError
-from ._rebind import Rebinder
+from ._rebind import Rebinder, RebindError
+from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS, Node, Slot, shape_of, signature_of
 
 __all__ = [
+    "GLOBAL_HOOK_DICTS",
     "HOOK_DICTS",
     "Shadow",
     "private_buffer",
@@ -59,129 +69,7 @@ __all__ = [
     "shape_mismatch",
 ]
 
-# Hook dictionaries a forward consults; the shadow gets its own copies.
-HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
-GLOBAL_HOOK_DICTS = tuple(f"_global{name}" for name in HOOK_DICTS  # torch's hooks for every module
-                          if name != "_forward_pre_hooks_with_kwargs")  # (which has no global one)
-_OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
 _POOL_SIZE = 16
-
-# (the shadow's slot dict, the name in it, the params key, the expected shape or None)
-Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
-
-
-def _signature(module: nn.Module) -> tuple[Any, ...]:
-    """What a shadow's structure depends on: the class (a shadow is made of it: ``__class__``
-    assigned anew needs a new shadow), names and identities of children and tensors."""
-    state = module.__dict__
-    mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
-    return (type(module), *mods, *map(id, mods.values()), None, *params, *map(id, params.values()), None, *bufs,
-            *map(id, bufs.values()))
-
-
-def _offloads(hook: Any) -> bool:
-    """Whether an accelerate hook (or one of a ``SequentialHook``'s) offloads its module's weights."""
-    return getattr(hook, "offload", False) is True or any(_offloads(h) for h in getattr(hook, "hooks", ()) or ())
-
-
-def _holds_modules(value: Any) -> bool:
-    """A plain list, tuple or dict with a module in it (one level)."""
-    kind = type(value)
-    if kind is dict:
-        return any(isinstance(v, nn.Module) for v in value.values())
-    return (kind is list or kind is tuple) and any(isinstance(v, nn.Module) for v in value)
-
-
-def _shape(tensor: torch.Tensor) -> torch.Size | None:
-    return None if isinstance(tensor, nn.parameter.UninitializedTensorMixin) else tensor.shape  # type: ignore[attr-defined]
-
-
-class _Node:
-    """One original module (held weakly), its shadow and the shadow's own state."""
-
-    __slots__ = ("buffers", "filled", "holders", "module", "own", "params", "path", "shadow", "signature")
-
-    def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
-        self.module = weakref.ref(module)
-        self.shadow = shadow
-        self.own = own
-        self.path = path
-        self.signature = _signature(module)
-        self.params: list[Slot] = []
-        self.buffers: list[Slot] = []
-        self.filled: list[dict[Any, Any]] = []  # hook dicts filled by the last refresh
-        self.holders = tuple(name for name, value in module.__dict__.items()
-                             if name not in _OWN_SLOTS and _holds_modules(value))
-
-    def original(self) -> dict[str, Any] | None:
-        module = self.module()
-        return None if module is None else module.__dict__
-
-    def is_current(self) -> bool:
-        module = self.module()
-        return module is not None and _signature(module) == self.signature
-
-    def refresh(self, rebinder: Rebinder) -> None:
-        original = self.original()
-        assert original is not None  # the caller holds the model
-        state = self.shadow.__dict__
-        state.clear()
-        state.update(original)
-        own = self.own
-        for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
-            theirs = original.get(name)
-            if theirs:
-                self._copy_hooks(rebinder, name, theirs, own[name])
-        state.update(own)
-        if not rebinder.suspects.isdisjoint(map(type, original.values())):
-            if "forward" in original:
-                rebinder.check_opaque(original["forward"], self.path, "forward")
-            rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
-        elif "forward" in original:
-            rebinder.check_opaque(original["forward"], self.path, "forward")
-        if original.get("gradient_checkpointing") is True and original.get("training") is True:
-            raise RuntimeError(
-                f"module {self.path or '<root>'!r} uses activation checkpointing (gradient_checkpointing=True in "
-                "training mode): its backward runs the forward again, after this call has released its private copy "
-                "of the model, so it would compute with no params, or another call's. Call "
-                "model.gradient_checkpointing_disable() or model.eval()")
-        if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
-            if _offloads(original["_hf_hook"]):
-                raise RuntimeError(
-                    f"module {self.path or '<root>'!r} has an accelerate offloading hook, which loads the weights "
-                    "from its own store while the module runs, so the call would not compute with the params you "
-                    "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
-                    "offloading")
-            rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
-        for name in self.holders:  # plain containers of modules (NOTE [what is scanned])
-            if _holds_modules(original.get(name)):
-                state[name] = rebinder.rebind_held(original[name], self.path, name)
-
-    def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any]) -> None:
-        ours.update(theirs)
-        self.filled.append(ours)
-        for hook in theirs.values():
-            rebinder.check_opaque(hook, self.path, f"{name} entry")
-        if rebinder.may_refer(theirs.values()):
-            rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
-
-    def release(self) -> None:
-        """Drop everything copied from the original; keep the shadow's own (emptied) slots."""
-        state = self.shadow.__dict__
-        state.clear()
-        if self.filled:
-            for hooks in self.filled:
-                hooks.clear()
-            self.filled.clear()
-        state.update(self.own)
 
 
 class Shadow:
@@ -191,14 +79,13 @@ class Shadow:
     """
 
     def __init__(self, model: nn.Module):
-        self.nodes: list[_Node] = []
+        self.nodes: list[Node] = []
         self.by_id: dict[int, nn.Module] = {}  # id(original submodule) -> shadow
-        self.node_of: dict[int, _Node] = {}
+        self.node_of: dict[int, Node] = {}
         names = {id(m): name for name, m in reversed(list(model.named_modules(remove_duplicate=False)))}
         self.root = self._copy(model, names)
-        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()})
         self.keys: set[Key] = set()
-        canonical: dict[int, Key] = {}
+        canonical: dict[int, Key] = {}  # id(the model's tensor) -> its key
         for prefix, module in model.named_modules(remove_duplicate=False):
             node = self.node_of[id(module)]
             for kind, slots in (("_parameters", node.params), ("_buffers", node.buffers)):
@@ -207,13 +94,15 @@ class Shadow:
                         continue
                     key = canonical.setdefault(id(tensor), tuple(f"{prefix}.{name}".lstrip(".").split(".")))
                     self.keys.add(key)
-                    slots.append((node.own[kind], name, key, _shape(tensor)))
+                    slots.append((node.own[kind], name, key, shape_of(tensor)))
         self.param_slots = [slot for node in self.nodes for slot in node.params]
         self.param_keys = [key for _, _, key, _ in self.param_slots]
         self.buffer_slots = [slot for node in self.nodes for slot in node.buffers]
         self.slots_of: dict[Key, list[Slot]] = {}
         for slot in (*self.param_slots, *self.buffer_slots):
             self.slots_of.setdefault(slot[2], []).append(slot)
+        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()}, names, canonical)
+        self.pending: list[Node] = []  # nodes holding the model's tensors in attributes, this call
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -228,7 +117,7 @@ class Shadow:
         }
         own.update((name, OrderedDict()) for name in HOOK_DICTS)
         shadow.__dict__.update(own)
-        node = _Node(module, shadow, own, names.get(id(module), ""))
+        node = Node(module, shadow, own, names.get(id(module), ""))
         self.nodes.append(node)
         self.node_of[id(module)] = node
         return shadow
@@ -236,13 +125,42 @@ class Shadow:
     def is_current(self) -> bool:
         for node in self.nodes:
             module = node.module()
-            if module is None or _signature(module) != node.signature:
+            if module is None or signature_of(module) != node.signature:
                 return False
         return True
 
     def refresh(self) -> None:
-        for node in self.nodes:
-            node.refresh(self.rebinder)
+        seen: dict[int, Any] = {}  # objects walked by this refresh's checks without reaching the model
+        rebinder = self.rebinder
+        self.pending = [node for node in self.nodes if node.refresh(rebinder, seen)]
+
+    def _fill_held(self) -> None:
+        """Point attributes holding the model's tensors at the call's tensors (NOTE [held tensors])."""
+        keys = self.rebinder.tensor_keys
+
+        def current(tensor: torch.Tensor) -> Any:
+            slots, name, _, _ = self.slots_of[keys[id(tensor)]][0]
+            return slots[name]
+
+        for node in self.pending:
+            original = node.original()
+            assert original is not None
+            state = node.shadow.__dict__
+            for name in node.tensor_holders:
+                state[name] = self.rebinder.held_copy(original[name], node.path, name, current)
+
+    def refuse_held(self) -> None:
+        """Raise if an attribute holds the model's tensors: a traced call cannot point it at the params.
+
+        Raises:
+            RebindError: naming the module and the attribute.
+        """
+        for node in self.pending:
+            raise RebindError(
+                f"module {node.path or '<root>'!r}: its attribute {node.tensor_holders[0]!r} holds a parameter or "
+                "buffer of the model outside its registered slots, which a call under torch.compile cannot point at "
+                "the params you gave. Register the tensor (a tied parameter as a parameter of the module) or call "
+                "without torch.compile")
 
     def load(self, values: dict[Key, torch.Tensor]) -> None:
         """Put ``values`` in the slots; the keys and shapes must be exactly the model's.
@@ -263,6 +181,8 @@ class Shadow:
         if wrong:
             self.unload()
             raise_shape_mismatch(wrong)
+        if self.pending:
+            self._fill_held()
 
     def load_own(self) -> None:
         """Put the model's own tensors in the slots (live: gradients and in-place updates reach it)."""
@@ -273,6 +193,8 @@ class Shadow:
                 theirs = original[kind]
                 for own, name, _, _ in slots:
                     own[name] = theirs[name]
+        if self.pending:
+            self._fill_held()
 
     def override(self, values: dict[Key, torch.Tensor]) -> None:
         """Put ``values`` in the slots of their keys, over what `load_own` put there.
@@ -289,6 +211,8 @@ class Shadow:
                     raise ValueError(
                         f"override {'.'.join(key)!r} has shape {tuple(value.shape)}, the model has {tuple(shape)}")
                 own[name] = value
+        if self.pending:
+            self._fill_held()
 
     def check_params_kept(self, values: dict[Key, torch.Tensor], marks: dict[Key, tuple[int, int]]) -> None:
         """Raise if the forward replaced one of the given parameters (NOTE [pure buffers]), or wrote one.

@@ -161,6 +161,7 @@ def traced_plan(model: nn.Module, paths: tuple[str, ...]
         for node in shadow.nodes:
             node.release()
         shadow.refresh()
+        shadow.refuse_held()
     targets = tuple(shadow.module_for(resolve_path(model, path), path) for path in paths)
     names = {id(node.own[kind]): node.path for node in shadow.nodes for kind in ("_parameters", "_buffers")}
     slots = tuple(

@@ -185,3 +185,22 @@ def test_run_with_overrides_replaces_only_those_tensors():
     with pytest.raises(ValueError, match="params=None"):
         run(model, tdhook_fn.params(model), (), lambda root: root(x), overrides={("0", "weight"): zero})
     assert same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("entry", ["call", "call_with_taps", "functional"])
+def test_params_none_is_refused_and_the_model_is_not_run(entry):
+    from tensordict import TensorDict
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).train()
+    before = snapshot(model)
+    x = torch.randn(5, 3)
+    calls = {
+        "call": lambda: tdhook_fn.call(model, None, x),
+        "call_with_taps": lambda: tdhook_fn.call_with_taps(model, None, [tdhook_fn.capture("[0]")], x),
+        "functional": lambda: tdhook_fn.functional(model)(None, TensorDict(input=x, batch_size=[5])),
+    }
+    with pytest.raises(TypeError, match=rf"{entry}: params is None; pass tdhook_fn.params\(model\)"):
+        calls[entry]().sum().backward()
+    assert same(before, snapshot(model))  # no running statistics updated
+    assert model[0].weight.grad is None

@@ -12,6 +12,8 @@ import logging
 import os
 import pathlib
 import tempfile
+import types
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -548,7 +550,53 @@ LATENT_ROWS: list[Row] = [
 ]
 
 
-ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS]
+# ---------------------------------------------------------------- core: the shadow a call runs on
+
+
+class _ForwardObject:
+    """A forward object holding its module weakly (what nnsight's NNsight installs on every module)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module_ref = weakref.ref(module)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.module_ref().weight)
+
+
+def _with_forward_object() -> nn.Sequential:
+    model = tiny_model()
+    model[0].forward = _ForwardObject(model[0])
+    return model
+
+
+class _ParamInANamespace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.store = types.SimpleNamespace(weight=self.lin.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.store.weight
+
+
+CORE_SHADOW_ROWS: list[Row] = [
+    ("call-params-none", lambda: tdhook_fn.call(tiny_model(), None, torch.ones(3)),
+     TypeError, ("call", "params is None", "tdhook_fn.params(model)")),
+    ("call-with-taps-params-none", lambda: tdhook_fn.call_with_taps(tiny_model(), None, [], torch.ones(3)),
+     TypeError, ("call_with_taps", "params is None", "tdhook_fn.params(model)")),
+    ("functional-params-none", lambda: tiny_f()(None, tiny_inputs()),
+     TypeError, ("functional", "params is None", "tdhook_fn.params(model)")),
+    ("forward-object-reaches-module", lambda: tdhook_fn.call(_with_forward_object(), tiny_params(), torch.ones(3)),
+     ValueError, ("module '0'", "forward", "_ForwardObject", "reaches module '0'", ".module_ref()", "copy")),
+    ("attribute-object-holds-parameter", lambda: tdhook_fn.call(_ParamInANamespace(),
+                                                                tdhook_fn.params(_ParamInANamespace()),
+                                                                torch.ones(3)),
+     ValueError, ("'<root>'", "attribute 'store'", "reaches tensor 'lin.weight'", ".weight", "registered")),
+]
+
+
+ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
+                   *CORE_SHADOW_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -7,6 +7,8 @@ model's own tensors instead of the given params.
 
 import functools
 import types
+import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -305,3 +307,206 @@ def test_an_accelerate_hook_that_keeps_its_module_is_refused() -> None:
     add_hook_to_module(model[2], _KeepsItsModule())
     with pytest.raises(ValueError, match=r"module '2': its _hf_hook \(_KeepsItsModule\) keeps a module of the model"):
         tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.randn(5, 4))
+
+
+# ---------------------------------------------------------------- what still reaches the model after rebinding
+
+
+class _Controller:
+    """A forward object holding its module by weak reference, as nnsight's ``NNsight`` installs on every module."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module_ref = weakref.ref(module)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self.module_ref()).forward(self.module_ref(), x)
+
+
+class _Box:
+    def __init__(self, module: nn.Module) -> None:
+        self.inner = {"module": module}
+
+
+def _scaled_call(net: nn.Module) -> torch.Tensor:
+    return tdhook_fn.call(net, tdhook_fn.params(net).apply(lambda t: 0.5 * t), torch.randn(2, 4))
+
+
+def test_a_forward_object_holding_its_module_weakly_is_refused() -> None:
+    net = _net()
+    net[0].forward = _Controller(net[0])
+    with pytest.raises(ValueError, match=r"module '0': its forward is a _Controller object that reaches module '0' "
+                                         r"of the model \(through \.module_ref\(\)\).*copy"):
+        _scaled_call(net)
+
+
+def test_a_closure_over_an_object_holding_the_module_is_refused() -> None:
+    net = _net()
+    box = _Box(net[0])
+    net[0].forward = lambda x: nn.functional.linear(x, box.inner["module"].weight)
+    with pytest.raises(ValueError, match=r"module '0': its forward .* reaches module '0'.*closure variable 'box'"):
+        _scaled_call(net)
+
+
+def test_a_hook_object_reaching_the_model_through_another_object_is_refused() -> None:
+    class Scale:
+        def __init__(self, box: _Box) -> None:
+            self.box = box
+
+        def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+            return output * self.box.inner["module"].weight.sum()
+
+    net = _net()
+    net[2].register_forward_hook(Scale(_Box(net[0])))
+    with pytest.raises(ValueError, match=r"module '2': its _forward_hooks entry is a Scale object that reaches "
+                                         r"module '0'"):
+        _scaled_call(net)
+
+
+def test_a_plain_attribute_object_holding_a_module_or_parameter_is_refused() -> None:
+    class Helper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.helper = types.SimpleNamespace(weight=self.lin.weight)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.helper.weight
+
+    model = Helper()
+    with pytest.raises(ValueError, match=r"module '<root>': its attribute 'helper' is a SimpleNamespace object that "
+                                         r"reaches tensor 'lin.weight'"):
+        _scaled_call(model)
+
+
+def test_an_object_assigned_after_a_call_is_checked() -> None:
+    class Harmless:
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    net = _net()
+    net[1].forward = Harmless()
+    _scaled_call(net)
+    del net[1].forward  # (the new object may get the old one's id)
+    net[1].forward = _Controller(net[0])
+    with pytest.raises(ValueError, match=r"module '1': its forward is a _Controller object"):
+        _scaled_call(net)
+
+
+def test_state_dict_hooks_and_hook_handles_are_not_refused() -> None:
+    class WithHandles(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+            self.handle = self.register_forward_pre_hook(self.pre)  # a handle: weakly refers to the hook dict
+            self._register_load_state_dict_pre_hook(self.on_load, with_module=True)  # never run by a forward
+
+        def pre(self, module: nn.Module, args: Any) -> None:
+            return None
+
+        def on_load(self, *args: Any) -> None:
+            return None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    model = WithHandles()
+    p = tdhook_fn.params(model).apply(lambda t: 0.5 * t)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(tdhook_fn.call(model, p, x), nn.functional.linear(x, p["lin", "weight"],
+                                                                                  p["lin", "bias"]))
+
+
+def test_nnsight_wrapped_model_is_refused() -> None:
+    import nnsight
+
+    net = _net()
+    wrapped = nnsight.NNsight(net)
+    x = torch.randn(2, 4)
+    with wrapped.trace(x):
+        wrapped.output.save()
+    with pytest.raises(ValueError, match=r"its forward is a Controller object that reaches module .* copy"):
+        tdhook_fn.call(net, tdhook_fn.params(net).apply(lambda t: 0.5 * t), x)
+
+
+# ---------------------------------------------------------------- the model's tensors held outside their slots
+
+
+class _HandTied(nn.Module):
+    """A hand-rolled tie: the weight read back through a plain dict, a list, a nested tuple and a bare alias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("shift", torch.randn(4))
+        self.tied = {"w": self.lin.weight}
+        self.order = [self.lin.bias, (self.lin.weight,)]
+        self.alias = self.shift  # a plain tensor attribute: the buffer itself
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x) @ self.tied["w"] + self.order[0]
+        return h @ self.order[1][0].T + self.alias
+
+
+def _hand_tied_expected(w: torch.Tensor, b: torch.Tensor, shift: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return (nn.functional.linear(x, w, b) @ w + b) @ w.T + shift
+
+
+def test_parameters_held_in_plain_containers_are_the_given_ones() -> None:
+    model = _HandTied()
+    p = tdhook_fn.params(model).apply(lambda t: 2 * t)
+    x = torch.randn(3, 4)
+    expected = _hand_tied_expected(p["lin", "weight"], p["lin", "bias"], p["shift"], x)
+    torch.testing.assert_close(tdhook_fn.call(model, p, x), expected)
+    assert model.tied["w"] is model.lin.weight and model.alias is model.shift  # the model's own untouched
+
+
+def test_gradient_through_a_hand_tied_parameter_equals_autograd() -> None:
+    model = _HandTied()
+    p = tdhook_fn.params(model).apply(lambda t: 2 * t)
+    x = torch.randn(3, 4)
+    g = torch.func.grad(lambda q: tdhook_fn.call(model, q, x).square().sum())(p)
+    w, b = p["lin", "weight"].clone().requires_grad_(), p["lin", "bias"].clone().requires_grad_()
+    _hand_tied_expected(w, b, p["shift"], x).square().sum().backward()
+    torch.testing.assert_close(g["lin", "weight"], w.grad)
+    torch.testing.assert_close(g["lin", "bias"], b.grad)
+
+
+def test_a_hand_tied_parameter_is_refused_under_torch_compile() -> None:
+    model = _HandTied()
+    compiled = torch.compile(lambda p, x: tdhook_fn.call(model, p, x), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"module '<root>': its attribute 'tied' holds a parameter or buffer of the "
+                                        r"model.*torch.compile"):
+        compiled(tdhook_fn.params(model), torch.randn(2, 4))
+
+
+def test_a_weak_back_reference_to_the_parent_is_rebound() -> None:
+    class Child(nn.Module):
+        def __init__(self, parent: nn.Module) -> None:
+            super().__init__()
+            self.parent_ref = weakref.ref(parent)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.parent_ref().scale
+
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(3.0))
+            self.child = Child(self)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.child(x)
+
+    model = Parent()
+    assert torch.equal(tdhook_fn.call(model, _zeros(model), torch.ones(2)), torch.zeros(2))
+    assert model.child.parent_ref() is model
+
+
+def test_an_lstm_keeping_weak_references_to_its_weights_computes_with_the_given_params() -> None:
+    torch.manual_seed(0)
+    model = nn.LSTM(3, 4, batch_first=True).eval()  # keeps _flat_weights and weak references to them
+    p = tdhook_fn.params(model).apply(lambda t: 0.5 * t)
+    x = torch.randn(2, 5, 3)
+    expected = torch.func.functional_call(model, dict(p.flatten_keys(".").items()), (x,))[0]
+    torch.testing.assert_close(tdhook_fn.call(model, p, x)[0], expected)

@@ -1,0 +1,220 @@
+"""One module of a shadow (NOTE [shadow modules] in ``_shadow``): its private state, refreshed for each call.
+
+# NOTE [registered while running]
+What a forward registers on its shadow (``register_buffer`` in a lazy cache, a parameter,
+a submodule, a hook) or assigns to it lives for that call only: on release the shadow's
+own slots get back the names and children they had when it was built, its hook
+dictionaries are emptied, and its ``__dict__`` (where plain assignments land) is dropped.
+``_non_persistent_buffers_set``, which ``register_buffer`` writes, is a private copy of
+the original's for each call, so the model is never written.
+
+# NOTE [checked attributes]
+Each module's attributes (and hooks) are checked, after rebinding, for what still
+reaches the model (NOTE [reaching the model]) and for the containers to copy, when the
+shadow is first used and again only when they change: a name added or removed, a value
+that is not a scalar replaced (by id, and by a weak reference where it has one, so a
+new object that got a dead one's id is seen), or a scalar replaced by an object. A
+hook dict is checked again when its handles or hooks change. So an ordinary call pays a
+length and a few ids per module. Not seen: an object *mutated* in place after it was
+checked (an attribute of it assigned anew to point at a module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._params import Key
+from ._reach import SCALARS
+from ._rebind import Rebinder
+
+__all__ = ["GLOBAL_HOOK_DICTS", "HOOK_DICTS", "Node", "Slot", "shape_of", "signature_of"]
+
+# Hook dictionaries a forward consults; the shadow gets its own copies.
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+GLOBAL_HOOK_DICTS = tuple(f"_global{name}" for name in HOOK_DICTS  # torch's hooks for every module
+                          if name != "_forward_pre_hooks_with_kwargs")  # (which has no global one)
+_OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
+# what the checks of NOTE [checked attributes] skip: the own slots, and what no forward runs
+_UNSCANNED = _OWN_SLOTS | {"_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
+                           "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"}
+_ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
+
+# (the shadow's slot dict, the name in it, the params key, the expected shape or None)
+Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
+
+
+def signature_of(module: nn.Module) -> tuple[Any, ...]:
+    """What a shadow's structure depends on: the class (a shadow is made of it: ``__class__``
+    assigned anew needs a new shadow), names and identities of children and tensors."""
+    state = module.__dict__
+    mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
+    return (type(module), *mods, *map(id, mods.values()), None, *params, *map(id, params.values()), None, *bufs,
+            *map(id, bufs.values()))
+
+
+def _offloads(hook: Any) -> bool:
+    """Whether an accelerate hook (or one of a ``SequentialHook``'s) offloads its module's weights."""
+    return getattr(hook, "offload", False) is True or any(_offloads(h) for h in getattr(hook, "hooks", ()) or ())
+
+
+def shape_of(tensor: torch.Tensor) -> torch.Size | None:
+    return None if isinstance(tensor, nn.parameter.UninitializedTensorMixin) else tensor.shape  # type: ignore[attr-defined]
+
+
+class Node:
+    """One original module (held weakly), its shadow and the shadow's own state."""
+
+    __slots__ = ("buffers", "children", "holders", "hooks", "hooks_checked", "module", "names", "own", "params",
+                 "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots", "tensor_holders",
+                 "watch", "watched")
+
+    def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
+        self.module = weakref.ref(module)
+        self.shadow = shadow
+        self.own = own
+        self.path = path
+        self.signature = signature_of(module)
+        self.params: list[Slot] = []
+        self.buffers: list[Slot] = []
+        self.hooks = tuple(own[name] for name in HOOK_DICTS)
+        self.children = dict(own["_modules"])
+        self.slots = (own["_parameters"], own["_buffers"], own["_modules"])
+        self.names = (tuple(own["_parameters"]), tuple(own["_buffers"]))
+        self.size_slots = len(own["_parameters"]) + len(own["_buffers"])
+        # what the attributes were when last checked (NOTE [checked attributes])
+        self.size = -1  # how many
+        self.watch: tuple[str, ...] = ()  # the names of those that are not scalars,
+        self.watched: tuple[int, ...] = ()  # their ids,
+        self.refs: tuple[weakref.ref[Any], ...] = ()  # weak references to those that have them,
+        self.scalars: tuple[str, ...] = ()  # and the names of the scalars (bool, int, float, str, None)
+        self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+        self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
+        self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
+
+    def original(self) -> dict[str, Any] | None:
+        module = self.module()
+        return None if module is None else module.__dict__
+
+    def is_current(self) -> bool:
+        module = self.module()
+        return module is not None and signature_of(module) == self.signature
+
+    def refresh(self, rebinder: Rebinder, seen: dict[int, Any]) -> bool:
+        """Fill the shadow from the original; whether it holds tensors of the model to fill after the load."""
+        original = self.original()
+        assert original is not None  # the caller holds the model
+        state = self.shadow.__dict__
+        state.clear()
+        state.update(original)
+        own = self.own
+        for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
+            theirs = original.get(name)
+            if theirs:
+                self._copy_hooks(rebinder, name, theirs, own[name], seen)
+        state.update(own)
+        if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
+            state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])
+        if not rebinder.suspects.isdisjoint(map(type, original.values())):
+            rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
+        if original.get("gradient_checkpointing") is True and original.get("training") is True:
+            raise RuntimeError(
+                f"module {self.path or '<root>'!r} uses activation checkpointing (gradient_checkpointing=True in "
+                "training mode): its backward runs the forward again, after this call has released its private copy "
+                "of the model, so it would compute with no params, or another call's. Call "
+                "model.gradient_checkpointing_disable() or model.eval()")
+        if "_hf_hook" in original and _offloads(original["_hf_hook"]):
+            raise RuntimeError(
+                f"module {self.path or '<root>'!r} has an accelerate offloading hook, which loads the weights "
+                "from its own store while the module runs, so the call would not compute with the params you "
+                "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
+                "offloading")
+        if (len(original) != self.size or (self.watch and tuple(map(id, map(original.get, self.watch))) != self.watched)
+                or not SCALARS.issuperset(map(type, map(original.get, self.scalars, _ABSENT)))
+                or (self.refs and not all(ref() is not None for ref in self.refs))):
+            self._check(rebinder, original, state, seen)
+        if self.holders:  # plain containers of modules or tensors (NOTE [what is scanned])
+            for name in self.holders:
+                state[name] = rebinder.held_copy(original[name], self.path, name)
+            return bool(self.tensor_holders)
+        return False
+
+    def _check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any],
+               seen: dict[int, Any]) -> None:
+        """Refuse what reaches the model after rebinding; find the containers to copy (NOTE [checked attributes])."""
+        self.size = -1  # (checked again at the next call if this raises)
+        if "_hf_hook" in original:  # accelerate's hook object: it must not keep the model's modules
+            rebinder.check_hook_object(original["_hf_hook"], self.path, "_hf_hook")
+        holders: list[str] = []
+        tensor_holders: list[str] = []
+        refs: list[weakref.ref[Any]] = []
+        watch = [name for name, value in original.items() if name not in _UNSCANNED and type(value) not in SCALARS]
+        for name in sorted(watch, key=lambda n: n != "forward"):  # the forward first: the telling message
+            value = original[name]
+            if name == "_hf_hook" or (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase)):
+                # accelerate's hook: checked above (the tensors it keeps are used only when offloading); an RNN's
+                # flat weights: its forward rebuilds them from the registered parameters when they differ
+                continue
+            if type(value) in (list, tuple, dict) or isinstance(value, torch.Tensor):
+                modules, tensors = rebinder.holds(value, self.path, name, seen)
+                holders += [name] if modules or tensors else []
+                tensor_holders += [name] if tensors else []
+            else:
+                rebinder.check_reach(state[name], self.path, "forward" if name == "forward" else f"attribute {name!r}",
+                                     seen)
+            with contextlib.suppress(TypeError):  # (what has no weak reference is compared by id only)
+                refs.append(weakref.ref(value))
+        self.holders, self.tensor_holders = tuple(holders), tuple(tensor_holders)
+        self.watch, self.refs = tuple(watch), tuple(refs)
+        self.watched = tuple(map(id, map(original.get, self.watch)))
+        self.scalars = tuple(name for name, value in original.items() if type(value) in SCALARS)
+        self.size = len(original)
+
+    def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any],
+                    seen: dict[int, Any]) -> None:
+        ours.update(theirs)
+        if rebinder.may_refer(theirs.values()):
+            rebinder.rebind_all(ours, theirs, self.path, f"{name} entry ")
+        handles = tuple(theirs), tuple(map(id, theirs.values()))  # (handle ids are never reused)
+        if self.hooks_checked.get(name) != handles:
+            for hook in ours.values():
+                rebinder.check_reach(hook, self.path, f"{name} entry", seen)
+            self.hooks_checked[name] = handles
+
+    def release(self) -> None:
+        """Drop everything copied from the original, and what the forward registered on the shadow
+        (NOTE [registered while running]); keep the shadow's own (emptied) slots."""
+        state = self.shadow.__dict__
+        state.clear()
+        if any(self.hooks):
+            for hooks in self.hooks:
+                hooks.clear()
+        params, buffers, modules = self.slots
+        if len(params) + len(buffers) != self.size_slots or modules != self.children:
+            self._restore_slots()
+        state.update(self.own)
+
+    def _restore_slots(self) -> None:
+        """The shadow's own slots with the names they had when it was built (a slot the forward deleted is back
+        already: unload set it to None); its children as they were."""
+        for slots, names in zip(self.slots, self.names, strict=False):
+            kept = {name: slots.get(name) for name in names}
+            slots.clear()
+            slots.update(kept)
+        self.slots[2].clear()
+        self.slots[2].update(self.children)
+
+
