@@ -101,6 +101,7 @@ def patch(
         >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
         >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
         >>> clean, corrupt = (TensorDict(input=torch.randn(5, 3), batch_size=[5]) for _ in range(2))
+        >>> from tdhook_fn.latent import cache
         >>> out = patch(f, p, corrupt, "[1]", cache(f, p, clean, "[1]"))
         >>> torch.allclose(out["output"], f(p, clean)["output"])
         True
