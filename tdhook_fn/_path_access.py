@@ -1,12 +1,13 @@
 """Which attribute and item steps a submodule path may take: NOTE [path access].
 
 # NOTE [path access]
-An attribute step reads attributes of ``nn.Module`` objects only: torch's lookup reads
-the module's own dictionaries, a property of the user's class is user code, and the
-properties of library module classes only read (``device``, ``dtype``). Attributes of
-anything else are refused (``"checkpoint.parent"``, ``"weight.data"``): an arbitrary
-object's ``__getattr__`` or property may run any code, and tdhook's documented paths only
-walk modules. An item step indexes an ``nn.Module`` (torch's containers, or the user's own
+An attribute step on an ``nn.Module`` is ``getattr``: torch's lookup reads the module's
+own dictionaries, a property of the user's class is user code, and the properties of
+library module classes only read (``device``, ``dtype``). On any other object it reads
+the instance's own ``__dict__`` and nothing else (tdhook's paths walk plain objects too):
+no property, descriptor or ``__getattr__`` runs, since an arbitrary object's may run any
+code. So ``"checkpoint.parent"`` (a ``Path``: slots, no ``__dict__``) and ``"weight.data"``
+(a property of tensors) are refused. An item step indexes an ``nn.Module`` (torch's containers, or the user's own
 ``__getitem__``) or a plain ``list``, ``tuple``, ``dict`` or ``OrderedDict`` (exactly these
 types, whose indexing runs no Python code; a ``defaultdict`` would insert a missing key);
 anything else, tensors included, is refused.
@@ -53,12 +54,16 @@ def read_attribute(obj: Any, name: str) -> Any:
     """``getattr(obj, name)`` where NOTE [path access] allows it.
 
     Raises:
-        AccessRefused: ``obj`` is not an ``nn.Module``, or has no attribute ``name``.
+        AccessRefused: ``obj`` has no attribute ``name``, or it is not an ``nn.Module`` and
+            ``name`` is not in its own ``__dict__``.
     """
     if not isinstance(obj, nn.Module):
+        own = getattr(obj, "__dict__", None)
+        if type(own) is dict and name in own:
+            return own[name]
         raise AccessRefused(
-            f"{name!r} is an attribute of a {type_name(obj)}, and paths read attributes "
-            "of nn.Module objects only (another object's attributes may run its code)"
+            f"{name!r} is not in the own attributes (__dict__) of a {type_name(obj)}, and paths read only "
+            "those of objects that are not nn.Module (a property or __getattr__ may run any code)"
         )
     try:
         return getattr(obj, name)

@@ -426,7 +426,7 @@ PATHS_ROWS: list[Row] = [
     ("paths-call-on-a-non-module", lambda: _resolve_in_holding("checkpoint.unlink()"),
      tdhook_fn.PathError, ("'checkpoint.unlink()'", "'unlink'", "pathlib", "not an nn.Module", "your own methods")),
     ("paths-attribute-of-a-non-module", lambda: _resolve_in_holding("checkpoint.parent"),
-     tdhook_fn.PathError, ("'checkpoint.parent'", "'parent'", "pathlib", "attributes of nn.Module objects only")),
+     tdhook_fn.PathError, ("'checkpoint.parent'", "'parent'", "pathlib", "own attributes (__dict__)", "property or __getattr__")),
     ("paths-index-a-tensor", lambda: _resolve_in_holding("lin.weight[0]"),
      tdhook_fn.PathError, ("'lin.weight[0]'", "indexing", "Parameter", "lists, tuples and dicts")),
     ("paths-later-call-no-class-defines", lambda: _resolve_in_holding("me().log.setLevel(50)"),

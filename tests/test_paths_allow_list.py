@@ -120,7 +120,7 @@ NOT_A_MODULE = [
     ("checkpoint.unlink()", "pathlib"),
     ("checkpoint.touch()", "pathlib"),
     ("log.setLevel(50)", "logging.Logger"),
-    ("log.disabled", "logging.Logger"),
+    ("log.root", "logging.Logger"),  # a class attribute, not the instance's own
     ("rng.seed()", "Generator"),
     ("rng.manual_seed(3)", "Generator"),
     ("pyrng.seed(3)", "random.Random"),
@@ -137,11 +137,27 @@ NOT_A_MODULE = [
 @pytest.mark.parametrize(("path", "fragment"), NOT_A_MODULE)
 def test_nothing_but_modules_is_called_read_or_indexed(holder, path, fragment):
     before = _untouched(holder)
-    with pytest.raises(PathError, match="not an nn.Module|nn.Module objects") as e:
+    with pytest.raises(PathError, match="not an nn.Module|nn.Module objects|not nn.Module") as e:
         resolve_path(holder, path)
     assert repr(path) in str(e.value) and fragment in str(e.value)
     _assert_same(before, _untouched(holder))
     assert holder.checkpoint.read_text() == "weights"
+
+
+def test_an_objects_own_attributes_are_read_as_tdhook_does_and_nothing_that_runs_code(holder):
+    class Plain:
+        def __init__(self):
+            self.child = {"first": [1, 2]}
+
+        @property
+        def computed(self):  # a property runs code: never read
+            raise AssertionError("ran")
+
+    holder.plain = Plain()
+    assert resolve_path(holder, "log.disabled") is holder.log.disabled
+    assert resolve_path(holder, "plain.child['first'][1]") == 2
+    with pytest.raises(PathError, match="own attributes"):
+        resolve_path(holder, "plain.computed")
 
 
 @pytest.mark.parametrize(
