@@ -296,8 +296,8 @@ def resolve_path(root: nn.Module, path: str) -> Any:
     The whole path is parsed and its calls checked before the first call runs (paths are
     never evaluated): a path may call only methods your own ``nn.Module`` classes
     define (``"fn(0)"``) and ``get_submodule``, ``get_parameter``, ``get_buffer``, on a
-    module; it reads attributes of modules only, and indexes modules, lists, tuples and
-    dicts only.
+    module; it reads attributes of modules (of other objects, their own ``__dict__``
+    entries only), and indexes modules, lists, tuples and dicts only.
 
     Args:
         root (nn.Module): where the path starts.
