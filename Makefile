@@ -32,7 +32,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict tdhook_fn
 
 unit: $(STAMP)
-	@echo "== pytest (about 3,700 tests: 5 to 6 minutes on 2 cores; subprocess tests run examples and torchrun)"
+	@echo "== pytest (about 4,000 tests: 190 s measured on a quiet 2-core machine; the examples and torchrun jobs run last)"
 	$(VENV)/bin/pytest
 
 test: lint typecheck unit
