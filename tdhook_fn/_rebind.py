@@ -45,6 +45,8 @@ from torch import nn
 from ._params import Key
 from ._reach import SCALARS, reach
 
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+
 __all__ = ["RebindError", "Rebinder", "filled"]
 
 _CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType,
@@ -224,13 +226,15 @@ class Rebinder:
             "registered modules")
 
     def _target(self, obj: Any) -> str | None:
+        if type(obj) in _PROXIES and isinstance(obj, nn.Module):  # a weakref.proxy: its referent is what it reaches
+            obj = obj.get_submodule("")  # (torch's lookup: "" is the module itself)
         if isinstance(obj, nn.Module):
             return f"module {self.paths.get(id(obj)) or '<root>'!r}" if id(obj) in self.shadows else None
         key = self.tensor_keys.get(id(obj))
         return None if key is None else f"tensor {'.'.join(key)!r}"
 
     def check_hook_object(self, value: Any, path: str, attr: str, depth: int = 2) -> None:
-        """Refuse a hook object (accelerate's ``_hf_hook``) that keeps a module of the model in its attributes.
+        """Refuse a hook object (accelerate's ``_hf_hook``) keeping a module or tensor of the model in an attribute.
 
         accelerate calls ``module._hf_hook.pre_forward(module, ...)`` with the module it runs
         (the shadow); a hook that stored its module in ``init_hook`` would read the
@@ -243,9 +247,10 @@ class Rebinder:
             inner = item if type(item) in _CONTAINER_TYPES else (item,)
             if any(self._refers(v) for v in inner):
                 raise RebindError(
-                    f"module {path or '<root>'!r}: its {attr} ({type(value).__name__}) keeps a module of the model in "
-                    f"its attribute {name!r}; tdhook_fn runs calls on a private copy of the model, so the hook would "
-                    "read the model's own tensors. Use the module argument that pre_forward/post_forward receive")
+                    f"module {path or '<root>'!r}: its {attr} ({type(value).__name__}) keeps a module or tensor of the "
+                    f"model in its attribute {name!r}; tdhook_fn runs calls on a private copy of the model, so the "
+                    "hook would read the model's own tensors. Use the module argument that pre_forward/post_forward "
+                    "receive")
             if depth > 1:
                 for v in inner:
                     if not isinstance(v, nn.Module) and hasattr(v, "__dict__") and not callable(v):
@@ -257,6 +262,8 @@ class Rebinder:
             return id(value.__self__) in self.shadows
         if kind is functools.partial:
             return any(self._refers(v) for v in (value.func, *value.args, *value.keywords.values()))
+        if isinstance(value, torch.Tensor):  # a parameter or buffer kept by the hook: the model's own, not the call's
+            return id(value) in self.tensor_keys
         return id(value) in self.shadows and isinstance(value, nn.Module)
 
 

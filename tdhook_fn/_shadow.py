@@ -102,7 +102,7 @@ class Shadow:
         for slot in (*self.param_slots, *self.buffer_slots):
             self.slots_of.setdefault(slot[2], []).append(slot)
         self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()}, names, canonical)
-        self.pending: list[Node] = []  # nodes holding the model's tensors in attributes, this call
+        self.pending: list[Node] = []  # nodes with plain container attributes, this call (NOTE [private containers])
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -146,8 +146,9 @@ class Shadow:
             original = node.original()
             assert original is not None
             state = node.shadow.__dict__
-            for name in node.tensor_holders:
-                state[name] = self.rebinder.held_copy(original[name], node.path, name, current)
+            for name in dict.fromkeys((*node.containers, *node.tensor_holders)):  # (bare tensor attributes too)
+                if type(original[name]) is not set:
+                    state[name] = self.rebinder.held_copy(original[name], node.path, name, current)
 
     def refuse_held(self) -> None:
         """Raise if an attribute holds the model's tensors: a traced call cannot point it at the params.
@@ -156,8 +157,14 @@ class Shadow:
             RebindError: naming the module and the attribute.
         """
         for node in self.pending:
+            original = node.original()
+            assert original is not None
+            held = [name for name in dict.fromkeys((*node.containers, *node.tensor_holders))
+                    if self.rebinder.holds(original[name], node.path, name, {})[1]]
+            if not held:
+                continue
             raise RebindError(
-                f"module {node.path or '<root>'!r}: its attribute {node.tensor_holders[0]!r} holds a parameter or "
+                f"module {node.path or '<root>'!r}: its attribute {held[0]!r} holds a parameter or "
                 "buffer of the model outside its registered slots, which a call under torch.compile cannot point at "
                 "the params you gave. Register the tensor (a tied parameter as a parameter of the module) or call "
                 "without torch.compile")

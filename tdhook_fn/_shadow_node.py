@@ -51,6 +51,15 @@ _OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
 # what the checks of NOTE [checked attributes] skip: the own slots, and what no forward runs
 _UNSCANNED = _OWN_SLOTS | {"_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
                            "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"}
+_CONTAINERS = frozenset({list, tuple, dict, set})
+# NOTE [private containers]
+# A forward may fill a plain dict or list it keeps as an attribute (a lazily filled cache:
+# ``self._cache[n] = self.inv_freq[:n]``). Shared with the model, the call would write the
+# model, and a later call would read the first call's tensors. So every plain list, tuple,
+# dict and set attribute is copied for each call (one level; nested plain containers too),
+# from what it holds *now*: a container replaced by a new one at the same id, or filled in
+# place, is seen, and the modules and tensors of the model in it point at the shadows and
+# the call's tensors (NOTE [held tensors]).
 _ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
 
 # (the shadow's slot dict, the name in it, the params key, the expected shape or None)
@@ -78,9 +87,9 @@ def shape_of(tensor: torch.Tensor) -> torch.Size | None:
 class Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "children", "holders", "hooks", "hooks_checked", "module", "names", "own", "params",
-                 "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots", "tensor_holders",
-                 "watch", "watched")
+    __slots__ = ("buffers", "children", "containers", "holders", "hooks", "hooks_checked", "module", "names", "own",
+                 "params", "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots",
+                 "tensor_holders", "watch", "watched")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -104,6 +113,7 @@ class Node:
         self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
         self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
+        self.containers: tuple[str, ...] = ()  # every plain list, tuple, dict and set attribute
 
     def original(self) -> dict[str, Any] | None:
         module = self.module()
@@ -146,11 +156,10 @@ class Node:
                 or not SCALARS.issuperset(map(type, map(original.get, self.scalars, _ABSENT)))
                 or (self.refs and not all(ref() is not None for ref in self.refs))):
             self._check(rebinder, original, state, seen)
-        if self.holders:  # plain containers of modules or tensors (NOTE [what is scanned])
-            for name in self.holders:
-                state[name] = rebinder.held_copy(original[name], self.path, name)
-            return bool(self.tensor_holders)
-        return False
+        for name in self.containers:  # private copies, from what they hold now (NOTE [private containers])
+            value = original[name]
+            state[name] = set(value) if type(value) is set else rebinder.held_copy(value, self.path, name)
+        return bool(self.containers or self.tensor_holders)
 
     def _check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any],
                seen: dict[int, Any]) -> None:
@@ -178,6 +187,8 @@ class Node:
             with contextlib.suppress(TypeError):  # (what has no weak reference is compared by id only)
                 refs.append(weakref.ref(value))
         self.holders, self.tensor_holders = tuple(holders), tuple(tensor_holders)
+        self.containers = tuple(name for name in watch if type(original[name]) in _CONTAINERS and name != "_hf_hook"
+                                and not (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase)))
         self.watch, self.refs = tuple(watch), tuple(refs)
         self.watched = tuple(map(id, map(original.get, self.watch)))
         self.scalars = tuple(name for name, value in original.items() if type(value) in SCALARS)

@@ -305,7 +305,7 @@ class _KeepsItsModule(ModelHook):  # type: ignore[misc]
 def test_an_accelerate_hook_that_keeps_its_module_is_refused() -> None:
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     add_hook_to_module(model[2], _KeepsItsModule())
-    with pytest.raises(ValueError, match=r"module '2': its _hf_hook \(_KeepsItsModule\) keeps a module of the model"):
+    with pytest.raises(ValueError, match=r"module '2': its _hf_hook \(_KeepsItsModule\) keeps a module or tensor of"):
         tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.randn(5, 4))
 
 
@@ -510,3 +510,53 @@ def test_an_lstm_keeping_weak_references_to_its_weights_computes_with_the_given_
     x = torch.randn(2, 5, 3)
     expected = torch.func.functional_call(model, dict(p.flatten_keys(".").items()), (x,))[0]
     torch.testing.assert_close(tdhook_fn.call(model, p, x)[0], expected)
+
+
+class _ProxiedChild(nn.Module):
+    def __init__(self, parent: nn.Module) -> None:
+        super().__init__()
+        self.__dict__["parent"] = weakref.proxy(parent)  # unregistered (setattr would register the proxy as a child)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.parent.scale
+
+
+class _ProxiedParent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(2.0))
+        self.child = _ProxiedChild(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.child(x)
+
+
+def test_a_weakref_proxy_back_to_the_model_is_refused() -> None:
+    model = _ProxiedParent()
+    with pytest.raises(ValueError, match=r"module 'child': its attribute 'parent' .*reaches module '<root>'"):
+        tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.ones(2))
+
+
+
+class _KeepsScale(ModelHook):
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        self.scale = module.scale
+        return module
+
+    def post_forward(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
+        return output * self.scale
+
+
+def test_an_accelerate_hook_keeping_a_tensor_of_the_model_is_refused() -> None:
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale
+
+    model = Scaled()
+    add_hook_to_module(model, _KeepsScale())
+    with pytest.raises(ValueError, match=r"_hf_hook \(_KeepsScale\) keeps a module or tensor of the model .*'scale'"):
+        tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.ones(2))

@@ -69,3 +69,48 @@ def test_a_hook_registered_by_the_forward_lives_for_that_call_only() -> None:
     for _ in range(3):
         torch.testing.assert_close(tdhook_fn.call(model, p, x), expected)
     assert not model.lin._forward_hooks
+
+
+class _FillsACache(nn.Module):
+    """A lazily filled cache in a plain dict attribute (rotary embeddings keep such tables)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", torch.arange(1.0, 5.0))
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-1]
+        if n not in self._cache:
+            self._cache[n] = self.inv_freq[:n] * 2
+        return x * self._cache[n]
+
+
+def test_a_cache_a_forward_fills_is_private_to_the_call() -> None:
+    model, x = _FillsACache(), torch.ones(4)
+    half = tdhook_fn.params(model).apply(lambda t: 0.5 * t)
+    torch.testing.assert_close(tdhook_fn.call(model, half, x), torch.arange(1.0, 5.0))
+    assert model._cache == {}  # the model is never written
+    torch.testing.assert_close(tdhook_fn.call(model, tdhook_fn.params(model), x), 2 * torch.arange(1.0, 5.0))
+    torch.testing.assert_close(model(x), 2 * torch.arange(1.0, 5.0))
+
+
+class _MaybeTied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2, bias=False)
+        self.tied: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.tied.get("w", self.lin.weight).T
+
+
+def test_a_container_filled_or_replaced_after_a_call_is_read_as_it_is_now() -> None:
+    model, x = _MaybeTied(), torch.ones(1, 2)
+    half = tdhook_fn.params(model).apply(lambda t: 0.5 * t)
+    tdhook_fn.call(model, half, x)
+    model.tied["w"] = model.lin.weight  # filled in place: same object, so no attribute identity changed
+    torch.testing.assert_close(tdhook_fn.call(model, half, x), x @ (0.5 * model.lin.weight.detach()).T)
+    del model.tied
+    model.tied = {"w": model.lin.weight}  # a new dict, which may get the freed one's id
+    torch.testing.assert_close(tdhook_fn.call(model, half, x), x @ (0.5 * model.lin.weight.detach()).T)

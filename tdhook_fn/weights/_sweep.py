@@ -60,7 +60,10 @@ def sweep_alphas(
     evaluation creates decides, recorded at the first sweep of ``fn`` with parameters of
     these shapes. ``fn`` that cannot be vmapped
     (``.item()``, data-dependent control flow) falls back to the loop. Both ways give the
-    same numbers up to the rounding of batched matmuls.
+    same numbers up to the rounding of batched matmuls, except where ``fn`` draws random
+    numbers outside torch (``numpy.random``, ``random``): a vmapped chunk runs ``fn`` once,
+    so its alphas share one draw. Pass ``chunk_size=1`` for such a ``fn``, or draw with
+    torch (vmap then refuses ``fn``'s randomness and the loop runs).
 
     Args:
         fn (Callable[[TensorDict], Tensor]): a score of one parameter set, e.g. accuracy

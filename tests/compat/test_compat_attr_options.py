@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from test_compat_attr_api import BATCHES, CASES, OURS, REF, assert_same, compare, oracle, run
+from torch import nn
 
 MLP, TWO, BLOCKS, CNN = CASES["mlp"], CASES["two_input"], CASES["blocks"], CASES["cnn"]
 METHODS = {
@@ -280,3 +281,26 @@ def test_unsupported_cache_callback_with_input_modules() -> None:
 def test_oracle_helper_sees_same_model() -> None:
     ref, ours = oracle(lambda lib: lib.Saliency(), MLP, MLP.data())
     assert_same(ref, ours)
+
+
+def test_compat_output_grad_callbacks_on_a_module_never_run_do_nothing_as_in_tdhook() -> None:
+    import tdhook.attribution
+
+    from tdhook_fn.compat.attribution import Saliency
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.unused, self.b = nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    model, td = Net(), TensorDict(input=torch.randn(2, 3), batch_size=[2])
+    callbacks = {"unused": lambda **kw: None, "a": lambda **kw: None}
+    outs = []
+    for lib_saliency in (tdhook.attribution.Saliency, Saliency):
+        with lib_saliency(output_grad_callbacks=callbacks).prepare(model, in_keys=["input"]) as hooked:
+            outs.append(hooked(td.clone())["attr", "input"])
+    torch.testing.assert_close(outs[1], outs[0])

@@ -9,7 +9,6 @@ from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import label
 from tdhook_fn.attribution import convergence_delta, integrated_gradients
-from tdhook_fn.attribution._saliency import grad_taps
 
 from .gradient_helpers import GradientAttributionWithBaseline
 from .gradient_helpers._calls import AttributionCall, UserFn
@@ -132,7 +131,7 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         # tdhook's formula: every map counts, module ones too, and the change is not weighted by init_attr_grads
         return attrs, convergence_delta(call.f, call.params, call.inputs, baselines, attrs, target=call.target,
                                         input_keys=call.input_keys, target_layers=call.target_layers,
-                                        taps=grad_taps(call.grad_fns, call.taps))
+                                        taps=call.all_taps())
 
     @staticmethod
     def init_attr_targets_with_labels(

@@ -187,6 +187,7 @@ class LRP(GradientAttribution):
         chosen = open_contexts[-1]
         options = call.options()
         options.pop("grad_fns")
+        options["taps"] = call.taps  # (LRP's own backward: tdhook's output_grad_callbacks do not apply)
         return lrp(
             call.f, call.params, call.inputs, rules=self._mapper(chosen), layers=call.layers,
             use_inputs=call.use_inputs, input_keys=call.input_keys, warn_on_missing_rule=False, **options,

@@ -94,10 +94,15 @@ class AttributionCall:
         return {
             "target": self.target,
             "target_layers": self.target_layers,
-            "grad_fns": self.grad_fns,
-            "taps": self.taps,
+            "grad_fns": None,
+            "taps": self.all_taps(),
             "cotangents": self.cotangents,
         }
+
+    def all_taps(self) -> tuple[Tap, ...]:
+        """The gradient maps, then the other taps. A map at a module the forward never runs does
+        nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
+        return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps)
 
 
 def user_model(module: TensorDictModuleBase) -> nn.Module:
