@@ -47,7 +47,7 @@ from ._reach import SCALARS, reach
 
 _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
-__all__ = ["RebindError", "Rebinder", "filled"]
+__all__ = ["RebindError", "Rebinder", "filled", "storage_start"]
 
 _CALLABLE_TYPES: frozenset[type] = frozenset({types.MethodType, functools.partial, types.FunctionType,
                                               weakref.ReferenceType})
@@ -74,13 +74,15 @@ class Rebinder:
         module_types (set[type]): the classes of the model's modules (a cheap first test).
         paths (Mapping[int, str]): ``id(original module) -> its path``, for messages.
         tensor_keys (Mapping[int, Key]): ``id(the model's parameter or buffer) -> its key``.
+        storages (Mapping[int, Key]): ``storage_start(the model's parameter) -> its key``.
     """
 
     def __init__(self, shadows: Mapping[int, nn.Module], module_types: set[type], paths: Mapping[int, str],
-                 tensor_keys: Mapping[int, Key]):
+                 tensor_keys: Mapping[int, Key], storages: Mapping[int, Key] | None = None):
         self.shadows = shadows
         self.paths = paths
         self.tensor_keys = tensor_keys
+        self.storages = storages or {}
         self.suspects = frozenset(module_types) | _CALLABLE_TYPES
         self.inner_suspects = self.suspects | _CONTAINER_TYPES
 
@@ -197,7 +199,15 @@ class Rebinder:
                 modules, tensors = modules or m, tensors or t
             return modules, tensors
         if isinstance(value, torch.Tensor):
-            return False, id(value) in self.tensor_keys
+            if id(value) in self.tensor_keys:
+                return False, True
+            key = self.storages.get(storage_start(value))
+            if key is not None:  # a view of a parameter (a transpose kept as an attribute): not the call's tensor
+                raise RebindError(
+                    f"module {path or '<root>'!r}: its attribute {attr!r} shares memory with the parameter "
+                    f"{'.'.join(key)!r} (a view of it, kept outside the registered slots), so the call would compute "
+                    "with the model's own values, not the params you gave. Compute it from the parameter in forward")
+            return False, False
         if isinstance(value, nn.Module):
             self.held_copy(value, path, attr)  # raises if it is not registered
             return True, False
@@ -265,6 +275,14 @@ class Rebinder:
         if isinstance(value, torch.Tensor):  # a parameter or buffer kept by the hook: the model's own, not the call's
             return id(value) in self.tensor_keys
         return id(value) in self.shadows and isinstance(value, nn.Module)
+
+
+def storage_start(tensor: torch.Tensor) -> int:
+    """Where a tensor's memory starts (0 for none: meta, uninitialized or empty tensors, wrapped ones)."""
+    try:
+        return int(tensor.untyped_storage().data_ptr()) if tensor.numel() else 0
+    except (RuntimeError, NotImplementedError, ValueError):
+        return 0
 
 
 def _rebound_cell(cell: types.CellType, rebinder: Rebinder, path: str, attr: str) -> types.CellType:

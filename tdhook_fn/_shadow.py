@@ -55,7 +55,7 @@ from torch import nn
 
 from ._params import Key
 from ._paths import PathError
-from ._rebind import Rebinder, RebindError
+from ._rebind import Rebinder, RebindError, storage_start
 from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS, Node, Slot, shape_of, signature_of
 
 __all__ = [
@@ -86,6 +86,7 @@ class Shadow:
         self.root = self._copy(model, names)
         self.keys: set[Key] = set()
         canonical: dict[int, Key] = {}  # id(the model's tensor) -> its key
+        storages: dict[int, Key] = {}  # where a parameter's memory starts -> its key (views of it: NOTE [held tensors])
         for prefix, module in model.named_modules(remove_duplicate=False):
             node = self.node_of[id(module)]
             for kind, slots in (("_parameters", node.params), ("_buffers", node.buffers)):
@@ -93,6 +94,8 @@ class Shadow:
                     if tensor is None:
                         continue
                     key = canonical.setdefault(id(tensor), tuple(f"{prefix}.{name}".lstrip(".").split(".")))
+                    if kind == "_parameters" and storage_start(tensor):
+                        storages.setdefault(storage_start(tensor), key)
                     self.keys.add(key)
                     slots.append((node.own[kind], name, key, shape_of(tensor)))
         self.param_slots = [slot for node in self.nodes for slot in node.params]
@@ -101,7 +104,7 @@ class Shadow:
         self.slots_of: dict[Key, list[Slot]] = {}
         for slot in (*self.param_slots, *self.buffer_slots):
             self.slots_of.setdefault(slot[2], []).append(slot)
-        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()}, names, canonical)
+        self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()}, names, canonical, storages)
         self.pending: list[Node] = []  # nodes with plain container attributes, this call (NOTE [private containers])
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:

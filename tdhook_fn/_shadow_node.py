@@ -171,11 +171,15 @@ class Node:
         tensor_holders: list[str] = []
         refs: list[weakref.ref[Any]] = []
         watch = [name for name, value in original.items() if name not in _UNSCANNED and type(value) not in SCALARS]
+        # torch's spectral_norm / weight_norm hooks set the tensor they name (``hook.name``) before each forward
+        rebuilt = {getattr(hook, "name", None) for hook in original.get("_forward_pre_hooks", {}).values()}
         for name in sorted(watch, key=lambda n: n != "forward"):  # the forward first: the telling message
             value = original[name]
-            if name == "_hf_hook" or (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase)):
+            if (name == "_hf_hook" or (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase))
+                    or (name in rebuilt and isinstance(value, torch.Tensor))):
                 # accelerate's hook: checked above (the tensors it keeps are used only when offloading); an RNN's
-                # flat weights: its forward rebuilds them from the registered parameters when they differ
+                # flat weights: its forward rebuilds them from the registered parameters when they differ; a
+                # tensor a pre-hook computes from the parameters before each forward
                 continue
             if type(value) in (list, tuple, dict) or isinstance(value, torch.Tensor):
                 modules, tensors = rebinder.holds(value, self.path, name, seen)

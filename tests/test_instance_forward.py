@@ -5,6 +5,7 @@ original module must be rebound to its shadow (or refused), or the call silently
 model's own tensors instead of the given params.
 """
 
+import copy
 import functools
 import types
 import weakref
@@ -560,3 +561,26 @@ def test_an_accelerate_hook_keeping_a_tensor_of_the_model_is_refused() -> None:
     add_hook_to_module(model, _KeepsScale())
     with pytest.raises(ValueError, match=r"_hf_hook \(_KeepsScale\) keeps a module or tensor of the model .*'scale'"):
         tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.ones(2))
+
+
+def test_a_view_of_a_parameter_kept_as_an_attribute_is_refused() -> None:
+    class Transposed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(3, 2))
+            self.weight_t = self.weight.detach().t()  # shares the parameter's memory, outside its slot
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight_t
+
+    model = Transposed()
+    with pytest.raises(ValueError, match=r"attribute 'weight_t' shares memory with the parameter 'weight'"):
+        tdhook_fn.call(model, tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.ones(1, 2))
+
+
+def test_a_tensor_a_pre_hook_rebuilds_before_each_forward_is_no_view_to_refuse() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.utils.spectral_norm(nn.Linear(3, 2)).eval()  # sets .weight = weight_orig.data, then recomputes
+    params, x = tdhook_fn.params(model).apply(lambda t: 0.5 * t), torch.randn(4, 3)
+    expected = torch.func.functional_call(copy.deepcopy(model), dict(params.flatten_keys(".").items()), (x,))
+    torch.testing.assert_close(tdhook_fn.call(model, params, x), expected)
