@@ -18,7 +18,7 @@ from ._params import Key
 from ._params import params as params_of
 from ._taps import Captured, Tap, check_tap_keys
 
-__all__ = ["Functional", "NestedKey", "functional", "pure", "with_copied_inputs"]
+__all__ = ["Functional", "NestedKey", "functional", "one_key_as_list", "pure", "with_copied_inputs"]
 
 NestedKey = str | tuple[str, ...]
 _NAMESPACE = "tdhook_fn"
@@ -54,9 +54,9 @@ class Functional:
         keywords: Mapping[NestedKey, str] | None = None,
     ):
         self.model = model
-        self.in_keys = tuple(_one_key_as_list(in_keys))
+        self.in_keys = tuple(one_key_as_list(in_keys))
         self.keywords = dict(keywords or {})
-        self.out_keys = tuple(_one_key_as_list(out_keys))
+        self.out_keys = tuple(one_key_as_list(out_keys))
         self.taps = tuple(taps)
         check_tap_keys(self.taps, self.out_keys, "functional")  # NOTE [taps that never fire]
 
@@ -162,7 +162,7 @@ def functional(
         out_keys = model.out_keys if out_keys is None else out_keys
     if not isinstance(model, nn.Module):
         raise TypeError(f"functional: expected an nn.Module, got {type(model).__name__}")
-    in_keys, out_keys = _one_key_as_list(in_keys), _one_key_as_list(out_keys)
+    in_keys, out_keys = one_key_as_list(in_keys), one_key_as_list(out_keys)
     keywords = dict(in_keys) if isinstance(in_keys, Mapping) else {}
     for key, name in keywords.items():
         if not isinstance(name, str):
@@ -218,7 +218,7 @@ def with_copied_inputs(td: TensorDictBase, keep: Collection[NestedKey] = ()) -> 
     return out
 
 
-def _one_key_as_list(keys: Any) -> Any:
+def one_key_as_list(keys: Any) -> Any:
     """A lone str key as a list of that key: ``"input"`` names one entry, not five (as ``TensorDictModule``)."""
     return [keys] if isinstance(keys, str) else keys
 

@@ -51,15 +51,16 @@ _OWN_SLOTS = frozenset({"_parameters", "_buffers", "_modules", *HOOK_DICTS})
 # what the checks of NOTE [checked attributes] skip: the own slots, and what no forward runs
 _UNSCANNED = _OWN_SLOTS | {"_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
                            "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"}
-_CONTAINERS = frozenset({list, tuple, dict, set})
+_MUTABLE = frozenset({list, dict, set})
 # NOTE [private containers]
 # A forward may fill a plain dict or list it keeps as an attribute (a lazily filled cache:
 # ``self._cache[n] = self.inv_freq[:n]``). Shared with the model, the call would write the
-# model, and a later call would read the first call's tensors. So every plain list, tuple,
-# dict and set attribute is copied for each call (one level; nested plain containers too),
-# from what it holds *now*: a container replaced by a new one at the same id, or filled in
-# place, is seen, and the modules and tensors of the model in it point at the shadows and
-# the call's tensors (NOTE [held tensors]).
+# model, and a later call would read the first call's tensors. So every plain list, dict
+# and set attribute (and a tuple holding modules or tensors of the model) is copied for
+# each call, nested plain containers too, from what it holds *now*: one filled in place,
+# or replaced by a new one at the same id, is seen, and the modules and tensors of the
+# model in it point at the shadows and the call's tensors (NOTE [held tensors]). A tuple
+# of numbers (``normalized_shape``) cannot be filled: it is left shared.
 _ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
 
 # (the shadow's slot dict, the name in it, the params key, the expected shape or None)
@@ -113,7 +114,7 @@ class Node:
         self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
         self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
-        self.containers: tuple[str, ...] = ()  # every plain list, tuple, dict and set attribute
+        self.containers: tuple[str, ...] = ()  # copied for each call (NOTE [private containers])
 
     def original(self) -> dict[str, Any] | None:
         module = self.module()
@@ -173,6 +174,7 @@ class Node:
         watch = [name for name, value in original.items() if name not in _UNSCANNED and type(value) not in SCALARS]
         # torch's spectral_norm / weight_norm hooks set the tensor they name (``hook.name``) before each forward
         rebuilt = {getattr(hook, "name", None) for hook in original.get("_forward_pre_hooks", {}).values()}
+        skipped: set[str] = set()
         for name in sorted(watch, key=lambda n: n != "forward"):  # the forward first: the telling message
             value = original[name]
             if (name == "_hf_hook" or (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase))
@@ -180,6 +182,7 @@ class Node:
                 # accelerate's hook: checked above (the tensors it keeps are used only when offloading); an RNN's
                 # flat weights: its forward rebuilds them from the registered parameters when they differ; a
                 # tensor a pre-hook computes from the parameters before each forward
+                skipped.add(name)
                 continue
             if type(value) in (list, tuple, dict) or isinstance(value, torch.Tensor):
                 modules, tensors = rebinder.holds(value, self.path, name, seen)
@@ -191,8 +194,8 @@ class Node:
             with contextlib.suppress(TypeError):  # (what has no weak reference is compared by id only)
                 refs.append(weakref.ref(value))
         self.holders, self.tensor_holders = tuple(holders), tuple(tensor_holders)
-        self.containers = tuple(name for name in watch if type(original[name]) in _CONTAINERS and name != "_hf_hook"
-                                and not (name == "_flat_weights" and isinstance(self.shadow, nn.RNNBase)))
+        mutable = (name for name in watch if type(original[name]) in _MUTABLE and name not in skipped)
+        self.containers = tuple(dict.fromkeys((*holders, *mutable)))
         self.watch, self.refs = tuple(watch), tuple(refs)
         self.watched = tuple(map(id, map(original.get, self.watch)))
         self.scalars = tuple(name for name, value in original.items() if type(value) in SCALARS)

@@ -32,7 +32,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey, with_copied_inputs
+from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
 from .._taps import Tap, capture
 from .._targets import Target, as_target, autograd_off_note
 from .._vjp import vjp
@@ -81,7 +81,7 @@ def input_keys_of(f: Callable[..., Any], inputs: TensorDictBase,
     """The keys to attribute: ``given`` (a str is one key, as in ``functional``), else ``f.in_keys``
     for a Functional, else every float leaf."""
     if given is not None:
-        return (given,) if isinstance(given, str) else tuple(given)
+        return tuple(one_key_as_list(given))
     keys = getattr(f, "in_keys", None)
     if keys is not None:
         return tuple(keys)
