@@ -235,11 +235,10 @@ def checked_method(receiver: Any, name: str) -> Callable[..., Any]:
             f"{name!r} is set on this {type(receiver).__name__} object ({_describe(own[name])}), "
             f"not a method its class defines; {_ALLOWED_HINT}"
         )
-    for kind, children in (("submodule", receiver._modules), ("parameter", receiver._parameters)):
+    for kind, children in (("submodule", receiver._modules), ("parameter", receiver._parameters),
+                           ("buffer", receiver._buffers)):
         if name in children:
             raise CallRefused(f"{name!r} is a {kind}, not a method; {_ALLOWED_HINT}")
-    if name in receiver._buffers:
-        raise CallRefused(f"{name!r} is a buffer, not a method; {_ALLOWED_HINT}")
     raw, why = _class_refusal(type(receiver), name)
     if why is not None:
         raise CallRefused(why)
