@@ -166,8 +166,11 @@ def patching_sweep(
             cache): a run patching position ``p`` first runs the positions ``[p:]`` only,
             the ones before from the corrupted run's cache (about
             half the work over a grid of every position). The claim is tested on one run
-            (``RuntimeError`` if the model is not causal). Eager, ``batching="vmap"``
-            only. Default: ``False``.
+            (``RuntimeError`` if the model is not causal). Where the forward takes
+            ``logits_to_keep``, the runs also compute the logits of the last positions
+            ``metric`` reads only (found from its gradient, then tested: the metric must not
+            change when the positions before change). Eager, ``batching="vmap"`` only.
+            Default: ``False``.
 
     Returns:
         Tensor: ``[len(sites), *B]``, in the order of ``sites``.
@@ -266,8 +269,7 @@ def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: S
     """
     run_forward: Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict] = (
         lambda p, td, taps: forward(f, p, td, taps))
-    if start:
-        assert cut is not None
+    if cut is not None:
         flat, run_forward = cut.inputs(flat, start), cut.run(start)
         full = {m.key: full[m.key][:, start:] for m in modules.values()}
         runs = [cut.shifted(site, start) for site in runs]
@@ -301,6 +303,7 @@ def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, ru
         whole = _mapped(f, params, flat, [runs[last]], modules, full, _outputs)
         check_agrees(_mapped(f, params, flat, [runs[last]], modules, full, _outputs, cut, starts[last]), whole,
                      runs[last])
+    cut.read_by(_reader(metric, batch))  # after the check, which compares every position
     values: list[torch.Tensor] = [torch.empty(0)] * len(runs)
     for chunk in _causal_chunks(runs, starts, cut, size, cap, flat.batch_size[0]):
         part = _mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch), cut,

@@ -190,3 +190,51 @@ def test_causal_on_an_accelerate_hooked_model():
     torch.testing.assert_close(patching_sweep(f, doubled, clean, corrupt, GRID, _metric, causal=True),
                                patching_sweep(f, doubled, clean, corrupt, GRID, _metric), rtol=1e-4, atol=1e-5)
     assert "forward" in vars(model.transformer.h[1])  # accelerate's hook is still the model's
+
+
+def _last(out):
+    return out["logits"][..., -1, 3]
+
+
+def _last_and_a_hidden_early_read(out):  # the early read has no gradient: the noise test must catch it
+    return out["logits"][..., -1, 3] + out["logits"][..., 2, 5].detach()
+
+
+def _argmax_at_the_end(out):  # no gradient at all
+    return out["logits"][..., -1, :].argmax(-1).to(torch.float32)
+
+
+def _mean_of_the_last_three(out):
+    return out["logits"][..., -3:, 7].mean(-1)
+
+
+def _zero_weighted_early_positions(out):  # gradient 0 before position 5, values read (x 0): still exact
+    weights = torch.zeros(L)
+    weights[5:] = 1.0
+    return (out["logits"][..., 0] * weights).sum(-1)
+
+
+@pytest.mark.parametrize("metric", [_last, _last_and_a_hidden_early_read, _argmax_at_the_end,
+                                    _mean_of_the_last_three, _zero_weighted_early_positions])
+def test_causal_with_metrics_reading_some_positions_equals_the_whole_runs(gpt2, metric):
+    _, f, p = gpt2
+    clean, corrupt = _pair()
+    torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, GRID, metric, causal=True),
+                               patching_sweep(f, p, clean, corrupt, GRID, metric), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("metric", "most"), [(_last, 1), (_mean_of_the_last_three, 3),
+                                               (_last_and_a_hidden_early_read, L - 2)])
+def test_causal_runs_the_lm_head_at_the_positions_the_metric_reads(metric, most):
+    model = _gpt2()
+    f = tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"])
+    clean, corrupt = _pair()
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[-2]))
+    try:
+        with torch.no_grad():  # runs patching positions 2 to 6 of the last block: from 2 on, 5 positions at most
+            patching_sweep(f, tdhook_fn.params(model), clean, corrupt, GRID[-L + 2:], metric, causal=True)
+    finally:
+        handle.remove()
+    cut = [n for n in seen if n != L]  # the clean, corrupted and check runs run whole
+    assert max(cut) == most
