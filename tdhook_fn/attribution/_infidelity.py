@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -162,7 +162,7 @@ def _scalar(values: TensorDictBase, batch: torch.Size) -> torch.Tensor:
     """One value per sample: every target value summed (several targets, several keys)."""
     total: torch.Tensor | None = None
     for value in values.values(True, True):
-        one = value.reshape(*batch, -1).sum(-1)
+        one = cast(torch.Tensor, value).reshape(*batch, -1).sum(-1)
         total = one if total is None else total + one
     if total is None:
         raise ValueError(f"{_METHOD}: the target selected no value")

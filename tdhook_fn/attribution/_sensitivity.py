@@ -122,7 +122,8 @@ def sensitivity_max(
 def _norm(parts: list[torch.Tensor], batch: torch.Size, norm_ord: str | float) -> torch.Tensor:
     """The norm of every sample's entries, flattened and concatenated: ``[*batch]``."""
     flat = torch.cat([p.reshape(*batch, -1) for p in parts], dim=-1)
-    return torch.norm(flat, p=norm_ord, dim=-1)
+    norm: torch.Tensor = torch.norm(flat, p=norm_ord, dim=-1)
+    return norm
 
 
 def _explanations(given: Any, batch: torch.Size, source: str) -> TensorDictBase:
@@ -164,7 +165,7 @@ def _as_tensordicts(explanation_func: ExplainFn, perturb_func: PerturbFn,
     td = TensorDict({key: inputs}, batch_size=[n])
 
     def flat(copies: TensorDictBase) -> torch.Tensor:
-        x = copies.get(key)
+        x: torch.Tensor = copies.get(key)
         return x.reshape(-1, *inputs.shape[1:])
 
     def as_td(t: Any, like: TensorDictBase, source: str) -> TensorDict:
