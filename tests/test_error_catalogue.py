@@ -27,6 +27,8 @@ from torch import nn
 import tdhook_fn
 from tdhook_fn import attribution
 from tdhook_fn.attribution import metrics as _metrics  # noqa: F401  (attribution.metrics)
+from tdhook_fn.compat.attribution import Saliency
+from tdhook_fn.compat.metrics import InfidelityMetric, SensitivityMetric
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -618,6 +620,11 @@ def _sensitivity_call(**overrides: Any) -> Any:
     return attribution.metrics.sensitivity_max(explain, x, **overrides)
 
 
+def _metric_without_attributions() -> Any:
+    with Saliency().prepare(tiny_model()) as hooked:
+        return SensitivityMetric()(hooked, tiny_inputs())
+
+
 METRICS_ROWS: list[Row] = [
     ("infidelity-n-perturb-samples", lambda: _infidelity_call(n_perturb_samples=0),
      ValueError, ("infidelity", "n_perturb_samples", "positive int")),
@@ -646,6 +653,10 @@ METRICS_ROWS: list[Row] = [
     ("sensitivity-perturb-unknown-key", lambda: _sensitivity_call(
         perturb_func=lambda td, r: td.set("z", td["input"])),
      KeyError, ("sensitivity_max", "perturb_func", "'z'")),
+    ("compat-metric-not-hooked", lambda: InfidelityMetric()(tiny_model(), tiny_inputs()),
+     TypeError, ("InfidelityMetric", "module", "hooked module", "prepare(model)")),
+    ("compat-metric-no-attributions", _metric_without_attributions,
+     KeyError, ("SensitivityMetric", "no attributions", "'input'", "hooked(data)")),
 ]
 
 
