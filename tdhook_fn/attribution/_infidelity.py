@@ -41,7 +41,7 @@ def infidelity(
     the target value of ``f``, summed over several targets (what the gradient methods
     attribute). ``perturb_func`` draws the ``n_perturb_samples`` perturbations of all
     samples in one call per chunk, and the perturbed inputs of a chunk run through ``f``
-    in one batched forward (NOTE [metric samples]); ``F(x)`` runs once. Nothing is
+    in one batched forward, the first with the inputs themselves (``F(x)``). Nothing is
     detached: the result is differentiable in ``attributions`` (and ``params``).
 
     Args:
@@ -102,11 +102,10 @@ def infidelity(
     if baselines is not None and isinstance(baselines, TensorDictBase) and baselines.batch_size != td.batch_size:
         raise ValueError(f"{_METHOD}: baselines have batch size {list(baselines.batch_size)}, the inputs "
                          f"{list(td.batch_size)}; give one baseline per sample (or a number)")
-    batch = td.batch_size
-    before = _scalar(target_values(f, params, td, target), batch)
+    before: torch.Tensor | None = None
     sums: tuple[torch.Tensor, ...] | None = None
     for k in chunks(n_perturb_samples, chunk_size):
-        terms = _chunk_terms(f, params, perturb, td, attrs, baselines, target, before, k, normalize)
+        terms, before = _chunk_terms(f, params, perturb, td, attrs, baselines, target, before, k, normalize)
         sums = terms if sums is None else tuple(a + b for a, b in zip(sums, terms, strict=True))
     assert sums is not None
     if normalize:
@@ -117,9 +116,13 @@ def infidelity(
 
 
 def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: TensorDictBase, attrs: TensorDictBase,
-                 baselines: Any, target: Target, before: torch.Tensor, k: int,
-                 normalize: bool) -> tuple[torch.Tensor, ...]:
-    """The sums over ``k`` perturbations per sample that the score is made of, ``[*B]`` each."""
+                 baselines: Any, target: Target, before: torch.Tensor | None, k: int,
+                 normalize: bool) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The sums over ``k`` perturbations per sample that the score is made of (``[*B]`` each), and ``F(x)``.
+
+    ``F(x)`` not yet known (``before`` is ``None``) is computed in the same forward: the
+    inputs go first along the copies' dim, so one call of ``f`` serves both.
+    """
     batch = td.batch_size
     copies = repeated(td, k)
     offered = copies.clone(False)  # (a perturb_func setting entries on its argument leaves the copies alone)
@@ -129,12 +132,17 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
                         f"{type(given).__name__}")
     perturbations, moved = given
     feed = perturbed_feed(_METHOD, copies, moved)
-    after = _scalar(target_values(f, params, feed, repeated_target(target, batch, k)), copies.batch_size)
-    diffs = before.unsqueeze(-1) - after
+    first = before is None
+    if first:
+        feed = cast(TensorDictBase, torch.cat([td.unsqueeze(td.batch_dims), feed], dim=td.batch_dims))
+    values = _scalar(target_values(f, params, feed, repeated_target(target, batch, k + first)), feed.batch_size)
+    if before is None:
+        before, values = values[..., 0], values[..., 1:]
+    diffs = before.unsqueeze(-1) - values
     dots = _dots(attrs, perturbations, copies)
     if normalize:
-        return (dots * dots).sum(-1), (dots * diffs).sum(-1), (diffs * diffs).sum(-1)
-    return (((dots - diffs) ** 2).sum(-1),)
+        return ((dots * dots).sum(-1), (dots * diffs).sum(-1), (diffs * diffs).sum(-1)), before
+    return (((dots - diffs) ** 2).sum(-1),), before
 
 
 def _dots(attrs: TensorDictBase, perturbations: Any, copies: TensorDictBase) -> torch.Tensor:

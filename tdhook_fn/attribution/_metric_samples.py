@@ -137,8 +137,8 @@ def normal_perturbation(inputs: TensorDictBase, std: float = 0.01, *, keys: Sequ
     """Gaussian noise for `infidelity`: ``(perturbations, perturbed_inputs)`` with ``I = x - x'``.
 
     ``x' = x + std * eps`` with standard normal ``eps`` in the input's dtype. The
-    inputs' last batch dim is the copies of each sample (``[*B, k]``, NOTE [metric
-    samples]); the noise is drawn copy by copy (all of copy ``j``, key after key, then
+    inputs' last batch dim is the copies of each sample (``[*B, k]``); the noise is drawn
+    copy by copy (all of copy ``j``, key after key, then
     copy ``j + 1``), so a seeded run draws the numbers a loop drawing one perturbation of
     the batch per step draws (tdhook's ``InfidelityMetric``).
 

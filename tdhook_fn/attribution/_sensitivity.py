@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -36,8 +36,10 @@ def sensitivity_max(
     Equal to captum's ``captum.metrics.sensitivity_max`` given the same perturbations.
     The ``n_perturb_samples`` perturbed copies of every sample go through
     ``explanation_func`` in one call per chunk (a tdhook_fn method takes any batch
-    size), never one call per copy (NOTE [metric samples]). An explanation of norm zero
-    is divided by one, as in captum.
+    size), never one call per copy; the first call explains the
+    inputs too (after the first perturbations are drawn: captum explains them first,
+    which matters only to an ``explanation_func`` drawing random numbers). An
+    explanation of norm zero is divided by one, as in captum.
 
     Args:
         explanation_func (Callable): ``explanation_func(inputs, **kwargs) -> explanations``,
@@ -93,23 +95,25 @@ def sensitivity_max(
     if isinstance(norm_ord, bool) or not (norm_ord == "fro" or isinstance(norm_ord, (int, float))):
         raise ValueError(f"{_METHOD}: norm_ord must be 'fro' or a number (the p of a vector norm), got {norm_ord!r}")
     td, explain, perturb, expand = _as_tensordicts(explanation_func, perturb_func, inputs)
-    batch = td.batch_size
-    given = explain(td, **kwargs) if explanations is None else explanations
-    if isinstance(given, torch.Tensor) and isinstance(inputs, torch.Tensor):
-        given = TensorDict({"input": given.reshape(inputs.shape)}, batch_size=batch)
-    expl = _explanations(given, batch, "explanations" if explanations is not None else "explanation_func")
-    groups = [[k] for k in expl.keys(True, True)] if per_key else [list(expl.keys(True, True))]
-    norms = [_norm([expl.get(k) for k in g], batch, norm_ord) for g in groups]
-    norms = [torch.where(n == 0, torch.ones_like(n), n) for n in norms]
+    batch, dims = td.batch_size, td.batch_dims
+    expl = None if explanations is None else _given(explanations, inputs, batch)
     best: list[torch.Tensor] | None = None
     for k in chunks(n_perturb_samples, chunk_size):
         copies = repeated(td, k)
         feed = perturbed_feed(_METHOD, copies, perturb(copies.clone(False), perturb_radius))
-        moved = _explanations(explain(feed, **expand(kwargs, td, k)), copies.batch_size, "explanation_func")
+        if expl is None:  # the inputs go first along the copies' dim: one call explains both
+            feed = cast(TensorDictBase, torch.cat([td.unsqueeze(dims), feed], dim=dims))
+        moved = _explanations(explain(feed, **expand(kwargs, td, feed.batch_size[-1])), feed.batch_size,
+                              "explanation_func")
+        if expl is None:
+            expl, moved = moved[(slice(None),) * dims + (0,)], moved[(slice(None),) * dims + (slice(1, None),)]
         if set(moved.keys(True, True)) != set(expl.keys(True, True)):
             raise ValueError(f"{_METHOD}: explanation_func gave keys {list(moved.keys(True, True))} for the perturbed "
                              f"inputs, {list(expl.keys(True, True))} for the inputs")
-        ratios = [_norm([expl.get(key).unsqueeze(len(batch)) - moved.get(key) for key in g], copies.batch_size,
+        groups = [[key] for key in expl.keys(True, True)] if per_key else [list(expl.keys(True, True))]
+        norms = [_norm([expl.get(key) for key in g], batch, norm_ord) for g in groups]
+        norms = [torch.where(n == 0, torch.ones_like(n), n) for n in norms]
+        ratios = [_norm([expl.get(key).unsqueeze(dims) - moved.get(key) for key in g], copies.batch_size,
                         norm_ord) / n.unsqueeze(-1) for g, n in zip(groups, norms, strict=True)]
         top = [r.max(-1).values for r in ratios]
         best = top if best is None else [torch.maximum(a, b) for a, b in zip(best, top, strict=True)]
@@ -117,6 +121,13 @@ def sensitivity_max(
     if not per_key:
         return best[0]
     return TensorDict({g[0]: b for g, b in zip(groups, best, strict=True)}, batch_size=batch)
+
+
+def _given(explanations: Any, inputs: Any, batch: torch.Size) -> TensorDictBase:
+    """Explanations passed in (a tensor for tensor inputs), as a TensorDict."""
+    if isinstance(explanations, torch.Tensor) and isinstance(inputs, torch.Tensor):
+        explanations = TensorDict({"input": explanations.reshape(inputs.shape)}, batch_size=batch)
+    return _explanations(explanations, batch, "explanations")
 
 
 def _norm(parts: list[torch.Tensor], batch: torch.Size, norm_ord: str | float) -> torch.Tensor:

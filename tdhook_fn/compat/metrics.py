@@ -5,7 +5,7 @@ score per sample under each input key, for a hooked module of a gradient attribu
 context and ``data`` it has already been called on (holding ``("attr", key)``). Every
 number comes from `tdhook_fn.attribution.metrics`: the perturbations of a call run
 through one batched forward instead of tdhook's loop of forwards. Differences from
-tdhook 0.1.3 are listed in ``docs/compat.md`` (section "Metrics").
+tdhook 0.1.3 are listed in ``docs/compat.md`` (section ``compat.metrics``).
 
 Examples:
     >>> import torch
