@@ -17,6 +17,8 @@ from _tolerance import assert_close_ulps
 from captum.attr import Saliency
 from captum.metrics import infidelity as captum_infidelity
 from captum.metrics import sensitivity_max as captum_sensitivity_max
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 from torch import nn
 
@@ -306,3 +308,60 @@ def test_sensitivity_max_float64_generator_batch_shapes_and_vmap() -> None:
     assert_close_ulps(mapped, base, ulps=16)
     given = sensitivity_max(explain, flat, perturb_func=shift, n_perturb_samples=3, explanations=explain(flat))
     assert_close_ulps(given, base, ulps=4)
+
+
+# ------------------------------------------------------------------------- properties
+
+PROPERTY = settings(max_examples=20, deadline=None)
+
+
+@st.composite
+def linear_case(draw: Any) -> tuple[nn.Module, TensorDict, int, float]:
+    seed = draw(st.integers(0, 2**16))
+    batch = draw(st.sampled_from([(), (3,), (2, 2)]))
+    torch.manual_seed(seed)
+    net = nn.Linear(5, 3).double().eval()
+    x = TensorDict(input=torch.randn(*batch, 5, dtype=torch.float64), batch_size=list(batch))
+    return net, x, draw(st.integers(0, 2)), draw(st.floats(1e-3, 10.0))
+
+
+def _noise(scale: float) -> Callable[..., Any]:
+    g = torch.Generator().manual_seed(0)
+    return functools.partial(normal_perturbation, std=scale, generator=g)
+
+
+@PROPERTY
+@given(linear_case())
+def test_exact_gradients_of_a_linear_model_have_zero_infidelity(case: Any) -> None:
+    """F(x) - F(x - I) = I . grad F exactly for an affine F, whatever the perturbation's size."""
+    net, x, target, scale = case
+    f, p = tdhook_fn.pure(net)
+    attr = saliency(f, p, x, target=target)
+    score = infidelity(f, p, _noise(scale), x, attr, target=target, n_perturb_samples=4)
+    assert score.shape == x.batch_size
+    torch.testing.assert_close(score, torch.zeros_like(score), atol=1e-20 + 1e-24 * scale**2, rtol=0)
+
+
+@PROPERTY
+@given(linear_case(), st.floats(-50.0, 50.0).filter(lambda c: abs(c) > 1e-3))
+def test_normalized_infidelity_ignores_the_attributions_scale(case: Any, c: float) -> None:
+    net, x, target, scale = case
+    f, p = tdhook_fn.pure(nn.Sequential(net, nn.Tanh()))
+    attr = saliency(f, p, x, target=target).apply(lambda a: a + 0.3 * torch.randn_like(a))
+    one = infidelity(f, p, _noise(scale), x, attr, target=target, n_perturb_samples=4, normalize=True)
+    scaled = infidelity(f, p, _noise(scale), x, attr.apply(lambda a: c * a), target=target, n_perturb_samples=4,
+                        normalize=True)
+    torch.testing.assert_close(scaled, one, rtol=1e-9, atol=1e-12)
+
+
+@PROPERTY
+@given(linear_case())
+def test_saliency_of_a_linear_model_has_zero_sensitivity(case: Any) -> None:
+    """The gradient of an affine map does not change with the input."""
+    net, x, target, radius = case
+    f, p = tdhook_fn.pure(net)
+    explain = functools.partial(saliency, f, p, target=target)
+    noise = functools.partial(uniform_perturbation, generator=torch.Generator().manual_seed(0))
+    score = sensitivity_max(explain, x, perturb_func=noise, perturb_radius=radius, n_perturb_samples=3)
+    assert score.shape == x.batch_size
+    assert bool((score == 0).all())
