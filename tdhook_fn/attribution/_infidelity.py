@@ -13,7 +13,7 @@ from .._targets import Target, check_target
 from ._checks import check_call
 from ._engine import target_values
 from ._inputs import _tensor_inputs
-from ._metric_samples import check_count, chunks, perturbed_feed, repeated, repeated_target
+from ._metric_samples import check_count, chunks, perturbed_feed, repeated, repeated_target, with_inputs_first
 
 __all__ = ["infidelity"]
 
@@ -134,7 +134,7 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     feed = perturbed_feed(_METHOD, copies, moved)
     first = before is None
     if first:
-        feed = cast(TensorDictBase, torch.cat([td.unsqueeze(td.batch_dims), feed], dim=td.batch_dims))
+        feed = with_inputs_first(td, feed)
     values = _scalar(target_values(f, params, feed, repeated_target(target, batch, k + first)), feed.batch_size)
     if before is None:
         before, values = values[..., 0], values[..., 1:]

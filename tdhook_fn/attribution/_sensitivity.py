@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from ._metric_samples import check_count, chunks, perturbed_feed, repeated, repeated_target, uniform_perturbation
+from ._metric_samples import (
+    check_count,
+    chunks,
+    perturbed_feed,
+    repeated,
+    repeated_target,
+    uniform_perturbation,
+    with_inputs_first,
+)
 
 __all__ = ["sensitivity_max"]
 
@@ -102,7 +110,7 @@ def sensitivity_max(
         copies = repeated(td, k)
         feed = perturbed_feed(_METHOD, copies, perturb(copies.clone(False), perturb_radius))
         if expl is None:  # the inputs go first along the copies' dim: one call explains both
-            feed = cast(TensorDictBase, torch.cat([td.unsqueeze(dims), feed], dim=dims))
+            feed = with_inputs_first(td, feed)
         moved = _explanations(explain(feed, **expand(kwargs, td, feed.batch_size[-1])), feed.batch_size,
                               "explanation_func")
         if expl is None:
