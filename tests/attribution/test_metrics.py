@@ -222,6 +222,35 @@ def test_infidelity_is_differentiable_in_the_attributions_and_leaves_inputs_alon
     assert (x == before).all()
 
 
+def test_a_transformer_layer_equals_captum() -> None:
+    torch.manual_seed(4)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    net = nn.Sequential(layer, nn.Flatten(), nn.Linear(5 * 8, 3)).eval()
+    f, p = tdhook_fn.pure(net)
+    x = torch.randn(3, 5, 8)
+    attr = saliency(f, p, x, target=2)
+    perturb = seeded_noise(0.05)
+    perturb.reset()
+    ours = infidelity(f, p, perturb, x, attr, target=2, n_perturb_samples=4, normalize=True)
+    perturb.reset()
+    theirs = captum_infidelity(net, perturb, x, attr, target=2, n_perturb_samples=4, normalize=True)
+    assert_close_ulps(ours, theirs, ulps=256)
+    explain = functools.partial(saliency, f, p, abs=True)
+    torch.manual_seed(SEED)
+    ours = sensitivity_max(explain, x, target=2, n_perturb_samples=3)
+    torch.manual_seed(SEED)
+    theirs = captum_sensitivity_max(Saliency(net).attribute, x, target=2, n_perturb_samples=3)
+    assert_close_ulps(ours, theirs, ulps=256)
+
+
+def test_sensitivity_leaves_the_inputs_alone() -> None:
+    f, p = tdhook_fn.pure(mlp())
+    x = TensorDict(input=digits("mlp"), batch_size=[4])
+    before = x.clone()
+    sensitivity_max(functools.partial(saliency, f, p, target=0), x, n_perturb_samples=3, chunk_size=2)
+    assert (x == before).all() and set(x.keys()) == {"input"}
+
+
 def test_normal_perturbation_draws_copy_by_copy() -> None:
     copies = TensorDict(a=torch.zeros(2, 3, 5), b=torch.ones(2, 3, 4), batch_size=[2, 3])
     dx, moved = normal_perturbation(copies, 0.5, generator=torch.Generator().manual_seed(1))
