@@ -639,6 +639,9 @@ METRICS_ROWS: list[Row] = [
         tiny_f(), tiny_params(), lambda x, b: (x - b, b), tiny_inputs(), tiny_inputs(), target=1,
         baselines=TensorDict(input=torch.zeros(2, 3), batch_size=[2])),
      ValueError, ("infidelity", "baselines", "batch size", "one baseline per sample")),
+    ("infidelity-attribution-batch", lambda: attribution.metrics.infidelity(
+        tiny_f(), tiny_params(), lambda x: (x, x), tiny_inputs(), TensorDict(input=torch.zeros(5, 3)), target=1),
+     ValueError, ("infidelity", "attributions", "batch size", "[5]")),
     ("infidelity-attribution-unknown-key", lambda: attribution.metrics.infidelity(
         tiny_f(), tiny_params(), lambda x: (x, x), tiny_inputs(), TensorDict(z=torch.zeros(5, 3), batch_size=[5]),
         target=1), KeyError, ("infidelity", "attributions", "'z'")),

@@ -187,6 +187,10 @@ def _check_attributions(td: TensorDictBase, attrs: Any) -> None:
                         f"inputs), got {type(attrs).__name__}")
     if attrs.is_empty():
         raise ValueError(f"{_METHOD}: attributions hold no entry; give the map of at least one input")
+    if attrs.batch_size != td.batch_size:
+        raise ValueError(f"{_METHOD}: attributions have batch size {list(attrs.batch_size)}, the inputs "
+                         f"{list(td.batch_size)}; give the maps the inputs' batch size (what the attribution "
+                         "methods return)")
     for key, attr in attrs.items(True, True):
         value = td.get(key, None)
         if value is None:
