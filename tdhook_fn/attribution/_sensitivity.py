@@ -115,20 +115,32 @@ def sensitivity_max(
                               "explanation_func")
         if expl is None:
             expl, moved = moved[(slice(None),) * dims + (0,)], moved[(slice(None),) * dims + (slice(1, None),)]
-        if set(moved.keys(True, True)) != set(expl.keys(True, True)):
-            raise ValueError(f"{_METHOD}: explanation_func gave keys {list(moved.keys(True, True))} for the perturbed "
-                             f"inputs, {list(expl.keys(True, True))} for the inputs")
-        groups = [[key] for key in expl.keys(True, True)] if per_key else [list(expl.keys(True, True))]
-        norms = [_norm([expl.get(key) for key in g], batch, norm_ord) for g in groups]
-        norms = [torch.where(n == 0, torch.ones_like(n), n) for n in norms]
-        ratios = [_norm([expl.get(key).unsqueeze(dims) - moved.get(key) for key in g], copies.batch_size,
-                        norm_ord) / n.unsqueeze(-1) for g, n in zip(groups, norms, strict=True)]
-        top = [r.max(-1).values for r in ratios]
+        top = _largest_changes(expl, moved, dims, per_key, norm_ord)
         best = top if best is None else [torch.maximum(a, b) for a, b in zip(best, top, strict=True)]
-    assert best is not None
+    assert best is not None and expl is not None
     if not per_key:
         return best[0]
-    return TensorDict({g[0]: b for g, b in zip(groups, best, strict=True)}, batch_size=batch)
+    scores = TensorDict({}, batch_size=batch)
+    for key, score in zip(expl.keys(True, True), best, strict=True):
+        scores.set(key, score)
+    return scores
+
+
+def _largest_changes(expl: TensorDictBase, moved: TensorDictBase, dims: int, per_key: bool,
+                     norm_ord: str | float) -> list[torch.Tensor]:
+    """``max_j ||moved_j - expl|| / ||expl||`` per sample (``[*B]``), over all keys or per key."""
+    if set(moved.keys(True, True)) != set(expl.keys(True, True)):
+        raise ValueError(f"{_METHOD}: explanation_func gave keys {list(moved.keys(True, True))} for the perturbed "
+                         f"inputs, {list(expl.keys(True, True))} for the inputs")
+    keys = list(expl.keys(True, True))
+    groups = [[key] for key in keys] if per_key else [keys]
+    largest = []
+    for group in groups:
+        norm = _norm([expl.get(key) for key in group], expl.batch_size, norm_ord)
+        norm = torch.where(norm == 0, torch.ones_like(norm), norm)
+        change = _norm([expl.get(key).unsqueeze(dims) - moved.get(key) for key in group], moved.batch_size, norm_ord)
+        largest.append((change / norm.unsqueeze(-1)).max(-1).values)
+    return largest
 
 
 def _given(explanations: Any, inputs: Any, batch: torch.Size) -> TensorDictBase:
