@@ -9,6 +9,7 @@ is computed with tdhook_fn's pure methods on it. The latent page's pictures come
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from tdhook_fn.attribution import (
     lrp,
     saliency,
 )
+from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -299,6 +301,39 @@ def draw_lrp(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     save(fig, "lrp.png")
 
 
+def draw_metrics(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    """Normalized infidelity and max-sensitivity of four explanations, 64 test digits each."""
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=test_x[:64], batch_size=[64])
+    target = test_y[:64]
+    explainers = {
+        "saliency": functools.partial(saliency, f, p),
+        "input x gradient": functools.partial(saliency, f, p, multiply_by_inputs=True),
+        "integrated gradients": functools.partial(integrated_gradients, f, p, baselines=0.0, n_steps=16),
+        "guided backprop": functools.partial(guided_backprop, f, p),
+    }
+    infid, sens = {}, {}
+    for name, explain in explainers.items():
+        attr = explain(inputs, target=target)
+        noise = functools.partial(normal_perturbation, std=0.1, generator=torch.Generator().manual_seed(0))
+        infid[name] = infidelity(f, p, noise, inputs, attr, target=target, n_perturb_samples=32, normalize=True)
+        radius = functools.partial(uniform_perturbation, generator=torch.Generator().manual_seed(0))
+        sens[name] = sensitivity_max(explain, inputs, perturb_func=radius, perturb_radius=0.05,
+                                     n_perturb_samples=16, target=target)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, scores, title in ((axes[0], infid, "infidelity (normalize=True)"),
+                              (axes[1], sens, "max-sensitivity (radius 0.05)")):
+        ax.boxplot([scores[n].detach().numpy() for n in scores], vert=False, showfliers=False)
+        ax.set_yticks(range(1, len(scores) + 1), list(scores), fontsize=9)
+        ax.set_xscale("log")
+        ax.set_title(f"{title}; lower is better", fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[1].set_yticklabels([])
+    fig.suptitle("Explanation metrics of four methods, 64 test digits (true class)", fontsize=11)
+    fig.tight_layout()
+    save(fig, "metrics.png")
+
+
 def draw_task_vectors(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
                       test_x: torch.Tensor, test_y: torch.Tensor) -> None:
     """Task: mirrored digits. Control: the ordinary digits the base model was trained on."""
@@ -463,6 +498,7 @@ def main() -> None:
     draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
     draw_guided_backprop(model, x, y)
     draw_lrp(model, x[2:], y[2:])
+    draw_metrics(model, test_x, test_y)
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
     draw_pruning(model, test_x, test_y)
     draw_adapters(model, train_x, test_x, test_y)

@@ -8,6 +8,7 @@ Rows are grouped in one list per area; append a new area's list to ``ROWS``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pathlib
@@ -25,6 +26,9 @@ from torch import nn
 
 import tdhook_fn
 from tdhook_fn import attribution
+from tdhook_fn.attribution import metrics as _metrics  # noqa: F401  (attribution.metrics)
+from tdhook_fn.compat.attribution import Saliency
+from tdhook_fn.compat.metrics import InfidelityMetric, SensitivityMetric
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -596,8 +600,71 @@ CORE_SHADOW_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- attribution metrics
+
+
+def _infidelity_call(**overrides: Any) -> Any:
+    f, p = tiny_f(), tiny_params()
+    x = torch.randn(4, 3)
+    args: dict[str, Any] = {"target": 1, "n_perturb_samples": 2}
+    args.update(overrides)
+    attr = args.pop("attributions", torch.zeros_like(x))
+    perturb = args.pop("perturb_func", lambda x: (0.1 * x, 0.9 * x))
+    return attribution.metrics.infidelity(f, p, perturb, x, attr, **args)
+
+
+def _sensitivity_call(**overrides: Any) -> Any:
+    f, p = tiny_f(), tiny_params()
+    x = TensorDict(input=torch.randn(4, 3), batch_size=[4])
+    explain = overrides.pop("explanation_func", functools.partial(attribution.saliency, f, p, target=1))
+    return attribution.metrics.sensitivity_max(explain, x, **overrides)
+
+
+def _metric_without_attributions() -> Any:
+    with Saliency().prepare(tiny_model()) as hooked:
+        return SensitivityMetric()(hooked, tiny_inputs())
+
+
+METRICS_ROWS: list[Row] = [
+    ("infidelity-n-perturb-samples", lambda: _infidelity_call(n_perturb_samples=0),
+     ValueError, ("infidelity", "n_perturb_samples", "positive int")),
+    ("infidelity-chunk-size", lambda: _infidelity_call(chunk_size=0), ValueError, ("infidelity", "chunk_size")),
+    ("infidelity-attribution-shape", lambda: _infidelity_call(attributions=torch.zeros(4, 2)),
+     ValueError, ("infidelity", "attributions", "shape", "[4, 2]")),
+    ("infidelity-perturb-returns-one", lambda: _infidelity_call(perturb_func=lambda x: x),
+     TypeError, ("infidelity", "perturb_func", "(perturbations, perturbed_inputs)")),
+    ("infidelity-perturb-not-callable", lambda: _infidelity_call(perturb_func=3),
+     TypeError, ("perturb_func", "callable")),
+    ("infidelity-baselines-batch", lambda: attribution.metrics.infidelity(
+        tiny_f(), tiny_params(), lambda x, b: (x - b, b), tiny_inputs(), tiny_inputs(), target=1,
+        baselines=TensorDict(input=torch.zeros(2, 3), batch_size=[2])),
+     ValueError, ("infidelity", "baselines", "batch size", "one baseline per sample")),
+    ("infidelity-attribution-batch", lambda: attribution.metrics.infidelity(
+        tiny_f(), tiny_params(), lambda x: (x, x), tiny_inputs(), TensorDict(input=torch.zeros(5, 3)), target=1),
+     ValueError, ("infidelity", "attributions", "batch size", "[5]")),
+    ("infidelity-attribution-unknown-key", lambda: attribution.metrics.infidelity(
+        tiny_f(), tiny_params(), lambda x: (x, x), tiny_inputs(), TensorDict(z=torch.zeros(5, 3), batch_size=[5]),
+        target=1), KeyError, ("infidelity", "attributions", "'z'")),
+    ("infidelity-perturb-wrong-shape", lambda: _infidelity_call(perturb_func=lambda x: (x[:1], x)),
+     ValueError, ("infidelity", "perturb_func", "perturbations")),
+    ("sensitivity-norm-ord", lambda: _sensitivity_call(norm_ord="nuc"),
+     ValueError, ("sensitivity_max", "norm_ord", "'nuc'")),
+    ("sensitivity-explanation-not-callable", lambda: _sensitivity_call(explanation_func=None),
+     TypeError, ("sensitivity_max", "explanation_func", "callable")),
+    ("sensitivity-explanation-batch", lambda: _sensitivity_call(explanation_func=lambda td: td[:2]),
+     ValueError, ("sensitivity_max", "explanation_func", "batch size")),
+    ("sensitivity-perturb-unknown-key", lambda: _sensitivity_call(
+        perturb_func=lambda td, r: td.set("z", td["input"])),
+     KeyError, ("sensitivity_max", "perturb_func", "'z'")),
+    ("compat-metric-not-hooked", lambda: InfidelityMetric()(tiny_model(), tiny_inputs()),
+     TypeError, ("InfidelityMetric", "module", "hooked module", "prepare(model)")),
+    ("compat-metric-no-attributions", _metric_without_attributions,
+     KeyError, ("SensitivityMetric", "no attributions", "'input'", "hooked(data)")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
-                   *CORE_SHADOW_ROWS]
+                   *CORE_SHADOW_ROWS, *METRICS_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -1,0 +1,164 @@
+"""Explanation metrics: infidelity and sensitivity_max against captum 0.9.0 and a batched floor.
+
+A digits-sized CNN (``[N, 1, 8, 8] -> 10`` classes, a conv, a pool and a linear head) on
+the first ``N = 64`` of scikit-learn's digits, 20 perturbations per sample.
+
+- infidelity of saliency maps, perturbations ``I = 0.05 eps`` from a seeded generator;
+- sensitivity_max of ``|saliency|`` with captum's default uniform noise (radius 0.02).
+
+The floor is the plain torch a capable engineer writes for the same numbers: every
+perturbed copy in one forward (one backward for the explanations), on the module itself,
+nothing built in the timed region beyond what the fast way needs (the perturbations are
+drawn in every variant). Every variant is first checked to give the same numbers. Times
+are CPU seconds of this one-thread process, medians of interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from _timing import print_table
+from captum.attr import Saliency
+from captum.metrics import infidelity as captum_infidelity
+from captum.metrics import sensitivity_max as captum_sensitivity_max
+from sklearn.datasets import load_digits
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import saliency
+from tdhook_fn.attribution.metrics import infidelity, sensitivity_max
+
+warnings.filterwarnings("ignore")
+N, SAMPLES, SEED = 64, 20, 0
+
+
+def cpu_medians(impls: dict[str, Callable[[], object]], rounds: int = 15, number: int = 3) -> dict[str, float]:
+    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each).
+
+    CPU time of this one-thread process: its wall time on an idle machine, and steadier
+    on a shared one (as in ``bench_latent.py``).
+    """
+    for fn in impls.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            start = time.process_time()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.process_time() - start) / number)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(128, 10)).eval()
+
+
+def noise_of(g: torch.Generator):  # type: ignore[no-untyped-def]
+    def perturb(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = torch.randn(x.shape, generator=g) * 0.05
+        return d, x - d
+
+    return perturb
+
+
+def bench_infidelity(net: nn.Module, x: torch.Tensor, target: torch.Tensor) -> None:
+    f, p = tdhook_fn.pure(net)
+    attr = saliency(f, p, x, target=target)
+    td, attr_td = TensorDict(input=x, batch_size=[N]), TensorDict(input=attr, batch_size=[N])
+    g = torch.Generator()
+    perturb = noise_of(g)
+
+    def perturb_td(copies: TensorDict) -> tuple[TensorDict, TensorDict]:
+        d, moved = perturb(copies["input"])
+        return TensorDict(input=d, batch_size=copies.batch_size), TensorDict(input=moved, batch_size=copies.batch_size)
+
+    def ours() -> torch.Tensor:
+        g.manual_seed(SEED)
+        return infidelity(f, p, perturb_td, td, attr_td, target=target, n_perturb_samples=SAMPLES)
+
+    def ours_tensor() -> torch.Tensor:
+        g.manual_seed(SEED)
+        return infidelity(f, p, perturb, x, attr, target=target, n_perturb_samples=SAMPLES)
+
+    def captum() -> torch.Tensor:
+        g.manual_seed(SEED)
+        return captum_infidelity(net, perturb, x, attr, target=target, n_perturb_samples=SAMPLES)
+
+    def floor() -> torch.Tensor:
+        g.manual_seed(SEED)
+        with torch.no_grad():
+            d, moved = perturb(x.repeat_interleave(SAMPLES, 0))
+            before = net(x).gather(1, target[:, None]).squeeze(1)
+            after = net(moved).gather(1, target.repeat_interleave(SAMPLES)[:, None]).squeeze(1).view(N, SAMPLES)
+            dots = (attr.repeat_interleave(SAMPLES, 0) * d).flatten(1).sum(1).view(N, SAMPLES)
+            return ((dots - (before[:, None] - after)) ** 2).mean(1)
+
+    impls = {"ours (TensorDict)": ours, "ours (tensor, captum-style)": ours_tensor, "captum 0.9.0": captum,
+             "hand-written batched floor": floor}
+    reference = floor()
+    for name, fn in impls.items():
+        torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-7, msg=f"{name} differs")
+    times = cpu_medians(impls)
+    print_table(f"infidelity of saliency maps, CNN on digits, batch {N}, {SAMPLES} perturbations",
+                list(times.items()), {"floor": times["hand-written batched floor"], "captum": times["captum 0.9.0"]})
+
+
+def bench_sensitivity(net: nn.Module, x: torch.Tensor, target: torch.Tensor) -> None:
+    f, p = tdhook_fn.pure(net)
+    td = TensorDict(input=x, batch_size=[N])
+    explain = functools.partial(saliency, f, p, abs=True)
+    captum_saliency = Saliency(net)
+
+    def ours() -> torch.Tensor:
+        torch.manual_seed(SEED)
+        return sensitivity_max(explain, td, target=target, n_perturb_samples=SAMPLES)  # type: ignore[return-value]
+
+    def captum() -> torch.Tensor:
+        torch.manual_seed(SEED)
+        return captum_sensitivity_max(captum_saliency.attribute, x, target=target, n_perturb_samples=SAMPLES)
+
+    def grads(inputs: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        inputs = inputs.detach().requires_grad_()
+        out = net(inputs).gather(1, t[:, None]).sum()
+        return torch.autograd.grad(out, inputs)[0].abs()
+
+    def floor() -> torch.Tensor:
+        torch.manual_seed(SEED)
+        moved = x.repeat_interleave(SAMPLES, 0)
+        moved = moved + torch.empty(moved.shape).uniform_(-0.02, 0.02)
+        expl = grads(x, target)
+        moved_expl = grads(moved, target.repeat_interleave(SAMPLES))
+        norm = expl.flatten(1).norm(dim=1)
+        norm = torch.where(norm == 0, torch.ones_like(norm), norm)
+        change = (expl.repeat_interleave(SAMPLES, 0) - moved_expl).flatten(1).norm(dim=1).view(N, SAMPLES)
+        return (change / norm[:, None]).max(1).values
+
+    impls = {"ours": ours, "captum 0.9.0": captum, "hand-written batched floor": floor}
+    reference = floor()
+    for name, fn in impls.items():
+        torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-7, msg=f"{name} differs")
+    times = cpu_medians(impls)
+    print_table(f"sensitivity_max of |saliency|, CNN on digits, batch {N}, {SAMPLES} perturbations",
+                list(times.items()), {"floor": times["hand-written batched floor"], "captum": times["captum 0.9.0"]})
+
+
+def main() -> None:
+    net = cnn()
+    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    target = net(x).argmax(-1)
+    bench_infidelity(net, x, target)
+    bench_sensitivity(net, x, target)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
