@@ -1,0 +1,39 @@
+"""The PCA spectrum of every point's neighbourhood, all points of all clouds in one ``eigvalsh``.
+
+# NOTE [neighbourhood spectra]
+A neighbourhood is ``k + 1`` points, centred on their mean: the point and its ``k``
+nearest neighbours (local PCA), or its ``k + 1`` nearest neighbours (CA-PCA, as tdhook). Their covariance (``1 / k``, scikit-learn's ``explained_variance_``) has
+rank at most ``min(k, D)``. Its nonzero eigenvalues are those of the ``D x D``
+covariance or of the ``(k + 1) x (k + 1)`` Gram matrix of the centred points, whichever
+is smaller, so the spectrum costs ``min(D, k + 1)^3`` per point, not ``D^3``. The
+``min(D, k + 1)`` eigenvalues come back in decreasing order, clamped at 0 (``eigvalsh``
+can return ``-1e-17`` for a zero), as scikit-learn's PCA returns them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._neighbours import nearest
+
+__all__ = ["neighbourhood_spectra"]
+
+
+def neighbourhood_spectra(x: torch.Tensor, k: int, eps: float, with_self: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues ``(..., N, min(D, k + 1))``, decreasing, and the neighbour distances ``(..., N, k + 1)``.
+
+    ``with_self``: the point and its ``k`` nearest neighbours, else its ``k + 1`` nearest.
+    A point with fewer neighbours farther than ``eps`` has ``inf`` among the distances
+    (the caller turns its result into ``nan``).
+    """
+    r, idx = nearest(x, k + 1, eps)
+    neighbours = torch.take_along_dim(x[..., None, :, :], idx[..., :k + 1 - with_self, None], dim=-2)
+    points = torch.cat([x[..., :, None, :], neighbours], dim=-2) if with_self else neighbours
+    centred = points - points.mean(dim=-2, keepdim=True)
+    if x.shape[-1] <= k + 1:
+        moments = centred.mT @ centred
+    else:
+        moments = centred @ centred.mT
+    eigenvalues = torch.linalg.eigvalsh(moments / k).flip(-1).clamp(min=0)
+    return eigenvalues, r
