@@ -7,10 +7,14 @@ The ``k + 1`` centred points of a neighbourhood span at most ``k`` directions, s
 this structural zero included (``lambda_k / (0 + 1e-15)``): once the data have any
 noise its gap is the largest and the answer is ``k`` at every point. The default
 ``gap`` criterion takes the largest ratio among the ``min(k, D)`` eigenvalues that can
-be nonzero, and floors the denominators at ``sqrt(machine eps) * lambda_1`` (eigenvalues
-below are rounding, and their ratios mean nothing); on noisy data the largest ratio is
-then the one between the manifold's directions and the noise's (tested on noisy
-subspaces, spheres and swiss rolls). tdhook's ``maxgap`` and ``ratio`` (the count of
+be nonzero, and floors the denominators at a tenth of their median and at
+``sqrt(machine eps) * lambda_1``: with ``k`` close to ``D`` the smallest noise
+eigenvalues fall towards 0 (the lower Marchenko-Pastur edge) and their ratios, like
+those of rounding errors, say nothing about the manifold. On noisy data the largest
+ratio is then the one between the manifold's directions and the noise's (tested on
+noisy subspaces, spheres and swiss rolls, ``D`` from 3 to 50). It needs ``k`` of about
+``2 d`` or more: with ``d`` close to ``k`` the manifold's own smallest eigenvalues fall
+under the floor. tdhook's ``maxgap`` and ``ratio`` (the count of
 eigenvalues above ``alpha * lambda_1``, Fukunaga and Olsen 1971) are kept as they are.
 """
 
@@ -44,7 +48,8 @@ def spectrum_dimension(eigenvalues: torch.Tensor, k: int, criterion: Criterion, 
         usable = eigenvalues[..., : min(k, m)]
         if usable.shape[-1] < 2:
             return torch.ones(eigenvalues.shape[:-1], dtype=eigenvalues.dtype, device=eigenvalues.device)
-        floor = math.sqrt(torch.finfo(eigenvalues.dtype).eps) * usable[..., :1]
+        floor = torch.maximum(math.sqrt(torch.finfo(eigenvalues.dtype).eps) * usable[..., :1],
+                              0.1 * usable.median(dim=-1, keepdim=True).values)
         gaps = usable[..., :-1] / torch.maximum(usable[..., 1:], floor)
     return (gaps.argmax(-1) + 1).to(eigenvalues.dtype)
 
