@@ -34,20 +34,43 @@ Criterion = Literal["gap", "maxgap", "ratio"]
 _CRITERIA = ("gap", "maxgap", "ratio")
 
 
-def spectrum_dimension(eigenvalues: torch.Tensor, k: int, criterion: Criterion, alpha: float) -> torch.Tensor:
-    """The dimension a decreasing spectrum ``(..., m)`` shows, as a float tensor ``(...)`` (NOTE [gap criterion])."""
+def spectrum_dimension(eigenvalues: torch.Tensor, *, k: int | None = None, criterion: Criterion = "gap",
+                       alpha: float = 0.05) -> torch.Tensor:
+    """The dimension a decreasing PCA spectrum shows, by one of `local_pca`'s criteria.
+
+    Args:
+        eigenvalues (Tensor): ``(..., m)``, decreasing, ``>= 0`` (leading dims are batch dims).
+        k (int | None): the spectrum is of ``k + 1`` centred points: for ``"gap"``, the
+            eigenvalues after the ``k``-th are zero by construction and left out
+            (NOTE [gap criterion]). Default: ``None``, all ``m`` count.
+        criterion (str): ``"gap"``, ``"maxgap"`` or ``"ratio"``, as in `local_pca`.
+            Default: ``"gap"``.
+        alpha (float): the ``"ratio"`` threshold. Default: ``0.05``.
+
+    Returns:
+        Tensor: ``(...)`` whole numbers ``>= 1`` in the eigenvalues' dtype (1 for an
+        empty or one-value spectrum).
+
+    Examples:
+        >>> import torch
+        >>> spectrum_dimension(torch.tensor([4.0, 3.0, 0.01, 0.009, 0.0]), k=4)
+        tensor(2.)
+        >>> spectrum_dimension(torch.tensor([4.0, 3.0, 0.01, 0.009, 0.0]), criterion="maxgap")  # the zero
+        tensor(4.)
+    """
     m = eigenvalues.shape[-1]
+    one = torch.ones(eigenvalues.shape[:-1], dtype=eigenvalues.dtype, device=eigenvalues.device)
     if criterion == "ratio":
         count = (eigenvalues > alpha * eigenvalues[..., :1]).sum(-1)
         return count.clamp(min=1).to(eigenvalues.dtype)
     if criterion == "maxgap":
         if m < 2:
-            return torch.ones(eigenvalues.shape[:-1], dtype=eigenvalues.dtype, device=eigenvalues.device)
+            return one
         gaps = eigenvalues[..., :-1] / (eigenvalues[..., 1:] + 1e-15)
     else:
-        usable = eigenvalues[..., : min(k, m)]
+        usable = eigenvalues[..., : m if k is None else min(k, m)]
         if usable.shape[-1] < 2:
-            return torch.ones(eigenvalues.shape[:-1], dtype=eigenvalues.dtype, device=eigenvalues.device)
+            return one
         floor = torch.maximum(math.sqrt(torch.finfo(eigenvalues.dtype).eps) * usable[..., :1],
                               0.1 * usable.median(dim=-1, keepdim=True).values)
         gaps = usable[..., :-1] / torch.maximum(usable[..., 1:], floor)
@@ -104,5 +127,5 @@ def local_pca(x: torch.Tensor, k: int, *, criterion: Criterion = "gap", alpha: f
         raise ValueError(f"local_pca: alpha must be in (0, 1), got {alpha!r}")
     eps = check_eps("local_pca", eps)
     eigenvalues, r = neighbourhood_spectra(x, k, eps, with_self=True)
-    dimension = spectrum_dimension(eigenvalues, k, criterion, alpha)
+    dimension = spectrum_dimension(eigenvalues, k=k, criterion=criterion, alpha=alpha)
     return torch.where(torch.isfinite(r[..., k - 1]), dimension, math.nan)

@@ -2,8 +2,9 @@
 
 # NOTE [neighbourhood spectra]
 A neighbourhood is ``k + 1`` points, centred on their mean: the point and its ``k``
-nearest neighbours (local PCA), or its ``k + 1`` nearest neighbours (CA-PCA, as tdhook). Their covariance (``1 / k``, scikit-learn's ``explained_variance_``) has
-rank at most ``min(k, D)``. Its nonzero eigenvalues are those of the ``D x D``
+nearest neighbours (local PCA), or its ``k + 1`` nearest neighbours (CA-PCA, as
+tdhook). Their covariance (``1 / k``, scikit-learn's ``explained_variance_``) has rank
+at most ``min(k, D)``. Its nonzero eigenvalues are those of the ``D x D``
 covariance or of the ``(k + 1) x (k + 1)`` Gram matrix of the centred points, whichever
 is smaller, so the spectrum costs ``min(D, k + 1)^3`` per point, not ``D^3``. The
 ``min(D, k + 1)`` eigenvalues come back in decreasing order, clamped at 0 (``eigvalsh``

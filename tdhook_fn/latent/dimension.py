@@ -12,6 +12,7 @@ under `torch.vmap` and keeps float64.
 - `local_pca`: a dimension per point from the PCA spectrum of its neighbourhood; the
   default criterion holds on noisy data.
 - `ca_pca`: local PCA calibrated for curvature (Gilbert and O'Neill 2023).
+- `spectrum_dimension`: the dimension a PCA spectrum shows, by `local_pca`'s criteria.
 
 Points closer than ``eps`` to each other are duplicates and are not neighbours (as in
 tdhook 0.1.3); a point left with too few neighbours gets ``nan``, as documented on each.
@@ -28,7 +29,7 @@ Examples:
 
 from ._ca_pca import ca_pca
 from ._local_knn import local_knn
-from ._local_pca import local_pca
+from ._local_pca import local_pca, spectrum_dimension
 from ._twonn import two_nn
 
-__all__ = ["ca_pca", "local_knn", "local_pca", "two_nn"]
+__all__ = ["ca_pca", "local_knn", "local_pca", "spectrum_dimension", "two_nn"]

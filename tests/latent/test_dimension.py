@@ -189,8 +189,8 @@ def _rotated(x, ambient, g):
 
 
 def _manifold(name, g, n=1000, quieter=1.0):
-    u = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    z = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)
+    z = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     t, h = 1.5 * math.pi * (1 + 2 * u(n)), 21 * u(n)
     swiss = torch.stack([t * torch.cos(t), h, t * torch.sin(t)], 1)
     clean, d, noise = {
