@@ -90,7 +90,7 @@ def ca_pca(x: torch.Tensor, k: int, *, eps: float = 1e-5) -> torch.Tensor:
     if eigenvalues.shape[-1] < D:  # the zeros of a rank-k covariance
         eigenvalues = torch.nn.functional.pad(eigenvalues, (0, D - eigenvalues.shape[-1]))
     valid = torch.isfinite(radius) & (radius > 0)
-    safe = torch.where(valid, radius, 1.0)
+    safe = torch.where(valid, radius, 1.0).double()
     scores = ca_pca_scores(eigenvalues / (safe * safe)[..., None])
     dimension = (scores.argmin(-1) + 1).to(x.dtype)
     return torch.where(valid, dimension, math.nan)

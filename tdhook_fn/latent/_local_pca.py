@@ -128,4 +128,4 @@ def local_pca(x: torch.Tensor, k: int, *, criterion: Criterion = "gap", alpha: f
     eps = check_eps("local_pca", eps)
     eigenvalues, r = neighbourhood_spectra(x, k, eps, with_self=True)
     dimension = spectrum_dimension(eigenvalues, k=k, criterion=criterion, alpha=alpha)
-    return torch.where(torch.isfinite(r[..., k - 1]), dimension, math.nan)
+    return torch.where(torch.isfinite(r[..., k - 1]), dimension.to(x.dtype), math.nan)

@@ -8,7 +8,10 @@ at most ``min(k, D)``. Its nonzero eigenvalues are those of the ``D x D``
 covariance or of the ``(k + 1) x (k + 1)`` Gram matrix of the centred points, whichever
 is smaller, so the spectrum costs ``min(D, k + 1)^3`` per point, not ``D^3``. The
 ``min(D, k + 1)`` eigenvalues come back in decreasing order, clamped at 0 (``eigvalsh``
-can return ``-1e-17`` for a zero), as scikit-learn's PCA returns them.
+can return ``-1e-17`` for a zero), as scikit-learn's PCA returns them. They are
+computed in float64 whatever ``x``'s dtype (as tdhook, which hands scikit-learn float64):
+in float32 the zeros of a rank-deficient neighbourhood come out near ``1e-7`` of the
+largest eigenvalue instead of ``1e-16``, and the gap criteria compare ratios of them.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ __all__ = ["neighbourhood_spectra"]
 
 def neighbourhood_spectra(x: torch.Tensor, k: int, eps: float, with_self: bool
                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvalues ``(..., N, min(D, k + 1))``, decreasing, and the neighbour distances ``(..., N, k + 1)``.
+    """Eigenvalues ``(..., N, min(D, k + 1))``, float64, decreasing, and the neighbour distances ``(..., N, k + 1)``.
 
     ``with_self``: the point and its ``k`` nearest neighbours, else its ``k + 1`` nearest.
     A point with fewer neighbours farther than ``eps`` has ``inf`` among the distances
     (the caller turns its result into ``nan``).
     """
     r, idx = nearest(x, k + 1, eps)
-    neighbours = torch.take_along_dim(x[..., None, :, :], idx[..., :k + 1 - with_self, None], dim=-2)
-    points = torch.cat([x[..., :, None, :], neighbours], dim=-2) if with_self else neighbours
+    x64 = x.double()
+    neighbours = torch.take_along_dim(x64[..., None, :, :], idx[..., :k + 1 - with_self, None], dim=-2)
+    points = torch.cat([x64[..., :, None, :], neighbours], dim=-2) if with_self else neighbours
     centred = points - points.mean(dim=-2, keepdim=True)
     if x.shape[-1] <= k + 1:
         moments = centred.mT @ centred
