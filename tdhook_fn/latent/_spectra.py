@@ -32,10 +32,11 @@ def neighbourhood_spectra(x: torch.Tensor, k: int, eps: float, with_self: bool
     (the caller turns its result into ``nan``).
     """
     r, idx = nearest(x, k + 1, eps)
-    x64 = x.double()
-    neighbours = torch.take_along_dim(x64[..., None, :, :], idx[..., :k + 1 - with_self, None], dim=-2)
-    points = torch.cat([x64[..., :, None, :], neighbours], dim=-2) if with_self else neighbours
-    centred = points - points.mean(dim=-2, keepdim=True)
+    if with_self:  # one gather of all k + 1 points: no copy of the (..., N, k + 1, D) block
+        own = torch.arange(x.shape[-2], device=x.device).expand(idx.shape[:-1])[..., None]
+        idx = torch.cat([own, idx[..., :k]], dim=-1)
+    points = torch.take_along_dim(x.double()[..., None, :, :], idx[..., None], dim=-2)
+    centred = points.sub_(points.mean(dim=-2, keepdim=True))
     if x.shape[-1] <= k + 1:
         moments = centred.mT @ centred
     else:
