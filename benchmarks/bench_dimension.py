@@ -29,11 +29,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
-from _timing import interleaved_medians, print_table  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+import torch
+from _timing import interleaved_medians, print_table
+from tensordict import TensorDict
 
-from tdhook_fn.latent.dimension import ca_pca, local_knn, local_pca, two_nn  # noqa: E402
+from tdhook_fn.latent.dimension import ca_pca, local_knn, local_pca, two_nn
 
 N, D, RANK, K_KNN, K_PCA = 2000, 256, 12, 10, 20
 
