@@ -470,7 +470,7 @@ def draw_dimension(model: nn.Module | None = None) -> None:
             "TwoNN (Facco et al.)": [float(two_nn(c.double())) for c in clouds],
             "local kNN, median (k = 10)": [float(local_knn(c.double(), 10).nanmedian()) for c in clouds],
         }
-        for ax, (title, values) in zip(axes, curves.items()):
+        for ax, (title, values) in zip(axes, curves.items(), strict=True):
             ax.plot(list(layers), values, style, label=label)
             ax.set_title(title)
     for ax in axes:

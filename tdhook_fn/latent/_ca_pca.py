@@ -53,10 +53,13 @@ def ca_pca(x: torch.Tensor, k: int, *, eps: float = 1e-5) -> torch.Tensor:
     """Each point's curvature-adjusted local PCA dimension (Gilbert and O'Neill 2023).
 
     Local PCA calibrated on a quadratic embedding instead of a flat ball, so curvature is
-    not read as extra dimensions; see NOTE [CA-PCA] in ``_ca_pca.py``. All points of all
-    clouds: one ``topk``, one batched ``eigvalsh``, and prefix sums for the scores. Equal
-    to tdhook 0.1.3's `CaPcaDimensionEstimator`, which answers the ambient dimension at
-    some points of lopsided neighbourhoods (NOTE [CA-PCA at the edges]).
+    not read as extra dimensions: the spectrum of each point's ``k + 1`` nearest
+    neighbours, divided by ``r^2`` (``r`` halfway between the ``k``-th and ``(k+1)``-th
+    neighbour distances), is scored against that of a ``d``-dimensional quadratic
+    embedding for every ``d``, and the best ``d`` wins. All points of all clouds: one
+    ``topk``, one batched ``eigvalsh``, and prefix sums for the scores. Equal to tdhook
+    0.1.3's `CaPcaDimensionEstimator`; like it, it can answer the ambient dimension at
+    points on the edge of the data (a lopsided neighbourhood): read the median.
 
     Args:
         x (Tensor): ``(..., N, D)`` floating point, ``N >= k + 2``; leading dims are batch dims.

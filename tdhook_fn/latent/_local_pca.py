@@ -41,8 +41,8 @@ def spectrum_dimension(eigenvalues: torch.Tensor, *, k: int | None = None, crite
     Args:
         eigenvalues (Tensor): ``(..., m)``, decreasing, ``>= 0`` (leading dims are batch dims).
         k (int | None): the spectrum is of ``k + 1`` centred points: for ``"gap"``, the
-            eigenvalues after the ``k``-th are zero by construction and left out
-            (NOTE [gap criterion]). Default: ``None``, all ``m`` count.
+            eigenvalues after the ``k``-th are zero by construction and left out.
+            Default: ``None``, all ``m`` count.
         criterion (str): ``"gap"``, ``"maxgap"`` or ``"ratio"``, as in `local_pca`.
             Default: ``"gap"``.
         alpha (float): the ``"ratio"`` threshold. Default: ``0.05``.
@@ -81,10 +81,12 @@ def local_pca(x: torch.Tensor, k: int, *, criterion: Criterion = "gap", alpha: f
               eps: float = 1e-5) -> torch.Tensor:
     """Each point's dimension from the PCA spectrum of its ``k``-neighbourhood (Fukunaga and Olsen 1971).
 
-    The spectra of all points of all clouds come from one batched ``eigvalsh`` (of the
-    ``D x D`` covariance or the ``(k + 1) x (k + 1)`` Gram matrix, the smaller); see
-    NOTE [neighbourhood spectra] in ``_spectra.py`` and NOTE [gap criterion] in
-    ``_local_pca.py``.
+    The spectra of all points of all clouds come from one batched ``eigvalsh`` in float64
+    (of the ``D x D`` covariance or the ``(k + 1) x (k + 1)`` Gram matrix, the smaller).
+    The default criterion ``"gap"`` leaves out the eigenvalues that are zero by
+    construction (``k + 1`` centred points span at most ``k`` directions) and floors the
+    ratios' denominators at a tenth of the median eigenvalue, so noise does not make the
+    largest ratio.
 
     Args:
         x (Tensor): ``(..., N, D)`` floating point, ``N >= k + 1``; leading dims are batch dims.

@@ -36,7 +36,9 @@ def two_nn(
     """The TwoNN intrinsic dimension of each point cloud (Facco et al. 2017).
 
     From each point's two nearest neighbours only (one ``topk``), so it holds on curved
-    manifolds and non-uniform densities; see NOTE [TwoNN fit] in ``_twonn.py``.
+    manifolds and non-uniform densities. ``mu = r2 / r1`` follows a Pareto law of index
+    ``d``, so ``-log(1 - F(mu)) = d log(mu)``: ``d`` is the slope, through the origin, of
+    that line over the sorted ratios (their empirical ``F`` is ``i / n``).
 
     Args:
         x (Tensor): ``(..., N, D)`` floating point, ``N >= 3``: leading dims are batch dims
