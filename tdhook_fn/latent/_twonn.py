@@ -82,15 +82,17 @@ def two_nn(
     has_two = torch.isfinite(r[..., 1])
     mu = torch.where(has_two, r[..., 1] / r[..., 0], torch.inf)
     log_mu = torch.sort(mu, dim=-1).values.log()
-    n = has_two.sum(-1, keepdim=True).to(x.dtype)
+    count = has_two.sum(-1, keepdim=True).double()
+    # (1 + 1e-12): 10 * (1 - 0.3) is 6.999...; the share kept is meant exactly
+    kept = torch.minimum(torch.floor(count * (1 - discard_fraction) * (1 + 1e-12)), count - 1)
+    fitted = torch.arange(1, x.shape[-2] + 1, device=x.device, dtype=torch.float64) <= kept
+    n = count.to(x.dtype)
     rank = torch.arange(1, x.shape[-2] + 1, device=x.device, dtype=x.dtype)
-    kept = torch.minimum(torch.floor(n * (1 - discard_fraction)), n - 1)
-    fitted = rank <= kept
     survival = torch.where(fitted, 1 - rank / n, 1.0)  # 1 where not fitted: no log(0)
     log_x = torch.where(fitted, log_mu, 0.0)
     log_y = -survival.log()
     slope = (log_x * log_y).sum(-1) / (log_x * log_x).sum(-1)
-    dimension = torch.where((n.squeeze(-1) >= 3) & (kept.squeeze(-1) >= 1), slope, math.nan)
+    dimension = torch.where((count.squeeze(-1) >= 3) & (kept.squeeze(-1) >= 1), slope, math.nan)
     if not return_xy:
         return dimension
     nan = torch.tensor(math.nan, dtype=x.dtype, device=x.device)

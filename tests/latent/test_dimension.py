@@ -34,7 +34,7 @@ def _neighbour_lists(x, eps=1e-5):
 def _two_nn_loop(x, discard_fraction):
     mus = sorted(r[1][0] / r[0][0] for r in _neighbour_lists(x) if len(r) >= 2)
     n = len(mus)
-    kept = min(math.floor(n * (1 - discard_fraction)), n - 1)
+    kept = min(math.floor(n * (1 - discard_fraction) + 1e-9), n - 1)  # 10 * (1 - 0.3) is 6.999...
     sxy = sxx = 0.0
     for i in range(1, kept + 1):
         lx, ly = math.log(mus[i - 1]), -math.log(1 - i / n)
@@ -111,7 +111,7 @@ def _t(values):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("discard_fraction", [0.0, 0.1, 0.25])
+@pytest.mark.parametrize("discard_fraction", [0.0, 0.1, 0.25, 0.3])
 def test_two_nn_equals_loop(seed, discard_fraction):
     x = _cloud(seed)
     x[3] = x[8]  # a duplicate pair: neither is the other's neighbour
@@ -286,6 +286,14 @@ def test_two_nn_return_xy_padding():
     assert fitted.sum() == 45 and fitted[:45].all()  # floor(50 * 0.9), in increasing order
     assert torch.all(log_mu[:45].diff() >= 0)
     torch.testing.assert_close(d, (log_mu[fitted] * log_y[fitted]).sum() / (log_mu[fitted] ** 2).sum())
+
+
+@pytest.mark.parametrize(("n", "discard_fraction", "fitted"),
+                         [(10, 0.3, 7), (20, 0.15, 17), (10, 0.0, 9), (50, 0.1, 45)])
+def test_two_nn_keeps_the_exact_share(n, discard_fraction, fitted):
+    """``floor(n (1 - f))`` ratios, at most ``n - 1``: ``10 * (1 - 0.3)`` in floating point is 6.999..."""
+    _, log_mu, _ = two_nn(_cloud(n, n=n), discard_fraction=discard_fraction, return_xy=True)
+    assert int(torch.isfinite(log_mu).sum()) == fitted
 
 
 def test_duplicates_are_excluded_and_too_few_give_nan():
