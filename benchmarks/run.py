@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_latent", "bench_data", "bench_compile",
-              "bench_metrics")
+BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_latent", "bench_metrics",
+              "bench_dimension", "bench_data", "bench_compile")
 
 
 def main() -> None:

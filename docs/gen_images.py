@@ -5,6 +5,7 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 (``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
+``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture.
 """
 
 from __future__ import annotations
@@ -483,6 +484,39 @@ def draw_latent() -> None:
     save(fig, "latent_steering.png")
 
 
+def draw_dimension(model: nn.Module | None = None) -> None:
+    """Intrinsic dimension per layer of the digits CNN, trained and at initialisation, on all 1797 digits."""
+    from tdhook_fn.latent import cache
+    from tdhook_fn.latent.dimension import local_knn, two_nn
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    if model is None:
+        train_x, train_y, _, _ = load()
+        model = train(make_cnn(), train_x, train_y, epochs=8)
+    layers = {"input": None, "conv 1": "[1]", "conv 2": "[3]", "dense": "[6]", "logits": "[7]"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+    for label, net, style in [("trained", model, "-o"), ("at initialisation", make_cnn().eval(), "--s")]:
+        f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        with torch.no_grad():
+            acts = cache(f, p, TensorDict(input=x, batch_size=[len(x)]), [s for s in layers.values() if s])
+        clouds = [x.flatten(1) if site is None else acts[site.strip("[]")].flatten(1) for site in layers.values()]
+        curves = {  # one cloud per layer; widths differ (64 to 2048), so a loop over five layers
+            "TwoNN (Facco et al.)": [float(two_nn(c.double())) for c in clouds],
+            "local kNN, median (k = 10)": [float(local_knn(c.double(), 10).nanmedian()) for c in clouds],
+        }
+        for ax, (title, values) in zip(axes, curves.items(), strict=True):
+            ax.plot(list(layers), values, style, label=label)
+            ax.set_title(title)
+    for ax in axes:
+        ax.set_ylabel("intrinsic dimension")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("Digits CNN: intrinsic dimension of each layer's activations (1797 real digits)")
+    fig.tight_layout()
+    save(fig, "dimension.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -502,8 +536,13 @@ def main() -> None:
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
     draw_pruning(model, test_x, test_y)
     draw_adapters(model, train_x, test_x, test_y)
+    draw_dimension(model)
     draw_latent()
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["dimension"]:
+        OUT.mkdir(exist_ok=True)
+        draw_dimension()
+    else:
+        main()

@@ -663,8 +663,45 @@ METRICS_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- latent: intrinsic dimension
+
+
+def _dimension(name: str) -> Any:
+    from tdhook_fn.latent import dimension
+
+    return getattr(dimension, name)
+
+
+DIMENSION_ROWS: list[Row] = [
+    ("two-nn-too-few-points", lambda: _dimension("two_nn")(torch.randn(2, 3)),
+     ValueError, ("two_nn", "at least 3 points", "N=2")),
+    ("two-nn-integer-points", lambda: _dimension("two_nn")(torch.ones(4, 3, dtype=torch.long)),
+     TypeError, ("two_nn", "floating-point", "x.float()")),
+    ("two-nn-not-a-tensor", lambda: _dimension("two_nn")([[0.0, 1.0]]),
+     TypeError, ("two_nn", "must be a tensor", "list")),
+    ("two-nn-one-dim", lambda: _dimension("two_nn")(torch.randn(5)),
+     ValueError, ("two_nn", "(..., N, D)", "(5,)")),
+    ("two-nn-discard-fraction", lambda: _dimension("two_nn")(torch.randn(9, 3), discard_fraction=1.0),
+     ValueError, ("two_nn", "discard_fraction", "[0, 1)", "1.0")),
+    ("dimension-negative-eps", lambda: _dimension("local_knn")(torch.randn(9, 3), 2, eps=-1.0),
+     ValueError, ("local_knn", "eps", ">= 0", "-1.0")),
+    ("local-knn-too-few-points", lambda: _dimension("local_knn")(torch.randn(4, 3), 2),
+     ValueError, ("local_knn", "at least 5 points", "2k + 1", "k=2", "N=4")),
+    ("dimension-k-zero", lambda: _dimension("local_pca")(torch.randn(9, 3), 0),
+     ValueError, ("local_pca", "k must be at least 1", "0")),
+    ("dimension-k-float", lambda: _dimension("ca_pca")(torch.randn(9, 3), 2.5),
+     TypeError, ("ca_pca", "k must be an int", "float")),
+    ("local-pca-criterion", lambda: _dimension("local_pca")(torch.randn(9, 3), 2, criterion="median"),
+     ValueError, ("local_pca", "criterion", "'gap'", "'median'")),
+    ("local-pca-alpha", lambda: _dimension("local_pca")(torch.randn(9, 3), 2, alpha=1.5),
+     ValueError, ("local_pca", "alpha", "(0, 1)", "1.5")),
+    ("ca-pca-too-few-points", lambda: _dimension("ca_pca")(torch.randn(6, 3), 5),
+     ValueError, ("ca_pca", "at least 7 points", "k + 2", "N=6")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
-                   *CORE_SHADOW_ROWS, *METRICS_ROWS]
+                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -1,0 +1,101 @@
+"""``LocalPcaDimensionEstimator`` (``tdhook.latent.dimension_estimation.local_pca``, tdhook 0.1.3).
+
+Computes with `tdhook_fn.latent.dimension.local_pca`: every neighbourhood's spectrum
+from one batched ``eigvalsh``, no scikit-learn.
+
+Differences from tdhook 0.1.3:
+
+- The default ``criterion`` is ``"gap"`` (see `tdhook_fn.latent.dimension.local_pca`):
+  tdhook's default ``"maxgap"`` answers ``k`` at every point of noisy data when
+  ``D > k``. ``criterion="maxgap"`` gives tdhook's numbers.
+- scikit-learn is not needed (no ``ImportError`` without it).
+- ``_local_pca(..., pca_cls=...)`` (a private helper tdhook's tests call) computes with
+  `local_pca`; a ``pca_cls`` other than scikit-learn's ``PCA`` raises
+  ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from tdhook_fn.latent.dimension import local_pca, spectrum_dimension
+
+from ._base import Estimator, K, check_k, resolve_k
+
+__all__ = ["LocalPcaDimensionEstimator"]
+
+_CRITERIA = ("gap", "maxgap", "ratio")
+
+
+class LocalPcaDimensionEstimator(Estimator):
+    """A dimension per point of ``td[in_key]`` ``(..., N, D)`` from its neighbourhood's PCA spectrum.
+
+    Args:
+        k (int | "auto"): neighbours per neighbourhood, ``>= 1``; ``"auto"``: ``sqrt(N)``.
+            Default: ``"auto"``.
+        criterion (str): ``"gap"``, ``"maxgap"`` (tdhook's default) or ``"ratio"``; see
+            `tdhook_fn.latent.dimension.local_pca`. Default: ``"gap"``.
+        alpha (float): the ``"ratio"`` threshold. Default: ``0.05``.
+        in_key (str): the points. Default: ``"data"``.
+        out_key (str): where the dimensions go. Default: ``"dimension"``.
+        eps (float): points closer than this are duplicates. Default: ``1e-5``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"data": torch.randn(3, 50, 4)}, batch_size=[3])
+        >>> LocalPcaDimensionEstimator(k=5)(td)["dimension"].shape
+        torch.Size([3, 50])
+    """
+
+    def __init__(self, k: K = "auto", criterion: str = "gap", alpha: float = 0.05, in_key: str = "data",
+                 out_key: str = "dimension", eps: float = 1e-5) -> None:
+        super().__init__(in_key, out_key, eps)
+        check_k(k, 1, "k must be at least 1")
+        self.k = k
+        self.criterion = criterion
+        self.alpha = alpha
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        data = self.points(td)
+        n = data.shape[-2]
+        k = resolve_k(self.k, n)
+        if n < k + 1:
+            raise ValueError(f"At least k+1 points required for local PCA (k={k}), got {n}")
+        if self.criterion not in _CRITERIA:
+            raise ValueError(f"Unknown criterion: {self.criterion!r} (one of {_CRITERIA})")
+        td[self.out_key] = local_pca(data, k, criterion=self.criterion, alpha=self.alpha,  # type: ignore[arg-type]
+                                     eps=self.eps)
+        return td
+
+    def _fields(self) -> str:
+        return (f"{super()._fields()},\nk={self.k},\ncriterion={self.criterion!r},\nalpha={self.alpha},"
+                f"\neps={self.eps}")
+
+
+def _dim_from_eigenvalues_maxgap(lambda_: np.ndarray) -> int:
+    """tdhook's ``maxgap`` on one decreasing spectrum (1 for fewer than two values)."""
+    return int(spectrum_dimension(torch.as_tensor(np.asarray(lambda_, dtype=np.float64)), criterion="maxgap"))
+
+
+def _dim_from_eigenvalues_ratio(lambda_: np.ndarray, alpha: float) -> int:
+    """tdhook's ``ratio``: the count of eigenvalues above ``alpha`` times the largest, at least 1."""
+    return int(spectrum_dimension(torch.as_tensor(np.asarray(lambda_, dtype=np.float64)), criterion="ratio",
+                                  alpha=alpha))
+
+
+def _local_pca(data: torch.Tensor, k: int, eps: float, criterion: str, alpha: float,
+               pca_cls: Any = None) -> torch.Tensor:
+    """tdhook's private per-cloud helper: ``(N, D)`` to ``(N,)``; ``k < 1`` gives ``nan`` (tdhook's)."""
+    if pca_cls is not None and (getattr(pca_cls, "__name__", None), getattr(pca_cls, "__module__", "")[:7]) \
+            != ("PCA", "sklearn"):
+        raise NotImplementedError(f"_local_pca: the spectra come from torch.linalg.eigvalsh; pca_cls={pca_cls!r} "
+                                  "is not supported (only scikit-learn's PCA, whose numbers they equal)")
+    if k < 1:
+        return torch.full(data.shape[:-1], math.nan, dtype=torch.float32, device=data.device)
+    return local_pca(data, k, criterion=criterion, alpha=alpha, eps=eps).float()  # type: ignore[arg-type]
