@@ -1,0 +1,133 @@
+"""Centered kernel alignment: centered Gram matrices and their normalised inner products.
+
+# NOTE [one formula for every CKA]
+Biased HSIC is ``<HKH, HLH>_F / (N - 1)^2`` and the unbiased estimator of Song et al.
+(2012) is ``<U(K), U(L)>_F / (N (N - 3))`` with ``U`` the U-centering of Szekely and
+Rizzo (2014) (diagonal zeroed, row and column means removed with ``N - 2`` and
+``(N - 1)(N - 2)`` in place of ``N``). The scale factors cancel in CKA, so every variant
+is ``<Kc, Lc> / (|Kc| |Lc|)`` for some centred Grams ``Kc`` and ``Lc``: the Grams are
+built once per representation and the pairs cost one batched inner product.
+
+# NOTE [linear CKA from feature covariances]
+For the linear kernel ``<HXX^TH, HYY^TH> = |Xc^T Yc|_F^2``. Grams cost ``N^2 D`` per
+representation plus ``N^2`` per pair; covariances cost ``N Dx Dy`` per pair. The cheaper
+one is used: covariances for one pair of wide-sample inputs, Grams for all-pairs tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._broadcast_einsum import broadcast_einsum
+from ._similarity_inputs import first_true
+
+
+def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
+             median_fraction: float) -> Tensor:
+    """CKA of checked float ``x`` ``(..., N, Dx)`` and ``y`` ``(..., N, Dy)``."""
+    constant_x, constant_y = _constant(x), _constant(y)
+    _refuse_constant("x", constant_x)
+    _refuse_constant("y", constant_y)
+    if kernel == "linear" and not debiased and _covariances_cheaper(x, y):
+        value = _linear_cka_from_covariances(x, y)
+    else:
+        kx = _centred_gram("x", x, kernel=kernel, debiased=debiased, sigma=sigma, median_fraction=median_fraction)
+        ky = _centred_gram("y", y, kernel=kernel, debiased=debiased, sigma=sigma, median_fraction=median_fraction)
+        value = _alignment(kx.flatten(-2), ky.flatten(-2))
+    # under vmap or compile the refusal cannot branch: a constant representation gives NaN there
+    nan = torch.full((), math.nan, dtype=value.dtype, device=value.device)
+    value = torch.where(constant_x | constant_y, nan, value)
+    return value.clamp(-1.0 if debiased else 0.0, 1.0)  # only rounding takes it out of range
+
+
+def _constant(t: Tensor) -> Tensor:
+    """Whether each representation ``(..., N, D)`` is the same vector for every sample."""
+    return (t == t[..., :1, :]).all(-1).all(-1)
+
+
+def _refuse_constant(arg: str, constant: Tensor) -> None:
+    where = first_true(constant)
+    if where is not None:
+        at = f" (batch index {where})" if where else ""
+        raise ValueError(f"cka: {arg} is constant across its samples{at}: its centred Gram matrix is zero and CKA "
+                         f"is undefined (tdhook returns NaN); drop that representation or compare non-constant ones")
+
+
+def _covariances_cheaper(x: Tensor, y: Tensor) -> bool:
+    n, dx, dy = x.shape[-2], x.shape[-1], y.shape[-1]
+    bx, by = math.prod(x.shape[:-2]), math.prod(y.shape[:-2])
+    pairs = math.prod(torch.broadcast_shapes(x.shape[:-2], y.shape[:-2]))
+    grams = (bx * dx + by * dy + pairs) * n * n
+    covariances = pairs * n * dx * dy + (bx * dx * dx + by * dy * dy) * n
+    return covariances < grams
+
+
+def _linear_cka_from_covariances(x: Tensor, y: Tensor) -> Tensor:
+    xc, yc = x - x.mean(-2, keepdim=True), y - y.mean(-2, keepdim=True)
+    cross = broadcast_einsum("nd", "ne", "de", xc, yc).square().sum((-2, -1))
+    self_x = (xc.mT @ xc).square().sum((-2, -1))
+    self_y = (yc.mT @ yc).square().sum((-2, -1))
+    return cross / self_x.sqrt() / self_y.sqrt()
+
+
+def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
+    """``<kx, ky> / (|kx| |ky|)`` over the last dim, the leading dims broadcast (NOTE [all pairs by broadcasting])."""
+    inner = broadcast_einsum("z", "z", "", kx, ky)
+    norm_x, norm_y = torch.linalg.vector_norm(kx, dim=-1), torch.linalg.vector_norm(ky, dim=-1)
+    for arg, norm in (("x", norm_x), ("y", norm_y)):
+        where = first_true(norm == 0)
+        if where is not None:  # a non-constant representation can still have a zero U-centred Gram (tiny N)
+            at = f" (batch index {where})" if where else ""
+            raise ValueError(f"cka: the centred Gram matrix of {arg} is zero{at}, so CKA is undefined; use more "
+                             f"samples or debiased=False")
+    return inner / norm_x / norm_y
+
+
+def _centred_gram(arg: str, t: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
+                  median_fraction: float) -> Tensor:
+    gram = t @ t.mT
+    if kernel == "rbf":
+        gram = _rbf(arg, gram, sigma=sigma, median_fraction=median_fraction)
+    return _u_centre(gram) if debiased else _double_centre(gram)
+
+
+def _rbf(arg: str, gram: Tensor, *, sigma: float | None, median_fraction: float) -> Tensor:
+    """``exp(-|ti - tj|^2 / (2 sigma^2))`` from the linear Gram of ``t``."""
+    n = gram.shape[-1]
+    sq_norms = torch.diagonal(gram, dim1=-2, dim2=-1)
+    sq_dist = (sq_norms[..., :, None] + sq_norms[..., None, :] - 2 * gram).clamp_min(0)
+    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=gram.device)
+    sq_dist = torch.where(off_diagonal, sq_dist, torch.zeros((), dtype=gram.dtype, device=gram.device))
+    if sigma is not None:
+        two_sigma_sq = torch.full((), 2 * sigma * sigma, dtype=gram.dtype, device=gram.device)
+    else:
+        rows, cols = torch.triu_indices(n, n, 1, device=gram.device)
+        # the lower median of the squared distances is the square of the lower median distance
+        median_sq = torch.median(sq_dist[..., rows, cols], dim=-1).values
+        where = first_true(median_sq == 0)
+        if where is not None:
+            at = f" (batch index {where})" if where else ""
+            raise ValueError(f"cka: half or more of the pairs of samples of {arg} coincide{at}, so the median "
+                             f"distance is 0 and gives no RBF bandwidth; pass sigma=")
+        two_sigma_sq = (2 * median_fraction * median_fraction * median_sq)[..., None, None]
+    return torch.exp(-sq_dist / two_sigma_sq)
+
+
+def _double_centre(k: Tensor) -> Tensor:
+    """``H K H`` with ``H = I - 11^T / N``."""
+    return k - k.mean(-1, keepdim=True) - k.mean(-2, keepdim=True) + k.mean((-2, -1), keepdim=True)
+
+
+def _u_centre(k: Tensor) -> Tensor:
+    """The U-centering of ``k`` (NOTE [one formula for every CKA]); needs ``N >= 4``."""
+    n = k.shape[-1]
+    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=k.device)
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    k = torch.where(off_diagonal, k, zero)
+    rows = k.sum(-1, keepdim=True) / (n - 2)
+    cols = k.sum(-2, keepdim=True) / (n - 2)
+    total = k.sum((-2, -1), keepdim=True) / ((n - 1) * (n - 2))
+    return torch.where(off_diagonal, k - rows - cols + total, zero)
