@@ -88,6 +88,7 @@ def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
 
 def _centred_gram(arg: str, t: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
                   median_fraction: float) -> Tensor:
+    t = t - t.mean(-2, keepdim=True)  # a large mean would drown the spread in the Gram's rounding
     gram = t @ t.mT
     if kernel == "rbf":
         gram = _rbf(arg, gram, sigma=sigma, median_fraction=median_fraction)
