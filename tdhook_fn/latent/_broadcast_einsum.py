@@ -24,7 +24,7 @@ def broadcast_einsum(a_core: str, b_core: str, out_core: str, a: Tensor, b: Tens
     The core subscripts are lowercase letters naming the trailing dims of each operand.
     """
     batch_a, batch_b = a.shape[: a.ndim - len(a_core)], b.shape[: b.ndim - len(b_core)]
-    shape = torch.broadcast_shapes(batch_a, batch_b)
+    shape: torch.Size = torch.broadcast_shapes(batch_a, batch_b)  # type: ignore[no-untyped-call]
     nd = len(shape)
     if nd > len(_BATCH_LETTERS):
         raise ValueError(f"at most {len(_BATCH_LETTERS)} batch dims are supported, got {nd}")
@@ -35,5 +35,4 @@ def broadcast_einsum(a_core: str, b_core: str, out_core: str, a: Tensor, b: Tens
     b = b.reshape([pad_b[i] for i in keep_b] + list(b.shape[len(batch_b):]))
     letters_a = "".join(_BATCH_LETTERS[i] for i in keep_a)
     letters_b = "".join(_BATCH_LETTERS[i] for i in keep_b)
-    out = torch.einsum(f"{letters_a}{a_core},{letters_b}{b_core}->{_BATCH_LETTERS[:nd]}{out_core}", a, b)
-    return out
+    return torch.einsum(f"{letters_a}{a_core},{letters_b}{b_core}->{_BATCH_LETTERS[:nd]}{out_core}", a, b)

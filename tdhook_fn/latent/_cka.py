@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ._broadcast_einsum import broadcast_einsum
-from ._similarity_inputs import first_true
+from ._similarity_inputs import batch_shape, first_true
 
 
 def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
@@ -59,14 +59,29 @@ def _refuse_constant(arg: str, constant: Tensor) -> None:
 def _covariances_cheaper(x: Tensor, y: Tensor) -> bool:
     n, dx, dy = x.shape[-2], x.shape[-1], y.shape[-1]
     bx, by = math.prod(x.shape[:-2]), math.prod(y.shape[:-2])
-    pairs = math.prod(torch.broadcast_shapes(x.shape[:-2], y.shape[:-2]))
+    pairs = math.prod(batch_shape(x, y))
     grams = (bx * dx + by * dy + pairs) * n * n
     covariances = pairs * n * dx * dy + (bx * dx * dx + by * dy * dy) * n
     return covariances < grams
 
 
+def _centred(t: Tensor, *, unit: bool) -> Tensor:
+    """``t`` minus its mean sample; with ``unit``, also divided by its largest entry.
+
+    Centring first: a large mean (common in residual streams) would drown the spread in
+    the rounding of a Gram of the raw ``t``. Linear CKA is scale-invariant, and its sums
+    of fourth powers overflow float32 from entries near ``1e9`` (tdhook returns NaN
+    there): unit scale keeps them in range.
+    """
+    t = t - t.mean(-2, keepdim=True)
+    if not unit:
+        return t
+    tiny = torch.finfo(t.dtype).tiny
+    return t / t.abs().amax((-2, -1), keepdim=True).clamp_min(tiny)
+
+
 def _linear_cka_from_covariances(x: Tensor, y: Tensor) -> Tensor:
-    xc, yc = x - x.mean(-2, keepdim=True), y - y.mean(-2, keepdim=True)
+    xc, yc = _centred(x, unit=True), _centred(y, unit=True)
     cross = broadcast_einsum("nd", "ne", "de", xc, yc).square().sum((-2, -1))
     self_x = (xc.mT @ xc).square().sum((-2, -1))
     self_y = (yc.mT @ yc).square().sum((-2, -1))
@@ -83,12 +98,13 @@ def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
             at = f" (batch index {where})" if where else ""
             raise ValueError(f"cka: the centred Gram matrix of {arg} is zero{at}, so CKA is undefined; use more "
                              f"samples or debiased=False")
-    return inner / norm_x / norm_y
+    value: Tensor = inner / norm_x / norm_y
+    return value
 
 
 def _centred_gram(arg: str, t: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
                   median_fraction: float) -> Tensor:
-    t = t - t.mean(-2, keepdim=True)  # a large mean would drown the spread in the Gram's rounding
+    t = _centred(t, unit=kernel == "linear")
     gram = t @ t.mT
     if kernel == "rbf":
         gram = _rbf(arg, gram, sigma=sigma, median_fraction=median_fraction)

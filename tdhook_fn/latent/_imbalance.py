@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._similarity_inputs import batch_shape
+
 
 def imbalance_impl(x: Tensor, y: Tensor, *, p: float) -> tuple[Tensor, Tensor]:
     """Delta(x -> y) and Delta(y -> x) of checked float inputs, batch dims broadcast."""
     dist_x, dist_y = _neighbour_distances(x, p), _neighbour_distances(y, p)
-    shape = torch.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    shape = batch_shape(x, y)
     return _directed(dist_x, dist_y, shape), _directed(dist_y, dist_x, shape)
 
 

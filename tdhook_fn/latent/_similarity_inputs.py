@@ -25,7 +25,7 @@ def as_float_pair(name: str, x: Tensor, y: Tensor, *, min_samples: int) -> tuple
         raise ValueError(f"{name}: x and y need matching sample counts (dim -2), got {x.shape[-2]} and "
                          f"{y.shape[-2]}; row i of both must be the same input")
     try:
-        torch.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+        batch_shape(x, y)
     except RuntimeError:
         raise ValueError(f"{name}: the leading (batch) dims of x {tuple(x.shape[:-2])} and y "
                          f"{tuple(y.shape[:-2])} do not broadcast; for all pairs use x[:, None] and y[None, :]"
@@ -42,6 +42,12 @@ def as_float_pair(name: str, x: Tensor, y: Tensor, *, min_samples: int) -> tuple
         if values_visible(t) and not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name}: {arg} holds NaN or inf; the statistic would be NaN or meaningless")
     return x, y
+
+
+def batch_shape(x: Tensor, y: Tensor) -> torch.Size:
+    """The broadcast of the leading dims of ``x`` and ``y`` (both ``(..., N, D)``)."""
+    shape: torch.Size = torch.broadcast_shapes(x.shape[:-2], y.shape[:-2])  # type: ignore[no-untyped-call]
+    return shape
 
 
 def values_visible(t: Tensor) -> bool:

@@ -47,16 +47,16 @@ def ref_gram(x: torch.Tensor, kernel: str, sigma: float | None, fraction: float)
     return torch.exp(-(d**2) / (2 * sigma**2))
 
 
-def ref_hsic_biased(k: torch.Tensor, l: torch.Tensor) -> float:
+def ref_hsic_biased(k: torch.Tensor, m: torch.Tensor) -> float:
     n = k.shape[0]
     h = torch.eye(n, dtype=F64) - torch.ones(n, n, dtype=F64) / n
-    return float(torch.trace(k @ h @ l @ h)) / (n - 1) ** 2
+    return float(torch.trace(k @ h @ m @ h)) / (n - 1) ** 2
 
 
-def ref_hsic_unbiased(k: torch.Tensor, l: torch.Tensor) -> float:
+def ref_hsic_unbiased(k: torch.Tensor, m: torch.Tensor) -> float:
     """Song et al. (2012), equation (5)."""
     n = k.shape[0]
-    kt, lt = k - torch.diag(torch.diag(k)), l - torch.diag(torch.diag(l))
+    kt, lt = k - torch.diag(torch.diag(k)), m - torch.diag(torch.diag(m))
     one = torch.ones(n, dtype=F64)
     term = float(torch.trace(kt @ lt)) + float(one @ kt @ one) * float(one @ lt @ one) / ((n - 1) * (n - 2))
     term -= 2 / (n - 2) * float(one @ kt @ lt @ one)
@@ -65,9 +65,9 @@ def ref_hsic_unbiased(k: torch.Tensor, l: torch.Tensor) -> float:
 
 def ref_cka(x: torch.Tensor, y: torch.Tensor, kernel: str = "linear", debiased: bool = False,
             sigma: float | None = None, fraction: float = 1.0) -> float:
-    k, l = ref_gram(x, kernel, sigma, fraction), ref_gram(y, kernel, sigma, fraction)
+    k, m = ref_gram(x, kernel, sigma, fraction), ref_gram(y, kernel, sigma, fraction)
     hsic = ref_hsic_unbiased if debiased else ref_hsic_biased
-    return hsic(k, l) / math.sqrt(hsic(k, k) * hsic(l, l))
+    return hsic(k, m) / math.sqrt(hsic(k, k) * hsic(m, m))
 
 
 def ref_imbalance(x: torch.Tensor, y: torch.Tensor, p: float = 2.0) -> float:
@@ -260,7 +260,7 @@ def test_mixed_broadcast_dims() -> None:
 @pytest.mark.parametrize("options", [{}, {"debiased": True}, {"kernel": "rbf"}])
 def test_vmap_equals_the_batched_call(options: dict[str, object]) -> None:
     x, y = randn(4, 20, 6, seed=1), randn(4, 20, 3, seed=2)
-    f = lambda a, b: cka(a, b, **options)  # noqa: E731
+    f = lambda a, b: cka(a, b, **options)
     torch.testing.assert_close(torch.vmap(f)(x, y), f(x, y), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(torch.vmap(information_imbalance)(x, y), information_imbalance(x, y), rtol=0, atol=0)
 
@@ -349,3 +349,16 @@ def test_non_tensor_and_complex_raise_type_error() -> None:
         cka([[1.0, 2.0]], randn(1, 2))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="y is complex"):
         information_imbalance(randn(4, 2), randn(4, 2).to(torch.complex128))
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e12])
+def test_linear_cka_in_float32_at_extreme_scales(scale: float) -> None:
+    """Scale-invariant in float32 too: no overflow of the fourth powers, no underflow to 0/0."""
+    x, y = related_pair()
+    x32, y32 = x.float(), y.float()
+    for options in ({}, {"debiased": True}):
+        expected = cka(x, y, **options).float()  # type: ignore[arg-type]
+        torch.testing.assert_close(cka(scale * x32, y32, **options), expected, rtol=1e-5, atol=1e-6)  # type: ignore[arg-type]
+    big = randn(3, 400, 20, seed=1, dtype=torch.float32)  # the covariance path (N > D)
+    torch.testing.assert_close(cka(scale * big[:, None], big[None]), cka(big[:, None], big[None]), rtol=1e-5,
+                               atol=1e-6)
