@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ._broadcast_einsum import broadcast_einsum
-from ._similarity_inputs import batch_shape, first_true
+from ._similarity_inputs import batch_shape, first_true, for_both
 
 
 def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
@@ -34,9 +34,9 @@ def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float 
     if kernel == "linear" and not debiased and _covariances_cheaper(x, y):
         value = _linear_cka_from_covariances(x, y)
     else:
-        kx = _centred_gram("x", x, kernel=kernel, debiased=debiased, sigma=sigma, median_fraction=median_fraction)
-        ky = _centred_gram("y", y, kernel=kernel, debiased=debiased, sigma=sigma, median_fraction=median_fraction)
-        value = _alignment(kx.flatten(-2), ky.flatten(-2))
+        kx, ky = for_both(lambda arg, t: _centred_gram(arg, t, kernel=kernel, debiased=debiased, sigma=sigma,
+                                                       median_fraction=median_fraction).flatten(-2), x, y)
+        value = _alignment(kx, ky)
     # under vmap or compile the refusal cannot branch: a constant representation gives NaN there
     nan = torch.full((), math.nan, dtype=value.dtype, device=value.device)
     value = torch.where(constant_x | constant_y, nan, value)
@@ -105,10 +105,12 @@ def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
 def _centred_gram(arg: str, t: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
                   median_fraction: float) -> Tensor:
     t = _centred(t, unit=kernel == "linear")
-    gram = t @ t.mT
+    gram = t @ t.mT  # of centred samples: for the linear kernel already H K H
     if kernel == "rbf":
         gram = _rbf(arg, gram, sigma=sigma, median_fraction=median_fraction)
-    return _u_centre(gram) if debiased else _double_centre(gram)
+    if debiased:
+        return _u_centre(gram)
+    return _double_centre(gram) if kernel == "rbf" else gram
 
 
 def _rbf(arg: str, gram: Tensor, *, sigma: float | None, median_fraction: float) -> Tensor:

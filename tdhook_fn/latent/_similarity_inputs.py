@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -68,3 +70,25 @@ def first_true(mask: Tensor) -> tuple[int, ...] | None:
         return None
     flat = int(torch.nonzero(mask.reshape(-1))[0, 0])
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape))
+
+
+def for_both(fn: Callable[[str, Tensor], Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``fn("x", x)`` and ``fn("y", y)`` for ``(..., N, D)`` inputs, ``fn`` keeping the batch dims.
+
+    ``fn`` runs once when ``y`` is ``x`` with size-1 batch dims moved (``acts[:, None]``
+    and ``acts[None, :]``, the all-pairs call): the same tensor seen twice.
+    """
+    fx = fn("x", x)
+    if _same_values(x, y):
+        return fx, fx.reshape(y.shape[:-2] + fx.shape[x.ndim - 2:])
+    return fx, fn("y", y)
+
+
+def _same_values(x: Tensor, y: Tensor) -> bool:
+    if not (values_visible(x) and values_visible(y)) or x.dtype != y.dtype or x.device != y.device:
+        return False
+    if x.data_ptr() != y.data_ptr() or x.shape[-2:] != y.shape[-2:]:
+        return False
+    layout_x = [(n, st) for n, st in zip(x.shape, x.stride(), strict=True) if n != 1]
+    layout_y = [(n, st) for n, st in zip(y.shape, y.stride(), strict=True) if n != 1]
+    return layout_x == layout_y

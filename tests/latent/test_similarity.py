@@ -362,3 +362,12 @@ def test_linear_cka_in_float32_at_extreme_scales(scale: float) -> None:
     big = randn(3, 400, 20, seed=1, dtype=torch.float32)  # the covariance path (N > D)
     torch.testing.assert_close(cka(scale * big[:, None], big[None]), cka(big[:, None], big[None]), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_views_of_one_tensor_equal_copies() -> None:
+    """The all-pairs call builds each layer's Gram or distances once; copies and overlapping views agree."""
+    acts = randn(4, 25, 6, seed=9)
+    for fn in (cka, lambda a, b: torch.stack(information_imbalance(a, b))):
+        torch.testing.assert_close(fn(acts[:, None], acts[None]), fn(acts[:, None], acts.clone()[None]),
+                                   rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(fn(acts, acts[:1]), fn(acts, acts[:1].clone()), rtol=1e-12, atol=1e-12)
