@@ -22,20 +22,23 @@ import torch
 from torch import Tensor
 
 from ._broadcast_einsum import broadcast_einsum
-from ._similarity_inputs import batch_shape, first_true, for_both
+from ._similarity_inputs import batch_shape, first_true, for_both, sample_range
 
 
 def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
              median_fraction: float) -> Tensor:
     """CKA of checked float ``x`` ``(..., N, Dx)`` and ``y`` ``(..., N, Dy)``."""
-    constant_x, constant_y = _constant(x), _constant(y)
+    range_x, range_y = for_both(lambda arg, t: sample_range("cka", arg, t), x, y)
+    constant_x, constant_y = _constant(range_x), _constant(range_y)
     _refuse_constant("x", constant_x)
     _refuse_constant("y", constant_y)
     if kernel == "linear" and not debiased and _covariances_cheaper(x, y):
-        value = _linear_cka_from_covariances(x, y)
+        value = _linear_cka_from_covariances(_centred(x, range_x), _centred(y, range_y))
     else:
-        kx, ky = for_both(lambda arg, t: _centred_gram(arg, t, kernel=kernel, debiased=debiased, sigma=sigma,
-                                                       median_fraction=median_fraction).flatten(-2), x, y)
+        ranges = {"x": range_x, "y": range_y}
+        kx, ky = for_both(lambda arg, t: _centred_gram(arg, t, ranges[arg], kernel=kernel, debiased=debiased,
+                                                       sigma=sigma, median_fraction=median_fraction).flatten(-2),
+                          x, y)
         value = _alignment(kx, ky)
     # under vmap or compile the refusal cannot branch: a constant representation gives NaN there
     nan = torch.full((), math.nan, dtype=value.dtype, device=value.device)
@@ -43,9 +46,9 @@ def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float 
     return value.clamp(-1.0 if debiased else 0.0, 1.0)  # only rounding takes it out of range
 
 
-def _constant(t: Tensor) -> Tensor:
-    """Whether each representation ``(..., N, D)`` is the same vector for every sample."""
-    return (t == t[..., :1, :]).all(-1).all(-1)
+def _constant(extremes: Tensor) -> Tensor:
+    """Whether each representation is the same vector for every sample, from `sample_range`."""
+    return (extremes[..., 0, :] == extremes[..., 1, :]).all(-1)
 
 
 def _refuse_constant(arg: str, constant: Tensor) -> None:
@@ -65,23 +68,23 @@ def _covariances_cheaper(x: Tensor, y: Tensor) -> bool:
     return covariances < grams
 
 
-def _centred(t: Tensor, *, unit: bool) -> Tensor:
-    """``t`` minus its mean sample; with ``unit``, also divided by its largest entry.
+def _centred(t: Tensor, extremes: Tensor | None) -> Tensor:
+    """``t`` minus its mean sample; given its `sample_range`, also divided by its largest entry.
 
     Centring first: a large mean (common in residual streams) would drown the spread in
     the rounding of a Gram of the raw ``t``. Linear CKA is scale-invariant, and its sums
     of fourth powers overflow float32 from entries near ``1e9`` (tdhook returns NaN
     there): unit scale keeps them in range.
     """
-    t = t - t.mean(-2, keepdim=True)
-    if not unit:
+    mean = t.mean(-2, keepdim=True)
+    t = t - mean
+    if extremes is None:
         return t
-    tiny = torch.finfo(t.dtype).tiny
-    return t / t.abs().amax((-2, -1), keepdim=True).clamp_min(tiny)
+    largest = torch.maximum(extremes[..., 1:, :] - mean, mean - extremes[..., :1, :]).amax(-1, keepdim=True)
+    return t / largest.clamp_min(torch.finfo(t.dtype).tiny)
 
 
-def _linear_cka_from_covariances(x: Tensor, y: Tensor) -> Tensor:
-    xc, yc = _centred(x, unit=True), _centred(y, unit=True)
+def _linear_cka_from_covariances(xc: Tensor, yc: Tensor) -> Tensor:
     cross = broadcast_einsum("nd", "ne", "de", xc, yc).square().sum((-2, -1))
     self_x = (xc.mT @ xc).square().sum((-2, -1))
     self_y = (yc.mT @ yc).square().sum((-2, -1))
@@ -102,9 +105,9 @@ def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
     return value
 
 
-def _centred_gram(arg: str, t: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
+def _centred_gram(arg: str, t: Tensor, extremes: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
                   median_fraction: float) -> Tensor:
-    t = _centred(t, unit=kernel == "linear")
+    t = _centred(t, extremes if kernel == "linear" else None)
     gram = t @ t.mT  # of centred samples: for the linear kernel already H K H
     if kernel == "rbf":
         gram = _rbf(arg, gram, sigma=sigma, median_fraction=median_fraction)

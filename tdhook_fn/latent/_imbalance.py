@@ -15,22 +15,47 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._similarity_inputs import batch_shape, for_both
+from ._similarity_inputs import batch_shape, for_both, same_values, sample_range
 
 
 def imbalance_impl(x: Tensor, y: Tensor, *, p: float) -> tuple[Tensor, Tensor]:
     """Delta(x -> y) and Delta(y -> x) of checked float inputs, batch dims broadcast."""
+    for_both(lambda arg, t: sample_range("information_imbalance", arg, t), x, y)
     dist_x, dist_y = for_both(lambda _, t: _neighbour_distances(t, p), x, y)
     shape = batch_shape(x, y)
-    return _directed(dist_x, dist_y, shape), _directed(dist_y, dist_x, shape)
+    x_to_y = _directed(dist_x, dist_y, shape)
+    swap = _swapped_pairs(x, y) if same_values(x, y) else None
+    if swap is not None:  # the all-pairs call: y -> x of pair (a, b) is x -> y of pair (b, a)
+        return x_to_y, x_to_y.permute(swap)
+    return x_to_y, _directed(dist_y, dist_x, shape)
+
+
+def _swapped_pairs(x: Tensor, y: Tensor) -> list[int] | None:
+    """The dims order mapping pair (a, b) to (b, a), when ``y`` is ``x`` with its batch dims moved apart.
+
+    ``x`` and ``y`` hold the same values (`same_values`); ``None`` when their batch dims
+    overlap without coinciding.
+    """
+    nd = len(batch_shape(x, y))
+    pad_x = (1,) * (nd - (x.ndim - 2)) + tuple(x.shape[:-2])
+    pad_y = (1,) * (nd - (y.ndim - 2)) + tuple(y.shape[:-2])
+    own_x = [i for i in range(nd) if pad_x[i] != 1]
+    own_y = [i for i in range(nd) if pad_y[i] != 1]
+    order = list(range(nd))
+    if own_x == own_y:
+        return order
+    if set(own_x) & set(own_y):
+        return None
+    for i, j in zip(own_x, own_y, strict=True):
+        order[i], order[j] = j, i
+    return order
 
 
 def _neighbour_distances(t: Tensor, p: float) -> Tensor:
     """Pairwise ``p``-distances, ``inf`` on the diagonal so a point is never its own neighbour."""
     dist = torch.cdist(t, t, p=p)
-    n = t.shape[-2]
-    eye = torch.eye(n, dtype=torch.bool, device=t.device)
-    return torch.where(eye, torch.full((), torch.inf, dtype=dist.dtype, device=dist.device), dist)
+    dist.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)  # our own fresh tensor: in place saves a pass
+    return dist
 
 
 def _directed(source: Tensor, target: Tensor, shape: torch.Size) -> Tensor:

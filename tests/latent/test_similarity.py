@@ -371,3 +371,15 @@ def test_views_of_one_tensor_equal_copies() -> None:
         torch.testing.assert_close(fn(acts[:, None], acts[None]), fn(acts[:, None], acts.clone()[None]),
                                    rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(fn(acts, acts[:1]), fn(acts, acts[:1].clone()), rtol=1e-12, atol=1e-12)
+
+
+def test_imbalance_reuse_across_view_layouts() -> None:
+    """y -> x read off x -> y where y is x with its dims moved apart; computed where they overlap."""
+    acts = randn(2, 3, 12, 4, seed=10)
+    cases = [(acts[:, :, None, None], acts[None, None]),   # all pairs over two batch dims
+             (acts[:, :, None], acts[:, None, :]),           # shared dim 0, pairs over dim 1
+             (acts, acts)]
+    for x, y in cases:
+        got = information_imbalance(x, y)
+        expected = information_imbalance(x, y.clone())
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
