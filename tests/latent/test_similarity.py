@@ -383,3 +383,13 @@ def test_imbalance_reuse_across_view_layouts() -> None:
         got = information_imbalance(x, y)
         expected = information_imbalance(x, y.clone())
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_fullgraph_compile_traces_both() -> None:
+    """No graph break: the checks that branch on values step aside while compiling (as under vmap)."""
+    x, y = randn(3, 30, 6, seed=11), randn(3, 30, 4, seed=12)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: cka(a, b, kernel="rbf"), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, y), cka(x, y, kernel="rbf"), rtol=1e-12, atol=1e-12)
+    compiled_ii = torch.compile(information_imbalance, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled_ii(x, y), information_imbalance(x, y), rtol=0, atol=0)
