@@ -103,7 +103,8 @@ def information_imbalance(x: Tensor, y: Tensor, *, p: float = 2.0) -> tuple[Tens
     definition. Ranks come from counting, not from sorting the ``N x N`` distances. For
     ties, the neighbour is the lowest index among the closest points and its rank is
     ``1 +`` the number of points strictly closer in ``y`` (tdhook orders ties by an
-    unstable sort, so tied data can differ from it).
+    unstable sort, so tied data can differ from it). Memory: one ``N x N`` distance
+    matrix per representation and a boolean ``N x N`` per pair, while counting.
 
     Args:
         x (Tensor): ``(..., N, Dx)``, row ``i`` the representation of sample ``i``.
