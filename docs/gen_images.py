@@ -478,7 +478,8 @@ def draw_similarity() -> None:
         ax.set_xticks(range(0, 12, 2))
         ax.set_yticks(range(0, 12, 2))
         if imbalance:
-            fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02, label=f"2/N = {2 / layers.shape[1]:.4f} is the minimum")
+            fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02,
+                         label=f"2/N = {2 / layers.shape[1]:.4f} is the minimum")
         elif ax is axes[1]:
             fig.colorbar(shown, ax=list(axes[:2]), fraction=0.023, pad=0.02)
     fig.suptitle("Random-init GPT-2 (12 blocks, d=256), 16 x 32 random tokens: all pairs of blocks, one call each",
