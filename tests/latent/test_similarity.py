@@ -225,13 +225,15 @@ def test_imbalance_axioms(pair: tuple[torch.Tensor, torch.Tensor], seed: int) ->
 
 
 @pytest.mark.parametrize("options", [{}, {"debiased": True}, {"kernel": "rbf"}, {"kernel": "rbf", "sigma": 3.0}])
-def test_all_pairs_by_broadcasting_equals_the_loop(options: dict[str, object]) -> None:
-    acts = randn(5, 30, 6, seed=8)
+@pytest.mark.parametrize("shape", [(5, 30, 6), (4, 12, 40)], ids=["covariances", "grams"])  # linear CKA's two paths
+def test_all_pairs_by_broadcasting_equals_the_loop(options: dict[str, object], shape: tuple[int, int, int]) -> None:
+    acts = randn(*shape, seed=8)
+    layers = shape[0]
     table = cka(acts[:, None], acts[None, :], **options)  # type: ignore[arg-type]
     loop = torch.stack([torch.stack([cka(a, b, **options) for b in acts]) for a in acts])  # type: ignore[arg-type]
     torch.testing.assert_close(table, loop, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(table, table.T, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(table.diagonal(), torch.ones(5, dtype=F64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(table.diagonal(), torch.ones(layers, dtype=F64), rtol=1e-12, atol=1e-12)
 
 
 def test_all_pairs_of_two_families_with_different_widths() -> None:
