@@ -517,6 +517,45 @@ def draw_dimension(model: nn.Module | None = None) -> None:
     save(fig, "dimension.png")
 
 
+def draw_similarity() -> None:
+    """The similarity page's picture: every pair of blocks of a random-init 12-layer GPT-2."""
+    import transformers
+
+    from tdhook_fn.latent import cache, sites
+    from tdhook_fn.latent.similarity import cka, information_imbalance
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=12, n_embd=256, n_head=8, vocab_size=1000, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    f = tdhook_fn.functional(model, in_keys=["input_ids"], out_keys=["logits"])
+    ids = torch.randint(0, config.vocab_size, (16, 32))
+    blocks = sites(model, r"transformer\.h\.\d+")
+    acts = cache(f, tdhook_fn.params(model), TensorDict(input_ids=ids, batch_size=[16]), blocks)
+    layers = torch.stack([acts[s.key].flatten(0, 1) for s in blocks])  # (12, 512 tokens, 256)
+    panels = [("linear CKA", cka(layers[:, None], layers[None, :])),
+              ("RBF CKA (sigma = median distance)", cka(layers[:, None], layers[None, :], kernel="rbf")),
+              ("information imbalance, row -> column", information_imbalance(layers[:, None], layers[None, :])[0])]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
+    for ax, (title, table) in zip(axes, panels, strict=True):
+        imbalance = title.startswith("information")
+        shown = ax.imshow(table.numpy(), cmap="magma_r" if imbalance else "viridis", vmin=0.0,
+                          vmax=float(table.max()) if imbalance else 1.0)
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel("block")
+        ax.set_ylabel("block")
+        ax.set_xticks(range(0, 12, 2))
+        ax.set_yticks(range(0, 12, 2))
+        if imbalance:
+            fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02,
+                         label=f"2/N = {2 / layers.shape[1]:.4f} is the minimum")
+        elif ax is axes[1]:
+            fig.colorbar(shown, ax=list(axes[:2]), fraction=0.023, pad=0.02)
+    fig.suptitle("Random-init GPT-2 (12 blocks, d=256), 16 x 32 random tokens: all pairs of blocks, one call each",
+                 fontsize=12)
+    save(fig, "similarity_gpt2.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -538,6 +577,7 @@ def main() -> None:
     draw_adapters(model, train_x, test_x, test_y)
     draw_dimension(model)
     draw_latent()
+    draw_similarity()
 
 
 if __name__ == "__main__":

@@ -700,8 +700,49 @@ DIMENSION_ROWS: list[Row] = [
 ]
 
 
+def _constant_layer() -> Any:
+    from tdhook_fn.latent.similarity import cka
+
+    acts = torch.randn(3, 20, 4)
+    acts[2] = 1.0
+    return cka(acts[:, None], acts[None, :])
+
+
+def _similarity(name: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    def call() -> Any:
+        from tdhook_fn.latent import similarity
+
+        return getattr(similarity, name)(*args, **kwargs)
+
+    return call
+
+
+SIMILARITY_ROWS: list[Row] = [
+    ("cka-constant-representation", _constant_layer,
+     ValueError, ("cka", "x is constant", "batch index (2, 0)", "tdhook returns NaN")),
+    ("cka-bad-kernel", _similarity("cka", torch.randn(5, 2), torch.randn(5, 2), kernel="cosine"),
+     ValueError, ("cka", "kernel must be one of", "'cosine'")),
+    ("cka-bad-sigma", _similarity("cka", torch.randn(5, 2), torch.randn(5, 2), kernel="rbf", sigma=-1.0),
+     ValueError, ("cka", "sigma", "positive")),
+    ("cka-rbf-median-zero", _similarity("cka", torch.eye(6, 2)[[0, 2, 3, 4, 5, 5]], torch.randn(6, 2), kernel="rbf"),
+     ValueError, ("cka", "median distance is 0", "sigma=")),
+    ("cka-debiased-too-few", _similarity("cka", torch.randn(3, 2), torch.randn(3, 2), debiased=True),
+     ValueError, ("cka", "at least 4 samples")),
+    ("similarity-sample-counts", _similarity("information_imbalance", torch.randn(5, 2), torch.randn(6, 2)),
+     ValueError, ("information_imbalance", "matching sample counts", "5", "6")),
+    ("similarity-batch-broadcast", _similarity("cka", torch.randn(2, 5, 2), torch.randn(3, 5, 2)),
+     ValueError, ("cka", "do not broadcast", "x[:, None]")),
+    ("similarity-not-finite", _similarity("information_imbalance", torch.randn(5, 2), torch.full((5, 2), float("nan"))),
+     ValueError, ("information_imbalance", "y holds NaN")),
+    ("imbalance-bad-p", _similarity("information_imbalance", torch.randn(5, 2), torch.randn(5, 2), p=-2),
+     ValueError, ("information_imbalance", "p must be", "positive")),
+    ("similarity-complex", _similarity("cka", torch.randn(5, 2, dtype=torch.complex64), torch.randn(5, 2)),
+     TypeError, ("cka", "x is complex", ".abs()")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
-                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS]
+                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])
