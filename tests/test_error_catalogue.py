@@ -695,6 +695,8 @@ DIMENSION_ROWS: list[Row] = [
      ValueError, ("local_pca", "criterion", "'gap'", "'median'")),
     ("local-pca-alpha", lambda: _dimension("local_pca")(torch.randn(9, 3), 2, alpha=1.5),
      ValueError, ("local_pca", "alpha", "(0, 1)", "1.5")),
+    ("ca-pca-support", lambda: _dimension("ca_pca")(torch.randn(9, 3), 2, support=1.0),
+     ValueError, ("ca_pca", "support", "[0, 1)", "1.0")),
     ("ca-pca-too-few-points", lambda: _dimension("ca_pca")(torch.randn(6, 3), 5),
      ValueError, ("ca_pca", "at least 7 points", "k + 2", "N=6")),
 ]

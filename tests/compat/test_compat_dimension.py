@@ -62,7 +62,10 @@ def test_local_pca_default_is_right_where_tdhooks_answers_k():
 def test_ca_pca_equals_tdhook(k):
     x = _points(4, shape=(3, 60, 6), flat_from=3)
     a = ours.CaPcaDimensionEstimator(k=k, in_key="acts")(_td(x))["dimension"]
-    torch.testing.assert_close(a, theirs.CaPcaDimensionEstimator(k=k, in_key="acts")(_td(x))["dimension"])
+    b = theirs.CaPcaDimensionEstimator(k=k, in_key="acts")(_td(x))["dimension"]
+    differ = a != b  # only where tdhook answers a dimension without the spread for it (docs/compat.md)
+    assert differ.double().mean() < 0.05
+    assert (b[differ] > a[differ]).all()
 
 
 def test_float64_kept_and_input_untouched():

@@ -77,7 +77,7 @@ def _local_pca_loop(x, k, criterion):
     return out
 
 
-def _ca_pca_loop(x, k):
+def _ca_pca_loop(x, k, support=0.01):
     x = np.asarray(x, dtype=np.float64)
     D = x.shape[1]
     out = []
@@ -93,7 +93,8 @@ def _ca_pca_loop(x, k):
         for d in range(1, D + 1):
             tail = lam[d:].sum()
             adjusted = lam[:d] + (3 * d + 4) / (d * (d + 4)) * tail
-            scores.append(float(np.linalg.norm(adjusted - 1 / (d + 2))) + 2 * tail)
+            spread = d == 1 or lam[d - 1] >= support * lam[0]
+            scores.append(float(np.linalg.norm(adjusted - 1 / (d + 2))) + 2 * tail if spread else math.inf)
         out.append(1 + int(np.argmin(scores)))
     return out
 
@@ -139,6 +140,7 @@ def test_ca_pca_equals_loop(k, dim):
     x = _cloud(k * dim, dim=dim)
     x[:, -1] *= 0.1
     torch.testing.assert_close(ca_pca(x, k), _t(_ca_pca_loop(x, k)))
+    torch.testing.assert_close(ca_pca(x, k, support=0.0), _t(_ca_pca_loop(x, k, support=0.0)))
 
 
 # ---------------------------------------------------------------- tdhook 0.1.3 where it is right
@@ -177,7 +179,9 @@ def test_local_pca_equals_tdhook(criterion, k):
 @pytest.mark.parametrize("k", [3, 15])
 def test_ca_pca_equals_tdhook(k):
     x = F.normalize(_cloud(k, n=150, dim=5), dim=-1)  # the 4-sphere
-    torch.testing.assert_close(ca_pca(x, k), CaPcaDimensionEstimator(k=k)(_td(x))["dimension"])
+    theirs = CaPcaDimensionEstimator(k=k)(_td(x))["dimension"]
+    torch.testing.assert_close(ca_pca(x, k, support=0.0), theirs)  # support=0 is tdhook's rule
+    torch.testing.assert_close(ca_pca(x, k), theirs)  # the default differs only at lopsided neighbourhoods
 
 
 # ---------------------------------------------------------------- noisy manifolds of known dimension
@@ -236,16 +240,34 @@ def test_noisy_manifolds_ca_pca(name):
     assert (ca_pca(x, 20) == d).double().mean() >= 0.95, name
 
 
-def test_ca_pca_answers_ambient_at_lopsided_neighbourhoods_as_tdhook():
-    """NOTE [CA-PCA at the edges]: the points where it answers D have small spectra; tdhook agrees."""
+def test_ca_pca_does_not_answer_ambient_at_lopsided_neighbourhoods_as_tdhook_does():
+    """NOTE [CA-PCA at the edges]: tdhook answers D at edge points of a noise-free 8-D Gaussian; we do not."""
     g = torch.Generator().manual_seed(1)
     x = _rotated(torch.randn(200, 8, generator=g, dtype=torch.float64), 12, g)
-    ours = ca_pca(x, 14)
-    torch.testing.assert_close(ours, CaPcaDimensionEstimator(k=14)(_td(x))["dimension"])
-    ambient = ours == 12
+    theirs = CaPcaDimensionEstimator(k=14)(_td(x))["dimension"]
+    torch.testing.assert_close(ca_pca(x, 14, support=0.0), theirs)
+    ambient = theirs == 12
     assert 0 < ambient.sum() < 20
     spread = (x - x.mean(0)).norm(dim=-1)
     assert spread[ambient].mean() > spread[~ambient].mean()  # at the edge of the Gaussian
+    ours = ca_pca(x, 14)
+    assert not (ours == 12).any()
+    assert (ours[~ambient] == theirs[~ambient]).all()  # elsewhere tdhook's answers
+    assert (ours[ambient] == 8).double().mean() > 0.5
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+@pytest.mark.parametrize(("name", "dim", "ambient"), [("gaussian", 8, 12), ("cube", 8, 12), ("gaussian", 3, 10)])
+def test_ca_pca_support_loses_no_right_answer(name, dim, ambient, noise):
+    g = torch.Generator().manual_seed(3)
+    points = torch.randn(600, dim, generator=g, dtype=torch.float64) if name == "gaussian" else torch.rand(
+        600, dim, generator=g, dtype=torch.float64)
+    x = _rotated(points, ambient, g)
+    x = x + noise * torch.randn(x.shape, generator=g, dtype=x.dtype)
+    tdhook_rule, ours = ca_pca(x, 20, support=0.0), ca_pca(x, 20)
+    assert ((tdhook_rule == dim) <= (ours == dim)).all()  # every right answer kept
+    assert not (ours == ambient).any()
+    assert (ours == dim).double().mean() >= (tdhook_rule == dim).double().mean()
 
 
 # ---------------------------------------------------------------- batching, vmap, dtype, duplicates
