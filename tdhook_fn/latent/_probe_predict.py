@@ -95,6 +95,7 @@ def decision_function(probes: TensorDictBase, acts: TensorDictBase | torch.Tenso
 
     Examples:
         >>> import torch
+        >>> from tdhook_fn.latent.probing import fit_probes
         >>> x, y = torch.randn(20, 3), torch.randn(20)
         >>> decision_function(fit_probes(x, y), x).shape
         torch.Size([20])
@@ -115,6 +116,7 @@ def predict_probes(probes: TensorDictBase, acts: TensorDictBase | torch.Tensor) 
 
     Examples:
         >>> import torch
+        >>> from tdhook_fn.latent.probing import fit_probes
         >>> x = torch.randn(30, 2)
         >>> labels = torch.where(x[:, 0] > 0, 7, 3)
         >>> predict_probes(fit_probes(x, labels, alpha=0.01), x[:4]).tolist() == labels[:4].tolist()
@@ -138,6 +140,7 @@ def score_probes(
 
     Examples:
         >>> import torch
+        >>> from tdhook_fn.latent.probing import fit_probes
         >>> x = torch.randn(40, 3)
         >>> y = x @ torch.tensor([1.0, -2.0, 0.5])
         >>> round(score_probes(fit_probes(x, y, alpha=1e-6), x, y).item(), 4)
