@@ -1,4 +1,4 @@
-"""Bilinear probes: the maps of nn.Bilinear and tdhook's LowRankBilinearEstimator, trained as torch.optim.Adam trains."""
+"""Bilinear probes: the maps of nn.Bilinear and tdhook's LowRankBilinearEstimator, trained as torch.optim.Adam."""
 
 import math
 
