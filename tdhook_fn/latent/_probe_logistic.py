@@ -5,8 +5,11 @@ scikit-learn's ``LogisticRegression`` (lbfgs, ``l1_ratio=0``) minimises
 ``sum_n loss_n + ||W||^2 / (2 C)`` with the intercept unpenalised: the logistic loss on one
 column for two classes, the softmax (multinomial) loss on one row per class for more. The
 objective is strictly convex in ``W``, so its minimiser is the same whatever finds it:
-here damped Newton steps, every site at once (the Hessian of all sites is one batched
-Cholesky), each step's length the best of ``1, 1/2, ..., 1/512`` evaluated in one op.
+here damped Newton steps, every site at once, each step's length the best of
+``1, 1/2, ..., 1/512`` evaluated in one op. A probe of up to 1024 unknowns (classes x
+features) forms its Hessian and solves with one batched Cholesky; a larger one solves by
+preconditioned conjugate gradients on Hessian-vector products (never forming the Hessian,
+whose factorisation would cost ``(K D)^3``).
 Shifting every class's intercept by the same amount leaves the softmax unchanged: that
 direction ``u`` has zero gradient and zero curvature, so ``H + u u^T`` is solved instead
 (its step has no part along ``u``), and the intercepts keep summing to zero as lbfgs's
@@ -25,6 +28,51 @@ from ._probe_ridge import cholesky
 __all__ = ["logistic"]
 
 _STEPS = 0.5 ** torch.arange(10, dtype=torch.float64)
+_EXACT_SIZE = 1024  # unknowns per probe up to which the Hessian is formed and factored
+_MAX_CG = 250
+
+
+def _hvp(v: torch.Tensor, xt: torch.Tensor, p: torch.Tensor, penalty: torch.Tensor, binary: bool,
+         shifted: bool) -> torch.Tensor:
+    """The objective's Hessian (with the intercept shift's ``u u^T``) times ``v (..., K, P)``, never formed."""
+    z = xt @ v.mT
+    r = p * (1 - p) * z if binary else p * z - p * (p * z).sum(-1, keepdim=True)
+    out = r.mT @ xt + penalty * v
+    if shifted:
+        out = out + torch.nn.functional.pad(v[..., :, -1:].sum(-2, keepdim=True).expand_as(v[..., :, -1:]),
+                                            (v.shape[-1] - 1, 0))
+    return out
+
+
+def _conjugate_gradient(grad: torch.Tensor, xt: torch.Tensor, p: torch.Tensor, penalty: torch.Tensor,
+                        binary: bool, shifted: bool) -> torch.Tensor:
+    """The Newton step ``H^-1 grad`` by Jacobi-preconditioned conjugate gradients, every probe at once.
+
+    Solved to a relative residual ``min(0.1, sqrt(|grad|))``: inexact early, exact near the
+    optimum, so the outer Newton iteration still converges superlinearly (truncated Newton).
+    """
+    diagonal = (p * (1 - p)).mT @ (xt * xt) + penalty
+    if shifted:
+        diagonal = diagonal + torch.nn.functional.pad(torch.ones_like(diagonal[..., -1:]), (diagonal.shape[-1] - 1, 0))
+    size = torch.linalg.vector_norm(grad, dim=(-2, -1))
+    goal = torch.minimum(torch.full_like(size, 0.1), size.sqrt()) * size
+    step, residual = torch.zeros_like(grad), grad
+    preconditioned = residual / diagonal
+    direction = preconditioned
+    rz = (residual * preconditioned).sum((-2, -1), keepdim=True)
+    for _ in range(_MAX_CG):
+        curved = _hvp(direction, xt, p, penalty, binary, shifted)
+        dq = (direction * curved).sum((-2, -1), keepdim=True)
+        rate = torch.where(dq > 0, rz / torch.where(dq > 0, dq, 1), 0)
+        step = step + rate * direction
+        residual = residual - rate * curved
+        if not transformed() and bool((torch.linalg.vector_norm(residual, dim=(-2, -1)) <= goal).all()):
+            break
+        preconditioned = residual / diagonal
+        rz_next = (residual * preconditioned).sum((-2, -1), keepdim=True)
+        direction = preconditioned + torch.where(rz > 0, rz_next / torch.where(rz > 0, rz, 1), 0) * direction
+        rz = rz_next
+    return step
 
 
 def _loss(logits: torch.Tensor, y: torch.Tensor, binary: bool) -> torch.Tensor:
@@ -83,15 +131,22 @@ def logistic(
     steps = _STEPS.to(x.device)
     theta = torch.zeros(*x.shape[:-2], k, width, dtype=torch.float64, device=x.device)
     converged = False
+    exact = k * width <= _EXACT_SIZE
     for _ in range(max_iter):
         logits = xt @ theta.mT
         p = torch.sigmoid(logits) if binary else torch.softmax(logits, -1)
         grad = (p - y).mT @ xt + penalty * theta
-        factor = cholesky(method, _hessian(xt, p, binary) + curvature, keys)
-        step = torch.cholesky_solve(grad.flatten(-2)[..., None], factor)[..., 0].reshape(grad.shape)
+        if exact:
+            factor = cholesky(method, _hessian(xt, p, binary) + curvature, keys)
+            step = torch.cholesky_solve(grad.flatten(-2)[..., None], factor)[..., 0].reshape(grad.shape)
+        else:
+            step = _conjugate_gradient(grad, xt, p, penalty, binary, shifted=fit_intercept and not binary)
         trials = theta - steps.reshape(-1, *[1] * theta.ndim) * step
         best = _objective(trials, xt, y, penalty, binary).argmin(0)
         theta = trials.gather(0, best[None, ..., None, None].expand(1, *theta.shape))[0]
+        if fit_intercept and not binary:  # an inexact step drifts along the shift: intercepts sum to zero
+            mean = theta[..., :, -1:].mean(-2, keepdim=True)
+            theta = theta - torch.nn.functional.pad(mean.expand_as(theta[..., :, -1:]), (width - 1, 0))
         if not transformed() and float((step * steps[best][..., None, None]).abs().max()) < tol:
             converged = True
             break

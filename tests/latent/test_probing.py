@@ -82,7 +82,7 @@ def test_ridge_regression_equals_sklearn(n, outputs, fit_intercept):
     probes = fit_probes(torch.tensor(x), torch.tensor(y), alpha=0.7, fit_intercept=fit_intercept)
     oracle = Ridge(alpha=0.7, fit_intercept=fit_intercept).fit(x, y)
     torch.testing.assert_close(probes["weight"], torch.tensor(oracle.coef_), rtol=1e-8, atol=1e-9)
-    intercept = np.broadcast_to(oracle.intercept_, probes["bias"].shape)  # 0.0 without an intercept
+    intercept = np.broadcast_to(oracle.intercept_, probes["bias"].shape).copy()  # 0.0 without an intercept
     torch.testing.assert_close(probes["bias"], torch.as_tensor(intercept, dtype=torch.float64),
                                rtol=1e-8, atol=1e-9)
     torch.testing.assert_close(predict_probes(probes, torch.tensor(x)), torch.tensor(oracle.predict(x)),
@@ -252,3 +252,14 @@ def test_bad_input_names_the_argument(digits, call, exc, words):
     x, y = digits
     with pytest.raises(exc, match=words):
         call(_td(_sites(x)), torch.tensor(y))
+
+
+def test_logistic_by_conjugate_gradients_equals_sklearn(digits):
+    """10 classes x 129 unknowns each: past the size whose Hessian is formed, solved by Hessian-vector products."""
+    x, y = digits
+    x = np.concatenate([x, x**2], 1)[:300]
+    y = y[:300]
+    probes = fit_probes(torch.tensor(x), torch.tensor(y), kind="logistic", C=0.5)
+    oracle = LogisticRegression(C=0.5, tol=1e-12, max_iter=20000).fit(x, y)
+    torch.testing.assert_close(probes["weight"], torch.tensor(oracle.coef_), rtol=0, atol=1e-4)
+    torch.testing.assert_close(probes["bias"], torch.tensor(oracle.intercept_), rtol=0, atol=1e-4)
