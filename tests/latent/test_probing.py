@@ -191,7 +191,7 @@ def test_alpha_per_batch_element():
         torch.testing.assert_close(swept["weight"][i], fit_probes(x, y, alpha=alpha)["weight"], **TIGHT)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(cuts=st.lists(st.integers(1, 149), max_size=5, unique=True), intercept=st.booleans())
 def test_streamed_statistics_equal_in_memory(cuts, intercept):
     """Statistics merged over any split of the samples solve to the in-memory probe."""
