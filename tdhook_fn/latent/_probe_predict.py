@@ -117,10 +117,10 @@ def predict_probes(probes: TensorDictBase, acts: TensorDictBase | torch.Tensor) 
     Examples:
         >>> import torch
         >>> from tdhook_fn.latent.probing import fit_probes
-        >>> x = torch.randn(30, 2)
+        >>> x = torch.linspace(-3, 3, 30)[:, None] * torch.tensor([1.0, 0.5])
         >>> labels = torch.where(x[:, 0] > 0, 7, 3)
-        >>> predict_probes(fit_probes(x, labels, alpha=0.01), x[:4]).tolist() == labels[:4].tolist()
-        True
+        >>> predict_probes(fit_probes(x, labels, alpha=0.01), x[[0, 1, -2, -1]])
+        tensor([3, 3, 7, 7])
     """
     return _apply("predict_probes", probes, acts, _predict)
 
