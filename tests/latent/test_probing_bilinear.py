@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tdhook_fn.latent.probing import fit_bilinear_probes, predict_bilinear_probes
+from tdhook_fn.latent.probing import fit_bilinear_probes, predict_bilinear_probes, predict_probes, train_linear_probes
 
 
 def _pairs(n=60, d1=4, d2=3, seed=0):
@@ -17,9 +17,10 @@ def _pairs(n=60, d1=4, d2=3, seed=0):
     return x1, x2, labels
 
 
-def _reference(model, x1, x2, labels, *, epochs, lr, batch_size, generator, loss=torch.nn.functional.cross_entropy):
+def _reference(model, x1, x2, labels, *, epochs, lr, batch_size, generator, loss=torch.nn.functional.cross_entropy,
+               parameters=None):
     """torch.optim.Adam on an nn.Module, the batches in the generator's order."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters() if parameters is None else parameters, lr=lr)
     for _ in range(epochs):
         order = torch.randperm(x1.shape[0], generator=generator)
         for start in range(0, x1.shape[0], batch_size):
@@ -119,3 +120,22 @@ def test_bad_pairs():
         fit_bilinear_probes(TensorDict(a=x1), TensorDict(b=x2), labels)
     with pytest.raises(ValueError, match="N=60"):
         fit_bilinear_probes(x1, x2, labels[:5])
+
+
+def test_trained_linear_probe_is_tdhooks_linear_estimator_trained_by_adam():
+    estimators = pytest.importorskip("tdhook.latent.probing.estimators")
+    x1, _, labels = _pairs(seed=8)
+    acts = TensorDict(a=x1, b=x1[:, :2] * 3, batch_size=[60])
+    probes = train_linear_probes(acts, labels, epochs=3, lr=0.05, batch_size=16, seed=4)
+    for key, d in (("a", 4), ("b", 2)):
+        g = torch.Generator().manual_seed(4)  # nn.Linear's ranges, in the documented order: weight, bias
+        model = estimators.LinearEstimator(d, num_classes=3).double()
+        with torch.no_grad():
+            model.linear.weight.copy_((2 * torch.rand(3, d, 1, generator=g, dtype=torch.float64)[..., 0] - 1)
+                                      / math.sqrt(d))
+            model.linear.bias.copy_((2 * torch.rand(3, generator=g, dtype=torch.float64) - 1) / math.sqrt(d))
+        _reference(lambda a, _b, m=model: m(a), acts[key], acts[key], labels, epochs=3, lr=0.05, batch_size=16,
+                   generator=g, parameters=model.parameters())
+        torch.testing.assert_close(probes[key, "weight"], model.linear.weight.detach(), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(probes[key, "bias"], model.linear.bias.detach(), rtol=1e-9, atol=1e-10)
+        assert (predict_probes(probes, acts)[key] == model.predict(acts[key])).all()
