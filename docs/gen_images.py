@@ -556,6 +556,43 @@ def draw_similarity() -> None:
     save(fig, "similarity_gpt2.png")
 
 
+def draw_probing(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                 test_y: torch.Tensor) -> None:
+    """Ridge and logistic probes on every layer of the digits CNN, trained and at initialisation: test accuracy."""
+    from tdhook_fn.latent import cache
+    from tdhook_fn.latent.probing import fit_probes, score_probes
+
+    layers = {"pixels": None, "conv 1": "[1]", "conv 2": "[3]", "dense": "[6]", "logits": "[7]"}
+
+    def acts(net: nn.Module, x: torch.Tensor) -> TensorDict:
+        f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        with torch.no_grad():
+            read = cache(f, p, TensorDict(input=x, batch_size=[len(x)]), [s for s in layers.values() if s])
+        out = TensorDict({"pixels": x.flatten(1)}, batch_size=[len(x)])
+        for name, site in layers.items():
+            if site:
+                out[name] = read[site.strip("[]")].flatten(1)
+        return out.apply(lambda t: t.double())
+
+    scores: dict[str, list[float]] = {}
+    for label, net in (("trained, ridge", model), ("trained, logistic", model), ("random init, ridge", make_cnn())):
+        kind = "logistic" if "logistic" in label else "ridge"
+        probes = fit_probes(acts(net, train_x), train_y, kind=kind, alpha=10.0, C=0.05)
+        test = score_probes(probes, acts(net, test_x), test_y)
+        scores[label] = [float(test[name]) for name in layers]
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    width = 0.27
+    for i, (label, values) in enumerate(scores.items()):
+        ax.bar(np.arange(len(layers)) + (i - 1) * width, values, width, label=label)
+    ax.set_xticks(np.arange(len(layers)), list(layers))
+    ax.set_ylim(0.0, 1.0)
+    ax.set_ylabel("probe test accuracy")
+    ax.set_title("Linear probes on every layer of the digits CNN (one batched solve per width)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=9)
+    fig.tight_layout()
+    save(fig, "probing.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -576,13 +613,23 @@ def main() -> None:
     draw_pruning(model, test_x, test_y)
     draw_adapters(model, train_x, test_x, test_y)
     draw_dimension(model)
+    draw_probing(model, train_x, train_y, test_x, test_y)
     draw_latent()
     draw_similarity()
+
+
+def main_probing() -> None:
+    """Only the probing page's picture (``python docs/gen_images.py probing``)."""
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    draw_probing(train(make_cnn(), train_x, train_y, epochs=8), train_x, train_y, test_x, test_y)
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["dimension"]:
         OUT.mkdir(exist_ok=True)
         draw_dimension()
+    elif sys.argv[1:] == ["probing"]:
+        main_probing()
     else:
         main()
