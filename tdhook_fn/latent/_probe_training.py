@@ -194,7 +194,7 @@ def adam_epoch(
     current = dict(params)
     exp_avg, exp_avg_sq, step = dict(state.exp_avg), dict(state.exp_avg_sq), state.step
     with torch.enable_grad():
-        for batch in order.split(batch_size):
+        for batch in torch.split(order, batch_size):
             leaves = {name: value.detach().requires_grad_() for name, value in current.items()}
             loss = probe_loss(probe_scores(kind, leaves, *(x[batch] for x in xs)), target[batch],
                               num_classes=num_classes)

@@ -154,7 +154,8 @@ class Probing(HookingContextFactory):
                     f"Probing: additional_keys {missing} are not in the input TensorDict (it holds "
                     f"{sorted(map(str, td.keys()))}); add them to the TensorDict or drop them from additional_keys"
                 )
-            return td.select(*keys)
+            chosen: TensorDictBase = td.select(*keys)
+            return chosen
 
         cache = TensorDict()
         hook = HookFactory.make_caching_hook(_ITEMS_KEY, cache, callback=select, direction="fwd_pre")

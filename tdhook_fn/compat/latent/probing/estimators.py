@@ -166,7 +166,7 @@ class TorchEstimator(nn.Module):
         """The scores (regression) or the predicted classes."""
         self.eval()
         with torch.no_grad():
-            scores = self(*Xs)
+            scores: torch.Tensor = self(*Xs)
             return scores.argmax(dim=-1) if self._num_classes is not None else scores
 
     def _loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
