@@ -1,0 +1,19 @@
+"""Probes: linear (and bilinear) read-outs of activations, every site fitted at once.
+
+Pure statistics on activations (a TensorDict by site, as `tdhook_fn.latent.cache`
+returns, or a tensor ``(..., N, D)`` whose leading dims are batch dims):
+
+- `fit_probes`: ridge (scikit-learn's ``Ridge`` / ``RidgeClassifier``), logistic
+  (``LogisticRegression``) or mean-difference probes, sites of one width in one batched solve.
+- `predict_probes`, `decision_function`, `score_probes`: apply them.
+"""
+
+from ._probe_fit import fit_probes
+from ._probe_predict import decision_function, predict_probes, score_probes
+
+__all__ = [
+    "decision_function",
+    "fit_probes",
+    "predict_probes",
+    "score_probes",
+]
