@@ -28,7 +28,7 @@ from zoo import same, snapshot
 
 import tdhook_fn.compat.latent.probing as our_probing
 import tdhook_fn.compat.latent.probing.estimators as our_estimators
-from tdhook_fn.latent._mean_difference import mean_difference_fit, mean_difference_proba, mean_difference_scores
+from tdhook_fn.latent._probe_proba import two_class_proba
 from tdhook_fn.latent._probe_training import adam_epoch, adam_init, probe_loss, probe_scores
 
 LIBS = {"tdhook": td_probing, "ours": our_probing}
@@ -323,41 +323,27 @@ def test_mean_difference_refuses_bad_labels(y: np.ndarray, match: str) -> None:
         our_estimators.MeanDifferenceClassifier().fit(np.random.randn(4, 3), y)
 
 
-def test_mean_difference_fit_is_batched_and_vmaps() -> None:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 2, 30, 5, dtype=torch.float64, generator=gen)
-    y = torch.randint(0, 2, (3, 2, 30), generator=gen)
-    y[..., :2] = torch.tensor([0, 1])
-    x_before, y_before = x.clone(), y.clone()
-    w, b = mean_difference_fit(x, y)
-    assert w.dtype == torch.float64 and w.shape == (3, 2, 5) and b.shape == (3, 2)
-    for i in range(3):
-        for j in range(2):
-            wi, bi = mean_difference_fit(x[i, j], y[i, j])
-            torch.testing.assert_close(w[i, j], wi, rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(b[i, j], bi, rtol=1e-12, atol=1e-12)
-    wv, bv = torch.vmap(torch.vmap(mean_difference_fit))(x, y)
-    torch.testing.assert_close(wv, w, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(bv, b, rtol=1e-12, atol=1e-12)
-    scores = mean_difference_scores(x, w, b)
-    assert scores.shape == (3, 2, 30)
-    torch.testing.assert_close(mean_difference_proba(x, w, b)[..., 1], torch.sigmoid(scores))
-    assert torch.equal(x, x_before) and torch.equal(y, y_before)
-
-
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.floats(-5, 5), st.booleans())
 def test_mean_difference_axioms(seed: int, shift: float, normalize: bool) -> None:
-    """The midpoint of the class means scores 0; shifting every sample keeps the direction."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(12, 4, dtype=torch.float64, generator=gen)
-    y = torch.tensor([0, 1] * 6)
-    w, b = mean_difference_fit(x, y, normalize=normalize)
+    """The midpoint of the class means is even odds; shifting every sample keeps the direction."""
+    x = np.random.default_rng(seed).normal(size=(12, 4))
+    y = np.array([0, 1] * 6)
+    classifier = our_estimators.MeanDifferenceClassifier(normalize)
+    classifier.fit(x, y)
     midpoint = (x[y == 1].mean(0) + x[y == 0].mean(0)) / 2
-    torch.testing.assert_close(mean_difference_scores(midpoint[None], w, b), torch.zeros(1, dtype=torch.float64),
-                               rtol=0, atol=1e-12)
-    w2, _ = mean_difference_fit(x + shift, y, normalize=normalize)
-    torch.testing.assert_close(w2, w, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(classifier.predict_proba(midpoint[None]), [[0.5, 0.5]], rtol=0, atol=1e-12)
+    shifted = our_estimators.MeanDifferenceClassifier(normalize)
+    shifted.fit(x + shift, y)
+    np.testing.assert_allclose(shifted.coef_, classifier.coef_, rtol=1e-10, atol=1e-10)
+
+
+def test_two_class_proba() -> None:
+    scores = torch.tensor([[-2.0, 0.0], [1.0, 30.0]], dtype=torch.float64)
+    proba = two_class_proba(scores)
+    assert proba.shape == (2, 2, 2) and proba.dtype == torch.float64
+    torch.testing.assert_close(proba[..., 1], torch.sigmoid(scores))
+    torch.testing.assert_close(proba.sum(-1), torch.ones(2, 2, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------- the training functions

@@ -1,7 +1,8 @@
 """Estimators of ``tdhook.latent.probing.estimators`` (tdhook 0.1.3).
 
 `MeanDifferenceClassifier` (numpy in, numpy out) fits with
-`tdhook_fn.latent._mean_difference`. The torch estimators are modules holding the
+`tdhook_fn.latent.probing.fit_probes` (``kind="mean_difference"``) and scores with its
+``decision_function``. The torch estimators are modules holding the
 same parameters as tdhook's (``linear``, ``bilinear``, ``linear1``/``linear2``/``bias``,
 initialised the same way); their scores and their training are the pure functions of
 `tdhook_fn.latent._probe_training`: ``fit`` runs tdhook's minibatch Adam (same
@@ -11,7 +12,8 @@ parameters, faster.
 
 Differences from tdhook 0.1.3: `MeanDifferenceClassifier.fit` refuses labels other than
 0 and 1 (tdhook weights the samples by the label values and returns a meaningless
-direction), and an ``X`` whose rows do not match ``y``.
+direction), and an ``X`` whose rows do not match ``y``; a fitted ``intercept_`` may be
+``-0.0`` where tdhook's is ``0.0``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 from torch import nn
 
-from tdhook_fn.latent._mean_difference import mean_difference_fit, mean_difference_proba, mean_difference_scores
+from tdhook_fn.latent._probe_proba import two_class_proba
 from tdhook_fn.latent._probe_training import adam_epoch, adam_init, probe_loss, probe_scores
+from tdhook_fn.latent.probing import decision_function, fit_probes
 
 __all__ = [
     "BilinearEstimator",
@@ -71,25 +75,32 @@ class MeanDifferenceClassifier:
         labels = torch.as_tensor(np.asarray(y))
         if labels.dim() > 1:
             raise ValueError("Multiclass classification not supported: y must be (N,) labels in {0, 1}")
-        x = torch.as_tensor(np.asarray(X))
-        w, b = mean_difference_fit(x, labels, normalize=self._normalize)
-        self._coef = w.reshape(1, -1).numpy()
-        self._intercept = b.reshape(1).numpy()
+        present = set(torch.unique(labels).tolist())
+        if not present <= {0, 1}:
+            raise ValueError(f"MeanDifferenceClassifier: y must hold 0/1 labels, got {sorted(present)}; map the "
+                             "positive class to 1 and the other to 0")
+        if len(present) < 2:
+            raise ValueError("Both classes must be present in y: it needs samples labelled 0 and samples labelled 1")
+        # 0/1 labels: classes [0, 1], so fit_probes' positive class is tdhook's
+        probe = fit_probes(torch.as_tensor(np.asarray(X)), labels.long(), kind="mean_difference",
+                           normalize=self._normalize)
+        self._coef = probe["weight"].numpy()
+        self._intercept = probe["bias"].numpy()
 
-    def _fitted(self, X: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return torch.as_tensor(np.asarray(X)), torch.as_tensor(self.coef_[0]), torch.as_tensor(self.intercept_[0])
-
-    def _decision_function(self, X: Any) -> np.ndarray:
-        result: np.ndarray = mean_difference_scores(*self._fitted(X)).numpy()
-        return result
+    def _decision_function(self, X: Any) -> torch.Tensor:
+        probe = TensorDict(weight=torch.as_tensor(self.coef_), bias=torch.as_tensor(self.intercept_))
+        scores = decision_function(probe, torch.as_tensor(np.asarray(X)))
+        assert isinstance(scores, torch.Tensor)
+        return scores[..., 0]
 
     def predict(self, X: Any) -> np.ndarray:
         """``True`` for the samples on the positive side."""
-        return self._decision_function(X) > 0
+        result: np.ndarray = (self._decision_function(X) > 0).numpy()
+        return result
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """``(N, 2)``: the sigmoid of the decision value, for the negative then the positive class."""
-        result: np.ndarray = mean_difference_proba(*self._fitted(X)).numpy()
+        result: np.ndarray = two_class_proba(self._decision_function(X)).numpy()
         return result
 
 
