@@ -193,11 +193,13 @@ def adam_epoch(
         raise ValueError(f"adam_epoch: order must be a permutation of the {n} samples, got shape {tuple(order.shape)}")
     current = dict(params)
     exp_avg, exp_avg_sq, step = dict(state.exp_avg), dict(state.exp_avg_sq), state.step
+    # one gather per epoch; the minibatches are then views
+    batches = zip(*(torch.split(x[order], batch_size) for x in xs), torch.split(target[order], batch_size),
+                  strict=True)
     with torch.enable_grad():
-        for batch in torch.split(order, batch_size):
+        for *inputs, batch_target in batches:
             leaves = {name: value.detach().requires_grad_() for name, value in current.items()}
-            loss = probe_loss(probe_scores(kind, leaves, *(x[batch] for x in xs)), target[batch],
-                              num_classes=num_classes)
+            loss = probe_loss(probe_scores(kind, leaves, *inputs), batch_target, num_classes=num_classes)
             grads = torch.autograd.grad(loss, list(leaves.values()))
             step += 1
             for (name, value), grad in zip(current.items(), grads, strict=True):

@@ -158,8 +158,8 @@ class TorchEstimator(nn.Module):
             )
         params = {name: value.detach() for name, value in self.named_parameters()}
         state = adam_init(params)
+        self.train()
         for epoch in range(self._epochs):
-            self.train()
             params, state = adam_epoch(
                 self._kind, params, state, Xs, y, _global_order(y.shape[0]),
                 num_classes=self._num_classes, lr=self._lr, batch_size=self._batch_size)
