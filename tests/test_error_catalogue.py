@@ -680,8 +680,8 @@ COMPAT_PROBING_ROWS: list[Row] = [
     ("probe-scores-kind", lambda: _probe_training().probe_scores("cubic", {}, torch.ones(1, 2)),
      ValueError, ("probe_scores", "kind must be one of", "'cubic'")),
     ("adam-epoch-order", lambda: _probe_training().adam_epoch(
-        "linear", {"linear.weight": torch.zeros(1, 2)}, _probe_training().adam_init({"linear.weight": torch.zeros(1, 2)}),
-        (torch.ones(4, 2),), torch.ones(4, 1), torch.arange(3), num_classes=None),
+        "linear", {}, _probe_training().adam_init({}), (torch.ones(4, 2),), torch.ones(4, 1), torch.arange(3),
+        num_classes=None),
      ValueError, ("adam_epoch", "permutation of the 4 samples", "(3,)")),
     ("adam-epoch-batch-size", lambda: _probe_training().adam_epoch(
         "linear", {}, _probe_training().adam_init({}), (torch.ones(4, 2),), torch.ones(4, 1), torch.arange(4),
