@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_latent", "bench_data", "bench_compile")
+BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_latent", "bench_data", "bench_compile",
+              "bench_compat_probing")
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ class MeanDifferenceClassifier:
             raise ValueError("Both classes must be present in y: it needs samples labelled 0 and samples labelled 1")
         # 0/1 labels: classes [0, 1], so fit_probes' positive class is tdhook's
         probe = fit_probes(torch.as_tensor(np.asarray(X)), labels.long(), kind="mean_difference",
-                           normalize=self._normalize)
+                           classes=torch.tensor([0, 1]), normalize=self._normalize)
         self._coef = probe["weight"].numpy()
         self._intercept = probe["bias"].numpy()
 
