@@ -45,7 +45,7 @@ def _hessian(xt: torch.Tensor, p: torch.Tensor, binary: bool) -> torch.Tensor:
     if binary:
         return (xt * (p * (1 - p))).mT @ xt
     k, width = p.shape[-1], xt.shape[-1]
-    within = torch.einsum("...nk,...na,...nb->...kab", p, xt, xt)  # diag(p) blocks
+    within = (p.mT[..., :, :, None] * xt[..., None, :, :]).mT @ xt[..., None, :, :]  # diag(p) blocks (..., K, P, P)
     outer = (p[..., :, :, None] * xt[..., :, None, :]).flatten(-2)  # (..., N, K P)
     eye = torch.eye(k, dtype=p.dtype, device=p.device)
     blocks = within[..., :, :, None, :] * eye[:, None, :, None]
