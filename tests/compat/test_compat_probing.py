@@ -10,6 +10,7 @@ must collect the same metrics. The pure functions behind them are tested on thei
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -395,3 +396,39 @@ def test_probe_loss_names_the_shapes() -> None:
         probe_loss(torch.zeros(4, 1), torch.zeros(4), num_classes=None)
     with pytest.raises(ValueError, match=r"does not match target shape.*\(N,\) indices"):
         probe_loss(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), num_classes=3)
+
+
+class Pause(nn.Module):
+    """Gives other threads the interpreter between a call's start and the probed module."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
+        return x
+
+
+def test_threads_calling_one_context_see_their_own_items() -> None:
+    """Each probe call gets the labels of its own input, with threads calling one hooked module at once."""
+    import threading
+
+    seen: list[bool] = []
+
+    class Check:
+        def step(self, data: Any, **kwargs: Any) -> None:
+            seen.append(torch.equal(data[:, 0], kwargs["labels"]))  # the Identity's output is the input
+
+    model = nn.Sequential(Pause(), nn.Identity(), nn.Linear(10, 2))
+    context = our_probing.Probing("1", lambda name, direction: Check(), additional_keys=["labels"])
+    with context.prepare(model) as hooked:
+        def work(tag: float) -> None:
+            for _ in range(25):
+                x = torch.randn(3, 10)
+                x[:, 0] = tag
+                hooked(TensorDict({"input": x, "labels": torch.full((3,), tag)}, batch_size=3))
+
+        threads = [threading.Thread(target=work, args=(float(tag),)) for tag in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(seen) == 100 and all(seen)
+    assert no_hooks(model)

@@ -20,14 +20,17 @@ Differences from tdhook 0.1.3:
   the factory, as in tdhook, but no hook.
 - A missing ``additional_keys`` entry raises a ``KeyError`` naming it and the keys the
   input has; registering on entry either hooks every matching module or none.
+- Threads calling the hooked module at once each hand the probes their own call's
+  items (tdhook shares one set per context between threads).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
@@ -35,7 +38,6 @@ from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import (
     DIRECTION_TO_RETURN,
-    CacheProxy,
     HookDirection,
     HookFactory,
     MultiHookHandle,
@@ -47,7 +49,25 @@ from tdhook_fn.compat.modules._virtual import module_path
 
 __all__ = ["Probe", "Probing"]
 
-_ITEMS_KEY = "_additional_keys"
+class _Items:
+    """The ``additional_keys`` entries of the last call, per thread.
+
+    Threads calling one hooked module at once each see their own call's items. A
+    backward hook run by an autograd worker thread (on an accelerator) sees the last
+    items of any thread, as every hook does in tdhook.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._latest: TensorDictBase | None = None
+
+    def keep(self, items: TensorDictBase) -> None:
+        self._local.items = self._latest = items
+
+    def last(self) -> TensorDictBase | dict[str, Any]:
+        found = getattr(self._local, "items", None)
+        found = self._latest if found is None else found
+        return {} if found is None else found
 
 
 class Probe(Protocol):
@@ -135,8 +155,8 @@ class Probing(HookingContextFactory):
             for name, submodule in root.named_modules():
                 yield ("td_module." + name if name else "td_module"), submodule
 
-    def _items_reader(self, module: HookedModule) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        """A hook caching the input TensorDict's ``additional_keys`` entries before each call."""
+    def _items_reader(self, module: HookedModule) -> tuple[RemovableHandleProtocol, _Items]:
+        """A hook keeping the input TensorDict's ``additional_keys`` entries before each call."""
         keys = list(self._additional_keys or ())
         wrapper = getattr(module.hooking_context, "_module", None)
         path = module_path(module, wrapper) if isinstance(wrapper, nn.Module) else None
@@ -145,8 +165,9 @@ class Probing(HookingContextFactory):
                 "Probing: additional_keys are read from the input TensorDict of the context's module; prepare the "
                 "Probing context with .prepare(model) and call the hooked module it yields"
             )
+        items = _Items()
 
-        def select(**kwargs: Any) -> TensorDictBase:
+        def select(**kwargs: Any) -> None:
             td = kwargs["args"][0]
             missing = [key for key in keys if key not in td.keys()]
             if missing:
@@ -154,20 +175,17 @@ class Probing(HookingContextFactory):
                     f"Probing: additional_keys {missing} are not in the input TensorDict (it holds "
                     f"{sorted(map(str, td.keys()))}); add them to the TensorDict or drop them from additional_keys"
                 )
-            chosen: TensorDictBase = td.select(*keys)
-            return chosen
+            items.keep(td.select(*keys))
 
-        cache = TensorDict()
-        hook = HookFactory.make_caching_hook(_ITEMS_KEY, cache, callback=select, direction="fwd_pre")
-        handle = module.register_submodule_hook(path, hook, "fwd_pre", relative=False)
-        return handle, CacheProxy(_ITEMS_KEY, cache)
+        hook = HookFactory.make_reading_hook(callback=select, direction="fwd_pre")
+        return module.register_submodule_hook(path, hook, "fwd_pre", relative=False), items
 
-    def _reading_hook(self, name: str, direction: HookDirection, items: CacheProxy | None) -> Callable[..., Any]:
+    def _reading_hook(self, name: str, direction: HookDirection, items: _Items | None) -> Callable[..., Any]:
         probe = self._probe_factory(name, direction)
         value_name = DIRECTION_TO_RETURN[direction]
 
         def callback(**kwargs: Any) -> Any:
-            extra = items.resolve() if items is not None else {}
+            extra = items.last() if items is not None else {}
             return probe.step(kwargs[value_name], **extra)
 
         return HookFactory.make_reading_hook(callback=callback, direction=direction)
