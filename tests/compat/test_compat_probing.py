@@ -147,6 +147,22 @@ def test_probing_on_a_transformer_matches_tdhook() -> None:
     assert same(before, snapshot(model))
 
 
+@pytest.mark.parametrize(("pattern", "relative"), [("module.0|module.1", True), ("td_module.module.0", False)])
+def test_probing_a_tensordict_module_matches_tdhook(pattern: str, relative: bool) -> None:
+    from tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    batches = [TensorDict(x=torch.randn(2, 4), lab=torch.arange(2), batch_size=[2])]
+    logs = {}
+    for lib, model in (("tdhook", copy.deepcopy(net)), ("ours", net)):
+        logs[lib] = record(lib, TensorDictModule(model, ["x"], ["y"]), pattern, batches, relative=relative,
+                           additional_keys=["lab"])
+    assert logs["ours"][0] == logs["tdhook"][0] and logs["ours"][0]
+    assert_same_log(logs["tdhook"][1], logs["ours"][1])
+    assert no_hooks(net)
+
+
 def test_key_pattern_setter_changes_the_next_entry() -> None:
     made: list[Any] = []
     context = our_probing.Probing("linear1", lambda name, direction: made.append(name) or Recorder([], name, ""))
