@@ -20,7 +20,8 @@ it as the loader does).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import torch
@@ -104,11 +105,11 @@ def probe_loss(scores: torch.Tensor, target: torch.Tensor, *, num_classes: int |
 
 
 class AdamState(NamedTuple):
-    """Adam's moments by parameter name and the number of steps taken."""
+    """Adam's moments and number of steps taken, by parameter name."""
 
     exp_avg: dict[str, torch.Tensor]
     exp_avg_sq: dict[str, torch.Tensor]
-    step: int
+    step: dict[str, int]
 
 
 def adam_init(params: Params) -> AdamState:
@@ -123,10 +124,11 @@ def adam_init(params: Params) -> AdamState:
     Examples:
         >>> import torch
         >>> adam_init({"w": torch.ones(2)}).step
-        0
+        {'w': 0}
     """
     zeros = {name: torch.zeros_like(value) for name, value in params.items()}
-    return AdamState(zeros, {name: torch.zeros_like(value) for name, value in params.items()}, 0)
+    return AdamState(zeros, {name: torch.zeros_like(value) for name, value in params.items()},
+                     dict.fromkeys(params, 0))
 
 
 def _adam_update(
@@ -142,38 +144,46 @@ def _adam_update(
     return param.addcdiv(exp_avg, denom, value=-step_size), exp_avg, exp_avg_sq
 
 
+Scores = Callable[..., torch.Tensor]
+
+
 def adam_epoch(
-    kind: str,
+    model: str | Scores,
     params: Params,
     state: AdamState,
     xs: tuple[torch.Tensor, ...],
     target: torch.Tensor,
     order: torch.Tensor,
     *,
-    num_classes: int | None,
+    num_classes: int | None = None,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     lr: float = 1e-3,
     batch_size: int = 128,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> tuple[dict[str, torch.Tensor], AdamState]:
-    """One epoch of minibatch Adam on `probe_loss`: batches of ``order``, in order.
+    """One epoch of minibatch Adam: batches of ``order``, in order.
 
     Args:
-        kind (str): the probe kind (see `probe_scores`).
-        params (Mapping[str, Tensor]): the probe's tensors; not modified.
+        model (str | Callable): a probe kind (see `probe_scores`), or a pure
+            ``scores(params, *xs) -> Tensor``.
+        params (Mapping[str, Tensor]): the tensors to train; not modified.
         state (AdamState): from `adam_init` or the previous epoch.
-        xs (tuple[Tensor, ...]): the inputs, ``(N, D)`` each.
+        xs (tuple[Tensor, ...]): the inputs, ``(N, ...)`` each.
         target (Tensor): the targets, ``(N, ...)``.
         order (Tensor): a permutation of ``range(N)``; consecutive slices of
             ``batch_size`` are the minibatches (the last may be smaller).
-        num_classes (int | None): see `probe_loss`.
+        num_classes (int | None): for the default loss, `probe_loss`'s. Default: None.
+        loss (Callable | None): ``loss(scores, target) -> scalar``. Default: `probe_loss`.
         lr (float): the learning rate. Default: 1e-3.
         batch_size (int): the minibatch size. Default: 128.
         betas (tuple[float, float]): Adam's decay rates. Default: (0.9, 0.999).
         eps (float): added to the denominator. Default: 1e-8.
 
     Returns:
-        tuple[dict[str, Tensor], AdamState]: the new tensors and state.
+        tuple[dict[str, Tensor], AdamState]: the new tensors and state. A tensor the loss
+        does not depend on in a step is left as it is, its state too (as torch's Adam
+        skips a parameter without a gradient).
 
     Raises:
         ValueError: ``batch_size`` below 1, or ``order`` not of length ``N``.
@@ -182,27 +192,31 @@ def adam_epoch(
         >>> import torch
         >>> p = {"linear.weight": torch.zeros(1, 2), "linear.bias": torch.zeros(1)}
         >>> x, y = torch.randn(8, 2), torch.randn(8, 1)
-        >>> p2, s = adam_epoch("linear", p, adam_init(p), (x,), y, torch.randperm(8), num_classes=None, batch_size=4)
+        >>> p2, s = adam_epoch("linear", p, adam_init(p), (x,), y, torch.randperm(8), batch_size=4)
         >>> s.step
-        2
+        {'linear.weight': 2, 'linear.bias': 2}
     """
     if batch_size < 1:
         raise ValueError(f"adam_epoch: batch_size must be at least 1, got {batch_size}")
     n = target.shape[0]
     if order.shape != (n,):
         raise ValueError(f"adam_epoch: order must be a permutation of the {n} samples, got shape {tuple(order.shape)}")
+    scores = functools.partial(probe_scores, model) if isinstance(model, str) else model
+    loss_fn = loss or functools.partial(probe_loss, num_classes=num_classes)
     current = dict(params)
-    exp_avg, exp_avg_sq, step = dict(state.exp_avg), dict(state.exp_avg_sq), state.step
+    exp_avg, exp_avg_sq, step = dict(state.exp_avg), dict(state.exp_avg_sq), dict(state.step)
     # one gather per epoch; the minibatches are then views
     batches = zip(*(torch.split(x[order], batch_size) for x in xs), torch.split(target[order], batch_size),
                   strict=True)
     with torch.enable_grad():
         for *inputs, batch_target in batches:
             leaves = {name: value.detach().requires_grad_() for name, value in current.items()}
-            loss = probe_loss(probe_scores(kind, leaves, *inputs), batch_target, num_classes=num_classes)
-            grads = torch.autograd.grad(loss, list(leaves.values()))
-            step += 1
-            for (name, value), grad in zip(current.items(), grads, strict=True):
+            value = loss_fn(scores(leaves, *inputs), batch_target)
+            grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+            for name, grad in zip(leaves, grads, strict=True):
+                if grad is None:
+                    continue
+                step[name] += 1
                 current[name], exp_avg[name], exp_avg_sq[name] = _adam_update(
-                    value.detach(), grad, exp_avg[name], exp_avg_sq[name], step, lr, betas, eps)
+                    current[name].detach(), grad, exp_avg[name], exp_avg_sq[name], step[name], lr, betas, eps)
     return current, AdamState(exp_avg, exp_avg_sq, step)

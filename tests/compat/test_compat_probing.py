@@ -301,6 +301,48 @@ def test_estimators_fit_tdhooks_parameters(name: str, kwargs: dict[str, Any], in
     torch.testing.assert_close(ours[0].predict(*xs), theirs[0].predict(*xs), rtol=1e-6, atol=1e-6)
 
 
+def two_layer_probe(lib: str) -> type:
+    """A user's estimator: tdhook's (or our) TorchEstimator with its own forward and loss, and an unused layer."""
+
+    class TwoLayer(ESTIMATORS[lib].TorchEstimator):  # type: ignore[misc, name-defined]
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.hidden, self.out, self.unused = nn.Linear(6, 8), nn.Linear(8, 3), nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.tanh(self.hidden(x)))
+
+        def _loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return nn.functional.cross_entropy(output, target, label_smoothing=0.1)
+
+    return TwoLayer
+
+
+@pytest.mark.parametrize("case", ["subclass", "frozen-bias"])
+def test_user_estimators_train_as_in_tdhook(case: str) -> None:
+    """A subclass's own forward and loss are what is trained; a frozen parameter stays as it is."""
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(90, 6, generator=gen), torch.randint(0, 3, (90,), generator=gen)
+    fitted = {}
+    for lib in ESTIMATORS:
+        torch.manual_seed(0)
+        if case == "subclass":
+            estimator = two_layer_probe(lib)(num_classes=3, epochs=4, batch_size=16, lr=1e-2)
+        else:
+            estimator = ESTIMATORS[lib].LinearEstimator(d_latent=6, num_classes=3, epochs=4, batch_size=16, lr=1e-2)
+            estimator.linear.bias.requires_grad_(False)
+        before = {n: v.detach().clone() for n, v in estimator.named_parameters()}
+        fitted[lib] = (estimator.fit(x, y=y), before)
+    for (n, v), (n2, v2) in zip(fitted["tdhook"][0].named_parameters(), fitted["ours"][0].named_parameters(),
+                                strict=True):
+        assert n == n2
+        torch.testing.assert_close(v2, v, rtol=1e-6, atol=1e-7)
+    frozen = "unused.weight" if case == "subclass" else "linear.bias"
+    assert torch.equal(dict(fitted["ours"][0].named_parameters())[frozen], fitted["ours"][1][frozen])
+    changed = "out.weight" if case == "subclass" else "linear.weight"
+    assert not torch.equal(dict(fitted["ours"][0].named_parameters())[changed], fitted["ours"][1][changed])
+
+
 def test_estimator_refuses_inputs_and_targets_of_other_lengths() -> None:
     estimator = our_estimators.LinearEstimator(d_latent=3, num_classes=2, epochs=1)
     with pytest.raises(ValueError, match=r"inputs of \[5\] rows for 4 targets"):
@@ -399,7 +441,7 @@ def test_adam_epoch_is_torch_adam_and_pure() -> None:
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(module(x[batch]), y[batch]).backward()
             optimizer.step()
-    assert state.step == 8
+    assert state.step == {"linear.weight": 8, "linear.bias": 8}
     for n, v in module.named_parameters():
         torch.testing.assert_close(params[f"linear.{n}"], v.detach(), rtol=1e-6, atol=1e-7)
     assert all(torch.equal(initial[n], before[n]) for n in before)  # the given tensors are not written

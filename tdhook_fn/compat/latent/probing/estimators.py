@@ -18,6 +18,8 @@ direction), and an ``X`` whose rows do not match ``y``; a fitted ``intercept_`` 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -129,8 +131,6 @@ class TorchEstimator(nn.Module):
         verbose (bool): print the epoch every 10 epochs. Default: ``False``.
     """
 
-    _kind = "linear"
-
     def __init__(
         self,
         *,
@@ -156,22 +156,33 @@ class TorchEstimator(nn.Module):
                 f"fit: every input needs one row per target, got inputs of {[x.shape[0] for x in Xs]} rows for "
                 f"{y.shape[0]} targets"
             )
-        params = {name: value.detach() for name, value in self.named_parameters()}
+        model, params = self._trained()
+        own_loss = type(self)._loss_fn is TorchEstimator._loss_fn
         state = adam_init(params)
         self.train()
         for epoch in range(self._epochs):
             params, state = adam_epoch(
-                self._kind, params, state, Xs, y, _global_order(y.shape[0]),
-                num_classes=self._num_classes, lr=self._lr, batch_size=self._batch_size)
+                model, params, state, Xs, y, _global_order(y.shape[0]), num_classes=self._num_classes,
+                loss=None if own_loss else self._loss_fn, lr=self._lr, batch_size=self._batch_size)
             if self._verbose and (epoch + 1) % 10 == 0:
                 print(f"Epoch {epoch + 1}/{self._epochs}")
         with torch.no_grad():
             for name, value in self.named_parameters():
-                value.copy_(params[name])
+                if name in params:  # trained; a frozen one is left as it is
+                    value.copy_(params[name])
         return self
 
-    def forward(self, *Xs: torch.Tensor) -> torch.Tensor:
-        return probe_scores(self._kind, dict(self.named_parameters()), *Xs)
+    def _trained(self) -> tuple[str | Callable[..., torch.Tensor], dict[str, torch.Tensor]]:
+        """What ``fit`` trains: the probe kind of our own forwards, else this module's forward, and its tensors.
+
+        A subclass with a forward of its own, or with frozen parameters, trains through
+        ``torch.func.functional_call`` of itself, as tdhook trains it through ``self(...)``.
+        """
+        trainable = {name: value.detach() for name, value in self.named_parameters() if value.requires_grad}
+        kind = _KINDS.get(type(self).forward)
+        if kind is not None and len(trainable) == len(list(self.parameters())):
+            return kind, trainable
+        return functools.partial(_call_module, self), trainable
 
     def predict(self, *Xs: torch.Tensor) -> torch.Tensor:
         """The scores (regression) or the predicted classes."""
@@ -200,8 +211,6 @@ class LinearEstimator(TorchEstimator):
         torch.Size([4])
     """
 
-    _kind = "linear"
-
     def __init__(self, d_latent: int, bias: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.linear = nn.Linear(d_latent, self._num_classes or 1, bias=bias, device=self._device)
@@ -209,7 +218,7 @@ class LinearEstimator(TorchEstimator):
     def forward(self, *Xs: torch.Tensor) -> torch.Tensor:
         if len(Xs) != 1:
             raise ValueError(f"Linear estimator expects 1 input tensor, got {len(Xs)}")
-        return super().forward(*Xs)
+        return probe_scores("linear", dict(self.named_parameters()), *Xs)
 
 
 class BilinearEstimator(TorchEstimator):
@@ -222,14 +231,12 @@ class BilinearEstimator(TorchEstimator):
         **kwargs (Any): see `TorchEstimator`.
     """
 
-    _kind = "bilinear"
-
     def __init__(self, d_latent1: int, d_latent2: int, bias: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.bilinear = nn.Bilinear(d_latent1, d_latent2, self._num_classes or 1, bias=bias, device=self._device)
 
-    def forward(self, h1: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return super().forward(h1, h2)
+    def forward(self, h1: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:
+        return probe_scores("bilinear", dict(self.named_parameters()), h1, h2)
 
 
 class LowRankBilinearEstimator(TorchEstimator):
@@ -242,8 +249,6 @@ class LowRankBilinearEstimator(TorchEstimator):
         **kwargs (Any): see `TorchEstimator`.
     """
 
-    _kind = "low_rank_bilinear"
-
     def __init__(self, d_latent1: int, d_latent2: int, bias: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         out_features = self._num_classes or 1
@@ -255,5 +260,19 @@ class LowRankBilinearEstimator(TorchEstimator):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, h1: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return super().forward(h1, h2)
+    def forward(self, h1: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:
+        return probe_scores("low_rank_bilinear", dict(self.named_parameters()), h1, h2)
+
+
+def _call_module(module: nn.Module, params: dict[str, torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    """``module(*xs)`` with ``params`` in place of its (trainable) parameters."""
+    out: torch.Tensor = torch.func.functional_call(module, params, xs, strict=False)
+    return out
+
+
+# the probe kind `probe_scores` computes for each of our forwards (a subclass overriding it trains its own)
+_KINDS: dict[Callable[..., torch.Tensor], str] = {
+    LinearEstimator.forward: "linear",
+    BilinearEstimator.forward: "bilinear",
+    LowRankBilinearEstimator.forward: "low_rank_bilinear",
+}
