@@ -285,13 +285,13 @@ def test_managers_fit_and_score_as_tdhook(make_manager: Callable[[str], Any], bi
 def test_estimators_fit_tdhooks_parameters(name: str, kwargs: dict[str, Any], inputs: tuple[int, ...],
                                            target: str) -> None:
     gen = torch.Generator().manual_seed(5)
-    xs = tuple(torch.randn(150, d, generator=gen) for d in inputs)
-    y = (torch.randint(0, kwargs.get("num_classes", 1), (150,), generator=gen) if target == "class"
-         else torch.randn(150, 1, generator=gen))
+    xs = tuple(torch.randn(96, d, generator=gen) for d in inputs)
+    y = (torch.randint(0, kwargs.get("num_classes", 1), (96,), generator=gen) if target == "class"
+         else torch.randn(96, 1, generator=gen))
     fitted = {}
     for lib in ESTIMATORS:
         torch.manual_seed(0)
-        estimator = getattr(ESTIMATORS[lib], name)(epochs=6, batch_size=32, lr=1e-2, **kwargs)
+        estimator = getattr(ESTIMATORS[lib], name)(epochs=3, batch_size=32, lr=1e-2, **kwargs)
         fitted[lib] = (estimator.fit(*xs, y=y), torch.rand(3))  # and the global generator after the fit
     theirs, ours = fitted["tdhook"], fitted["ours"]
     torch.testing.assert_close(ours[1], theirs[1], rtol=0, atol=0)
