@@ -690,8 +690,63 @@ COMPAT_PROBING_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- latent.probing
+
+
+def _probe_acts() -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    return TensorDict(a=torch.randn(20, 3, generator=g), b=torch.randn(20, 5, generator=g), batch_size=[20])
+
+
+def _probe_labels() -> torch.Tensor:
+    return torch.arange(20) % 3
+
+
+def _probing():  # imported where used: the module is new, the catalogue must not fail to import without it
+    from tdhook_fn.latent import probing
+    return probing
+
+
+PROBING_ROWS: list[Row] = [
+    ("probing-n-mismatch", lambda: _probing().fit_probes(_probe_acts(), _probe_labels()[:7]),
+     ValueError, ("fit_probes", "labels", "(7,)", "N=20")),
+    ("probing-site-n-mismatch", lambda: _probing().fit_probes(
+        TensorDict(a=torch.randn(20, 3), b=torch.randn(9, 3)), _probe_labels()),
+     ValueError, ("fit_probes", "acts['b']", "N=9", "same samples")),
+    ("probing-one-class", lambda: _probing().fit_probes(_probe_acts(), _probe_labels() * 0),
+     ValueError, ("fit_probes", "1 class", "at least 2")),
+    ("probing-bad-kind", lambda: _probing().fit_probes(_probe_acts(), _probe_labels(), kind="svm"),
+     ValueError, ("fit_probes", "kind", "'svm'", "'ridge'")),
+    ("probing-non-finite", lambda: _probing().fit_probes(
+        _probe_acts().set("b", torch.full((20, 5), float("inf"))), _probe_labels()),
+     ValueError, ("fit_probes", "'b'", "nan or infinity")),
+    ("probing-singular", lambda: _probing().fit_probes(
+        TensorDict(z=torch.zeros(20, 3)), _probe_labels(), alpha=0.0),
+     ValueError, ("fit_probes", "'z'", "singular", "alpha > 0")),
+    ("probing-integer-acts", lambda: _probing().fit_probes(TensorDict(a=torch.ones(20, 3, dtype=torch.long)),
+                                                           _probe_labels()),
+     TypeError, ("fit_probes", "acts['a']", "floating point")),
+    ("probing-mean-difference-classes", lambda: _probing().fit_probes(_probe_acts(), _probe_labels(),
+                                                                      kind="mean_difference"),
+     ValueError, ("fit_probes", "exactly 2 classes")),
+    ("probing-predict-missing-site", lambda: _probing().predict_probes(
+        _probing().fit_probes(_probe_acts(), _probe_labels()), _probe_acts().exclude("a")),
+     ValueError, ("predict_probes", "no site 'a'")),
+    ("probing-merge-classes", lambda: _probing().merge_ridge_statistics(
+        _probing().ridge_statistics(_probe_acts(), _probe_labels()),
+        _probing().ridge_statistics(_probe_acts(), _probe_labels() % 2)),
+     ValueError, ("merge_ridge_statistics", "'a'", "mean_y", "same sites and labels")),
+    ("probing-bilinear-rank", lambda: _probing().fit_bilinear_probes(torch.randn(20, 3), torch.randn(20, 2),
+                                                                     _probe_labels(), rank=0),
+     ValueError, ("fit_bilinear_probes", "rank", "positive int")),
+    ("probing-vmap-classes", lambda: torch.vmap(lambda x: _probing().fit_probes(x, _probe_labels()))(
+        torch.randn(2, 20, 3)),
+     ValueError, ("fit_probes", "vmap", "classes=")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
-                   *CORE_SHADOW_ROWS, *COMPAT_PROBING_ROWS]
+                   *CORE_SHADOW_ROWS, *PROBING_ROWS, *COMPAT_PROBING_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

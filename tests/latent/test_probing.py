@@ -1,5 +1,7 @@
 """Probes against scikit-learn (Ridge, RidgeClassifier, LogisticRegression) and tdhook's mean-difference classifier."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -198,7 +200,7 @@ def test_streamed_statistics_equal_in_memory(cuts, intercept):
                       b=torch.randn(150, 9, generator=g, dtype=torch.float64), batch_size=[150])
     labels = torch.randint(0, 4, (150,), generator=g)
     bounds = [0, *sorted(cuts), 150]
-    parts = [ridge_statistics(acts[i:j], labels[i:j], classes=torch.arange(4)) for i, j in zip(bounds, bounds[1:])]
+    parts = [ridge_statistics(acts[i:j], labels[i:j], classes=torch.arange(4)) for i, j in itertools.pairwise(bounds)]
     stats = parts[0]
     for part in parts[1:]:
         stats = merge_ridge_statistics(stats, part)
