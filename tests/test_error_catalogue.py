@@ -743,6 +743,100 @@ SIMILARITY_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- compat.latent.probing and its training functions
+
+
+def _probe_missing_item() -> Any:
+    from tdhook_fn.compat.latent.probing import Probing
+
+    class Quiet:
+        def step(self, data: Any, **kwargs: Any) -> None:
+            return None
+
+    context = Probing("0", lambda name, direction: Quiet(), additional_keys=["labels"])
+    with context.prepare(tiny_model()) as hooked:
+        hooked(tiny_inputs())
+
+
+def _bilinear_pair_left_waiting() -> Any:
+    from tdhook_fn.compat.latent.probing import BilinearProbeManager
+    from tdhook_fn.compat.latent.probing.estimators import BilinearEstimator
+
+    manager = BilinearProbeManager([("a", "b")], BilinearEstimator, {"d_latent1": 3, "d_latent2": 3},
+                                   lambda p, y: {})
+    probe = manager.probe_factory("a", "fwd")
+    manager.before_all()
+    probe.step(torch.randn(2, 3), labels=torch.zeros(2, 1), step_type="predict")
+    manager.after_all()
+
+
+def _mean_difference(y: list[Any]) -> Any:
+    import numpy as np
+
+    from tdhook_fn.compat.latent.probing import MeanDifferenceClassifier
+
+    return MeanDifferenceClassifier().fit(np.random.randn(len(y), 3), np.array(y))
+
+
+def _probe_bad_step_type() -> Any:
+    from tdhook_fn.compat.latent.probing import Probe
+
+    Probe(object(), print).step(torch.ones(2, 3), step_type="train")
+
+
+def _unfitted_coef() -> Any:
+    from tdhook_fn.compat.latent.probing import MeanDifferenceClassifier
+
+    return MeanDifferenceClassifier().coef_
+
+
+def _probe_training() -> Any:
+    from tdhook_fn.latent import _probe_training
+
+    return _probe_training
+
+
+def _estimator(**kwargs: Any) -> Any:
+    from tdhook_fn.compat.latent.probing import LinearEstimator
+
+    return LinearEstimator(d_latent=3, epochs=1, **kwargs)
+
+
+COMPAT_PROBING_ROWS: list[Row] = [
+    ("probing-additional-key-missing", _probe_missing_item,
+     KeyError, ("Probing", "['labels']", "not in the input TensorDict", "add them", "additional_keys")),
+    ("bilinear-probe-pair-waiting", _bilinear_pair_left_waiting,
+     ValueError, ("still waiting on keys", "['a', 'b']", "key_pattern matches both")),
+    ("probe-step-type", _probe_bad_step_type,
+     ValueError, ("step_type must be 'fit' or 'predict'", "'train'")),
+    ("mean-difference-labels-not-0-1", lambda: _mean_difference([0, 1, 2, 1]),
+     ValueError, ("MeanDifferenceClassifier", "0/1 labels", "[0, 1, 2]", "map the positive class to 1")),
+    ("mean-difference-one-class", lambda: _mean_difference([1, 1, 1]),
+     ValueError, ("Both classes must be present", "labelled 0", "labelled 1")),
+    ("mean-difference-multiclass", lambda: _mean_difference([[1, 0], [0, 1]]),
+     ValueError, ("Multiclass classification not supported", "(N,) labels")),
+    ("mean-difference-not-fitted", _unfitted_coef, ValueError, ("not fitted", "call fit(X, y)")),
+    ("estimator-rows-mismatch", lambda: _estimator(num_classes=2).fit(torch.randn(5, 3), y=torch.zeros(4).long()),
+     ValueError, ("fit", "one row per target", "[5] rows for 4 targets")),
+    ("estimator-linear-two-inputs", lambda: _estimator()(torch.randn(2, 3), torch.randn(2, 3)),
+     ValueError, ("Linear estimator expects 1 input tensor", "got 2")),
+    ("probe-loss-regression-shape", lambda: _estimator()._loss_fn(torch.zeros(4, 1), torch.zeros(4)),
+     ValueError, ("does not match target shape", "reshape y to (N, 1)")),
+    ("probe-loss-class-shape", lambda: _estimator(num_classes=3)._loss_fn(torch.zeros(4, 2), torch.zeros(4).long()),
+     ValueError, ("does not match target shape", "(N,) indices for (N, 3) scores")),
+    ("probe-scores-kind", lambda: _probe_training().probe_scores("cubic", {}, torch.ones(1, 2)),
+     ValueError, ("probe_scores", "kind must be one of", "'cubic'")),
+    ("adam-epoch-order", lambda: _probe_training().adam_epoch(
+        "linear", {}, _probe_training().adam_init({}), (torch.ones(4, 2),), torch.ones(4, 1), torch.arange(3),
+        num_classes=None),
+     ValueError, ("adam_epoch", "permutation of the 4 samples", "(3,)")),
+    ("adam-epoch-batch-size", lambda: _probe_training().adam_epoch(
+        "linear", {}, _probe_training().adam_init({}), (torch.ones(4, 2),), torch.ones(4, 1), torch.arange(4),
+        num_classes=None, batch_size=0),
+     ValueError, ("adam_epoch", "batch_size must be at least 1", "got 0")),
+]
+
+
 # ---------------------------------------------------------------- latent.probing
 
 
@@ -799,7 +893,7 @@ PROBING_ROWS: list[Row] = [
 
 
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
-                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS]
+                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS, *COMPAT_PROBING_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])
