@@ -893,7 +893,8 @@ PROBING_ROWS: list[Row] = [
 
 
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
-                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS, *COMPAT_PROBING_ROWS]
+                   *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
+                   *COMPAT_PROBING_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -10,8 +10,14 @@ element, a selection within one sample); `sites` expands a regex over module nam
 - `patching_sweep`: the metric with each site patched in turn, all runs batched.
 - `attribution_patching`: every patching effect to first order, one backward.
 - `steer` and `activation_addition`: steering vectors, several scales at once.
+
+Pure statistics of cached activations, every layer (or pair of layers) in one batched op,
+live in three submodules: `tdhook_fn.latent.probing` (linear and bilinear probes),
+`tdhook_fn.latent.dimension` (intrinsic dimension) and `tdhook_fn.latent.similarity`
+(CKA, information imbalance).
 """
 
+from . import dimension, probing, similarity
 from ._atp import attribution_patching
 from ._cache import cache
 from ._patch import patch, patching_sweep
@@ -23,8 +29,11 @@ __all__ = [
     "activation_addition",
     "attribution_patching",
     "cache",
+    "dimension",
     "patch",
     "patching_sweep",
+    "probing",
+    "similarity",
     "sites",
     "steer",
 ]

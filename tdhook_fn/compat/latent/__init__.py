@@ -1,5 +1,9 @@
 """Latent methods with the public API of ``tdhook.latent`` from tdhook 0.1.3.
 
+Also tdhook's probing, dimension estimation and representation similarity
+(``probing``, ``dimension_estimation``, ``representation_similarity``), computing with
+`tdhook_fn.latent.probing`, `tdhook_fn.latent.dimension` and `tdhook_fn.latent.similarity`.
+
 `ActivationPatching` and `ActivationAddition` compute with
 `tdhook_fn.latent.cache`, `patch` and
 `activation_addition`; `ActivationCaching` and
@@ -24,6 +28,35 @@ Examples:
 
 from .activation_caching import ActivationCaching
 from .activation_patching import ActivationPatching
+from .dimension_estimation import LocalKnnDimensionEstimator, TwoNnDimensionEstimator
+from .probing import (
+    BilinearProbe,
+    BilinearProbeManager,
+    LinearEstimator,
+    LowRankBilinearEstimator,
+    MeanDifferenceClassifier,
+    Probe,
+    ProbeManager,
+    Probing,
+)
+from .representation_similarity import CkaEstimator, InformationImbalanceEstimator
 from .steering_vectors import ActivationAddition, SteeringVectors
 
-__all__ = ["ActivationAddition", "ActivationCaching", "ActivationPatching", "SteeringVectors"]
+__all__ = [
+    "ActivationAddition",
+    "ActivationCaching",
+    "ActivationPatching",
+    "BilinearProbe",
+    "BilinearProbeManager",
+    "CkaEstimator",
+    "InformationImbalanceEstimator",
+    "LinearEstimator",
+    "LocalKnnDimensionEstimator",
+    "LowRankBilinearEstimator",
+    "MeanDifferenceClassifier",
+    "Probe",
+    "ProbeManager",
+    "Probing",
+    "SteeringVectors",
+    "TwoNnDimensionEstimator",
+]
