@@ -24,18 +24,6 @@ What it takes, each checked with an error that says what to do instead:
 - ``f``'s outputs with their positions first (``[N, T, ...]``), so the corrupted run's
   first ``p`` positions complete them.
 
-# NOTE [causal chunks]
-A chunk runs its runs from its first run's start on, so a chunk of ``n`` runs of one
-module, at consecutive positions, runs about ``n / 2`` positions more per run than they
-need; and each chunk runs once what comes before its module (the part ``vmap`` shares).
-With ``q`` the share of the forward before the module (estimated from the leaf modules
-registered before it) and ``F`` a forward's fixed cost in positions (NOTE [sweep
-chunks]), a chunk from position ``a`` on costs about
-``F + q (T - a) + n (1 - q) (T - a + n / 2)``, least per run at
-``n = sqrt(2 (F + q (T - a)) / (1 - q))``: fewer runs per chunk low in the model, more
-high up. ``chunk_size`` and the memory of NOTE [sweep chunks] cap ``n``; the numbers
-never depend on it.
-
 Being causal is the caller's claim, and it is tested: the run of the largest ``p`` is
 also run whole, and its outputs must agree (``RuntimeError`` otherwise: the model
 attends to later positions, or does not use its cache as assumed). It runs eagerly
@@ -60,7 +48,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,11 +116,6 @@ class CausalCut:
                              f"{self.length} positions first and no other dim of that size, got {tuple(shape)} "
                              "(batch flattened); pass causal=False for this site")
         return site.index[0] % self.length
-
-    def chunk(self, before: float, start: int, fixed: float) -> int:
-        """How many runs from position ``start`` on to run in one chunk, ``before`` of the forward before their
-        module (NOTE [causal chunks]; `share_before`), ``fixed`` a forward's fixed cost in positions."""
-        return max(1, round(math.sqrt(2 * (fixed + before * (self.length - start)) / (1.05 - before))))
 
     def inputs(self, flat: TensorDictBase, start: int) -> TensorDictBase:
         out = flat.copy()

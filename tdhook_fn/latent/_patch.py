@@ -37,6 +37,7 @@ from .._modes import check_attribution_modes
 from .._taps import Tap
 from .._vjp import untransformed
 from ._causal import CausalCut, causal_cut, check_agrees, share_before
+from ._causal_chunks import causal_chunks
 from ._chunks import FIXED_ROWS, RunSize, by_memory, chunked, run_size
 from ._folded_attention import folded_attention
 from ._run import (
@@ -305,35 +306,20 @@ def _causal_runs(f: Functional, params: TensorDictBase, flat: TensorDictBase, ru
                      runs[last])
     cut.read_by(_reader(metric, batch))  # after the check, which compares every position
     values: list[torch.Tensor] = [torch.empty(0)] * len(runs)
-    for chunk in _causal_chunks(runs, starts, cut, size, cap, flat.batch_size[0]):
+    by_module: dict[Group, list[int]] = {}
+    for k, site in enumerate(runs):
+        by_module.setdefault(group(site), []).append(k)
+    shares = {key: share_before(f.model, runs[members[0]]) for key, members in by_module.items()}
+    order = sorted(by_module, key=shares.__getitem__)  # the modules in the order of the forward
+    most = min(by_memory(size), cap or len(runs))
+    plan = causal_chunks([by_module[key] for key in order], [shares[key] for key in order], starts, cut.length,
+                         FIXED_ROWS / flat.batch_size[0], most)
+    for chunk in plan:
         part = _mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch), cut,
                        starts[chunk[0]])
         for k, value in zip(chunk, part, strict=True):
             values[k] = value
     return torch.stack(values)
-
-
-def _causal_chunks(runs: Sequence[Site], starts: Sequence[int], cut: CausalCut, size: RunSize, cap: int | None,
-                   samples: int) -> list[list[int]]:
-    """The runs in chunks cut at their first run's start: one module each, by start, sized by ``cut.chunk``.
-
-    One module per chunk keeps what ``vmap`` shares below it (NOTE [causal sweeps]); the
-    memory of NOTE [sweep chunks] and ``cap`` bound the chunks.
-    """
-    most = min(by_memory(size), cap or len(runs))
-    by_module: dict[Group, list[int]] = {}
-    for k, site in enumerate(runs):
-        by_module.setdefault(group(site), []).append(k)
-    chunks = []
-    for members in by_module.values():
-        members.sort(key=starts.__getitem__)
-        before = share_before(cut.f.model, runs[members[0]])
-        lo = 0
-        while lo < len(members):
-            n = min(most, cut.chunk(before, starts[members[lo]], FIXED_ROWS / samples))
-            chunks.append(members[lo : lo + n])
-            lo += n
-    return chunks
 
 
 def _reader(metric: Metric, batch: torch.Size) -> Callable[[TensorDictBase], torch.Tensor]:
