@@ -28,22 +28,23 @@ Differences from tdhook 0.1.3:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from tensordict import TensorDict
 from torch import nn
 
-from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, HookFactory, MultiHookHandle, MultiHookManager
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
+from ._key_pattern import KeyPatternHooks
+
 __all__ = ["ActivationCaching"]
 
 
-class ActivationCaching(HookingContextFactory):
+class ActivationCaching(KeyPatternHooks, HookingContextFactory):
     """Caching the activations of the modules whose name matches a pattern.
 
     Args:
@@ -89,28 +90,6 @@ class ActivationCaching(HookingContextFactory):
         self._callback = callback
         self._directions: list[HookDirection] = list(directions or ["fwd"])
         self._use_nested_keys = use_nested_keys or len(self._directions) > 1
-
-    @property
-    def key_pattern(self) -> str:
-        return self._key_pattern
-
-    @key_pattern.setter
-    def key_pattern(self, key_pattern: str) -> None:
-        self._hook_manager.pattern = key_pattern
-        self._key_pattern = key_pattern
-
-    def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
-        """The modules hooks may target, under tdhook's names (see the module docstring)."""
-        context = module.hooking_context
-        root = getattr(context, "_module", None)
-        if not isinstance(root, nn.Module):
-            root = module.td_module
-        extra = getattr(context, "_extra_relative_path", "")
-        if self._relative:
-            yield from resolve_path(root, extra).named_modules()
-        else:
-            for name, submodule in root.named_modules():
-                yield ("td_module." + name if name else "td_module"), submodule
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         context = module.hooking_context

@@ -27,14 +27,13 @@ Differences from tdhook 0.1.3:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import (
     DIRECTION_TO_RETURN,
@@ -46,6 +45,8 @@ from tdhook_fn.compat.hooks import (
 )
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._virtual import module_path
+
+from .._key_pattern import KeyPatternHooks
 
 __all__ = ["Probe", "Probing"]
 
@@ -76,7 +77,7 @@ class Probe(Protocol):
     def step(self, data: Any, **kwargs: Any) -> Any: ...
 
 
-class Probing(HookingContextFactory):
+class Probing(KeyPatternHooks, HookingContextFactory):
     """Probing the activations of the modules whose name matches a pattern.
 
     Linear probes (Alain and Bengio, 2018) and concept activation vectors (Kim et al.,
@@ -133,27 +134,6 @@ class Probing(HookingContextFactory):
         self._probe_factory = probe_factory
         self._directions: list[HookDirection] = list(directions or ["fwd"])
         self._additional_keys = additional_keys
-
-    @property
-    def key_pattern(self) -> str:
-        return self._key_pattern
-
-    @key_pattern.setter
-    def key_pattern(self, key_pattern: str) -> None:
-        self._hook_manager.pattern = key_pattern
-        self._key_pattern = key_pattern
-
-    def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
-        """The modules probes may read, under tdhook's names (see the module docstring)."""
-        context = module.hooking_context
-        root = getattr(context, "_module", None)
-        if not isinstance(root, nn.Module):
-            root = module.td_module
-        if self._relative:
-            yield from resolve_path(root, getattr(context, "_extra_relative_path", "")).named_modules()
-        else:
-            for name, submodule in root.named_modules():
-                yield ("td_module." + name if name else "td_module"), submodule
 
     def _items_reader(self, module: HookedModule) -> tuple[RemovableHandleProtocol, _Items]:
         """A hook keeping the input TensorDict's ``additional_keys`` entries before each call."""
