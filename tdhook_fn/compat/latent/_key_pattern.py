@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from torch import nn
 
 from tdhook_fn import resolve_path
-from tdhook_fn.compat.hooks import MultiHookManager
+from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, MultiHookManager, RemovableHandleProtocol
 from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules._virtual import module_path
 
-__all__ = ["KeyPatternHooks"]
+__all__ = ["KeyPatternHooks", "register_all"]
 
 
 class KeyPatternHooks:
-    """A settable ``key_pattern`` kept in step with the hook manager, and the modules it is matched against.
+    """A settable ``key_pattern`` kept in step with the hook manager, the modules it selects, and their hooks.
 
     The factory sets ``_key_pattern``, ``_hook_manager`` (which holds the compiled
     pattern) and ``_relative``.
@@ -44,3 +46,26 @@ class KeyPatternHooks:
         else:
             for name, submodule in root.named_modules():
                 yield ("td_module." + name if name else "td_module"), submodule
+
+    def _selected(self, module: HookedModule) -> list[tuple[str, nn.Module]]:
+        """The modules ``key_pattern`` selects, in ``named_modules`` order."""
+        return [(name, sub) for name, sub in self._named(module) if self._hook_manager._selects(name, sub)]
+
+
+def register_all(module: HookedModule, hooks: Iterable[tuple[nn.Module, Callable[..., Any], HookDirection]],
+                 handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
+    """Registers each ``(submodule, hook, direction)`` as a virtual hook of ``module``, with ``handles``.
+
+    All or none: if making or registering one fails, every hook already registered
+    (``handles`` included) is removed before the error propagates.
+    """
+    handles = [] if handles is None else handles
+    try:
+        for submodule, hook, direction in hooks:
+            path = module_path(module, submodule)
+            assert path is not None
+            handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
+    except BaseException:
+        MultiHookHandle(handles).remove()
+        raise
+    return MultiHookHandle(handles)

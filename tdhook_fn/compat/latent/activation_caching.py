@@ -28,7 +28,7 @@ Differences from tdhook 0.1.3:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensordict import TensorDict
@@ -37,9 +37,8 @@ from torch import nn
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, HookFactory, MultiHookHandle, MultiHookManager
 from tdhook_fn.compat.modules import HookedModule
-from tdhook_fn.compat.modules._virtual import module_path
 
-from ._key_pattern import KeyPatternHooks
+from ._key_pattern import KeyPatternHooks, register_all
 
 __all__ = ["ActivationCaching"]
 
@@ -101,20 +100,14 @@ class ActivationCaching(KeyPatternHooks, HookingContextFactory):
                 "subclass of it")
         cache = context.cache
         containers = (nn.ModuleList, nn.ModuleDict)
-        selected = [
-            (name, submodule) for name, submodule in self._named(module)
-            if self._hook_manager._selects(name, submodule) and not isinstance(submodule, containers)
-        ]
-        handles = []
-        try:
+        selected = [(name, submodule) for name, submodule in self._selected(module)
+                    if not isinstance(submodule, containers)]
+
+        def hooks() -> Iterator[tuple[nn.Module, Callable[..., Any], HookDirection]]:
             for direction in self._directions:
                 for name, submodule in selected:
                     key = (direction, name) if self._use_nested_keys else name
-                    hook = HookFactory.make_caching_hook(key, cache, direction=direction, callback=self._callback)
-                    path = module_path(module, submodule)
-                    assert path is not None
-                    handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+                    yield submodule, HookFactory.make_caching_hook(key, cache, direction=direction,
+                                                                   callback=self._callback), direction
+
+        return register_all(module, hooks())

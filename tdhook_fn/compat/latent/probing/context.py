@@ -27,7 +27,7 @@ Differences from tdhook 0.1.3:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from tensordict import TensorDictBase
@@ -46,7 +46,7 @@ from tdhook_fn.compat.hooks import (
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
-from .._key_pattern import KeyPatternHooks
+from .._key_pattern import KeyPatternHooks, register_all
 
 __all__ = ["Probe", "Probing"]
 
@@ -172,21 +172,17 @@ class Probing(KeyPatternHooks, HookingContextFactory):
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         handles: list[RemovableHandleProtocol] = []
-        try:
-            items = None
-            if self._additional_keys is not None:
-                handle, items = self._items_reader(module)
-                handles.append(handle)
-            selected = [(name, sub) for name, sub in self._named(module) if self._hook_manager._selects(name, sub)]
+        items = None
+        if self._additional_keys is not None:
+            handle, items = self._items_reader(module)
+            handles.append(handle)
+
+        def hooks() -> Iterator[tuple[nn.Module, Callable[..., Any], HookDirection]]:
+            selected = self._selected(module)
             for direction in self._directions:
                 for name, submodule in selected:
                     hook = self._reading_hook(name, direction, items)
-                    if isinstance(submodule, (nn.ModuleList, nn.ModuleDict)):
-                        continue  # never runs: its probe exists, as in tdhook, and is never called
-                    path = module_path(module, submodule)
-                    assert path is not None
-                    handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+                    if not isinstance(submodule, (nn.ModuleList, nn.ModuleDict)):
+                        yield submodule, hook, direction  # (a container never runs: its probe exists, as in tdhook)
+
+        return register_all(module, hooks(), handles)
