@@ -67,6 +67,20 @@ class Blocks(nn.Module):
         return self.heads["main"](x) + self.heads["aux"](x)
 
 
+class TdhookTestModel(nn.Module):
+    """tdhook's own test model: its ReLU runs twice per forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(10, 20)
+        self.linear2 = nn.Linear(20, 20)
+        self.linear3 = nn.Linear(20, 5)
+        self.activation = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear3(self.activation(self.linear2(self.activation(self.linear1(x)))))
+
+
 def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
 

@@ -13,7 +13,15 @@ from .._targets import Target, check_target
 from ._checks import check_call
 from ._engine import target_values
 from ._inputs import _tensor_inputs
-from ._metric_samples import check_count, chunks, perturbed_feed, repeated, repeated_target, with_inputs_first
+from ._metric_samples import (
+    check_count,
+    chunks,
+    input_leaves,
+    perturbed_feed,
+    repeated,
+    repeated_target,
+    with_inputs_first,
+)
 
 __all__ = ["infidelity"]
 
@@ -191,11 +199,7 @@ def _check_attributions(td: TensorDictBase, attrs: Any) -> None:
         raise ValueError(f"{_METHOD}: attributions have batch size {list(attrs.batch_size)}, the inputs "
                          f"{list(td.batch_size)}; give the maps the inputs' batch size (what the attribution "
                          "methods return)")
-    for key, attr in attrs.items(True, True):
-        value = td.get(key, None)
-        if value is None:
-            raise KeyError(f"{_METHOD}: attributions hold {key!r}, which is not one of the inputs "
-                           f"{list(td.keys(True, True))}")
+    for key, attr, value in input_leaves(_METHOD, "attributions hold", attrs, td):
         if attr.shape != value.shape:
             raise ValueError(f"{_METHOD}: attributions {key!r} have shape {list(attr.shape)}, the input "
                              f"{list(value.shape)}; give one map per input, shaped like it (per_target maps: "

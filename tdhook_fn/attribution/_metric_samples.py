@@ -19,8 +19,8 @@ from the generator it names (``generator=``), else from torch's global one. Unde
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -30,6 +30,7 @@ from .._functional import NestedKey
 __all__ = [
     "check_count",
     "chunks",
+    "input_leaves",
     "normal_perturbation",
     "perturbed_feed",
     "repeated",
@@ -89,16 +90,22 @@ def perturbed_feed(method: str, copies: TensorDictBase, perturbed: Any) -> Tenso
         raise TypeError(f"{method}: perturb_func must return TensorDicts of perturbed inputs, got "
                         f"{type(perturbed).__name__}")
     feed = copies.clone(False)
-    for key, value in perturbed.items(True, True):
-        old = copies.get(key, None)
-        if old is None:
-            raise KeyError(f"{method}: perturb_func returned {key!r}, which is not one of the inputs "
-                           f"{list(copies.keys(True, True))}")
+    for key, value, old in input_leaves(method, "perturb_func returned", perturbed, copies):
         if value.shape != old.shape:
             raise ValueError(f"{method}: perturb_func returned {key!r} of shape {list(value.shape)}; the inputs it "
                              f"was given have shape {list(old.shape)} (batch [*B, k]: k copies of each sample)")
         feed.set(key, value)
     return feed
+
+
+def input_leaves(method: str, what: str, td: TensorDictBase,
+                 inputs: TensorDictBase) -> Iterator[tuple[NestedKey, torch.Tensor, torch.Tensor]]:
+    """``(key, leaf of td, input at key)`` for every leaf of ``td``; a key no input has raises ``KeyError``."""
+    for key, value in td.items(True, True):
+        old = inputs.get(key, None)
+        if old is None:
+            raise KeyError(f"{method}: {what} {key!r}, which is not one of the inputs {list(inputs.keys(True, True))}")
+        yield key, cast(torch.Tensor, value), old
 
 
 def _floating_keys(inputs: TensorDictBase, keys: Sequence[NestedKey] | None) -> list[NestedKey]:

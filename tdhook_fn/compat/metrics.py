@@ -23,7 +23,7 @@ Examples:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -39,23 +39,16 @@ _ATTR = "attr"  # (tdhook reads the attributions there, whatever the context's a
 _NOISE_STD = 0.01  # tdhook's perturbation: randn * 0.01
 
 
-class InfidelityMetric:
-    """Infidelity of the attributions of each input: ``E[(I . attr - (F(x) - F(x - I)))^2]``.
+_Model = tuple[Functional, TensorDictBase, list[Any], list[Any]]  # (f, params, in_keys, out_keys)
 
-    ``I = -0.01 * eps`` with standard normal ``eps`` drawn from torch's global generator
-    (tdhook's perturbation, in the same order: key after key, sample after sample), and
-    ``F`` the sum of the model's outputs over their non-batch dims; each input key is
-    perturbed alone. Computed by `tdhook_fn.attribution.metrics.infidelity`.
 
-    Args:
-        n_perturb_samples (int): perturbations per sample. Default: ``10``.
-    """
+class _AttributionMetric:
+    """The call both metrics share: check the module and the attributions, then `_score`."""
 
-    def __init__(self, n_perturb_samples: int = 10) -> None:
-        self.n_perturb_samples = n_perturb_samples
+    _name: ClassVar[str]
 
     def __call__(self, module: HookedModule, original_data: TensorDict) -> TensorDict:
-        """Infidelity per sample of each input's attributions.
+        """Score per sample of each input's attributions.
 
         Args:
             module (HookedModule): the hooked module of an open gradient attribution context.
@@ -69,19 +62,45 @@ class InfidelityMetric:
             TypeError: ``module`` is not the hooked module of an open context.
             KeyError: the data hold no attributions of an input.
         """
-        f, params, in_keys, out_keys = _hooked_model("InfidelityMetric", module)
-        inputs = original_data.exclude(_ATTR)
-        result = TensorDict({}, batch_size=original_data.batch_size)
+        model = _hooked_model(self._name, module)
+        given = TensorDict({k: _attributions(self._name, original_data, k) for k in model[2]},
+                           batch_size=original_data.batch_size)
+        return self._score(module, model, original_data, given)
+
+    def _score(self, module: HookedModule, model: _Model, data: TensorDict, given: TensorDict) -> TensorDict:
+        """The scores of ``given``, the attributions of ``data``'s inputs, one per key."""
+        raise NotImplementedError
+
+
+class InfidelityMetric(_AttributionMetric):
+    """Infidelity of the attributions of each input: ``E[(I . attr - (F(x) - F(x - I)))^2]``.
+
+    ``I = -0.01 * eps`` with standard normal ``eps`` drawn from torch's global generator
+    (tdhook's perturbation, in the same order: key after key, sample after sample), and
+    ``F`` the sum of the model's outputs over their non-batch dims; each input key is
+    perturbed alone. Computed by `tdhook_fn.attribution.metrics.infidelity`.
+
+    Args:
+        n_perturb_samples (int): perturbations per sample. Default: ``10``.
+    """
+
+    _name = "InfidelityMetric"
+
+    def __init__(self, n_perturb_samples: int = 10) -> None:
+        self.n_perturb_samples = n_perturb_samples
+
+    def _score(self, module: HookedModule, model: _Model, data: TensorDict, given: TensorDict) -> TensorDict:
+        f, params, in_keys, out_keys = model
+        inputs = data.exclude(_ATTR)
+        result = TensorDict({}, batch_size=data.batch_size)
         for key in in_keys:
-            attrs = TensorDict({key: _attributions("InfidelityMetric", original_data, key)},
-                               batch_size=original_data.batch_size)
             perturb = functools.partial(normal_perturbation, std=_NOISE_STD, keys=[key])
-            result.set(key, infidelity(f, params, perturb, inputs, attrs, target=_outputs(out_keys),
+            result.set(key, infidelity(f, params, perturb, inputs, given.select(key), target=_outputs(out_keys),
                                        n_perturb_samples=self.n_perturb_samples))
         return result
 
 
-class SensitivityMetric:
+class SensitivityMetric(_AttributionMetric):
     """Relative change of the attributions under uniform noise in ``[-r, r]``, per input key.
 
     One perturbation of every input at once (float32 noise from torch's global
@@ -94,41 +113,27 @@ class SensitivityMetric:
         perturb_radius (float): half-width ``r`` of the noise. Default: ``0.02``.
     """
 
+    _name = "SensitivityMetric"
+
     def __init__(self, perturb_radius: float = 0.02) -> None:
         self.perturb_radius = perturb_radius
 
-    def __call__(self, module: HookedModule, original_data: TensorDict) -> TensorDict:
-        """Sensitivity per sample of each input's attributions.
-
-        Args:
-            module (HookedModule): the hooked module of an open gradient attribution context.
-            original_data (TensorDict): data the module has been called on: the inputs
-                and their attributions under ``("attr", key)``.
-
-        Returns:
-            TensorDict: one score per sample under each input key, batch as the data.
-
-        Raises:
-            TypeError: ``module`` is not the hooked module of an open context.
-            KeyError: the data hold no attributions of an input.
-        """
-        _, _, in_keys, _ = _hooked_model("SensitivityMetric", module)
-        batch = original_data.batch_size
-        given = TensorDict({k: _attributions("SensitivityMetric", original_data, k) for k in in_keys}, batch_size=batch)
+    def _score(self, module: HookedModule, model: _Model, data: TensorDict, given: TensorDict) -> TensorDict:
+        in_keys = model[2]
 
         def explain(td: TensorDictBase) -> TensorDictBase:
             attributed: TensorDictBase = module(td.clone(False)).get(_ATTR)
             return attributed.select(*in_keys)
 
         perturb = functools.partial(uniform_perturbation, keys=in_keys, dtype=torch.float32)
-        scores = sensitivity_max(explain, original_data.exclude(_ATTR), perturb_func=perturb,
+        scores = sensitivity_max(explain, data.exclude(_ATTR), perturb_func=perturb,
                                  perturb_radius=self.perturb_radius, n_perturb_samples=1, norm_ord=1,
                                  explanations=given, per_key=True)
         assert isinstance(scores, TensorDict)
         return scores
 
 
-def _hooked_model(metric: str, module: Any) -> tuple[Functional, TensorDictBase, list[Any], list[Any]]:
+def _hooked_model(metric: str, module: Any) -> _Model:
     """``(f, params, in_keys, out_keys)`` of the model a hooked module runs, with its hooks now."""
     context: Any = getattr(module, "hooking_context", None)
     working = getattr(context, "_working", None)

@@ -18,25 +18,11 @@ import torch
 import transformers
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
-from zoo import cnn, same, snapshot
+from zoo import TdhookTestModel, cnn, same, snapshot
 
 import tdhook_fn.compat.latent
 
 LIBS = {"tdhook": tdhook.latent, "ours": tdhook_fn.compat.latent}
-
-
-class TdhookTestModel(nn.Module):
-    """tdhook's own test model: its ReLU runs twice per forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(10, 20)
-        self.linear2 = nn.Linear(20, 20)
-        self.linear3 = nn.Linear(20, 5)
-        self.activation = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear3(self.activation(self.linear2(self.activation(self.linear1(x)))))
 
 
 def gpt2() -> nn.Module:

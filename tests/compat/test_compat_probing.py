@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from sklearn.datasets import load_digits
 from tensordict import TensorDict
 from torch import nn
-from zoo import same, snapshot
+from zoo import TdhookTestModel, same, snapshot
 
 import tdhook_fn.compat.latent.probing as our_probing
 import tdhook_fn.compat.latent.probing.estimators as our_estimators
@@ -34,20 +34,6 @@ from tdhook_fn.latent._probe_training import adam_epoch, adam_init, probe_loss, 
 
 LIBS = {"tdhook": td_probing, "ours": our_probing}
 ESTIMATORS = {"tdhook": td_estimators, "ours": our_estimators}
-
-
-class TdhookTestModel(nn.Module):
-    """tdhook's own test model: its ReLU runs twice per forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(10, 20)
-        self.linear2 = nn.Linear(20, 20)
-        self.linear3 = nn.Linear(20, 5)
-        self.activation = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear3(self.activation(self.linear2(self.activation(self.linear1(x)))))
 
 
 def no_hooks(model: nn.Module) -> bool:

@@ -34,16 +34,16 @@ from typing import Any
 from tensordict import TensorDict
 from torch import nn
 
-from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, HookFactory, MultiHookHandle, MultiHookManager
 from tdhook_fn.compat.modules import HookedModule
-from tdhook_fn.compat.modules._virtual import module_path
+
+from ._key_pattern import KeyPatternHooks, register_all
 
 __all__ = ["ActivationCaching"]
 
 
-class ActivationCaching(HookingContextFactory):
+class ActivationCaching(KeyPatternHooks, HookingContextFactory):
     """Caching the activations of the modules whose name matches a pattern.
 
     Args:
@@ -90,28 +90,6 @@ class ActivationCaching(HookingContextFactory):
         self._directions: list[HookDirection] = list(directions or ["fwd"])
         self._use_nested_keys = use_nested_keys or len(self._directions) > 1
 
-    @property
-    def key_pattern(self) -> str:
-        return self._key_pattern
-
-    @key_pattern.setter
-    def key_pattern(self, key_pattern: str) -> None:
-        self._hook_manager.pattern = key_pattern
-        self._key_pattern = key_pattern
-
-    def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
-        """The modules hooks may target, under tdhook's names (see the module docstring)."""
-        context = module.hooking_context
-        root = getattr(context, "_module", None)
-        if not isinstance(root, nn.Module):
-            root = module.td_module
-        extra = getattr(context, "_extra_relative_path", "")
-        if self._relative:
-            yield from resolve_path(root, extra).named_modules()
-        else:
-            for name, submodule in root.named_modules():
-                yield ("td_module." + name if name else "td_module"), submodule
-
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         context = module.hooking_context
         if not isinstance(context, HookingContextWithCache):  # a composite's context class, not this factory's own
@@ -122,20 +100,14 @@ class ActivationCaching(HookingContextFactory):
                 "subclass of it")
         cache = context.cache
         containers = (nn.ModuleList, nn.ModuleDict)
-        selected = [
-            (name, submodule) for name, submodule in self._named(module)
-            if self._hook_manager._selects(name, submodule) and not isinstance(submodule, containers)
-        ]
-        handles = []
-        try:
+        selected = [(name, submodule) for name, submodule in self._selected(module)
+                    if not isinstance(submodule, containers)]
+
+        def hooks() -> Iterator[tuple[nn.Module, Callable[..., Any], HookDirection]]:
             for direction in self._directions:
                 for name, submodule in selected:
                     key = (direction, name) if self._use_nested_keys else name
-                    hook = HookFactory.make_caching_hook(key, cache, direction=direction, callback=self._callback)
-                    path = module_path(module, submodule)
-                    assert path is not None
-                    handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+                    yield submodule, HookFactory.make_caching_hook(key, cache, direction=direction,
+                                                                   callback=self._callback), direction
+
+        return register_all(module, hooks())

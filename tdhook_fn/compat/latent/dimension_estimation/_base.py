@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from textwrap import indent
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-__all__ = ["Estimator", "K", "check_k", "resolve_k"]
+__all__ = ["Estimator", "K", "KEstimator", "check_k", "resolve_k"]
 
 K = int | Literal["auto"]
 
@@ -45,9 +45,46 @@ class Estimator(TensorDictModuleBase):
         data: torch.Tensor = td[self.in_key]
         return data
 
-    def _fields(self) -> str:
-        return f"in_keys={self.in_keys},\nout_keys={self.out_keys}"
+    def _options(self) -> str:
+        """The repr's lines between the keys and ``eps``, each led by ``",\\n"``."""
+        return ""
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(\n{indent(self._fields(), 4 * ' ')})"
+        fields = f"in_keys={self.in_keys},\nout_keys={self.out_keys}{self._options()},\neps={self.eps}"
+        return f"{type(self).__name__}(\n{indent(fields, 4 * ' ')})"
 
+
+class KEstimator(Estimator):
+    """A per-point estimator over ``k`` neighbours: ``k`` checked when built, resolved per call.
+
+    A subclass names the method, the least ``k`` with tdhook's message, and the points a
+    cloud needs (``_per_k * k + _extra``), and computes in `_estimate`.
+    """
+
+    _method: ClassVar[str]
+    _least_k: ClassVar[int] = 1
+    _least_k_message: ClassVar[str] = "k must be at least 1"
+    _per_k: ClassVar[int] = 1
+    _extra: ClassVar[int]
+
+    def __init__(self, k: K = "auto", in_key: str = "data", out_key: str = "dimension", eps: float = 1e-5) -> None:
+        super().__init__(in_key, out_key, eps)
+        check_k(k, self._least_k, self._least_k_message)
+        self.k = k
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        data = self.points(td)
+        n = data.shape[-2]
+        k = resolve_k(self.k, n)
+        if n < self._per_k * k + self._extra:
+            rule = f"{self._per_k if self._per_k != 1 else ''}k+{self._extra}"
+            raise ValueError(f"At least {rule} points required for {self._method} (k={k}), got {n}")
+        td[self.out_key] = self._estimate(data, k)
+        return td
+
+    def _estimate(self, data: torch.Tensor, k: int) -> torch.Tensor:
+        """The dimensions of ``data`` ``(..., N, D)`` with ``k`` resolved, ``(..., N)``."""
+        raise NotImplementedError
+
+    def _options(self) -> str:
+        return f",\nk={self.k}"

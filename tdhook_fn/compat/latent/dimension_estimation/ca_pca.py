@@ -9,16 +9,16 @@ Differences from tdhook 0.1.3: scikit-learn is not needed (no ``ImportError`` wi
 
 from __future__ import annotations
 
-from tensordict import TensorDictBase
+import torch
 
 from tdhook_fn.latent.dimension import ca_pca
 
-from ._base import Estimator, K, check_k, resolve_k
+from ._base import KEstimator
 
 __all__ = ["CaPcaDimensionEstimator"]
 
 
-class CaPcaDimensionEstimator(Estimator):
+class CaPcaDimensionEstimator(KEstimator):
     """A curvature-adjusted local PCA dimension per point of ``td[in_key]`` ``(..., N, D)``, ``(..., N)``.
 
     Args:
@@ -36,19 +36,8 @@ class CaPcaDimensionEstimator(Estimator):
         torch.Size([50])
     """
 
-    def __init__(self, k: K = "auto", in_key: str = "data", out_key: str = "dimension", eps: float = 1e-5) -> None:
-        super().__init__(in_key, out_key, eps)
-        check_k(k, 1, "k must be at least 1")
-        self.k = k
+    _method = "CA-PCA"
+    _extra = 2
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        data = self.points(td)
-        n = data.shape[-2]
-        k = resolve_k(self.k, n)
-        if n < k + 2:
-            raise ValueError(f"At least k+2 points required for CA-PCA (k={k}), got {n}")
-        td[self.out_key] = ca_pca(data, k, eps=self.eps)
-        return td
-
-    def _fields(self) -> str:
-        return f"{super()._fields()},\nk={self.k},\neps={self.eps}"
+    def _estimate(self, data: torch.Tensor, k: int) -> torch.Tensor:
+        return ca_pca(data, k, eps=self.eps)

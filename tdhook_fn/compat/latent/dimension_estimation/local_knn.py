@@ -8,16 +8,16 @@ float32).
 
 from __future__ import annotations
 
-from tensordict import TensorDictBase
+import torch
 
 from tdhook_fn.latent.dimension import local_knn
 
-from ._base import Estimator, K, check_k, resolve_k
+from ._base import KEstimator
 
 __all__ = ["LocalKnnDimensionEstimator"]
 
 
-class LocalKnnDimensionEstimator(Estimator):
+class LocalKnnDimensionEstimator(KEstimator):
     """A dimension per point of ``td[in_key]`` ``(..., N, D)``: ``ln 2 / ln(R_2k / R_k)``, ``(..., N)``.
 
     Args:
@@ -34,19 +34,11 @@ class LocalKnnDimensionEstimator(Estimator):
         torch.Size([50])
     """
 
-    def __init__(self, k: K = "auto", in_key: str = "data", out_key: str = "dimension", eps: float = 1e-5) -> None:
-        super().__init__(in_key, out_key, eps)
-        check_k(k, 2, "k must be greater than 1")
-        self.k = k
+    _method = "local KNN"
+    _least_k = 2
+    _least_k_message = "k must be greater than 1"
+    _per_k = 2
+    _extra = 1
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        data = self.points(td)
-        n = data.shape[-2]
-        k = resolve_k(self.k, n)
-        if n < 2 * k + 1:
-            raise ValueError(f"At least 2k+1 points required for local KNN (k={k}), got {n}")
-        td[self.out_key] = local_knn(data, k, eps=self.eps)
-        return td
-
-    def _fields(self) -> str:
-        return f"{super()._fields()},\nk={self.k},\neps={self.eps}"
+    def _estimate(self, data: torch.Tensor, k: int) -> torch.Tensor:
+        return local_knn(data, k, eps=self.eps)

@@ -21,18 +21,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 
 from tdhook_fn.latent.dimension import local_pca, spectrum_dimension
 
-from ._base import Estimator, K, check_k, resolve_k
+from ._base import K, KEstimator
 
 __all__ = ["LocalPcaDimensionEstimator"]
 
 _CRITERIA = ("gap", "maxgap", "ratio")
 
 
-class LocalPcaDimensionEstimator(Estimator):
+class LocalPcaDimensionEstimator(KEstimator):
     """A dimension per point of ``td[in_key]`` ``(..., N, D)`` from its neighbourhood's PCA spectrum.
 
     Args:
@@ -53,29 +52,22 @@ class LocalPcaDimensionEstimator(Estimator):
         torch.Size([3, 50])
     """
 
+    _method = "local PCA"
+    _extra = 1
+
     def __init__(self, k: K = "auto", criterion: str = "gap", alpha: float = 0.05, in_key: str = "data",
                  out_key: str = "dimension", eps: float = 1e-5) -> None:
-        super().__init__(in_key, out_key, eps)
-        check_k(k, 1, "k must be at least 1")
-        self.k = k
+        super().__init__(k, in_key, out_key, eps)
         self.criterion = criterion
         self.alpha = alpha
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        data = self.points(td)
-        n = data.shape[-2]
-        k = resolve_k(self.k, n)
-        if n < k + 1:
-            raise ValueError(f"At least k+1 points required for local PCA (k={k}), got {n}")
+    def _estimate(self, data: torch.Tensor, k: int) -> torch.Tensor:
         if self.criterion not in _CRITERIA:
             raise ValueError(f"Unknown criterion: {self.criterion!r} (one of {_CRITERIA})")
-        td[self.out_key] = local_pca(data, k, criterion=self.criterion, alpha=self.alpha,  # type: ignore[arg-type]
-                                     eps=self.eps)
-        return td
+        return local_pca(data, k, criterion=self.criterion, alpha=self.alpha, eps=self.eps)  # type: ignore[arg-type]
 
-    def _fields(self) -> str:
-        return (f"{super()._fields()},\nk={self.k},\ncriterion={self.criterion!r},\nalpha={self.alpha},"
-                f"\neps={self.eps}")
+    def _options(self) -> str:
+        return f"{super()._options()},\ncriterion={self.criterion!r},\nalpha={self.alpha}"
 
 
 def _dim_from_eigenvalues_maxgap(lambda_: np.ndarray) -> int:

@@ -57,6 +57,3 @@ class TwoNnDimensionEstimator(Estimator):
             td[f"{self.out_key}_x"] = log_mu
             td[f"{self.out_key}_y"] = log_y
         return td
-
-    def _fields(self) -> str:
-        return f"{super()._fields()},\neps={self.eps}"

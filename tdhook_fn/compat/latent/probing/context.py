@@ -34,7 +34,6 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import (
     DIRECTION_TO_RETURN,
@@ -46,6 +45,8 @@ from tdhook_fn.compat.hooks import (
 )
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._virtual import module_path
+
+from .._key_pattern import KeyPatternHooks, register_all
 
 __all__ = ["Probe", "Probing"]
 
@@ -76,7 +77,7 @@ class Probe(Protocol):
     def step(self, data: Any, **kwargs: Any) -> Any: ...
 
 
-class Probing(HookingContextFactory):
+class Probing(KeyPatternHooks, HookingContextFactory):
     """Probing the activations of the modules whose name matches a pattern.
 
     Linear probes (Alain and Bengio, 2018) and concept activation vectors (Kim et al.,
@@ -134,27 +135,6 @@ class Probing(HookingContextFactory):
         self._directions: list[HookDirection] = list(directions or ["fwd"])
         self._additional_keys = additional_keys
 
-    @property
-    def key_pattern(self) -> str:
-        return self._key_pattern
-
-    @key_pattern.setter
-    def key_pattern(self, key_pattern: str) -> None:
-        self._hook_manager.pattern = key_pattern
-        self._key_pattern = key_pattern
-
-    def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
-        """The modules probes may read, under tdhook's names (see the module docstring)."""
-        context = module.hooking_context
-        root = getattr(context, "_module", None)
-        if not isinstance(root, nn.Module):
-            root = module.td_module
-        if self._relative:
-            yield from resolve_path(root, getattr(context, "_extra_relative_path", "")).named_modules()
-        else:
-            for name, submodule in root.named_modules():
-                yield ("td_module." + name if name else "td_module"), submodule
-
     def _items_reader(self, module: HookedModule) -> tuple[RemovableHandleProtocol, _Items]:
         """A hook keeping the input TensorDict's ``additional_keys`` entries before each call."""
         keys = list(self._additional_keys or ())
@@ -192,21 +172,17 @@ class Probing(HookingContextFactory):
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         handles: list[RemovableHandleProtocol] = []
-        try:
-            items = None
-            if self._additional_keys is not None:
-                handle, items = self._items_reader(module)
-                handles.append(handle)
-            selected = [(name, sub) for name, sub in self._named(module) if self._hook_manager._selects(name, sub)]
+        items = None
+        if self._additional_keys is not None:
+            handle, items = self._items_reader(module)
+            handles.append(handle)
+
+        def hooks() -> Iterator[tuple[nn.Module, Callable[..., Any], HookDirection]]:
+            selected = self._selected(module)
             for direction in self._directions:
                 for name, submodule in selected:
                     hook = self._reading_hook(name, direction, items)
-                    if isinstance(submodule, (nn.ModuleList, nn.ModuleDict)):
-                        continue  # never runs: its probe exists, as in tdhook, and is never called
-                    path = module_path(module, submodule)
-                    assert path is not None
-                    handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+                    if not isinstance(submodule, (nn.ModuleList, nn.ModuleDict)):
+                        yield submodule, hook, direction  # (a container never runs: its probe exists, as in tdhook)
+
+        return register_all(module, hooks(), handles)

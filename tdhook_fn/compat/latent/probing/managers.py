@@ -65,12 +65,16 @@ class Probe:
         labels, step_type = kwargs.get("labels"), kwargs.get("step_type")
         _check_step_type(step_type)
         data = self._data_preprocess_callback(data)
+        self._fit_or_predict(labels, step_type, data)
+
+    def _fit_or_predict(self, labels: Any, step_type: Any, *xs: Any) -> None:
+        """Fit on ``xs`` (then the fit callback) or predict on them (then the predict callback)."""
         if step_type == "fit":
-            self._estimator.fit(data, y=labels)
+            self._estimator.fit(*xs, y=labels)
             if self._fit_callback is not None:
-                self._fit_callback(self._estimator.predict(data), labels)
+                self._fit_callback(self._estimator.predict(*xs), labels)
         else:
-            self._predict_callback(self._estimator.predict(data), labels)
+            self._predict_callback(self._estimator.predict(*xs), labels)
 
 
 class BilinearProbe(Probe):
@@ -108,7 +112,7 @@ class BilinearProbe(Probe):
         _check_step_type(step_type)
         data = self._data_preprocess_callback(data)
         if self._h1_key == self._h2_key:
-            self._run(data, data, labels, step_type)
+            self._fit_or_predict(labels, step_type, data, data)
             return
         slot = {self._h1_key: "h1", self._h2_key: "h2"}.get(key)
         if slot is None:
@@ -116,16 +120,7 @@ class BilinearProbe(Probe):
         self._cached[slot] = data
         if "h1" in self._cached and "h2" in self._cached:
             h1, h2 = self._cached.pop("h1"), self._cached.pop("h2")
-            self._run(h1, h2, labels, step_type)
-
-    def _run(self, h1: Any, h2: Any, labels: Any, step_type: str) -> None:
-        _check_step_type(step_type)
-        if step_type == "fit":
-            self._estimator.fit(h1, h2, y=labels)
-            if self._fit_callback is not None:
-                self._fit_callback(self._estimator.predict(h1, h2), labels)
-        else:
-            self._predict_callback(self._estimator.predict(h1, h2), labels)
+            self._fit_or_predict(labels, step_type, h1, h2)
 
     def before_all(self) -> None:
         """Start a run: forget any held value."""

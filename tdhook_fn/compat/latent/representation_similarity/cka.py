@@ -11,19 +11,16 @@ Linear CKA of two keys, one value per batch entry, computed by
 
 from __future__ import annotations
 
-from textwrap import indent
-
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+import torch
 
 from tdhook_fn.latent.similarity import cka
 
-from ._pair import empty_result, read_pair
+from ._pair import PairEstimator
 
 __all__ = ["CkaEstimator"]
 
 
-class CkaEstimator(TensorDictModuleBase):
+class CkaEstimator(PairEstimator):
     """Centered kernel alignment between the representations at two keys.
 
     Each is ``(N, D)`` or ``(..., N, D)`` with the same batch shape and ``N``; the output
@@ -45,31 +42,23 @@ class CkaEstimator(TensorDictModuleBase):
         torch.Size([3])
     """
 
+    _what = "CKA"
+
     def __init__(self, in_key_a: str = "data_a", in_key_b: str = "data_b", out_key: str = "cka",
                  kernel: str = "linear", eps: float = 1e-12) -> None:
-        super().__init__()
+        super().__init__(in_key_a, in_key_b, [out_key])
         if kernel != "linear":
             raise NotImplementedError(f"Unsupported kernel {kernel!r}. Only 'linear' is implemented in tdhook's "
                                       f"CkaEstimator; for an RBF kernel call "
                                       f"tdhook_fn.latent.similarity.cka(x, y, kernel='rbf')")
-        self.in_key_a, self.in_key_b, self.out_key = in_key_a, in_key_b, out_key
+        self.out_key = out_key
         self.kernel, self.eps = kernel, eps
-        self.in_keys = [in_key_a, in_key_b]
-        self.out_keys = [out_key]
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        """Write the CKA of ``td[in_key_a]`` and ``td[in_key_b]`` at ``out_key``.
+    def _targets(self) -> list[str]:
+        return [self.out_key]
 
-        Args:
-            td (TensorDictBase): holds both representations; it is written in place.
+    def _estimate(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        return [cka(x, y)]
 
-        Returns:
-            TensorDictBase: ``td``.
-        """
-        x, y = read_pair(td, self.in_key_a, self.in_key_b, "CKA")
-        td[self.out_key] = empty_result(x) if x.shape[:-2].numel() == 0 else cka(x, y)
-        return td
-
-    def __repr__(self) -> str:
-        fields = f"in_keys={self.in_keys},\nout_keys={self.out_keys},\nkernel='{self.kernel}',\neps={self.eps}"
-        return f"{type(self).__name__}(\n{indent(fields, 4 * ' ')})"
+    def _options(self) -> str:
+        return f",\nkernel='{self.kernel}',\neps={self.eps}"

@@ -12,19 +12,16 @@ from tdhook 0.1.3:
 
 from __future__ import annotations
 
-from textwrap import indent
-
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+import torch
 
 from tdhook_fn.latent.similarity import information_imbalance
 
-from ._pair import empty_result, read_pair
+from ._pair import PairEstimator
 
 __all__ = ["InformationImbalanceEstimator"]
 
 
-class InformationImbalanceEstimator(TensorDictModuleBase):
+class InformationImbalanceEstimator(PairEstimator):
     """Information imbalance between the representations at two keys, both directions.
 
     Each is ``(N, D)`` or ``(..., N, D)`` with the same batch shape and ``N``; the
@@ -49,32 +46,20 @@ class InformationImbalanceEstimator(TensorDictModuleBase):
         0.0312
     """
 
+    _what = "Information Imbalance"
+
     def __init__(self, in_key_a: str = "data_a", in_key_b: str = "data_b",
                  out_key_a_to_b: str = "information_imbalance_a_to_b",
                  out_key_b_to_a: str = "information_imbalance_b_to_a", p: float = 2.0) -> None:
-        super().__init__()
-        self.in_key_a, self.in_key_b = in_key_a, in_key_b
+        super().__init__(in_key_a, in_key_b, [out_key_a_to_b, out_key_b_to_a])
         self.out_key_a_to_b, self.out_key_b_to_a = out_key_a_to_b, out_key_b_to_a
         self.p = p
-        self.in_keys = [in_key_a, in_key_b]
-        self.out_keys = [out_key_a_to_b, out_key_b_to_a]
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        """Write Delta(A -> B) and Delta(B -> A) of ``td[in_key_a]`` and ``td[in_key_b]``.
+    def _targets(self) -> list[str]:
+        return [self.out_key_a_to_b, self.out_key_b_to_a]
 
-        Args:
-            td (TensorDictBase): holds both representations; it is written in place.
+    def _estimate(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        return list(information_imbalance(x, y, p=self.p))
 
-        Returns:
-            TensorDictBase: ``td``.
-        """
-        x, y = read_pair(td, self.in_key_a, self.in_key_b, "Information Imbalance")
-        if x.shape[:-2].numel() == 0:
-            td[self.out_key_a_to_b], td[self.out_key_b_to_a] = empty_result(x), empty_result(x)
-            return td
-        td[self.out_key_a_to_b], td[self.out_key_b_to_a] = information_imbalance(x, y, p=self.p)
-        return td
-
-    def __repr__(self) -> str:
-        fields = f"in_keys={self.in_keys},\nout_keys={self.out_keys},\np={self.p}"
-        return f"{type(self).__name__}(\n{indent(fields, 4 * ' ')})"
+    def _options(self) -> str:
+        return f",\np={self.p}"

@@ -1,0 +1,71 @@
+"""What the factories hooking the modules a regex names share: the pattern and the names they see."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from torch import nn
+
+from tdhook_fn import resolve_path
+from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, MultiHookManager, RemovableHandleProtocol
+from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules._virtual import module_path
+
+__all__ = ["KeyPatternHooks", "register_all"]
+
+
+class KeyPatternHooks:
+    """A settable ``key_pattern`` kept in step with the hook manager, the modules it selects, and their hooks.
+
+    The factory sets ``_key_pattern``, ``_hook_manager`` (which holds the compiled
+    pattern) and ``_relative``.
+    """
+
+    _key_pattern: str
+    _hook_manager: MultiHookManager
+    _relative: bool
+
+    @property
+    def key_pattern(self) -> str:
+        return self._key_pattern
+
+    @key_pattern.setter
+    def key_pattern(self, key_pattern: str) -> None:
+        self._hook_manager.pattern = key_pattern
+        self._key_pattern = key_pattern
+
+    def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
+        """The modules hooks may target, under tdhook's names (see the factory's module docstring)."""
+        context = module.hooking_context
+        root = getattr(context, "_module", None)
+        if not isinstance(root, nn.Module):
+            root = module.td_module
+        if self._relative:
+            yield from resolve_path(root, getattr(context, "_extra_relative_path", "")).named_modules()
+        else:
+            for name, submodule in root.named_modules():
+                yield ("td_module." + name if name else "td_module"), submodule
+
+    def _selected(self, module: HookedModule) -> list[tuple[str, nn.Module]]:
+        """The modules ``key_pattern`` selects, in ``named_modules`` order."""
+        return [(name, sub) for name, sub in self._named(module) if self._hook_manager._selects(name, sub)]
+
+
+def register_all(module: HookedModule, hooks: Iterable[tuple[nn.Module, Callable[..., Any], HookDirection]],
+                 handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
+    """Registers each ``(submodule, hook, direction)`` as a virtual hook of ``module``, with ``handles``.
+
+    All or none: if making or registering one fails, every hook already registered
+    (``handles`` included) is removed before the error propagates.
+    """
+    handles = [] if handles is None else handles
+    try:
+        for submodule, hook, direction in hooks:
+            path = module_path(module, submodule)
+            assert path is not None
+            handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
+    except BaseException:
+        MultiHookHandle(handles).remove()
+        raise
+    return MultiHookHandle(handles)
