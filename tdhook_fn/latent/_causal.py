@@ -28,20 +28,6 @@ Being causal is the caller's claim, and it is tested: the run of the largest ``p
 also run whole, and its outputs must agree (``RuntimeError`` otherwise: the model
 attends to later positions, or does not use its cache as assumed). It runs eagerly
 (no functorch transform around the sweep).
-
-# NOTE [positions the metric reads]
-A metric usually reads the logits of the last position only, yet the language-model head
-(a ``d x vocab`` product, a fifth of a default GPT-2's forward at 16 tokens) runs at
-every position a run computes. Where the model's forward takes ``logits_to_keep``
-(Hugging Face's causal LMs), the runs compute the logits of the last ``T - r`` positions
-only, ``r`` the first position the metric reads, and the positions before take the
-corrupted run's logits (as the positions before a run's start already do). ``r`` is
-found on the corrupted run's outputs: the first position where the metric's gradient is
-not zero. It is a finding, so it is tested: the metric of those outputs with every
-position before ``r`` changed (by noise larger than the values) must be the same, bit
-for bit. A metric without a gradient, one that reads earlier positions in a way its
-gradient does not show, or autograd off (inference mode) make the runs compute every
-position, as before: never a number that depends on this guess.
 """
 
 from __future__ import annotations
@@ -59,6 +45,7 @@ from torch import nn
 from .._functional import Functional, with_copied_inputs
 from .._paths import resolve_path
 from .._taps import Tap
+from ._kept_logits import KEEP_SLOT, complete, positions_read
 from ._sites import Site
 
 __all__ = ["CausalCut", "causal_cut", "check_agrees", "share_before"]
@@ -66,7 +53,6 @@ __all__ = ["CausalCut", "causal_cut", "check_agrees", "share_before"]
 _CUT = ("input_ids", "inputs_embeds", "position_ids", "token_type_ids")  # per position: cut to [p:]
 _WHOLE = ("attention_mask",)  # covers the cached positions and the new ones
 _CACHE_SLOTS = ("cache", "past_key_values")  # the forward's cache argument (transformers 5.x, 4.x)
-_KEEP_SLOT = "logits_to_keep"  # Hugging Face causal LMs: the logits of the last k positions only
 
 
 def _forward_parameters(f: Functional) -> list[inspect.Parameter]:
@@ -130,37 +116,22 @@ class CausalCut:
         kept = [(k[..., :start, :], v[..., :start, :]) for k, v in self.cache_layers]
         extra: dict[str, Any] = {}
         if self.kept is not None and self.kept < self.length - start:
-            extra[_KEEP_SLOT] = self.kept
+            extra[KEEP_SLOT] = self.kept
 
         def run(params: TensorDictBase, td: TensorDictBase, taps: Sequence[Tap]) -> TensorDict:
             cached = {self.slot: _dynamic_cache().DynamicCache(ddp_cache_data=kept)} if start else {}
             out = self.keyed.with_taps(*taps).call_with(params, with_copied_inputs(td), **cached,
                                                         use_cache=bool(start), **extra)
-            return self._completed(out, start, bool(extra))
+            ran = self.length - start
+            logits = self.kept if self.kept is not None and extra else ran
+            return complete(out, self.corrupted, self.f.out_keys, self.length, logits, ran)
 
         return run
 
-    def _completed(self, out: TensorDictBase, start: int, cut_logits: bool) -> TensorDict:
-        done = TensorDict({}, batch_size=self.corrupted.batch_size)
-        for key in self.f.out_keys:
-            head, tail = self.corrupted.get(key), out.get(key)
-            ran = tail.shape[1] if tail.dim() >= 2 else -1
-            fits = ran == self.length - start or (cut_logits and ran == self.kept)
-            if tail.dim() < 2 or head.shape[2:] != tail.shape[2:] or not fits:
-                raise ValueError(f"patching_sweep: causal=True needs f's outputs with their positions first; "
-                                 f"{key!r} is {tuple(head.shape)} on all {self.length} positions and "
-                                 f"{tuple(tail.shape)} on the last {self.length - start}; pass causal=False")
-            done.set(key, torch.cat([head[:, : self.length - ran].to(tail.dtype), tail], dim=1))
-        return done
-
     def read_by(self, metric: Callable[[TensorDictBase], torch.Tensor]) -> None:
-        """Set `kept` to the last positions ``metric`` reads, where that is found and tested
-        (NOTE [positions the metric reads])."""
-        if not self.takes_keep or torch.is_inference_mode_enabled():
-            return
-        first = _first_read(metric, self.corrupted, self.length)
-        if first is not None and first > 0 and _reads_from(metric, self.corrupted, first, self.length):
-            self.kept = self.length - first
+        """Set `kept` to the last positions ``metric`` reads (NOTE [positions the metric reads])."""
+        if self.takes_keep:
+            self.kept = positions_read(metric, self.corrupted, self.length)
 
     def shifted(self, site: Site, start: int) -> Site:
         """``site`` with its position counted from ``start``."""
@@ -170,56 +141,6 @@ class CausalCut:
         assert isinstance(first, int)
         return Site(site.path, (first % self.length - start, *site.index[1:]), site.element, site.site, site.call,
                     site.key)
-
-
-def _each(td: TensorDict, fn: Callable[[torch.Tensor], torch.Tensor]) -> TensorDict:
-    out = td.apply(fn)
-    assert out is not None
-    return out
-
-
-def _first_read(metric: Callable[[TensorDictBase], torch.Tensor], outputs: TensorDict, length: int) -> int | None:
-    """The first position of ``outputs`` (``[N, T, ...]``) where ``metric``'s gradient is not zero; None if none
-    is found (no gradient)."""
-    leaves = _each(outputs, lambda t: t.detach().requires_grad_() if t.is_floating_point() else t)
-    floats = [(key, leaves.get(key)) for key in leaves.keys(True, True) if leaves.get(key).requires_grad]
-    try:
-        with torch.enable_grad():
-            value = metric(leaves)
-            if not isinstance(value, torch.Tensor) or not value.requires_grad:
-                return None
-            grads = torch.autograd.grad(value.sum(), [t for _, t in floats], allow_unused=True)
-    except RuntimeError:
-        return None
-    read = [length]
-    for (_, leaf), grad in zip(floats, grads, strict=True):
-        if grad is None or leaf.dim() < 2 or leaf.shape[1] != length:
-            if grad is not None and bool(grad.ne(0).any()):  # read, and without its positions first
-                return None
-            continue
-        by_position = grad.ne(0).transpose(0, 1).reshape(length, -1).any(dim=1)
-        if bool(by_position.any()):
-            read.append(int(by_position.nonzero()[0]))
-    return min(read) if min(read) < length else None
-
-
-def _reads_from(metric: Callable[[TensorDictBase], torch.Tensor], outputs: TensorDict, first: int,
-                length: int) -> bool:
-    """Whether ``metric`` of ``outputs`` is the same, bit for bit, with every position before ``first`` changed."""
-    noise = torch.Generator(device="cpu").manual_seed(0)
-
-    def changed(t: torch.Tensor) -> torch.Tensor:
-        if not t.is_floating_point() or t.dim() < 2 or t.shape[1] != length or not t.numel():
-            return t
-        scale = float(t.detach().abs().max()) + 1.0
-        shift = torch.randn(t[:, :first].shape, generator=noise, dtype=t.dtype).to(t.device) * scale + scale
-        return torch.cat([t[:, :first] + shift, t[:, first:]], dim=1)
-
-    try:
-        with torch.no_grad():
-            return bool(torch.equal(metric(_each(outputs, changed)), metric(outputs)))
-    except (RuntimeError, IndexError, ValueError):
-        return False
 
 
 def share_before(model: nn.Module, site: Site) -> float:
@@ -264,7 +185,7 @@ def causal_cut(f: Functional, params: TensorDictBase, flat: TensorDictBase) -> C
         raise ValueError(f"patching_sweep: causal=True needs a key/value cache of full-attention layers "
                          f"(DynamicLayer); the model's has {kinds or 'no layers'}; pass causal=False")
     return CausalCut(f, keyed, slot, lengths.pop(), [(layer.keys, layer.values) for layer in layers],
-                     corrupted, _KEEP_SLOT in parameters)
+                     corrupted, KEEP_SLOT in parameters)
 
 
 def check_agrees(cut: TensorDictBase, whole: TensorDictBase, site: Site) -> None:

@@ -40,6 +40,7 @@ from ._causal import CausalCut, causal_cut, check_agrees, share_before
 from ._causal_chunks import causal_chunks
 from ._chunks import FIXED_ROWS, RunSize, by_memory, chunked, run_size
 from ._folded_attention import folded_attention
+from ._kept_logits import kept_logits
 from ._run import (
     Edits,
     Metric,
@@ -55,6 +56,8 @@ from ._run import (
 )
 from ._sites import Site, as_sites
 from ._unchanged import Group, group, may_skip, selection, unchanged, whole_sites
+
+Runner = Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict]
 
 __all__ = ["patch", "patching_sweep"]
 
@@ -238,7 +241,10 @@ def patching_sweep(
             sources = {site.key: full[modules[group(site)].key][selection(site)] for site in runs}
             parts = [_folded(f, params, flat, [runs[k] for k in chunk], sources, metric, batch) for chunk in chunks]
         else:
-            parts = [_mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch))
+            runner = kept_logits(f, params, flat, _reader(metric, batch)) if runs and may_skip(params, clean,
+                                                                                                 corrupted) else None
+            parts = [_mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch),
+                             runner=runner)
                      for chunk in chunks]
         done = _in_order(parts, [k for chunk in chunks for k in chunk])
     if values is None:
@@ -262,14 +268,14 @@ def _in_order(parts: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tens
 
 def _mapped(f: Functional, params: TensorDictBase, flat: TensorDictBase, runs: Sequence[Site],
             modules: dict[Group, Site], full: dict[str, Any], read: Callable[[TensorDictBase], Any],
-            cut: CausalCut | None = None, start: int = 0) -> Any:
+            cut: CausalCut | None = None, start: int = 0, runner: Runner | None = None) -> Any:
     """One chunk under ``vmap`` over per-run masks: run ``k`` takes the clean values where its mask is set.
 
     ``read`` makes a run's result of its outputs. With ``start`` the runs cover the
-    positions ``[start:]`` only, by ``cut`` (NOTE [causal sweeps]).
+    positions ``[start:]`` only, by ``cut`` (NOTE [causal sweeps]); ``runner`` runs the
+    forward otherwise (NOTE [positions the metric reads]).
     """
-    run_forward: Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict] = (
-        lambda p, td, taps: forward(f, p, td, taps))
+    run_forward: Runner = runner or (lambda p, td, taps: forward(f, p, td, taps))
     if cut is not None:
         flat, run_forward = cut.inputs(flat, start), cut.run(start)
         full = {m.key: full[m.key][:, start:] for m in modules.values()}

@@ -238,3 +238,20 @@ def test_causal_runs_the_lm_head_at_the_positions_the_metric_reads(metric, most)
         handle.remove()
     cut = [n for n in seen if n != L]  # the clean, corrupted and check runs run whole
     assert max(cut) == most
+
+
+@pytest.mark.parametrize(("metric", "most"), [(_last, 1), (_mean_of_the_last_three, 3),
+                                               (_last_and_a_hidden_early_read, L), (_argmax_at_the_end, L)])
+def test_the_default_sweep_runs_the_lm_head_at_the_positions_the_metric_reads(gpt2, metric, most):
+    model, f, p = gpt2
+    clean, corrupt = _pair()
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[-2]))
+    try:
+        with torch.no_grad():
+            sweep = patching_sweep(f, p, clean, corrupt, GRID, metric, skip_unchanged=False)
+    finally:
+        handle.remove()
+    assert max(seen[3:]) == most  # after the clean, corrupted and shape-finding runs
+    loop = torch.stack([metric(patch(f, p, corrupt, s, cache(f, p, clean, s))) for s in GRID])
+    torch.testing.assert_close(sweep, loop, rtol=1e-4, atol=1e-5)

@@ -115,7 +115,7 @@ def test_a_sweep_runs_only_the_sites_that_patch_something(gpt2, monkeypatch, bat
     ran = []
     runner = "_mapped" if batching == "vmap" else "_folded"
     real = getattr(_patch, runner)
-    monkeypatch.setattr(_patch, runner, lambda *a: ran.append(len(a[3])) or real(*a))
+    monkeypatch.setattr(_patch, runner, lambda *a, **k: ran.append(len(a[3])) or real(*a, **k))
     sweep = patching_sweep(f, p, clean, corrupt, grid, _last_logit, chunk_size=4, batching=batching)
     assert sum(ran) == 3 * (L - 3)  # positions 3.. at each of the 3 layers
     loop = torch.stack([_last_logit(patch(f, p, corrupt, s, cache(f, p, clean, s))) for s in grid])
@@ -139,7 +139,7 @@ def test_no_run_is_skipped_where_a_gradient_or_a_transform_sees_it(gpt2, monkeyp
     grid = [Site("transformer.h.1", index=(t,)) for t in range(L)]
     ran = []
     real = _patch._mapped
-    monkeypatch.setattr(_patch, "_mapped", lambda *a: ran.append(len(a[3])) or real(*a))
+    monkeypatch.setattr(_patch, "_mapped", lambda *a, **k: ran.append(len(a[3])) or real(*a, **k))
     expected = patching_sweep(f, p, clean, corrupt, grid, _last_logit, skip_unchanged=False)
     ran.clear()
     live = p.apply(lambda t: t.detach().requires_grad_())
