@@ -32,7 +32,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict tdhook_fn
 
 unit: $(STAMP)
-	@echo "== pytest (about 4,000 tests: 190 s measured on a quiet 2-core machine; the examples and torchrun jobs run last)"
+	@echo "== pytest (about 4,500 tests: 225 s measured on a 2-core machine; the examples and torchrun jobs run last)"
 	$(VENV)/bin/pytest
 
 test: lint typecheck unit
