@@ -18,13 +18,19 @@ from torch import Tensor
 _BATCH_LETTERS = string.ascii_uppercase
 
 
+def broadcast(*shapes: torch.Size) -> torch.Size:
+    """``torch.broadcast_shapes``, typed (its stub is not)."""
+    shape: torch.Size = torch.broadcast_shapes(*shapes)  # type: ignore[no-untyped-call]
+    return shape
+
+
 def broadcast_einsum(a_core: str, b_core: str, out_core: str, a: Tensor, b: Tensor) -> Tensor:
     """``einsum(f"...{a_core},...{b_core}->...{out_core}", a, b)`` with the ``...`` broadcast.
 
     The core subscripts are lowercase letters naming the trailing dims of each operand.
     """
     batch_a, batch_b = a.shape[: a.ndim - len(a_core)], b.shape[: b.ndim - len(b_core)]
-    shape: torch.Size = torch.broadcast_shapes(batch_a, batch_b)  # type: ignore[no-untyped-call]
+    shape = broadcast(batch_a, batch_b)
     nd = len(shape)
     if nd > len(_BATCH_LETTERS):
         raise ValueError(f"at most {len(_BATCH_LETTERS)} batch dims are supported, got {nd}")

@@ -73,13 +73,15 @@ def complete(out: TensorDictBase, corrupted: TensorDictBase, keys: Sequence[Any]
 
 
 def kept_logits(f: Functional, params: TensorDictBase, flat: TensorDictBase,
-                metric: Callable[[TensorDictBase], torch.Tensor],
+                metric: Callable[[TensorDictBase], torch.Tensor], corrupted: TensorDictBase | None = None,
                 ) -> Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict] | None:
     """A forward for the runs of a sweep (without ``causal``) computing the logits ``metric`` reads only,
-    completed by the corrupted run's; None where that does not apply (NOTE [positions the metric reads])."""
+    completed by the corrupted run's outputs (``corrupted``, run here if not given); None where that does not
+    apply (NOTE [positions the metric reads])."""
     if not takes_keep(f):
         return None
-    corrupted = f(params, with_copied_inputs(flat))
+    if corrupted is None:
+        corrupted = f(params, with_copied_inputs(flat))
     lengths = {t.shape[1] for t in corrupted.values(True, True) if isinstance(t, torch.Tensor) and t.dim() >= 2}
     if len(lengths) != 1:
         return None

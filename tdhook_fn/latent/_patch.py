@@ -228,9 +228,9 @@ def patching_sweep(
             corrupted_shape = torch.empty(corrupted_shape, device="meta")[selection(site)].shape
         check_alike("patching_sweep", site, clean_shape, corrupted_shape,  # vmap's masks span the whole activation
                     "" if batching == "fold" else "; or batching='fold', which patches only each site's selection")
-    todo, values = list(range(len(chosen))), None
+    todo, values, corrupted_out = list(range(len(chosen))), None, None
     if skip_unchanged and may_skip(params, clean, corrupted):
-        todo, values = unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
+        todo, values, corrupted_out = unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
     runs = [chosen[k] for k in todo]
     size = run_size(corrupted_shapes.values(), out_bytes)
     if causal and runs:
@@ -241,8 +241,8 @@ def patching_sweep(
             sources = {site.key: full[modules[group(site)].key][selection(site)] for site in runs}
             parts = [_folded(f, params, flat, [runs[k] for k in chunk], sources, metric, batch) for chunk in chunks]
         else:
-            runner = kept_logits(f, params, flat, _reader(metric, batch)) if runs and may_skip(params, clean,
-                                                                                                 corrupted) else None
+            runner = (kept_logits(f, params, flat, _reader(metric, batch), corrupted_out)
+                      if runs and may_skip(params, clean, corrupted) else None)
             parts = [_mapped(f, params, flat, [runs[k] for k in chunk], modules, full, _reader(metric, batch),
                              runner=runner)
                      for chunk in chunks]

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ._broadcast_einsum import broadcast
+
 
 def as_float_pair(name: str, x: Tensor, y: Tensor, *, min_samples: int) -> tuple[Tensor, Tensor]:
     """``x`` and ``y`` as one floating dtype, after checking they can be compared.
@@ -55,8 +57,7 @@ def sample_range(name: str, arg: str, t: Tensor) -> Tensor:
 
 def batch_shape(x: Tensor, y: Tensor) -> torch.Size:
     """The broadcast of the leading dims of ``x`` and ``y`` (both ``(..., N, D)``)."""
-    shape: torch.Size = torch.broadcast_shapes(x.shape[:-2], y.shape[:-2])  # type: ignore[no-untyped-call]
-    return shape
+    return broadcast(x.shape[:-2], y.shape[:-2])
 
 
 def values_visible(t: Tensor) -> bool:

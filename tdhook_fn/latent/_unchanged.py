@@ -39,8 +39,9 @@ def may_skip(*tds: TensorDictBase) -> bool:
 
 def unchanged(f: Functional, params: TensorDictBase, corrupted: TensorDictBase, chosen: Sequence[Site],
                modules: dict[Group, Site], full: dict[str, Any], metric: Metric, batch: torch.Size,
-               ) -> tuple[list[int], torch.Tensor]:
-    """The runs that patch something, and every run's value with the unchanged ones filled in."""
+               ) -> tuple[list[int], torch.Tensor, TensorDictBase]:
+    """The runs that patch something, every run's value with the unchanged ones filled in, and the corrupted
+    run's outputs (``f``'s keys)."""
     wholes = list(modules.values())
     reads = Reads("patching_sweep", wholes)
     out = forward(f, params, corrupted.reshape(-1), reads.taps())  # all of f's outputs, as a patched run's
@@ -51,7 +52,7 @@ def unchanged(f: Functional, params: TensorDictBase, corrupted: TensorDictBase, 
         key, where = modules[group(site)].key, selection(site)
         if not _same_bits(full[key][where], mine[key][where]):
             todo.append(k)
-    return todo, base.expand(len(chosen), *base.shape).clone()
+    return todo, base.expand(len(chosen), *base.shape).clone(), out.select(*f.out_keys)
 
 
 _AS_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

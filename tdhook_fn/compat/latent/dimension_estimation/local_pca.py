@@ -17,7 +17,7 @@ Differences from tdhook 0.1.3:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -25,6 +25,8 @@ import torch
 from tdhook_fn.latent.dimension import local_pca, spectrum_dimension
 
 from ._base import K, KEstimator
+
+Criterion = Literal["gap", "maxgap", "ratio"]  # checked against _CRITERIA before the call
 
 __all__ = ["LocalPcaDimensionEstimator"]
 
@@ -64,7 +66,7 @@ class LocalPcaDimensionEstimator(KEstimator):
     def _estimate(self, data: torch.Tensor, k: int) -> torch.Tensor:
         if self.criterion not in _CRITERIA:
             raise ValueError(f"Unknown criterion: {self.criterion!r} (one of {_CRITERIA})")
-        return local_pca(data, k, criterion=self.criterion, alpha=self.alpha, eps=self.eps)  # type: ignore[arg-type]
+        return local_pca(data, k, criterion=cast(Criterion, self.criterion), alpha=self.alpha, eps=self.eps)
 
     def _options(self) -> str:
         return f"{super()._options()},\ncriterion={self.criterion!r},\nalpha={self.alpha}"
@@ -90,4 +92,4 @@ def _local_pca(data: torch.Tensor, k: int, eps: float, criterion: str, alpha: fl
                                   "is not supported (only scikit-learn's PCA, whose numbers they equal)")
     if k < 1:
         return torch.full(data.shape[:-1], math.nan, dtype=torch.float32, device=data.device)
-    return local_pca(data, k, criterion=criterion, alpha=alpha, eps=eps).float()  # type: ignore[arg-type]
+    return local_pca(data, k, criterion=cast(Criterion, criterion), alpha=alpha, eps=eps).float()
