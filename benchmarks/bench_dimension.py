@@ -84,7 +84,9 @@ def floor_ca_pca(x: torch.Tensor) -> torch.Tensor:
     head, tail = lam.cumsum(-1), lam.sum(-1, keepdim=True) - lam.cumsum(-1)
     shift = (3 * d + 4) / (d * (d + 4)) * tail - 1 / (d + 2)
     score = ((lam * lam).cumsum(-1) + 2 * shift * head + d * shift * shift).clamp(min=0).sqrt() + 2 * tail
-    return score.argmin(-1) + 1.0
+    spread = lam >= 0.01 * lam[:, :1]  # a dimension needs that much spread (ca_pca's default support)
+    spread[:, 0] = True
+    return score.masked_fill(~spread, math.inf).argmin(-1) + 1.0
 
 
 def main() -> None:
@@ -110,7 +112,8 @@ def main() -> None:
     torch.testing.assert_close(local_pca(part, K_PCA, criterion="maxgap"),
                                LocalPcaDimensionEstimator(k=K_PCA)(td(part))["dimension"])
     torch.testing.assert_close(local_pca(x, K_PCA), floor_local_pca(x))
-    torch.testing.assert_close(ca_pca(part, K_PCA), CaPcaDimensionEstimator(k=K_PCA)(td(part))["dimension"])
+    torch.testing.assert_close(ca_pca(part, K_PCA, support=0.0),  # support=0: tdhook's rule
+                               CaPcaDimensionEstimator(k=K_PCA)(td(part))["dimension"])
     torch.testing.assert_close(ca_pca(x, K_PCA), floor_ca_pca(x))
 
     cases = [

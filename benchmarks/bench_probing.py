@@ -79,7 +79,7 @@ def main() -> None:
 
     def floor_end_to_end() -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            hidden = model(ids, output_hidden_states=True).hidden_states[1:]
+            hidden = model.transformer(ids, output_hidden_states=True).hidden_states[1:]  # no LM head: not needed
         return floor_solve(torch.stack([h[:, -1] for h in hidden]), labels)
 
     with torch.no_grad():
