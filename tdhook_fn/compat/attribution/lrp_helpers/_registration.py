@@ -2,23 +2,23 @@
 
 # NOTE [registered rules]
 Registering on the module the user gives is the documented job of ``Rule.register``
-(like ``compat.hooks``' ``register_hook_to_module``), so it registers one forward hook
-there; nothing else on the module changes (its ``forward`` is not swapped, as tdhook
-does). When the module runs with an input that requires grad, the hook returns, in
-place of the module's own output, the output of the core's pure call of the module
-(`tdhook_fn.call_with_taps`) with the rule's tap from `tdhook_fn.attribution.rule_taps`
-on its root: the same modified VJP as `tdhook_fn.attribution.lrp`, on the module's
-parameters detached. So the parameters are constants under a rule, as in tdhook: no
+(like ``compat.hooks``' ``register_hook_to_module``), so it registers hooks there;
+nothing else on the module changes (its ``forward`` is not swapped, as tdhook does).
+The relevance is the core's: the rule's tap from `tdhook_fn.attribution.rule_taps`,
+attached to the module (its ``Tap.attach``), puts the modified VJP of
+`tdhook_fn.attribution.lrp` at the module's output. The rule is always run by its
+``relevance`` (the rule's definition), never by the gradient form of NOTE
+[gradient-form rules]: that form scales gradients around the module's own backward,
+which would reach the module's parameters and show torch's full backward hooks the
+unscaled gradient. So the parameters are constants under a rule, as in tdhook: no
 gradient reaches them, and an output whose inputs do not require grad does not
-require grad. The module runs twice per such call (itself, then the pure call); a
-module that writes its input in place is refused, since the pure call must see the
-input the module was given.
+require grad (a last hook detaches it).
 
-The pure call runs the module's shadow, which carries a copy of this hook; the copy
-stands aside in that call (a context variable names the registration running). Any
-other run of a copy is refused: a ruled module inside another ruled module (the core
-refuses rules that nest), or inside a pure function of `tdhook_fn` or a compat
-context (give the rule to `LRP`'s ``rule_mapper`` there).
+Around the tap, a pre-hook refuses a ruled module running inside another (the core
+refuses rules that nest; a context variable names the ruled module running) and a
+copy of these hooks on a shadow (the module inside a pure function of `tdhook_fn` or a
+compat context, where the rule would act besides that call's own rules); a first
+forward hook raises tdhook's errors for calls the rule does not fit.
 """
 
 from __future__ import annotations
@@ -26,15 +26,16 @@ from __future__ import annotations
 import contextvars
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdhook_fn import call_with_taps, functional, params
-from tdhook_fn.attribution import rule_taps
+from tdhook_fn import functional
+from tdhook_fn.attribution import ModuleCall, rule_taps
 
 if TYPE_CHECKING:
     from .rules import Rule
@@ -44,8 +45,8 @@ __all__ = ["RemovableRuleHandle", "raise_for_unconserved_rel_factory", "register
 _RUNNING: contextvars.ContextVar[_Registration | None] = contextvars.ContextVar("tdhook_fn_rule_running",
                                                                                    default=None)
 _LOCK = threading.Lock()
-# each module's registration (one rule a module); the module is held weakly
-_REGISTERED: weakref.WeakKeyDictionary[nn.Module, tuple[_Registration, RemovableHandle]] = (
+# each module's registration and the handles of its hooks (one rule a module); the module is held weakly
+_REGISTERED: weakref.WeakKeyDictionary[nn.Module, tuple[_Registration, list[RemovableHandle]]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -53,38 +54,62 @@ def _requires_grad(args: tuple[Any, ...]) -> bool:
     return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
+@dataclass(frozen=True)
+class _ByRelevance:
+    """The compat rule's core rule, read at each backward, run by its ``relevance`` only (NOTE [registered rules])."""
+
+    rule: Rule
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Sequence[torch.Tensor | None]:
+        return self.rule.rule().relevance(call, grad)
+
+
 class _Registration:
-    """The forward hook of one rule on one module (NOTE [registered rules])."""
+    """The hooks of one rule on one module around the core's tap (NOTE [registered rules])."""
 
     def __init__(self, rule: Rule, module: nn.Module) -> None:
         self.rule = rule
-        self.module_id = id(module)  # (an id, not the module: the shadow's copy of this hook must not reach it)
+        self.module_id = id(module)  # (an id, not the module: a shadow's copy of these hooks must not reach it)
         self.module_name = type(module).__name__
 
-    def hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        running = _RUNNING.get()
-        if running is self:
-            return None  # the pure call below, running this module's shadow: its rule tap does the work
+    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         name = type(self.rule).__name__
-        if running is not None:
-            raise ValueError(f"{name}: a {self.module_name} with this rule registered runs inside a "
-                             f"{running.module_name} with {type(running.rule).__name__} registered; rules may not "
-                             "nest: remove one of them")
         if id(module) != self.module_id:
             raise RuntimeError(f"{name}: a {self.module_name} with this rule registered runs inside a tdhook_fn "
                                "pure function or a compat context; remove the rule there (handle.remove()) and give "
                                "it to LRP's rule_mapper or to tdhook_fn.attribution.lrp's rules instead")
+        running = _RUNNING.get()
+        if running is not None:
+            raise ValueError(f"{name}: a {self.module_name} with this rule registered runs inside a "
+                             f"{running.module_name} with {type(running.rule).__name__} registered; rules may not "
+                             "nest: remove one of them")
+        _RUNNING.set(self)
+
+    def check(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         self.rule._check_call(args, output)
-        if not _requires_grad(args):  # no relevance can flow: the output as a constant, as tdhook's
-            return output.detach() if isinstance(output, torch.Tensor) else None
-        rule = self.rule.rule()
-        taps = rule_taps(functional(module), lambda path, _m: rule if path == "" else None, warn_on_missing_rule=False)
-        token = _RUNNING.set(self)
-        try:
-            ruled, _ = call_with_taps(module, params(module), taps, *args, **kwargs)
-        finally:
-            _RUNNING.reset(token)
-        return ruled
+        if not isinstance(output, torch.Tensor) or not all(isinstance(a, torch.Tensor) for a in args) or any(
+                isinstance(v, torch.Tensor) for v in kwargs.values()):
+            raise TypeError(f"{type(self.rule).__name__}: the {self.module_name} it is registered on was called "
+                            f"with non-tensor positional or tensor keyword arguments, or returned a "
+                            f"{type(output).__name__}; a rule needs tensors as positional arguments and one tensor "
+                            "returned (register it on the sublayers)")
+
+    def after(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        _RUNNING.set(None)  # (always called: also when the forward or a hook raised)
+        if isinstance(output, torch.Tensor) and output.requires_grad and not _requires_grad(args):
+            return output.detach()  # no relevance can flow: a constant, as tdhook's
+        return None
+
+    def hook(self, module: nn.Module) -> list[RemovableHandle]:
+        """Register the hooks on ``module``, in their order; their handles."""
+        f = functional(module)
+        (tap,) = rule_taps(f, lambda path, _m: _ByRelevance(self.rule) if path == "" else None,
+                           warn_on_missing_rule=False)
+        handles = [module.register_forward_pre_hook(self.before, prepend=True, with_kwargs=True),
+                   module.register_forward_hook(self.after, with_kwargs=True, always_call=True)]
+        handles.append(tap.attach(module, {}))  # (its forward hook goes first)
+        handles.append(module.register_forward_hook(self.check, prepend=True, with_kwargs=True))
+        return handles
 
 
 class RemovableRuleHandle:
@@ -131,9 +156,6 @@ def register_rule(rule: Rule, module: nn.Module) -> RemovableRuleHandle:
     if not isinstance(module, nn.Module):
         raise TypeError(f"{name}.register: module must be an nn.Module, got {type(module).__name__}")
     rule.rule()  # a rule class standing for no tdhook_fn rule says so now
-    if getattr(module, "inplace", False) is True:
-        raise ValueError(f"{name}.register: {type(module).__name__} writes its input in place (inplace=True), so "
-                         "the rule could not see the input it was given; build the module with inplace=False")
     registration = _Registration(rule, module)
     with _LOCK:
         held = _REGISTERED.get(module)
@@ -141,8 +163,7 @@ def register_rule(rule: Rule, module: nn.Module) -> RemovableRuleHandle:
             raise ValueError(f"{name}.register: this {type(module).__name__} already has "
                              f"{type(held[0].rule).__name__} registered; remove it first (its handle's remove(), or "
                              "rule.unregister(module))")
-        hook = module.register_forward_hook(registration.hook, prepend=True, with_kwargs=True)
-        _REGISTERED[module] = (registration, hook)
+        _REGISTERED[module] = (registration, registration.hook(module))
     handle = RemovableRuleHandle(rule, module)
     handle._registration = registration
     return handle
@@ -162,7 +183,8 @@ def _take_off(module: nn.Module, rule: Rule, registration: _Registration | None)
         if held is None or held[0].rule is not rule or (registration is not None and held[0] is not registration):
             return False
         del _REGISTERED[module]
-    held[1].remove()
+    for hook in held[1]:
+        hook.remove()
     return True
 
 

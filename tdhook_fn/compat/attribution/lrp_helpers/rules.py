@@ -79,20 +79,19 @@ class Rule:
     def register(self, module: nn.Module) -> RemovableRuleHandle:
         """Put this rule on ``module``: its backward hands relevance back by the rule, until removed.
 
-        One forward hook on ``module`` (NOTE [registered rules]): when an input requires
-        grad, the module's output becomes that of `tdhook_fn.call_with_taps` with this
-        rule's modified VJP (`tdhook_fn.attribution.rule_taps`), its parameters constants.
-        The rule's settings are read at each call.
+        Hooks on ``module`` (NOTE [registered rules]) put this rule's modified VJP, the
+        core's (`tdhook_fn.attribution.rule_taps`), at its output; its parameters are
+        constants under the rule. The rule's settings are read at each backward.
 
         Args:
-            module (nn.Module): the module; one rule at a time, and none that writes its input in place.
+            module (nn.Module): the module; one rule at a time.
 
         Returns:
             RemovableRuleHandle: ``remove()`` it, or use it as a context manager.
 
         Raises:
             TypeError: ``module`` is not an ``nn.Module``, or this rule stands for no tdhook_fn rule.
-            ValueError: ``module`` already has a rule, or has ``inplace=True``.
+            ValueError: ``module`` already has a rule.
         """
         return register_rule(self, module)
 
