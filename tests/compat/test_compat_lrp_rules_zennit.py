@@ -80,7 +80,8 @@ for make, shape in [(lambda: nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linea
     r = torch.randn_like(zennit_model(x))
     with ZennitEpsilonPlus(epsilon=1e-6).context(zennit_model) as modified:
         theirs = relevance(modified, x, r)
-    lrp = LRP(rule_mapper=ours.EpsilonPlus(epsilon=1e-6), init_attr_grads=lambda *_: TensorDict(output=r, batch_size=[x.shape[0]]),
+    grads = TensorDict(output=r, batch_size=[x.shape[0]])
+    lrp = LRP(rule_mapper=ours.EpsilonPlus(epsilon=1e-6), init_attr_grads=lambda *_: grads,
               skip_modules=LRP.default_skip)
     with lrp.prepare(our_model) as hooked:
         mine = hooked(TensorDict(input=x, batch_size=[x.shape[0]]))["attr", "input"]
