@@ -292,3 +292,30 @@ def test_rules_do_not_nest_or_enter_pure_calls() -> None:
         f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
         with pytest.raises(RuntimeError, match="inside a tdhook_fn pure function"):
             attribution.saliency(f, p, TensorDict(input=x.detach().requires_grad_(), batch_size=[2]), target=0)
+
+
+class _Blend(nn.Module):
+    """Two inputs, one output: ``tanh(a) * b + a``."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(a) * b + a
+
+
+@pytest.mark.parametrize("name", ["UniformRule", "UniformEpsilonRule", "EpsilonRule", "StopRule"])
+def test_rules_with_two_inputs_equal_tdhook(name: str) -> None:
+    torch.manual_seed(4)
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    r = torch.randn(3, 4, dtype=torch.float64)
+    grads = []
+    for lib in (our_rules, ref_rules):
+        module = _Blend()
+        handle = getattr(lib, name)().register(module)
+        ins = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+        module(*ins).backward(r)
+        handle.remove()
+        grads.append([t.grad for t in ins])
+    for ours, theirs in zip(*grads, strict=True):
+        if theirs is None:
+            assert ours is None
+        else:
+            torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12)
