@@ -7,6 +7,7 @@ in ``test_compat_lrp_rules_zennit.py``.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -158,6 +159,8 @@ def test_handle_of_a_dead_module_and_ignore_rule() -> None:
     module = linear()
     handle = our_rules.EpsilonRule().register(module)
     del module
+    gc.collect()
+    assert handle._module_ref() is None  # a registration keeps no module alive
     handle.remove()  # the module is gone: nothing to do
     module = linear()
     before = _snapshot(module)
@@ -319,3 +322,17 @@ def test_rules_with_two_inputs_equal_tdhook(name: str) -> None:
             assert ours is None
         else:
             torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["EpsilonRule", "AlphaBetaRule", "WSquareRule"])
+def test_registered_rules_under_torch_func(name: str) -> None:
+    module = linear()
+    x = torch.randn(3, 6, dtype=torch.float64)
+    with getattr(our_rules, name)().register(module):
+        eager = _relevance(module, x, torch.ones(3, 5, dtype=torch.float64))
+        by_grad = torch.func.grad(lambda t: module(t).sum())(x)
+        per_sample = torch.func.vmap(torch.func.grad(lambda t: module(t).sum()))(x)
+    assert eager is not None
+    torch.testing.assert_close(by_grad, eager, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(per_sample, eager, rtol=1e-12, atol=1e-14)
+    assert not by_grad.requires_grad  # the parameters are constants: no graph reaches them

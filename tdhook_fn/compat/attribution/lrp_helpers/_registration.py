@@ -24,6 +24,7 @@ forward hook raises tdhook's errors for calls the rule does not fit.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -56,12 +57,18 @@ def _requires_grad(args: tuple[Any, ...]) -> bool:
 
 @dataclass(frozen=True)
 class _ByRelevance:
-    """The compat rule's core rule, read at each backward, run by its ``relevance`` only (NOTE [registered rules])."""
+    """The compat rule's core rule, read at each backward, run by its ``relevance`` only (NOTE [registered rules]).
+
+    The module's parameters and output reach it detached: constants, so that a relevance taken
+    with ``create_graph`` (or under ``torch.func.grad``) carries no graph to them.
+    """
 
     rule: Rule
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Sequence[torch.Tensor | None]:
-        return self.rule.rule().relevance(call, grad)
+        constants = dataclasses.replace(call, output=call.output.detach(),
+                                        tensors=tuple(t.detach() for t in call.tensors))
+        return self.rule.rule().relevance(constants, grad)
 
 
 class _Registration:
