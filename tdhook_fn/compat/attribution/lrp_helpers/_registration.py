@@ -107,15 +107,19 @@ class _Registration:
             return output.detach()  # no relevance can flow: a constant, as tdhook's
         return None
 
-    def hook(self, module: nn.Module) -> list[RemovableHandle]:
-        """Register the hooks on ``module``, in their order; their handles."""
+    def attach(self, module: nn.Module) -> list[RemovableHandle]:
+        """Register the hooks on ``module``; their handles.
+
+        They run as: ``before`` (first pre-hook), the forward, ``check``, the tap's hook,
+        the hooks already there, ``after`` (always called).
+        """
         f = functional(module)
         (tap,) = rule_taps(f, lambda path, _m: _ByRelevance(self.rule) if path == "" else None,
                            warn_on_missing_rule=False)
         handles = [module.register_forward_pre_hook(self.before, prepend=True, with_kwargs=True),
                    module.register_forward_hook(self.after, with_kwargs=True, always_call=True)]
-        handles.append(tap.attach(module, {}))  # (its forward hook goes first)
-        handles.append(module.register_forward_hook(self.check, prepend=True, with_kwargs=True))
+        handles.append(tap.attach(module, {}))  # (prepends its forward hook)
+        handles.append(module.register_forward_hook(self.check, prepend=True, with_kwargs=True))  # before it
         return handles
 
 
@@ -170,7 +174,7 @@ def register_rule(rule: Rule, module: nn.Module) -> RemovableRuleHandle:
             raise ValueError(f"{name}.register: this {type(module).__name__} already has "
                              f"{type(held[0].rule).__name__} registered; remove it first (its handle's remove(), or "
                              "rule.unregister(module))")
-        _REGISTERED[module] = (registration, registration.hook(module))
+        _REGISTERED[module] = (registration, registration.attach(module))
     handle = RemovableRuleHandle(rule, module)
     handle._registration = registration
     return handle
