@@ -20,6 +20,7 @@ from torch import nn
 
 import tdhook_fn
 from tdhook_fn import attribution
+from tdhook_fn.compat.attribution import LRP
 from tdhook_fn.compat.attribution.lrp_helpers import rules as our_rules
 
 Factory = Callable[[], nn.Module]
@@ -295,6 +296,10 @@ def test_rules_do_not_nest_or_enter_pure_calls() -> None:
         f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
         with pytest.raises(RuntimeError, match="inside a tdhook_fn pure function"):
             attribution.saliency(f, p, TensorDict(input=x.detach().requires_grad_(), batch_size=[2]), target=0)
+        lrp = LRP(rule_mapper=our_rules.EpsilonPlus(), skip_modules=LRP.default_skip)
+        with lrp.prepare(model) as hooked, pytest.raises(RuntimeError, match="give it to LRP's rule_mapper"):
+            hooked(TensorDict(input=x.detach(), batch_size=[2]))
+    _same(model, before)
 
 
 class _Blend(nn.Module):
