@@ -892,9 +892,90 @@ PROBING_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- compat: tdhook's LRP rule API
+
+
+def _rules() -> Any:
+    from tdhook_fn.compat.attribution.lrp_helpers import rules
+
+    return rules
+
+
+class _TwoInputs(nn.Module):
+    def forward(self, a: torch.Tensor, b: Any) -> torch.Tensor:
+        return a + b
+
+
+def _registered_call(rule: Any, module: nn.Module, *args: Any) -> Any:
+    with rule.register(module):
+        return module(*args)
+
+
+def _registered_twice() -> None:
+    layer = nn.Linear(2, 2)
+    _rules().EpsilonRule().register(layer)
+    _rules().PassRule().register(layer)
+
+
+def _custom_rule_registered() -> None:
+    class Custom(_rules().Rule):  # type: ignore[misc,name-defined]
+        pass
+
+    Custom().register(nn.Linear(2, 2))
+
+
+def _nested_rules() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with _rules().EpsilonRule().register(model), _rules().EpsilonRule().register(model[0]):
+        model(torch.ones(1, 2, requires_grad=True))
+
+
+def _rule_inside_pure_call() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with _rules().EpsilonRule().register(model[0]):
+        tdhook_fn.call(model, tdhook_fn.params(model), torch.ones(1, 2))
+
+
+def _unconserved() -> None:
+    hook = _rules().raise_for_unconserved_rel_factory()
+    hook(nn.Linear(2, 2), torch.ones(2), torch.zeros(2))
+
+
+LRP_RULES_ROWS: list[Row] = [
+    ("lrp-rule-registered-twice", _registered_twice, ValueError, ("PassRule.register", "already has EpsilonRule",
+                                                                  "remove it first")),
+    ("lrp-rule-unregister-unknown", lambda: _rules().EpsilonRule().unregister(nn.Linear(2, 2)), ValueError,
+     ("EpsilonRule.unregister", "not registered", "Linear")),
+    ("lrp-rule-register-not-module", lambda: _rules().EpsilonRule().register("layer"), TypeError,
+     ("EpsilonRule.register", "nn.Module", "str")),
+    ("lrp-rule-register-custom", _custom_rule_registered, TypeError, ("Custom", "stands for no tdhook_fn rule",
+                                                                      "relevance(call, grad)")),
+    ("lrp-rule-nested", _nested_rules, ValueError, ("EpsilonRule", "Linear", "inside a Sequential",
+                                                    "may not nest")),
+    ("lrp-rule-in-pure-call", _rule_inside_pure_call, RuntimeError, ("EpsilonRule", "tdhook_fn pure function",
+                                                                     "handle.remove()", "rule_mapper")),
+    ("lrp-rule-alpha-beta-negative", lambda: _rules().AlphaBetaRule(-1.0, 1.0), ValueError,
+     ("AlphaBetaRule", "must be non-negative", "alpha=-1.0")),
+    ("lrp-rule-alpha-beta-difference", lambda: _rules().AlphaBetaRule(2.0, 0.5), ValueError,
+     ("AlphaBetaRule", "alpha - beta must equal 1", "beta=0.5")),
+    ("lrp-rule-multiple-inputs", lambda: _registered_call(_rules().AlphaBetaRule(), _TwoInputs(), torch.ones(2),
+                                                          torch.ones(2)),
+     NotImplementedError, ("AlphaBetaRule", "multiple inputs", "2 positional")),
+    ("lrp-rule-pass-count", lambda: _registered_call(_rules().PassRule(), _TwoInputs(), torch.ones(2),
+                                                     torch.ones(2)),
+     ValueError, ("PassRule", "number of inputs and outputs", "2 inputs and 1 outputs")),
+    ("lrp-rule-pass-shape", lambda: _registered_call(_rules().PassRule(), nn.Linear(3, 2), torch.ones(3)),
+     ValueError, ("shape=torch.size([3])", "shape=torch.size([2])", "index 0")),
+    ("lrp-rule-non-tensor", lambda: _registered_call(_rules().EpsilonRule(), _TwoInputs(), torch.ones(2), 3.0),
+     TypeError, ("EpsilonRule", "_TwoInputs", "tensors as positional arguments", "one tensor returned")),
+    ("lrp-rule-unconserved", _unconserved, RuntimeError, ("Unconserved relevance", "Linear", "inputs hold 2",
+                                                          "outputs 0")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])
