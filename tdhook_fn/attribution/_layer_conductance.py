@@ -16,6 +16,7 @@ activation of a chunk are carried to the next one's first difference.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 

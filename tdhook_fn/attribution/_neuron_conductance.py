@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -161,12 +161,12 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
     for t in range(cot.batch_size[0]) if lead else [None]:
         at_layer = pulled.to_layer(cot if t is None else cot[t])
         mid = _checked(select(at_layer), at_layer)
-        _, local = torch.func.vjp(select, pulled.act)  # the neuron's gradient at the layer, weighted by dF/dn
+        local: Any = torch.func.vjp(select, pulled.act)[1]  # the neuron's gradient at the layer, weighted by dF/dn
         maps.append(pulled.to_inputs(local(mid)[0]))
-    grads = torch.stack(maps) if lead else maps[0]
+    grads = cast(TensorDictBase, torch.stack(maps) if lead else maps[0])
     out = TensorDict({}, batch_size=[*grads.batch_size[:lead], *batch])
     for key, value in grads.items(True, True):
-        out.set(key, unflatten(value, lead, batch))
+        out.set(key, unflatten(cast(torch.Tensor, value), lead, batch))
     return out
 
 

@@ -48,7 +48,7 @@ def pullbacks(forward: Forward, inputs: TensorDictBase, delta: torch.Tensor, con
               ) -> Pullbacks:
     """Run ``forward((inputs, delta))`` once; see NOTE [two pullbacks of one forward]."""
     if untransformed() and not any_requires_grad(constants, [delta, *_leaves(inputs)]):
-        mine = inputs.apply(lambda t: t.detach().requires_grad_())
+        mine = cast(TensorDictBase, inputs.apply(lambda t: t.detach().requires_grad_()))
         zero = delta.detach().requires_grad_()
         with torch.enable_grad():
             values, act = forward((mine, zero))
@@ -74,7 +74,8 @@ def _by_autograd(values: TensorDictBase, act: torch.Tensor, mine: TensorDictBase
 
 
 def _by_functorch(forward: Forward, inputs: TensorDictBase, delta: torch.Tensor) -> Pullbacks:
-    (values, act), pullback = torch.func.vjp(forward, (inputs, delta))
+    out: Any = torch.func.vjp(forward, (inputs, delta))
+    (values, act), pullback = out[0], out[1]
     zero_values = values.apply(torch.zeros_like)
 
     def to_layer(cot: TensorDictBase) -> torch.Tensor:
