@@ -365,51 +365,10 @@ def test_nothing_is_written():
         assert (now == then).all()
 
 
-# --- bad input -----------------------------------------------------------------------------------------------------
+# --- bad input (the messages: tests/test_error_catalogue.py, CONDUCTANCE_ROWS) --------------------------------
 
 
-def _mlp():
-    e = build("mlp", torch.float64)
-    return e.f, e.params, e.inputs((3,))
-
-
-BAD = [
-    ("lc-no-layers", lambda f, p, x: layer_conductance(f, p, x, target=0, layers=[]), ValueError, "layers is empty"),
-    ("lc-layer-str", lambda f, p, x: layer_conductance(f, p, x, target=0, layers="[0]"), TypeError, "layers=['[0]']"),
-    ("lc-steps", lambda f, p, x: layer_conductance(f, p, x, target=0, layers=["[0]"], n_steps=0), ValueError,
-     "n_steps must be an int >= 1"),
-    ("lc-chunk", lambda f, p, x: layer_conductance(f, p, x, target=0, layers=["[0]"], chunk_size=0), ValueError,
-     "chunk_size"),
-    ("lc-method", lambda f, p, x: layer_conductance(f, p, x, target=0, layers=["[0]"], method="simpson"), ValueError,
-     "supported"),
-    ("ii-no-layers", lambda f, p, x: internal_influence(f, p, x, target=0, layers=[]), ValueError, "layers is empty"),
-    ("ii-baseline", lambda f, p, x: internal_influence(f, p, x, torch.zeros(2, 2), target=0, layers=["[0]"]),
-     ValueError, "internal_influence: baselines has shape"),
-    ("nc-layer-list", lambda f, p, x: neuron_conductance(f, p, x, target=0, layer=["[0]"], neuron_selector=0),
-     TypeError, "one submodule path"),
-    ("nc-selector-type", lambda f, p, x: neuron_conductance(f, p, x, target=0, layer="[0]", neuron_selector=[0]),
-     TypeError, "neuron_selector must be an int"),
-    ("nc-selector-range", lambda f, p, x: neuron_conductance(f, p, x, target=0, layer="[0]", neuron_selector=8),
-     ValueError, "out of range"),
-    ("nc-selector-dims", lambda f, p, x: neuron_conductance(f, p, x, target=0, layer="[0]", neuron_selector=(0, 1)),
-     ValueError, "2 indices"),
-    ("nc-selector-callable", lambda f, p, x: neuron_conductance(f, p, x, target=0, layer="[0]",
-                                                                neuron_selector=lambda a: a[:, :2]),
-     ValueError, "one value per row"),
-    ("nc-plain-function", lambda f, p, x: neuron_conductance(lambda q, td: f(q, td), p, x, target=0, layer="[0]",
-                                                             neuron_selector=0),
-     TypeError, "tdhook_fn.Functional"),
-]
-
-
-@pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in BAD])
-def test_bad_input_raises_naming_the_argument(call, exc, words):
-    with pytest.raises(exc, match=None) as info:
-        call(*_mlp())
-    assert words.lower() in str(info.value).lower()
-
-
-def test_token_ids_are_refused_on_the_path():
+def test_token_ids_are_refused_on_the_path_by_every_method():
     model = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))
     f, p = tdhook_fn.pure(model)
     ids = torch.randint(0, 10, (2, 3))
@@ -417,3 +376,6 @@ def test_token_ids_are_refused_on_the_path():
         layer_conductance(f, p, ids, 0, target=0, layers=["[2]"])
     with pytest.raises(TypeError, match="cannot move along a path"):
         neuron_conductance(f, p, ids, 0, target=0, layer="[2]", neuron_selector=0)
+    with pytest.raises(TypeError, match="cannot move along a path"):
+        internal_influence(f, p, ids, 0, target=0, layers=["[2]"])
+
