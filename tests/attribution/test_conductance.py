@@ -316,7 +316,8 @@ def test_vmap_per_sample_equals_the_batched_call(name):
     for method, call in _calls(e).items():
         batched, mapped = call(td, base), vmap(call)(td, base)
         if isinstance(batched, tuple):
-            assert_close_ulps(mapped[1], batched[1], ulps=ulps, scale=sum(float(t.abs().sum()) for t in batched[0].values(True, True)), msg=method)
+            scale = sum(float(t.abs().sum()) for t in batched[0].values(True, True))
+            assert_close_ulps(mapped[1], batched[1], ulps=ulps, scale=scale, msg=method)
             batched, mapped = batched[0], mapped[0]
         assert_close_ulps(mapped, batched, ulps=ulps, msg=method)
 
