@@ -57,8 +57,9 @@ def layer_conductance(
     """Conductance of every unit of each layer: captum's ``LayerConductance``, batched.
 
     ``attr[y] = sum_k dF/dy(p_k) * (y(p_{k+1}) - y(p_k))`` over the path points
-    ``p_k = b + a_k (x - b)`` at the ``n_steps + 1`` nodes ``a_k`` of ``method`` (see
-    NOTE [conductance by differences]). All points of a chunk go through ``f`` in one
+    ``p_k = b + a_k (x - b)`` at the ``n_steps + 1`` nodes ``a_k`` of ``method`` (its
+    weights are not used: the differences of the activations stand for ``dy``, as in
+    captum). All points of a chunk go through ``f`` in one
     forward and one VJP; several targets give one map each with ``per_target`` (no extra
     forward). Only the inputs move; ``params`` are constants.
 
@@ -137,6 +138,7 @@ def layer_conductance(
             if path in last:  # the difference across the chunks' border
                 grad = torch.cat([last[path][0], grad], dim=lead)
                 act = torch.cat([last[path][1], act])
+            # NOTE [conductance by differences]
             share = (grad.narrow(lead, 0, act.shape[0] - 1) * (act[1:] - act[:-1])).sum(lead)
             total[path] = share if path not in total else total[path] + share
             last[path] = (grad.narrow(lead, act.shape[0] - 1, 1), act[-1:])

@@ -51,7 +51,7 @@ def neuron_conductance(
     ``attr = (x - b) * sum_k w_k * dF/dn(p_k) * dn/dx(p_k)`` at the path points
     ``p_k = b + a_k (x - b)`` with the nodes and weights of ``method``, ``n`` the neuron
     that ``neuron_selector`` picks from ``layer``'s output. Both gradients come from one
-    forward of all points of a chunk (see NOTE [two pullbacks of one forward]); several
+    forward of all points of a chunk, pulled back twice; several
     targets give one map each with ``per_target``.
 
     Args:
@@ -155,6 +155,7 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
         delta = torch.zeros(specs[0].shape, dtype=specs[0].dtype, device=device)
         return pullbacks(forward, flat.select(*keys), delta, (params, flat))
 
+    # NOTE [two pullbacks of one forward]
     pulled = with_specs(f, params, flat, [layer], calls, _NAME, attempt)
     cot, lead = seed_cotangents(pulled.values, per_target, None)
     maps = []
