@@ -380,3 +380,42 @@ def test_token_ids_are_refused_on_the_path_by_every_method():
     with pytest.raises(TypeError, match="cannot move along a path"):
         internal_influence(f, p, ids, 0, target=0, layers=["[2]"])
 
+
+
+# --- a Hugging Face transformer (random init, no download) ---------------------------------------------------------
+
+
+def test_gpt2_with_an_attention_mask_equals_captum():
+    """inputs_embeds move along the path; the attention mask is passed unchanged (captum: additional_forward_args)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    f = tdhook_fn.functional(model, in_keys={"inputs_embeds": "inputs_embeds", "attention_mask": "attention_mask"},
+                             out_keys=["logits"])
+    p = tdhook_fn.params(model)
+    embeds = torch.randn(2, 6, 16, dtype=torch.float64)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    td = TensorDict(inputs_embeds=embeds, attention_mask=mask, batch_size=[2])
+    last = lambda out: TensorDict(logits=out["logits"][..., -1, 3], batch_size=out.batch_size)
+    forward = lambda e, m: model(inputs_embeds=e, attention_mask=m).logits[:, -1, 3]
+    keys = ["inputs_embeds"]
+
+    ours = layer_conductance(f, p, td, 0.0, target=last, layers=["transformer.h.0.mlp"], input_keys=keys, n_steps=8)
+    theirs = ca.LayerConductance(forward, model.transformer.h[0].mlp).attribute(
+        embeds.clone(), additional_forward_args=(mask,), n_steps=8)
+    torch.testing.assert_close(ours["transformer.h.0.mlp"], theirs, rtol=1e-9, atol=1e-12)
+
+    ours = neuron_conductance(f, p, td, 0.0, target=last, layer="transformer.h.1.mlp.c_fc", neuron_selector=(5, 7),
+                              input_keys=keys, n_steps=8)
+    theirs = ca.NeuronConductance(forward, model.transformer.h[1].mlp.c_fc).attribute(
+        embeds.clone(), (5, 7), additional_forward_args=(mask,), n_steps=8)
+    assert_same(ours["inputs_embeds"], theirs, exact=False, integrated=True)
+
+    ours = internal_influence(f, p, td, 0.0, target=last, layers=["transformer.h.1.mlp"], input_keys=keys,
+                              n_steps=8)
+    theirs = ca.InternalInfluence(forward, model.transformer.h[1].mlp).attribute(
+        embeds.clone(), additional_forward_args=(mask,), n_steps=8)
+    assert_same(ours["transformer.h.1.mlp"], theirs, exact=False, integrated=True)
