@@ -419,3 +419,29 @@ def test_gpt2_with_an_attention_mask_equals_captum():
     theirs = ca.InternalInfluence(forward, model.transformer.h[1].mlp).attribute(
         embeds.clone(), additional_forward_args=(mask,), n_steps=8)
     assert_same(ours["transformer.h.1.mlp"], theirs, exact=False, integrated=True)
+
+
+# --- torch.compile -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["layer_conductance", "neuron_conductance", "internal_influence"])
+def test_fullgraph_compile_equals_eager_without_retrace(method):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3)).eval()
+    f, p = tdhook_fn.pure(net)
+    fn = {
+        "layer_conductance": lambda p, td: layer_conductance(
+            f, p, td, 0.0, target=(0, 1), per_target=True, n_steps=4, layers=["[1]"], chunk_size=3)["[1]"],
+        "neuron_conductance": lambda p, td: neuron_conductance(
+            f, p, td, 0.0, target=(0, 1), per_target=True, n_steps=4, layer="[1]",
+            neuron_selector=(1, slice(None), 2))["input"],
+        "internal_influence": lambda p, td: internal_influence(f, p, td, 0.0, target=1, n_steps=4, layers=["[1]"])[
+            "[1]"],
+    }[method]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, backend="eager")
+    for seed in (1, 2):  # new values, same shapes: no re-trace
+        x = TensorDict(input=torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(seed)), batch_size=[2])
+        torch.testing.assert_close(compiled(p, x), fn(p, x))
+    assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 1
