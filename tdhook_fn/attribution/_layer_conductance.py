@@ -27,7 +27,7 @@ from ._checks import check_call, check_layers
 from ._convergence import delta_of
 from ._engine import gradients, target_values
 from ._inputs import accepts_tensors
-from ._integrated_gradients import _path_points
+from ._integrated_gradients import _path_points, _wide
 from ._path_checks import check_chunk_size, check_floating, check_steps
 from ._quadrature import quadrature
 
@@ -134,7 +134,7 @@ def layer_conductance(
         found = gradients(f, params, points, target, input_keys=(), layers=dict.fromkeys(layers),
                           per_target=per_target, layer_calls=layer_calls, method=_NAME)
         for path in layers:
-            grad, act = found.grads.get(path), found.activations.get(path)
+            grad, act = _wide(found.grads.get(path)), _wide(found.activations.get(path))  # half: summed in float32
             if path in last:  # the difference across the chunks' border
                 grad = torch.cat([last[path][0], grad], dim=lead)
                 act = torch.cat([last[path][1], act])
@@ -142,7 +142,8 @@ def layer_conductance(
             share = (grad.narrow(lead, 0, act.shape[0] - 1) * (act[1:] - act[:-1])).sum(lead)
             total[path] = share if path not in total else total[path] + share
             last[path] = (grad.narrow(lead, act.shape[0] - 1, 1), act[-1:])
-    attrs = TensorDict(total, batch_size=[*found.grads.batch_size[:lead], *inputs.batch_size])
+    attrs = TensorDict({p: total[p].to(found.grads.get(p).dtype) for p in layers},
+                       batch_size=[*found.grads.batch_size[:lead], *inputs.batch_size])
     if not return_convergence_delta:
         return attrs
     values = target_values(f, params, both_ends(inputs, base), target)

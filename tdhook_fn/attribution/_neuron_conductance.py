@@ -14,7 +14,7 @@ from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import offered_targets, scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import _fold, _path_points
+from ._integrated_gradients import _fold, _in_dtypes, _path_points, _wide
 from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
 from ._neuron_pullbacks import pullbacks
 from ._path_checks import check_chunk_size, check_floating, check_steps
@@ -128,8 +128,8 @@ def neuron_conductance(
         total = _fold(total, grads, steps[chunk], lead=lead)
     assert total is not None
     if multiply_by_inputs:
-        total = scaled(total, {k: inputs.get(k) - base.get(k) for k in keys})
-    return total
+        total = scaled(total, {k: _wide(inputs.get(k)) - _wide(base.get(k)) for k in keys})
+    return _in_dtypes(total, {k: inputs.get(k).dtype for k in keys})  # half precision: summed in float32
 
 
 def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictBase, target: Target, layer: str,

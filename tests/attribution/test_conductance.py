@@ -445,3 +445,22 @@ def test_fullgraph_compile_equals_eager_without_retrace(method):
         x = TensorDict(input=torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(seed)), batch_size=[2])
         torch.testing.assert_close(compiled(p, x), fn(p, x))
     assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == 1
+
+
+def test_bfloat16_keeps_its_dtype_and_sums_the_steps_in_float32():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    results = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        f, p = tdhook_fn.pure(net.to(dtype))
+        td = TensorDict(input=x.to(dtype), batch_size=[5])
+        results[dtype] = (
+            layer_conductance(f, p, td, target=1, layers=["[1]"], n_steps=200)["[1]"],
+            neuron_conductance(f, p, td, target=1, layer="[1]", neuron_selector=2, n_steps=200)["input"],
+            internal_influence(f, p, td, target=1, layers=["[1]"], n_steps=200)["[1]"],
+        )
+    for half, full in zip(results[torch.bfloat16], results[torch.float32], strict=True):
+        assert half.dtype == torch.bfloat16
+        # bf16 activations carry 3 significant digits; 200 steps added in bf16 would lose most of them
+        torch.testing.assert_close(half.float(), full, rtol=0.02, atol=0.02 * float(full.abs().max()))
