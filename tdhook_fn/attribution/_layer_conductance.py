@@ -20,14 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._functional import Functional, NestedKey
 from .._targets import Target
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call, check_layers
 from ._convergence import delta_of
-from ._engine import gradients, target_values
+from ._engine import seed_cotangents, target_values, unflatten
 from ._inputs import accepts_tensors
 from ._integrated_gradients import _path_points, _wide
+from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_floating, check_steps
 from ._quadrature import quadrature
 
@@ -125,26 +126,50 @@ def layer_conductance(
     keys = attributed_keys(_NAME, f, inputs, input_keys)
     check_floating(_NAME, inputs, keys)
     base = path_starts(inputs, baselines, keys, _NAME)
-    lead = 1 if per_target else 0
-    total: dict[str, torch.Tensor] = {}
-    last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # a chunk's last gradient and activation, per layer
-    size = chunk_size or n_steps + 1
-    for start in range(0, n_steps + 1, size):
-        points = _path_points(inputs, base, keys, alphas[start:start + size])
-        found = gradients(f, params, points, target, input_keys=(), layers=dict.fromkeys(layers),
-                          per_target=per_target, layer_calls=layer_calls, method=_NAME)
-        for path in layers:
-            grad, act = _wide(found.grads.get(path)), _wide(found.activations.get(path))  # half: summed in float32
-            if path in last:  # the difference across the chunks' border
-                grad = torch.cat([last[path][0], grad], dim=lead)
-                act = torch.cat([last[path][1], act])
-            # NOTE [conductance by differences]
-            share = (grad.narrow(lead, 0, act.shape[0] - 1) * (act[1:] - act[:-1])).sum(lead)
-            total[path] = share if path not in total else total[path] + share
-            last[path] = (grad.narrow(lead, act.shape[0] - 1, 1), act[-1:])
-    attrs = TensorDict({p: total[p].to(found.grads.get(p).dtype) for p in layers},
-                       batch_size=[*found.grads.batch_size[:lead], *inputs.batch_size])
+    if not isinstance(f, Functional):
+        raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
+                        "f, params = tdhook_fn.pure(model)")
+    maps = _summed_shares(f, params, inputs, base, keys, target, layers, alphas, per_target, chunk_size,
+                          dict(layer_calls or {}))
+    lead = [next(iter(maps.values())).shape[0]] if per_target else []  # T
+    attrs = TensorDict(maps, batch_size=[*lead, *inputs.batch_size])
     if not return_convergence_delta:
         return attrs
     values = target_values(f, params, both_ends(inputs, base), target)
     return attrs, delta_of(values, inputs.batch_size, attrs, per_target, None)
+
+
+def _summed_shares(f: Functional, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,
+                   keys: Sequence[NestedKey], target: Target, layers: Sequence[str], alphas: Sequence[float],
+                   per_target: bool, chunk_size: int | None, calls: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """Each layer's conductance map, ``[*B, ...]`` or ``[T, *B, ...]``, chunk by chunk along the path."""
+    total: dict[tuple[str, int], torch.Tensor] = {}
+    last: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # a chunk's last gradient and activation
+    dtypes: dict[str, torch.dtype] = {}
+    targets = 1
+    size = chunk_size or len(alphas)
+    for start in range(0, len(alphas), size):
+        points = _path_points(inputs, base, keys, alphas[start:start + size])
+        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)  # NOTE [two pullbacks of ...]
+        cot, lead = seed_cotangents(pulled.values, per_target, None)
+        targets = cot.batch_size[0] if lead else 1
+        acts = [unflatten(_wide(a), 0, points.batch_size) for a in pulled.acts]  # half: summed in float32
+        for t in range(targets):  # one target's gradients at a time: no [T, points, ...] stack
+            grads = pulled.to_layers(cot[t] if lead else cot)
+            for path, act, grad in zip(layers, acts, grads, strict=True):
+                dtypes[path] = grad.dtype
+                grad = unflatten(_wide(grad), 0, points.batch_size)
+                if (path, t) in last:  # the difference across the chunks' border
+                    grad = torch.cat([last[path, t][0], grad])
+                    act = torch.cat([last[path, t][1], act])
+                share = _shares(grad, act)
+                total[path, t] = share if (path, t) not in total else total[path, t] + share
+                last[path, t] = (grad[-1:], act[-1:])
+    if per_target:
+        return {p: torch.stack([total[p, t] for t in range(targets)]).to(dtypes[p]) for p in layers}
+    return {p: total[p, 0].to(dtypes[p]) for p in layers}
+
+
+def _shares(grad: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+    """``sum_k grad_k * (act_{k+1} - act_k)`` over the points (NOTE [conductance by differences])."""
+    return (grad[:-1] * (act[1:] - act[:-1])).sum(0)

@@ -8,15 +8,14 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey, with_copied_inputs
+from .._functional import Functional, NestedKey
 from .._targets import Target
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
-from ._engine import offered_targets, scaled, seed_cotangents, unflatten
+from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
 from ._integrated_gradients import _fold, _in_dtypes, _path_points, _wide
-from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
-from ._neuron_pullbacks import pullbacks
+from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_floating, check_steps
 from ._quadrature import quadrature
 
@@ -25,7 +24,6 @@ __all__ = ["neuron_conductance"]
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Selector = int | tuple[int | slice, ...] | Callable[[torch.Tensor], torch.Tensor]
 _NAME = "neuron_conductance"
-_KEY = "_tdhook_fn_neuron_layer"
 
 
 @accepts_tensors
@@ -137,34 +135,16 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
                       calls: Mapping[str, int]) -> TensorDict:
     """``dF/dn * dn/dx`` at every point of ``points`` (batch ``[n, *B]``), by input key; ``[T, n, *B]`` per target."""
     batch = points.batch_size
-    flat = points.reshape(-1)
-
-    def attempt(specs: list[LayerSpec]) -> Any:
-        device = next(iter(flat.values(True, True))).device
-
-        def forward(primals: tuple[TensorDictBase, torch.Tensor]) -> tuple[TensorDictBase, torch.Tensor]:
-            feed = with_copied_inputs(flat, keys)
-            feed.update(primals[0])
-            runs = [0]
-            out = f.with_taps(*checked_taps([layer], {layer: None}, [primals[1]], specs, lambda _: _KEY, runs))(
-                params, feed)
-            check_runs([layer], specs, runs)
-            act = out.get(_KEY)
-            return offered_targets(f, out.exclude(_KEY), flat, keys, batch, target), act
-
-        delta = torch.zeros(specs[0].shape, dtype=specs[0].dtype, device=device)
-        return pullbacks(forward, flat.select(*keys), delta, (params, flat))
-
-    # NOTE [two pullbacks of one forward]
-    pulled = with_specs(f, params, flat, [layer], calls, _NAME, attempt)
+    pulled = layer_pullbacks(f, params, points, target, [layer], keys, calls, _NAME)  # NOTE [two pullbacks of ...]
     cot, lead = seed_cotangents(pulled.values, per_target, None)
+    (act,) = pulled.acts
     maps = []
     for t in range(cot.batch_size[0]) if lead else [None]:
-        at_layer = pulled.to_layer(cot if t is None else cot[t])
+        (at_layer,) = pulled.to_layers(cot if t is None else cot[t])
         mid = _checked(select(at_layer), at_layer)
-        local: Any = torch.func.vjp(select, pulled.act)[1]  # the neuron's gradient at the layer, weighted by dF/dn
-        maps.append(pulled.to_inputs(local(mid)[0]))
-    grads = cast(TensorDictBase, torch.stack(maps) if lead else maps[0])
+        local: Any = torch.func.vjp(select, act)[1]  # the neuron's gradient at the layer, weighted by dF/dn
+        maps.append(pulled.to_inputs([local(mid)[0]]))
+    grads = cast(TensorDictBase, torch.stack(maps) if lead else maps[0])  # type: ignore[arg-type]
     out = TensorDict({}, batch_size=[*grads.batch_size[:lead], *batch])
     for key, value in grads.items(True, True):
         out.set(key, unflatten(cast(torch.Tensor, value), lead, batch))
