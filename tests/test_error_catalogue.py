@@ -923,6 +923,9 @@ CONDUCTANCE_ROWS: list[Row] = [
         tdhook_fn.params(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
         torch.randint(0, 10, (2, 3)), 0, target=0, layers=["[2]"]),
      TypeError, ("layer_conductance", "torch.int64", "cannot move along a path", "input_keys")),
+    ("conductance-plain-function", lambda: _path_method("layer_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layers=["[0]"]),
+     TypeError, ("layer_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
     ("internal-influence-no-layers", lambda: _conductance("internal_influence", layers=[]),
      ValueError, ("internal_influence", "layers is empty")),
     ("internal-influence-baselines", lambda: _conductance("internal_influence", baselines=torch.zeros(2, 2),

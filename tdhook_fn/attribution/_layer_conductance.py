@@ -6,8 +6,8 @@ path from the baselines to the inputs. As captum 0.9's ``LayerConductance``, the
 ``dy/da da`` factor is the difference of the layer's activations at consecutive path
 points: ``sum_k dF/dy(a_k) * (y(a_{k+1}) - y(a_k))`` over the ``n_steps + 1`` nodes of
 ``method`` (its weights are not used). So one forward reads both ``y`` and, by a zero
-perturbation, ``dF/dy`` at every point: all points of a chunk in one forward and one VJP,
-no Jacobian of the layer. With the trapezoid nodes (``0`` and ``1`` included) the maps sum
+perturbation, ``dF/dy`` at every point: all points of a chunk in one forward and one
+pullback per target, no Jacobian of the layer. With the trapezoid nodes (``0`` and ``1`` included) the maps sum
 over the layer to ``F(x) - F(b)`` exactly where ``F`` is linear in the layer, and up to
 the quadrature's error elsewhere. Chunks need no overlapping point: the last gradient and
 activation of a chunk are carried to the next one's first difference.
@@ -100,7 +100,8 @@ def layer_conductance(
     Raises:
         ValueError: no layers, unknown method, ``n_steps`` below 1, a bad ``chunk_size``,
             or baselines whose shape does not fit.
-        TypeError: an input on the path is not floating point.
+        TypeError: an input on the path is not floating point, or ``f`` is not a
+            `tdhook_fn.Functional`.
 
     Examples:
         >>> import torch, tdhook_fn
