@@ -1,5 +1,6 @@
 """Layer conductance, neuron conductance and internal influence: captum 0.9, properties, composition, errors."""
 
+import copy
 import math
 
 import attr_zoo
@@ -464,3 +465,53 @@ def test_bfloat16_keeps_its_dtype_and_sums_the_steps_in_float32():
         assert half.dtype == torch.bfloat16
         # bf16 activations carry 3 significant digits; 200 steps added in bf16 would lose most of them
         torch.testing.assert_close(half.float(), full, rtol=0.02, atol=0.02 * float(full.abs().max()))
+
+
+# --- modules that run twice, threads -------------------------------------------------------------------------------
+
+
+class _Twice(nn.Module):
+    """One Linear run twice (weight tying); ``unshared=True`` gives each run its own copy of it."""
+
+    def __init__(self, unshared: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = nn.Linear(4, 4)
+        self.second = copy.deepcopy(self.inner) if unshared else self.inner
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.second(torch.tanh(self.inner(x)))))
+
+
+@pytest.mark.parametrize("run", [0, 1])
+def test_a_module_run_twice_is_attributed_at_the_run_layer_calls_names(run):
+    shared, unshared = _Twice().double().eval(), _Twice(unshared=True).double().eval()
+    td = TensorDict(input=torch.randn(3, 4, dtype=torch.float64), batch_size=[3])
+    f, p = tdhook_fn.pure(shared)
+    g, q = tdhook_fn.pure(unshared)
+    with pytest.raises(ValueError, match="runs 2 times"):
+        layer_conductance(f, p, td, target=1, layers=["inner"], n_steps=4)
+    as_path = ["inner", "second"][run]
+    for method in (layer_conductance, internal_influence):
+        ours = method(f, p, td, 0.5, target=1, layers=["inner"], layer_calls={"inner": run}, n_steps=6)
+        expected = method(g, q, td, 0.5, target=1, layers=[as_path], n_steps=6)
+        assert_close_ulps(ours["inner"], expected[as_path])
+    ours = neuron_conductance(f, p, td, 0.5, target=1, layer="inner", layer_call=run, neuron_selector=2, n_steps=6)
+    expected = neuron_conductance(g, q, td, 0.5, target=1, layer=as_path, neuron_selector=2, n_steps=6)
+    assert_close_ulps(ours, expected)
+
+
+def test_threads_sharing_one_model_get_their_own_results():
+    from concurrent.futures import ThreadPoolExecutor
+
+    e = build("cnn", torch.float64)
+    inputs = [e.inputs((2,), seed=s) for s in range(6)]
+    call = lambda td: (layer_conductance(e.f, e.params, td, target=1, layers=["[0]"], n_steps=5)["[0]"],
+                       neuron_conductance(e.f, e.params, td, target=1, layer="[0]", neuron_selector=(1, 2, 2),
+                                          n_steps=5)["input"])
+    alone = [call(td) for td in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(call, inputs))
+    for (a, b), (c, d) in zip(alone, together, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, d)
