@@ -515,3 +515,16 @@ def test_threads_sharing_one_model_get_their_own_results():
         together = list(pool.map(call, inputs))
     for (a, b), (c, d) in zip(alone, together, strict=True):
         assert torch.equal(a, c) and torch.equal(b, d)
+
+
+def test_per_target_convergence_delta_is_each_targets_delta():
+    e = build("mlp", torch.float64)
+    td, base = e.inputs((4,)), e.baselines((4,))
+    maps, deltas = layer_conductance(e.f, e.params, td, base, target=(0, 2), per_target=True, layers=["[3]"],
+                                     n_steps=6, return_convergence_delta=True)
+    assert deltas.shape == (2, 4)
+    for t, target in enumerate((0, 2)):
+        alone, delta = layer_conductance(e.f, e.params, td, base, target=target, layers=["[3]"], n_steps=6,
+                                         return_convergence_delta=True)
+        assert_close_ulps(maps[t], alone)
+        assert_close_ulps(deltas[t], delta, scale=float(alone["[3]"].abs().sum()))
