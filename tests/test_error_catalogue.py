@@ -973,9 +973,68 @@ LRP_RULES_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- attribution: conductance, internal influence
+
+
+def _path_method(name: str) -> Any:
+    import importlib
+
+    module = {"layer_conductance": "_layer_conductance", "neuron_conductance": "_neuron_conductance",
+              "internal_influence": "_internal_influence"}[name]
+    return getattr(importlib.import_module(f"tdhook_fn.attribution.{module}"), name)
+
+
+def _conductance(name: str, **options: Any) -> Any:
+    return _path_method(name)(tiny_f(), tiny_params(), tiny_inputs(), **{"target": 0, **options})
+
+
+CONDUCTANCE_ROWS: list[Row] = [
+    ("conductance-no-layers", lambda: _conductance("layer_conductance", layers=[]),
+     ValueError, ("layer_conductance", "layers is empty")),
+    ("conductance-layers-str", lambda: _conductance("layer_conductance", layers="[0]"),
+     TypeError, ("layer_conductance", "layers=['[0]']")),
+    ("conductance-n-steps", lambda: _conductance("layer_conductance", layers=["[0]"], n_steps=0),
+     ValueError, ("layer_conductance", "n_steps", ">= 1")),
+    ("conductance-chunk-size", lambda: _conductance("layer_conductance", layers=["[0]"], chunk_size=0),
+     ValueError, ("layer_conductance", "chunk_size", "path points per forward")),
+    ("conductance-method", lambda: _conductance("layer_conductance", layers=["[0]"], method="simpson"),
+     ValueError, ("'simpson'", "supported")),
+    ("conductance-token-ids", lambda: _path_method("layer_conductance")(
+        tdhook_fn.functional(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
+        tdhook_fn.params(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
+        torch.randint(0, 10, (2, 3)), 0, target=0, layers=["[2]"]),
+     TypeError, ("layer_conductance", "torch.int64", "cannot move along a path", "input_keys")),
+    ("conductance-plain-function", lambda: _path_method("layer_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layers=["[0]"]),
+     TypeError, ("layer_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
+    ("internal-influence-no-layers", lambda: _conductance("internal_influence", layers=[]),
+     ValueError, ("internal_influence", "layers is empty")),
+    ("internal-influence-baselines", lambda: _conductance("internal_influence", baselines=torch.zeros(2, 2),
+                                                          layers=["[0]"]),
+     ValueError, ("internal_influence", "baselines", "[2, 2]", "does not broadcast")),
+    ("neuron-conductance-layer-list", lambda: _conductance("neuron_conductance", layer=["[0]"], neuron_selector=0),
+     TypeError, ("neuron_conductance", "layer", "one submodule path")),
+    ("neuron-conductance-selector-type", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=[0]),
+     TypeError, ("neuron_conductance", "neuron_selector", "int", "callable")),
+    ("neuron-conductance-selector-range", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                               neuron_selector=4),
+     ValueError, ("neuron_conductance", "neuron_selector", "out of range", "[4]")),
+    ("neuron-conductance-selector-dims", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=(0, 1)),
+     ValueError, ("neuron_conductance", "neuron_selector", "2 indices", "1 dims")),
+    ("neuron-conductance-selector-rows", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=lambda a: a[:, :2]),
+     ValueError, ("neuron_conductance", "neuron_selector", "one value per row")),
+    ("neuron-conductance-plain-function", lambda: _path_method("neuron_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layer="[0]", neuron_selector=0),
+     TypeError, ("neuron_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])
