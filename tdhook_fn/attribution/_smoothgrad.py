@@ -122,9 +122,10 @@ def smoothgrad(
     squares: TensorDict | None = None
     for k in chunks(nt_samples, chunk_size):
         noisy = repeated(inputs, k).clone(False)
-        noise = noise_draws(inputs, sigma, k, generator, noise_dtype)
-        for key in keys:
-            noisy.set(key, noisy.get(key) + noise.get(key))
+        if any(sigma.values()):  # (none drawn without noise: a call without noise runs under vmap as it is)
+            noise = noise_draws(inputs, sigma, k, generator, noise_dtype)
+            for key in keys:
+                noisy.set(key, noisy.get(key) + noise.get(key))
         args = () if starts is None else (repeated(starts, k),)
         maps = attribution(f, params, noisy, *args, target=repeated_target(target, inputs.batch_size, k), **options)
         if not isinstance(maps, TensorDictBase):
