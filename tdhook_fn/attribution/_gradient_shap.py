@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._vjp import untransformed
 from ._baselines import attributed_keys
 from ._checks import check_call
 from ._engine import gradients
@@ -195,5 +196,8 @@ def _check_draws(inputs: TensorDictBase, draws: Any, keys: Sequence[NestedKey], 
             raise KeyError(f"gradient_shap: draws hold no {name!r} (they need 'alpha' and 'index', see NOTE "
                            "[gradient shap draws])")
         value = draws.get(name)
-        if name != "alpha" and (value.is_floating_point() or int(value.min()) < 0 or int(value.max()) >= n_refs):
+        if name == "alpha":
+            continue
+        out_of_range = untransformed() and bool(((value < 0) | (value >= n_refs)).any())  # (values unread under vmap)
+        if value.is_floating_point() or out_of_range:
             raise ValueError(f"gradient_shap: draws {name!r} must be integer indices into the {n_refs} baselines")
