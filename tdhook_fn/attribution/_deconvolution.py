@@ -20,6 +20,14 @@ from ._saliency import saliency
 
 __all__ = ["deconvolution", "relu_paths"]
 
+# NOTE [deconvolution as taps]
+# A ReLU's own backward masks the gradient by where its input was positive; the
+# deconvnet ignores that mask and passes back the positive part of the gradient that
+# arrives. Two taps per ReLU build that VJP without touching the module: LRP's `Pass`
+# rule (the gradient at the output goes to the input as it is, the module's backward
+# bypassed; an ``inplace=True`` ReLU is given a copy) and, outside it, a ``map_grad`` at
+# the output applying ``relu`` (the Pass rule's hook is prepended, so it runs first).
+
 
 def relu_paths(model: nn.Module) -> list[str]:
     """Paths of the ``nn.ReLU`` submodules of ``model`` (instances of subclasses too), as captum hooks them.
@@ -29,7 +37,7 @@ def relu_paths(model: nn.Module) -> list[str]:
 
     Examples:
         >>> relu_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)))
-        ['[1]']
+        ['1']
     """
     modules = [module for name, module in model.named_modules() if name]
     return [path for path, module in zip(module_paths(model), modules, strict=True) if isinstance(module, nn.ReLU)]
@@ -48,14 +56,8 @@ def deconvolution(
 ) -> TensorDict:
     """The gradient with every ``nn.ReLU`` module's backward replaced by ``relu(gradient at its output)``.
 
-    # NOTE [deconvolution as taps]
-    A ReLU's own backward masks the gradient by where its input was positive; the
-    deconvnet ignores that mask and passes back the positive part of the gradient that
-    arrives. Two taps per ReLU build that VJP without touching the module: LRP's `Pass`
-    rule (the gradient at the output goes to the input as it is, the module's backward
-    bypassed; an ``inplace=True`` ReLU is given a copy) and, outside it, a ``map_grad`` at
-    the output applying ``relu``. As captum's ``Deconvolution``, only ``nn.ReLU`` modules
-    change (a functional ``torch.relu`` in a forward keeps its gradient).
+    As captum's ``Deconvolution``, only ``nn.ReLU`` modules change (a functional
+    ``torch.relu`` in a forward keeps its gradient); the model is not touched.
 
     Args:
         f (Functional): pure function of a model (`tdhook_fn.functional`).
@@ -81,7 +83,7 @@ def deconvolution(
     if not isinstance(f, Functional):
         raise TypeError("deconvolution needs f to be a tdhook_fn.Functional (it taps the model's ReLU modules); "
                         "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
-    paths = relu_paths(f.model)
+    paths = relu_paths(f.model)  # NOTE [deconvolution as taps]
     passes = rule_taps(f, dict.fromkeys(paths, Pass()), warn_on_missing_rule=False) if paths else []
     # unchecked taps (NOTE [taps that never fire]): a ReLU the forward never calls is fine here
     positive = [Tap(path, "map_grad", torch.relu, "output") for path in paths]

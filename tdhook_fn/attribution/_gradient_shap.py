@@ -49,15 +49,15 @@ def gradient_shap(
     one forward and one VJP. On average the maps of a sample sum to
     ``F(x) - E_b F(b)`` (exactly per draw for a linear model).
 
-    # NOTE [gradient shap draws]
-    By default everything is drawn from ``generator`` (torch's global one if ``None``),
-    chunk by chunk: the baseline indices, then the noise of each key (NOTE [noise draws];
-    skipped where ``stdevs`` is 0), then the path points. captum draws the indices and
-    path points from numpy's global generator and the noise from torch's, so its runs are
-    replayed with ``draws``: a TensorDict of batch ``[*B, n_samples]`` holding
-    ``"index"`` (the baseline of each draw, a long tensor; or a TensorDict of one per
-    key: captum picks each input's baselines independently), ``"alpha"`` (the path point
-    ``a``) and optionally ``"noise"`` (the noise, keyed like the inputs; absent means none).
+    The draws: by default everything is drawn from ``generator`` (torch's global one if
+    ``None``), chunk by chunk: the baseline indices, then the noise of each key (as
+    `smoothgrad` draws it; skipped where ``stdevs`` is 0), then the path points. captum
+    draws the indices and path points from numpy's global generator and the noise from
+    torch's; its runs are replayed by passing those numbers as ``draws``: a TensorDict of
+    batch ``[*B, n_samples]`` holding ``"index"`` (the baseline of each draw, a long
+    tensor; or a TensorDict of one per key, since captum picks each input's baselines
+    independently), ``"alpha"`` (the path point ``a``) and optionally ``"noise"`` (the
+    noise, keyed like the inputs; absent means none).
 
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``.
@@ -79,7 +79,8 @@ def gradient_shap(
         input_keys (Sequence | None): the attributed inputs. Default: ``f.in_keys``.
         generator (torch.Generator | None): the random generator drawn from. Default: torch's
             global one.
-        draws (TensorDict | None): the draws themselves, see NOTE [gradient shap draws].
+        draws (TensorDict | None): the draws themselves, batch ``[*B, n_samples]`` (see above).
+            Default: ``None``, drawn from ``generator``.
 
     Returns:
         TensorDict: keyed like the attributed inputs, batch ``[*B]`` or ``[T, *B]``; a tensor
@@ -170,7 +171,7 @@ def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey
 
 def _draw(inputs: TensorDictBase, keys: Sequence[NestedKey], n_refs: int, sigma: dict[NestedKey, float], k: int,
           generator: torch.Generator | None) -> TensorDict:
-    """One chunk's draws, see NOTE [gradient shap draws]."""
+    """One chunk's draws, in the order the docstring of `gradient_shap` gives."""
     batch = inputs.batch_size
     device = inputs.get(keys[0]).device
     drawn = TensorDict({}, batch_size=[*batch, k])
@@ -193,8 +194,8 @@ def _check_draws(inputs: TensorDictBase, draws: Any, keys: Sequence[NestedKey], 
                           else [("index", key) for key in keys])
     for name in needed:
         if name not in present:
-            raise KeyError(f"gradient_shap: draws hold no {name!r} (they need 'alpha' and 'index', see NOTE "
-                           "[gradient shap draws])")
+            raise KeyError(f"gradient_shap: draws hold no {name!r} (they need 'alpha' and 'index' of batch "
+                           "[*B, n_samples]; see gradient_shap's docstring)")
         value = draws.get(name)
         if name == "alpha":
             continue

@@ -86,8 +86,14 @@ def guided_grad_cam(
         raise ValueError(f"guided_grad_cam: the inputs {list(keys)} need a channel dim and spatial dims per sample "
                          f"([C, *spatial]); got per-sample ranks {rank}")
     r = next(iter(rank.values()))
-    cams = grad_cam(f, params, inputs, target=target, layers={layer: DimsConfig(tuple(range(1, r)), (0,))},
-                    per_target=per_target, layer_calls=layer_calls)
+    try:
+        cams = grad_cam(f, params, inputs, target=target, layers={layer: DimsConfig(tuple(range(1, r)), (0,))},
+                        per_target=per_target, layer_calls=layer_calls)
+    except ValueError as error:  # (grad_cam names its DimsConfig, which the caller here never wrote)
+        if f"layers[{layer!r}]" not in str(error):
+            raise
+        raise ValueError(f"guided_grad_cam: layer {layer!r} has fewer dims per sample than the inputs' [C, *spatial] "
+                         f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank") from None
     cam = torch.relu(cams.get(layer))
     skip = tuple({type(m) for m in f.model.modules() if not isinstance(m, nn.ReLU)})
     guided = guided_backprop(f, params, inputs, target=target, classes_to_skip=skip, per_target=per_target,

@@ -47,8 +47,8 @@ def smoothgrad(
     a chunk at once, as one batch (one forward and one VJP for a gradient method), and
     the maps are combined per sample: their mean (``"smoothgrad"``), the mean of their
     squares (``"smoothgrad_sq"``), or their variance ``E[a^2] - E[a]^2`` (``"vargrad"``).
-    Noise is drawn as captum's ``NoiseTunnel`` draws it (NOTE [noise draws]): seeded
-    alike, with ``chunk_size`` equal to captum's ``nt_samples_batch_size`` (``None`` for
+    Noise is drawn as captum's ``NoiseTunnel`` draws it (per chunk, input after input,
+    in the memory order of captum's repeated batch): seeded alike, with ``chunk_size`` equal to captum's ``nt_samples_batch_size`` (``None`` for
     both by default) and float32 noise (``noise_dtype=torch.float32`` for float64 inputs),
     the result equals captum's. Under ``vmap`` pass ``randomness="different"``.
 
