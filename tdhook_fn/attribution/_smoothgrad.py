@@ -48,9 +48,11 @@ def smoothgrad(
     the maps are combined per sample: their mean (``"smoothgrad"``), the mean of their
     squares (``"smoothgrad_sq"``), or their variance ``E[a^2] - E[a]^2`` (``"vargrad"``).
     Noise is drawn as captum's ``NoiseTunnel`` draws it (per chunk, input after input,
-    in the memory order of captum's repeated batch): seeded alike, with ``chunk_size`` equal to captum's ``nt_samples_batch_size`` (``None`` for
-    both by default) and float32 noise (``noise_dtype=torch.float32`` for float64 inputs),
-    the result equals captum's. Under ``vmap`` pass ``randomness="different"``.
+    in the memory order of captum's repeated batch): seeded alike, with ``chunk_size``
+    equal to captum's ``nt_samples_batch_size`` (``None`` for both by default) and
+    float32 noise (``noise_dtype=torch.float32`` for float64 inputs), the result equals
+    captum's. Without noise (every ``stdevs`` 0) nothing is drawn. Under ``vmap`` pass
+    ``randomness="different"``.
 
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``.
