@@ -5,7 +5,8 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 (``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
-``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture.
+``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
+``python docs/gen_images.py smoothgrad`` only the noise methods' one.
 """
 
 from __future__ import annotations
@@ -267,6 +268,34 @@ def draw_guided_backprop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
         [f"digit {int(c)}" for c in y],
         "Guided backpropagation of the true class's logit (red +, blue -)",
         "guided_backprop.png",
+    )
+
+
+def draw_smoothgrad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train_x: torch.Tensor) -> None:
+    from tdhook_fn.attribution._deconvolution import deconvolution
+    from tdhook_fn.attribution._gradient_shap import gradient_shap
+    from tdhook_fn.attribution._guided_grad_cam import guided_grad_cam
+    from tdhook_fn.attribution._smoothgrad import smoothgrad
+
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    grad = saliency(f, p, inputs, target=target)["input"]
+    smooth = smoothgrad(f, p, inputs, target=target, nt_samples=50, stdevs=0.15,
+                        generator=torch.Generator().manual_seed(0))["input"]
+    refs = TensorDict(input=train_x[:50], batch_size=[50])  # the baseline distribution: training digits
+    shap = gradient_shap(f, p, inputs, refs, target=target, n_samples=50, stdevs=0.05,
+                         generator=torch.Generator().manual_seed(0))["input"]
+    deconv = deconvolution(f, p, inputs, target=target)["input"]
+    guided_cam = guided_grad_cam(f, p, inputs, target=target, layer=LAST_CONV)["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("gradient", grad, "RdBu_r", True),
+         ("SmoothGrad\n50 x N(0, 0.15)", smooth, "RdBu_r", True),
+         ("GradientSHAP\n50 draws", shap, "RdBu_r", True), ("deconvolution", deconv, "RdBu_r", True),
+         ("guided\nGrad-CAM", guided_cam, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Noise and modified-gradient maps of the true class's logit (red +, blue -)",
+        "smoothgrad.png",
     )
 
 
@@ -607,6 +636,7 @@ def main() -> None:
     print(f"test accuracy, global-average-pooling CNN: {float(accuracy(gap_model(test_x), test_y)):.3f}")
     draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
     draw_guided_backprop(model, x, y)
+    draw_smoothgrad(model, x, y, train_x)
     draw_lrp(model, x[2:], y[2:])
     draw_metrics(model, test_x, test_y)
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
@@ -625,11 +655,21 @@ def main_probing() -> None:
     draw_probing(train(make_cnn(), train_x, train_y, epochs=8), train_x, train_y, test_x, test_y)
 
 
+def main_smoothgrad() -> None:
+    """Only the noise methods' picture (``python docs/gen_images.py smoothgrad``)."""
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    model = train(make_cnn(), train_x, train_y, epochs=8)
+    draw_smoothgrad(model, *pick(model, test_x, test_y, (0, 2, 3, 4, 7, 9)), train_x)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["dimension"]:
         OUT.mkdir(exist_ok=True)
         draw_dimension()
     elif sys.argv[1:] == ["probing"]:
         main_probing()
+    elif sys.argv[1:] == ["smoothgrad"]:
+        main_smoothgrad()
     else:
         main()
