@@ -11,9 +11,10 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target
 from .._vjp import untransformed
-from ._baselines import attributed_keys
+from ._baselines import attributed_keys, both_ends
 from ._checks import check_call
-from ._engine import gradients
+from ._convergence import delta_of
+from ._engine import gradients, per_key, scaled, target_values
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count, chunks, repeated, repeated_target
 from ._noise import Stdevs, check_noisable, fold_copies, noise_draws, stdevs_by_key
@@ -39,7 +40,8 @@ def gradient_shap(
     input_keys: NestedKey | Sequence[NestedKey] | None = None,
     generator: torch.Generator | None = None,
     draws: TensorDictBase | None = None,
-) -> TensorDict:
+    return_convergence_delta: bool = False,
+) -> TensorDict | tuple[TensorDict, torch.Tensor]:
     """Expected gradients x (input - baseline) over random baselines and random points of the path.
 
     For each of ``n_samples`` draws per sample: a baseline ``b`` picked uniformly from the
@@ -81,10 +83,15 @@ def gradient_shap(
             global one.
         draws (TensorDict | None): the draws themselves, batch ``[*B, n_samples]`` (see above).
             Default: ``None``, drawn from ``generator``.
+        return_convergence_delta (bool): also return, for every draw, the sum of its map
+            minus the change of the target from its baseline to its (noisy) input, shaped
+            ``[*B, n_samples]`` (``[T, *B, n_samples]`` with ``per_target``); captum's delta,
+            flattened there to ``[N * n_samples]``. One more forward (no backward) of both
+            ends. Default: ``False``.
 
     Returns:
-        TensorDict: keyed like the attributed inputs, batch ``[*B]`` or ``[T, *B]``; a tensor
-        for a tensor ``inputs``.
+        TensorDict | tuple[TensorDict, Tensor]: keyed like the attributed inputs, batch
+        ``[*B]`` or ``[T, *B]`` (a tensor for a tensor ``inputs``); with the deltas.
 
     Raises:
         KeyError: the baselines or the draws miss an attributed key.
@@ -113,33 +120,46 @@ def gradient_shap(
         _check_draws(inputs, draws, keys, refs.batch_size[0], n_samples)
     batch = inputs.batch_size
     total: TensorDict | None = None
+    deltas = []
     start = 0
     for k in chunks(n_samples, chunk_size):
         drawn = (_draw(inputs, keys, refs.batch_size[0], sigma, k, generator) if draws is None
                  else draws[(..., slice(start, start + k))])
         start += k
-        copies = repeated(inputs, k)
-        points = copies.clone(False)
-        diffs = {}
-        for key in keys:
-            index = drawn.get("index")
-            index = index.get(key) if isinstance(index, TensorDictBase) else index
-            b = refs.get(key)[index]
-            x = copies.get(key)
-            if ("noise", key) in drawn.keys(True, True):
-                x = x + drawn.get(("noise", key))
-            a = drawn.get("alpha").to(x.dtype).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))
-            points.set(key, a * x + (1.0 - a) * b)  # captum's rand * input + (1 - rand) * baseline
-            diffs[key] = x - b
-        grads = gradients(f, params, points, repeated_target(target, batch, k), input_keys=keys,
-                          per_target=per_target, method="gradient_shap").grads
-        if multiply_by_inputs:
-            lead = grads.batch_dims - len(batch) - 1  # the target dim with per_target
-            for key, diff in diffs.items():
-                grads.set(key, diff.reshape(*[1] * lead, *diff.shape) * grads.get(key))
+        ends, starts, points = _path(inputs, refs, keys, drawn, k)
+        chunk_target = repeated_target(target, batch, k)
+        grads = gradients(f, params, points, chunk_target, input_keys=keys, per_target=per_target,
+                          method="gradient_shap").grads
+        if multiply_by_inputs:  # by x + e - b, the copies' own difference
+            differences = {key: ends.get(key) - starts.get(key) for key in keys}
+            grads = scaled(grads, differences)
         total = fold_copies(total, grads)
+        if return_convergence_delta:
+            values = target_values(f, params, both_ends(ends, starts), chunk_target)
+            deltas.append(delta_of(values, ends.batch_size, grads, per_target, None))
     assert total is not None
-    return total / n_samples
+    attrs = per_key(lambda t: t / n_samples, total)
+    return (attrs, torch.cat(deltas, -1)) if return_convergence_delta else attrs
+
+
+def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey], drawn: TensorDictBase,
+          k: int) -> tuple[TensorDictBase, TensorDict, TensorDictBase]:
+    """The chunk's (noisy) inputs and drawn baselines, and the points between them, all ``[*B, k]``."""
+    batch = inputs.batch_size
+    ends = repeated(inputs, k).clone(False)
+    starts = TensorDict({}, batch_size=ends.batch_size)
+    points = ends.clone(False)
+    index = drawn.get("index")
+    for key in keys:
+        b = refs.get(key)[index.get(key) if isinstance(index, TensorDictBase) else index]
+        x = ends.get(key)
+        if ("noise", key) in drawn.keys(True, True):
+            x = x + drawn.get(("noise", key))
+        a = drawn.get("alpha").to(x.dtype).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))
+        ends.set(key, x)
+        starts.set(key, b)
+        points.set(key, a * x + (1.0 - a) * b)  # captum's rand * input + (1 - rand) * baseline
+    return ends, starts, points
 
 
 def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey]) -> TensorDictBase:

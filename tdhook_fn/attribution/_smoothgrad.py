@@ -12,6 +12,7 @@ from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
+from ._engine import per_key
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count, chunks, repeated, repeated_target
 from ._noise import Stdevs, check_noisable, check_nt_type, fold_copies, noise_draws, stdevs_by_key
@@ -137,9 +138,9 @@ def smoothgrad(
         if nt_type != "smoothgrad":
             squares = fold_copies(squares, maps, square=True)
     assert total is not None
-    mean = total / nt_samples
     if nt_type == "smoothgrad":
-        return mean
+        return per_key(lambda t: t / nt_samples, total)
     assert squares is not None
-    mean_sq = squares / nt_samples
-    return mean_sq if nt_type == "smoothgrad_sq" else mean_sq - mean * mean
+    if nt_type == "smoothgrad_sq":
+        return per_key(lambda t: t / nt_samples, squares)
+    return per_key(lambda t, sq: sq / nt_samples - (t / nt_samples) * (t / nt_samples), total, squares)

@@ -175,3 +175,30 @@ def test_a_tensor_of_references_and_a_tensor_target_work_captum_style():
     torch.manual_seed(0)
     theirs = ca.GradientShap(e.model).attribute(x.clone(), refs, target=labels)
     assert_same(ours, theirs, exact=True)
+
+
+@pytest.mark.parametrize("name", ("mlp", "cnn", "two_input"))
+def test_convergence_delta_per_draw_equals_captums(name):
+    e = build(name, torch.float64)
+    td, refs = e.inputs((3,)), _references(e)
+    attrs, delta = gradient_shap(e.f, e.params, td, refs, target=2, n_samples=4, chunk_size=3,
+                                 draws=_captum_draws(e, (3,), refs, 4, 0.1), return_convergence_delta=True)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    base = tuple(refs[key] for key in e.in_keys)
+    theirs, their_delta = ca.GradientShap(e.model).attribute(
+        captum_inputs(e, td), base if len(base) > 1 else base[0], n_samples=4, stdevs=0.1, target=2,
+        return_convergence_delta=True)
+    assert delta.shape == (3, 4)
+    assert_close_ulps(delta.reshape(-1), their_delta.to(delta.dtype), scale=float(delta.abs().max()) + 1.0)
+    for key, t in zip(e.in_keys, as_tuple(theirs), strict=True):
+        assert_same(attrs[key], t, exact=False)
+
+
+def test_convergence_delta_is_zero_for_a_linear_model_per_target():
+    net, f, p = _linear()
+    x, refs = torch.randn(4, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    _, delta = gradient_shap(f, p, x, refs, target=(0, 2), per_target=True, n_samples=6, return_convergence_delta=True,
+                             generator=torch.Generator().manual_seed(0))
+    assert delta.shape == (2, 4, 6)
+    torch.testing.assert_close(delta, torch.zeros_like(delta), atol=1e-12, rtol=0)
