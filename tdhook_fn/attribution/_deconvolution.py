@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -14,8 +15,6 @@ from .._targets import Target
 from ._engine import Cotangents
 from ._guided_backprop import module_paths
 from ._inputs import accepts_tensors
-from ._lrp import rule_taps
-from ._lrp_rules import Pass
 from ._saliency import saliency
 
 __all__ = ["deconvolution", "relu_paths"]
@@ -23,10 +22,47 @@ __all__ = ["deconvolution", "relu_paths"]
 # NOTE [deconvolution as taps]
 # A ReLU's own backward masks the gradient by where its input was positive; the
 # deconvnet ignores that mask and passes back the positive part of the gradient that
-# arrives. Two taps per ReLU build that VJP without touching the module: LRP's `Pass`
-# rule (the gradient at the output goes to the input as it is, the module's backward
-# bypassed; an ``inplace=True`` ReLU is given a copy) and, outside it, a ``map_grad`` at
-# the output applying ``relu`` (the Pass rule's hook is prepended, so it runs first).
+# arrives. Two taps per ReLU module put that VJP in place without touching the
+# module: an intervention at its input keeps the input (and hands an ``inplace=True``
+# ReLU a copy to write), one at its output replaces the output by `_PositiveGradReLU` of
+# that input: the same values, ``relu`` of the gradient on the way back, the module's own
+# backward left out of the graph. Plain taps and an autograd.Function, so it runs under
+# vmap, grad and torch.compile(fullgraph=True) alike.
+
+
+class _PositiveGradReLU(torch.autograd.Function):
+    """``relu`` forward; ``relu`` of the arriving gradient backward (no mask)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return torch.relu(grad)
+
+
+def _deconv_taps(path: str, relu: nn.Module) -> list[Tap]:
+    """The deconvnet's backward at the ReLU ``relu`` at ``path`` (NOTE [deconvolution as taps])."""
+    inplace = getattr(relu, "inplace", False) is True
+    inputs: list[torch.Tensor] = []  # this call's own stack: a module may run more than once in a forward
+
+    def keep(x: torch.Tensor) -> torch.Tensor:
+        inputs.append(x)
+        return x.clone() if inplace else x
+
+    def replace(_output: torch.Tensor) -> torch.Tensor:
+        x = inputs.pop()
+        out: torch.Tensor = _PositiveGradReLU.apply(x.view_as(x))  # type: ignore[no-untyped-call]  # (see _map_grad)
+        return out
+
+    return [Tap(path, "intervene", keep, "input"), Tap(path, "intervene", replace, "output")]
 
 
 def relu_paths(model: nn.Module) -> list[str]:
@@ -39,8 +75,12 @@ def relu_paths(model: nn.Module) -> list[str]:
         >>> relu_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)))
         ['1']
     """
-    modules = [module for name, module in model.named_modules() if name]
-    return [path for path, module in zip(module_paths(model), modules, strict=True) if isinstance(module, nn.ReLU)]
+    return [path for path, _ in _relus(model)]
+
+
+def _relus(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    modules = [module for name, module in model.named_modules() if name]  # module_paths' order
+    return [(path, m) for path, m in zip(module_paths(model), modules, strict=True) if isinstance(m, nn.ReLU)]
 
 
 @accepts_tensors
@@ -83,10 +123,8 @@ def deconvolution(
     if not isinstance(f, Functional):
         raise TypeError("deconvolution needs f to be a tdhook_fn.Functional (it taps the model's ReLU modules); "
                         "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
-    paths = relu_paths(f.model)  # NOTE [deconvolution as taps]
-    passes = rule_taps(f, dict.fromkeys(paths, Pass()), warn_on_missing_rule=False) if paths else []
-    # unchecked taps (NOTE [taps that never fire]): a ReLU the forward never calls is fine here
-    positive = [Tap(path, "map_grad", torch.relu, "output") for path in paths]
-    return saliency(f, params, inputs, target=target, per_target=per_target, input_keys=input_keys,
-                    taps=[*passes, *positive], cotangents=cotangents)
+    # NOTE [deconvolution as taps]; unchecked (NOTE [taps that never fire]): an unused ReLU is fine here
+    taps = [tap for path, relu in _relus(f.model) for tap in _deconv_taps(path, relu)]
+    return saliency(f, params, inputs, target=target, per_target=per_target, input_keys=input_keys, taps=taps,
+                    cotangents=cotangents)
 

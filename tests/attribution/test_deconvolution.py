@@ -138,3 +138,23 @@ def test_guided_grad_cam_writes_nothing():
     inputs, p = td.clone(), e.params.clone()
     guided_grad_cam(e.f, e.params, td, target=1, layer="[0]")
     assert (td == inputs).all() and (e.params == p).all()
+
+
+def test_all_four_compile_with_fullgraph_and_equal_eager():
+    from tdhook_fn.attribution._gradient_shap import gradient_shap
+    from tdhook_fn.attribution._smoothgrad import smoothgrad
+
+    e = build("cnn")
+    td, refs = e.inputs((2,)), e.inputs((4,), seed=3)
+    draws = TensorDict(index=torch.randint(4, (2, 5)), alpha=torch.rand(2, 5), batch_size=[2, 5])
+    methods = {
+        "deconvolution": lambda p, x: deconvolution(e.f, p, x, target=1)["input"],
+        "guided_grad_cam": lambda p, x: guided_grad_cam(e.f, p, x, target=1, layer="[1]")["input"],
+        "smoothgrad": lambda p, x: smoothgrad(e.f, p, x, target=1, stdevs=0.0, nt_type="smoothgrad_sq")["input"],
+        "gradient_shap": lambda p, x: gradient_shap(e.f, p, x, refs, target=1, draws=draws)["input"],
+    }
+    for name, fn in methods.items():
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(e.params, td), fn(e.params, td), msg=name)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in e.model.modules())
