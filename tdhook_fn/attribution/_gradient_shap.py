@@ -146,16 +146,16 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
           k: int) -> tuple[TensorDictBase, TensorDict, TensorDictBase]:
     """The chunk's (noisy) inputs and drawn baselines, and the points between them, all ``[*B, k]``."""
     batch = inputs.batch_size
-    ends = repeated(inputs, k).clone(False)
-    starts = TensorDict({}, batch_size=ends.batch_size)
+    ends = repeated(inputs, k)  # a new TensorDict (of views): its entries may be replaced
     points = ends.clone(False)
-    index = drawn.get("index")
+    starts = TensorDict({}, batch_size=ends.batch_size)
+    index, alpha, noise = drawn.get("index"), drawn.get("alpha"), drawn.get("noise", None)
     for key in keys:
         b = refs.get(key)[index.get(key) if isinstance(index, TensorDictBase) else index]
         x = ends.get(key)
-        if ("noise", key) in drawn.keys(True, True):
-            x = x + drawn.get(("noise", key))
-        a = drawn.get("alpha").to(x.dtype).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))
+        if noise is not None and key in noise.keys(True, True):
+            x = x + noise.get(key)
+        a = alpha.to(x.dtype).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))
         ends.set(key, x)
         starts.set(key, b)
         points.set(key, a * x + (1.0 - a) * b)  # captum's rand * input + (1 - rand) * baseline

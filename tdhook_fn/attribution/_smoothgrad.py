@@ -124,7 +124,7 @@ def smoothgrad(
     total: TensorDict | None = None
     squares: TensorDict | None = None
     for k in chunks(nt_samples, chunk_size):
-        noisy = repeated(inputs, k).clone(False)
+        noisy = repeated(inputs, k)  # a new TensorDict (of views): its entries may be replaced
         if any(sigma.values()):  # (none drawn without noise: a call without noise runs under vmap as it is)
             noise = noise_draws(inputs, sigma, k, generator, noise_dtype)
             for key in keys:
