@@ -151,11 +151,12 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
     starts = TensorDict({}, batch_size=ends.batch_size)
     index, alpha, noise = drawn.get("index"), drawn.get("alpha"), drawn.get("noise", None)
     for key in keys:
-        b = refs.get(key)[index.get(key) if isinstance(index, TensorDictBase) else index]
+        pool = refs.get(key)
+        b = pool[(index.get(key) if isinstance(index, TensorDictBase) else index).to(pool.device)]
         x = ends.get(key)
         if noise is not None and key in noise.keys(True, True):
-            x = x + noise.get(key)
-        a = alpha.to(x.dtype).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))
+            x = x + noise.get(key).to(x.device)
+        a = alpha.to(x).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))  # (draws given on the CPU too)
         ends.set(key, x)
         starts.set(key, b)
         points.set(key, a * x + (1.0 - a) * b)  # captum's rand * input + (1 - rand) * baseline

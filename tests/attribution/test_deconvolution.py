@@ -158,3 +158,25 @@ def test_all_four_compile_with_fullgraph_and_equal_eager():
         compiled = torch.compile(fn, fullgraph=True, backend="eager")
         torch.testing.assert_close(compiled(e.params, td), fn(e.params, td), msg=name)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in e.model.modules())
+
+
+def test_threads_sharing_one_model_get_their_own_maps():
+    """Each call's taps (and the deconvolution's stack of ReLU inputs) are its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tdhook_fn.attribution._smoothgrad import smoothgrad
+
+    e = build("cnn")
+    inputs = [e.inputs((3,), seed=s) for s in range(6)]
+    calls = [lambda td: deconvolution(e.f, e.params, td, target=1)["input"],
+             lambda td: guided_grad_cam(e.f, e.params, td, target=2, layer="[0]")["input"],
+             lambda td: saliency(e.f, e.params, td, target=1)["input"],
+             lambda td: smoothgrad(e.f, e.params, td, target=1, stdevs=0.2,
+                                   generator=torch.Generator().manual_seed(0))["input"]]
+    jobs = [(c, td) for c in calls for td in inputs] * 3
+    expected = [c(td) for c, td in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda job: job[0](job[1]), jobs))
+    for g, x in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, x, rtol=0, atol=0)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in e.model.modules())
