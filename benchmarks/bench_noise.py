@@ -1,12 +1,15 @@
 """SmoothGrad and GradientSHAP: tdhook_fn against captum 0.9 and a hand-written batched floor, in one process.
 
-50 noisy copies (draws) of each of 32 samples. The floor is what a capable engineer writes
-by hand: every copy built once (``repeat_interleave`` plus noise; random baselines and path
-points for GradientSHAP), one forward and one input gradient of the target, a mean over
-the copies. captum: ``NoiseTunnel(Saliency)`` with ``abs=False`` (the same maps) and
-``GradientShap``, each with every copy in one batch (their defaults). All run in interleaved
-rounds on one thread; the maps are checked equal to captum's for the same draws after the
-timing. Run: ``python benchmarks/bench_noise.py``.
+50 noisy copies (draws) of each of the first 32 of scikit-learn's digits (flat for the MLP,
+``[1, 8, 8]`` for the CNN); the baselines of GradientSHAP are 20 other digits. The floor is
+what a capable engineer writes by hand: every copy built once (``repeat_interleave`` plus
+noise; random baselines and path points for GradientSHAP), one forward and one input
+gradient of the target, a mean over the copies. captum: ``NoiseTunnel(Saliency)`` with
+``abs=False`` (the same maps) and ``GradientShap``, each with every copy in one batch (their
+defaults). All run in interleaved rounds on one thread; times are CPU seconds of this
+one-thread process (steadier on a shared machine, as in ``bench_metrics.py``). The maps
+are checked equal to captum's for the same draws after the timing. Run:
+``python benchmarks/bench_noise.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from collections.abc import Callable
 import captum.attr as ca
 import numpy as np
 import torch
-from _timing import interleaved_medians, print_table
+from _timing import print_table
+from bench_metrics import cpu_medians
+from sklearn.datasets import load_digits
 from tensordict import TensorDict
 from torch import nn
 
@@ -29,17 +34,21 @@ warnings.filterwarnings("ignore")
 SAMPLES, STDEV, TARGET = 50, 0.2, 3
 
 
+def digits() -> torch.Tensor:
+    return torch.tensor(load_digits().images[:52], dtype=torch.float32).unsqueeze(1) / 16  # [52, 1, 8, 8]
+
+
 def mlp() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
-    return model.eval(), torch.randn(32, 64)
+    return model.eval(), digits().flatten(1)
 
 
 def cnn() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
                           nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
-    return model.eval(), torch.randn(32, 1, 8, 8)
+    return model.eval(), digits()
 
 
 def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -90,23 +99,23 @@ def _check(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> None:
 
 def main() -> None:
     torch.set_num_threads(1)
-    for title, (model, x) in {"MLP 64-128x2-10": mlp(), "CNN 2 conv 8x8": cnn()}.items():
-        refs = torch.randn(20, *x.shape[1:])
+    for title, (model, data) in {"MLP 64-128x2-10": mlp(), "CNN 2 conv 8x8": cnn()}.items():
+        x, refs = data[:32], data[32:]
         f, p = tdhook_fn.pure(model)
-        sg = interleaved_medians({
+        sg = cpu_medians({
             "floor (hand-written batched)": floor_smoothgrad(model, x),
             "captum NoiseTunnel(Saliency)": lambda: ca.NoiseTunnel(ca.Saliency(model)).attribute(
                 x, nt_samples=SAMPLES, stdevs=STDEV, target=TARGET, abs=False),
             "ours smoothgrad": lambda: smoothgrad(f, p, x, target=TARGET, nt_samples=SAMPLES, stdevs=STDEV),
-        }, rounds=11, number=4)
+        }, rounds=15, number=3)
         print_table(f"SmoothGrad, {title}, batch {len(x)} x {SAMPLES} samples", list(sg.items()),
                     {"floor": sg["floor (hand-written batched)"], "captum": sg["captum NoiseTunnel(Saliency)"]})
-        gs = interleaved_medians({
+        gs = cpu_medians({
             "floor (hand-written batched)": floor_gradient_shap(model, x, refs),
             "captum GradientShap": lambda: ca.GradientShap(model).attribute(x, refs, n_samples=SAMPLES,
                                                                             target=TARGET),
             "ours gradient_shap": lambda: gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES),
-        }, rounds=11, number=4)
+        }, rounds=15, number=3)
         print_table(f"GradientSHAP, {title}, batch {len(x)} x {SAMPLES} samples", list(gs.items()),
                     {"floor": gs["floor (hand-written batched)"], "captum": gs["captum GradientShap"]})
         _check(model, x, refs)
