@@ -211,3 +211,33 @@ def test_extra_keys_such_as_labels_reach_the_target_for_every_copy():
 
     ours = smoothgrad(e.f, e.params, td, target=by_label, stdevs=0.0)["input"]
     assert_close_ulps(ours, saliency(e.f, e.params, td.select("input"), target=td["label"])["input"])
+
+
+@pytest.mark.parametrize("name", ("mlp", "cnn"))
+def test_layer_gradients_inside_equal_captum_noise_tunnel_of_a_layer_method(name):
+    """Noise on the inputs, maps at a layer: the inner method's layers come through keyed by path."""
+    e = build(name, torch.float64)
+    td = e.inputs((3,))
+    path, module = next(iter(e.layers.items()))
+    inner = functools.partial(saliency, layers=[path], use_inputs=False)
+    ours = _seeded(6, smoothgrad, e.f, e.params, td, target=1, nt_type="smoothgrad_sq", nt_samples=4, stdevs=0.3,
+                   attribution=inner, noise_dtype=torch.float32)
+    tunnel = ca.NoiseTunnel(ca.LayerGradientXActivation(e.model, module, multiply_by_inputs=False))
+    theirs = _seeded(6, tunnel.attribute, captum_inputs(e, td), nt_type="smoothgrad_sq", nt_samples=4, stdevs=0.3,
+                     target=1)
+    assert list(ours.keys()) == [path]
+    assert_close_ulps(ours[path], theirs)
+
+
+def test_chunk_size_bounds_the_copies_per_call():
+    """Every call of the inner method sees at most chunk_size copies of each sample (memory bounded by it)."""
+    e = build("mlp")
+    td = e.inputs((4,))
+    seen = []
+
+    def recording(f, params, inputs, **kwargs):
+        seen.append(tuple(inputs.batch_size))
+        return saliency(f, params, inputs, **kwargs)
+
+    smoothgrad(e.f, e.params, td, target=1, nt_samples=7, chunk_size=3, attribution=recording)
+    assert seen == [(4, 3), (4, 3), (4, 1)]
