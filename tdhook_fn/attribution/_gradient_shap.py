@@ -152,8 +152,8 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
     index, alpha, noise = drawn.get("index"), drawn.get("alpha"), drawn.get("noise", None)
     for key in keys:
         pool = refs.get(key)
-        b = pool[(index.get(key) if isinstance(index, TensorDictBase) else index).to(pool.device)]
         x = ends.get(key)
+        b = pool[(index.get(key) if isinstance(index, TensorDictBase) else index).to(pool.device)].to(x.dtype)
         if noise is not None and key in noise.keys(True, True):
             x = x + noise.get(key).to(x.device)
         a = alpha.to(x).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))  # (draws given on the CPU too)
