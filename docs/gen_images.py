@@ -6,7 +6,8 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
 ``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
-``python docs/gen_images.py conductance`` only the conductance picture.
+``python docs/gen_images.py conductance`` only the conductance picture,
+``python docs/gen_images.py smoothgrad`` only the noise methods' one.
 """
 
 from __future__ import annotations
@@ -268,6 +269,34 @@ def draw_guided_backprop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
         [f"digit {int(c)}" for c in y],
         "Guided backpropagation of the true class's logit (red +, blue -)",
         "guided_backprop.png",
+    )
+
+
+def draw_smoothgrad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train_x: torch.Tensor) -> None:
+    from tdhook_fn.attribution import deconvolution
+    from tdhook_fn.attribution import gradient_shap
+    from tdhook_fn.attribution import guided_grad_cam
+    from tdhook_fn.attribution import smoothgrad
+
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    grad = saliency(f, p, inputs, target=target)["input"]
+    smooth = smoothgrad(f, p, inputs, target=target, nt_samples=50, stdevs=0.15,
+                        generator=torch.Generator().manual_seed(0))["input"]
+    refs = TensorDict(input=train_x[:50], batch_size=[50])  # the baseline distribution: training digits
+    shap = gradient_shap(f, p, inputs, refs, target=target, n_samples=50, stdevs=0.05,
+                         generator=torch.Generator().manual_seed(0))["input"]
+    deconv = deconvolution(f, p, inputs, target=target)["input"]
+    guided_cam = guided_grad_cam(f, p, inputs, target=target, layer=LAST_CONV)["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("gradient", grad, "RdBu_r", True),
+         ("SmoothGrad\n50 x N(0, 0.15)", smooth, "RdBu_r", True),
+         ("GradientSHAP\n50 draws", shap, "RdBu_r", True), ("deconvolution", deconv, "RdBu_r", True),
+         ("guided\nGrad-CAM", guided_cam, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Noise and modified-gradient maps of the true class's logit (red +, blue -)",
+        "smoothgrad.png",
     )
 
 
@@ -597,8 +626,8 @@ def draw_probing(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
 def draw_conductance(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                      test_y: torch.Tensor) -> None:
     """Layer conductance of the 32 hidden units of a digits MLP, and neuron conductance of the top units."""
-    from tdhook_fn.attribution._layer_conductance import layer_conductance
-    from tdhook_fn.attribution._neuron_conductance import neuron_conductance
+    from tdhook_fn.attribution import layer_conductance
+    from tdhook_fn.attribution import neuron_conductance
 
     torch.manual_seed(0)
     mlp = train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
@@ -656,6 +685,7 @@ def main() -> None:
     print(f"test accuracy, global-average-pooling CNN: {float(accuracy(gap_model(test_x), test_y)):.3f}")
     draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
     draw_guided_backprop(model, x, y)
+    draw_smoothgrad(model, x, y, train_x)
     draw_lrp(model, x[2:], y[2:])
     draw_metrics(model, test_x, test_y)
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
@@ -675,6 +705,14 @@ def main_probing() -> None:
     draw_probing(train(make_cnn(), train_x, train_y, epochs=8), train_x, train_y, test_x, test_y)
 
 
+def main_smoothgrad() -> None:
+    """Only the noise methods' picture (``python docs/gen_images.py smoothgrad``)."""
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    model = train(make_cnn(), train_x, train_y, epochs=8)
+    draw_smoothgrad(model, *pick(model, test_x, test_y, (0, 2, 3, 4, 7, 9)), train_x)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["dimension"]:
         OUT.mkdir(exist_ok=True)
@@ -684,5 +722,7 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["conductance"]:
         OUT.mkdir(exist_ok=True)
         draw_conductance(*load())
+    elif sys.argv[1:] == ["smoothgrad"]:
+        main_smoothgrad()
     else:
         main()

@@ -1032,9 +1032,98 @@ CONDUCTANCE_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- attribution: noise and modified-gradient methods
+
+
+def _noise(name: str) -> Any:
+    module = {"smoothgrad": "_smoothgrad", "gradient_shap": "_gradient_shap", "deconvolution": "_deconvolution",
+              "guided_grad_cam": "_guided_grad_cam"}[name]
+    return getattr(__import__(f"tdhook_fn.attribution.{module}", fromlist=[name]), name)
+
+
+def _refs(n: int = 4) -> TensorDict:
+    return TensorDict(input=torch.randn(n, 3), batch_size=[n])
+
+
+def _tiny_cnn_f() -> tdhook_fn.Functional:
+    torch.manual_seed(0)
+    return tdhook_fn.functional(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3)))
+
+
+NOISE_ROWS: list[Row] = [
+    ("smoothgrad-nt-type", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                         nt_type="mean"),
+     ValueError, ("smoothgrad", "nt_type", "'mean'", "vargrad")),
+    ("smoothgrad-nt-samples", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                            nt_samples=0),
+     ValueError, ("smoothgrad", "nt_samples", "positive int")),
+    ("smoothgrad-chunk-size", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                            chunk_size=-1),
+     ValueError, ("smoothgrad", "chunk_size")),
+    ("smoothgrad-negative-stdev", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                                stdevs=-0.1),
+     ValueError, ("smoothgrad", "stdevs", "'input'", ">= 0")),
+    ("smoothgrad-stdevs-count", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                              stdevs=(0.1, 0.2)),
+     ValueError, ("smoothgrad", "stdevs", "2 values", "1 attributed")),
+    ("smoothgrad-stdevs-missing-key", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                                    stdevs={"x": 0.1}),
+     KeyError, ("smoothgrad", "stdevs", "'input'")),
+    ("smoothgrad-token-ids", lambda: _noise("smoothgrad")(
+        tiny_f(), tiny_params(), TensorDict(input=torch.ones(5, 3, dtype=torch.long), batch_size=[5]), target=1),
+     TypeError, ("smoothgrad", "'input'", "torch.int64", "floating-point")),
+    ("smoothgrad-attribution-with-delta", lambda: _noise("smoothgrad")(
+        tiny_f(), tiny_params(), tiny_inputs(), 0.0, target=1, stdevs=0.1,
+        attribution=functools.partial(attribution.integrated_gradients, return_convergence_delta=True)),
+     ValueError, ("smoothgrad", "attribution", "tuple", "return_convergence_delta=False")),
+    ("smoothgrad-attribution-not-callable", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(),
+                                                                          target=1, attribution="saliency"),
+     TypeError, ("smoothgrad", "attribution", "str")),
+    ("gradient-shap-baselines-not-references", lambda: _noise("gradient_shap")(tiny_f(), tiny_params(),
+                                                                                tiny_inputs(), 0.0, target=1),
+     TypeError, ("gradient_shap", "baselines", "reference samples", "float")),
+    ("gradient-shap-baselines-shape", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), TensorDict(input=torch.zeros(4, 2), batch_size=[4]), target=1),
+     ValueError, ("gradient_shap", "baselines", "'input'", "[2]", "[3]")),
+    ("gradient-shap-baselines-batch-dims", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), TensorDict(input=torch.zeros(2, 4, 3), batch_size=[2, 4]), target=1),
+     ValueError, ("gradient_shap", "baselines", "one batch dim", "[2, 4]")),
+    ("gradient-shap-baselines-missing-key", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), TensorDict(x=torch.zeros(4, 3), batch_size=[4]), target=1),
+     KeyError, ("gradient_shap", "baselines", "'input'")),
+    ("gradient-shap-draws-batch", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), _refs(), target=1, n_samples=3,
+        draws=TensorDict(alpha=torch.rand(5, 2), index=torch.zeros(5, 2, dtype=torch.long), batch_size=[5, 2])),
+     ValueError, ("gradient_shap", "draws", "[5, 3]", "[5, 2]")),
+    ("gradient-shap-draws-missing-alpha", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), _refs(), target=1, n_samples=2,
+        draws=TensorDict(index=torch.zeros(5, 2, dtype=torch.long), batch_size=[5, 2])),
+     KeyError, ("gradient_shap", "draws", "'alpha'")),
+    ("gradient-shap-draws-index-range", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), _refs(), target=1, n_samples=2,
+        draws=TensorDict(alpha=torch.rand(5, 2), index=torch.full((5, 2), 4), batch_size=[5, 2])),
+     ValueError, ("gradient_shap", "'index'", "integer indices", "4 baselines")),
+    ("gradient-shap-n-samples", lambda: _noise("gradient_shap")(tiny_f(), tiny_params(), tiny_inputs(), _refs(),
+                                                                 target=1, n_samples=1.5),
+     ValueError, ("gradient_shap", "n_samples", "positive int")),
+    ("deconvolution-plain-function", lambda: _noise("deconvolution")(
+        lambda p, td: td, tiny_params(), tiny_inputs(), target=1),
+     TypeError, ("deconvolution", "tdhook_fn.Functional", "tdhook_fn.functional(model)")),
+    ("guided-grad-cam-layer-list", lambda: _noise("guided_grad_cam")(
+        _tiny_cnn_f(), tdhook_fn.params(_tiny_cnn_f().model), torch.randn(2, 1, 6, 6), target=1, layer=["[0]"]),
+     TypeError, ("guided_grad_cam", "layer", "one submodule path")),
+    ("guided-grad-cam-flat-inputs", lambda: _noise("guided_grad_cam")(tiny_f(), tiny_params(), tiny_inputs(),
+                                                                       target=1, layer="[0]"),
+     ValueError, ("guided_grad_cam", "channel dim", "spatial")),
+    ("guided-grad-cam-flat-layer", lambda: _noise("guided_grad_cam")(
+        _tiny_cnn_f(), tdhook_fn.params(_tiny_cnn_f().model), torch.randn(2, 1, 6, 6), target=1, layer="[3]"),
+     ValueError, ("guided_grad_cam", "'[3]'", "[c, *spatial]")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

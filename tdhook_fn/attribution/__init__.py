@@ -7,8 +7,11 @@ with respect to params.
 
 from ._activation_maximisation import activation_maximisation, pgd_step
 from ._convergence import convergence_delta
+from ._deconvolution import deconvolution, relu_paths
 from ._grad_cam import DimsConfig, grad_cam
+from ._gradient_shap import gradient_shap
 from ._guided_backprop import guided_backprop, module_paths
+from ._guided_grad_cam import guided_grad_cam
 from ._integrated_gradients import integrated_gradients
 from ._internal_influence import internal_influence
 from ._layer_conductance import layer_conductance
@@ -36,6 +39,7 @@ from ._lrp_rules import (
 from ._neuron_conductance import neuron_conductance
 from ._quadrature import SUPPORTED_METHODS, quadrature
 from ._saliency import saliency
+from ._smoothgrad import smoothgrad
 
 __all__ = [
     "AHQKV",
@@ -61,8 +65,11 @@ __all__ = [
     "ZPlus",
     "activation_maximisation",
     "convergence_delta",
+    "deconvolution",
     "grad_cam",
+    "gradient_shap",
     "guided_backprop",
+    "guided_grad_cam",
     "integrated_gradients",
     "internal_influence",
     "layer_conductance",
@@ -71,7 +78,9 @@ __all__ = [
     "neuron_conductance",
     "pgd_step",
     "quadrature",
+    "relu_paths",
     "rule_taps",
     "saliency",
+    "smoothgrad",
     "stabilize",
 ]
