@@ -1,0 +1,113 @@
+"""The interpretable linear models of LIME and KernelSHAP, fitted for every sample and target at once.
+
+# NOTE [batched surrogate fits]
+captum fits one scikit-learn model per sample (``Lasso(alpha=0.01)`` for LIME,
+``LinearRegression`` for KernelSHAP), each with an intercept and sample weights. Here
+the interpretable samples ``X [*B, n, F]``, the outputs ``y [*B, n, T]`` and the weights
+``w [*B, n]`` of every sample and target are fitted together:
+
+- least squares and ridge are one ``torch.linalg.lstsq`` of the weighted, centred data
+  (ridge as ``sqrt(alpha) I`` rows below it), the minimum-norm solution where the
+  samples do not fix every coefficient, as scikit-learn's ``lstsq``. No normal
+  equations: KernelSHAP's end-point weights (1e6) square to a condition number float32
+  cannot hold, and torch's CPU batched ``linalg.solve`` is unreliable (pytorch#142815).
+- the lasso minimises scikit-learn's objective ``1/2 sum_i p_i (y_i - b - x_i.c)^2 +
+  alpha |c|_1`` (``p`` the weights normalised to sum 1) by accelerated proximal gradient
+  on the Gram matrix, then polishes: on the signs found, the optimum is the solution of a
+  linear system, kept wherever it satisfies the lasso's optimality conditions. So the
+  result is the optimum to rounding, where scikit-learn stops at its ``tol=1e-4``.
+
+The intercepts are the weighted means' difference, as scikit-learn's ``fit_intercept``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .._targets import _concrete
+
+__all__ = ["FitFn", "lasso", "least_squares", "ridge"]
+
+FitFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _centred(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` and ``y`` minus their weighted means, and the weights normalised to sum 1."""
+    p = w / w.sum(-1, keepdim=True)
+    x_mean = (p.unsqueeze(-2) @ x).squeeze(-2)
+    y_mean = (p.unsqueeze(-2) @ y).squeeze(-2)
+    return x - x_mean.unsqueeze(-2), y - y_mean.unsqueeze(-2), p
+
+
+def least_squares(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Weighted least squares with an intercept: coefficients ``[*B, T, F]`` (scikit-learn's ``LinearRegression``)."""
+    return ridge(x, y, w, 0.0)
+
+
+def ridge(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``min sum_i w_i (y_i - b - x_i.c)^2 + alpha |c|^2`` per sample and target: ``[*B, T, F]`` (``Ridge``)."""
+    xc, yc, _ = _centred(x, y, w)
+    root = w.sqrt().unsqueeze(-1)  # (w itself, not normalised: scikit-learn's Ridge weighs so)
+    a, b = root * xc, root * yc
+    if alpha > 0:
+        n_features = x.shape[-1]
+        eye = torch.eye(n_features, dtype=x.dtype, device=x.device) * alpha ** 0.5
+        a = torch.cat([a, eye.expand(*a.shape[:-2], n_features, n_features)], -2)
+        b = torch.cat([b, b.new_zeros(*b.shape[:-2], n_features, b.shape[-1])], -2)
+    solution: torch.Tensor = torch.linalg.lstsq(a, b).solution
+    return solution.transpose(-1, -2)
+
+
+def lasso(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float, max_iter: int = 2000) -> torch.Tensor:
+    """``min 1/2 sum_i p_i (y_i - b - x_i.c)^2 + alpha |c|_1`` per sample and target: ``[*B, T, F]`` (``Lasso``)."""
+    xc, yc, p = _centred(x, y, w)
+    weighted = xc * p.unsqueeze(-1)
+    gram = weighted.transpose(-1, -2) @ xc  # [*B, F, F]
+    corr = (weighted.transpose(-1, -2) @ yc).transpose(-1, -2)  # [*B, T, F]
+    coef = _proximal_gradient(gram, corr, alpha, max_iter)
+    return _polished(gram, corr, coef, alpha)
+
+
+def _soft(v: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
+    return torch.sign(v) * torch.clamp(v.abs() - t, min=0)
+
+
+def _proximal_gradient(gram: torch.Tensor, corr: torch.Tensor, alpha: float, max_iter: int) -> torch.Tensor:
+    """FISTA with gradient restarts; stops early (checked every 25 steps) once the steps are at rounding size."""
+    lipschitz = torch.linalg.eigvalsh(gram)[..., -1:].clamp(min=torch.finfo(gram.dtype).tiny).unsqueeze(-2)
+    step = 1 / lipschitz  # [*B, 1, 1]
+    coef = torch.zeros_like(corr)
+    moving, t = coef, 1.0
+    tol = 4 * torch.finfo(gram.dtype).eps
+    concrete = _concrete(gram)
+    for i in range(max_iter):
+        new = _soft(moving - step * (moving @ gram - corr), alpha * step)
+        t_next = (1 + (1 + 4 * t * t) ** 0.5) / 2
+        restart = ((moving - new) * (new - coef)).sum(-1, keepdim=True) > 0
+        moving = torch.where(restart, new, new + (t - 1) / t_next * (new - coef))
+        change = (new - coef).abs().amax()
+        coef, t = new, t_next
+        if concrete and i % 25 == 24 and bool(change <= tol * coef.abs().amax().clamp(min=1)):
+            break
+    return coef
+
+
+def _polished(gram: torch.Tensor, corr: torch.Tensor, coef: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The exact optimum on ``coef``'s signs (``G_SS c_S = r_S - alpha s_S``), where it is optimal; else ``coef``."""
+    active = coef != 0
+    sign = torch.sign(coef)
+    n_features = gram.shape[-1]
+    eye = torch.eye(n_features, dtype=gram.dtype, device=gram.device)
+    both = active.unsqueeze(-1) & active.unsqueeze(-2)  # [*B, T, F, F]
+    system = torch.where(both, gram.unsqueeze(-3), eye * (~active).unsqueeze(-1))
+    rhs = torch.where(active, corr - alpha * sign, torch.zeros_like(corr))
+    exact = torch.linalg.lstsq(system, rhs.unsqueeze(-1)).solution.squeeze(-1)
+    residual = corr - exact @ gram  # (gram is symmetric: row-wise exact @ gram is gram @ exact)
+    scale = corr.abs().amax(-1, keepdim=True) + alpha
+    # optimal: no inactive coefficient's correlation exceeds alpha, no active one changed sign
+    slack = 64 * torch.finfo(gram.dtype).eps * scale
+    ok = torch.where(active, torch.sign(exact) == sign, residual.abs() <= alpha + slack)
+    keep = ok.all(-1, keepdim=True)
+    return torch.where(keep, exact, coef)
