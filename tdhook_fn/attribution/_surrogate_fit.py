@@ -6,11 +6,12 @@ captum fits one scikit-learn model per sample (``Lasso(alpha=0.01)`` for LIME,
 the interpretable samples ``X [*B, n, F]``, the outputs ``y [*B, n, T]`` and the weights
 ``w [*B, n]`` of every sample and target are fitted together:
 
-- least squares and ridge are one ``torch.linalg.lstsq`` of the weighted, centred data
+- least squares and ridge are one least-squares solve of the weighted, centred data
   (ridge as ``sqrt(alpha) I`` rows below it), the minimum-norm solution where the
-  samples do not fix every coefficient, as scikit-learn's ``lstsq``. No normal
-  equations: KernelSHAP's end-point weights (1e6) square to a condition number float32
-  cannot hold, and torch's CPU batched ``linalg.solve`` is unreliable (pytorch#142815).
+  samples do not fix every coefficient, as scikit-learn's (NOTE [deterministic least
+  squares]). No normal equations: KernelSHAP's end-point weights (1e6) square to a
+  condition number float32 cannot hold, and torch's CPU batched ``linalg.solve`` is
+  unreliable (pytorch#142815).
 - the lasso minimises scikit-learn's objective ``1/2 sum_i p_i (y_i - b - x_i.c)^2 +
   alpha |c|_1`` (``p`` the weights normalised to sum 1) by accelerated proximal gradient
   on the Gram matrix, then polishes: on the signs found, the optimum is the solution of a
@@ -28,7 +29,7 @@ import torch
 
 from .._targets import _concrete
 
-__all__ = ["FitFn", "lasso", "least_squares", "ridge"]
+__all__ = ["FitFn", "lasso", "least_squares", "minimum_norm_solution", "ridge"]
 
 FitFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,8 +57,7 @@ def ridge(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float) -> to
         eye = torch.eye(n_features, dtype=x.dtype, device=x.device) * alpha ** 0.5
         a = torch.cat([a, eye.expand(*a.shape[:-2], n_features, n_features)], -2)
         b = torch.cat([b, b.new_zeros(*b.shape[:-2], n_features, b.shape[-1])], -2)
-    solution: torch.Tensor = torch.linalg.lstsq(a, b).solution
-    return solution.transpose(-1, -2)
+    return minimum_norm_solution(a, b).transpose(-1, -2)
 
 
 def lasso(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float, max_iter: int = 2000) -> torch.Tensor:
@@ -68,6 +68,21 @@ def lasso(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float, max_i
     corr = (weighted.transpose(-1, -2) @ yc).transpose(-1, -2)  # [*B, T, F]
     coef = _proximal_gradient(gram, corr, alpha, max_iter)
     return _polished(gram, corr, coef, alpha)
+
+
+def minimum_norm_solution(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``argmin |a x - b|`` of least norm, batched, rank-deficient ``a`` too.
+
+    # NOTE [deterministic least squares]
+    On the CPU, LAPACK's divide-and-conquer SVD solver (``gelsd``, scikit-learn's too);
+    torch's default ``gelsy`` gives other bits on repeated identical calls (measured:
+    about one call in three, float32 and float64, torch 2.13). Elsewhere the
+    pseudo-inverse: CUDA's ``lstsq`` has only ``gels``, which assumes full rank.
+    """
+    if a.device.type == "cpu":
+        solution: torch.Tensor = torch.linalg.lstsq(a, b, driver="gelsd").solution
+        return solution
+    return torch.linalg.pinv(a) @ b
 
 
 def _soft(v: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
@@ -103,7 +118,7 @@ def _polished(gram: torch.Tensor, corr: torch.Tensor, coef: torch.Tensor, alpha:
     both = active.unsqueeze(-1) & active.unsqueeze(-2)  # [*B, T, F, F]
     system = torch.where(both, gram.unsqueeze(-3), eye * (~active).unsqueeze(-1))
     rhs = torch.where(active, corr - alpha * sign, torch.zeros_like(corr))
-    exact = torch.linalg.lstsq(system, rhs.unsqueeze(-1)).solution.squeeze(-1)
+    exact = minimum_norm_solution(system, rhs.unsqueeze(-1)).squeeze(-1)
     residual = corr - exact @ gram  # (gram is symmetric: row-wise exact @ gram is gram @ exact)
     scale = corr.abs().amax(-1, keepdim=True) + alpha
     # optimal: no inactive coefficient's correlation exceeds alpha, no active one changed sign
