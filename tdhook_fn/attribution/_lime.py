@@ -13,7 +13,7 @@ from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
-from ._surrogate import FeatureMask, check_n_samples, checked_samples, evaluate, maps, prepare
+from ._surrogate import FeatureMask, check_n_samples, check_weights, checked_samples, evaluate, maps, prepare
 from ._surrogate_fit import FitFn, lasso, least_squares, ridge
 
 __all__ = ["lime"]
@@ -129,6 +129,7 @@ def lime(
     samples = samples.to(next(iter(surrogate.starts.values(True, True))).device)
     values, weights = evaluate(_METHOD, f, params, surrogate, samples, target, per_target, chunk_size, weigh)
     assert weights is not None
+    check_weights(_METHOD, weights)
     coefs = fit(samples.to(values.dtype), values, weights.to(values.dtype))
     return maps(surrogate, coefs, per_target)
 

@@ -22,13 +22,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from .._targets import Target
+from .._targets import Target, _concrete
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
 from ._metric_samples import check_count, chunks, repeated, repeated_target
 
-__all__ = ["FeatureMask", "Surrogate", "check_n_samples", "checked_samples", "evaluate", "maps", "prepare"]
+__all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate", "maps",
+           "prepare"]
 
 FeatureMask = TensorDictBase | Mapping[NestedKey, torch.Tensor] | torch.Tensor
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
@@ -207,12 +208,28 @@ def checked_samples(method: str, samples: Any, batch: torch.Size, n_features: in
 
 
 def check_n_samples(method: str, n_samples: int | None, samples: torch.Tensor | None, default: int) -> int:
-    """The number of interpretable samples: ``n_samples``, else the given samples', else ``default``."""
+    """The number of interpretable samples: ``n_samples``, else the given samples', else ``default``.
+
+    At least 2: a linear model with an intercept fitted to one sample is all zeros.
+    """
     check_count(method, "n_samples", n_samples, optional=True)
-    if samples is None:
-        return default if n_samples is None else n_samples
-    if n_samples is not None and n_samples != samples.shape[-2]:
+    if samples is not None and n_samples is not None and n_samples != samples.shape[-2]:
         raise ValueError(f"{method}: n_samples={n_samples}, but samples holds {samples.shape[-2]} rows; give one of "
                          "them")
-    return int(samples.shape[-2])
+    n = int(samples.shape[-2]) if samples is not None else default if n_samples is None else n_samples
+    if n < 2:
+        raise ValueError(f"{method}: needs at least 2 interpretable samples (n_samples), got {n}: a linear model with "
+                         "an intercept fitted to one sample has all coefficients 0")
+    return n
+
+
+def check_weights(method: str, weights: torch.Tensor) -> None:
+    """Raise where every weight of an input sample is 0: its fit would be 0 / 0 (where the values can be read)."""
+    if not _concrete(weights):
+        return
+    empty = weights.sum(-1) == 0
+    if bool(empty.any()):
+        raise ValueError(f"{method}: every similarity weight of {int(empty.sum())} input sample(s) is 0 (the kernel "
+                         "underflows: the perturbed inputs are too far for kernel_width); increase kernel_width, or "
+                         "give a similarity_func with positive weights")
 

@@ -82,7 +82,8 @@ def minimum_norm_solution(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.device.type == "cpu":
         solution: torch.Tensor = torch.linalg.lstsq(a, b, driver="gelsd").solution
         return solution
-    return torch.linalg.pinv(a) @ b
+    pseudo_inverse: torch.Tensor = torch.linalg.pinv(a)
+    return pseudo_inverse @ b
 
 
 def _soft(v: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:

@@ -78,7 +78,7 @@ def test_kernel_shap_efficiency(seed: int, n_features: int, n_samples: int) -> N
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), n_features=st.integers(2, 7), method=st.sampled_from(["kernel_shap", "linear"]))
 def test_a_linear_model_is_recovered_exactly(seed: int, n_features: int, method: str) -> None:
-    """For ``F(x) = w.x + c`` the fit is exact: coefficient ``w_i (x_i - b_i)`` for any samples spanning the features."""
+    """For ``F(x) = w.x + c`` the fit is exact: ``w_i (x_i - b_i)``, for any samples spanning the features."""
     torch.manual_seed(seed)
     net = nn.Linear(n_features, 1).double()
     f, p = tdhook_fn.pure(net)
