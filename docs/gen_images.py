@@ -5,13 +5,16 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 (``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
-``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture.
+``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
+``python docs/gen_images.py surrogate`` only the KernelSHAP and LIME one (on scikit-learn's
+bundled diabetes data).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -39,6 +42,7 @@ from tdhook_fn.attribution import (
     saliency,
 )
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
+from tdhook_fn.attribution.surrogate import kernel_shap, lime
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -593,6 +597,77 @@ def draw_probing(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
     save(fig, "probing.png")
 
 
+def exact_shapley(model: nn.Module, x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Shapley values of every feature of ``x`` ``[N, F]`` (absent: ``base``), by enumerating all 2^F coalitions."""
+    n_features = x.shape[-1]
+    codes = torch.arange(2 ** n_features)
+    members = (codes[:, None] >> torch.arange(n_features)) & 1 == 1  # [2^F, F]
+    with torch.no_grad():
+        values = model(torch.where(members[None], x[:, None], base)).squeeze(-1)  # [N, 2^F]
+    sizes = members.sum(-1)
+    phi = torch.zeros_like(x)
+    for i in range(n_features):
+        without = ~members[:, i]
+        s = sizes[without].double()
+        weight = torch.exp(torch.lgamma(s + 1) + torch.lgamma(n_features - s) - math.lgamma(n_features + 1))
+        gain = values[:, codes[without] | (1 << i)] - values[:, codes[without]]
+        phi[:, i] = (gain * weight.to(x.dtype)).sum(-1)
+    return phi
+
+
+def draw_surrogate() -> None:
+    """A tabular SHAP summary on scikit-learn's diabetes data, and KernelSHAP and LIME against exact Shapley values."""
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float32)
+    x = (x - x.mean(0)) / x.std(0)
+    y = torch.tensor(data.target, dtype=torch.float32)
+    y = (y - y.mean()) / y.std()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-3)
+    for _ in range(300):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x[:342]).squeeze(-1), y[:342]).backward()
+        optimizer.step()
+    model.eval()
+    f, p = tdhook_fn.pure(model)
+    test = x[342:]
+    base = x[:342].mean(0)  # an absent feature takes the training mean
+    phi = kernel_shap(f, p, test, base, target=0, n_samples=200, generator=torch.Generator().manual_seed(0)).detach()
+    local = lime(f, p, test, base, target=0, n_samples=200, interpretable_model="linear",
+                 generator=torch.Generator().manual_seed(0)).detach()
+    exact = exact_shapley(model, test, base)
+    names = list(data.feature_names)
+    order = phi.abs().mean(0).argsort()
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    ax = axes[0]
+    jitter = torch.randn(phi.shape, generator=torch.Generator().manual_seed(1)) * 0.08
+    for row, i in enumerate(order.tolist()):
+        dots = ax.scatter(phi[:, i], row + jitter[:, i], c=test[:, i].clamp(-2.5, 2.5), cmap="coolwarm", s=9,
+                          vmin=-2.5, vmax=2.5)
+    ax.axvline(0, color="gray", lw=0.8)
+    ax.set_yticks(range(len(order)), [names[i] for i in order.tolist()], fontsize=9)
+    ax.set_xlabel("KernelSHAP value (effect on the standardised prediction)")
+    ax.set_title("KernelSHAP, 100 held-out patients, 200 samples each", fontsize=10)
+    fig.colorbar(dots, ax=ax, fraction=0.04, pad=0.02).set_label("feature value (standardised)", fontsize=8)
+    ax = axes[1]
+    ax.scatter(exact.flatten(), local.flatten(), s=6, alpha=0.5, color="tab:orange", label="LIME (linear, cosine kernel)")
+    ax.scatter(exact.flatten(), phi.flatten(), s=6, alpha=0.7, color="tab:blue", label="KernelSHAP")
+    lims = [float(exact.min()) - 0.05, float(exact.max()) + 0.05]
+    ax.plot(lims, lims, color="black", lw=0.8)
+    ax.set_xlabel("exact Shapley value (all 1024 coalitions)")
+    ax.set_ylabel("estimate")
+    ax.set_title("Estimates against exact Shapley values", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    gap = (phi - exact).abs().max()
+    ax.text(0.98, 0.03, f"KernelSHAP max error {float(gap):.3f}", transform=ax.transAxes, ha="right", fontsize=8)
+    fig.tight_layout()
+    save(fig, "surrogate.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -616,6 +691,7 @@ def main() -> None:
     draw_probing(model, train_x, train_y, test_x, test_y)
     draw_latent()
     draw_similarity()
+    draw_surrogate()
 
 
 def main_probing() -> None:
@@ -631,5 +707,8 @@ if __name__ == "__main__":
         draw_dimension()
     elif sys.argv[1:] == ["probing"]:
         main_probing()
+    elif sys.argv[1:] == ["surrogate"]:
+        OUT.mkdir(exist_ok=True)
+        draw_surrogate()
     else:
         main()

@@ -49,8 +49,7 @@ def kernel_shap(
     captum's interleaved ones; pass ``samples`` (e.g. captum's) to get captum's
     numbers. Every perturbed input runs through ``f`` in one batched forward
     (``chunk_size`` per input sample at a time) and every sample's and target's fit is
-    one batched least-squares solve (NOTE [surrogate perturbations], NOTE [batched
-    surrogate fits]). The maps are differentiable in ``params``.
+    one batched least-squares solve. The maps are differentiable in ``params``.
 
     Args:
         f (Callable): pure ``f(params, td) -> td``, e.g. from ``tdhook_fn.pure(model)``.

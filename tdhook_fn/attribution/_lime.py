@@ -51,13 +51,14 @@ def lime(
     the ``F`` features (`feature_mask`), each feature kept with probability 1/2, the rest
     set to the baseline; weights ``exp(-d^2 / (2 kernel_width^2))`` with ``d`` the cosine
     distance between the input and the perturbed input (all attributed keys, flattened);
-    a lasso (``alpha=0.01``) with an intercept. The samples are drawn as captum draws
-    them, so torch's global random state seeded alike gives captum's samples; the lasso
-    is solved to its optimum (captum's scikit-learn ``Lasso`` stops at ``tol=1e-4``).
-    Every perturbed input runs through ``f`` in one batched forward (``chunk_size`` per
-    input sample at a time), and every sample's and target's model is fitted in one
-    batched solve (see NOTE [surrogate perturbations] and NOTE [batched surrogate
-    fits]). The maps are differentiable in ``params``.
+    a lasso (``alpha=0.01``) with an intercept. The samples are drawn in captum's order:
+    for one input sample, torch's global random state seeded alike gives captum's
+    samples (between input samples captum's fitting draws from that state too, so for a
+    batch pass ``samples`` to get its numbers). The lasso is solved to its optimum
+    (captum's scikit-learn ``Lasso`` stops at ``tol=1e-4``). Every perturbed input runs
+    through ``f`` in one batched forward (``chunk_size`` per input sample at a time),
+    and the models of every sample and target are fitted in one batched solve. The maps
+    are differentiable in ``params``.
 
     Args:
         f (Callable): pure ``f(params, td) -> td``, e.g. from ``tdhook_fn.pure(model)``.
