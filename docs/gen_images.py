@@ -654,7 +654,8 @@ def draw_surrogate() -> None:
     ax.set_title("KernelSHAP, 100 held-out patients, 200 samples each", fontsize=10)
     fig.colorbar(dots, ax=ax, fraction=0.04, pad=0.02).set_label("feature value (standardised)", fontsize=8)
     ax = axes[1]
-    ax.scatter(exact.flatten(), local.flatten(), s=6, alpha=0.5, color="tab:orange", label="LIME (linear, cosine kernel)")
+    ax.scatter(exact.flatten(), local.flatten(), s=6, alpha=0.5, color="tab:orange",
+               label="LIME (linear, cosine kernel)")
     ax.scatter(exact.flatten(), phi.flatten(), s=6, alpha=0.7, color="tab:blue", label="KernelSHAP")
     lims = [float(exact.min()) - 0.05, float(exact.max()) + 0.05]
     ax.plot(lims, lims, color="black", lw=0.8)
