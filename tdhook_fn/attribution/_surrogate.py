@@ -201,7 +201,7 @@ def checked_samples(method: str, samples: Any, batch: torch.Size, n_features: in
     if samples.dim() < 2 or samples.shape[-1] != n_features or samples.shape[:-2] not in (torch.Size(), batch):
         raise ValueError(f"{method}: samples has shape {list(samples.shape)}; give [n, {n_features}] (the same for "
                          f"every input sample) or {[*batch, 'n', n_features]} ({n_features} features)")
-    if samples.dtype != torch.bool and bool(((samples != 0) & (samples != 1)).any()):
+    if samples.dtype != torch.bool and _concrete(samples) and bool(((samples != 0) & (samples != 1)).any()):
         raise ValueError(f"{method}: samples must hold only zeros and ones (a one keeps a feature, a zero puts "
                          "the baseline there)")
     return samples.bool().expand(*batch, *samples.shape[-2:])

@@ -77,9 +77,10 @@ def minimum_norm_solution(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     On the CPU, LAPACK's divide-and-conquer SVD solver (``gelsd``, scikit-learn's too);
     torch's default ``gelsy`` gives other bits on repeated identical calls (measured:
     about one call in three, float32 and float64, torch 2.13). Elsewhere the
-    pseudo-inverse: CUDA's ``lstsq`` has only ``gels``, which assumes full rank.
+    pseudo-inverse: CUDA's ``lstsq`` has only ``gels``, which assumes full rank, and
+    ``torch.compile`` cannot trace ``lstsq`` (its outputs' shapes depend on the data).
     """
-    if a.device.type == "cpu":
+    if a.device.type == "cpu" and not torch.compiler.is_compiling():
         solution: torch.Tensor = torch.linalg.lstsq(a, b, driver="gelsd").solution
         return solution
     pseudo_inverse: torch.Tensor = torch.linalg.pinv(a)

@@ -228,3 +228,19 @@ def test_a_callable_similarity_and_interpretable_model() -> None:
     assert seen == {"perturbed": torch.Size([2, 20]), "rows": torch.Size([2, 20, 5])}
     assert not unweighted.eq(0).all()
     assert lime(f, p, x, target=1, samples=samples, interpretable_model=zeros).eq(0).all()
+
+
+def test_kernel_shap_compiles_with_fullgraph_given_its_samples() -> None:
+    """With the samples given (no draws inside) and the default features; least squares by pseudo-inverse there."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).eval()
+    f, p = tdhook_fn.pure(net)
+    x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+    samples = shapley_kernel_samples(3, 10, generator=torch.Generator().manual_seed(0))
+
+    def explain(params: TensorDict, td: TensorDict) -> torch.Tensor:
+        return kernel_shap(f, params, td, target=1, samples=samples)["input"]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(explain, fullgraph=True)
+    torch.testing.assert_close(compiled(p, x), explain(p, x), rtol=1e-5, atol=1e-6)

@@ -200,3 +200,36 @@ def test_transformer_on_token_ids_with_a_pad_baseline() -> None:
     (ref,) = captum_per_sample(Lime(net, interpretable_model=SkLearnLasso(**TIGHT_LASSO)), (ids,), lime_samples,
                                target=2)
     close(lime(f, p, ids, 0, target=2, samples=lime_samples), ref)
+
+
+def test_gpt2_token_positions_with_an_attention_mask_passed_unchanged() -> None:
+    """Hugging Face GPT-2 (random init): the ids are perturbed, the attention mask is captum's extra argument."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+                             out_keys=["logits"])
+    ids = torch.randint(1, 40, (2, 6), generator=torch.Generator().manual_seed(13))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    last = lambda out: TensorDict(logits=out["logits"][..., -1, 3], batch_size=out.batch_size)
+    samples = shapley_kernel_samples(6, 30, (2,), generator=torch.Generator().manual_seed(14))
+    ours = kernel_shap(f, tdhook_fn.params(model), TensorDict(input_ids=ids, attention_mask=mask, batch_size=[2]), 0,
+                       target=last, samples=samples, input_keys=["input_ids"])["input_ids"]
+    forward = lambda i, m: model(input_ids=i, attention_mask=m).logits[:, -1, 3]
+    explainer = KernelShap(forward)
+    for b in range(2):
+        rows = samples[b].long()
+
+        def given(_inputs: Any, **_: Any) -> Iterator[torch.Tensor]:
+            for row in rows:
+                yield row.unsqueeze(0)
+
+        explainer.perturb_func = given
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = explainer.attribute(ids[b:b + 1], baselines=0, additional_forward_args=(mask[b:b + 1],),
+                                      n_samples=30)
+        close(ours[b:b + 1], ref)
