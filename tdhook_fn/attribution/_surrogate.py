@@ -159,6 +159,8 @@ def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
             weights.append(weigh(surrogate.inputs.select(*surrogate.keys), feed.select(*surrogate.keys), part))
         values.append(_target_columns(method, target_values(f, params, feed, repeated_target(target, batch, k)),
                                       feed.batch_size, per_target))
+    if len(values) == 1:  # (one chunk: no copy)
+        return values[0], (weights[0] if weigh is not None else None)
     return torch.cat(values, -2), (torch.cat(weights, -1) if weigh is not None else None)
 
 
@@ -173,6 +175,8 @@ def _target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_
                 raise ValueError(f"{method}: per_target needs target values [*batch] or [*batch, T]; target {key!r} "
                                  f"has shape {list(value.shape)} for batch {list(batch)}")
             one = value if value.dim() > len(batch) else value.unsqueeze(-1)
+        elif value.dim() == len(batch):
+            one = value.unsqueeze(-1)
         else:
             one = value.reshape(*batch, -1).sum(-1, keepdim=True)
         total = one if total is None else total + one
