@@ -244,3 +244,34 @@ def test_kernel_shap_compiles_with_fullgraph_given_its_samples() -> None:
     torch._dynamo.reset()
     compiled = torch.compile(explain, fullgraph=True)
     torch.testing.assert_close(compiled(p, x), explain(p, x), rtol=1e-5, atol=1e-6)
+
+
+def test_threads_sharing_one_model_get_their_own_maps() -> None:
+    """Three threads, each with its own params and inputs, on one shared model: each gets its own maps."""
+    import threading
+
+    net = mlp()
+    before = snapshot(net)
+    f, p = tdhook_fn.pure(net)
+    samples = shapley_kernel_samples(5, 16, generator=torch.Generator().manual_seed(10))
+    params = [p.apply(lambda t, s=s: t * s) for s in (1.0, 0.5, -1.0)]
+    xs = [torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    expected = [kernel_shap(f, params[i], xs[i], target=1, samples=samples) for i in range(3)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(10):
+                assert torch.equal(kernel_shap(f, params[i], xs[i], target=1, samples=samples), expected[i])
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert same(before, snapshot(net))
