@@ -936,6 +936,8 @@ SURROGATE_ROWS: list[Row] = [
     ("surrogate-chunk-size", lambda: _surrogate("lime", chunk_size=0), ValueError, ("lime", "chunk_size")),
     ("surrogate-interpretable-model", lambda: _surrogate("lime", interpretable_model="svm"),
      ValueError, ("lime", "interpretable_model", "'svm'", "lasso")),
+    ("surrogate-model-shape", lambda: _surrogate("lime", interpretable_model=lambda x, y, w: x),
+     ValueError, ("lime", "interpretable_model", "[5, 1, 3]", "[5, 6, 3]")),
     ("surrogate-alpha-linear", lambda: _surrogate("lime", interpretable_model="linear", alpha=1.0),
      ValueError, ("lime", "alpha", "'linear'")),
     ("surrogate-alpha-negative", lambda: _surrogate("lime", alpha=-1.0), ValueError, ("lime", "alpha", ">= 0")),

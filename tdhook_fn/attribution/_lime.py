@@ -132,6 +132,11 @@ def lime(
     assert weights is not None
     check_weights(_METHOD, weights)
     coefs = fit(samples.to(values.dtype), values, weights.to(values.dtype))
+    expected = (*values.shape[:-2], values.shape[-1], n_features)
+    if not isinstance(coefs, torch.Tensor) or coefs.shape != expected:
+        got = list(coefs.shape) if isinstance(coefs, torch.Tensor) else type(coefs).__name__
+        raise ValueError(f"{_METHOD}: interpretable_model must return coefficients of shape {list(expected)} "
+                         f"([*B, T, F]), got {got}")
     return maps(surrogate, coefs, per_target)
 
 
