@@ -7,13 +7,16 @@ is computed with tdhook_fn's pure methods on it. The latent page's pictures come
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
 ``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
 ``python docs/gen_images.py conductance`` only the conductance picture,
-``python docs/gen_images.py smoothgrad`` only the noise methods' one.
+``python docs/gen_images.py smoothgrad`` only the noise methods' one,
+``python docs/gen_images.py surrogate`` only the KernelSHAP and LIME one (on scikit-learn's
+bundled diabetes data).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from tdhook_fn.attribution import (
     saliency,
 )
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
+from tdhook_fn.attribution.surrogate import kernel_shap, lime
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -273,10 +277,7 @@ def draw_guided_backprop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
 
 
 def draw_smoothgrad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train_x: torch.Tensor) -> None:
-    from tdhook_fn.attribution import deconvolution
-    from tdhook_fn.attribution import gradient_shap
-    from tdhook_fn.attribution import guided_grad_cam
-    from tdhook_fn.attribution import smoothgrad
+    from tdhook_fn.attribution import deconvolution, gradient_shap, guided_grad_cam, smoothgrad
 
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
@@ -626,8 +627,7 @@ def draw_probing(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
 def draw_conductance(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                      test_y: torch.Tensor) -> None:
     """Layer conductance of the 32 hidden units of a digits MLP, and neuron conductance of the top units."""
-    from tdhook_fn.attribution import layer_conductance
-    from tdhook_fn.attribution import neuron_conductance
+    from tdhook_fn.attribution import layer_conductance, neuron_conductance
 
     torch.manual_seed(0)
     mlp = train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
@@ -669,6 +669,76 @@ def draw_conductance(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch
         ax.set_title(f"through unit {int(u)} ({float(units[digit, u]):+.2f})", fontsize=9)
     fig.suptitle("Conductance: how the logit's change flows through a hidden layer (red +, blue -)", fontsize=11)
     save(fig, "conductance.png")
+def exact_shapley(model: nn.Module, x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Shapley values of every feature of ``x`` ``[N, F]`` (absent: ``base``), by enumerating all 2^F coalitions."""
+    n_features = x.shape[-1]
+    codes = torch.arange(2 ** n_features)
+    members = (codes[:, None] >> torch.arange(n_features)) & 1 == 1  # [2^F, F]
+    with torch.no_grad():
+        values = model(torch.where(members[None], x[:, None], base)).squeeze(-1)  # [N, 2^F]
+    sizes = members.sum(-1)
+    phi = torch.zeros_like(x)
+    for i in range(n_features):
+        without = ~members[:, i]
+        s = sizes[without].double()
+        weight = torch.exp(torch.lgamma(s + 1) + torch.lgamma(n_features - s) - math.lgamma(n_features + 1))
+        gain = values[:, codes[without] | (1 << i)] - values[:, codes[without]]
+        phi[:, i] = (gain * weight.to(x.dtype)).sum(-1)
+    return phi
+
+
+def draw_surrogate() -> None:
+    """A tabular SHAP summary on scikit-learn's diabetes data, and KernelSHAP and LIME against exact Shapley values."""
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float32)
+    x = (x - x.mean(0)) / x.std(0)
+    y = torch.tensor(data.target, dtype=torch.float32)
+    y = (y - y.mean()) / y.std()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-3)
+    for _ in range(300):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x[:342]).squeeze(-1), y[:342]).backward()
+        optimizer.step()
+    model.eval()
+    f, p = tdhook_fn.pure(model)
+    test = x[342:]
+    base = x[:342].mean(0)  # an absent feature takes the training mean
+    phi = kernel_shap(f, p, test, base, target=0, n_samples=200, generator=torch.Generator().manual_seed(0)).detach()
+    local = lime(f, p, test, base, target=0, n_samples=200, interpretable_model="linear",
+                 generator=torch.Generator().manual_seed(0)).detach()
+    exact = exact_shapley(model, test, base)
+    names = list(data.feature_names)
+    order = phi.abs().mean(0).argsort()
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    ax = axes[0]
+    jitter = torch.randn(phi.shape, generator=torch.Generator().manual_seed(1)) * 0.08
+    for row, i in enumerate(order.tolist()):
+        dots = ax.scatter(phi[:, i], row + jitter[:, i], c=test[:, i].clamp(-2.5, 2.5), cmap="coolwarm", s=9,
+                          vmin=-2.5, vmax=2.5)
+    ax.axvline(0, color="gray", lw=0.8)
+    ax.set_yticks(range(len(order)), [names[i] for i in order.tolist()], fontsize=9)
+    ax.set_xlabel("KernelSHAP value (effect on the standardised prediction)")
+    ax.set_title("KernelSHAP, 100 held-out patients, 200 samples each", fontsize=10)
+    fig.colorbar(dots, ax=ax, fraction=0.04, pad=0.02).set_label("feature value (standardised)", fontsize=8)
+    ax = axes[1]
+    ax.scatter(exact.flatten(), local.flatten(), s=6, alpha=0.5, color="tab:orange",
+               label="LIME (linear, cosine kernel)")
+    ax.scatter(exact.flatten(), phi.flatten(), s=6, alpha=0.7, color="tab:blue", label="KernelSHAP")
+    lims = [float(exact.min()) - 0.05, float(exact.max()) + 0.05]
+    ax.plot(lims, lims, color="black", lw=0.8)
+    ax.set_xlabel("exact Shapley value (all 1024 coalitions)")
+    ax.set_ylabel("estimate")
+    ax.set_title("Estimates against exact Shapley values", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    gap = (phi - exact).abs().max()
+    ax.text(0.98, 0.03, f"KernelSHAP max error {float(gap):.3f}", transform=ax.transAxes, ha="right", fontsize=8)
+    fig.tight_layout()
+    save(fig, "surrogate.png")
 
 
 def main() -> None:
@@ -696,6 +766,7 @@ def main() -> None:
     draw_latent()
     draw_similarity()
     draw_conductance(train_x, train_y, test_x, test_y)
+    draw_surrogate()
 
 
 def main_probing() -> None:
@@ -724,5 +795,8 @@ if __name__ == "__main__":
         draw_conductance(*load())
     elif sys.argv[1:] == ["smoothgrad"]:
         main_smoothgrad()
+    elif sys.argv[1:] == ["surrogate"]:
+        OUT.mkdir(exist_ok=True)
+        draw_surrogate()
     else:
         main()

@@ -1121,9 +1121,74 @@ NOISE_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- attribution: surrogate models (LIME, KernelSHAP)
+
+
+def _surrogate(name: str, **overrides: Any) -> Any:
+    from tdhook_fn.attribution._kernel_shap import kernel_shap
+    from tdhook_fn.attribution._lime import lime
+
+    method = {"lime": lime, "kernel_shap": kernel_shap}[name]
+    return method(tiny_f(), tiny_params(), tiny_inputs(), **{"target": 1, "n_samples": 6, **overrides})
+
+
+def _shapley_samples(n_features: int) -> Any:
+    from tdhook_fn.attribution._kernel_shap import shapley_kernel_samples
+
+    return shapley_kernel_samples(n_features, 5)
+
+
+SURROGATE_ROWS: list[Row] = [
+    ("surrogate-float-feature-mask", lambda: _surrogate("lime", feature_mask=torch.zeros(3)),
+     TypeError, ("lime", "feature_mask", "'input'", "integer")),
+    ("surrogate-feature-mask-shape", lambda: _surrogate("kernel_shap", feature_mask=torch.arange(4)),
+     ValueError, ("kernel_shap", "feature_mask", "[4]", "broadcast")),
+    ("surrogate-feature-mask-negative", lambda: _surrogate("lime", feature_mask=torch.tensor([-1, 0, 1])),
+     ValueError, ("lime", "feature_mask", "-1")),
+    ("surrogate-feature-mask-missing-key", lambda: _surrogate("lime", feature_mask={"other": torch.arange(3)}),
+     KeyError, ("lime", "feature_mask", "'input'")),
+    ("surrogate-feature-mask-type", lambda: _surrogate("lime", feature_mask=[0, 1, 2]),
+     TypeError, ("lime", "feature_mask", "list")),
+    ("surrogate-samples-shape", lambda: _surrogate("lime", n_samples=None, samples=torch.ones(4, 2)),
+     ValueError, ("lime", "samples", "[4, 2]", "3 features")),
+    ("surrogate-samples-values", lambda: _surrogate("kernel_shap", n_samples=None,
+                                                    samples=torch.full((4, 3), 0.5)),
+     ValueError, ("kernel_shap", "samples", "zeros and ones")),
+    ("surrogate-samples-and-n-samples", lambda: _surrogate("lime", samples=torch.ones(4, 3)),
+     ValueError, ("lime", "n_samples=6", "4 rows")),
+    ("surrogate-n-samples", lambda: _surrogate("kernel_shap", n_samples=0),
+     ValueError, ("kernel_shap", "n_samples", "positive int")),
+    ("surrogate-one-sample", lambda: _surrogate("kernel_shap", n_samples=1),
+     ValueError, ("kernel_shap", "at least 2 interpretable samples", "got 1")),
+    ("surrogate-weights-underflow", lambda: _surrogate("lime", distance_mode="euclidean", kernel_width=1e-30),
+     ValueError, ("lime", "similarity weight", "kernel_width")),
+    ("surrogate-chunk-size", lambda: _surrogate("lime", chunk_size=0), ValueError, ("lime", "chunk_size")),
+    ("surrogate-interpretable-model", lambda: _surrogate("lime", interpretable_model="svm"),
+     ValueError, ("lime", "interpretable_model", "'svm'", "lasso")),
+    ("surrogate-model-shape", lambda: _surrogate("lime", interpretable_model=lambda x, y, w: x),
+     ValueError, ("lime", "interpretable_model", "[5, 1, 3]", "[5, 6, 3]")),
+    ("surrogate-alpha-linear", lambda: _surrogate("lime", interpretable_model="linear", alpha=1.0),
+     ValueError, ("lime", "alpha", "'linear'")),
+    ("surrogate-alpha-negative", lambda: _surrogate("lime", alpha=-1.0), ValueError, ("lime", "alpha", ">= 0")),
+    ("surrogate-distance-mode", lambda: _surrogate("lime", distance_mode="manhattan"),
+     ValueError, ("lime", "distance_mode", "'manhattan'")),
+    ("surrogate-kernel-width", lambda: _surrogate("lime", kernel_width=0.0),
+     ValueError, ("lime", "kernel_width", "> 0")),
+    ("surrogate-one-feature", lambda: _surrogate("kernel_shap", feature_mask=torch.zeros(3, dtype=torch.long)),
+     ValueError, ("kernel_shap", "at least 2 features", "F(x) - F(baseline)")),
+    ("surrogate-shapley-samples-features", lambda: _shapley_samples(1),
+     ValueError, ("kernel_shap", "at least 2 features")),
+    ("surrogate-module-as-f", lambda: __import__("tdhook_fn.attribution._lime", fromlist=["lime"]).lime(
+        tiny_model(), tiny_params(), tiny_inputs(), target=1),
+     TypeError, ("lime", "pure", "tdhook_fn.pure(model)")),
+    ("surrogate-baseline-shape", lambda: _surrogate("kernel_shap", baselines=torch.zeros(2)),
+     ValueError, ("kernel_shap", "baselines", "broadcast")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS, *SURROGATE_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -14,7 +14,9 @@ from ._guided_backprop import guided_backprop, module_paths
 from ._guided_grad_cam import guided_grad_cam
 from ._integrated_gradients import integrated_gradients
 from ._internal_influence import internal_influence
+from ._kernel_shap import kernel_shap, shapley_kernel_samples
 from ._layer_conductance import layer_conductance
+from ._lime import lime
 from ._lrp import lrp, rule_taps
 from ._lrp_composites import EpsilonPlus, RuleMapper, Rules
 from ._lrp_rules import (
@@ -72,7 +74,9 @@ __all__ = [
     "guided_grad_cam",
     "integrated_gradients",
     "internal_influence",
+    "kernel_shap",
     "layer_conductance",
+    "lime",
     "lrp",
     "module_paths",
     "neuron_conductance",
@@ -81,6 +85,7 @@ __all__ = [
     "relu_paths",
     "rule_taps",
     "saliency",
+    "shapley_kernel_samples",
     "smoothgrad",
     "stabilize",
 ]
