@@ -100,6 +100,8 @@ def _flat_mask(method: str, key: NestedKey, mask: torch.Tensor, x: torch.Tensor,
         kind = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"{method}: feature_mask {key!r} must hold integer feature ids, got {kind}; convert "
                         "whole numbers with .long()")
+    while mask.dim() > x.dim() and mask.shape[0] == 1:  # (captum's [1, *feat] for a sample without batch dims)
+        mask = mask[0]
     try:
         full = torch.broadcast_to(mask, x.shape)
     except RuntimeError:
@@ -109,8 +111,8 @@ def _flat_mask(method: str, key: NestedKey, mask: torch.Tensor, x: torch.Tensor,
     feature_dims = x.dim() - batch_dims
     shared = all(s == 1 for s in mask.shape[: max(mask.dim() - feature_dims, 0)])
     if shared:
-        return full[(0,) * batch_dims].reshape(1, *x.shape[batch_dims:]).long()
-    return per_sample_view(full, batch_dims).long()
+        return full[(0,) * batch_dims].reshape(1, *x.shape[batch_dims:]).long().contiguous()
+    return per_sample_view(full, batch_dims).long().contiguous()
 
 
 def selected(positions: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
