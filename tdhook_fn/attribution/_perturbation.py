@@ -78,7 +78,7 @@ def _flat_target(target: Target, batch: torch.Size) -> Target:
 
 def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Target, *, rows: int, build: Build,
              chunk_size: int | None, per_target: bool, batch: torch.Size, method: str) -> torch.Tensor:
-    """The target values of ``rows`` rows built by ``build``, chunk by chunk: ``[R, N, T]``; NOTE [perturbation rows]."""
+    """The target values of ``rows`` rows made by ``build``, chunk by chunk, ``[R, N, T]``; NOTE [perturbation rows]."""
     n = flat.batch_size[0]
     size = rows if chunk_size is None else min(chunk_size, rows)
     flat_target = _flat_target(target, batch)
