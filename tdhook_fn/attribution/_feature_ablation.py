@@ -57,7 +57,8 @@ def feature_ablation(
         per_target (bool): one map per target on a new leading dim ``T``. Default: the
             targets' sum.
         chunk_size (int | None): at most this many ablated copies of the batch per forward
-            (captum's ``perturbations_per_eval``). Default: ``None``, all in one forward.
+            (captum's ``perturbations_per_eval``). Default: ``None``,
+            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs to ablate. Default: ``f.in_keys``.
 
     Returns:

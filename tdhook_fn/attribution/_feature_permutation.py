@@ -72,7 +72,8 @@ def feature_permutation(
         per_target (bool): one map per target on a new leading dim ``T``. Default: the
             targets' sum.
         chunk_size (int | None): at most this many permuted copies of the batch per
-            forward (captum's ``perturbations_per_eval``). Default: ``None``, all in one.
+            forward (captum's ``perturbations_per_eval``). Default: ``None``,
+            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs to permute. Default: ``f.in_keys``.
         generator (torch.Generator | None): the random generator the permutations are
             drawn from. Default: torch's global one (as captum).

@@ -63,7 +63,8 @@ def shapley_value_sampling(
         per_target (bool): one map per target on a new leading dim ``T``. Default: the
             targets' sum.
         chunk_size (int | None): at most this many states per forward (captum's
-            ``perturbations_per_eval``). Default: ``None``, all in one forward.
+            ``perturbations_per_eval``). Default: ``None``,
+            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs whose features are switched. Default:
             ``f.in_keys``.
         generator (torch.Generator | None): the random generator the orders are drawn from
