@@ -21,6 +21,7 @@ __all__ = ["occlusion"]
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Shape = tuple[int, ...]
 _METHOD = "occlusion"
+_ALL_MASKS = 2**24  # window masks (bools) built at once below this; else per chunk
 
 
 @dataclass
@@ -35,12 +36,23 @@ class _Windows:
 
     def masks(self, lo: int, hi: int) -> torch.Tensor:
         """Windows ``lo .. hi - 1`` (row-major over the positions) as masks ``[p, 1, *feature_shape]``."""
-        index = torch.arange(lo, hi, device=self.covers[0].device if self.covers else None)
-        out = torch.ones(hi - lo, 1, *(c.shape[1] for c in self.covers), dtype=torch.bool, device=index.device)
+        sizes = [c.shape[1] for c in self.covers]
+        if self.count * math.prod(sizes) <= _ALL_MASKS:  # every mask at once: 2 ops per dim, then a slice
+            dims = len(self.covers)
+            out = None
+            for d, cover in enumerate(self.covers):
+                shape = [1] * (2 * dims)
+                shape[d], shape[dims + d] = cover.shape
+                term = cover.reshape(shape)
+                out = term if out is None else out & term
+            assert out is not None
+            return out.reshape(self.count, 1, *sizes)[lo:hi]
+        index = torch.arange(lo, hi, device=self.covers[0].device)
+        out = torch.ones(hi - lo, 1, *sizes, dtype=torch.bool, device=index.device)
         for d in reversed(range(len(self.covers))):
             steps = self.covers[d].shape[0]
             shape = [hi - lo, 1] + [1] * len(self.covers)
-            shape[2 + d] = self.covers[d].shape[1]
+            shape[2 + d] = sizes[d]
             out = out & self.covers[d][index % steps].reshape(shape)
             index = index // steps
         return out
@@ -48,11 +60,11 @@ class _Windows:
     def spread(self, change: torch.Tensor) -> torch.Tensor:
         """Changes ``[T, N, count]`` averaged over the windows covering each element: ``[T, N, *feature_shape]``."""
         out = change.reshape(*change.shape[:2], *(c.shape[0] for c in self.covers))
-        for cover in self.covers:  # contract each window dim with its covers, in turn (dim 2 is the next one)
-            out = torch.tensordot(out, cover.to(change.dtype), dims=([2], [0]))
         weights = torch.ones((), dtype=change.dtype, device=change.device)
-        for cover in self.covers:
-            weights = weights.unsqueeze(-1) * cover.sum(0).to(change.dtype)
+        for cover in self.covers:  # contract each window dim with its covers, in turn (dim 2 is the next one)
+            as_float = cover.to(change.dtype)
+            out = torch.tensordot(out, as_float, dims=([2], [0]))
+            weights = weights.unsqueeze(-1) * as_float.sum(0)
         return out / weights
 
 
@@ -68,9 +80,8 @@ def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: 
         if s > w and w < n:
             raise ValueError(f"{_METHOD}: input {key!r}: stride {s} is larger than the window {w} in dim {d}, so some "
                              "elements would never be occluded; give strides no larger than the window")
-        starts = torch.arange(math.ceil((n - w) / s) + 1, device=device) * s
-        j = torch.arange(n, device=device)
-        covers.append((j >= starts[:, None]) & (j < starts[:, None] + w))
+        starts = range(0, (math.ceil((n - w) / s) + 1) * s, s)
+        covers.append(torch.tensor([[a <= j < a + w for j in range(n)] for a in starts], device=device))
     return _Windows(covers)
 
 

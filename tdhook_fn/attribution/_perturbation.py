@@ -9,7 +9,8 @@ once by the method (``build(lo, hi)`` returns the perturbed keys, ``[hi - lo, N,
 the other inputs are broadcast views) and goes through ``f`` in one forward of
 ``(hi - lo) * N`` samples. ``chunk_size`` bounds ``hi - lo`` (captum's
 ``perturbations_per_eval``); no Python loop runs per feature or per sample. Without a
-``chunk_size`` a chunk holds about ``2**18`` input elements (at least one row): a
+``chunk_size`` the rows are split in equal chunks of at most about ``2**18`` input
+elements (at least one row each): a
 forward of a few hundred thousand elements keeps the activations in cache, and one of
 all the rows at once is slower per sample once it does not (measured on the benchmark's
 CNN: 25 Shapley orders of 16 features over 32 digits take 95 ms in one forward of all
@@ -18,13 +19,16 @@ values come back as ``[R, N, T]``: ``T`` targets with ``per_target``, else ``T =
 holding the targets' sum (tdhook's rule for several targets). The maps then come from
 differences of rows, so they are linear in the target values, as captum's.
 
-Nothing here asks for gradients: ``params`` from `tdhook_fn.params` are detached, so the
-forwards record no graph, and wrapping a call in ``torch.func.grad`` still differentiates
-the maps with respect to ``params``.
+Nothing here asks for gradients. Eager, with no tensor of ``params`` or the inputs
+requiring grad, the forwards run under ``torch.no_grad`` (autograd's bookkeeping costs a
+few percent of a small model's forward); under ``torch.func.grad`` or with parameters
+that require grad they record as usual, so the maps differentiate with respect to
+``params``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -33,6 +37,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._vjp import any_requires_grad, untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
@@ -86,8 +91,16 @@ def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Ta
              chunk_size: int | None, per_target: bool, batch: torch.Size, method: str) -> torch.Tensor:
     """The target values of ``rows`` rows made by ``build``, chunk by chunk, ``[R, N, T]``; NOTE [perturbation rows]."""
     n = flat.batch_size[0]
-    size = min(chunk_size or _default_rows(flat), rows)
+    size = min(chunk_size, rows) if chunk_size else _balanced(rows, _default_rows(flat))
     flat_target = _flat_target(target, batch)
+    # nothing to differentiate (eager, no tensor asking for a gradient): skip autograd's bookkeeping
+    quiet = untransformed() and not any_requires_grad((params, flat))
+    with torch.no_grad() if quiet else contextlib.nullcontext():
+        return _chunks(f, params, flat, flat_target, rows, size, n, build, per_target, method)
+
+
+def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, flat_target: Target, rows: int, size: int,
+            n: int, build: Build, per_target: bool, method: str) -> torch.Tensor:
     parts = []
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
@@ -105,6 +118,12 @@ def _default_rows(flat: TensorDictBase) -> int:
     """Rows per chunk without a ``chunk_size``: about ``_ELEMENTS`` input elements per forward."""
     elements = sum(cast(torch.Tensor, v).numel() for v in flat.values(True, True))
     return max(1, _ELEMENTS // max(1, elements))
+
+
+def _balanced(rows: int, most: int) -> int:
+    """The size of equal chunks of ``rows``, no more than ``most`` each (no chunk of a few rows left over)."""
+    count = -(-rows // most)
+    return -(-rows // count)
 
 
 def _per_row(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:

@@ -263,3 +263,15 @@ def test_bad_counts_and_batches_raise(tiny):
         feature_ablation(f, p, x, target=0, chunk_size=0)
     with pytest.raises(ValueError, match="at least two"):
         feature_permutation(f, p, x[:1], target=0)
+
+
+def test_occlusion_masks_built_per_chunk_equal_those_built_at_once(monkeypatch):
+    """Windows over large inputs are built chunk by chunk (from their index), small ones all at once."""
+    import tdhook_fn.attribution._occlusion as module
+
+    e = build("cnn", F64)
+    td = e.inputs((3,))
+    call = methods()["occlusion"]
+    at_once = call(e.f, e.params, td, chunk_size=5)
+    monkeypatch.setattr(module, "_ALL_MASKS", 0)
+    assert torch.equal(call(e.f, e.params, td, chunk_size=5)["input"], at_once["input"])
