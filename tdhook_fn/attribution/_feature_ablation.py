@@ -58,7 +58,7 @@ def feature_ablation(
             targets' sum.
         chunk_size (int | None): at most this many ablated copies of the batch per forward
             (captum's ``perturbations_per_eval``). Default: ``None``,
-            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs to ablate. Default: ``f.in_keys``.
 
     Returns:

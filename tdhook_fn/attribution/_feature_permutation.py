@@ -73,7 +73,7 @@ def feature_permutation(
             targets' sum.
         chunk_size (int | None): at most this many permuted copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs to permute. Default: ``f.in_keys``.
         generator (torch.Generator | None): the random generator the permutations are
             drawn from. Default: torch's global one (as captum).

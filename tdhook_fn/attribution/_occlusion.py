@@ -154,7 +154,7 @@ def occlusion(
             targets' sum.
         chunk_size (int | None): at most this many occluded copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs to occlude. Default: ``f.in_keys``.
 
     Returns:

@@ -9,13 +9,17 @@ once by the method (``build(lo, hi)`` returns the perturbed keys, ``[hi - lo, N,
 the other inputs are broadcast views) and goes through ``f`` in one forward of
 ``(hi - lo) * N`` samples. ``chunk_size`` bounds ``hi - lo`` (captum's
 ``perturbations_per_eval``); no Python loop runs per feature or per sample. Without a
-``chunk_size`` the rows are split in equal chunks of at most about ``2**18`` input
-elements (at least one row each): a
-forward of a few hundred thousand elements keeps the activations in cache, and one of
-all the rows at once is slower per sample once it does not (measured on the benchmark's
-CNN: 25 Shapley orders of 16 features over 32 digits take 95 ms in one forward of all
-401 rows, 47 ms in chunks of 128 rows, 73 ms in chunks of 16). The target
-values come back as ``[R, N, T]``: ``T`` targets with ``per_target``, else ``T = 1``
+``chunk_size`` the rows are split in equal chunks of at most about ``2**16`` input
+elements (at least one row each). One forward of every row is slower per sample once a
+model's activations leave the cache: on 32 digits (64 pixels each), a CNN of two convs
+of 16 and 32 channels runs 25 Shapley orders of 16 blocks (401 rows) in 136 ms in
+forwards of 1024 samples, 281 ms in forwards of 1856 and 426 ms in one forward (2.7x
+the time per sample); a CNN of one 8-channel conv is fastest in one forward, about 15%
+ahead of forwards of 1024 samples. ``2**16`` elements (1024 digits) costs little there
+and saves much on wider models; a model with much wider activations per input element
+(large images through wide convs, token ids through embeddings) may want a smaller
+``chunk_size``. The target values come back as ``[R, N, T]``: ``T`` targets with
+``per_target``, else ``T = 1``
 holding the targets' sum (tdhook's rule for several targets). The maps then come from
 differences of rows, so they are linear in the target values, as captum's.
 
@@ -47,7 +51,7 @@ __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "fl
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
-_ELEMENTS = 2**18  # input elements per forward without a chunk_size; NOTE [perturbation rows]
+_ELEMENTS = 2**16  # input elements per forward without a chunk_size; NOTE [perturbation rows]
 
 
 def checked_keys(method: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, target: Target,

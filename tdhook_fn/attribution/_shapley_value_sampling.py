@@ -64,7 +64,7 @@ def shapley_value_sampling(
             targets' sum.
         chunk_size (int | None): at most this many states per forward (captum's
             ``perturbations_per_eval``). Default: ``None``,
-            as many as make about ``2**18`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
         input_keys (Sequence | None): the inputs whose features are switched. Default:
             ``f.in_keys``.
         generator (torch.Generator | None): the random generator the orders are drawn from
