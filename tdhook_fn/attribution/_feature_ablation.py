@@ -37,8 +37,8 @@ def feature_ablation(
 
     captum's ``FeatureAblation``: every group of ``feature_mask`` is ablated on its own,
     and each element gets the change of its group. All ablated copies of the batch are
-    built once and go through ``f`` in batched forwards of at most ``chunk_size`` groups
-    (NOTE [perturbation rows]), the unablated inputs riding with the first.
+    built once and go through ``f`` in batched forwards of at most ``chunk_size`` groups,
+    the unablated inputs riding with the first.
 
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``.
@@ -58,7 +58,8 @@ def feature_ablation(
             targets' sum.
         chunk_size (int | None): at most this many ablated copies of the batch per forward
             (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
+            small forwards keep the activations in cache.
         input_keys (Sequence | None): the inputs to ablate. Default: ``f.in_keys``.
 
     Returns:

@@ -56,7 +56,7 @@ def feature_permutation(
     (one random permutation of the samples per group, never the identity); the other
     features keep theirs. The batch ``[*B]`` is flattened and permuted as one. All
     permuted copies are built once and go through ``f`` in batched forwards of at most
-    ``chunk_size`` groups (NOTE [perturbation rows]). Per sample (under ``vmap``) there
+    ``chunk_size`` groups. Per sample (under ``vmap``) there
     is nothing to permute across: call it on the batch.
 
     Args:
@@ -73,7 +73,8 @@ def feature_permutation(
             targets' sum.
         chunk_size (int | None): at most this many permuted copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
+            small forwards keep the activations in cache.
         input_keys (Sequence | None): the inputs to permute. Default: ``f.in_keys``.
         generator (torch.Generator | None): the random generator the permutations are
             drawn from. Default: torch's global one (as captum).

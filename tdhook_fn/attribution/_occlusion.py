@@ -132,9 +132,9 @@ def occlusion(
     captum's ``Occlusion``: a window of ``sliding_window_shapes`` slides over each sample
     of each occluded input in steps of ``strides`` from the corner at index 0, the last
     window of a dim cut off at the edge. All occluded copies of the batch are built once
-    and go through ``f`` in batched forwards of at most ``chunk_size`` windows (NOTE
-    [perturbation rows]); the map of an element is the mean change over the windows
-    that cover it. Inputs are occluded one at a time.
+    and go through ``f`` in batched forwards of at most ``chunk_size`` windows; the map
+    of an element is the mean change over the windows that cover it. Inputs are
+    occluded one at a time.
 
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``.
@@ -154,7 +154,8 @@ def occlusion(
             targets' sum.
         chunk_size (int | None): at most this many occluded copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
+            small forwards keep the activations in cache.
         input_keys (Sequence | None): the inputs to occlude. Default: ``f.in_keys``.
 
     Returns:

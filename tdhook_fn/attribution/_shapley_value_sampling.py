@@ -44,8 +44,8 @@ def shapley_value_sampling(
     orders, and every element of a group gets the group's share. The shares of one order
     sum to ``F(x) - F(baselines)`` (efficiency), so their mean does too. Every state of
     every order (``n_samples * P`` copies of the batch) is built once and goes through
-    ``f`` in batched forwards of at most ``chunk_size`` states (NOTE [perturbation
-    rows]). The orders are shared by all samples, as captum's.
+    ``f`` in batched forwards of at most ``chunk_size`` states. The orders are shared by
+    all samples, as captum's.
 
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``.
@@ -64,7 +64,8 @@ def shapley_value_sampling(
             targets' sum.
         chunk_size (int | None): at most this many states per forward (captum's
             ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (NOTE [perturbation rows]).
+            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
+            small forwards keep the activations in cache.
         input_keys (Sequence | None): the inputs whose features are switched. Default:
             ``f.in_keys``.
         generator (torch.Generator | None): the random generator the orders are drawn from
