@@ -275,3 +275,15 @@ def test_occlusion_masks_built_per_chunk_equal_those_built_at_once(monkeypatch):
     at_once = call(e.f, e.params, td, chunk_size=5)
     monkeypatch.setattr(module, "_ALL_MASKS", 0)
     assert torch.equal(call(e.f, e.params, td, chunk_size=5)["input"], at_once["input"])
+
+
+def test_calls_from_several_threads_give_each_its_own_maps():
+    from concurrent.futures import ThreadPoolExecutor
+
+    e = build("cnn", F64)
+    inputs = [e.inputs((3,), seed=s) for s in range(6)]
+    alone = [feature_ablation(e.f, e.params, td, 0.1, target=1, chunk_size=4) for td in inputs]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda td: feature_ablation(e.f, e.params, td, 0.1, target=1, chunk_size=4), inputs))
+    for a, b in zip(alone, together, strict=True):
+        assert torch.equal(a["input"], b["input"])
