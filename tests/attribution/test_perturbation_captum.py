@@ -281,3 +281,38 @@ def test_shapley_value_sampling_per_target_equals_captum_calls():
     for t in range(3):
         torch.manual_seed(2)
         close32(ours[t], ca.ShapleyValueSampling(e.model).attribute(x, target=t, n_samples=4))
+
+
+# ------------------------------------------------------------------ a Hugging Face model, token ids
+
+
+def test_token_ablation_and_shapley_on_gpt2_with_an_attention_mask_equal_captum():
+    """Token ids replaced by a pad id (0), the attention mask passed along unchanged (captum's additional args)."""
+    transformers = pytest.importorskip("transformers")
+    import tdhook_fn
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+                             out_keys=["logits"])
+    p = tdhook_fn.params(model)
+    ids = torch.randint(1, 40, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    td = TensorDict(input_ids=ids, attention_mask=mask, batch_size=[2])
+    last = lambda out: TensorDict(logits=out["logits"][..., -1, 3], batch_size=out.batch_size)
+    forward = lambda i, m: model(input_ids=i, attention_mask=m).logits[:, -1, 3]
+    ours = feature_ablation(f, p, td, 0, target=last, input_keys=["input_ids"], chunk_size=4)["input_ids"]
+    theirs = ca.FeatureAblation(forward).attribute(ids, baselines=0, additional_forward_args=(mask,))
+    close64(ours, theirs, 10.0)
+    windows = occlusion(f, p, td, 0, target=last, input_keys=["input_ids"], sliding_window_shapes=(2,))["input_ids"]
+    with mock.patch("captum.attr._core.feature_ablation.format_result", _float64_format_result):
+        close64(windows, ca.Occlusion(forward).attribute(ids, sliding_window_shapes=(2,), baselines=0,
+                                                         additional_forward_args=(mask,)), 10.0)
+    torch.manual_seed(3)
+    phi = shapley_value_sampling(f, p, td, 0, target=last, input_keys=["input_ids"], n_samples=4)["input_ids"]
+    torch.manual_seed(3)
+    close32(phi, ca.ShapleyValueSampling(forward).attribute(ids, baselines=0, additional_forward_args=(mask,),
+                                                            n_samples=4))
