@@ -91,7 +91,8 @@ def feature_ablation(
         return {key: torch.where(selected(groups.positions[key], lo, hi), starts[key], xs[key]) for key in keys}
 
     values = evaluate(f, params, flat, target, rows=len(groups.ids) + 1, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD)
+                      per_target=per_target, batch=batch, method=_METHOD,
+                      baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
     n = flat.batch_size[0]
     return as_maps({key: spread(change, groups.positions[key], n) for key in keys}, batch, per_target)

@@ -205,7 +205,8 @@ def occlusion(
 
     rows = 1 + sum(plans[k].count for k in keys)
     values = evaluate(f, params, inputs.reshape(-1), target, rows=rows, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD)
+                      per_target=per_target, batch=batch, method=_METHOD,
+                      baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, rows - 1]
     maps = {key: plans[key].spread(change[..., first[key]: first[key] + plans[key].count]) for key in keys}
     return as_maps(maps, batch, per_target)

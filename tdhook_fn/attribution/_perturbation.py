@@ -23,8 +23,8 @@ and saves much on wider models; a model with much wider activations per input el
 holding the targets' sum (tdhook's rule for several targets). The maps then come from
 differences of rows, so they are linear in the target values, as captum's.
 
-Nothing here asks for gradients. Eager, with no tensor of ``params`` or the inputs
-requiring grad, the forwards run under ``torch.no_grad`` (autograd's bookkeeping costs a
+Nothing here asks for gradients. Eager, with no tensor of ``params``, the inputs or the
+baselines requiring grad, the forwards run under ``torch.no_grad`` (autograd's bookkeeping costs a
 few percent of a small model's forward); under ``torch.func.grad`` or with parameters
 that require grad they record as usual, so the maps differentiate with respect to
 ``params``.
@@ -92,13 +92,17 @@ def _flat_target(target: Target, batch: torch.Size) -> Target:
 
 
 def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Target, *, rows: int, build: Build,
-             chunk_size: int | None, per_target: bool, batch: torch.Size, method: str) -> torch.Tensor:
-    """The target values of ``rows`` rows made by ``build``, chunk by chunk, ``[R, N, T]``; NOTE [perturbation rows]."""
+             chunk_size: int | None, per_target: bool, batch: torch.Size, method: str,
+             baselines: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    """The target values of ``rows`` rows made by ``build``, chunk by chunk, ``[R, N, T]``; NOTE [perturbation rows].
+
+    ``baselines`` are the tensors ``build`` reads besides the inputs (for the no-grad check).
+    """
     n = flat.batch_size[0]
     size = min(chunk_size, rows) if chunk_size else _balanced(rows, _default_rows(flat))
     flat_target = _flat_target(target, batch)
     # nothing to differentiate (eager, no tensor asking for a gradient): skip autograd's bookkeeping
-    quiet = untransformed() and not any_requires_grad((params, flat))
+    quiet = untransformed() and not any_requires_grad((params, flat), baselines)
     with torch.no_grad() if quiet else contextlib.nullcontext():
         return _chunks(f, params, flat, flat_target, rows, size, n, build, per_target, method)
 
@@ -146,7 +150,7 @@ def _per_row(method: str, values: TensorDictBase, batch: torch.Size, per_target:
         else:
             one = value.reshape(*batch, -1).sum(-1, keepdim=True)
         if total is not None and total.shape != one.shape:
-            raise ValueError(f"per_target needs the same number of targets in every target key, got "
+            raise ValueError(f"{method}: per_target needs the same number of targets in every target key, got "
                              f"{total.shape[-1]} and {one.shape[-1]}")
         total = one if total is None else total + one
     if total is None:

@@ -114,7 +114,8 @@ def shapley_value_sampling(
         return out
 
     values = evaluate(f, params, flat, target, rows=1 + n_samples * n_features, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD)
+                      per_target=per_target, batch=batch, method=_METHOD,
+                      baselines=list(starts.values()))
     states = values[1:].reshape(n_samples, n_features, *values.shape[1:])  # [S, P, N, T]
     before = torch.cat([values[:1].expand(n_samples, 1, *values.shape[1:]), states[:, :-1]], 1)
     steps = states - before  # [S, P, N, T]: the change of step i of order s

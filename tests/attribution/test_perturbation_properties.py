@@ -287,3 +287,14 @@ def test_calls_from_several_threads_give_each_its_own_maps():
         together = list(pool.map(lambda td: feature_ablation(e.f, e.params, td, 0.1, target=1, chunk_size=4), inputs))
     for a, b in zip(alone, together, strict=True):
         assert torch.equal(a["input"], b["input"])
+
+
+def test_baselines_that_require_grad_get_their_gradient():
+    """Eager autograd through the maps: ``W[t, j] (x_j - b_j)`` for a linear model, so d(sum)/db is ``-W[t]``."""
+    torch.manual_seed(0)
+    net = nn.Linear(5, 3).double()
+    f, p = tdhook_fn.pure(net)
+    x = torch.randn(4, 5, dtype=F64)
+    b = torch.zeros(4, 5, dtype=F64, requires_grad=True)
+    feature_ablation(f, p, x, b, target=2).sum().backward()
+    torch.testing.assert_close(b.grad, -net.weight[2].detach().expand(4, 5))
