@@ -32,7 +32,7 @@ class _Windows:
 
     @property
     def count(self) -> int:
-        return math.prod(c.shape[0] for c in self.covers)
+        return math.prod([c.shape[0] for c in self.covers])
 
     def masks(self, lo: int, hi: int) -> torch.Tensor:
         """Windows ``lo .. hi - 1`` (row-major over the positions) as masks ``[p, 1, *feature_shape]``."""
@@ -199,7 +199,9 @@ def occlusion(
             masks = plans[key].masks(a, b)
             before = max(first[key] + 1 - lo, 0)
             after = hi - lo - before - (b - a)
-            masks = torch.nn.functional.pad(masks, (*[0, 0] * (masks.dim() - 1), before, after))
+            if before or after:  # rows of the reference or of other inputs leave this one alone
+                masks = torch.cat([masks.new_zeros(before, *masks.shape[1:]), masks,
+                                   masks.new_zeros(after, *masks.shape[1:])])
             out[key] = torch.where(masks, starts[key], xs[key])
         return out
 

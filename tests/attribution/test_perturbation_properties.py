@@ -298,3 +298,14 @@ def test_baselines_that_require_grad_get_their_gradient():
     b = torch.zeros(4, 5, dtype=F64, requires_grad=True)
     feature_ablation(f, p, x, b, target=2).sum().backward()
     torch.testing.assert_close(b.grad, -net.weight[2].detach().expand(4, 5))
+
+
+@pytest.mark.parametrize("name", ["occlusion", "feature_ablation"])
+def test_fullgraph_compile_equals_eager(name):
+    """Dynamo traces the deterministic methods whole (the random ones draw and compare permutations in Python)."""
+    torch._dynamo.reset()
+    e = build("cnn", F64)
+    td = e.inputs((3,))
+    call = methods()[name]
+    compiled = torch.compile(lambda x: call(e.f, e.params, x, chunk_size=7), fullgraph=True, backend="eager")
+    assert_close_ulps(compiled(td), call(e.f, e.params, td, chunk_size=7), scale=10.0)
