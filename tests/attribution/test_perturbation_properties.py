@@ -309,3 +309,28 @@ def test_fullgraph_compile_equals_eager(name):
     call = methods()[name]
     compiled = torch.compile(lambda x: call(e.f, e.params, x, chunk_size=7), fullgraph=True, backend="eager")
     assert_close_ulps(compiled(td), call(e.f, e.params, td, chunk_size=7), scale=10.0)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 6, 100])
+def test_each_forward_holds_at_most_chunk_size_copies_of_the_batch(chunk_size):
+    """Memory is bounded by ``chunk_size``: every forward sees at most ``chunk_size * N`` samples (by default
+    equal chunks of at most 2**16 input elements), and every perturbation is evaluated once."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(300, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    f, p = tdhook_fn.pure(net)
+    sizes = []
+
+    def recording(params, td):
+        sizes.append(td.batch_size[0])
+        return f(params, td)
+
+    x = torch.randn(5, 300, dtype=F64)
+    mask = (torch.arange(300) // 10)[None]  # 30 features: 31 rows with the unablated inputs
+    ours = feature_ablation(recording, p, x, target=1, feature_mask=mask, chunk_size=chunk_size)
+    assert sum(sizes) == 31 * 5
+    if chunk_size is None:
+        assert max(sizes) * 300 <= 2**16 and len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0]
+        assert max(sizes) - min(sizes) <= 5  # equal chunks: no chunk of a few rows left over
+    else:
+        assert max(sizes) <= chunk_size * 5
+    assert_close_ulps(ours, feature_ablation(f, p, x, target=1, feature_mask=mask, chunk_size=31), scale=10.0)
