@@ -316,3 +316,15 @@ def test_token_ablation_and_shapley_on_gpt2_with_an_attention_mask_equal_captum(
     torch.manual_seed(3)
     close32(phi, ca.ShapleyValueSampling(forward).attribute(ids, baselines=0, additional_forward_args=(mask,),
                                                             n_samples=4))
+
+
+def test_feature_permutation_of_two_inputs_equals_captum_given_its_seed():
+    """Every element its own feature, numbered across the inputs in order: captum's draws, feature by feature."""
+    e = build("two_input", F64)
+    td = e.inputs((5,))
+    torch.manual_seed(2)
+    ours = feature_permutation(e.f, e.params, td, target=0, chunk_size=3)
+    torch.manual_seed(2)
+    theirs = ca.FeaturePermutation(e.model).attribute(captum_inputs(e, td), target=0)
+    for key, t in zip(e.in_keys, theirs, strict=True):
+        close64(ours[key], t, output_scale(e, td))
