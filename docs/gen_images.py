@@ -5,8 +5,9 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 (``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
-``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture
-(``probing`` and ``perturbation`` likewise).
+``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
+``python docs/gen_images.py conductance`` only the conductance picture (``probing`` and
+``perturbation`` likewise).
 """
 
 from __future__ import annotations
@@ -616,6 +617,54 @@ def draw_probing(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
     save(fig, "probing.png")
 
 
+def draw_conductance(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                     test_y: torch.Tensor) -> None:
+    """Layer conductance of the 32 hidden units of a digits MLP, and neuron conductance of the top units."""
+    from tdhook_fn.attribution._layer_conductance import layer_conductance
+    from tdhook_fn.attribution._neuron_conductance import neuron_conductance
+
+    torch.manual_seed(0)
+    mlp = train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
+                train_x, train_y, epochs=30)
+    print(f"test accuracy, digits MLP: {float(accuracy(mlp(test_x), test_y)):.3f}")
+    f, p = tdhook_fn.pure(mlp)
+    inputs = TensorDict(input=test_x, label=test_y, batch_size=[len(test_y)])
+    attr, delta = layer_conductance(f, p, inputs, 0.0, target=tdhook_fn.label("label"), layers=["[2]"],
+                                    n_steps=64, method="riemann_trapezoid", return_convergence_delta=True)
+    units = attr["[2]"]  # [450, 32]: each test digit's logit change split over the hidden units
+    by_class = torch.stack([units[test_y == c].mean(0) for c in range(10)])  # [10, 32]
+    order = by_class.abs().sum(0).argsort(descending=True)
+
+    fig = plt.figure(figsize=(9, 5.6))
+    grid = fig.add_gridspec(2, 4, height_ratios=[1.25, 1], hspace=0.45, wspace=0.25)
+    ax = fig.add_subplot(grid[0, :])
+    bound = float(by_class.abs().max())
+    shown = ax.imshow(by_class[:, order], cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+    ax.set_yticks(range(10), [str(c) for c in range(10)])
+    ax.set_xticks(range(32), [str(int(u)) for u in order], fontsize=7)
+    ax.set_xlabel("hidden unit (sorted by total |conductance|)")
+    ax.set_ylabel("true class")
+    ax.set_title(f"Mean layer conductance per hidden unit, true-class logit, {len(test_y)} test digits "
+                 f"(max |delta| {float(delta.abs().max()):.1e})", fontsize=10)
+    fig.colorbar(shown, ax=ax, fraction=0.025, pad=0.01)
+
+    digit = int(torch.nonzero(test_y == 3)[0, 0])
+    one = TensorDict(input=test_x[digit : digit + 1], batch_size=[1])
+    top = units[digit].abs().argsort(descending=True)[:3]
+    ax = fig.add_subplot(grid[1, 0])
+    show(ax, test_x[digit])
+    ax.set_title("a test 3", fontsize=10)
+    maps = torch.cat([neuron_conductance(f, p, one, 0.0, target=3, layer="[2]", neuron_selector=int(u),
+                                         n_steps=64)["input"] for u in top])
+    bound = float(maps.abs().max())
+    for i, u in enumerate(top):
+        ax = fig.add_subplot(grid[1, i + 1])
+        show(ax, maps[i], "RdBu_r", symmetric=True, bound=bound)
+        ax.set_title(f"through unit {int(u)} ({float(units[digit, u]):+.2f})", fontsize=9)
+    fig.suptitle("Conductance: how the logit's change flows through a hidden layer (red +, blue -)", fontsize=11)
+    save(fig, "conductance.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -640,6 +689,7 @@ def main() -> None:
     draw_probing(model, train_x, train_y, test_x, test_y)
     draw_latent()
     draw_similarity()
+    draw_conductance(train_x, train_y, test_x, test_y)
 
 
 def main_perturbation() -> None:
@@ -665,5 +715,8 @@ if __name__ == "__main__":
         main_probing()
     elif sys.argv[1:] == ["perturbation"]:
         main_perturbation()
+    elif sys.argv[1:] == ["conductance"]:
+        OUT.mkdir(exist_ok=True)
+        draw_conductance(*load())
     else:
         main()

@@ -972,9 +972,149 @@ PERTURBATION_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- compat: tdhook's LRP rule API
+
+
+def _rules() -> Any:
+    from tdhook_fn.compat.attribution.lrp_helpers import rules
+
+    return rules
+
+
+class _TwoInputs(nn.Module):
+    def forward(self, a: torch.Tensor, b: Any) -> torch.Tensor:
+        return a + b
+
+
+def _registered_call(rule: Any, module: nn.Module, *args: Any) -> Any:
+    with rule.register(module):
+        return module(*args)
+
+
+def _registered_twice() -> None:
+    layer = nn.Linear(2, 2)
+    _rules().EpsilonRule().register(layer)
+    _rules().PassRule().register(layer)
+
+
+def _custom_rule_registered() -> None:
+    class Custom(_rules().Rule):  # type: ignore[misc,name-defined]
+        pass
+
+    Custom().register(nn.Linear(2, 2))
+
+
+def _nested_rules() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with _rules().EpsilonRule().register(model), _rules().EpsilonRule().register(model[0]):
+        model(torch.ones(1, 2, requires_grad=True))
+
+
+def _rule_inside_pure_call() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with _rules().EpsilonRule().register(model[0]):
+        tdhook_fn.call(model, tdhook_fn.params(model), torch.ones(1, 2))
+
+
+def _unconserved() -> None:
+    hook = _rules().raise_for_unconserved_rel_factory()
+    hook(nn.Linear(2, 2), torch.ones(2), torch.zeros(2))
+
+
+LRP_RULES_ROWS: list[Row] = [
+    ("lrp-rule-registered-twice", _registered_twice, ValueError, ("PassRule.register", "already has EpsilonRule",
+                                                                  "remove it first")),
+    ("lrp-rule-unregister-unknown", lambda: _rules().EpsilonRule().unregister(nn.Linear(2, 2)), ValueError,
+     ("EpsilonRule.unregister", "not registered", "Linear")),
+    ("lrp-rule-register-not-module", lambda: _rules().EpsilonRule().register("layer"), TypeError,
+     ("EpsilonRule.register", "nn.Module", "str")),
+    ("lrp-rule-register-custom", _custom_rule_registered, TypeError, ("Custom", "stands for no tdhook_fn rule",
+                                                                      "relevance(call, grad)")),
+    ("lrp-rule-nested", _nested_rules, ValueError, ("EpsilonRule", "Linear", "inside a Sequential",
+                                                    "may not nest")),
+    ("lrp-rule-in-pure-call", _rule_inside_pure_call, RuntimeError, ("EpsilonRule", "tdhook_fn pure function",
+                                                                     "handle.remove()", "rule_mapper")),
+    ("lrp-rule-alpha-beta-negative", lambda: _rules().AlphaBetaRule(-1.0, 1.0), ValueError,
+     ("AlphaBetaRule", "must be non-negative", "alpha=-1.0")),
+    ("lrp-rule-alpha-beta-difference", lambda: _rules().AlphaBetaRule(2.0, 0.5), ValueError,
+     ("AlphaBetaRule", "alpha - beta must equal 1", "beta=0.5")),
+    ("lrp-rule-multiple-inputs", lambda: _registered_call(_rules().AlphaBetaRule(), _TwoInputs(), torch.ones(2),
+                                                          torch.ones(2)),
+     NotImplementedError, ("AlphaBetaRule", "multiple inputs", "2 positional")),
+    ("lrp-rule-pass-count", lambda: _registered_call(_rules().PassRule(), _TwoInputs(), torch.ones(2),
+                                                     torch.ones(2)),
+     ValueError, ("PassRule", "number of inputs and outputs", "2 inputs and 1 outputs")),
+    ("lrp-rule-pass-shape", lambda: _registered_call(_rules().PassRule(), nn.Linear(3, 2), torch.ones(3)),
+     ValueError, ("shape=torch.size([3])", "shape=torch.size([2])", "index 0")),
+    ("lrp-rule-non-tensor", lambda: _registered_call(_rules().EpsilonRule(), _TwoInputs(), torch.ones(2), 3.0),
+     TypeError, ("EpsilonRule", "_TwoInputs", "tensors as positional arguments", "one tensor returned")),
+    ("lrp-rule-unconserved", _unconserved, RuntimeError, ("Unconserved relevance", "Linear", "inputs hold 2",
+                                                          "outputs 0")),
+]
+
+
+# ---------------------------------------------------------------- attribution: conductance, internal influence
+
+
+def _path_method(name: str) -> Any:
+    import importlib
+
+    module = {"layer_conductance": "_layer_conductance", "neuron_conductance": "_neuron_conductance",
+              "internal_influence": "_internal_influence"}[name]
+    return getattr(importlib.import_module(f"tdhook_fn.attribution.{module}"), name)
+
+
+def _conductance(name: str, **options: Any) -> Any:
+    return _path_method(name)(tiny_f(), tiny_params(), tiny_inputs(), **{"target": 0, **options})
+
+
+CONDUCTANCE_ROWS: list[Row] = [
+    ("conductance-no-layers", lambda: _conductance("layer_conductance", layers=[]),
+     ValueError, ("layer_conductance", "layers is empty")),
+    ("conductance-layers-str", lambda: _conductance("layer_conductance", layers="[0]"),
+     TypeError, ("layer_conductance", "layers=['[0]']")),
+    ("conductance-n-steps", lambda: _conductance("layer_conductance", layers=["[0]"], n_steps=0),
+     ValueError, ("layer_conductance", "n_steps", ">= 1")),
+    ("conductance-chunk-size", lambda: _conductance("layer_conductance", layers=["[0]"], chunk_size=0),
+     ValueError, ("layer_conductance", "chunk_size", "path points per forward")),
+    ("conductance-method", lambda: _conductance("layer_conductance", layers=["[0]"], method="simpson"),
+     ValueError, ("'simpson'", "supported")),
+    ("conductance-token-ids", lambda: _path_method("layer_conductance")(
+        tdhook_fn.functional(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
+        tdhook_fn.params(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
+        torch.randint(0, 10, (2, 3)), 0, target=0, layers=["[2]"]),
+     TypeError, ("layer_conductance", "torch.int64", "cannot move along a path", "input_keys")),
+    ("conductance-plain-function", lambda: _path_method("layer_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layers=["[0]"]),
+     TypeError, ("layer_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
+    ("internal-influence-no-layers", lambda: _conductance("internal_influence", layers=[]),
+     ValueError, ("internal_influence", "layers is empty")),
+    ("internal-influence-baselines", lambda: _conductance("internal_influence", baselines=torch.zeros(2, 2),
+                                                          layers=["[0]"]),
+     ValueError, ("internal_influence", "baselines", "[2, 2]", "does not broadcast")),
+    ("neuron-conductance-layer-list", lambda: _conductance("neuron_conductance", layer=["[0]"], neuron_selector=0),
+     TypeError, ("neuron_conductance", "layer", "one submodule path")),
+    ("neuron-conductance-selector-type", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=[0]),
+     TypeError, ("neuron_conductance", "neuron_selector", "int", "callable")),
+    ("neuron-conductance-selector-range", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                               neuron_selector=4),
+     ValueError, ("neuron_conductance", "neuron_selector", "out of range", "[4]")),
+    ("neuron-conductance-selector-dims", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=(0, 1)),
+     ValueError, ("neuron_conductance", "neuron_selector", "2 indices", "1 dims")),
+    ("neuron-conductance-selector-rows", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=lambda a: a[:, :2]),
+     ValueError, ("neuron_conductance", "neuron_selector", "one value per row")),
+    ("neuron-conductance-plain-function", lambda: _path_method("neuron_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layer="[0]", neuron_selector=0),
+     TypeError, ("neuron_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *PERTURBATION_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *PERTURBATION_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

@@ -10,6 +10,8 @@ from ._convergence import convergence_delta
 from ._grad_cam import DimsConfig, grad_cam
 from ._guided_backprop import guided_backprop, module_paths
 from ._integrated_gradients import integrated_gradients
+from ._internal_influence import internal_influence
+from ._layer_conductance import layer_conductance
 from ._lrp import lrp, rule_taps
 from ._lrp_composites import EpsilonPlus, RuleMapper, Rules
 from ._lrp_rules import (
@@ -31,6 +33,7 @@ from ._lrp_rules import (
     ZPlus,
     stabilize,
 )
+from ._neuron_conductance import neuron_conductance
 from ._quadrature import SUPPORTED_METHODS, quadrature
 from ._saliency import saliency
 
@@ -61,8 +64,11 @@ __all__ = [
     "grad_cam",
     "guided_backprop",
     "integrated_gradients",
+    "internal_influence",
+    "layer_conductance",
     "lrp",
     "module_paths",
+    "neuron_conductance",
     "pgd_step",
     "quadrature",
     "rule_taps",
