@@ -9,7 +9,8 @@ is computed with tdhook_fn's pure methods on it. The latent page's pictures come
 ``python docs/gen_images.py conductance`` only the conductance picture,
 ``python docs/gen_images.py smoothgrad`` only the noise methods' one,
 ``python docs/gen_images.py surrogate`` only the KernelSHAP and LIME one (on scikit-learn's
-bundled diabetes data).
+bundled diabetes data),
+``python docs/gen_images.py perturbation`` only the occlusion and Shapley one.
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ from tdhook_fn.attribution import (
     AlphaBeta,
     DimsConfig,
     EpsilonPlus,
+    feature_ablation,
     grad_cam,
     guided_backprop,
     integrated_gradients,
     lrp,
+    occlusion,
     saliency,
+    shapley_value_sampling,
 )
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
 from tdhook_fn.attribution.surrogate import kernel_shap, lime
@@ -185,6 +189,25 @@ def draw_saliency(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         [f"digit {int(c)}" for c in y],
         "Saliency and input x gradient of the true class's logit (red +, blue -)",
         "saliency.png",
+    )
+
+
+def draw_perturbation(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Occlusion (2x2 windows), ablation and Shapley sampling of 2x2 blocks, baseline 0 (blank paper)."""
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    blocks = (torch.arange(8)[:, None] // 2 * 4 + torch.arange(8)[None, :] // 2).reshape(1, 1, 8, 8)
+    occluded = occlusion(f, p, inputs, 0.0, target=target, sliding_window_shapes=(1, 2, 2))["input"]
+    ablated = feature_ablation(f, p, inputs, 0.0, target=target, feature_mask=blocks)["input"]
+    shapley = shapley_value_sampling(f, p, inputs, 0.0, target=target, feature_mask=blocks, n_samples=25,
+                                     generator=torch.Generator().manual_seed(0))["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("occlusion 2x2", occluded, "RdBu_r", True),
+         ("ablation, 2x2 blocks", ablated, "RdBu_r", True), ("Shapley, 2x2 blocks", shapley, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Perturbation maps of the true class's logit (red: blanking lowers it)",
+        "perturbation.png",
     )
 
 
@@ -750,6 +773,7 @@ def main() -> None:
     classes = (0, 2, 3, 4, 7, 9)
     x, y = pick(model, test_x, test_y, classes)
     draw_saliency(model, x, y)
+    draw_perturbation(model, x, y)
     draw_integrated_gradients(model, x[2:], y[2:], test_x, test_y)
     gap_model = train(make_gap_cnn(), train_x, train_y, epochs=40, lr=5e-3)
     print(f"test accuracy, global-average-pooling CNN: {float(accuracy(gap_model(test_x), test_y)):.3f}")
@@ -767,6 +791,14 @@ def main() -> None:
     draw_similarity()
     draw_conductance(train_x, train_y, test_x, test_y)
     draw_surrogate()
+
+
+def main_perturbation() -> None:
+    """Only the perturbation page's picture (``python docs/gen_images.py perturbation``)."""
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    model = train(make_cnn(), train_x, train_y, epochs=8)
+    draw_perturbation(model, *pick(model, test_x, test_y, (0, 2, 3, 4, 7, 9)))
 
 
 def main_probing() -> None:
@@ -790,6 +822,8 @@ if __name__ == "__main__":
         draw_dimension()
     elif sys.argv[1:] == ["probing"]:
         main_probing()
+    elif sys.argv[1:] == ["perturbation"]:
+        main_perturbation()
     elif sys.argv[1:] == ["conductance"]:
         OUT.mkdir(exist_ok=True)
         draw_conductance(*load())

@@ -892,6 +892,86 @@ PROBING_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- attribution: perturbation methods
+
+
+def _perturbation(name: str) -> Any:
+    module = __import__(f"tdhook_fn.attribution._{name}", fromlist=[name])
+    return getattr(module, name)
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 2), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(y)
+
+
+def _two_inputs_call(name: str, **options: Any) -> Any:
+    model = _TwoInputs()
+    f = tdhook_fn.functional(model, ["x", "y"], ["output"])
+    td = TensorDict(x=torch.randn(3, 4), y=torch.randn(3, 3), batch_size=[3])
+    return _perturbation(name)(f, tdhook_fn.params(model), td, target=0, **options)
+
+
+def _perturbation_call(name: str, x: torch.Tensor | None = None, **options: Any) -> Any:
+    f, p = tdhook_fn.pure(tiny_model())
+    return _perturbation(name)(f, p, torch.randn(4, 3) if x is None else x, target=options.pop("target", 1),
+                               **options)
+
+
+PERTURBATION_ROWS: list[Row] = [
+    ("occlusion-window-too-large", lambda: _perturbation_call("occlusion", sliding_window_shapes=(4,)),
+     ValueError, ("occlusion", "sliding window (4,)", "larger than one sample")),
+    ("occlusion-stride-past-window", lambda: _perturbation_call("occlusion", sliding_window_shapes=(1,), strides=2),
+     ValueError, ("occlusion", "stride 2", "window 1", "never be occluded")),
+    ("occlusion-window-dims", lambda: _perturbation_call("occlusion", sliding_window_shapes=(1, 1)),
+     ValueError, ("occlusion", "sliding_window_shapes", "2 dims", "one sample has 1")),
+    ("occlusion-window-not-a-tuple", lambda: _perturbation_call("occlusion", sliding_window_shapes=2),
+     TypeError, ("occlusion", "sliding_window_shapes", "tuple of ints", "2")),
+    ("occlusion-window-zero", lambda: _perturbation_call("occlusion", sliding_window_shapes=(0,)),
+     ValueError, ("occlusion", "positive", "(0,)")),
+    ("occlusion-two-inputs-one-window", lambda: _two_inputs_call("occlusion", sliding_window_shapes=(2,)),
+     TypeError, ("occlusion", "2 inputs", "sliding_window_shapes", "dict")),
+    ("occlusion-window-missing-key", lambda: _two_inputs_call("occlusion", sliding_window_shapes={"x": (2,)}),
+     KeyError, ("occlusion", "sliding_window_shapes", "'y'")),
+    ("occlusion-window-unknown-key", lambda: _two_inputs_call(
+        "occlusion", sliding_window_shapes={"x": (2,), "y": (1,), "z": (1,)}),
+     KeyError, ("occlusion", "sliding_window_shapes", "'z'", "perturbed inputs")),
+    ("feature-mask-float", lambda: _perturbation_call("feature_ablation", feature_mask=torch.zeros(1, 3)),
+     TypeError, ("feature_ablation", "feature_mask", "integer feature ids", "torch.float32", ".long()")),
+    ("feature-mask-shape", lambda: _perturbation_call("feature_ablation", feature_mask=torch.zeros(2, 2).long()),
+     ValueError, ("feature_ablation", "feature_mask", "[2, 2]", "does not broadcast", "[4, 3]")),
+    ("feature-mask-tensor-two-inputs", lambda: _two_inputs_call("feature_ablation",
+                                                                feature_mask=torch.zeros(4).long()),
+     TypeError, ("feature_ablation", "tensor feature_mask", "2 are", "dict")),
+    ("feature-mask-missing-key", lambda: _two_inputs_call("feature_permutation",
+                                                          feature_mask={"x": torch.zeros(4).long()}),
+     KeyError, ("feature_permutation", "feature_mask", "'y'")),
+    ("feature-mask-not-a-tensor", lambda: _perturbation_call("feature_ablation", feature_mask=[0, 1, 2]),
+     TypeError, ("feature_ablation", "feature_mask", "list")),
+    ("shapley-negative-ids", lambda: _perturbation_call("shapley_value_sampling",
+                                                        feature_mask=torch.tensor([-1, 0, 1])),
+     ValueError, ("shapley_value_sampling", "negative ids", "0, 1, 2")),
+    ("shapley-n-samples", lambda: _perturbation_call("shapley_value_sampling", n_samples=0),
+     ValueError, ("shapley_value_sampling", "n_samples", "positive int")),
+    ("perturbation-chunk-size", lambda: _perturbation_call("occlusion", sliding_window_shapes=(1,), chunk_size=0),
+     ValueError, ("occlusion", "chunk_size", "positive int")),
+    ("permutation-one-sample", lambda: _perturbation_call("feature_permutation", x=torch.randn(1, 3)),
+     ValueError, ("feature_permutation", "1 sample", "at least two")),
+    ("perturbation-per-target-dims", lambda: _perturbation_call(
+        "feature_ablation", target=lambda td: td["output"][..., None], per_target=True),
+     ValueError, ("feature_ablation", "per_target", "[*batch, T]", "(2, 1)")),
+    ("perturbation-integer-target", lambda: _perturbation_call(
+        "feature_ablation", target=lambda td: td["output"].argmax(-1)),
+     TypeError, ("feature_ablation", "target", "torch.int64", "floating point")),
+    ("perturbation-unknown-input-key", lambda: _two_inputs_call("feature_ablation", input_keys=["z"]),
+     KeyError, ("feature_ablation", "input_keys", "'z'")),
+]
+
+
 # ---------------------------------------------------------------- compat: tdhook's LRP rule API
 
 
@@ -1188,7 +1268,7 @@ SURROGATE_ROWS: list[Row] = [
 
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS, *SURROGATE_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS, *SURROGATE_ROWS, *PERTURBATION_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

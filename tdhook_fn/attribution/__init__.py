@@ -8,6 +8,8 @@ with respect to params.
 from ._activation_maximisation import activation_maximisation, pgd_step
 from ._convergence import convergence_delta
 from ._deconvolution import deconvolution, relu_paths
+from ._feature_ablation import feature_ablation
+from ._feature_permutation import feature_permutation
 from ._grad_cam import DimsConfig, grad_cam
 from ._gradient_shap import gradient_shap
 from ._guided_backprop import guided_backprop, module_paths
@@ -39,8 +41,10 @@ from ._lrp_rules import (
     stabilize,
 )
 from ._neuron_conductance import neuron_conductance
+from ._occlusion import occlusion
 from ._quadrature import SUPPORTED_METHODS, quadrature
 from ._saliency import saliency
+from ._shapley_value_sampling import shapley_value_sampling
 from ._smoothgrad import smoothgrad
 
 __all__ = [
@@ -68,6 +72,8 @@ __all__ = [
     "activation_maximisation",
     "convergence_delta",
     "deconvolution",
+    "feature_ablation",
+    "feature_permutation",
     "grad_cam",
     "gradient_shap",
     "guided_backprop",
@@ -80,12 +86,14 @@ __all__ = [
     "lrp",
     "module_paths",
     "neuron_conductance",
+    "occlusion",
     "pgd_step",
     "quadrature",
     "relu_paths",
     "rule_taps",
     "saliency",
     "shapley_kernel_samples",
+    "shapley_value_sampling",
     "smoothgrad",
     "stabilize",
 ]
