@@ -47,9 +47,18 @@ def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
     return items[0]
 
 
+def _only_output(td: TensorDictBase, outputs: Sequence[NestedKey] | None) -> tuple[NestedKey, Any]:
+    """The single output among ``outputs`` (all of ``td``'s entries if None); one named output is read directly."""
+    if outputs is not None and len(outputs) == 1:
+        value = td.get(outputs[0], None)
+        if isinstance(value, torch.Tensor):
+            return outputs[0], value
+    return _single_output(td if outputs is None else td.select(*outputs))
+
+
 def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Callable[[TensorDictBase], TensorDictBase]:
     def select(td: TensorDictBase) -> TensorDictBase:
-        key, value = _single_output(td if outputs is None else td.select(*outputs))
+        key, value = _only_output(td, outputs)
         classes = value.shape[-1] if value.dim() else 0
         wrong = [i for i in ([index] if isinstance(index, int) else index) if not -classes <= i < classes]
         if wrong:
@@ -99,7 +108,7 @@ def _select_per_sample(index: torch.Tensor,
     """
 
     def select(td: TensorDictBase) -> TensorDictBase:
-        key, value = _single_output(td if outputs is None else td.select(*outputs))
+        key, value = _only_output(td, outputs)
         batch = td.batch_size
         if index.dim() > len(batch) or index.shape != batch[len(batch) - index.dim():]:
             raise ValueError(
@@ -113,12 +122,17 @@ def _select_per_sample(index: torch.Tensor,
             )
         classes = value.shape[-1]
         picked_index = index.to(value.device, torch.long)  # (uint8 compared with -classes would wrap around)
-        if _concrete(picked_index) and picked_index.numel() and bool(
-                ((picked_index < -classes) | (picked_index >= classes)).any()):
-            bad = picked_index[(picked_index < -classes) | (picked_index >= classes)][0].item()
-            raise IndexError(f"target: class index {bad} is out of range for output {key!r} with {classes} "
-                             f"classes (valid: {-classes} to {classes - 1})")
-        picked_index = torch.where(picked_index < 0, picked_index + classes, picked_index).expand(batch)
+        negative = True
+        if _concrete(picked_index) and picked_index.numel():  # one pass for the range: this runs on every call
+            low, high = (int(v) for v in torch.aminmax(picked_index))
+            if low < -classes or high >= classes:
+                bad = low if low < -classes else high
+                raise IndexError(f"target: class index {bad} is out of range for output {key!r} with {classes} "
+                                 f"classes (valid: {-classes} to {classes - 1})")
+            negative = low < 0
+        if negative:
+            picked_index = torch.where(picked_index < 0, picked_index + classes, picked_index)
+        picked_index = picked_index.expand(batch)
         picked = value.gather(-1, picked_index.unsqueeze(-1)).squeeze(-1)
         return TensorDict({key: picked}, batch_size=batch)
 

@@ -163,13 +163,17 @@ def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[Ne
 def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase,
            batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
     """Target values from the outputs, the target layers' activations and the extras."""
-    offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
-    select = as_target(target, outputs=list(offered.keys(True, True)))
-    offered.update(seen)
-    for key, value in extras.items(True, True):
-        if key not in offered.keys(True, True):
-            offered.set(key, value)
-    values = _as_target_values(select(offered.reshape(batch)), batch)
+    if use_outputs and not private and seen.is_empty() and extras.is_empty():
+        offered = out  # nothing to add or take away: read as it is (this runs on every call)
+        select = as_target(target, outputs=list(out.keys(True, True)))
+    else:
+        offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
+        select = as_target(target, outputs=list(offered.keys(True, True)))
+        offered.update(seen)
+        for key, value in extras.items(True, True):
+            if key not in offered.keys(True, True):
+                offered.set(key, value)
+    values = _as_target_values(select(offered if offered.batch_size == batch else offered.reshape(batch)), batch)
     return _check_targets(values) if check else values
 
 
