@@ -1,0 +1,270 @@
+"""DeepLift with the rescale rule (Shrikumar et al. 2017), as captum 0.9 computes it, on LRP's walk.
+
+The inputs and their references run through ``f`` as one batch, and `lrp` pulls the
+target back with the rescale rule at each nonlinearity (NOTE [deeplift as lrp rules]):
+one forward, one modified backward (per target: one-hot cotangents, no further forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import Functional, NestedKey
+from .._targets import Target, as_target
+from ._baselines import Baselines, attributed_keys, path_starts
+from ._checks import check_layers
+from ._deeplift_rules import rescale_rules
+from ._engine import unflatten
+from ._inputs import accepts_tensors
+from ._lrp import lrp
+
+__all__ = ["deeplift", "layer_deeplift"]
+
+PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
+
+
+def _check(method: str, f: Any, eps: float) -> Functional:
+    if not isinstance(f, Functional):
+        raise TypeError(f"{method} needs f to be a tdhook_fn.Functional (it puts the rescale rule on f.model's "
+                        "nonlinearities); build it with tdhook_fn.functional(model)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"{method}: eps must be a number >= 0, got {eps!r}")
+    return f
+
+
+def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase) -> bool:
+    """Whether every sample has the same reference, and the inputs hold nothing else (one reference row suffices)."""
+    if set(inputs.keys(True, True)) != set(starts.keys(True, True)):
+        return False  # (other inputs, e.g. masks or labels, differ per sample: one reference row per sample)
+    if isinstance(baselines, (int, float)):
+        return True
+    dims = inputs.batch_dims
+    return all(all(s == 0 for s in v.stride()[:dims]) for v in starts.values(True, True))
+
+
+def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey],
+             method: str) -> tuple[TensorDictBase, TensorDictBase]:
+    """The inputs' rows, then the references' (one, or one per sample), flat; and the references ``[*B]``."""
+    starts = path_starts(inputs, baselines, keys, method)
+    flat = inputs.reshape(-1)
+    if _shared(inputs, baselines, starts):
+        lead = inputs.batch_dims
+        reference = TensorDict({k: v.reshape(-1, *v.shape[lead:])[:1] for k, v in starts.items(True, True)},
+                               batch_size=[1])
+    else:
+        reference = flat.clone(False)
+        reference.update(starts.reshape(-1))
+    return torch.cat([flat, reference]), starts
+
+
+def _on_input_rows(target: Target, f: Functional, n: int, batch: torch.Size) -> Callable[[TensorDictBase], Any]:
+    """The target read at the inputs' rows of the stacked batch; zeros (no gradient) at the references'."""
+    select = as_target(target, outputs=f.out_keys)
+
+    def on_rows(offered: TensorDictBase) -> TensorDict:
+        values = select(offered[:n].reshape(batch))
+        if isinstance(values, torch.Tensor):
+            values = TensorDict({"target": values}, batch_size=batch)
+        if not isinstance(values, TensorDictBase):
+            raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
+        rows = offered.batch_size[0] - n
+        out = TensorDict({}, batch_size=offered.batch_size)
+        for key, value in values.items(True, True):
+            if value.shape[: len(batch)] != batch:
+                raise ValueError(f"target returned {key!r} of shape {list(value.shape)}; its leading dims must be "
+                                 f"the batch {list(batch)}")
+            value = value.reshape(n, *value.shape[len(batch):])
+            out.set(key, torch.cat([value, value.new_zeros(rows, *value.shape[1:])]))
+        return out
+
+    return on_rows
+
+
+def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.Tensor:
+    """A map of the stacked batch (after ``lead`` target dims) at the inputs' rows, batch ``[*B]`` again."""
+    return unflatten(t.narrow(lead, 0, n), lead, batch)
+
+
+def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+                 target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
+                 ) -> tuple[TensorDict, TensorDictBase, TensorDictBase]:
+    """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the stacked inputs, the references.
+
+    ``keys`` are replaced by the baselines; they are attributed unless ``layers`` are.
+    """
+    fn = _check(method, f, eps)
+    batch = inputs.batch_size
+    n = batch.numel()
+    stacked, starts = _stacked(inputs, baselines, keys, method)
+    maps = lrp(fn, params, stacked, target=_on_input_rows(target, fn, n, batch), rules=rescale_rules(n, eps),
+               per_target=per_target, layers=layers, use_inputs=not layers, input_keys=list(keys),
+               warn_on_missing_rule=False)
+    lead = 1 if per_target else 0
+    out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
+    for key, value in maps.items(True, True):
+        out.set(key, _input_rows(value, lead, n, batch))
+    return out, stacked, starts
+
+
+@accepts_tensors
+def deeplift(
+    f: PureFn,
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    baselines: Baselines = 0.0,
+    *,
+    target: Target,
+    multiply_by_inputs: bool = True,
+    eps: float = 1e-10,
+    per_target: bool = False,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
+) -> TensorDict:
+    """DeepLift (rescale rule): how much each input's change from its reference moves the target, as captum's.
+
+    The inputs and their references run through ``f`` in one batch; the target is pulled
+    back with ReLU, ELU, LeakyReLU, Sigmoid, Tanh, Softplus, Softmax and max-pooling
+    modules handing on ``dy / dx`` (differences from the reference) instead of their
+    derivative, and their plain gradient where ``|dx| < eps``, as captum 0.9's
+    ``DeepLift`` (other modules: their plain gradient). With ``multiply_by_inputs`` the
+    maps of one sample sum to ``F(x) - F(reference)`` on models built of these modules
+    and linear ones (completeness; see `convergence_delta`). Differences from captum: its
+    softmax rule centres over the whole batch, here per sample; see the DeepLift page.
+
+    Args:
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
+        params (TensorDict): parameters for ``f`` (constants here).
+        inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``; or a tensor,
+            batch first (the result is then a tensor; see `saliency`).
+        baselines (TensorDict | Tensor | float): the references, as in
+            `integrated_gradients`: per attributed key, with the input's shape; a
+            tensor that broadcasts to the one attributed input (one sample's); or a
+            number. Default: ``0.0``, as captum.
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
+        multiply_by_inputs (bool): multiply the multipliers by ``inputs - baselines``
+            (captum's global attribution). Default: ``True``.
+        eps (float): below this ``|dx|`` a nonlinearity uses its plain gradient. Default:
+            ``1e-10``, as captum.
+        per_target (bool): one map per target along a new leading dim ``T``, from one
+            forward, as in `saliency`. Default: ``False``.
+        input_keys (Sequence | None): which inputs are attributed (and replaced by the
+            baselines); the others are passed unchanged. Default: ``f.in_keys``.
+
+    Returns:
+        TensorDict: keyed like the attributed inputs, batch ``[*B]`` or ``[T, *B]``.
+
+    Raises:
+        TypeError: ``f`` is not a Functional, or the baselines do not fit (named).
+        ValueError: ``eps`` is negative, or a nonlinearity does not take the batch as its
+            first dim (the path is named).
+        NotImplementedError: called under ``torch.func.grad``/``vjp`` (maps are not
+            differentiable, as LRP's).
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> _ = torch.manual_seed(0)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3, dtype=torch.float64), batch_size=[5])
+        >>> attr = deeplift(f, p, x, 0.0, target=1)
+        >>> gap = net(x["input"])[:, 1] - net(torch.zeros(1, 3, dtype=torch.float64))[:, 1]
+        >>> torch.allclose(attr["input"].sum(-1), gap)  # completeness
+        True
+        >>> per_sample = torch.func.vmap(lambda td: deeplift(f, p, td, 0.0, target=1))(x)
+        >>> torch.allclose(per_sample["input"], attr["input"])
+        True
+    """
+    keys = attributed_keys("deeplift", f, inputs, input_keys)
+    grads, _, starts = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, ())
+    if not multiply_by_inputs:
+        return grads
+    out = TensorDict({}, batch_size=grads.batch_size)
+    for key in keys:
+        out.set(key, grads.get(key) * (inputs.get(key) - starts.get(key)))
+    return out
+
+
+@accepts_tensors
+def layer_deeplift(
+    f: PureFn,
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    baselines: Baselines = 0.0,
+    *,
+    target: Target,
+    layers: Sequence[str],
+    multiply_by_inputs: bool = True,
+    eps: float = 1e-10,
+    per_target: bool = False,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
+) -> TensorDict:
+    """DeepLift of layer activations (each module's output), as captum 0.9's ``LayerDeepLift``.
+
+    The multiplier at a layer is the rescaled gradient arriving at its output (see
+    `deeplift`); with ``multiply_by_inputs`` it is multiplied by the activation at the
+    inputs minus the activation at the references, so the map of one sample sums to
+    ``F(x) - F(reference)`` where `deeplift`'s does.
+
+    Args:
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
+        params (TensorDict): parameters for ``f`` (constants here).
+        inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``, as in `deeplift`.
+        baselines (TensorDict | Tensor | float): the references of the inputs, as in
+            `deeplift`. Default: ``0.0``.
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
+        layers (Sequence[str]): paths of the modules whose outputs are attributed, as in `saliency`.
+        multiply_by_inputs (bool): multiply by the change of the activation. Default: ``True``.
+        eps (float): as in `deeplift`. Default: ``1e-10``.
+        per_target (bool): one map per target along a new leading dim ``T``. Default: ``False``.
+        input_keys (Sequence | None): which inputs the baselines replace. Default: ``f.in_keys``.
+
+    Returns:
+        TensorDict: keyed by layer path, batch ``[*B]`` or ``[T, *B]``.
+
+    Raises:
+        TypeError: ``f`` is not a Functional, or ``layers`` is not a list of paths.
+        ValueError: as `deeplift`; a path names no module, or its module runs more than once.
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = torch.randn(5, 3, dtype=torch.float64)
+        >>> attr = layer_deeplift(f, p, x, target=0, layers=["[1]"])
+        >>> attr.shape
+        torch.Size([5, 4])
+        >>> gap = net(x)[:, 0] - net(torch.zeros(1, 3, dtype=torch.float64))[:, 0]
+        >>> torch.allclose(attr.sum(-1), gap)
+        True
+    """
+    check_layers("layer_deeplift", layers)
+    if not layers:
+        raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
+                         "(layers=['<path>']), or use deeplift for the inputs")
+    keys = attributed_keys("layer_deeplift", f, inputs, input_keys)
+    grads, stacked, _ = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
+                                     layers)
+    if not multiply_by_inputs:
+        return grads
+    return _times_layer_change(f, params, stacked, grads, layers, inputs.batch_size)
+
+
+def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,
+                        layers: Sequence[str], batch: torch.Size) -> TensorDict:
+    """The multipliers at each layer times the layer's activation at the inputs minus at the references."""
+    from .._taps import capture
+
+    n = batch.numel()
+    keys = [f"_tdhook_fn_deeplift_{i}" for i in range(len(layers))]
+    with torch.no_grad():
+        seen = f.with_taps(*(capture(path, key=key) for path, key in zip(layers, keys, strict=True)))(params, stacked)
+    out = TensorDict({}, batch_size=grads.batch_size)
+    for path, key in zip(layers, keys, strict=True):
+        act = seen.get(key)
+        change = act[:n] - act[n:]
+        out.set(path, grads.get(path) * unflatten(change, 0, batch))
+    return out
