@@ -8,7 +8,7 @@ one forward, one modified backward (per target: one-hot cotangents, no further f
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -17,7 +17,7 @@ from .._functional import Functional, NestedKey
 from .._targets import Target, as_target
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_layers
-from ._deeplift_rules import rescale_rules
+from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors
 from ._lrp import lrp
@@ -36,8 +36,10 @@ def _check(method: str, f: Any, eps: float) -> Functional:
     return f
 
 
-def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase) -> bool:
+def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase, carried: bool) -> bool:
     """Whether every sample has the same reference, and the inputs hold nothing else (one reference row suffices)."""
+    if carried:
+        return False  # (the references' rows carry each sample's gradient)
     if set(inputs.keys(True, True)) != set(starts.keys(True, True)):
         return False  # (other inputs, e.g. masks or labels, differ per sample: one reference row per sample)
     if isinstance(baselines, (int, float)):
@@ -46,12 +48,12 @@ def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase
     return all(all(s == 0 for s in v.stride()[:dims]) for v in starts.values(True, True))
 
 
-def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey],
-             method: str) -> tuple[TensorDictBase, TensorDictBase]:
+def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str,
+             carried: bool) -> tuple[TensorDictBase, TensorDictBase]:
     """The inputs' rows, then the references' (one, or one per sample), flat; and the references ``[*B]``."""
     starts = path_starts(inputs, baselines, keys, method)
     flat = inputs.reshape(-1)
-    if _shared(inputs, baselines, starts):
+    if _shared(inputs, baselines, starts, carried):
         lead = inputs.batch_dims
         reference = TensorDict({k: v.reshape(-1, *v.shape[lead:])[:1] for k, v in starts.items(True, True)},
                                batch_size=[1])
@@ -61,24 +63,36 @@ def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[Nested
     return torch.cat([flat, reference]), starts
 
 
-def _on_input_rows(target: Target, f: Functional, n: int, batch: torch.Size) -> Callable[[TensorDictBase], Any]:
-    """The target read at the inputs' rows of the stacked batch; zeros (no gradient) at the references'."""
+def _on_rows(target: Target, f: Functional, n: int, batch: torch.Size,
+             carried: bool) -> Callable[[TensorDictBase], Any]:
+    """The target read at the inputs' rows of the stacked batch; at the references' too where they carry a gradient.
+
+    Elsewhere zeros there: no gradient (NOTE [deeplift as lrp rules]).
+    """
     select = as_target(target, outputs=f.out_keys)
 
-    def on_rows(offered: TensorDictBase) -> TensorDict:
-        values = select(offered[:n].reshape(batch))
+    def read(offered: TensorDictBase) -> TensorDict:
+        values = select(offered.reshape(batch))
         if isinstance(values, torch.Tensor):
             values = TensorDict({"target": values}, batch_size=batch)
         if not isinstance(values, TensorDictBase):
             raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
-        rows = offered.batch_size[0] - n
-        out = TensorDict({}, batch_size=offered.batch_size)
         for key, value in values.items(True, True):
             if value.shape[: len(batch)] != batch:
                 raise ValueError(f"target returned {key!r} of shape {list(value.shape)}; its leading dims must be "
                                  f"the batch {list(batch)}")
+        return cast(TensorDict, values)
+
+    def on_rows(offered: TensorDictBase) -> TensorDict:
+        at_inputs = read(offered[:n])
+        at_references = read(offered[n:]) if carried else None
+        rows = offered.batch_size[0] - n
+        out = TensorDict({}, batch_size=offered.batch_size)
+        for key, value in at_inputs.items(True, True):
             value = value.reshape(n, *value.shape[len(batch):])
-            out.set(key, torch.cat([value, value.new_zeros(rows, *value.shape[1:])]))
+            other = (value.new_zeros(rows, *value.shape[1:]) if at_references is None
+                     else at_references.get(key).reshape(rows, *value.shape[1:]))
+            out.set(key, torch.cat([value, other]))
         return out
 
     return on_rows
@@ -99,8 +113,9 @@ def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDict
     fn = _check(method, f, eps)
     batch = inputs.batch_size
     n = batch.numel()
-    stacked, starts = _stacked(inputs, baselines, keys, method)
-    maps = lrp(fn, params, stacked, target=_on_input_rows(target, fn, n, batch), rules=rescale_rules(n, eps),
+    carried = needs_reference_gradients(fn.model)
+    stacked, starts = _stacked(inputs, baselines, keys, method, carried)
+    maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried), rules=rescale_rules(n, eps, carried),
                per_target=per_target, layers=layers, use_inputs=not layers, input_keys=list(keys),
                warn_on_missing_rule=False)
     lead = 1 if per_target else 0

@@ -11,13 +11,17 @@ is an LRP rule in the sense of `tdhook_fn.attribution.lrp`: the rule sees the mo
 input and output (NOTE [lrp as modified vjps]), so DeepLift runs on LRP's walk, the
 chain walk included.
 
-The target reads the input rows only, so the reference rows carry no gradient. Captum
-also pulls the target back through the references: its max-pool and softmax rules
-read that gradient, which differs from the inputs' only where a nonlinearity above fell
-back to its plain gradient (``|dx| < eps``); the rules here take the inputs' gradient
-for both, as the two agree everywhere else. Captum's softmax rule subtracts the mean of
-the multiplied gradient over the whole batch; here over each sample, so that a map does
-not depend on the other samples of the batch (equal to captum one sample at a time).
+Captum pulls the target back through the references' rows as well, and its max-pool and
+softmax rules read that gradient. Where the model is a chain of per-sample linear maps
+and these nonlinearities (`needs_reference_gradients` says no), the references'
+gradient equals the inputs' (the same multipliers and weights act on both), except
+where a nonlinearity above fell back to its plain gradient at ``0 < |dx| < eps``; the
+target then reads the input rows only, the references carry no gradient, and one
+shared reference row suffices. Elsewhere (attention: ``a @ v`` sends each row a
+gradient of its own) the target reads both, as in captum, and the rules hand on both.
+Captum's softmax rule subtracts the mean of the multiplied gradient over the whole
+batch; here over each sample's pair of rows, so that a map does not depend on the
+other samples of the batch (equal to captum one sample at a time).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from torch import nn
 from ._lrp_call import ModuleCall
 from ._lrp_rules import Relevances
 
-__all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "rescale_rules"]
+__all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "needs_reference_gradients", "rescale_rules"]
 
 
 def _halves(call: ModuleCall, n: int, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,20 +53,20 @@ def _halves(call: ModuleCall, n: int, what: str) -> tuple[torch.Tensor, torch.Te
     return x[:n], x[n:], y[:n], y[n:]
 
 
-def _with_reference_rows(grad: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """``grad`` of the input rows, and zeros for the reference rows (they are not attributed)."""
-    return torch.cat([grad, grad.new_zeros(reference.shape)])
+def _rows(at_inputs: torch.Tensor, at_references: torch.Tensor | None, reference: torch.Tensor) -> torch.Tensor:
+    """The gradient of the stacked rows: zeros at the references' where they carry none (NOTE [deeplift as lrp rules])."""
+    return torch.cat([at_inputs, at_inputs.new_zeros(reference.shape) if at_references is None else at_references])
 
 
-def _plain(call: ModuleCall, grad: torch.Tensor, n: int) -> torch.Tensor:
-    """The module's own gradient at the input rows (captum's fallback where ``|dx| < eps``)."""
-    return call.vjp(call.inputs, grad)[0][:n]
+def _ratio(dy: torch.Tensor, dx: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``dy / dx``, with ``dx`` replaced by 1 where it is too small: no inf or nan where it is not used."""
+    return dy / torch.where(flat, torch.ones_like(dx), dx)
 
 
-_DERIVATIVES: dict[type[nn.Module], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: lambda _x, y: (y > 0).to(y.dtype),
-    nn.Sigmoid: lambda _x, y: y * (1 - y),
-    nn.Tanh: lambda _x, y: 1 - y * y,
+_DERIVATIVES: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
+    nn.ReLU: lambda y: (y > 0).to(y.dtype),
+    nn.Sigmoid: lambda y: y * (1 - y),
+    nn.Tanh: lambda y: 1 - y * y,
 }
 
 
@@ -73,43 +77,54 @@ class Rescale:
     Args:
         n (int): the number of input rows leading the stacked batch.
         eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
+        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
     """
 
     n: int
     eps: float = 1e-10
+    carried: bool = False
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         x, x_ref, y, y_ref = _halves(call, self.n, "an elementwise nonlinearity")
-        g = grad[: self.n]
         dx = x - x_ref
         flat = dx.abs() < self.eps
+        ratio = _ratio(y - y_ref, dx, flat)
         derivative = _DERIVATIVES.get(call.template.cls)
-        plain = g * derivative(x, y) if derivative is not None else _plain(call, grad, self.n)
-        # dx is replaced where it is too small, so that no inf or nan is made where it is not used
-        rescaled = g * (y - y_ref) / torch.where(flat, torch.ones_like(dx), dx)
-        return [_with_reference_rows(torch.where(flat, plain, rescaled), x_ref)]
+        plain = grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
+        g, g_ref = grad[: self.n], grad[self.n :]
+        at_inputs = torch.where(flat, plain[: self.n], g * ratio)
+        at_references = torch.where(flat, plain[self.n :], g_ref * ratio) if self.carried else None
+        return [_rows(at_inputs, at_references, x_ref)]
 
 
 @dataclass(frozen=True)
 class RescaleSoftmax:
-    """The rescale rule at a softmax, made to sum to zero per sample as captum's (NOTE [deeplift as lrp rules]).
+    """The rescale rule at a softmax, centred per sample as captum's (NOTE [deeplift as lrp rules]).
 
     Args:
         n (int): the number of input rows leading the stacked batch.
         eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
+        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
     """
 
     n: int
     eps: float = 1e-10
+    carried: bool = False
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         x, x_ref, y, y_ref = _halves(call, self.n, "a softmax")
         dx = x - x_ref
         flat = dx.abs() < self.eps
-        rescaled = grad[: self.n] * (y - y_ref) / torch.where(flat, torch.ones_like(dx), dx)
-        multiplied = torch.where(flat, _plain(call, grad, self.n), rescaled)
-        mean = multiplied.flatten(1).mean(1).reshape((-1, *[1] * (dx.dim() - 1)))
-        return [_with_reference_rows(multiplied - mean, x_ref)]
+        ratio = _ratio(y - y_ref, dx, flat)
+        plain = call.vjp(call.inputs, grad)[0]
+        at_inputs = torch.where(flat, plain[: self.n], grad[: self.n] * ratio)
+        if not self.carried:  # the references' part is the inputs' (NOTE [deeplift as lrp rules])
+            mean = at_inputs.flatten(1).mean(1)
+            return [_rows(at_inputs - mean.reshape((-1, *[1] * (dx.dim() - 1))), None, x_ref)]
+        at_references = torch.where(flat, plain[self.n :], grad[self.n :] * ratio)
+        mean = (at_inputs.flatten(1).mean(1) + at_references.flatten(1).mean(1)) / 2
+        mean = mean.reshape((-1, *[1] * (dx.dim() - 1)))
+        return [_rows(at_inputs - mean, at_references - mean, x_ref)]
 
 
 _POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
@@ -124,10 +139,12 @@ class RescaleMaxPool:
     Args:
         n (int): the number of input rows leading the stacked batch.
         eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
+        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
     """
 
     n: int
     eps: float = 1e-10
+    carried: bool = False
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         x, x_ref, y, y_ref = _halves(call, self.n, "a max pooling")
@@ -139,17 +156,19 @@ class RescaleMaxPool:
                        ceil_mode=state["ceil_mode"], return_indices=True)[1]
         at_x, at_ref = indices[: self.n], indices[self.n :].expand_as(y)
         g = grad[: self.n]
+        g_ref = grad[self.n :] if self.carried else g
         top = torch.maximum(y, y_ref)
 
-        def unpool(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-            plane = values.new_zeros(x.shape).flatten(-dims)
-            return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(x.shape)
+        def unpool(values: torch.Tensor, where: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+            plane = values.new_zeros(like.shape).flatten(-dims)
+            return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(like.shape)
 
         dx = x - x_ref
         flat = dx.abs() < self.eps
-        moved = unpool(g * (top - y_ref), at_x) + unpool(g * (y - top), at_ref)
-        rescaled = moved / torch.where(flat, torch.ones_like(dx), dx)
-        return [_with_reference_rows(torch.where(flat, unpool(g, at_x), rescaled), x_ref)]
+        moved = _ratio(unpool(g * (top - y_ref), at_x, x) + unpool(g_ref * (y - top), at_ref, x), dx, flat)
+        at_inputs = torch.where(flat, unpool(g, at_x, x), moved)
+        at_references = torch.where(flat, unpool(g_ref, at_ref, x), moved) if self.carried else None
+        return [_rows(at_inputs, at_references, x_ref)]
 
 
 RESCALED: dict[type[nn.Module], type[Rescale] | type[RescaleSoftmax] | type[RescaleMaxPool]] = {
@@ -158,10 +177,34 @@ RESCALED: dict[type[nn.Module], type[Rescale] | type[RescaleSoftmax] | type[Resc
     nn.MaxPool1d: RescaleMaxPool, nn.MaxPool2d: RescaleMaxPool, nn.MaxPool3d: RescaleMaxPool,
 }
 
+# modules that act on each sample linearly (in eval mode), or are rescaled: a chain of them sends
+# the references' rows the inputs' gradient (NOTE [deeplift as lrp rules])
+_PER_SAMPLE_LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout,
+                      nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
-def rescale_rules(n: int, eps: float) -> Callable[[str, nn.Module], Any]:
+
+def needs_reference_gradients(model: nn.Module) -> bool:
+    """Whether the references' rows must carry their own gradient (NOTE [deeplift as lrp rules]).
+
+    No for a model without softmax or max pooling (no rule reads it), and for an
+    ``nn.Sequential`` chain of per-sample linear modules and rescaled ones.
+    """
+    readers = (RescaleSoftmax, RescaleMaxPool)
+    if not any(RESCALED.get(type(m)) in readers for m in model.modules()):
+        return False
+    for module in model.modules():
+        if isinstance(module, nn.Sequential) and "forward" not in module.__dict__:
+            continue
+        if module._modules or not (type(module) in RESCALED or isinstance(module, _PER_SAMPLE_LINEAR)):
+            return True
+        if "forward" in module.__dict__ or (isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training):
+            return True
+    return False
+
+
+def rescale_rules(n: int, eps: float, carried: bool) -> Callable[[str, nn.Module], Any]:
     """The rule mapper of DeepLift: captum's nonlinearities (by exact class) get the rescale rule, others none."""
-    made = {cls: rule(n, eps) for cls, rule in RESCALED.items()}
+    made = {cls: rule(n, eps, carried) for cls, rule in RESCALED.items()}
 
     def mapper(_name: str, module: nn.Module) -> Any:
         return made.get(type(module))
