@@ -45,7 +45,7 @@ def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase
     if isinstance(baselines, (int, float)):
         return True
     dims = inputs.batch_dims
-    return all(all(s == 0 for s in v.stride()[:dims]) for v in starts.values(True, True))
+    return all(all(s == 0 for s in cast(torch.Tensor, v).stride()[:dims]) for v in starts.values(True, True))
 
 
 def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str,
@@ -60,7 +60,7 @@ def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[Nested
     else:
         reference = flat.clone(False)
         reference.update(starts.reshape(-1))
-    return torch.cat([flat, reference]), starts
+    return cast(TensorDictBase, torch.cat([flat, reference])), starts
 
 
 def _on_rows(target: Target, f: Functional, n: int, batch: torch.Size,
@@ -88,10 +88,10 @@ def _on_rows(target: Target, f: Functional, n: int, batch: torch.Size,
         at_references = read(offered[n:]) if carried else None
         rows = offered.batch_size[0] - n
         out = TensorDict({}, batch_size=offered.batch_size)
-        for key, value in at_inputs.items(True, True):
-            value = value.reshape(n, *value.shape[len(batch):])
-            other = (value.new_zeros(rows, *value.shape[1:]) if at_references is None
-                     else at_references.get(key).reshape(rows, *value.shape[1:]))
+        for key, leaf in at_inputs.items(True, True):
+            value = cast(torch.Tensor, leaf).reshape(n, *leaf.shape[len(batch):])
+            other = (value.new_zeros((rows, *value.shape[1:])) if at_references is None
+                     else cast(torch.Tensor, at_references.get(key)).reshape(rows, *value.shape[1:]))
             out.set(key, torch.cat([value, other]))
         return out
 
@@ -115,13 +115,13 @@ def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDict
     n = batch.numel()
     carried = needs_reference_gradients(fn.model)
     stacked, starts = _stacked(inputs, baselines, keys, method, carried)
-    maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried), rules=rescale_rules(n, eps, carried),
-               per_target=per_target, layers=layers, use_inputs=not layers, input_keys=list(keys),
-               warn_on_missing_rule=False)
+    maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
+               rules=rescale_rules(n, eps, carried), per_target=per_target, layers=layers, use_inputs=not layers,
+               input_keys=list(keys), warn_on_missing_rule=False)
     lead = 1 if per_target else 0
     out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
     for key, value in maps.items(True, True):
-        out.set(key, _input_rows(value, lead, n, batch))
+        out.set(key, _input_rows(cast(torch.Tensor, value), lead, n, batch))
     return out, stacked, starts
 
 

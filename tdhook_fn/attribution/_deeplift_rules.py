@@ -54,7 +54,10 @@ def _halves(call: ModuleCall, n: int, what: str) -> tuple[torch.Tensor, torch.Te
 
 
 def _rows(at_inputs: torch.Tensor, at_references: torch.Tensor | None, reference: torch.Tensor) -> torch.Tensor:
-    """The gradient of the stacked rows: zeros at the references' where they carry none (NOTE [deeplift as lrp rules])."""
+    """The gradient of the stacked rows: zeros at the references' where they carry none.
+
+    See NOTE [deeplift as lrp rules].
+    """
     return torch.cat([at_inputs, at_inputs.new_zeros(reference.shape) if at_references is None else at_references])
 
 
