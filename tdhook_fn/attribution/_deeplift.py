@@ -15,8 +15,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target, as_target
+from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
-from ._checks import check_layers
+from ._checks import check_call, check_layers
+from ._deeplift_chain import chain_deeplift
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors
@@ -105,24 +107,46 @@ def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.
 
 def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
                  target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
-                 ) -> tuple[TensorDict, TensorDictBase, TensorDictBase]:
-    """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the stacked inputs, the references.
+                 ) -> tuple[TensorDict, TensorDictBase, TensorDictBase | None]:
+    """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the references, the stacked inputs (``None``: walked).
 
     ``keys`` are replaced by the baselines; they are attributed unless ``layers`` are.
     """
     fn = _check(method, f, eps)
     batch = inputs.batch_size
     n = batch.numel()
+    lead = 1 if per_target else 0
+    if not layers and len(keys) == 1 and untransformed() and set(inputs.keys(True, True)) == set(keys):
+        walked = _walked(method, fn, params, inputs, baselines, target, eps, per_target, keys[0])
+        if walked is not None:
+            return walked
     carried = needs_reference_gradients(fn.model)
     stacked, starts = _stacked(inputs, baselines, keys, method, carried)
     maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
                rules=rescale_rules(n, eps, carried), per_target=per_target, layers=layers, use_inputs=not layers,
                input_keys=list(keys), warn_on_missing_rule=False)
-    lead = 1 if per_target else 0
     out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
     for key, value in maps.items(True, True):
         out.set(key, _input_rows(cast(torch.Tensor, value), lead, n, batch))
-    return out, stacked, starts
+    return out, starts, stacked
+
+
+def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+            target: Target, eps: float, per_target: bool, key: NestedKey,
+            ) -> tuple[TensorDict, TensorDictBase, None] | None:
+    """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain."""
+    check_call(method, f, params, inputs, (key,), target)
+    starts = path_starts(inputs, baselines, (key,), method)
+    x, b, lead = inputs.get(key), starts.get(key), inputs.batch_dims
+    reference = b.reshape(-1, *b.shape[lead:])
+    if _shared(inputs, baselines, starts, False):
+        reference = reference[:1]
+    walked = chain_deeplift(f, params, x.reshape(-1, *x.shape[lead:]), reference, target, eps, per_target)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    batch = inputs.batch_size
+    return TensorDict({key: unflatten(walked, first, batch)}, batch_size=[*walked.shape[:first], *batch]), starts, None
 
 
 @accepts_tensors
@@ -194,7 +218,7 @@ def deeplift(
         True
     """
     keys = attributed_keys("deeplift", f, inputs, input_keys)
-    grads, _, starts = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, ())
+    grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, ())
     if not multiply_by_inputs:
         return grads
     out = TensorDict({}, batch_size=grads.batch_size)
@@ -261,10 +285,11 @@ def layer_deeplift(
         raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
                          "(layers=['<path>']), or use deeplift for the inputs")
     keys = attributed_keys("layer_deeplift", f, inputs, input_keys)
-    grads, stacked, _ = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
+    grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
                                      layers)
     if not multiply_by_inputs:
         return grads
+    assert stacked is not None  # (layers take the general path)
     return _times_layer_change(f, params, stacked, grads, layers, inputs.batch_size)
 
 

@@ -1,0 +1,180 @@
+"""DeepLift on a chain of modules: multipliers known in the forward, a backward of products and adjoints.
+
+# NOTE [deeplift on a chain]
+Where the model is a chain (NOTE [chains]) of linear layers and convolutions, the
+rescaled nonlinearities with a closed-form derivative (ReLU, LeakyReLU, Sigmoid, Tanh),
+max pooling, a last-dim softmax and reshapes, every multiplier of the rescale rule is
+known once the inputs and the references have gone forward: ``dy / dx`` (or the
+derivative where ``|dx| < eps``) at a nonlinearity, and the backward is the adjoints
+of the linear maps (one op each, NOTE [affine modules]) and elementwise products.
+The walk runs the inputs (``n`` rows) and the references (one row when shared, NOTE
+[deeplift as lrp rules]) apart, without a graph, and pulls back one-hot seeds: the
+numbers of the rules on LRP's walk, without the stacked batch, the taps or autograd.
+Anything else (other modules, buffers, a callable target, layers, a transform) takes
+the general path of `deeplift`, which gives the same maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from torch import nn
+
+from .._chain import chain_of
+from .._params import leaves
+from .._targets import Target
+from ._lrp_affine import affine_of
+
+__all__ = ["chain_deeplift"]
+
+Back = Callable[[torch.Tensor], torch.Tensor]  # the multiplier's gradient at a module's output -> at its input
+
+_DERIVATIVES: dict[type[nn.Module], Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    nn.ReLU: lambda _m, _x, y: (y > 0).to(y.dtype),
+    nn.LeakyReLU: lambda m, x, _y: torch.where(x > 0, 1.0, float(m.__dict__["negative_slope"])).to(x.dtype),
+    nn.Sigmoid: lambda _m, _x, y: y * (1 - y),
+    nn.Tanh: lambda _m, _x, y: 1 - y * y,
+}
+_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
+    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
+_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
+
+
+def _ratio(dy: torch.Tensor, dx: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    return dy / torch.where(flat, torch.ones_like(dx), dx)
+
+
+def _elementwise(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -> tuple[Any, ...]:
+    y, y_ref = module(h), module(r)
+    dx = h - r
+    flat = dx.abs() < eps
+    multiplier = torch.where(flat, _DERIVATIVES[type(module)](module, h, y), _ratio(y - y_ref, dx, flat))
+    return y, y_ref, lambda g: g * multiplier
+
+
+def _softmax(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -> tuple[Any, ...]:
+    y, y_ref = module(h), module(r)
+    dx = h - r
+    flat = dx.abs() < eps
+    ratio = _ratio(y - y_ref, dx, flat)
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        plain = y * (g - (g * y).sum(-1, keepdim=True))
+        multiplied = torch.where(flat, plain, g * ratio)
+        return multiplied - multiplied.flatten(1).mean(1).reshape((-1, *[1] * (h.dim() - 1)))
+
+    return y, y_ref, back
+
+
+def _max_pool(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -> tuple[Any, ...]:
+    dims, pool = _POOLS[type(module)]
+    s = module.__dict__
+    y, at_x = pool(h, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
+                   return_indices=True)
+    y_ref, at_ref = pool(r, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
+                         return_indices=True)
+    at_ref = at_ref.expand_as(at_x)
+    dx = h - r
+    flat = dx.abs() < eps
+    top = torch.maximum(y, y_ref)
+    up, down = top - y_ref, y - top
+
+    def unpool(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        plane = values.new_zeros(h.shape).flatten(-dims)
+        return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(h.shape)
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        moved = _ratio(unpool(g * up, at_x) + unpool(g * down, at_ref), dx, flat)
+        return torch.where(flat, unpool(g, at_x), moved)
+
+    return y, y_ref, back
+
+
+def _step(module: nn.Module, own: dict[str, torch.Tensor], h: torch.Tensor, r: torch.Tensor,
+          eps: float) -> tuple[Any, ...] | None:
+    """One module forward at the inputs and the references, and its backward; ``None``: not a known module."""
+    cls, state = type(module), module.__dict__
+    if "forward" in state or getattr(module, "inplace", False):
+        return None
+    affine = affine_of(cls, state, state["_parameters"])
+    if affine is not None:
+        weight, bias = own["weight"], own.get("bias")
+        adjoint, shape = affine.adjoint(weight, fast=True), h.shape
+        return affine.run(h, weight, bias), affine.run(r, weight, bias), lambda g: adjoint(g, shape)
+    if state["_parameters"]:
+        return None
+    if cls in _DERIVATIVES:
+        return _elementwise(module, h, r, eps)
+    if cls in _POOLS and state.get("return_indices") is False:
+        return _max_pool(module, h, r, eps)
+    if cls is nn.Softmax and state.get("dim") in (-1, h.dim() - 1):
+        return _softmax(module, h, r, eps)
+    if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
+        shape = h.shape
+        return module(h), module(r), lambda g: g.reshape(shape)
+    return None
+
+
+def _own_tensors(model: nn.Module, params: TensorDictBase,
+                 names: Sequence[str]) -> list[dict[str, torch.Tensor]] | None:
+    """Each link's parameters from ``params``; ``None`` where they hold anything else (the general path says what)."""
+    values = leaves(params)
+    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
+        return None  # (the general path refuses params that require grad)
+    own: list[dict[str, torch.Tensor]] = []
+    used = 0
+    for name in names:
+        module = model.get_submodule(name)
+        if module.__dict__["_buffers"]:
+            return None
+        tensors = {}
+        for slot, tensor in module.__dict__["_parameters"].items():
+            value = values.get((*name.split("."), slot)) if tensor is not None else None
+            if tensor is not None and not (isinstance(value, torch.Tensor) and value.shape == tensor.shape):
+                return None
+            if value is not None:
+                tensors[slot] = value
+        own.append(tensors)
+        used += len(tensors)
+    return own if used == len(values) else None
+
+
+def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor, target: Target,
+                   eps: float, per_target: bool) -> torch.Tensor | None:
+    """DeepLift's multipliers of ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by NOTE [deeplift on a chain].
+
+    ``reference`` has ``n`` rows or one. ``None`` where the walk does not apply.
+    """
+    links = chain_of(f)
+    given = target if isinstance(target, tuple) else (target,)
+    indices = [i for i in given if type(i) is int]
+    if links is None or not x.is_floating_point() or len(indices) != len(given):
+        return None
+    if len(indices) > 1 and not per_target:
+        return None
+    own = _own_tensors(f.model, params, [name for name, _ in links])
+    if own is None:
+        return None
+    backs: list[Back] = []
+    h, r = x, reference
+    with torch.no_grad():
+        for (_, module), tensors in zip(links, own, strict=True):
+            step = _step(module, tensors, h, r, eps)
+            if step is None:
+                return None
+            h, r, back = step
+            backs.append(back)
+        if not (isinstance(h, torch.Tensor) and h.dim() == 2 and all(-h.shape[1] <= i < h.shape[1] for i in indices)):
+            return None
+        maps = []
+        for i in indices:
+            g = torch.zeros_like(h)
+            g[:, i] = 1.0
+            for back in reversed(backs):
+                g = back(g)
+            maps.append(g)
+    return torch.stack(maps) if per_target else maps[0]
