@@ -8,7 +8,7 @@ known once the inputs and the references have gone forward: ``dy / dx`` (or the
 derivative where ``|dx| < eps``) at a nonlinearity, and the backward is the adjoints
 of the linear maps (one op each, NOTE [affine modules]) and elementwise products.
 The walk runs the inputs (``n`` rows) and the references (one row when shared, NOTE
-[deeplift as lrp rules]) apart, without a graph, and pulls back one-hot seeds: the
+[deeplift as lrp rules]) as one batch, without a graph, and pulls back one-hot seeds: the
 numbers of the rules on LRP's walk, without the stacked batch, the taps or autograd.
 Anything else (other modules, buffers, a callable target, layers, a transform) takes
 the general path of `deeplift`, which gives the same maps.
@@ -44,40 +44,41 @@ _POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
 _RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
 
 
-def _ratio(dy: torch.Tensor, dx: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    return dy / torch.where(flat, torch.ones_like(dx), dx)
+def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    # no graph here: the inf or nan where dx is 0 is never selected, and never differentiated
+    return dy / dx
 
 
-def _elementwise(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -> tuple[Any, ...]:
-    y, y_ref = module(h), module(r)
+def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    out = module(both)
+    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    dx = h - r
+    multiplier = torch.where(dx.abs() < eps, _DERIVATIVES[type(module)](module, h, y), _ratio(y - y_ref, dx))
+    return out, lambda g: g * multiplier
+
+
+def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    out = module(both)
+    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
     dx = h - r
     flat = dx.abs() < eps
-    multiplier = torch.where(flat, _DERIVATIVES[type(module)](module, h, y), _ratio(y - y_ref, dx, flat))
-    return y, y_ref, lambda g: g * multiplier
-
-
-def _softmax(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -> tuple[Any, ...]:
-    y, y_ref = module(h), module(r)
-    dx = h - r
-    flat = dx.abs() < eps
-    ratio = _ratio(y - y_ref, dx, flat)
+    ratio = _ratio(y - y_ref, dx)
 
     def back(g: torch.Tensor) -> torch.Tensor:
         plain = y * (g - (g * y).sum(-1, keepdim=True))
         multiplied = torch.where(flat, plain, g * ratio)
         return multiplied - multiplied.flatten(1).mean(1).reshape((-1, *[1] * (h.dim() - 1)))
 
-    return y, y_ref, back
+    return out, back
 
 
-def _max_pool(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -> tuple[Any, ...]:
+def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     dims, pool = _POOLS[type(module)]
     s = module.__dict__
-    y, at_x = pool(h, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
-                   return_indices=True)
-    y_ref, at_ref = pool(r, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
-                         return_indices=True)
-    at_ref = at_ref.expand_as(at_x)
+    out, indices = pool(both, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
+                        return_indices=True)
+    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    at_x, at_ref = indices[:n], indices[n:].expand_as(y)
     dx = h - r
     flat = dx.abs() < eps
     top = torch.maximum(y, y_ref)
@@ -88,34 +89,37 @@ def _max_pool(module: nn.Module, h: torch.Tensor, r: torch.Tensor, eps: float) -
         return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(h.shape)
 
     def back(g: torch.Tensor) -> torch.Tensor:
-        moved = _ratio(unpool(g * up, at_x) + unpool(g * down, at_ref), dx, flat)
+        moved = _ratio(unpool(g * up, at_x) + unpool(g * down, at_ref), dx)
         return torch.where(flat, unpool(g, at_x), moved)
 
-    return y, y_ref, back
+    return out, back
 
 
-def _step(module: nn.Module, own: dict[str, torch.Tensor], h: torch.Tensor, r: torch.Tensor,
-          eps: float) -> tuple[Any, ...] | None:
-    """One module forward at the inputs and the references, and its backward; ``None``: not a known module."""
+def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n: int,
+          eps: float) -> tuple[torch.Tensor, Back] | None:
+    """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward.
+
+    ``None``: not a module the walk knows.
+    """
     cls, state = type(module), module.__dict__
     if "forward" in state or getattr(module, "inplace", False):
         return None
     affine = affine_of(cls, state, state["_parameters"])
     if affine is not None:
         weight, bias = own["weight"], own.get("bias")
-        adjoint, shape = affine.adjoint(weight, fast=True), h.shape
-        return affine.run(h, weight, bias), affine.run(r, weight, bias), lambda g: adjoint(g, shape)
+        adjoint, shape = affine.adjoint(weight, fast=True), torch.Size((n, *both.shape[1:]))
+        return affine.run(both, weight, bias), lambda g: adjoint(g, shape)
     if state["_parameters"]:
         return None
     if cls in _DERIVATIVES:
-        return _elementwise(module, h, r, eps)
+        return _elementwise(module, both, n, eps)
     if cls in _POOLS and state.get("return_indices") is False:
-        return _max_pool(module, h, r, eps)
-    if cls is nn.Softmax and state.get("dim") in (-1, h.dim() - 1):
-        return _softmax(module, h, r, eps)
+        return _max_pool(module, both, n, eps)
+    if cls is nn.Softmax and state.get("dim") in (-1, both.dim() - 1):
+        return _softmax(module, both, n, eps)
     if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
-        shape = h.shape
-        return module(h), module(r), lambda g: g.reshape(shape)
+        shape = (n, *both.shape[1:])
+        return module(both), lambda g: g.reshape(shape)
     return None
 
 
@@ -160,14 +164,17 @@ def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: t
     if own is None:
         return None
     backs: list[Back] = []
-    h, r = x, reference
+    n = x.shape[0]
     with torch.no_grad():
+        # one op per module for both (the references' rows after the inputs'): half the calls of two runs
+        both = torch.cat([x, reference])
         for (_, module), tensors in zip(links, own, strict=True):
-            step = _step(module, tensors, h, r, eps)
+            step = _step(module, tensors, both, n, eps)
             if step is None:
                 return None
-            h, r, back = step
+            both, back = step
             backs.append(back)
+        h = both[:n]
         if not (isinstance(h, torch.Tensor) and h.dim() == 2 and all(-h.shape[1] <= i < h.shape[1] for i in indices)):
             return None
         maps = []
