@@ -118,8 +118,8 @@ def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n
     if cls is nn.Softmax and state.get("dim") in (-1, both.dim() - 1):
         return _softmax(module, both, n, eps)
     if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
-        shape = (n, *both.shape[1:])
-        return module(both), lambda g: g.reshape(shape)
+        in_shape = torch.Size((n, *both.shape[1:]))
+        return module(both), lambda g: g.reshape(in_shape)
     return None
 
 
