@@ -33,11 +33,15 @@ __all__ = ["chain_deeplift"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # the multiplier's gradient at a module's output -> at its input
 
-_DERIVATIVES: dict[type[nn.Module], Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: lambda _m, _x, y: (y > 0).to(y.dtype),
-    nn.LeakyReLU: lambda m, x, _y: torch.where(x > 0, 1.0, float(m.__dict__["negative_slope"])).to(x.dtype),
-    nn.Sigmoid: lambda _m, _x, y: y * (1 - y),
-    nn.Tanh: lambda _m, _x, y: 1 - y * y,
+# each activation's function (called directly: a module call costs more than the op on small tensors) and
+# derivative, from its module, input and output
+_ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                                          Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]]] = {
+    nn.ReLU: (lambda _m, x: torch.relu(x), lambda _m, _x, y: y > 0),  # (a bool: where promotes it)
+    nn.LeakyReLU: (lambda m, x: F.leaky_relu(x, m.__dict__["negative_slope"]),
+                   lambda m, x, _y: torch.where(x > 0, 1.0, float(m.__dict__["negative_slope"])).to(x.dtype)),
+    nn.Sigmoid: (lambda _m, x: torch.sigmoid(x), lambda _m, _x, y: y * (1 - y)),
+    nn.Tanh: (lambda _m, x: torch.tanh(x), lambda _m, _x, y: 1 - y * y),
 }
 _POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
     nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
@@ -50,10 +54,11 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
 
 
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
-    out = module(both)
+    function, derivative = _ACTIVATIONS[type(module)]
+    out = function(module, both)
     h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
     dx = h - r
-    multiplier = torch.where(dx.abs() < eps, _DERIVATIVES[type(module)](module, h, y), _ratio(y - y_ref, dx))
+    multiplier = torch.where(dx.abs() < eps, derivative(module, h, y), _ratio(y - y_ref, dx))
     return out, lambda g: g * multiplier
 
 
@@ -111,7 +116,7 @@ def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n
         return affine.run(both, weight, bias), lambda g: adjoint(g, shape)
     if state["_parameters"]:
         return None
-    if cls in _DERIVATIVES:
+    if cls in _ACTIVATIONS:
         return _elementwise(module, both, n, eps)
     if cls in _POOLS and state.get("return_indices") is False:
         return _max_pool(module, both, n, eps)
