@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_latent", "bench_metrics",
+BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_deeplift", "bench_latent", "bench_metrics",
               "bench_dimension", "bench_similarity", "bench_probing", "bench_compat_probing", "bench_data",
               "bench_compile")
 
