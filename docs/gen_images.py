@@ -5,7 +5,8 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 (``load_digits``: 1797 real 8x8 images, no download) with fixed seeds, and every picture
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
-``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture.
+``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
+``python docs/gen_images.py deeplift`` only DeepLift's.
 """
 
 from __future__ import annotations
@@ -300,6 +301,26 @@ def draw_lrp(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
                  "row;\nred for the class, blue against it; LRP relevance scaled by the logit, as in the textbook)",
                  fontsize=10)
     save(fig, "lrp.png")
+
+
+def draw_deeplift(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train_x: torch.Tensor) -> None:
+    """DeepLift of the true class against three references, and DeepLiftShap over 32 training digits."""
+    from tdhook_fn.attribution._deeplift import deeplift
+    from tdhook_fn.attribution._deeplift_shap import deeplift_shap
+
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    mean_digit = train_x.mean(0, keepdim=True)
+    refs = train_x[torch.randperm(len(train_x), generator=torch.Generator().manual_seed(2))[:32]]
+    rows = [("input", x, "gray_r", False),
+            ("DeepLift,\nblank reference", deeplift(f, p, inputs, 0.0, target=target)["input"], "RdBu_r", True),
+            ("DeepLift,\nmean digit", deeplift(f, p, inputs, mean_digit, target=target)["input"], "RdBu_r", True),
+            ("DeepLiftShap,\n32 digits", deeplift_shap(f, p, inputs, TensorDict(input=refs, batch_size=[32]),
+                                                       target=target)["input"], "RdBu_r", True)]
+    image_grid(rows, [f"digit {int(c)}" for c in y],
+               "DeepLift (rescale rule) of the true class's logit against three references (red +, blue -);\n"
+               "each map sums to the logit's change from its reference", "deeplift.png")
 
 
 def draw_metrics(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
@@ -608,6 +629,7 @@ def main() -> None:
     draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
     draw_guided_backprop(model, x, y)
     draw_lrp(model, x[2:], y[2:])
+    draw_deeplift(model, x, y, train_x)
     draw_metrics(model, test_x, test_y)
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
     draw_pruning(model, test_x, test_y)
@@ -631,5 +653,10 @@ if __name__ == "__main__":
         draw_dimension()
     elif sys.argv[1:] == ["probing"]:
         main_probing()
+    elif sys.argv[1:] == ["deeplift"]:
+        OUT.mkdir(exist_ok=True)
+        digits_x, digits_y, held_x, held_y = load()
+        trained = train(make_cnn(), digits_x, digits_y, epochs=8)
+        draw_deeplift(trained, *pick(trained, held_x, held_y, (0, 2, 3, 4, 7, 9)), digits_x)
     else:
         main()

@@ -123,8 +123,8 @@ def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDict
     carried = needs_reference_gradients(fn.model)
     stacked, starts = _stacked(inputs, baselines, keys, method, carried)
     maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
-               rules=rescale_rules(n, eps, carried), per_target=per_target, layers=layers, use_inputs=not layers,
-               input_keys=list(keys), warn_on_missing_rule=False)
+               rules=rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target, layers=layers,
+               use_inputs=not layers, input_keys=list(keys), warn_on_missing_rule=False)
     out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
     for key, value in maps.items(True, True):
         out.set(key, _input_rows(cast(torch.Tensor, value), lead, n, batch))

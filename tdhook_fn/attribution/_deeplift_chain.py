@@ -175,8 +175,8 @@ def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: t
         both = torch.cat([x, reference])
         for (_, module), tensors in zip(links, own, strict=True):
             step = _step(module, tensors, both, n, eps)
-            if step is None:
-                return None
+            if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
+                return None  # (a module that moves the batch from the first dim: the general path refuses it)
             both, back = step
             backs.append(back)
         h = both[:n]

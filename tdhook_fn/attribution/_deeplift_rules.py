@@ -40,16 +40,17 @@ from ._lrp_rules import Relevances
 __all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "needs_reference_gradients", "rescale_rules"]
 
 
-def _halves(call: ModuleCall, n: int, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The module's input and output at the inputs' rows and at the references' rows."""
+def _halves(call: ModuleCall, n: int, rows: int,
+            what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The module's input and output at the inputs' rows and at the references' rows (``rows`` in all)."""
     if len(call.inputs) != 1:
         raise ValueError(f"deeplift: the rescale rule at {call.path!r} ({what}) takes one input, the module got "
                          f"{len(call.inputs)}")
     x, y = call.inputs[0], call.output
-    if x.dim() == 0 or y.dim() == 0 or x.shape[0] <= n or y.shape[0] != x.shape[0]:
+    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != rows or y.shape[0] != rows:
         raise ValueError(f"deeplift: module {call.path!r} ({what}) needs the batch as its input's and output's first "
-                         f"dim (inputs and references stacked there), got shapes {tuple(x.shape)} and "
-                         f"{tuple(y.shape)}")
+                         f"dim (inputs and references stacked there: {rows} rows), got shapes {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}; move the batch to the first dim around this module")
     return x[:n], x[n:], y[:n], y[n:]
 
 
@@ -79,16 +80,18 @@ class Rescale:
 
     Args:
         n (int): the number of input rows leading the stacked batch.
+        rows (int): the number of rows of the stacked batch (inputs and references).
         eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
         carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
     """
 
     n: int
+    rows: int
     eps: float = 1e-10
     carried: bool = False
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, "an elementwise nonlinearity")
+        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "an elementwise nonlinearity")
         dx = x - x_ref
         flat = dx.abs() < self.eps
         ratio = _ratio(y - y_ref, dx, flat)
@@ -106,16 +109,18 @@ class RescaleSoftmax:
 
     Args:
         n (int): the number of input rows leading the stacked batch.
+        rows (int): the number of rows of the stacked batch (inputs and references).
         eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
         carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
     """
 
     n: int
+    rows: int
     eps: float = 1e-10
     carried: bool = False
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, "a softmax")
+        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "a softmax")
         dx = x - x_ref
         flat = dx.abs() < self.eps
         ratio = _ratio(y - y_ref, dx, flat)
@@ -141,16 +146,18 @@ class RescaleMaxPool:
 
     Args:
         n (int): the number of input rows leading the stacked batch.
+        rows (int): the number of rows of the stacked batch (inputs and references).
         eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
         carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
     """
 
     n: int
+    rows: int
     eps: float = 1e-10
     carried: bool = False
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, "a max pooling")
+        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "a max pooling")
         dims, pool = _POOLS[call.template.cls]
         state = call.template.state
         if state.get("return_indices"):
@@ -205,9 +212,9 @@ def needs_reference_gradients(model: nn.Module) -> bool:
     return False
 
 
-def rescale_rules(n: int, eps: float, carried: bool) -> Callable[[str, nn.Module], Any]:
+def rescale_rules(n: int, rows: int, eps: float, carried: bool) -> Callable[[str, nn.Module], Any]:
     """The rule mapper of DeepLift: captum's nonlinearities (by exact class) get the rescale rule, others none."""
-    made = {cls: rule(n, eps, carried) for cls, rule in RESCALED.items()}
+    made = {cls: rule(n, rows, eps, carried) for cls, rule in RESCALED.items()}
 
     def mapper(_name: str, module: nn.Module) -> Any:
         return made.get(type(module))
