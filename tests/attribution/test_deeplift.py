@@ -312,3 +312,17 @@ def test_bad_inputs() -> None:
         deeplift_shap(f, p, x, torch.randn(4, 3, dtype=D), target=0)
     with pytest.raises(TypeError, match="distribution"):
         deeplift_shap(f, p, x, 0.0, target=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tail", ["leaky", "softmax"])
+def test_chain_walk_equals_the_general_path(tail: str) -> None:
+    """An index target on a chain takes the walk; a callable target the rules on the stacked batch: same maps."""
+    torch.manual_seed(7)
+    end: list[nn.Module] = [nn.LeakyReLU(0.2)] if tail == "leaky" else [nn.Softmax(-1)]
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(27, 6),
+                          nn.Sigmoid(), nn.Linear(6, 4), *end).to(D).eval()
+    f, p = _pure(model)
+    x, b = torch.randn(5, 1, 8, 8, dtype=D), torch.randn(1, 1, 8, 8, dtype=D)
+    walked = deeplift(f, p, x, b, target=(1, 2), per_target=True)
+    general = [deeplift(f, p, x, b, target=lambda td, t=t: td["output"][..., t]) for t in (1, 2)]
+    torch.testing.assert_close(walked, torch.stack(general), rtol=1e-10, atol=1e-13)
