@@ -136,17 +136,25 @@ def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDi
             ) -> tuple[TensorDict, TensorDictBase, None] | None:
     """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain."""
     check_call(method, f, params, inputs, (key,), target)
-    starts = path_starts(inputs, baselines, (key,), method)
-    x, b, lead = inputs.get(key), starts.get(key), inputs.batch_dims
+    x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
+    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
+        # one number for every sample: no tensor of the input's size is made for it
+        b = x.new_full((), float(baselines)).expand(x.shape)
+        starts: TensorDictBase = TensorDict({key: b}, batch_size=batch)
+    else:
+        starts = path_starts(inputs, baselines, (key,), method)
+        b = starts.get(key)
     reference = b.reshape(-1, *b.shape[lead:])
     if _shared(inputs, baselines, starts, False):
         reference = reference[:1]
-    walked = chain_deeplift(f, params, x.reshape(-1, *x.shape[lead:]), reference, target, eps, per_target)
+    walked = chain_deeplift(f, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target, eps,
+                            per_target)
     if walked is None:
         return None
     first = 1 if per_target else 0
-    batch = inputs.batch_size
-    return TensorDict({key: unflatten(walked, first, batch)}, batch_size=[*walked.shape[:first], *batch]), starts, None
+    if lead != 1:
+        walked = unflatten(walked, first, batch)
+    return TensorDict({key: walked}, batch_size=[*walked.shape[:first], *batch]), starts, None
 
 
 @accepts_tensors

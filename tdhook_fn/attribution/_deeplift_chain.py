@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
-from .._chain import chain_of
+from .._chain import Link, chain_of
 from .._params import leaves
 from .._targets import Target
 from ._lrp_affine import affine_of
@@ -107,7 +107,7 @@ def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n
     ``None``: not a module the walk knows.
     """
     cls, state = type(module), module.__dict__
-    if "forward" in state or getattr(module, "inplace", False):
+    if "forward" in state or state.get("inplace", False):
         return None
     affine = affine_of(cls, state, state["_parameters"])
     if affine is not None:
@@ -128,25 +128,23 @@ def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n
     return None
 
 
-def _own_tensors(model: nn.Module, params: TensorDictBase,
-                 names: Sequence[str]) -> list[dict[str, torch.Tensor]] | None:
+def _own_tensors(params: TensorDictBase, links: Sequence[Link]) -> list[dict[str, torch.Tensor]] | None:
     """Each link's parameters from ``params``; ``None`` where they hold anything else (the general path says what)."""
     values = leaves(params)
-    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
-        return None  # (the general path refuses params that require grad)
     own: list[dict[str, torch.Tensor]] = []
     used = 0
-    for name in names:
-        module = model.get_submodule(name)
-        if module.__dict__["_buffers"]:
+    for name, module in links:
+        state = module.__dict__
+        if state["_buffers"]:
             return None
         tensors = {}
-        for slot, tensor in module.__dict__["_parameters"].items():
-            value = values.get((*name.split("."), slot)) if tensor is not None else None
-            if tensor is not None and not (isinstance(value, torch.Tensor) and value.shape == tensor.shape):
-                return None
-            if value is not None:
-                tensors[slot] = value
+        for slot, tensor in state["_parameters"].items():
+            if tensor is None:
+                continue
+            value = values.get((*name.split("."), slot))
+            if not (isinstance(value, torch.Tensor) and value.shape == tensor.shape) or value.requires_grad:
+                return None  # (the general path names a mismatch, and refuses params that require grad)
+            tensors[slot] = value
         own.append(tensors)
         used += len(tensors)
     return own if used == len(values) else None
@@ -165,7 +163,7 @@ def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: t
         return None
     if len(indices) > 1 and not per_target:
         return None
-    own = _own_tensors(f.model, params, [name for name, _ in links])
+    own = _own_tensors(params, links)
     if own is None:
         return None
     backs: list[Back] = []
