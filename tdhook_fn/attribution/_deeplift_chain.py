@@ -89,13 +89,14 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tupl
     top = torch.maximum(y, y_ref)
     up, down = top - y_ref, y - top
 
-    def unpool(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        plane = values.new_zeros(h.shape).flatten(-dims)
-        return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(h.shape)
+    flat_x, flat_ref = at_x.flatten(-dims), at_ref.flatten(-dims)
 
     def back(g: torch.Tensor) -> torch.Tensor:
-        moved = _ratio(unpool(g * up, at_x) + unpool(g * down, at_ref), dx)
-        return torch.where(flat, unpool(g, at_x), moved)
+        # both halves' changes scattered into one plane: where the inputs' and the references' maxima are
+        moved = g.new_zeros(h.shape).flatten(-dims)
+        moved.scatter_add_(-1, flat_x, (g * up).flatten(-dims)).scatter_add_(-1, flat_ref, (g * down).flatten(-dims))
+        plain = g.new_zeros(h.shape).flatten(-dims).scatter_add_(-1, flat_x, g.flatten(-dims))
+        return torch.where(flat, plain.view(h.shape), _ratio(moved.view(h.shape), dx))
 
     return out, back
 
