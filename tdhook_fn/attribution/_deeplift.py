@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
+from .._taps import capture
 from .._targets import Target, as_target
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
@@ -304,8 +305,6 @@ def layer_deeplift(
 def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,
                         layers: Sequence[str], batch: torch.Size) -> TensorDict:
     """The multipliers at each layer times the layer's activation at the inputs minus at the references."""
-    from .._taps import capture
-
     n = batch.numel()
     keys = [f"_tdhook_fn_deeplift_{i}" for i in range(len(layers))]
     with torch.no_grad():
