@@ -8,13 +8,15 @@ one forward (captum needs one call per target). DeepLiftShap: 4 inputs against 1
 references. Our rows run first, then captum's, each set in rounds interleaved with the
 gradient, captum's put in the units of our rounds' gradient (as in ``bench_lrp.py``).
 Both give the same maps (checked after the timing, on the models where captum 0.9 is
-right: a copy between adjacent nonlinearities, see the DeepLift page). Run:
+right: a copy between adjacent nonlinearities, see the DeepLift page). Times are the CPU
+time of the one thread that runs everything (``time.thread_time``, as in ``bench_lrp.py``). Run:
 ``python benchmarks/bench_deeplift.py``.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections.abc import Callable
 
@@ -75,7 +77,7 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
         "ours, one target": lambda: deeplift(f, p, td, target=TARGETS[0]),
         f"ours, per_target x{len(TARGETS)}": lambda: deeplift(f, p, td, target=TARGETS, per_target=True),
         "ours, DeepLiftShap 4x16": lambda: deeplift_shap(f, p, few, refs, target=TARGETS[0]),
-    }, rounds=15, number=8)
+    }, rounds=15, number=8, clock=time.thread_time)
 
 
 def _time_captum(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
@@ -88,7 +90,7 @@ def _time_captum(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
         "captum, one target": lambda: DeepLift(theirs).attribute(x, target=TARGETS[0]),
         f"captum, loop x{len(TARGETS)}": lambda: [DeepLift(theirs).attribute(x, target=t) for t in TARGETS],
         "captum, DeepLiftShap 4x16": lambda: DeepLiftShap(theirs).attribute(x[:4], refs, target=TARGETS[0]),
-    }, rounds=15, number=8)
+    }, rounds=15, number=8, clock=time.thread_time)
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     for t in (TARGETS[0], TARGETS[-1]):  # the same maps
         ours = deeplift(f, p, x, target=t)
