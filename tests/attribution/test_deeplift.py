@@ -326,3 +326,23 @@ def test_chain_walk_equals_the_general_path(tail: str) -> None:
     walked = deeplift(f, p, x, b, target=(1, 2), per_target=True)
     general = [deeplift(f, p, x, b, target=lambda td, t=t: td["output"][..., t]) for t in (1, 2)]
     torch.testing.assert_close(walked, torch.stack(general), rtol=1e-10, atol=1e-13)
+
+
+def test_layer_deeplift_of_token_embeddings_equals_captum() -> None:
+    """Token ids: the baselines are ids (a pad token), the embedding's output is attributed."""
+
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.lin, self.act, self.head = nn.Embedding(11, 6), nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.act(self.lin(self.emb(ids))).mean(1))  # type: ignore[no-any-return]
+
+    torch.manual_seed(8)
+    model = Tokens().to(D)
+    f, p = _pure(model)
+    ids = torch.randint(1, 11, (4, 5))
+    ours = layer_deeplift(f, p, TensorDict(input=ids, batch_size=[4]), 0, target=2, layers=["emb"])["emb"]
+    theirs = _captum(LayerDeepLift, model, model.emb, inputs=ids, baselines=torch.zeros_like(ids), target=2)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-13)
