@@ -146,7 +146,7 @@ def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDi
         starts = path_starts(inputs, baselines, (key,), method)
         b = starts.get(key)
     reference = b.reshape(-1, *b.shape[lead:])
-    if _shared(inputs, baselines, starts, False):
+    if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)
         reference = reference[:1]
     walked = chain_deeplift(f, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target, eps,
                             per_target)
