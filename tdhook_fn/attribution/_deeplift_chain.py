@@ -151,6 +151,20 @@ def _own_tensors(params: TensorDictBase, links: Sequence[Link]) -> list[dict[str
     return own if used == len(values) else None
 
 
+def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor] | None:
+    """What each map puts in at the output: a class index, or one class per row; ``None``: the general path's."""
+    if isinstance(target, torch.Tensor):
+        labels = target.reshape(-1)
+        if per_target or target.is_floating_point() or target.is_complex() or labels.numel() not in (1, n):
+            return None  # (a 0-d tensor or one index per sample; anything else is the general path's to judge)
+        return [labels.expand(n)]
+    given = target if isinstance(target, tuple) else (target,)
+    indices: list[int | torch.Tensor] = [i for i in given if type(i) is int]
+    if len(indices) != len(given) or (len(indices) > 1 and not per_target):
+        return None
+    return indices
+
+
 def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor, target: Target,
                    eps: float, per_target: bool) -> torch.Tensor | None:
     """DeepLift's multipliers of ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by NOTE [deeplift on a chain].
@@ -158,17 +172,14 @@ def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: t
     ``reference`` has ``n`` rows or one. ``None`` where the walk does not apply.
     """
     links = chain_of(f)
-    given = target if isinstance(target, tuple) else (target,)
-    indices = [i for i in given if type(i) is int]
-    if links is None or not x.is_floating_point() or len(indices) != len(given):
-        return None
-    if len(indices) > 1 and not per_target:
+    n = x.shape[0]
+    seeds = _seeds(target, n, per_target)
+    if links is None or not x.is_floating_point() or seeds is None:
         return None
     own = _own_tensors(params, links)
     if own is None:
         return None
     backs: list[Back] = []
-    n = x.shape[0]
     with torch.no_grad():
         # one op per module for both (the references' rows after the inputs'): half the calls of two runs
         both = torch.cat([x, reference])
@@ -179,12 +190,17 @@ def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: t
             both, back = step
             backs.append(back)
         h = both[:n]
-        if not (isinstance(h, torch.Tensor) and h.dim() == 2 and all(-h.shape[1] <= i < h.shape[1] for i in indices)):
-            return None
+        classes = h.shape[1] if h.dim() == 2 else 0
+        if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
+                   for i in seeds):
+            return None  # (the general path says what is wrong)
         maps = []
-        for i in indices:
+        for i in seeds:
             g = torch.zeros_like(h)
-            g[:, i] = 1.0
+            if isinstance(i, int):
+                g[:, i] = 1.0
+            else:
+                g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
             for back in reversed(backs):
                 g = back(g)
             maps.append(g)

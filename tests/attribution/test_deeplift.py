@@ -346,3 +346,14 @@ def test_layer_deeplift_of_token_embeddings_equals_captum() -> None:
     ours = layer_deeplift(f, p, TensorDict(input=ids, batch_size=[4]), 0, target=2, layers=["emb"])["emb"]
     theirs = _captum(LayerDeepLift, model, model.emb, inputs=ids, baselines=torch.zeros_like(ids), target=2)
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-13)
+
+
+def test_label_tensor_on_the_walk_equals_the_general_path() -> None:
+    model = _cnn()
+    f, p = _pure(model)
+    x, labels = torch.randn(6, 1, 8, 8, dtype=D), torch.tensor([0, 4, 2, 2, 1, 3])
+    walked = deeplift(f, p, x, 0.2, target=labels)
+    general = deeplift(f, p, x, 0.2, target=lambda td: td["output"][torch.arange(6), labels])
+    torch.testing.assert_close(walked, general, rtol=1e-10, atol=1e-13)
+    theirs = _captum(DeepLift, _captum_safe(model), inputs=x, baselines=torch.full_like(x, 0.2), target=labels)
+    torch.testing.assert_close(walked, theirs, rtol=1e-10, atol=1e-13)
