@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --progress-bar off --disable-pip-version-check -c constraints.txt -e ".[test,examples,docs]" \
 		| grep --line-buffered -E '^(Collecting|Installing|Successfully|ERROR)' ; test $${PIPESTATUS[0]} -eq 0
+	# zennit, the LRP rules' oracle, names torchvision as a dependency: installed without (see constraints.txt)
+	$(PIP) install --progress-bar off --disable-pip-version-check -q --no-deps -c constraints.txt zennit
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,6 +6,11 @@ CPU). A small CNN is trained for a few seconds on scikit-learn's bundled digits
 is computed with tdhook_fn's pure methods on it. The latent page's pictures come from the
 2-layer induction transformer of ``examples/08_induction_patching.py`` (about 20 s more).
 ``python docs/gen_images.py dimension`` draws only the intrinsic-dimension picture,
+``python docs/gen_images.py conductance`` only the conductance picture,
+``python docs/gen_images.py smoothgrad`` only the noise methods' one,
+``python docs/gen_images.py surrogate`` only the KernelSHAP and LIME one (on scikit-learn's
+bundled diabetes data),
+``python docs/gen_images.py perturbation`` only the occlusion and Shapley one,
 ``python docs/gen_images.py deeplift`` only DeepLift's.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -33,13 +39,17 @@ from tdhook_fn.attribution import (
     AlphaBeta,
     DimsConfig,
     EpsilonPlus,
+    feature_ablation,
     grad_cam,
     guided_backprop,
     integrated_gradients,
     lrp,
+    occlusion,
     saliency,
+    shapley_value_sampling,
 )
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
+from tdhook_fn.attribution.surrogate import kernel_shap, lime
 from tdhook_fn.weights import (
     Adapter,
     adapter_params,
@@ -183,6 +193,25 @@ def draw_saliency(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     )
 
 
+def draw_perturbation(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Occlusion (2x2 windows), ablation and Shapley sampling of 2x2 blocks, baseline 0 (blank paper)."""
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    blocks = (torch.arange(8)[:, None] // 2 * 4 + torch.arange(8)[None, :] // 2).reshape(1, 1, 8, 8)
+    occluded = occlusion(f, p, inputs, 0.0, target=target, sliding_window_shapes=(1, 2, 2))["input"]
+    ablated = feature_ablation(f, p, inputs, 0.0, target=target, feature_mask=blocks)["input"]
+    shapley = shapley_value_sampling(f, p, inputs, 0.0, target=target, feature_mask=blocks, n_samples=25,
+                                     generator=torch.Generator().manual_seed(0))["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("occlusion 2x2", occluded, "RdBu_r", True),
+         ("ablation, 2x2 blocks", ablated, "RdBu_r", True), ("Shapley, 2x2 blocks", shapley, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Perturbation maps of the true class's logit (red: blanking lowers it)",
+        "perturbation.png",
+    )
+
+
 def draw_integrated_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                               test_x: torch.Tensor, test_y: torch.Tensor) -> None:
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
@@ -268,6 +297,31 @@ def draw_guided_backprop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
         [f"digit {int(c)}" for c in y],
         "Guided backpropagation of the true class's logit (red +, blue -)",
         "guided_backprop.png",
+    )
+
+
+def draw_smoothgrad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train_x: torch.Tensor) -> None:
+    from tdhook_fn.attribution import deconvolution, gradient_shap, guided_grad_cam, smoothgrad
+
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    grad = saliency(f, p, inputs, target=target)["input"]
+    smooth = smoothgrad(f, p, inputs, target=target, nt_samples=50, stdevs=0.15,
+                        generator=torch.Generator().manual_seed(0))["input"]
+    refs = TensorDict(input=train_x[:50], batch_size=[50])  # the baseline distribution: training digits
+    shap = gradient_shap(f, p, inputs, refs, target=target, n_samples=50, stdevs=0.05,
+                         generator=torch.Generator().manual_seed(0))["input"]
+    deconv = deconvolution(f, p, inputs, target=target)["input"]
+    guided_cam = guided_grad_cam(f, p, inputs, target=target, layer=LAST_CONV)["input"]
+    image_grid(
+        [("input", x, "gray_r", False), ("gradient", grad, "RdBu_r", True),
+         ("SmoothGrad\n50 x N(0, 0.15)", smooth, "RdBu_r", True),
+         ("GradientSHAP\n50 draws", shap, "RdBu_r", True), ("deconvolution", deconv, "RdBu_r", True),
+         ("guided\nGrad-CAM", guided_cam, "RdBu_r", True)],
+        [f"digit {int(c)}" for c in y],
+        "Noise and modified-gradient maps of the true class's logit (red +, blue -)",
+        "smoothgrad.png",
     )
 
 
@@ -614,6 +668,123 @@ def draw_probing(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
     save(fig, "probing.png")
 
 
+def draw_conductance(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                     test_y: torch.Tensor) -> None:
+    """Layer conductance of the 32 hidden units of a digits MLP, and neuron conductance of the top units."""
+    from tdhook_fn.attribution import layer_conductance, neuron_conductance
+
+    torch.manual_seed(0)
+    mlp = train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
+                train_x, train_y, epochs=30)
+    print(f"test accuracy, digits MLP: {float(accuracy(mlp(test_x), test_y)):.3f}")
+    f, p = tdhook_fn.pure(mlp)
+    inputs = TensorDict(input=test_x, label=test_y, batch_size=[len(test_y)])
+    attr, delta = layer_conductance(f, p, inputs, 0.0, target=tdhook_fn.label("label"), layers=["[2]"],
+                                    n_steps=64, method="riemann_trapezoid", return_convergence_delta=True)
+    units = attr["[2]"]  # [450, 32]: each test digit's logit change split over the hidden units
+    by_class = torch.stack([units[test_y == c].mean(0) for c in range(10)])  # [10, 32]
+    order = by_class.abs().sum(0).argsort(descending=True)
+
+    fig = plt.figure(figsize=(9, 5.6))
+    grid = fig.add_gridspec(2, 4, height_ratios=[1.25, 1], hspace=0.45, wspace=0.25)
+    ax = fig.add_subplot(grid[0, :])
+    bound = float(by_class.abs().max())
+    shown = ax.imshow(by_class[:, order], cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+    ax.set_yticks(range(10), [str(c) for c in range(10)])
+    ax.set_xticks(range(32), [str(int(u)) for u in order], fontsize=7)
+    ax.set_xlabel("hidden unit (sorted by total |conductance|)")
+    ax.set_ylabel("true class")
+    ax.set_title(f"Mean layer conductance per hidden unit, true-class logit, {len(test_y)} test digits "
+                 f"(max |delta| {float(delta.abs().max()):.1e})", fontsize=10)
+    fig.colorbar(shown, ax=ax, fraction=0.025, pad=0.01)
+
+    digit = int(torch.nonzero(test_y == 3)[0, 0])
+    one = TensorDict(input=test_x[digit : digit + 1], batch_size=[1])
+    top = units[digit].abs().argsort(descending=True)[:3]
+    ax = fig.add_subplot(grid[1, 0])
+    show(ax, test_x[digit])
+    ax.set_title("a test 3", fontsize=10)
+    maps = torch.cat([neuron_conductance(f, p, one, 0.0, target=3, layer="[2]", neuron_selector=int(u),
+                                         n_steps=64)["input"] for u in top])
+    bound = float(maps.abs().max())
+    for i, u in enumerate(top):
+        ax = fig.add_subplot(grid[1, i + 1])
+        show(ax, maps[i], "RdBu_r", symmetric=True, bound=bound)
+        ax.set_title(f"through unit {int(u)} ({float(units[digit, u]):+.2f})", fontsize=9)
+    fig.suptitle("Conductance: how the logit's change flows through a hidden layer (red +, blue -)", fontsize=11)
+    save(fig, "conductance.png")
+def exact_shapley(model: nn.Module, x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Shapley values of every feature of ``x`` ``[N, F]`` (absent: ``base``), by enumerating all 2^F coalitions."""
+    n_features = x.shape[-1]
+    codes = torch.arange(2 ** n_features)
+    members = (codes[:, None] >> torch.arange(n_features)) & 1 == 1  # [2^F, F]
+    with torch.no_grad():
+        values = model(torch.where(members[None], x[:, None], base)).squeeze(-1)  # [N, 2^F]
+    sizes = members.sum(-1)
+    phi = torch.zeros_like(x)
+    for i in range(n_features):
+        without = ~members[:, i]
+        s = sizes[without].double()
+        weight = torch.exp(torch.lgamma(s + 1) + torch.lgamma(n_features - s) - math.lgamma(n_features + 1))
+        gain = values[:, codes[without] | (1 << i)] - values[:, codes[without]]
+        phi[:, i] = (gain * weight.to(x.dtype)).sum(-1)
+    return phi
+
+
+def draw_surrogate() -> None:
+    """A tabular SHAP summary on scikit-learn's diabetes data, and KernelSHAP and LIME against exact Shapley values."""
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float32)
+    x = (x - x.mean(0)) / x.std(0)
+    y = torch.tensor(data.target, dtype=torch.float32)
+    y = (y - y.mean()) / y.std()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-3)
+    for _ in range(300):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x[:342]).squeeze(-1), y[:342]).backward()
+        optimizer.step()
+    model.eval()
+    f, p = tdhook_fn.pure(model)
+    test = x[342:]
+    base = x[:342].mean(0)  # an absent feature takes the training mean
+    phi = kernel_shap(f, p, test, base, target=0, n_samples=200, generator=torch.Generator().manual_seed(0)).detach()
+    local = lime(f, p, test, base, target=0, n_samples=200, interpretable_model="linear",
+                 generator=torch.Generator().manual_seed(0)).detach()
+    exact = exact_shapley(model, test, base)
+    names = list(data.feature_names)
+    order = phi.abs().mean(0).argsort()
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    ax = axes[0]
+    jitter = torch.randn(phi.shape, generator=torch.Generator().manual_seed(1)) * 0.08
+    for row, i in enumerate(order.tolist()):
+        dots = ax.scatter(phi[:, i], row + jitter[:, i], c=test[:, i].clamp(-2.5, 2.5), cmap="coolwarm", s=9,
+                          vmin=-2.5, vmax=2.5)
+    ax.axvline(0, color="gray", lw=0.8)
+    ax.set_yticks(range(len(order)), [names[i] for i in order.tolist()], fontsize=9)
+    ax.set_xlabel("KernelSHAP value (effect on the standardised prediction)")
+    ax.set_title("KernelSHAP, 100 held-out patients, 200 samples each", fontsize=10)
+    fig.colorbar(dots, ax=ax, fraction=0.04, pad=0.02).set_label("feature value (standardised)", fontsize=8)
+    ax = axes[1]
+    ax.scatter(exact.flatten(), local.flatten(), s=6, alpha=0.5, color="tab:orange",
+               label="LIME (linear, cosine kernel)")
+    ax.scatter(exact.flatten(), phi.flatten(), s=6, alpha=0.7, color="tab:blue", label="KernelSHAP")
+    lims = [float(exact.min()) - 0.05, float(exact.max()) + 0.05]
+    ax.plot(lims, lims, color="black", lw=0.8)
+    ax.set_xlabel("exact Shapley value (all 1024 coalitions)")
+    ax.set_ylabel("estimate")
+    ax.set_title("Estimates against exact Shapley values", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    gap = (phi - exact).abs().max()
+    ax.text(0.98, 0.03, f"KernelSHAP max error {float(gap):.3f}", transform=ax.transAxes, ha="right", fontsize=8)
+    fig.tight_layout()
+    save(fig, "surrogate.png")
+
+
 def main() -> None:
     torch.manual_seed(0)
     OUT.mkdir(exist_ok=True)
@@ -623,11 +794,13 @@ def main() -> None:
     classes = (0, 2, 3, 4, 7, 9)
     x, y = pick(model, test_x, test_y, classes)
     draw_saliency(model, x, y)
+    draw_perturbation(model, x, y)
     draw_integrated_gradients(model, x[2:], y[2:], test_x, test_y)
     gap_model = train(make_gap_cnn(), train_x, train_y, epochs=40, lr=5e-3)
     print(f"test accuracy, global-average-pooling CNN: {float(accuracy(gap_model(test_x), test_y)):.3f}")
     draw_grad_cam(gap_model, *pick(gap_model, test_x, test_y, classes))
     draw_guided_backprop(model, x, y)
+    draw_smoothgrad(model, x, y, train_x)
     draw_lrp(model, x[2:], y[2:])
     draw_deeplift(model, x, y, train_x)
     draw_metrics(model, test_x, test_y)
@@ -638,6 +811,16 @@ def main() -> None:
     draw_probing(model, train_x, train_y, test_x, test_y)
     draw_latent()
     draw_similarity()
+    draw_conductance(train_x, train_y, test_x, test_y)
+    draw_surrogate()
+
+
+def main_perturbation() -> None:
+    """Only the perturbation page's picture (``python docs/gen_images.py perturbation``)."""
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    model = train(make_cnn(), train_x, train_y, epochs=8)
+    draw_perturbation(model, *pick(model, test_x, test_y, (0, 2, 3, 4, 7, 9)))
 
 
 def main_probing() -> None:
@@ -645,6 +828,14 @@ def main_probing() -> None:
     OUT.mkdir(exist_ok=True)
     train_x, train_y, test_x, test_y = load()
     draw_probing(train(make_cnn(), train_x, train_y, epochs=8), train_x, train_y, test_x, test_y)
+
+
+def main_smoothgrad() -> None:
+    """Only the noise methods' picture (``python docs/gen_images.py smoothgrad``)."""
+    OUT.mkdir(exist_ok=True)
+    train_x, train_y, test_x, test_y = load()
+    model = train(make_cnn(), train_x, train_y, epochs=8)
+    draw_smoothgrad(model, *pick(model, test_x, test_y, (0, 2, 3, 4, 7, 9)), train_x)
 
 
 if __name__ == "__main__":
@@ -658,5 +849,15 @@ if __name__ == "__main__":
         digits_x, digits_y, held_x, held_y = load()
         trained = train(make_cnn(), digits_x, digits_y, epochs=8)
         draw_deeplift(trained, *pick(trained, held_x, held_y, (0, 2, 3, 4, 7, 9)), digits_x)
+    elif sys.argv[1:] == ["perturbation"]:
+        main_perturbation()
+    elif sys.argv[1:] == ["conductance"]:
+        OUT.mkdir(exist_ok=True)
+        draw_conductance(*load())
+    elif sys.argv[1:] == ["smoothgrad"]:
+        main_smoothgrad()
+    elif sys.argv[1:] == ["surrogate"]:
+        OUT.mkdir(exist_ok=True)
+        draw_surrogate()
     else:
         main()

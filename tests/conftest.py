@@ -9,6 +9,10 @@ settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# The torchvision stub goes on sys.path only in the zennit subprocess: collecting it here (its
+# doctests) would put it on this process's path, and transformers breaks when it can import it.
+collect_ignore = ["zennit_stub"]
+
 # Tests that start other Python processes (the examples, torchrun jobs) take the longest and
 # fail for reasons of their own: they run after everything else, so a failure elsewhere shows early.
 _SUBPROCESS_TESTS = ("tests/test_examples.py", "tests/data/test_data_processes.py")

@@ -105,8 +105,8 @@ def test_images_exist_and_are_small() -> None:
 
 # ---- every public callable documents every parameter, as the API pages parse it ----------------
 
-API_MODULES = ["tdhook_fn", "tdhook_fn.attribution", "tdhook_fn.attribution.metrics", "tdhook_fn.weights",
-               "tdhook_fn.latent", "tdhook_fn.latent.dimension", "tdhook_fn.latent.probing",
+API_MODULES = ["tdhook_fn", "tdhook_fn.attribution", "tdhook_fn.attribution.metrics", "tdhook_fn.attribution.surrogate",
+               "tdhook_fn.weights", "tdhook_fn.latent", "tdhook_fn.latent.dimension", "tdhook_fn.latent.probing",
                "tdhook_fn.latent.similarity", "tdhook_fn.data"]
 # The options mkdocs.yml gives mkdocstrings (docstring_style: google, docstring_options).
 GOOGLE_OPTIONS = {"returns_named_value": False, "returns_multiple_items": False}

@@ -950,9 +950,384 @@ DEEPLIFT_ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- attribution: perturbation methods
+
+
+def _perturbation(name: str) -> Any:
+    module = __import__(f"tdhook_fn.attribution._{name}", fromlist=[name])
+    return getattr(module, name)
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 2), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(y)
+
+
+def _two_inputs_call(name: str, **options: Any) -> Any:
+    model = _TwoInputs()
+    f = tdhook_fn.functional(model, ["x", "y"], ["output"])
+    td = TensorDict(x=torch.randn(3, 4), y=torch.randn(3, 3), batch_size=[3])
+    return _perturbation(name)(f, tdhook_fn.params(model), td, target=0, **options)
+
+
+def _perturbation_call(name: str, x: torch.Tensor | None = None, **options: Any) -> Any:
+    f, p = tdhook_fn.pure(tiny_model())
+    return _perturbation(name)(f, p, torch.randn(4, 3) if x is None else x, target=options.pop("target", 1),
+                               **options)
+
+
+PERTURBATION_ROWS: list[Row] = [
+    ("occlusion-window-too-large", lambda: _perturbation_call("occlusion", sliding_window_shapes=(4,)),
+     ValueError, ("occlusion", "sliding window (4,)", "larger than one sample")),
+    ("occlusion-stride-past-window", lambda: _perturbation_call("occlusion", sliding_window_shapes=(1,), strides=2),
+     ValueError, ("occlusion", "stride 2", "window 1", "never be occluded")),
+    ("occlusion-window-dims", lambda: _perturbation_call("occlusion", sliding_window_shapes=(1, 1)),
+     ValueError, ("occlusion", "sliding_window_shapes", "2 dims", "one sample has 1")),
+    ("occlusion-window-not-a-tuple", lambda: _perturbation_call("occlusion", sliding_window_shapes=2),
+     TypeError, ("occlusion", "sliding_window_shapes", "tuple of ints", "2")),
+    ("occlusion-window-zero", lambda: _perturbation_call("occlusion", sliding_window_shapes=(0,)),
+     ValueError, ("occlusion", "positive", "(0,)")),
+    ("occlusion-two-inputs-one-window", lambda: _two_inputs_call("occlusion", sliding_window_shapes=(2,)),
+     TypeError, ("occlusion", "2 inputs", "sliding_window_shapes", "dict")),
+    ("occlusion-window-missing-key", lambda: _two_inputs_call("occlusion", sliding_window_shapes={"x": (2,)}),
+     KeyError, ("occlusion", "sliding_window_shapes", "'y'")),
+    ("occlusion-window-unknown-key", lambda: _two_inputs_call(
+        "occlusion", sliding_window_shapes={"x": (2,), "y": (1,), "z": (1,)}),
+     KeyError, ("occlusion", "sliding_window_shapes", "'z'", "perturbed inputs")),
+    ("feature-mask-float", lambda: _perturbation_call("feature_ablation", feature_mask=torch.zeros(1, 3)),
+     TypeError, ("feature_ablation", "feature_mask", "integer feature ids", "torch.float32", ".long()")),
+    ("feature-mask-shape", lambda: _perturbation_call("feature_ablation", feature_mask=torch.zeros(2, 2).long()),
+     ValueError, ("feature_ablation", "feature_mask", "[2, 2]", "does not broadcast", "[4, 3]")),
+    ("feature-mask-tensor-two-inputs", lambda: _two_inputs_call("feature_ablation",
+                                                                feature_mask=torch.zeros(4).long()),
+     TypeError, ("feature_ablation", "tensor feature_mask", "2 are", "dict")),
+    ("feature-mask-missing-key", lambda: _two_inputs_call("feature_permutation",
+                                                          feature_mask={"x": torch.zeros(4).long()}),
+     KeyError, ("feature_permutation", "feature_mask", "'y'")),
+    ("feature-mask-not-a-tensor", lambda: _perturbation_call("feature_ablation", feature_mask=[0, 1, 2]),
+     TypeError, ("feature_ablation", "feature_mask", "list")),
+    ("shapley-negative-ids", lambda: _perturbation_call("shapley_value_sampling",
+                                                        feature_mask=torch.tensor([-1, 0, 1])),
+     ValueError, ("shapley_value_sampling", "negative ids", "0, 1, 2")),
+    ("shapley-n-samples", lambda: _perturbation_call("shapley_value_sampling", n_samples=0),
+     ValueError, ("shapley_value_sampling", "n_samples", "positive int")),
+    ("perturbation-chunk-size", lambda: _perturbation_call("occlusion", sliding_window_shapes=(1,), chunk_size=0),
+     ValueError, ("occlusion", "chunk_size", "positive int")),
+    ("permutation-one-sample", lambda: _perturbation_call("feature_permutation", x=torch.randn(1, 3)),
+     ValueError, ("feature_permutation", "1 sample", "at least two")),
+    ("perturbation-per-target-dims", lambda: _perturbation_call(
+        "feature_ablation", target=lambda td: td["output"][..., None], per_target=True),
+     ValueError, ("feature_ablation", "per_target", "[*batch, T]", "(2, 1)")),
+    ("perturbation-integer-target", lambda: _perturbation_call(
+        "feature_ablation", target=lambda td: td["output"].argmax(-1)),
+     TypeError, ("feature_ablation", "target", "torch.int64", "floating point")),
+    ("perturbation-unknown-input-key", lambda: _two_inputs_call("feature_ablation", input_keys=["z"]),
+     KeyError, ("feature_ablation", "input_keys", "'z'")),
+]
+
+
+# ---------------------------------------------------------------- compat: tdhook's LRP rule API
+
+
+def _rules() -> Any:
+    from tdhook_fn.compat.attribution.lrp_helpers import rules
+
+    return rules
+
+
+class _TwoInputs(nn.Module):
+    def forward(self, a: torch.Tensor, b: Any) -> torch.Tensor:
+        return a + b
+
+
+def _registered_call(rule: Any, module: nn.Module, *args: Any) -> Any:
+    with rule.register(module):
+        return module(*args)
+
+
+def _registered_twice() -> None:
+    layer = nn.Linear(2, 2)
+    _rules().EpsilonRule().register(layer)
+    _rules().PassRule().register(layer)
+
+
+def _custom_rule_registered() -> None:
+    class Custom(_rules().Rule):  # type: ignore[misc,name-defined]
+        pass
+
+    Custom().register(nn.Linear(2, 2))
+
+
+def _nested_rules() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with _rules().EpsilonRule().register(model), _rules().EpsilonRule().register(model[0]):
+        model(torch.ones(1, 2, requires_grad=True))
+
+
+def _rule_inside_pure_call() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with _rules().EpsilonRule().register(model[0]):
+        tdhook_fn.call(model, tdhook_fn.params(model), torch.ones(1, 2))
+
+
+def _unconserved() -> None:
+    hook = _rules().raise_for_unconserved_rel_factory()
+    hook(nn.Linear(2, 2), torch.ones(2), torch.zeros(2))
+
+
+LRP_RULES_ROWS: list[Row] = [
+    ("lrp-rule-registered-twice", _registered_twice, ValueError, ("PassRule.register", "already has EpsilonRule",
+                                                                  "remove it first")),
+    ("lrp-rule-unregister-unknown", lambda: _rules().EpsilonRule().unregister(nn.Linear(2, 2)), ValueError,
+     ("EpsilonRule.unregister", "not registered", "Linear")),
+    ("lrp-rule-register-not-module", lambda: _rules().EpsilonRule().register("layer"), TypeError,
+     ("EpsilonRule.register", "nn.Module", "str")),
+    ("lrp-rule-register-custom", _custom_rule_registered, TypeError, ("Custom", "stands for no tdhook_fn rule",
+                                                                      "relevance(call, grad)")),
+    ("lrp-rule-nested", _nested_rules, ValueError, ("EpsilonRule", "Linear", "inside a Sequential",
+                                                    "may not nest")),
+    ("lrp-rule-in-pure-call", _rule_inside_pure_call, RuntimeError, ("EpsilonRule", "tdhook_fn pure function",
+                                                                     "handle.remove()", "rule_mapper")),
+    ("lrp-rule-alpha-beta-negative", lambda: _rules().AlphaBetaRule(-1.0, 1.0), ValueError,
+     ("AlphaBetaRule", "must be non-negative", "alpha=-1.0")),
+    ("lrp-rule-alpha-beta-difference", lambda: _rules().AlphaBetaRule(2.0, 0.5), ValueError,
+     ("AlphaBetaRule", "alpha - beta must equal 1", "beta=0.5")),
+    ("lrp-rule-multiple-inputs", lambda: _registered_call(_rules().AlphaBetaRule(), _TwoInputs(), torch.ones(2),
+                                                          torch.ones(2)),
+     NotImplementedError, ("AlphaBetaRule", "multiple inputs", "2 positional")),
+    ("lrp-rule-pass-count", lambda: _registered_call(_rules().PassRule(), _TwoInputs(), torch.ones(2),
+                                                     torch.ones(2)),
+     ValueError, ("PassRule", "number of inputs and outputs", "2 inputs and 1 outputs")),
+    ("lrp-rule-pass-shape", lambda: _registered_call(_rules().PassRule(), nn.Linear(3, 2), torch.ones(3)),
+     ValueError, ("shape=torch.size([3])", "shape=torch.size([2])", "index 0")),
+    ("lrp-rule-non-tensor", lambda: _registered_call(_rules().EpsilonRule(), _TwoInputs(), torch.ones(2), 3.0),
+     TypeError, ("EpsilonRule", "_TwoInputs", "tensors as positional arguments", "one tensor returned")),
+    ("lrp-rule-unconserved", _unconserved, RuntimeError, ("Unconserved relevance", "Linear", "inputs hold 2",
+                                                          "outputs 0")),
+]
+
+
+# ---------------------------------------------------------------- attribution: conductance, internal influence
+
+
+def _path_method(name: str) -> Any:
+    import importlib
+
+    module = {"layer_conductance": "_layer_conductance", "neuron_conductance": "_neuron_conductance",
+              "internal_influence": "_internal_influence"}[name]
+    return getattr(importlib.import_module(f"tdhook_fn.attribution.{module}"), name)
+
+
+def _conductance(name: str, **options: Any) -> Any:
+    return _path_method(name)(tiny_f(), tiny_params(), tiny_inputs(), **{"target": 0, **options})
+
+
+CONDUCTANCE_ROWS: list[Row] = [
+    ("conductance-no-layers", lambda: _conductance("layer_conductance", layers=[]),
+     ValueError, ("layer_conductance", "layers is empty")),
+    ("conductance-layers-str", lambda: _conductance("layer_conductance", layers="[0]"),
+     TypeError, ("layer_conductance", "layers=['[0]']")),
+    ("conductance-n-steps", lambda: _conductance("layer_conductance", layers=["[0]"], n_steps=0),
+     ValueError, ("layer_conductance", "n_steps", ">= 1")),
+    ("conductance-chunk-size", lambda: _conductance("layer_conductance", layers=["[0]"], chunk_size=0),
+     ValueError, ("layer_conductance", "chunk_size", "path points per forward")),
+    ("conductance-method", lambda: _conductance("layer_conductance", layers=["[0]"], method="simpson"),
+     ValueError, ("'simpson'", "supported")),
+    ("conductance-token-ids", lambda: _path_method("layer_conductance")(
+        tdhook_fn.functional(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
+        tdhook_fn.params(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))),
+        torch.randint(0, 10, (2, 3)), 0, target=0, layers=["[2]"]),
+     TypeError, ("layer_conductance", "torch.int64", "cannot move along a path", "input_keys")),
+    ("conductance-plain-function", lambda: _path_method("layer_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layers=["[0]"]),
+     TypeError, ("layer_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
+    ("internal-influence-no-layers", lambda: _conductance("internal_influence", layers=[]),
+     ValueError, ("internal_influence", "layers is empty")),
+    ("internal-influence-baselines", lambda: _conductance("internal_influence", baselines=torch.zeros(2, 2),
+                                                          layers=["[0]"]),
+     ValueError, ("internal_influence", "baselines", "[2, 2]", "does not broadcast")),
+    ("neuron-conductance-layer-list", lambda: _conductance("neuron_conductance", layer=["[0]"], neuron_selector=0),
+     TypeError, ("neuron_conductance", "layer", "one submodule path")),
+    ("neuron-conductance-selector-type", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=[0]),
+     TypeError, ("neuron_conductance", "neuron_selector", "int", "callable")),
+    ("neuron-conductance-selector-range", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                               neuron_selector=4),
+     ValueError, ("neuron_conductance", "neuron_selector", "out of range", "[4]")),
+    ("neuron-conductance-selector-dims", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=(0, 1)),
+     ValueError, ("neuron_conductance", "neuron_selector", "2 indices", "1 dims")),
+    ("neuron-conductance-selector-rows", lambda: _conductance("neuron_conductance", layer="[0]",
+                                                              neuron_selector=lambda a: a[:, :2]),
+     ValueError, ("neuron_conductance", "neuron_selector", "one value per row")),
+    ("neuron-conductance-plain-function", lambda: _path_method("neuron_conductance")(
+        lambda p, td: tiny_f()(p, td), tiny_params(), tiny_inputs(), target=0, layer="[0]", neuron_selector=0),
+     TypeError, ("neuron_conductance", "tdhook_fn.Functional", "tdhook_fn.pure(model)")),
+]
+
+
+# ---------------------------------------------------------------- attribution: noise and modified-gradient methods
+
+
+def _noise(name: str) -> Any:
+    module = {"smoothgrad": "_smoothgrad", "gradient_shap": "_gradient_shap", "deconvolution": "_deconvolution",
+              "guided_grad_cam": "_guided_grad_cam"}[name]
+    return getattr(__import__(f"tdhook_fn.attribution.{module}", fromlist=[name]), name)
+
+
+def _refs(n: int = 4) -> TensorDict:
+    return TensorDict(input=torch.randn(n, 3), batch_size=[n])
+
+
+def _tiny_cnn_f() -> tdhook_fn.Functional:
+    torch.manual_seed(0)
+    return tdhook_fn.functional(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3)))
+
+
+NOISE_ROWS: list[Row] = [
+    ("smoothgrad-nt-type", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                         nt_type="mean"),
+     ValueError, ("smoothgrad", "nt_type", "'mean'", "vargrad")),
+    ("smoothgrad-nt-samples", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                            nt_samples=0),
+     ValueError, ("smoothgrad", "nt_samples", "positive int")),
+    ("smoothgrad-chunk-size", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                            chunk_size=-1),
+     ValueError, ("smoothgrad", "chunk_size")),
+    ("smoothgrad-negative-stdev", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                                stdevs=-0.1),
+     ValueError, ("smoothgrad", "stdevs", "'input'", ">= 0")),
+    ("smoothgrad-stdevs-count", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                              stdevs=(0.1, 0.2)),
+     ValueError, ("smoothgrad", "stdevs", "2 values", "1 attributed")),
+    ("smoothgrad-stdevs-missing-key", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(), target=1,
+                                                                    stdevs={"x": 0.1}),
+     KeyError, ("smoothgrad", "stdevs", "'input'")),
+    ("smoothgrad-token-ids", lambda: _noise("smoothgrad")(
+        tiny_f(), tiny_params(), TensorDict(input=torch.ones(5, 3, dtype=torch.long), batch_size=[5]), target=1),
+     TypeError, ("smoothgrad", "'input'", "torch.int64", "floating-point")),
+    ("smoothgrad-attribution-with-delta", lambda: _noise("smoothgrad")(
+        tiny_f(), tiny_params(), tiny_inputs(), 0.0, target=1, stdevs=0.1,
+        attribution=functools.partial(attribution.integrated_gradients, return_convergence_delta=True)),
+     ValueError, ("smoothgrad", "attribution", "tuple", "return_convergence_delta=False")),
+    ("smoothgrad-attribution-not-callable", lambda: _noise("smoothgrad")(tiny_f(), tiny_params(), tiny_inputs(),
+                                                                          target=1, attribution="saliency"),
+     TypeError, ("smoothgrad", "attribution", "str")),
+    ("gradient-shap-baselines-not-references", lambda: _noise("gradient_shap")(tiny_f(), tiny_params(),
+                                                                                tiny_inputs(), 0.0, target=1),
+     TypeError, ("gradient_shap", "baselines", "reference samples", "float")),
+    ("gradient-shap-baselines-shape", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), TensorDict(input=torch.zeros(4, 2), batch_size=[4]), target=1),
+     ValueError, ("gradient_shap", "baselines", "'input'", "[2]", "[3]")),
+    ("gradient-shap-baselines-batch-dims", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), TensorDict(input=torch.zeros(2, 4, 3), batch_size=[2, 4]), target=1),
+     ValueError, ("gradient_shap", "baselines", "one batch dim", "[2, 4]")),
+    ("gradient-shap-baselines-missing-key", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), TensorDict(x=torch.zeros(4, 3), batch_size=[4]), target=1),
+     KeyError, ("gradient_shap", "baselines", "'input'")),
+    ("gradient-shap-draws-batch", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), _refs(), target=1, n_samples=3,
+        draws=TensorDict(alpha=torch.rand(5, 2), index=torch.zeros(5, 2, dtype=torch.long), batch_size=[5, 2])),
+     ValueError, ("gradient_shap", "draws", "[5, 3]", "[5, 2]")),
+    ("gradient-shap-draws-missing-alpha", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), _refs(), target=1, n_samples=2,
+        draws=TensorDict(index=torch.zeros(5, 2, dtype=torch.long), batch_size=[5, 2])),
+     KeyError, ("gradient_shap", "draws", "'alpha'")),
+    ("gradient-shap-draws-index-range", lambda: _noise("gradient_shap")(
+        tiny_f(), tiny_params(), tiny_inputs(), _refs(), target=1, n_samples=2,
+        draws=TensorDict(alpha=torch.rand(5, 2), index=torch.full((5, 2), 4), batch_size=[5, 2])),
+     ValueError, ("gradient_shap", "'index'", "integer indices", "4 baselines")),
+    ("gradient-shap-n-samples", lambda: _noise("gradient_shap")(tiny_f(), tiny_params(), tiny_inputs(), _refs(),
+                                                                 target=1, n_samples=1.5),
+     ValueError, ("gradient_shap", "n_samples", "positive int")),
+    ("deconvolution-plain-function", lambda: _noise("deconvolution")(
+        lambda p, td: td, tiny_params(), tiny_inputs(), target=1),
+     TypeError, ("deconvolution", "tdhook_fn.Functional", "tdhook_fn.functional(model)")),
+    ("guided-grad-cam-layer-list", lambda: _noise("guided_grad_cam")(
+        _tiny_cnn_f(), tdhook_fn.params(_tiny_cnn_f().model), torch.randn(2, 1, 6, 6), target=1, layer=["[0]"]),
+     TypeError, ("guided_grad_cam", "layer", "one submodule path")),
+    ("guided-grad-cam-flat-inputs", lambda: _noise("guided_grad_cam")(tiny_f(), tiny_params(), tiny_inputs(),
+                                                                       target=1, layer="[0]"),
+     ValueError, ("guided_grad_cam", "channel dim", "spatial")),
+    ("guided-grad-cam-flat-layer", lambda: _noise("guided_grad_cam")(
+        _tiny_cnn_f(), tdhook_fn.params(_tiny_cnn_f().model), torch.randn(2, 1, 6, 6), target=1, layer="[3]"),
+     ValueError, ("guided_grad_cam", "'[3]'", "[c, *spatial]")),
+]
+
+
+# ---------------------------------------------------------------- attribution: surrogate models (LIME, KernelSHAP)
+
+
+def _surrogate(name: str, **overrides: Any) -> Any:
+    from tdhook_fn.attribution._kernel_shap import kernel_shap
+    from tdhook_fn.attribution._lime import lime
+
+    method = {"lime": lime, "kernel_shap": kernel_shap}[name]
+    return method(tiny_f(), tiny_params(), tiny_inputs(), **{"target": 1, "n_samples": 6, **overrides})
+
+
+def _shapley_samples(n_features: int) -> Any:
+    from tdhook_fn.attribution._kernel_shap import shapley_kernel_samples
+
+    return shapley_kernel_samples(n_features, 5)
+
+
+SURROGATE_ROWS: list[Row] = [
+    ("surrogate-float-feature-mask", lambda: _surrogate("lime", feature_mask=torch.zeros(3)),
+     TypeError, ("lime", "feature_mask", "'input'", "integer")),
+    ("surrogate-feature-mask-shape", lambda: _surrogate("kernel_shap", feature_mask=torch.arange(4)),
+     ValueError, ("kernel_shap", "feature_mask", "[4]", "broadcast")),
+    ("surrogate-feature-mask-negative", lambda: _surrogate("lime", feature_mask=torch.tensor([-1, 0, 1])),
+     ValueError, ("lime", "feature_mask", "-1")),
+    ("surrogate-feature-mask-missing-key", lambda: _surrogate("lime", feature_mask={"other": torch.arange(3)}),
+     KeyError, ("lime", "feature_mask", "'input'")),
+    ("surrogate-feature-mask-type", lambda: _surrogate("lime", feature_mask=[0, 1, 2]),
+     TypeError, ("lime", "feature_mask", "list")),
+    ("surrogate-samples-shape", lambda: _surrogate("lime", n_samples=None, samples=torch.ones(4, 2)),
+     ValueError, ("lime", "samples", "[4, 2]", "3 features")),
+    ("surrogate-samples-values", lambda: _surrogate("kernel_shap", n_samples=None,
+                                                    samples=torch.full((4, 3), 0.5)),
+     ValueError, ("kernel_shap", "samples", "zeros and ones")),
+    ("surrogate-samples-and-n-samples", lambda: _surrogate("lime", samples=torch.ones(4, 3)),
+     ValueError, ("lime", "n_samples=6", "4 rows")),
+    ("surrogate-n-samples", lambda: _surrogate("kernel_shap", n_samples=0),
+     ValueError, ("kernel_shap", "n_samples", "positive int")),
+    ("surrogate-one-sample", lambda: _surrogate("kernel_shap", n_samples=1),
+     ValueError, ("kernel_shap", "at least 2 interpretable samples", "got 1")),
+    ("surrogate-weights-underflow", lambda: _surrogate("lime", distance_mode="euclidean", kernel_width=1e-30),
+     ValueError, ("lime", "similarity weight", "kernel_width")),
+    ("surrogate-chunk-size", lambda: _surrogate("lime", chunk_size=0), ValueError, ("lime", "chunk_size")),
+    ("surrogate-interpretable-model", lambda: _surrogate("lime", interpretable_model="svm"),
+     ValueError, ("lime", "interpretable_model", "'svm'", "lasso")),
+    ("surrogate-model-shape", lambda: _surrogate("lime", interpretable_model=lambda x, y, w: x),
+     ValueError, ("lime", "interpretable_model", "[5, 1, 3]", "[5, 6, 3]")),
+    ("surrogate-alpha-linear", lambda: _surrogate("lime", interpretable_model="linear", alpha=1.0),
+     ValueError, ("lime", "alpha", "'linear'")),
+    ("surrogate-alpha-negative", lambda: _surrogate("lime", alpha=-1.0), ValueError, ("lime", "alpha", ">= 0")),
+    ("surrogate-distance-mode", lambda: _surrogate("lime", distance_mode="manhattan"),
+     ValueError, ("lime", "distance_mode", "'manhattan'")),
+    ("surrogate-kernel-width", lambda: _surrogate("lime", kernel_width=0.0),
+     ValueError, ("lime", "kernel_width", "> 0")),
+    ("surrogate-one-feature", lambda: _surrogate("kernel_shap", feature_mask=torch.zeros(3, dtype=torch.long)),
+     ValueError, ("kernel_shap", "at least 2 features", "F(x) - F(baseline)")),
+    ("surrogate-shapley-samples-features", lambda: _shapley_samples(1),
+     ValueError, ("kernel_shap", "at least 2 features")),
+    ("surrogate-module-as-f", lambda: __import__("tdhook_fn.attribution._lime", fromlist=["lime"]).lime(
+        tiny_model(), tiny_params(), tiny_inputs(), target=1),
+     TypeError, ("lime", "pure", "tdhook_fn.pure(model)")),
+    ("surrogate-baseline-shape", lambda: _surrogate("kernel_shap", baselines=torch.zeros(2)),
+     ValueError, ("kernel_shap", "baselines", "broadcast")),
+]
+
+
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *DEEPLIFT_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS, *SURROGATE_ROWS,
+                   *PERTURBATION_ROWS, *DEEPLIFT_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

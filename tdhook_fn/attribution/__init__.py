@@ -7,9 +7,18 @@ with respect to params.
 
 from ._activation_maximisation import activation_maximisation, pgd_step
 from ._convergence import convergence_delta
+from ._deconvolution import deconvolution, relu_paths
+from ._feature_ablation import feature_ablation
+from ._feature_permutation import feature_permutation
 from ._grad_cam import DimsConfig, grad_cam
+from ._gradient_shap import gradient_shap
 from ._guided_backprop import guided_backprop, module_paths
+from ._guided_grad_cam import guided_grad_cam
 from ._integrated_gradients import integrated_gradients
+from ._internal_influence import internal_influence
+from ._kernel_shap import kernel_shap, shapley_kernel_samples
+from ._layer_conductance import layer_conductance
+from ._lime import lime
 from ._lrp import lrp, rule_taps
 from ._lrp_composites import EpsilonPlus, RuleMapper, Rules
 from ._lrp_rules import (
@@ -31,8 +40,12 @@ from ._lrp_rules import (
     ZPlus,
     stabilize,
 )
+from ._neuron_conductance import neuron_conductance
+from ._occlusion import occlusion
 from ._quadrature import SUPPORTED_METHODS, quadrature
 from ._saliency import saliency
+from ._shapley_value_sampling import shapley_value_sampling
+from ._smoothgrad import smoothgrad
 
 __all__ = [
     "AHQKV",
@@ -58,14 +71,29 @@ __all__ = [
     "ZPlus",
     "activation_maximisation",
     "convergence_delta",
+    "deconvolution",
+    "feature_ablation",
+    "feature_permutation",
     "grad_cam",
+    "gradient_shap",
     "guided_backprop",
+    "guided_grad_cam",
     "integrated_gradients",
+    "internal_influence",
+    "kernel_shap",
+    "layer_conductance",
+    "lime",
     "lrp",
     "module_paths",
+    "neuron_conductance",
+    "occlusion",
     "pgd_step",
     "quadrature",
+    "relu_paths",
     "rule_taps",
     "saliency",
+    "shapley_kernel_samples",
+    "shapley_value_sampling",
+    "smoothgrad",
     "stabilize",
 ]

@@ -45,7 +45,7 @@ from torch import nn
 from .._functional import Functional, with_copied_inputs
 from .._paths import resolve_path
 from .._taps import Tap
-from ._kept_logits import KEEP_SLOT, complete, positions_read
+from ._kept_logits import KEEP_SLOT, complete, positions_read, reads_tail_alone
 from ._sites import Site
 
 __all__ = ["CausalCut", "causal_cut", "check_agrees", "share_before"]
@@ -91,6 +91,7 @@ class CausalCut:
     corrupted: TensorDict  # f's outputs on the corrupted inputs, [N, T, ...]
     takes_keep: bool  # the forward takes logits_to_keep
     kept: int | None = None  # the last positions the metric reads (NOTE [positions the metric reads]); None: all
+    width: int | None = None  # the last positions the runs hand the metric; None: all
 
     def start(self, site: Site, activation: torch.Tensor) -> int:
         """The first position ``site`` patches, if it can be cut there; else 0 (the run runs whole)."""
@@ -124,14 +125,17 @@ class CausalCut:
                                                         use_cache=bool(start), **extra)
             ran = self.length - start
             logits = self.kept if self.kept is not None and extra else ran
-            return complete(out, self.corrupted, self.f.out_keys, self.length, logits, ran)
+            return complete(out, self.corrupted, self.f.out_keys, self.length, logits, ran, self.width)
 
         return run
 
     def read_by(self, metric: Callable[[TensorDictBase], torch.Tensor]) -> None:
-        """Set `kept` to the last positions ``metric`` reads (NOTE [positions the metric reads])."""
+        """Set `kept` to the last positions ``metric`` reads, and `width` where it can be handed those alone
+        (NOTE [positions the metric reads])."""
         if self.takes_keep:
             self.kept = positions_read(metric, self.corrupted, self.length)
+        if self.kept is not None and reads_tail_alone(metric, self.corrupted, self.kept, self.length):
+            self.width = self.kept
 
     def shifted(self, site: Site, start: int) -> Site:
         """``site`` with its position counted from ``start``."""

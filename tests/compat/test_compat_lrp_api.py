@@ -23,7 +23,7 @@ from tdhook_fn.compat.attribution.lrp_helpers import layers as our_layers
 from tdhook_fn.compat.attribution.lrp_helpers import rules as our_rules
 from tdhook_fn.compat.attribution.lrp_helpers import types as our_types
 
-NOT_PROVIDED = {"ParamModifier", "RemovableRuleHandle", "AbstractFunctionMeta", "raise_for_unconserved_rel_factory"}
+NOT_PROVIDED = {"ParamModifier", "AbstractFunctionMeta"}
 RULE_CLASSES = ["EpsilonRule", "UniformEpsilonRule", "SoftmaxEpsilonRule", "PassRule", "IgnoreRule", "StopRule",
                 "UniformRule", "WSquareRule", "FlatRule", "AlphaBetaRule", "LayerNormRule", "PseudoIdentityRule",
                 "AHQKVRule"]

@@ -255,3 +255,33 @@ def test_the_default_sweep_runs_the_lm_head_at_the_positions_the_metric_reads(gp
     assert max(seen[3:]) == most  # after the clean, corrupted and shape-finding runs
     loop = torch.stack([metric(patch(f, p, corrupt, s, cache(f, p, clean, s))) for s in GRID])
     torch.testing.assert_close(sweep, loop, rtol=1e-4, atol=1e-5)
+
+
+class _Seen:
+    """A metric reading the last position's logit 3 in one of three ways, noting how many positions it is given."""
+
+    def __init__(self, how):
+        self.how, self.lengths = how, []
+
+    def __call__(self, out):
+        logits = out["logits"]
+        self.lengths.append(logits.shape[-2])
+        if self.how == "from the end":
+            return logits[..., -1, 3]
+        if self.how == "from the front":  # logits[:, 6] is no position of the last one alone
+            return logits[..., L - 1, 3]
+        return logits[..., -1, 3] / logits.shape[-2]  # "per position": reads the length too
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("how", "alone"), [("from the end", True), ("from the front", False),
+                                            ("per position", False)])
+def test_runs_hand_the_metric_the_last_positions_alone_only_where_it_gives_the_same(gpt2, causal, how, alone):
+    _, f, p = gpt2
+    clean, corrupt = _pair()
+    with torch.no_grad():
+        metric = _Seen(how)
+        sweep = patching_sweep(f, p, clean, corrupt, GRID, metric, causal=causal, skip_unchanged=False, chunk_size=5)
+        whole = patching_sweep(f, p, clean, corrupt, GRID, _Seen(how), batching="fold")
+    torch.testing.assert_close(sweep, whole, rtol=1e-4, atol=1e-5)
+    assert (metric.lengths.count(1) > 2) == alone  # the test of the cut outputs calls it on one position twice

@@ -2,10 +2,12 @@
 
 Each tdhook rule class takes tdhook's arguments with tdhook's defaults and stands for a
 rule of `tdhook_fn.attribution` (its `Rule.rule`), which computes the
-relevance; nothing is registered on a module. A rule mapper (``rule_mapper`` of
+relevance. A rule mapper (``rule_mapper`` of
 `LRP`, or `EpsilonPlus`) may return these or
 tdhook_fn rules directly; a custom rule is an object with a ``relevance(call, grad)``
-method (see `tdhook_fn.attribution.Rule`), not a subclass of `Rule`.
+method (see `tdhook_fn.attribution.Rule`), not a subclass of `Rule`. `Rule.register`
+puts a rule on a module the user gives (tdhook's rule API, NOTE [registered rules]
+in ``_registration``); `LRP`'s contexts never register anything.
 
 Examples:
     >>> import torch
@@ -23,6 +25,7 @@ from torch import nn
 
 from tdhook_fn import attribution
 
+from ._registration import RemovableRuleHandle, raise_for_unconserved_rel_factory, register_rule, unregister_rule
 from .layers import Sum
 from .types import Activation, AvgPool, BatchNorm, Convolution, MaxPool
 
@@ -37,12 +40,14 @@ __all__ = [
     "LayerNormRule",
     "PassRule",
     "PseudoIdentityRule",
+    "RemovableRuleHandle",
     "Rule",
     "SoftmaxEpsilonRule",
     "StopRule",
     "UniformEpsilonRule",
     "UniformRule",
     "WSquareRule",
+    "raise_for_unconserved_rel_factory",
     "stabilize",
 ]
 
@@ -58,7 +63,51 @@ def stabilize(tensor: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
 
 
 class Rule:
-    """Base of tdhook's rule classes: an object standing for one tdhook_fn rule."""
+    """Base of tdhook's rule classes: an object standing for one tdhook_fn rule.
+
+    Examples:
+        >>> import torch
+        >>> layer = torch.nn.Linear(3, 2, bias=False)
+        >>> handle = EpsilonRule(1e-9).register(layer)
+        >>> x = torch.tensor([1.0, -2.0, 0.5], requires_grad=True)
+        >>> layer(x).backward(torch.tensor([0.3, 0.7]))
+        >>> round(x.grad.sum().item(), 4)  # conserved: LRP-0 without a bias
+        1.0
+        >>> handle.remove()
+    """
+
+    def register(self, module: nn.Module) -> RemovableRuleHandle:
+        """Put this rule on ``module``: its backward hands relevance back by the rule, until removed.
+
+        Hooks on ``module`` (NOTE [registered rules]) put this rule's modified VJP, the
+        core's (`tdhook_fn.attribution.rule_taps`), at its output; its parameters are
+        constants under the rule. The rule's settings are read at each backward.
+
+        Args:
+            module (nn.Module): the module; one rule at a time.
+
+        Returns:
+            RemovableRuleHandle: ``remove()`` it, or use it as a context manager.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.Module``, or this rule stands for no tdhook_fn rule.
+            ValueError: ``module`` already has a rule.
+        """
+        return register_rule(self, module)
+
+    def unregister(self, module: nn.Module) -> None:
+        """Take this rule off ``module``.
+
+        Args:
+            module (nn.Module): the module it was registered on.
+
+        Raises:
+            ValueError: this rule is not registered on ``module``.
+        """
+        unregister_rule(self, module)
+
+    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
+        """Raise tdhook's error where a registered module's call does not fit this rule (none here)."""
 
     def rule(self) -> attribution.Rule:
         """The `tdhook_fn.attribution` rule this object stands for, with its current settings."""
@@ -68,6 +117,12 @@ class Rule:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+def _single_input(rule: Rule, args: tuple[Any, ...]) -> None:
+    if len(args) != 1:
+        raise NotImplementedError(f"{type(rule).__name__} does not support multiple inputs: the module was called "
+                                  f"with {len(args)} positional arguments; register it on a module called with one")
 
 
 class EpsilonRule(Rule):
@@ -95,14 +150,40 @@ class SoftmaxEpsilonRule(EpsilonRule):
 
 
 class PassRule(Rule):
-    """Relevance passes unchanged: `tdhook_fn.attribution.Pass`."""
+    """Relevance passes unchanged: `tdhook_fn.attribution.Pass` (one input, of the output's shape)."""
+
+    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
+        outputs = output if isinstance(output, tuple) else (output,)
+        if len(args) != len(outputs):
+            raise ValueError(f"PassRule requires the number of inputs and outputs to be the same, got {len(args)} "
+                             f"inputs and {len(outputs)} outputs")
+        for index, (i, o) in enumerate(zip(args, outputs, strict=True)):
+            if getattr(i, "shape", None) != getattr(o, "shape", None):
+                raise ValueError(f"Input (shape={getattr(i, 'shape', None)}) and output "
+                                 f"(shape={getattr(o, 'shape', None)}) have different shapes at index {index}")
+        _single_input(self, args)
 
     def rule(self) -> attribution.Rule:
         return attribution.Pass()
 
 
 class IgnoreRule(Rule):
-    """The module's plain gradient: `tdhook_fn.attribution.Ignore`."""
+    """The module's plain gradient: `tdhook_fn.attribution.Ignore`; registering it changes nothing."""
+
+    def register(self, module: nn.Module) -> RemovableRuleHandle:
+        """Nothing to put on ``module`` (its plain gradient is the rule); a handle all the same.
+
+        Args:
+            module (nn.Module): the module.
+        """
+        return RemovableRuleHandle(self, module)
+
+    def unregister(self, module: nn.Module) -> None:
+        """Nothing to take off ``module``.
+
+        Args:
+            module (nn.Module): the module.
+        """
 
     def rule(self) -> attribution.Rule:
         return attribution.Ignore()
@@ -147,8 +228,17 @@ class AlphaBetaRule(Rule):
     """
 
     def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6) -> None:
-        attribution.AlphaBeta(alpha, beta, stabilizer)  # refuse bad values now, as tdhook
+        if alpha < 0 or beta < 0:  # tdhook's messages; the core's own check follows
+            raise ValueError(f"AlphaBetaRule: Both alpha and beta parameters must be non-negative, got alpha={alpha}, "
+                             f"beta={beta}")
+        if alpha - beta != 1.0:
+            raise ValueError(f"AlphaBetaRule: The difference of parameters alpha - beta must equal 1, got "
+                             f"alpha={alpha}, beta={beta}")
+        attribution.AlphaBeta(alpha, beta, stabilizer)
         self.alpha, self.beta, self.stabilizer = alpha, beta, stabilizer
+
+    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
+        _single_input(self, args)
 
     def rule(self) -> attribution.Rule:
         return attribution.AlphaBeta(self.alpha, self.beta, self.stabilizer)
@@ -156,6 +246,9 @@ class AlphaBetaRule(Rule):
 
 class LayerNormRule(Rule):
     """LXT's layer-norm rule: `tdhook_fn.attribution.LayerNorm`."""
+
+    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
+        _single_input(self, args)
 
     def rule(self) -> attribution.Rule:
         return attribution.LayerNorm()
@@ -169,6 +262,9 @@ class PseudoIdentityRule(Rule):
 
     def rule(self) -> attribution.Rule:
         return attribution.PseudoIdentity(self.stabilizer)
+
+    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
+        _single_input(self, args)
 
 
 class AHQKVRule(Rule):

@@ -1,0 +1,125 @@
+"""SmoothGrad and GradientSHAP: tdhook_fn against captum 0.9 and a hand-written batched floor, in one process.
+
+50 noisy copies (draws) of each of the first 32 of scikit-learn's digits (flat for the MLP,
+``[1, 8, 8]`` for the CNN); the baselines of GradientSHAP are 20 other digits. The floor is
+what a capable engineer writes by hand: every copy built once (``repeat_interleave`` plus
+noise; random baselines and path points for GradientSHAP), one forward and one input
+gradient of the target, a mean over the copies. captum: ``NoiseTunnel(Saliency)`` with
+``abs=False`` (the same maps) and ``GradientShap``, each with every copy in one batch (their
+defaults). All run in interleaved rounds on one thread; times are CPU seconds of this
+one-thread process (steadier on a shared machine, as in ``bench_metrics.py``). The maps
+are checked equal to captum's for the same draws after the timing. Run:
+``python benchmarks/bench_noise.py``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import captum.attr as ca
+import numpy as np
+import torch
+from _timing import print_table
+from bench_metrics import cpu_medians
+from sklearn.datasets import load_digits
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution._gradient_shap import gradient_shap
+from tdhook_fn.attribution._smoothgrad import smoothgrad
+
+warnings.filterwarnings("ignore")
+SAMPLES, STDEV, TARGET = 50, 0.2, 3
+
+
+def digits() -> torch.Tensor:
+    return torch.tensor(load_digits().images[:52], dtype=torch.float32).unsqueeze(1) / 16  # [52, 1, 8, 8]
+
+
+def mlp() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    return model.eval(), digits().flatten(1)
+
+
+def cnn() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    return model.eval(), digits()
+
+
+def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        noisy = x.repeat_interleave(SAMPLES, 0) + STDEV * torch.randn(len(x) * SAMPLES, *x.shape[1:])
+        noisy.requires_grad_()
+        (grad,) = torch.autograd.grad(model(noisy)[:, TARGET].sum(), noisy)
+        return grad.view(len(x), SAMPLES, *x.shape[1:]).mean(1)
+
+    return run
+
+
+def floor_gradient_shap(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        n = len(x) * SAMPLES
+        b = refs[torch.randint(len(refs), (n,))]
+        a = torch.rand(n).view(n, *[1] * (x.dim() - 1))
+        xs = x.repeat_interleave(SAMPLES, 0)
+        points = (a * xs + (1 - a) * b).requires_grad_()
+        (grad,) = torch.autograd.grad(model(points)[:, TARGET].sum(), points)
+        return ((xs - b) * grad).view(len(x), SAMPLES, *x.shape[1:]).mean(1)
+
+    return run
+
+
+def _check(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> None:
+    """Ours equal captum's for the same draws (seeded torch for SmoothGrad; captum's numpy draws replayed)."""
+    f, p = tdhook_fn.pure(model)
+    torch.manual_seed(1)
+    ours = smoothgrad(f, p, x, target=TARGET, nt_samples=SAMPLES, stdevs=STDEV)
+    torch.manual_seed(1)
+    theirs = ca.NoiseTunnel(ca.Saliency(model)).attribute(x.clone(), nt_samples=SAMPLES, stdevs=STDEV, target=TARGET,
+                                                          abs=False)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    n = len(x)
+    np.random.seed(2)
+    torch.manual_seed(2)
+    index = torch.tensor(np.random.choice(len(refs), SAMPLES * n)).view(n, SAMPLES)
+    torch.randn(n * SAMPLES, *x.shape[1:])  # captum's (zero) noise
+    alpha = torch.tensor(np.random.uniform(0.0, 1.0, n * SAMPLES)).view(n, SAMPLES)
+    draws = TensorDict(index=index, alpha=alpha, batch_size=[n, SAMPLES])
+    ours = gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES, draws=draws)
+    np.random.seed(2)
+    torch.manual_seed(2)
+    theirs = ca.GradientShap(model).attribute(x.clone(), refs, n_samples=SAMPLES, target=TARGET)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    for title, (model, data) in {"MLP 64-128x2-10": mlp(), "CNN 2 conv 8x8": cnn()}.items():
+        x, refs = data[:32], data[32:]
+        f, p = tdhook_fn.pure(model)
+        sg = cpu_medians({
+            "floor (hand-written batched)": floor_smoothgrad(model, x),
+            "captum NoiseTunnel(Saliency)": lambda: ca.NoiseTunnel(ca.Saliency(model)).attribute(
+                x, nt_samples=SAMPLES, stdevs=STDEV, target=TARGET, abs=False),
+            "ours smoothgrad": lambda: smoothgrad(f, p, x, target=TARGET, nt_samples=SAMPLES, stdevs=STDEV),
+        }, rounds=15, number=3)
+        print_table(f"SmoothGrad, {title}, batch {len(x)} x {SAMPLES} samples", list(sg.items()),
+                    {"floor": sg["floor (hand-written batched)"], "captum": sg["captum NoiseTunnel(Saliency)"]})
+        gs = cpu_medians({
+            "floor (hand-written batched)": floor_gradient_shap(model, x, refs),
+            "captum GradientShap": lambda: ca.GradientShap(model).attribute(x, refs, n_samples=SAMPLES,
+                                                                            target=TARGET),
+            "ours gradient_shap": lambda: gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES),
+        }, rounds=15, number=3)
+        print_table(f"GradientSHAP, {title}, batch {len(x)} x {SAMPLES} samples", list(gs.items()),
+                    {"floor": gs["floor (hand-written batched)"], "captum": gs["captum GradientShap"]})
+        _check(model, x, refs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Perturbation attribution: occlusion, feature ablation, Shapley sampling against captum 0.9.0 and a floor.
+
+Two digits CNNs (``[N, 1, 8, 8] -> 10`` classes) on the first ``N = 32`` of scikit-learn's
+digits, each sample's predicted class as target: the docs pages' CNN (two 3x3 convs of 16
+and 32 channels, a 64-unit hidden layer), and a small one (one conv of 8 channels, a
+pool, a linear head; ``bench_metrics.py``'s) whose forward is so cheap that the fixed
+cost of a call (argument checks, the pure call's set-up, about 1 ms) shows, and one
+forward of every perturbation beats our default chunks of 1024 samples (rows "ours,
+chunk_size=... (all)" show the difference).
+
+- occlusion with 2x2 windows, stride 1 (49 windows);
+- feature ablation of every pixel (64 features), baseline 0;
+- Shapley value sampling of 2x2 blocks (16 features), captum's 25 orders.
+
+captum runs at its default ``perturbations_per_eval=1`` (one forward per perturbation)
+and at its best setting, every perturbation in one forward
+(``perturbations_per_eval`` = their number). The floor is the plain torch a capable
+engineer writes for the same numbers: every perturbed copy of the batch built once by
+broadcasting, forwards of the module itself, the differences spread back by one gather
+or product. It runs all perturbations in one forward and in forwards of 32 (1024
+samples: small forwards keep a wider model's activations in cache), and the faster of
+the two is the floor; it builds its masks in the timed region as every other variant
+does. Every variant is first checked to give the same numbers (the random orders drawn
+from the same seed). Times are CPU seconds of this one-thread process, medians of
+interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from _timing import print_table
+from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
+from sklearn.datasets import load_digits
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution._feature_ablation import feature_ablation
+from tdhook_fn.attribution._occlusion import occlusion
+from tdhook_fn.attribution._shapley_value_sampling import shapley_value_sampling
+
+warnings.filterwarnings("ignore")
+N, SEED, ORDERS = 32, 0, 25
+
+
+def cpu_medians(impls: dict[str, Callable[[], object]], rounds: int = 9, number: int = 1) -> dict[str, float]:
+    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each)."""
+    for fn in impls.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            start = time.process_time()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.process_time() - start) / number)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(128, 10)).eval()
+
+
+def docs_cnn() -> nn.Module:
+    """The CNN of the docs pages (``docs/gen_images.py``), untrained: the same cost."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
+
+
+def report(title: str, impls: dict[str, Callable[[], torch.Tensor]]) -> None:
+    reference = impls["floor, one forward"]()
+    for name, fn in impls.items():
+        torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-5, msg=f"{name} differs")
+    times = cpu_medians(impls)
+    best = min(v for k, v in times.items() if k.startswith("captum") and "default" not in k)
+    floor = min(v for k, v in times.items() if k.startswith("floor"))
+    print_table(title, list(times.items()), {"floor": floor, "captum default": times["captum 0.9.0 (default)"],
+                                             "captum best": best})
+
+
+def picked(net: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The target class's output of each sample of ``x`` ``[R * N, ...]``: ``[R, N]``."""
+    out = net(x).view(-1, N, 10)
+    return out.gather(2, target.view(1, N, 1).expand(out.shape[0], N, 1)).squeeze(2)
+
+
+def row_values(net: nn.Module, masks: torch.Tensor, on: torch.Tensor | float, off: torch.Tensor | float,
+               target: torch.Tensor, rows: int) -> torch.Tensor:
+    """The target on every row of ``masks`` ``[R, 64]`` (``on`` where True, ``off`` elsewhere), ``rows`` rows per
+    forward, each chunk built once by broadcasting: ``[R, N]``."""
+    parts = []
+    for i in range(0, len(masks), rows):
+        chosen = masks[i:i + rows].reshape(-1, 1, 1, 8, 8)
+        parts.append(picked(net, torch.where(chosen, on, off).reshape(-1, 1, 8, 8), target))
+    return torch.cat(parts)
+
+
+def floors(floor: Callable[[int], torch.Tensor], total: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """The floor in one forward, and in forwards of 32 perturbations (1024 samples: faster for the docs CNN)."""
+    return {"floor, one forward": lambda: floor(total), "floor, 32 per forward": lambda: floor(32)}
+
+
+def bench_occlusion(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+    f, p = tdhook_fn.pure(net)
+    windows = 49
+
+    def floor(rows: int) -> torch.Tensor:
+        with torch.no_grad():
+            starts = torch.arange(7)
+            cover = (torch.arange(8) >= starts[:, None]) & (torch.arange(8) < starts[:, None] + 2)  # [7, 8]
+            masks = (cover[:, None, :, None] & cover[None, :, None, :]).reshape(windows, 64)
+            values = row_values(net, torch.cat([torch.zeros(1, 64, dtype=torch.bool), masks]), 0.0, x, target, rows)
+            change = (values[:1] - values[1:]).T.reshape(N, 7, 7)
+            c = cover.float()
+            return (torch.einsum("nab,ai,bj->nij", change, c, c) / torch.outer(c.sum(0), c.sum(0)))[:, None]
+
+    def ours(chunk_size: int | None = None) -> torch.Tensor:
+        return occlusion(f, p, x, 0.0, target=target, sliding_window_shapes=(1, 2, 2), chunk_size=chunk_size)
+
+    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
+        return lambda: Occlusion(net).attribute(x, sliding_window_shapes=(1, 2, 2), target=target,
+                                                perturbations_per_eval=per_eval)
+
+    report(f"occlusion, 2x2 windows (49), {model}, batch {N}",
+           {"ours": ours, "ours, chunk_size=50 (all)": lambda: ours(windows + 1), "captum 0.9.0 (default)": captum(1),
+            "captum 0.9.0 (ppe=16)": captum(16), "captum 0.9.0 (ppe=49, all)": captum(windows),
+            **floors(floor, windows + 1)})
+
+
+def bench_ablation(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+    f, p = tdhook_fn.pure(net)
+
+    def floor(rows: int) -> torch.Tensor:
+        with torch.no_grad():
+            masks = torch.cat([torch.zeros(1, 64, dtype=torch.bool), torch.eye(64, dtype=torch.bool)])
+            values = row_values(net, masks, 0.0, x, target, rows)
+            return (values[:1] - values[1:]).T.reshape(N, 1, 8, 8)
+
+    def ours(chunk_size: int | None = None) -> torch.Tensor:
+        return feature_ablation(f, p, x, 0.0, target=target, chunk_size=chunk_size)
+
+    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
+        return lambda: FeatureAblation(net).attribute(x, target=target, perturbations_per_eval=per_eval)
+
+    report(f"feature ablation, every pixel (64), {model}, batch {N}",
+           {"ours": ours, "ours, chunk_size=65 (all)": lambda: ours(65), "captum 0.9.0 (default)": captum(1),
+            "captum 0.9.0 (ppe=16)": captum(16), "captum 0.9.0 (ppe=64, all)": captum(64), **floors(floor, 65)})
+
+
+def bench_shapley(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+    f, p = tdhook_fn.pure(net)
+    blocks = (torch.arange(8)[:, None] // 2 * 4 + torch.arange(8)[None, :] // 2).reshape(1, 1, 8, 8)
+    features = 16
+
+    def floor(rows: int) -> torch.Tensor:
+        torch.manual_seed(SEED)
+        orders = torch.stack([torch.randperm(features) for _ in range(ORDERS)])
+        with torch.no_grad():
+            ranks = orders.argsort(1)  # [S, P]
+            steps = torch.arange(features)
+            switched = ranks[:, None, blocks.view(-1)] <= steps[None, :, None]  # [S, P, 64]
+            masks = torch.cat([torch.zeros(1, 64, dtype=torch.bool), switched.reshape(-1, 64)])  # baselines first
+            values = row_values(net, masks, x, 0.0, target, rows)
+            walk = values[1:].view(ORDERS, features, N)
+            before = torch.cat([values[:1].expand(ORDERS, 1, N), walk[:, :-1]], 1)
+            shares = (walk - before).gather(1, ranks[:, :, None].expand(-1, -1, N)).mean(0)  # [P, N]
+            return shares[blocks.view(-1)].T.reshape(N, 1, 8, 8)
+
+    def ours() -> torch.Tensor:
+        torch.manual_seed(SEED)
+        return shapley_value_sampling(f, p, x, 0.0, target=target, n_samples=ORDERS, feature_mask=blocks)
+
+    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            torch.manual_seed(SEED)
+            return ShapleyValueSampling(net).attribute(x, target=target, n_samples=ORDERS, feature_mask=blocks,
+                                                       perturbations_per_eval=per_eval)
+        return run
+
+    report(f"Shapley value sampling, 2x2 blocks (16), {ORDERS} orders, {model}, batch {N}",
+           {"ours": ours, "captum 0.9.0 (default)": captum(1), "captum 0.9.0 (ppe=16, all)": captum(features),
+            **floors(floor, 1 + ORDERS * features)})
+
+
+def main() -> None:
+    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    for net, model in ((docs_cnn(), "docs CNN"), (cnn(), "small CNN")):
+        with torch.no_grad():
+            target = net(x).argmax(-1)
+        bench_occlusion(net, x, target, model)
+        bench_ablation(net, x, target, model)
+        bench_shapley(net, x, target, model)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()

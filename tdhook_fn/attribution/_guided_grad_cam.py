@@ -1,0 +1,113 @@
+"""Guided Grad-CAM (Selvaraju et al. 2017): guided backpropagation times the upsampled Grad-CAM map."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .._functional import Functional, NestedKey
+from .._targets import Target
+from ._checks import check_call
+from ._engine import input_keys_of
+from ._grad_cam import DimsConfig, grad_cam
+from ._guided_backprop import guided_backprop
+from ._inputs import accepts_tensors
+
+__all__ = ["guided_grad_cam"]
+
+
+@accepts_tensors
+def guided_grad_cam(
+    f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    *,
+    target: Target,
+    layer: str,
+    interpolate_mode: str = "nearest",
+    per_target: bool = False,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
+    layer_calls: Mapping[str, int] | None = None,
+) -> TensorDict:
+    """Guided backpropagation of each input, times the ReLU'd Grad-CAM map of ``layer`` upsampled to it.
+
+    As captum's ``GuidedGradCam``: the Grad-CAM map of ``layer`` (a ``[C, *spatial]``
+    activation per sample: gradients averaged over the spatial dims weight the channels,
+    which are summed) goes through a ReLU, is resized to each input's spatial dims
+    (``torch.nn.functional.interpolate`` with ``interpolate_mode``) and multiplies the
+    input's guided-backpropagation map (a ReLU on the gradient leaving every ``nn.ReLU``
+    module) on every channel. Two forwards: one per backward rule.
+
+    Args:
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
+        params (TensorDict): parameters for ``f`` (constants here).
+        inputs (TensorDict | Tensor): inputs ``[*B, C, *spatial]``, any batch size, as in `saliency`.
+        target (int | tuple[int, ...] | Tensor | Callable): what is attributed, as in `saliency`.
+        layer (str): path of the layer whose Grad-CAM map is used; its activation has as many
+            spatial dims as the inputs.
+        interpolate_mode (str): ``"nearest"``, ``"area"``, ``"bilinear"`` (2-d), ...:
+            how the map is resized. Default: ``"nearest"``, as captum.
+        per_target (bool): one map per target along a new leading dim ``T``. Default: ``False``.
+        input_keys (Sequence | None): which inputs, as in `saliency`. Default: ``f.in_keys``.
+        layer_calls (Mapping[str, int] | None): the run of ``layer`` to read when its module
+            runs more than once, as in `saliency`.
+
+    Returns:
+        TensorDict: keyed like the inputs, ``[*B]`` or ``[T, *B]``; a tensor for a tensor ``inputs``.
+
+    Raises:
+        TypeError: ``f`` is not a Functional, or ``layer`` is not a path.
+        ValueError: the layer's activation and an input differ in their number of spatial dims.
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+        ...                           torch.nn.Linear(4 * 6 * 6, 3))
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(2, 1, 8, 8), batch_size=[2])
+        >>> guided_grad_cam(f, p, x, target=0, layer="[0]")["input"].shape
+        torch.Size([2, 1, 8, 8])
+    """
+    if not isinstance(f, Functional):
+        raise TypeError("guided_grad_cam needs f to be a tdhook_fn.Functional (it taps the layer and the ReLUs); "
+                        "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
+    if not isinstance(layer, str):
+        raise TypeError(f"guided_grad_cam: layer must be one submodule path (str), got {layer!r}")
+    check_call("guided_grad_cam", f, params, inputs, target=target)
+    keys = input_keys_of(f, inputs, input_keys)
+    dims = inputs.batch_dims
+    rank = {k: inputs.get(k).dim() - dims for k in keys if isinstance(inputs.get(k, None), torch.Tensor)}
+    if not rank or min(rank.values()) < 2:
+        raise ValueError(f"guided_grad_cam: the inputs {list(keys)} need a channel dim and spatial dims per sample "
+                         f"([C, *spatial]); got per-sample ranks {rank}")
+    r = next(iter(rank.values()))
+    try:
+        cams = grad_cam(f, params, inputs, target=target, layers={layer: DimsConfig(tuple(range(1, r)), (0,))},
+                        per_target=per_target, layer_calls=layer_calls)
+    except ValueError as error:  # (grad_cam names its DimsConfig, which the caller here never wrote)
+        if f"layers[{layer!r}]" not in str(error):
+            raise
+        raise ValueError(f"guided_grad_cam: layer {layer!r} has fewer dims per sample than the inputs' [C, *spatial] "
+                         f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank") from None
+    cam = torch.relu(cams.get(layer))
+    skip = tuple({type(m) for m in f.model.modules() if not isinstance(m, nn.ReLU)})
+    guided = guided_backprop(f, params, inputs, target=target, classes_to_skip=skip, per_target=per_target,
+                             input_keys=input_keys)
+    lead = guided.batch_dims
+    out = TensorDict({}, batch_size=guided.batch_size)
+    for key, value in guided.items(True, True):
+        spatial = value.shape[lead + 1:]
+        if cam.dim() - lead != len(spatial):
+            raise ValueError(f"guided_grad_cam: the Grad-CAM map of layer {layer!r} has {cam.dim() - lead} spatial "
+                             f"dims per sample (shape {list(cam.shape[lead:])}), input {key!r} has {len(spatial)} "
+                             f"(shape {list(value.shape[lead:])}); pick a layer with a [C, *spatial] activation of "
+                             "the input's spatial rank")
+        flat = cam.reshape(-1, 1, *cam.shape[lead:])
+        resized = F.interpolate(flat, size=tuple(spatial), mode=interpolate_mode)
+        out.set(key, value * resized.reshape(*cam.shape[:lead], 1, *spatial))
+    return out

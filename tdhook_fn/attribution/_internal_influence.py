@@ -1,0 +1,101 @@
+"""Internal influence (Leino et al. 2018): a layer's gradients integrated while the inputs move."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
+
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import NestedKey
+from .._targets import Target
+from ._baselines import Baselines, attributed_keys, path_starts
+from ._checks import check_call, check_layers
+from ._inputs import accepts_tensors
+from ._integrated_gradients import integrated_gradients
+from ._path_checks import check_chunk_size, check_floating, check_steps
+from ._quadrature import quadrature
+
+__all__ = ["internal_influence"]
+
+PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
+_NAME = "internal_influence"
+
+
+@accepts_tensors
+def internal_influence(
+    f: PureFn,
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    baselines: Baselines = 0.0,
+    *,
+    target: Target,
+    layers: Sequence[str],
+    n_steps: int = 50,
+    method: str = "gausslegendre",
+    per_target: bool = False,
+    chunk_size: int | None = None,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
+    layer_calls: Mapping[str, int] | None = None,
+) -> TensorDict:
+    """The gradient at each layer averaged along the path: captum's ``InternalInfluence``, batched.
+
+    ``attr[y] = sum_k w_k * dF/dy(b + a_k (x - b))`` with the nodes ``a_k`` and weights
+    ``w_k`` of ``method`` (captum's, see `quadrature`): the layer variant of
+    `integrated_gradients` that interpolates the inputs and reads gradients at the layers
+    (not multiplied by any difference). All points of a chunk go through ``f`` in one
+    forward and one VJP.
+
+    Args:
+        f (Functional): pure ``f(params, td) -> td`` (a `tdhook_fn.Functional`: layers are
+            read through taps).
+        params (TensorDict): parameters for ``f`` (constants here).
+        inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``; or a tensor, batch
+            first, for an ``f`` with one in_key (the one map is then a tensor).
+        baselines (TensorDict | Tensor | float): the path's start, as in
+            `integrated_gradients`. Default: ``0.0`` (captum's ``None``).
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
+        layers (Sequence[str]): paths of the layers whose outputs are attributed.
+        n_steps (int): number of path points. Default: 50.
+        method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
+            Default: ``"gausslegendre"``.
+        per_target (bool): one map per target on a new leading dim ``T``. Default: the sum.
+        chunk_size (int | None): path points per forward; bounds memory.
+        input_keys (Sequence | None): the inputs the baselines replace. Default: every
+            input ``f`` reads.
+        layer_calls (Mapping[str, int] | None): the run to attribute of a layer whose
+            module runs more than once, as in `saliency`.
+
+    Returns:
+        TensorDict: one map per layer path, shaped like its activation (batch ``[*B]`` or
+        ``[T, *B]``). For a tensor ``inputs`` and one layer, the map as a tensor.
+
+    Raises:
+        ValueError: no layers, unknown method, too few steps or a bad ``chunk_size``.
+        TypeError: an input on the path is not floating point.
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> f, p = tdhook_fn.pure(net)
+        >>> x = TensorDict(input=torch.randn(5, 3), batch_size=[5])
+        >>> attr = internal_influence(f, p, x, 0.0, target=1, layers=["[1]"])
+        >>> torch.allclose(attr["[1]"], net[2].weight[1].expand(5, 4))  # the last layer is linear
+        True
+    """
+    check_layers(_NAME, layers)
+    if not layers:
+        raise ValueError(f"{_NAME}: layers is empty; name the layers to attribute, e.g. layers=['encoder.linear1']")
+    check_steps(_NAME, n_steps, least=1)
+    check_chunk_size(_NAME, chunk_size)
+    quadrature(method, n_steps)
+    check_call(_NAME, f, params, inputs, target=target)  # errors named here, before integrated_gradients runs
+    keys = attributed_keys(_NAME, f, inputs, input_keys)
+    check_floating(_NAME, inputs, keys)
+    path_starts(inputs, baselines, keys, _NAME)
+    attrs = integrated_gradients(f, params, inputs, baselines, target=target, n_steps=n_steps, method=method,
+                                 multiply_by_inputs=False, per_target=per_target, chunk_size=chunk_size,
+                                 layers=layers, interpolate="inputs", use_inputs=False, input_keys=input_keys,
+                                 layer_calls=layer_calls)
+    return cast(TensorDict, attrs)

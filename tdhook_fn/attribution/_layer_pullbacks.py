@@ -1,0 +1,133 @@
+"""One forward of the path points, pulled back from the targets to layers and from layers to the inputs.
+
+# NOTE [two pullbacks of one forward]
+Conductance needs, at each path point, the target's gradient at a layer (and for a
+neuron, that neuron's gradient with respect to the inputs). Both come from one forward
+that returns the target values and the layers' activations, each with a zero
+perturbation added whose gradient is the target's at the layer (NOTE [layer gradients]).
+Eager and untransformed, the pullbacks are plain `torch.autograd.grad` calls on that
+graph, each walking only its part of it (targets -> layers; layers -> inputs), once per
+target, so no ``[T, points, ...]`` stack of gradients is ever held. Under a functorch
+transform, or where the forward reaches a tensor that requires grad (NOTE [eager vjp]),
+one `torch.func.vjp` gives both, each pullback fed zero cotangents on the other outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import Functional, NestedKey, with_copied_inputs
+from .._targets import Target
+from .._vjp import any_requires_grad, reaches_other_leaves, untransformed
+from ._engine import offered_targets
+from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
+
+__all__ = ["Pullbacks", "layer_pullbacks"]
+
+Primals = tuple[TensorDictBase, list[torch.Tensor]]
+Forward = Callable[[Primals], tuple[TensorDictBase, list[torch.Tensor]]]
+_KEY = "_tdhook_fn_path_layer_"
+
+
+@dataclass
+class Pullbacks:
+    """The forward's outputs on the flattened points ``[R, ...]`` and its two pullbacks.
+
+    Attributes:
+        values (TensorDict): the target values, batch of the points.
+        acts (list[Tensor]): each layer's activation (detached where the pullbacks are autograd's).
+        to_layers (Callable): cotangents on ``values`` -> the gradient at each layer.
+        to_inputs (Callable): a cotangent on each activation -> gradients of the inputs, by key.
+    """
+
+    values: TensorDictBase
+    acts: list[torch.Tensor]
+    to_layers: Callable[[TensorDictBase], list[torch.Tensor]]
+    to_inputs: Callable[[list[torch.Tensor]], TensorDictBase]
+
+
+def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBase, target: Target,
+                    layers: Sequence[str], keys: Sequence[NestedKey], calls: Mapping[str, int],
+                    method: str) -> Pullbacks:
+    """Run ``f`` once on ``points`` (flattened) with ``layers`` read and perturbed; see the NOTE.
+
+    ``keys`` are the inputs differentiated (none for layer conductance).
+    """
+    batch = points.batch_size
+    flat = points.reshape(-1)
+    names = [f"{_KEY}{i}" for i in range(len(layers))]
+
+    def attempt(specs: list[LayerSpec]) -> Pullbacks:
+        device = next(iter(flat.values(True, True))).device
+
+        def forward(primals: Primals) -> tuple[TensorDictBase, list[torch.Tensor]]:
+            feed = with_copied_inputs(flat, keys)
+            if not primals[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
+                feed.update(primals[0])
+            runs = [0] * len(layers)
+            taps = checked_taps(layers, dict.fromkeys(layers), primals[1], specs, lambda i: names[i], runs)
+            out = f.with_taps(*taps)(params, feed)
+            check_runs(layers, specs, runs)
+            return offered_targets(f, out.exclude(*names), flat, keys, batch, target), [out.get(n) for n in names]
+
+        deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
+        return _pullbacks(forward, flat.select(*keys), deltas, (params, flat))
+
+    return with_specs(f, params, flat, layers, calls, method, attempt)
+
+
+def _pullbacks(forward: Forward, inputs: TensorDictBase, deltas: list[torch.Tensor],
+               constants: tuple[TensorDictBase, ...]) -> Pullbacks:
+    if untransformed() and not any_requires_grad(constants, [*deltas, *_leaves(inputs)]):
+        mine = cast(TensorDictBase, inputs.apply(lambda t: t.detach().requires_grad_()))
+        zeros = [d.detach().requires_grad_() for d in deltas]
+        with torch.enable_grad():
+            values, acts = forward((mine, zeros))
+        if not reaches_other_leaves([*_leaves(values), *acts], [*_leaves(mine), *zeros]):
+            return _by_autograd(values, acts, mine, zeros)
+    return _by_functorch(forward, inputs, deltas)
+
+
+def _by_autograd(values: TensorDictBase, acts: list[torch.Tensor], mine: TensorDictBase,
+                 zeros: list[torch.Tensor]) -> Pullbacks:
+    outs = _leaves(values)
+
+    def to_layers(cot: TensorDictBase) -> list[torch.Tensor]:
+        cots = [cot.get(key) for key, _ in values.items(True, True)]
+        return list(torch.autograd.grad(outs, zeros, cots, retain_graph=True, materialize_grads=True))
+
+    def to_inputs(cots: list[torch.Tensor]) -> TensorDictBase:
+        grads = torch.autograd.grad(acts, _leaves(mine), cots, retain_graph=True, materialize_grads=True)
+        return _like(mine, grads)
+
+    return Pullbacks(values.detach(), [a.detach() for a in acts], to_layers, to_inputs)
+
+
+def _by_functorch(forward: Forward, inputs: TensorDictBase, deltas: list[torch.Tensor]) -> Pullbacks:
+    out: Any = torch.func.vjp(forward, (inputs, deltas))
+    (values, acts), pullback = out[0], out[1]
+    zero_values = values.apply(torch.zeros_like)
+
+    def to_layers(cot: TensorDictBase) -> list[torch.Tensor]:
+        return cast(list[torch.Tensor], pullback((cot, [torch.zeros_like(a) for a in acts]))[0][1])
+
+    def to_inputs(cots: list[torch.Tensor]) -> TensorDictBase:
+        return cast(TensorDictBase, pullback((zero_values, cots))[0][0])
+
+    return Pullbacks(values, acts, to_layers, to_inputs)
+
+
+def _leaves(td: TensorDictBase) -> list[torch.Tensor]:
+    return [cast(torch.Tensor, v) for v in td.values(True, True)]
+
+
+def _like(td: TensorDictBase, tensors: Any) -> TensorDict:
+    out = TensorDict({}, batch_size=td.batch_size)
+    for (key, _), t in zip(td.items(True, True), tensors, strict=True):
+        out.set(key, t)
+    return out

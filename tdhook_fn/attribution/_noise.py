@@ -1,0 +1,92 @@
+"""What the noise methods share: per-key standard deviations, Gaussian draws in captum's order, sums over copies.
+
+# NOTE [noise draws]
+SmoothGrad and GradientSHAP evaluate ``k`` noisy copies of every sample. The copies sit
+on a new last batch dim, ``[*B, k]`` (`repeated`), whose memory order is captum's
+``repeat_interleave`` layout ``[N * k]``. Per chunk of copies, the noise of each
+attributed key is drawn in that memory order, key after key, with
+``torch.randn(..., generator=generator) * stdev``: the numbers captum's
+``torch.normal(0, stdev)`` draws from the same generator state, since
+``torch.normal`` with a tensor of standard deviations draws unit normals and scales
+them. So with the same seed, chunks (``chunk_size`` = captum's
+``nt_samples_batch_size``) and draw dtype, the noisy inputs are captum's, bitwise.
+captum draws its noise in the default dtype (float32) whatever the inputs' dtype;
+here it is drawn in the input's dtype unless ``noise_dtype`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import NestedKey
+
+__all__ = ["Stdevs", "check_noisable", "check_nt_type", "fold_copies", "noise_draws", "stdevs_by_key"]
+
+Stdevs = float | Sequence[float] | Mapping[Any, float]
+
+NT_TYPES = ("smoothgrad", "smoothgrad_sq", "vargrad")
+
+
+def check_nt_type(method: str, nt_type: Any) -> None:
+    """``nt_type`` must be one of captum's noise tunnel types."""
+    if nt_type not in NT_TYPES:
+        raise ValueError(f"{method}: nt_type must be one of {list(NT_TYPES)} (captum's NoiseTunnel types), "
+                         f"got {nt_type!r}")
+
+
+def check_noisable(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
+    """Every noised input must be present and floating point (token ids take no Gaussian noise)."""
+    for key in keys:
+        value = inputs.get(key, None)
+        if not isinstance(value, torch.Tensor):
+            keys_held = list(inputs.keys(True, True))
+            raise KeyError(f"{method}: the inputs have no attributed key {key!r} (keys: {keys_held})")
+        if not value.is_floating_point():
+            raise TypeError(f"{method}: input {key!r} is {value.dtype}; noise is added to floating-point inputs only "
+                            "(for token ids, noise the embeddings: run the method on an f that takes them)")
+
+
+def stdevs_by_key(method: str, stdevs: Any, keys: Sequence[NestedKey]) -> dict[NestedKey, float]:
+    """The standard deviation of each key's noise: one number for all, one per key in order, or a mapping."""
+    if isinstance(stdevs, Mapping):
+        missing = [k for k in keys if k not in stdevs]
+        if missing:
+            raise KeyError(f"{method}: stdevs has no entry for input {missing[0]!r}; give one per attributed input")
+        values = {k: stdevs[k] for k in keys}
+    elif isinstance(stdevs, (list, tuple)):
+        if len(stdevs) != len(keys):
+            raise ValueError(f"{method}: stdevs holds {len(stdevs)} values for {len(keys)} attributed inputs "
+                             f"{list(keys)}; give one per input, in that order, or one number for all")
+        values = dict(zip(keys, stdevs, strict=True))
+    else:
+        values = dict.fromkeys(keys, stdevs)
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{method}: stdevs for input {key!r} must be a number >= 0, got {value!r}")
+    return {k: float(v) for k, v in values.items()}
+
+
+def noise_draws(inputs: TensorDictBase, stdevs: Mapping[NestedKey, float], k: int,
+                generator: torch.Generator | None, dtype: torch.dtype | None) -> TensorDict:
+    """Gaussian noise for ``k`` copies of every sample, ``[*B, k]``, drawn as NOTE [noise draws] says."""
+    batch = inputs.batch_size
+    out = TensorDict({}, batch_size=[*batch, k])
+    for key, stdev in stdevs.items():
+        x = inputs.get(key)
+        shape = (*batch, k, *x.shape[len(batch):])
+        out.set(key, torch.randn(shape, dtype=dtype or x.dtype, device=x.device, generator=generator) * stdev)
+    return out
+
+
+def fold_copies(total: TensorDict | None, maps: TensorDictBase, square: bool = False) -> TensorDict:
+    """``total`` plus the sum of ``maps`` (of their squares) over their last batch dim, the copies."""
+    dim = maps.batch_dims - 1
+    out = TensorDict({}, batch_size=maps.batch_size[:-1])
+    for key, value in maps.items(True, True):
+        part = (value * value if square else value).sum(dim)
+        out.set(key, part if total is None else total.get(key) + part)
+    return out

@@ -1,0 +1,36 @@
+"""Argument checks of the path methods (conductance, internal influence), run before anything else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from .._functional import NestedKey
+
+__all__ = ["check_chunk_size", "check_floating", "check_steps"]
+
+
+def check_steps(method: str, n_steps: Any, *, least: int) -> None:
+    """``n_steps`` must be an int of at least ``least``."""
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < least:
+        raise ValueError(f"{method}: n_steps must be an int >= {least}, got {n_steps!r}")
+
+
+def check_chunk_size(method: str, chunk_size: Any) -> None:
+    """``chunk_size`` must be ``None`` or a positive int (path points per forward)."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"{method}: chunk_size should be None or an int > 0 (path points per forward), "
+                         f"got {chunk_size!r}")
+
+
+def check_floating(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
+    """Each input on the path must be floating point: integer token ids round every path point to the baseline."""
+    for key in keys:
+        value = inputs.get(key, None)
+        if isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex()):
+            raise TypeError(f"{method}: input {key!r} is {value.dtype} and cannot move along a path from the "
+                            "baseline (every point would round to it); name only the floating-point inputs in "
+                            "input_keys=[...] (the others are then passed unchanged)")
