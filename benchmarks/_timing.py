@@ -59,21 +59,23 @@ def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
 
 
 def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9,
-                        number: int = 1) -> dict[str, float]:
+                        number: int = 1, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median seconds per call of each implementation, measured in alternating rounds.
 
     On a shared machine the speed drifts over seconds; timing the implementations one
     after the other in every round exposes them all to the same drift. Each sample
     averages ``number`` calls in a row (one call of a millisecond moves by 20% from one
-    sample to the next on this machine; ten in a row, by a few percent).
+    sample to the next on this machine; ten in a row, by a few percent). ``clock``: wall
+    time by default; ``time.thread_time`` (the CPU time of this thread) for single-threaded
+    code on a machine shared with other jobs, where wall time counts their turns too.
     """
     for fn in impls.values():
         fn()  # warm up
     samples: dict[str, list[float]] = {name: [] for name in impls}
     for _ in range(rounds):
         for name, fn in impls.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(number):
                 fn()
-            samples[name].append((time.perf_counter() - start) / number)
+            samples[name].append((clock() - start) / number)
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -2,7 +2,11 @@
 
 Per-target maps: ours from one forward and one pullback per target; tdhook's by one call
 per target (it has no per-target mode). ``/ gradient`` is one plain forward and backward
-of the target with respect to the input (autograd, no LRP). Our rows are timed first,
+of the target with respect to the input only, weights frozen (``requires_grad=False``,
+``torch.autograd.grad`` of the input): the floor for an input map, which needs no weight
+gradients. The gradient that also computes the weights' is shown as a row for reference.
+Times are the CPU time of the one thread that runs everything (``time.thread_time``; one
+intra-op thread): on a machine shared with other jobs, wall time counts their turns too. Our rows are timed first,
 then tdhook's, each set in rounds interleaved with the plain gradient, and tdhook's
 times are put in the units of the first set's gradient (see the comment in ``main``).
 Both give the same maps (checked after the timing). Run:
@@ -12,6 +16,7 @@ Both give the same maps (checked after the timing). Run:
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections.abc import Callable
 
@@ -53,10 +58,24 @@ def tdhook_lrp(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
         return hooked(TensorDict(input=x, batch_size=x.shape[:1]))["attr", "input"]  # type: ignore[no-any-return]
 
 
-GRADIENT = "plain gradient (forward + backward)"
+GRADIENT = "input gradient (weights frozen)"
+WEIGHT_GRADIENT = "gradient with weight gradients"
 
 
 def _gradient(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    """The floor: the input's gradient only, on a copy of the model whose weights do not require grad."""
+    frozen = copy.deepcopy(model).requires_grad_(False)
+
+    def gradient() -> torch.Tensor:
+        inputs = x.detach().requires_grad_()
+        (grad,) = torch.autograd.grad(frozen(inputs)[..., TARGETS[0]].sum(), inputs)
+        return grad
+
+    return gradient
+
+
+def _weight_gradient(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    """What the table divided by before: a backward that also computes (and accumulates) the weights' gradients."""
     def gradient() -> torch.Tensor:
         inputs = x.clone().requires_grad_()
         model(inputs)[..., TARGETS[0]].sum().backward()
@@ -70,10 +89,11 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     td = TensorDict(input=x, batch_size=x.shape[:1])
     return interleaved_medians({
         GRADIENT: _gradient(model, x),
+        WEIGHT_GRADIENT: _weight_gradient(copy.deepcopy(model), x),
         "ours, one target": lambda: lrp(f, p, td, target=TARGETS[0], rules=EpsilonPlus(), warn_on_missing_rule=False),
         f"ours, per_target x{len(TARGETS)}": lambda: lrp(f, p, td, target=tuple(TARGETS), rules=EpsilonPlus(),
                                                          per_target=True, warn_on_missing_rule=False),
-    }, rounds=15, number=8)
+    }, rounds=15, number=8, clock=time.thread_time)
 
 
 def _time_tdhook(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
@@ -82,7 +102,7 @@ def _time_tdhook(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
         GRADIENT: _gradient(model, x),
         "tdhook, one target": lambda: tdhook_lrp(theirs, x, TARGETS[0]),
         f"tdhook, loop x{len(TARGETS)}": lambda: [tdhook_lrp(theirs, x, t) for t in TARGETS],
-    }, rounds=15, number=8)
+    }, rounds=15, number=8, clock=time.thread_time)
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     td = TensorDict(input=x, batch_size=x.shape[:1])
     for t in (TARGETS[0], TARGETS[-1]):  # the same maps

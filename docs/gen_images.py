@@ -10,7 +10,8 @@ is computed with tdhook_fn's pure methods on it. The latent page's pictures come
 ``python docs/gen_images.py smoothgrad`` only the noise methods' one,
 ``python docs/gen_images.py surrogate`` only the KernelSHAP and LIME one (on scikit-learn's
 bundled diabetes data),
-``python docs/gen_images.py perturbation`` only the occlusion and Shapley one.
+``python docs/gen_images.py perturbation`` only the occlusion and Shapley one,
+``python docs/gen_images.py deeplift`` only DeepLift's.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ def image_grid(rows: list[tuple[str, torch.Tensor, str, bool]], titles: list[str
                name: str) -> None:
     """One row per ``(label, images [n, 8, 8], cmap, symmetric)``, one column per sample."""
     n = len(titles)
-    fig, axes = plt.subplots(len(rows), n, figsize=(1.45 * n + 0.6, 1.5 * len(rows) + 0.5), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.45 * n + 0.6, 1.5 * len(rows) + 0.5), squeeze=False,
+                             layout="constrained")
     for r, (row_label, images, cmap, symmetric) in enumerate(rows):
         bound = float(images.abs().max()) or 1.0  # one scale per row, so the samples compare
         for c in range(n):
@@ -337,7 +339,8 @@ def draw_lrp(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         "LRP alpha2-beta1\n(convolutions)": logits * lrp(f, p, one, target=classes, per_target=True,
                                                          rules=alpha_beta)["input"],
     }
-    fig, axes = plt.subplots(len(rows), len(classes) + 1, figsize=(1.3 * (len(classes) + 1) + 0.4, 5.2), layout="constrained")
+    fig, axes = plt.subplots(len(rows), len(classes) + 1, figsize=(1.3 * (len(classes) + 1) + 0.4, 5.2),
+                             layout="constrained")
     for r, (label, maps) in enumerate(rows.items()):
         show(axes[r, 0], x[0])
         axes[r, 0].set_ylabel(label, fontsize=9)
@@ -354,6 +357,25 @@ def draw_lrp(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
                  "row;\nred for the class, blue against it; LRP relevance scaled by the logit, as in the textbook)",
                  fontsize=10)
     save(fig, "lrp.png")
+
+
+def draw_deeplift(model: nn.Module, x: torch.Tensor, y: torch.Tensor, train_x: torch.Tensor) -> None:
+    """DeepLift of the true class against three references, and DeepLiftShap over 32 training digits."""
+    from tdhook_fn.attribution import deeplift, deeplift_shap
+
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    inputs = TensorDict(input=x, label=y, batch_size=[len(y)])
+    target = tdhook_fn.label("label")
+    mean_digit = train_x.mean(0, keepdim=True)
+    refs = train_x[torch.randperm(len(train_x), generator=torch.Generator().manual_seed(2))[:32]]
+    rows = [("input", x, "gray_r", False),
+            ("DeepLift,\nblank reference", deeplift(f, p, inputs, 0.0, target=target)["input"], "RdBu_r", True),
+            ("DeepLift,\nmean digit", deeplift(f, p, inputs, mean_digit, target=target)["input"], "RdBu_r", True),
+            ("DeepLiftShap,\n32 digits", deeplift_shap(f, p, inputs, TensorDict(input=refs, batch_size=[32]),
+                                                       target=target)["input"], "RdBu_r", True)]
+    image_grid(rows, [f"digit {int(c)}" for c in y],
+               "DeepLift (rescale rule) of the true class's logit against three references (red +, blue -);\n"
+               "each map sums to the logit's change from its reference", "deeplift.png")
 
 
 def draw_metrics(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
@@ -781,6 +803,7 @@ def main() -> None:
     draw_guided_backprop(model, x, y)
     draw_smoothgrad(model, x, y, train_x)
     draw_lrp(model, x[2:], y[2:])
+    draw_deeplift(model, x, y, train_x)
     draw_metrics(model, test_x, test_y)
     draw_task_vectors(model, train_x, train_y, test_x, test_y)
     draw_pruning(model, test_x, test_y)
@@ -822,6 +845,11 @@ if __name__ == "__main__":
         draw_dimension()
     elif sys.argv[1:] == ["probing"]:
         main_probing()
+    elif sys.argv[1:] == ["deeplift"]:
+        OUT.mkdir(exist_ok=True)
+        digits_x, digits_y, held_x, held_y = load()
+        trained = train(make_cnn(), digits_x, digits_y, epochs=8)
+        draw_deeplift(trained, *pick(trained, held_x, held_y, (0, 2, 3, 4, 7, 9)), digits_x)
     elif sys.argv[1:] == ["perturbation"]:
         main_perturbation()
     elif sys.argv[1:] == ["conductance"]:

@@ -892,6 +892,64 @@ PROBING_ROWS: list[Row] = [
 ]
 
 
+def _dl_model() -> tuple[Any, Any]:
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    return tdhook_fn.functional(net), tdhook_fn.params(net)
+
+
+def _deeplift() -> Any:
+    from tdhook_fn.attribution import _deeplift
+
+    return _deeplift
+
+
+def _deeplift_shap() -> Any:
+    from tdhook_fn.attribution import _deeplift_shap
+
+    return _deeplift_shap
+
+
+class _PairwiseReLU(nn.Module):
+    """A ReLU fed a tensor whose first dim is not the batch (the rescale rule cannot split it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.act = nn.Linear(3, 4), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.lin(x).T).T.sum(-1, keepdim=True)
+
+
+DEEPLIFT_ROWS: list[Row] = [
+    ("deeplift-eps", lambda: _deeplift().deeplift(*_dl_model(), torch.randn(2, 3), target=0, eps=-1.0),
+     ValueError, ("deeplift", "eps", ">= 0")),
+    ("deeplift-not-functional", lambda: _deeplift().deeplift(lambda p, td: td, _dl_model()[1], torch.randn(2, 3),
+                                                             target=0),
+     TypeError, ("deeplift", "Functional", "tdhook_fn.functional")),
+    ("deeplift-baseline-shape", lambda: _deeplift().deeplift(*_dl_model(), torch.randn(2, 3), torch.randn(5),
+                                                             target=0),
+     ValueError, ("deeplift", "baselines", "broadcast")),
+    ("deeplift-batch-not-first", lambda: _deeplift().deeplift(
+        tdhook_fn.functional(_PairwiseReLU()), tdhook_fn.params(_PairwiseReLU()), torch.randn(2, 3), target=0),
+     ValueError, ("deeplift", "'act'", "batch", "first dim")),
+    ("layer-deeplift-no-layers", lambda: _deeplift().layer_deeplift(*_dl_model(), torch.randn(2, 3), target=0,
+                                                                    layers=[]),
+     ValueError, ("layer_deeplift", "layers is empty", "deeplift")),
+    ("layer-deeplift-str-layers", lambda: _deeplift().layer_deeplift(*_dl_model(), torch.randn(2, 3), target=0,
+                                                                     layers="[1]"),
+     TypeError, ("layer_deeplift", "layers", "list")),
+    ("deeplift-shap-not-distribution", lambda: _deeplift_shap().deeplift_shap(*_dl_model(), torch.randn(2, 3), 0.0,
+                                                                              target=0),
+     TypeError, ("deeplift_shap", "distribution", "[K, ...]")),
+    ("deeplift-shap-reference-shape", lambda: _deeplift_shap().deeplift_shap(
+        *_dl_model(), torch.randn(2, 3), torch.randn(4, 5), target=0),
+     ValueError, ("deeplift_shap", "'input'", "one sample's shape")),
+    ("deeplift-shap-missing-key", lambda: _deeplift_shap().deeplift_shap(
+        *_dl_model(), torch.randn(2, 3), TensorDict(other=torch.randn(4, 3), batch_size=[4]), target=0),
+     KeyError, ("deeplift_shap", "'input'", "attributed input")),
+]
+
+
 # ---------------------------------------------------------------- attribution: perturbation methods
 
 
@@ -1268,7 +1326,8 @@ SURROGATE_ROWS: list[Row] = [
 
 ROWS: list[Row] = [*WEIGHTS_ROWS, *CORE_ROWS, *DATA_ROWS, *PATHS_ROWS, *ERRORS_ROUND3_ROWS, *LATENT_ROWS,
                    *CORE_SHADOW_ROWS, *METRICS_ROWS, *DIMENSION_ROWS, *SIMILARITY_ROWS, *PROBING_ROWS,
-                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS, *SURROGATE_ROWS, *PERTURBATION_ROWS]
+                   *COMPAT_PROBING_ROWS, *LRP_RULES_ROWS, *CONDUCTANCE_ROWS, *NOISE_ROWS, *SURROGATE_ROWS,
+                   *PERTURBATION_ROWS, *DEEPLIFT_ROWS]
 
 
 @pytest.mark.parametrize(("call", "exc", "words"), [pytest.param(c, e, w, id=i) for i, c, e, w in ROWS])

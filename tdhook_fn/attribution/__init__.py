@@ -8,6 +8,8 @@ with respect to params.
 from ._activation_maximisation import activation_maximisation, pgd_step
 from ._convergence import convergence_delta
 from ._deconvolution import deconvolution, relu_paths
+from ._deeplift import deeplift, layer_deeplift
+from ._deeplift_shap import deeplift_shap
 from ._feature_ablation import feature_ablation
 from ._feature_permutation import feature_permutation
 from ._grad_cam import DimsConfig, grad_cam
@@ -72,6 +74,8 @@ __all__ = [
     "activation_maximisation",
     "convergence_delta",
     "deconvolution",
+    "deeplift",
+    "deeplift_shap",
     "feature_ablation",
     "feature_permutation",
     "grad_cam",
@@ -82,6 +86,7 @@ __all__ = [
     "internal_influence",
     "kernel_shap",
     "layer_conductance",
+    "layer_deeplift",
     "lime",
     "lrp",
     "module_paths",

@@ -163,7 +163,7 @@ def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[Ne
 def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase,
            batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
     """Target values from the outputs, the target layers' activations and the extras."""
-    if use_outputs and not private and seen.is_empty() and extras.is_empty():
+    if use_outputs and not private and not len(seen.keys()) and not len(extras.keys()):
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
         select = as_target(target, outputs=list(out.keys(True, True)))
     else:

@@ -41,7 +41,8 @@ back, so that dropout draws the same masks on the general path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -145,7 +146,8 @@ class _Steps:
             self.records.append(Pooled(h.shape, indices, kind.pool[0]))
             return cast(torch.Tensor, out)
         if kind is _PASS or kind is _RESHAPE:
-            out = module(h)
+            # torch's own class, no instance forward, and the chain is hook-free: its forward is the call
+            out = type(module).forward(module, h)
             if kind is _RESHAPE:
                 self.records.append(Reshaped(h.shape))
             else:
@@ -217,9 +219,16 @@ def _divisor(rule: Any) -> Callable[..., torch.Tensor] | None:
     divisor = getattr(rule, "output_divisor", None)
     if not callable(divisor):
         return None
-    owners = [next((c for c in type(rule).__mro__ if name in c.__dict__), None)
+    together = _defined_together(cast(Hashable, type(rule)))
+    return cast(Callable[..., torch.Tensor], divisor) if together else None
+
+
+@functools.lru_cache(maxsize=256)  # a fact about a class, asked per layer per call
+def _defined_together(cls: Any) -> bool:
+    """Whether ``cls`` takes ``output_divisor`` and ``output_factor`` from the same class of its MRO."""
+    owners = [next((c for c in cls.__mro__ if name in c.__dict__), None)
               for name in ("output_divisor", "output_factor")]
-    return cast(Callable[..., torch.Tensor], divisor) if owners[0] is owners[1] else None
+    return owners[0] is owners[1]
 
 
 def _own_tensors(model: nn.Module, params: TensorDictBase, links: list[Link],

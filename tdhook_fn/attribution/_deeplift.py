@@ -1,0 +1,317 @@
+"""DeepLift with the rescale rule (Shrikumar et al. 2017), as captum 0.9 computes it, on LRP's walk.
+
+The inputs and their references run through ``f`` as one batch, and `lrp` pulls the
+target back with the rescale rule at each nonlinearity (NOTE [deeplift as lrp rules]):
+one forward, one modified backward (per target: one-hot cotangents, no further forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._functional import Functional, NestedKey
+from .._taps import capture
+from .._targets import Target, as_target
+from .._vjp import untransformed
+from ._baselines import Baselines, attributed_keys, path_starts
+from ._checks import check_call, check_layers
+from ._deeplift_chain import chain_deeplift
+from ._deeplift_rules import needs_reference_gradients, rescale_rules
+from ._engine import unflatten
+from ._inputs import accepts_tensors
+from ._lrp import lrp
+
+__all__ = ["deeplift", "layer_deeplift"]
+
+PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
+
+
+def _check(method: str, f: Any, eps: float) -> Functional:
+    if not isinstance(f, Functional):
+        raise TypeError(f"{method} needs f to be a tdhook_fn.Functional (it puts the rescale rule on f.model's "
+                        "nonlinearities); build it with tdhook_fn.functional(model)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"{method}: eps must be a number >= 0, got {eps!r}")
+    return f
+
+
+def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase, carried: bool) -> bool:
+    """Whether every sample has the same reference, and the inputs hold nothing else (one reference row suffices)."""
+    if carried:
+        return False  # (the references' rows carry each sample's gradient)
+    if set(inputs.keys(True, True)) != set(starts.keys(True, True)):
+        return False  # (other inputs, e.g. masks or labels, differ per sample: one reference row per sample)
+    if isinstance(baselines, (int, float)):
+        return True
+    dims = inputs.batch_dims
+    return all(all(s == 0 for s in cast(torch.Tensor, v).stride()[:dims]) for v in starts.values(True, True))
+
+
+def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str,
+             carried: bool) -> tuple[TensorDictBase, TensorDictBase]:
+    """The inputs' rows, then the references' (one, or one per sample), flat; and the references ``[*B]``."""
+    starts = path_starts(inputs, baselines, keys, method)
+    flat = inputs.reshape(-1)
+    if _shared(inputs, baselines, starts, carried):
+        lead = inputs.batch_dims
+        reference = TensorDict({k: v.reshape(-1, *v.shape[lead:])[:1] for k, v in starts.items(True, True)},
+                               batch_size=[1])
+    else:
+        reference = flat.clone(False)
+        reference.update(starts.reshape(-1))
+    return cast(TensorDictBase, torch.cat([flat, reference])), starts
+
+
+def _on_rows(target: Target, f: Functional, n: int, batch: torch.Size,
+             carried: bool) -> Callable[[TensorDictBase], Any]:
+    """The target read at the inputs' rows of the stacked batch; at the references' too where they carry a gradient.
+
+    Elsewhere zeros there: no gradient (NOTE [deeplift as lrp rules]).
+    """
+    select = as_target(target, outputs=f.out_keys)
+
+    def read(offered: TensorDictBase) -> TensorDict:
+        values = select(offered.reshape(batch))
+        if isinstance(values, torch.Tensor):
+            values = TensorDict({"target": values}, batch_size=batch)
+        if not isinstance(values, TensorDictBase):
+            raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
+        for key, value in values.items(True, True):
+            if value.shape[: len(batch)] != batch:
+                raise ValueError(f"target returned {key!r} of shape {list(value.shape)}; its leading dims must be "
+                                 f"the batch {list(batch)}")
+        return cast(TensorDict, values)
+
+    def on_rows(offered: TensorDictBase) -> TensorDict:
+        at_inputs = read(offered[:n])
+        at_references = read(offered[n:]) if carried else None
+        rows = offered.batch_size[0] - n
+        out = TensorDict({}, batch_size=offered.batch_size)
+        for key, leaf in at_inputs.items(True, True):
+            value = cast(torch.Tensor, leaf).reshape(n, *leaf.shape[len(batch):])
+            other = (value.new_zeros((rows, *value.shape[1:])) if at_references is None
+                     else cast(torch.Tensor, at_references.get(key)).reshape(rows, *value.shape[1:]))
+            out.set(key, torch.cat([value, other]))
+        return out
+
+    return on_rows
+
+
+def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.Tensor:
+    """A map of the stacked batch (after ``lead`` target dims) at the inputs' rows, batch ``[*B]`` again."""
+    return unflatten(t.narrow(lead, 0, n), lead, batch)
+
+
+def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+                 target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
+                 ) -> tuple[TensorDict, TensorDictBase, TensorDictBase | None]:
+    """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the references, the stacked inputs (``None``: walked).
+
+    ``keys`` are replaced by the baselines; they are attributed unless ``layers`` are.
+    """
+    fn = _check(method, f, eps)
+    batch = inputs.batch_size
+    n = batch.numel()
+    lead = 1 if per_target else 0
+    if not layers and len(keys) == 1 and untransformed() and set(inputs.keys(True, True)) == set(keys):
+        walked = _walked(method, fn, params, inputs, baselines, target, eps, per_target, keys[0])
+        if walked is not None:
+            return walked
+    carried = needs_reference_gradients(fn.model)
+    stacked, starts = _stacked(inputs, baselines, keys, method, carried)
+    maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
+               rules=rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target, layers=layers,
+               use_inputs=not layers, input_keys=list(keys), warn_on_missing_rule=False)
+    out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
+    for key, value in maps.items(True, True):
+        out.set(key, _input_rows(cast(torch.Tensor, value), lead, n, batch))
+    return out, starts, stacked
+
+
+def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+            target: Target, eps: float, per_target: bool, key: NestedKey,
+            ) -> tuple[TensorDict, TensorDictBase, None] | None:
+    """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain."""
+    check_call(method, f, params, inputs, (key,), target)
+    x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
+    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
+        # one number for every sample: no tensor of the input's size is made for it
+        b = x.new_full((), float(baselines)).expand(x.shape)
+        starts: TensorDictBase = TensorDict({key: b}, batch_size=batch)
+    else:
+        starts = path_starts(inputs, baselines, (key,), method)
+        b = starts.get(key)
+    reference = b.reshape(-1, *b.shape[lead:])
+    if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)
+        reference = reference[:1]
+    walked = chain_deeplift(f, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target, eps,
+                            per_target)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    if lead != 1:
+        walked = unflatten(walked, first, batch)
+    return TensorDict({key: walked}, batch_size=[*walked.shape[:first], *batch]), starts, None
+
+
+@accepts_tensors
+def deeplift(
+    f: PureFn,
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    baselines: Baselines = 0.0,
+    *,
+    target: Target,
+    multiply_by_inputs: bool = True,
+    eps: float = 1e-10,
+    per_target: bool = False,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
+) -> TensorDict:
+    """DeepLift (rescale rule): how much each input's change from its reference moves the target, as captum's.
+
+    The inputs and their references run through ``f`` in one batch; the target is pulled
+    back with ReLU, ELU, LeakyReLU, Sigmoid, Tanh, Softplus, Softmax and max-pooling
+    modules handing on ``dy / dx`` (differences from the reference) instead of their
+    derivative, and their plain gradient where ``|dx| < eps``, as captum 0.9's
+    ``DeepLift`` (other modules: their plain gradient). With ``multiply_by_inputs`` the
+    maps of one sample sum to ``F(x) - F(reference)`` on models built of these modules
+    and linear ones (completeness; see `convergence_delta`). Differences from captum: its
+    softmax rule centres over the whole batch, here per sample; see the DeepLift page.
+
+    Args:
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
+        params (TensorDict): parameters for ``f`` (constants here).
+        inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``; or a tensor,
+            batch first (the result is then a tensor; see `saliency`).
+        baselines (TensorDict | Tensor | float): the references, as in
+            `integrated_gradients`: per attributed key, with the input's shape; a
+            tensor that broadcasts to the one attributed input (one sample's); or a
+            number. Default: ``0.0``, as captum.
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
+        multiply_by_inputs (bool): multiply the multipliers by ``inputs - baselines``
+            (captum's global attribution). Default: ``True``.
+        eps (float): below this ``|dx|`` a nonlinearity uses its plain gradient. Default:
+            ``1e-10``, as captum.
+        per_target (bool): one map per target along a new leading dim ``T``, from one
+            forward, as in `saliency`. Default: ``False``.
+        input_keys (Sequence | None): which inputs are attributed (and replaced by the
+            baselines); the others are passed unchanged. Default: ``f.in_keys``.
+
+    Returns:
+        TensorDict: keyed like the attributed inputs, batch ``[*B]`` or ``[T, *B]``.
+
+    Raises:
+        TypeError: ``f`` is not a Functional, or the baselines do not fit (named).
+        ValueError: ``eps`` is negative, or a nonlinearity does not take the batch as its
+            first dim (the path is named).
+        NotImplementedError: called under ``torch.func.grad``/``vjp`` (maps are not
+            differentiable, as LRP's).
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> from tensordict import TensorDict
+        >>> _ = torch.manual_seed(0)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = TensorDict(input=torch.randn(5, 3, dtype=torch.float64), batch_size=[5])
+        >>> attr = deeplift(f, p, x, 0.0, target=1)
+        >>> gap = net(x["input"])[:, 1] - net(torch.zeros(1, 3, dtype=torch.float64))[:, 1]
+        >>> torch.allclose(attr["input"].sum(-1), gap)  # completeness
+        True
+        >>> per_sample = torch.func.vmap(lambda td: deeplift(f, p, td, 0.0, target=1))(x)
+        >>> torch.allclose(per_sample["input"], attr["input"])
+        True
+    """
+    keys = attributed_keys("deeplift", f, inputs, input_keys)
+    grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, ())
+    if not multiply_by_inputs:
+        return grads
+    out = TensorDict({}, batch_size=grads.batch_size)
+    for key in keys:
+        out.set(key, grads.get(key) * (inputs.get(key) - starts.get(key)))
+    return out
+
+
+@accepts_tensors
+def layer_deeplift(
+    f: PureFn,
+    params: TensorDictBase,
+    inputs: TensorDictBase,
+    baselines: Baselines = 0.0,
+    *,
+    target: Target,
+    layers: Sequence[str],
+    multiply_by_inputs: bool = True,
+    eps: float = 1e-10,
+    per_target: bool = False,
+    input_keys: NestedKey | Sequence[NestedKey] | None = None,
+) -> TensorDict:
+    """DeepLift of layer activations (each module's output), as captum 0.9's ``LayerDeepLift``.
+
+    The multiplier at a layer is the rescaled gradient arriving at its output (see
+    `deeplift`); with ``multiply_by_inputs`` it is multiplied by the activation at the
+    inputs minus the activation at the references, so the map of one sample sums to
+    ``F(x) - F(reference)`` where `deeplift`'s does.
+
+    Args:
+        f (Functional): pure function of a model (`tdhook_fn.functional`).
+        params (TensorDict): parameters for ``f`` (constants here).
+        inputs (TensorDict | Tensor): inputs with any batch size ``[*B]``, as in `deeplift`.
+        baselines (TensorDict | Tensor | float): the references of the inputs, as in
+            `deeplift`. Default: ``0.0``.
+        target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`.
+        layers (Sequence[str]): paths of the modules whose outputs are attributed, as in `saliency`.
+        multiply_by_inputs (bool): multiply by the change of the activation. Default: ``True``.
+        eps (float): as in `deeplift`. Default: ``1e-10``.
+        per_target (bool): one map per target along a new leading dim ``T``. Default: ``False``.
+        input_keys (Sequence | None): which inputs the baselines replace. Default: ``f.in_keys``.
+
+    Returns:
+        TensorDict: keyed by layer path, batch ``[*B]`` or ``[T, *B]``.
+
+    Raises:
+        TypeError: ``f`` is not a Functional, or ``layers`` is not a list of paths.
+        ValueError: as `deeplift`; a path names no module, or its module runs more than once.
+
+    Examples:
+        >>> import torch, tdhook_fn
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+        >>> f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+        >>> x = torch.randn(5, 3, dtype=torch.float64)
+        >>> attr = layer_deeplift(f, p, x, target=0, layers=["[1]"])
+        >>> attr.shape
+        torch.Size([5, 4])
+        >>> gap = net(x)[:, 0] - net(torch.zeros(1, 3, dtype=torch.float64))[:, 0]
+        >>> torch.allclose(attr.sum(-1), gap)
+        True
+    """
+    check_layers("layer_deeplift", layers)
+    if not layers:
+        raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
+                         "(layers=['<path>']), or use deeplift for the inputs")
+    keys = attributed_keys("layer_deeplift", f, inputs, input_keys)
+    grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
+                                     layers)
+    if not multiply_by_inputs:
+        return grads
+    assert stacked is not None  # (layers take the general path)
+    return _times_layer_change(f, params, stacked, grads, layers, inputs.batch_size)
+
+
+def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,
+                        layers: Sequence[str], batch: torch.Size) -> TensorDict:
+    """The multipliers at each layer times the layer's activation at the inputs minus at the references."""
+    n = batch.numel()
+    keys = [f"_tdhook_fn_deeplift_{i}" for i in range(len(layers))]
+    with torch.no_grad():
+        seen = f.with_taps(*(capture(path, key=key) for path, key in zip(layers, keys, strict=True)))(params, stacked)
+    out = TensorDict({}, batch_size=grads.batch_size)
+    for path, key in zip(layers, keys, strict=True):
+        act = seen.get(key)
+        change = act[:n] - act[n:]
+        out.set(path, grads.get(path) * unflatten(change, 0, batch))
+    return out

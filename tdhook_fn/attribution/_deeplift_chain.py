@@ -1,0 +1,207 @@
+"""DeepLift on a chain of modules: multipliers known in the forward, a backward of products and adjoints.
+
+# NOTE [deeplift on a chain]
+Where the model is a chain (NOTE [chains]) of linear layers and convolutions, the
+rescaled nonlinearities with a closed-form derivative (ReLU, LeakyReLU, Sigmoid, Tanh),
+max pooling, a last-dim softmax and reshapes, every multiplier of the rescale rule is
+known once the inputs and the references have gone forward: ``dy / dx`` (or the
+derivative where ``|dx| < eps``) at a nonlinearity, and the backward is the adjoints
+of the linear maps (one op each, NOTE [affine modules]) and elementwise products.
+The walk runs the inputs (``n`` rows) and the references (one row when shared, NOTE
+[deeplift as lrp rules]) as one batch, without a graph, and pulls back one-hot seeds: the
+numbers of the rules on LRP's walk, without the stacked batch, the taps or autograd.
+Anything else (other modules, buffers, a callable target, layers, a transform) takes
+the general path of `deeplift`, which gives the same maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from torch import nn
+
+from .._chain import Link, chain_of
+from .._params import leaves
+from .._targets import Target
+from ._lrp_affine import affine_of
+
+__all__ = ["chain_deeplift"]
+
+Back = Callable[[torch.Tensor], torch.Tensor]  # the multiplier's gradient at a module's output -> at its input
+
+# each activation's function (called directly: a module call costs more than the op on small tensors) and
+# derivative, from its module, input and output
+_ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                                          Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]]] = {
+    nn.ReLU: (lambda _m, x: torch.relu(x), lambda _m, _x, y: y > 0),  # (a bool: where promotes it)
+    nn.LeakyReLU: (lambda m, x: F.leaky_relu(x, m.__dict__["negative_slope"]),
+                   lambda m, x, _y: torch.where(x > 0, 1.0, float(m.__dict__["negative_slope"])).to(x.dtype)),
+    nn.Sigmoid: (lambda _m, x: torch.sigmoid(x), lambda _m, _x, y: y * (1 - y)),
+    nn.Tanh: (lambda _m, x: torch.tanh(x), lambda _m, _x, y: 1 - y * y),
+}
+_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
+    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
+_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
+
+
+def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    # no graph here: the inf or nan where dx is 0 is never selected, and never differentiated
+    return dy / dx
+
+
+def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    function, derivative = _ACTIVATIONS[type(module)]
+    out = function(module, both)
+    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    dx = h - r
+    multiplier = torch.where(dx.abs() < eps, derivative(module, h, y), _ratio(y - y_ref, dx))
+    return out, lambda g: g * multiplier
+
+
+def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    out = module(both)
+    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    dx = h - r
+    flat = dx.abs() < eps
+    ratio = _ratio(y - y_ref, dx)
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        plain = y * (g - (g * y).sum(-1, keepdim=True))
+        multiplied = torch.where(flat, plain, g * ratio)
+        return multiplied - multiplied.flatten(1).mean(1).reshape((-1, *[1] * (h.dim() - 1)))
+
+    return out, back
+
+
+def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    dims, pool = _POOLS[type(module)]
+    s = module.__dict__
+    out, indices = pool(both, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
+                        return_indices=True)
+    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    at_x, at_ref = indices[:n], indices[n:].expand_as(y)
+    dx = h - r
+    flat = dx.abs() < eps
+    top = torch.maximum(y, y_ref)
+    up, down = top - y_ref, y - top
+
+    flat_x, flat_ref = at_x.flatten(-dims), at_ref.flatten(-dims)
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        # both halves' changes scattered into one plane: where the inputs' and the references' maxima are
+        moved = g.new_zeros(h.shape).flatten(-dims)
+        moved.scatter_add_(-1, flat_x, (g * up).flatten(-dims)).scatter_add_(-1, flat_ref, (g * down).flatten(-dims))
+        plain = g.new_zeros(h.shape).flatten(-dims).scatter_add_(-1, flat_x, g.flatten(-dims))
+        return torch.where(flat, plain.view(h.shape), _ratio(moved.view(h.shape), dx))
+
+    return out, back
+
+
+def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n: int,
+          eps: float) -> tuple[torch.Tensor, Back] | None:
+    """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward.
+
+    ``None``: not a module the walk knows.
+    """
+    cls, state = type(module), module.__dict__
+    if "forward" in state or state.get("inplace", False):
+        return None
+    affine = affine_of(cls, state, state["_parameters"])
+    if affine is not None:
+        weight, bias = own["weight"], own.get("bias")
+        adjoint, shape = affine.adjoint(weight, fast=True), torch.Size((n, *both.shape[1:]))
+        return affine.run(both, weight, bias), lambda g: adjoint(g, shape)
+    if state["_parameters"]:
+        return None
+    if cls in _ACTIVATIONS:
+        return _elementwise(module, both, n, eps)
+    if cls in _POOLS and state.get("return_indices") is False:
+        return _max_pool(module, both, n, eps)
+    if cls is nn.Softmax and state.get("dim") in (-1, both.dim() - 1):
+        return _softmax(module, both, n, eps)
+    if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
+        in_shape = torch.Size((n, *both.shape[1:]))
+        return module(both), lambda g: g.reshape(in_shape)
+    return None
+
+
+def _own_tensors(params: TensorDictBase, links: Sequence[Link]) -> list[dict[str, torch.Tensor]] | None:
+    """Each link's parameters from ``params``; ``None`` where they hold anything else (the general path says what)."""
+    values = leaves(params)
+    own: list[dict[str, torch.Tensor]] = []
+    used = 0
+    for name, module in links:
+        state = module.__dict__
+        if state["_buffers"]:
+            return None
+        tensors = {}
+        for slot, tensor in state["_parameters"].items():
+            if tensor is None:
+                continue
+            value = values.get((*name.split("."), slot))
+            if not (isinstance(value, torch.Tensor) and value.shape == tensor.shape) or value.requires_grad:
+                return None  # (the general path names a mismatch, and refuses params that require grad)
+            tensors[slot] = value
+        own.append(tensors)
+        used += len(tensors)
+    return own if used == len(values) else None
+
+
+def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor] | None:
+    """What each map puts in at the output: a class index, or one class per row; ``None``: the general path's."""
+    if isinstance(target, torch.Tensor):
+        labels = target.reshape(-1)
+        if per_target or target.is_floating_point() or target.is_complex() or labels.numel() not in (1, n):
+            return None  # (a 0-d tensor or one index per sample; anything else is the general path's to judge)
+        return [labels.expand(n)]
+    given = target if isinstance(target, tuple) else (target,)
+    indices: list[int | torch.Tensor] = [i for i in given if type(i) is int]
+    if len(indices) != len(given) or (len(indices) > 1 and not per_target):
+        return None
+    return indices
+
+
+def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor, target: Target,
+                   eps: float, per_target: bool) -> torch.Tensor | None:
+    """DeepLift's multipliers of ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by NOTE [deeplift on a chain].
+
+    ``reference`` has ``n`` rows or one. ``None`` where the walk does not apply.
+    """
+    links = chain_of(f)
+    n = x.shape[0]
+    seeds = _seeds(target, n, per_target)
+    if links is None or not x.is_floating_point() or seeds is None:
+        return None
+    own = _own_tensors(params, links)
+    if own is None:
+        return None
+    backs: list[Back] = []
+    with torch.no_grad():
+        # one op per module for both (the references' rows after the inputs'): half the calls of two runs
+        both = torch.cat([x, reference])
+        for (_, module), tensors in zip(links, own, strict=True):
+            step = _step(module, tensors, both, n, eps)
+            if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
+                return None  # (a module that moves the batch from the first dim: the general path refuses it)
+            both, back = step
+            backs.append(back)
+        h = both[:n]
+        classes = h.shape[1] if h.dim() == 2 else 0
+        if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
+                   for i in seeds):
+            return None  # (the general path says what is wrong)
+        maps = []
+        for i in seeds:
+            g = torch.zeros_like(h)
+            if isinstance(i, int):
+                g[:, i] = 1.0
+            else:
+                g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
+            for back in reversed(backs):
+                g = back(g)
+            maps.append(g)
+    return torch.stack(maps) if per_target else maps[0]
