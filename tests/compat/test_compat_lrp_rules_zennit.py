@@ -97,3 +97,9 @@ def test_rules_and_epsilon_plus_equal_zennit() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split() == ["checked", "20"]
+
+
+def test_the_stub_is_never_on_the_test_process_path():
+    """Collected (its doctests), the stub would join sys.path here and transformers would import it."""
+    assert str(STUB) not in sys.path
+    assert "torchvision" not in sys.modules
