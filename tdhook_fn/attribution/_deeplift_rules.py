@@ -75,8 +75,8 @@ _DERIVATIVES: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 @dataclass(frozen=True)
-class Rescale:
-    """The rescale rule at an elementwise nonlinearity: ``g * dy / dx``, the plain gradient where ``|dx| < eps``.
+class _RescaleRule:
+    """What every rescale rule knows: where the inputs' rows end, and how it treats a small ``|dx|``.
 
     Args:
         n (int): the number of input rows leading the stacked batch.
@@ -90,10 +90,23 @@ class Rescale:
     eps: float = 1e-10
     carried: bool = False
 
-    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "an elementwise nonlinearity")
+    def _differences(self, call: ModuleCall, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                               torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x, x_ref, y, y_ref`` (as `_halves`), ``dx = x - x_ref``, and where ``|dx| < eps``."""
+        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, what)
         dx = x - x_ref
-        flat = dx.abs() < self.eps
+        return x, x_ref, y, y_ref, dx, dx.abs() < self.eps
+
+
+@dataclass(frozen=True)
+class Rescale(_RescaleRule):
+    """The rescale rule at an elementwise nonlinearity: ``g * dy / dx``, the plain gradient where ``|dx| < eps``.
+
+    Fields as `_RescaleRule`.
+    """
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
+        _, x_ref, y, y_ref, dx, flat = self._differences(call, "an elementwise nonlinearity")
         ratio = _ratio(y - y_ref, dx, flat)
         derivative = _DERIVATIVES.get(call.template.cls)
         plain = grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
@@ -104,25 +117,14 @@ class Rescale:
 
 
 @dataclass(frozen=True)
-class RescaleSoftmax:
+class RescaleSoftmax(_RescaleRule):
     """The rescale rule at a softmax, centred per sample as captum's (NOTE [deeplift as lrp rules]).
 
-    Args:
-        n (int): the number of input rows leading the stacked batch.
-        rows (int): the number of rows of the stacked batch (inputs and references).
-        eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
-        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
+    Fields as `_RescaleRule`.
     """
 
-    n: int
-    rows: int
-    eps: float = 1e-10
-    carried: bool = False
-
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "a softmax")
-        dx = x - x_ref
-        flat = dx.abs() < self.eps
+        _, x_ref, y, y_ref, dx, flat = self._differences(call, "a softmax")
         ratio = _ratio(y - y_ref, dx, flat)
         plain = call.vjp(call.inputs, grad)[0]
         at_inputs = torch.where(flat, plain[: self.n], grad[: self.n] * ratio)
@@ -141,23 +143,14 @@ _POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
 
 
 @dataclass(frozen=True)
-class RescaleMaxPool:
+class RescaleMaxPool(_RescaleRule):
     """Captum's rescale rule at max pooling: each window's change sent to where the maxima of input and reference are.
 
-    Args:
-        n (int): the number of input rows leading the stacked batch.
-        rows (int): the number of rows of the stacked batch (inputs and references).
-        eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
-        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
+    Fields as `_RescaleRule`.
     """
 
-    n: int
-    rows: int
-    eps: float = 1e-10
-    carried: bool = False
-
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "a max pooling")
+        x, x_ref, y, y_ref, dx, flat = self._differences(call, "a max pooling")
         dims, pool = _POOLS[call.template.cls]
         state = call.template.state
         if state.get("return_indices"):
@@ -173,15 +166,13 @@ class RescaleMaxPool:
             plane = values.new_zeros(like.shape).flatten(-dims)
             return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(like.shape)
 
-        dx = x - x_ref
-        flat = dx.abs() < self.eps
         moved = _ratio(unpool(g * (top - y_ref), at_x, x) + unpool(g_ref * (y - top), at_ref, x), dx, flat)
         at_inputs = torch.where(flat, unpool(g, at_x, x), moved)
         at_references = torch.where(flat, unpool(g_ref, at_ref, x), moved) if self.carried else None
         return [_rows(at_inputs, at_references, x_ref)]
 
 
-RESCALED: dict[type[nn.Module], type[Rescale] | type[RescaleSoftmax] | type[RescaleMaxPool]] = {
+RESCALED: dict[type[nn.Module], type[_RescaleRule]] = {
     nn.ReLU: Rescale, nn.ELU: Rescale, nn.LeakyReLU: Rescale, nn.Sigmoid: Rescale, nn.Tanh: Rescale,
     nn.Softplus: Rescale, nn.Softmax: RescaleSoftmax,
     nn.MaxPool1d: RescaleMaxPool, nn.MaxPool2d: RescaleMaxPool, nn.MaxPool3d: RescaleMaxPool,
