@@ -28,8 +28,8 @@ from ._checks import check_call
 from ._engine import target_values
 from ._metric_samples import check_count, chunks, repeated, repeated_target
 
-__all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate", "maps",
-           "prepare"]
+__all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",
+           "interpretable_samples", "maps", "prepare"]
 
 FeatureMask = TensorDictBase | Mapping[NestedKey, torch.Tensor] | torch.Tensor
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
@@ -196,6 +196,21 @@ def maps(surrogate: Surrogate, coefs: torch.Tensor, per_target: bool) -> TensorD
         picked = coefs.gather(-1, index).reshape(*batch, coefs.shape[-2], *x.shape[len(batch):])
         out.set(key, picked.movedim(len(batch), 0) if per_target else picked.squeeze(len(batch)))
     return out
+
+
+def interpretable_samples(method: str, surrogate: Surrogate, samples: Any, n_samples: int | None,
+                          draw: Callable[[torch.Size, int], torch.Tensor]) -> torch.Tensor:
+    """The interpretable samples ``[*B, n, F]`` on the inputs' device: ``samples`` checked, else ``draw(batch, n)``.
+
+    ``n`` is ``n_samples``, else 25 (captum's), checked by `check_n_samples`.
+    """
+    batch, n_features = surrogate.inputs.batch_size, surrogate.n_features
+    if samples is not None:
+        samples = checked_samples(method, samples, batch, n_features)
+    n = check_n_samples(method, n_samples, samples, 25)
+    if samples is None:
+        samples = draw(batch, n)
+    return cast(torch.Tensor, samples).to(next(iter(surrogate.starts.values(True, True))).device)
 
 
 def checked_samples(method: str, samples: Any, batch: torch.Size, n_features: int) -> torch.Tensor:
