@@ -47,7 +47,8 @@ from ._checks import check_call
 from ._engine import target_values
 from ._metric_samples import check_count
 
-__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view"]
+__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
+           "per_sample_views"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
@@ -75,8 +76,12 @@ def checked_keys(method: str, f: PureFn, params: TensorDictBase, inputs: TensorD
 def flat_baselines(method: str, inputs: TensorDictBase, baselines: Baselines,
                    keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
     """The baseline of each key, shaped like its flattened input ``[N, ...]`` (a broadcast view where possible)."""
-    starts = path_starts(inputs, baselines, keys, method)
-    return {key: per_sample_view(starts.get(key), inputs.batch_dims) for key in keys}
+    return per_sample_views(path_starts(inputs, baselines, keys, method), keys, inputs.batch_dims)
+
+
+def per_sample_views(td: TensorDictBase, keys: Sequence[NestedKey], batch_dims: int) -> dict[NestedKey, torch.Tensor]:
+    """Each key's entry of ``td`` as `per_sample_view` gives it: ``[N, ...]``."""
+    return {key: per_sample_view(td.get(key), batch_dims) for key in keys}
 
 
 def per_sample_view(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
