@@ -48,7 +48,7 @@ from ._engine import target_values
 from ._metric_samples import check_count
 
 __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
-           "per_sample_views"]
+           "per_sample_views", "target_columns"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
@@ -123,7 +123,7 @@ def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, flat_target
             new = perturbed.get(key)
             feed.set(key, new if new is not None else value.unsqueeze(0).expand(hi - lo, *value.shape))
         values = target_values(f, params, feed, flat_target)
-        parts.append(_per_row(method, values, feed.batch_size, per_target))
+        parts.append(target_columns(method, values, feed.batch_size, per_target))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -139,8 +139,8 @@ def _balanced(rows: int, most: int) -> int:
     return -(-rows // count)
 
 
-def _per_row(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
-    """Target values ``[p, N, T]``: one column per target with ``per_target``, else their sum (``T = 1``)."""
+def target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
+    """Target values ``[*batch, T]``: one column per target with ``per_target``, else their sum (``T = 1``)."""
     total: torch.Tensor | None = None
     for key, value in values.items(True, True):
         value = cast(torch.Tensor, value)

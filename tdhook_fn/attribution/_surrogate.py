@@ -27,6 +27,7 @@ from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
 from ._metric_samples import check_count, chunks, repeated, repeated_target
+from ._perturbation import target_columns
 
 __all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",
            "interpretable_samples", "maps", "prepare"]
@@ -157,32 +158,11 @@ def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
         feed = surrogate.perturbed(part)
         if weigh is not None:
             weights.append(weigh(surrogate.inputs.select(*surrogate.keys), feed.select(*surrogate.keys), part))
-        values.append(_target_columns(method, target_values(f, params, feed, repeated_target(target, batch, k)),
+        values.append(target_columns(method, target_values(f, params, feed, repeated_target(target, batch, k)),
                                       feed.batch_size, per_target))
     if len(values) == 1:  # (one chunk: no copy)
         return values[0], (weights[0] if weigh is not None else None)
     return torch.cat(values, -2), (torch.cat(weights, -1) if weigh is not None else None)
-
-
-def _target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
-    total: torch.Tensor | None = None
-    for key, value in values.items(True, True):
-        value = cast(torch.Tensor, value)
-        if not value.is_floating_point():
-            raise TypeError(f"{method}: target {key!r} is {value.dtype}; the surrogate fits floating-point values")
-        if per_target:
-            if value.dim() > len(batch) + 1:
-                raise ValueError(f"{method}: per_target needs target values [*batch] or [*batch, T]; target {key!r} "
-                                 f"has shape {list(value.shape)} for batch {list(batch)}")
-            one = value if value.dim() > len(batch) else value.unsqueeze(-1)
-        elif value.dim() == len(batch):
-            one = value.unsqueeze(-1)
-        else:
-            one = value.reshape(*batch, -1).sum(-1, keepdim=True)
-        total = one if total is None else total + one
-    if total is None:
-        raise ValueError(f"{method}: the target selected no value")
-    return total
 
 
 def maps(surrogate: Surrogate, coefs: torch.Tensor, per_target: bool) -> TensorDict:
