@@ -79,3 +79,21 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
                 fn()
             samples[name].append((clock() - start) / number)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def cpu_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9, number: int = 1) -> dict[str, float]:
+    """`interleaved_medians` in CPU seconds of this process (``time.process_time``).
+
+    For one-thread runs: their wall time on an idle machine, and steadier on a shared one.
+    """
+    return interleaved_medians(impls, rounds=rounds, number=number, clock=time.process_time)
+
+
+def in_our_units(mine: dict[str, float], theirs: dict[str, float], unit: str) -> dict[str, float]:
+    """Both runs' medians together, theirs rescaled so the ``unit`` row both timed takes our time.
+
+    For oracles timed in a round of their own (after which ours may run slower): the
+    plain gradient timed in both rounds converts their times into ours.
+    """
+    scale = mine[unit] / theirs[unit]
+    return {**mine, **{name: seconds * scale for name, seconds in theirs.items() if name != unit}}

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import interleaved_medians, print_table
+from _timing import in_our_units, interleaved_medians, print_table
 from tensordict import TensorDict
 from torch import nn
 
@@ -120,8 +120,7 @@ def main() -> None:
     mine = {title: _time_ours(*args) for title, args in models.items()}
     theirs = {title: _time_tdhook(*args) for title, args in models.items()}
     for title, (_, x) in models.items():
-        unit = mine[title][GRADIENT] / theirs[title][GRADIENT]
-        times = {**mine[title], **{k: v * unit for k, v in theirs[title].items() if k != GRADIENT}}
+        times = in_our_units(mine[title], theirs[title], GRADIENT)
         print_table(f"LRP EpsilonPlus, {title}, batch {len(x)}", list(times.items()),
                     {"gradient": times[GRADIENT], "tdhook": times["tdhook, one target"]})
 

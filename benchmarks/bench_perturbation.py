@@ -27,13 +27,11 @@ interleaved rounds.
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import print_table
+from _timing import cpu_medians, print_table
 from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
 from sklearn.datasets import load_digits
 from torch import nn
@@ -45,20 +43,6 @@ from tdhook_fn.attribution._shapley_value_sampling import shapley_value_sampling
 
 warnings.filterwarnings("ignore")
 N, SEED, ORDERS = 32, 0, 25
-
-
-def cpu_medians(impls: dict[str, Callable[[], object]], rounds: int = 9, number: int = 1) -> dict[str, float]:
-    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each)."""
-    for fn in impls.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            start = time.process_time()
-            for _ in range(number):
-                fn()
-            samples[name].append((time.process_time() - start) / number)
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def cnn() -> nn.Module:

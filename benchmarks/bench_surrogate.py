@@ -27,8 +27,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import print_table
-from bench_metrics import cpu_medians
+from _timing import cpu_medians, print_table
 from captum.attr import KernelShap, Lime
 from sklearn.datasets import load_digits
 from torch import nn
