@@ -97,6 +97,19 @@ class _RescaleRule:
         dx = x - x_ref
         return x, x_ref, y, y_ref, dx, dx.abs() < self.eps
 
+    def _rescaled(self, call: ModuleCall, grad: torch.Tensor, what: str, plain: Callable[[], torch.Tensor],
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The references' input, and ``g * dy / dx`` at the inputs' rows and (if carried) the references'.
+
+        ``plain()`` is the module's plain gradient of all rows, taken where ``|dx| < eps``.
+        """
+        _, x_ref, y, y_ref, dx, flat = self._differences(call, what)
+        ratio = _ratio(y - y_ref, dx, flat)
+        at = plain()
+        at_inputs = torch.where(flat, at[: self.n], grad[: self.n] * ratio)
+        at_references = torch.where(flat, at[self.n :], grad[self.n :] * ratio) if self.carried else None
+        return x_ref, at_inputs, at_references
+
 
 @dataclass(frozen=True)
 class Rescale(_RescaleRule):
@@ -106,13 +119,12 @@ class Rescale(_RescaleRule):
     """
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        _, x_ref, y, y_ref, dx, flat = self._differences(call, "an elementwise nonlinearity")
-        ratio = _ratio(y - y_ref, dx, flat)
         derivative = _DERIVATIVES.get(call.template.cls)
-        plain = grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
-        g, g_ref = grad[: self.n], grad[self.n :]
-        at_inputs = torch.where(flat, plain[: self.n], g * ratio)
-        at_references = torch.where(flat, plain[self.n :], g_ref * ratio) if self.carried else None
+
+        def plain() -> torch.Tensor:
+            return grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
+
+        x_ref, at_inputs, at_references = self._rescaled(call, grad, "an elementwise nonlinearity", plain)
         return [_rows(at_inputs, at_references, x_ref)]
 
 
@@ -124,16 +136,14 @@ class RescaleSoftmax(_RescaleRule):
     """
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        _, x_ref, y, y_ref, dx, flat = self._differences(call, "a softmax")
-        ratio = _ratio(y - y_ref, dx, flat)
-        plain = call.vjp(call.inputs, grad)[0]
-        at_inputs = torch.where(flat, plain[: self.n], grad[: self.n] * ratio)
-        if not self.carried:  # the references' part is the inputs' (NOTE [deeplift as lrp rules])
+        x_ref, at_inputs, at_references = self._rescaled(call, grad, "a softmax",
+                                                          lambda: call.vjp(call.inputs, grad)[0])
+        per_sample = (-1, *[1] * (x_ref.dim() - 1))
+        if at_references is None:  # the references' part is the inputs' (NOTE [deeplift as lrp rules])
             mean = at_inputs.flatten(1).mean(1)
-            return [_rows(at_inputs - mean.reshape((-1, *[1] * (dx.dim() - 1))), None, x_ref)]
-        at_references = torch.where(flat, plain[self.n :], grad[self.n :] * ratio)
+            return [_rows(at_inputs - mean.reshape(per_sample), None, x_ref)]
         mean = (at_inputs.flatten(1).mean(1) + at_references.flatten(1).mean(1)) / 2
-        mean = mean.reshape((-1, *[1] * (dx.dim() - 1)))
+        mean = mean.reshape(per_sample)
         return [_rows(at_inputs - mean, at_references - mean, x_ref)]
 
 
