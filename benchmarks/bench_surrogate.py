@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from _timing import cpu_medians, print_table
@@ -70,6 +71,22 @@ def floor_least_squares(samples: torch.Tensor, y: torch.Tensor, w: torch.Tensor)
     return coefs[:, FLAT].reshape(N, 1, 8, 8)
 
 
+def _compare(method: str, ours: Callable[[], torch.Tensor], floor: Callable[[], torch.Tensor], explainer: Any,
+             x: torch.Tensor, target: torch.Tensor, n_samples: int) -> None:
+    """Check ours against the floor, then time both and captum's ``explainer`` (1 and all samples per eval)."""
+    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
+        return lambda: explainer.attribute(x, target=target, n_samples=n_samples, feature_mask=MASK,
+                                           perturbations_per_eval=per_eval)
+
+    best = f"captum 0.9.0 ({n_samples} per eval)"
+    impls = {"ours": ours, "captum 0.9.0 (default, 1 per eval)": captum(1), best: captum(n_samples),
+             "hand-written batched floor": floor}
+    torch.testing.assert_close(ours(), floor(), rtol=1e-4, atol=1e-5)
+    times = cpu_medians(impls, rounds=7, number=1)
+    print_table(f"{method}, CNN on digits, batch {N}, 16 patch features, {n_samples} samples", list(times.items()),
+                {"floor": times["hand-written batched floor"], "captum best": times[best]})
+
+
 def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_samples: int = SAMPLES) -> None:
     f, p = tdhook_fn.pure(net)
     explainer = KernelShap(net)
@@ -86,17 +103,7 @@ def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_s
             w = torch.where((sizes == 0) | (sizes == 16), 1e6, 1.0)
             return floor_least_squares(samples, y, w)
 
-    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
-        return lambda: explainer.attribute(x, target=target, n_samples=n_samples, feature_mask=MASK,
-                                           perturbations_per_eval=per_eval)
-
-    impls = {"ours": ours, "captum 0.9.0 (default, 1 per eval)": captum(1),
-             f"captum 0.9.0 ({n_samples} per eval)": captum(n_samples), "hand-written batched floor": floor}
-    torch.testing.assert_close(ours(), floor(), rtol=1e-4, atol=1e-5)
-    times = cpu_medians(impls, rounds=7, number=1)
-    print_table(f"kernel_shap, CNN on digits, batch {N}, 16 patch features, {n_samples} samples",
-                list(times.items()), {"floor": times["hand-written batched floor"],
-                                      "captum best": times[f"captum 0.9.0 ({n_samples} per eval)"]})
+    _compare("kernel_shap", ours, floor, explainer, x, target, n_samples)
 
 
 def bench_lime(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
@@ -119,17 +126,7 @@ def bench_lime(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str
             coefs = lasso(samples.float(), y, w, 0.01)[:, 0]
             return coefs[:, FLAT].reshape(N, 1, 8, 8)
 
-    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
-        return lambda: explainer.attribute(x, target=target, n_samples=SAMPLES, feature_mask=MASK,
-                                           perturbations_per_eval=per_eval)
-
-    impls = {"ours": ours, "captum 0.9.0 (default, 1 per eval)": captum(1),
-             f"captum 0.9.0 ({SAMPLES} per eval)": captum(SAMPLES), "hand-written batched floor": floor}
-    torch.testing.assert_close(ours(), floor(), rtol=1e-4, atol=1e-5)
-    times = cpu_medians(impls, rounds=7, number=1)
-    print_table(f"lime ({model}), CNN on digits, batch {N}, 16 patch features, {SAMPLES} samples",
-                list(times.items()), {"floor": times["hand-written batched floor"],
-                                      "captum best": times[f"captum 0.9.0 ({SAMPLES} per eval)"]})
+    _compare(f"lime ({model})", ours, floor, explainer, x, target, SAMPLES)
 
 
 def _captum_linear():  # type: ignore[no-untyped-def]
