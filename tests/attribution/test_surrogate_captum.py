@@ -21,6 +21,7 @@ from captum.attr import KernelShap, Lime
 from captum.attr._core.lime import get_exp_kernel_similarity_function
 from tensordict import TensorDict
 from torch import nn
+from zoo import tiny_gpt2
 
 import tdhook_fn
 from tdhook_fn.attribution._kernel_shap import kernel_shap, shapley_kernel_samples
@@ -205,10 +206,7 @@ def test_transformer_on_token_ids_with_a_pad_baseline() -> None:
 def test_gpt2_token_positions_with_an_attention_mask_passed_unchanged() -> None:
     """Hugging Face GPT-2 (random init): the ids are perturbed, the attention mask is captum's extra argument."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).double().eval()
+    model = tiny_gpt2(transformers).double()
     f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
                              out_keys=["logits"])
     ids = torch.randint(1, 40, (2, 6), generator=torch.Generator().manual_seed(13))
