@@ -19,11 +19,11 @@ import functools
 import warnings
 
 import torch
+from _digits import cnn, digits
 from _timing import cpu_medians, print_table
 from captum.attr import Saliency
 from captum.metrics import infidelity as captum_infidelity
 from captum.metrics import sensitivity_max as captum_sensitivity_max
-from sklearn.datasets import load_digits
 from tensordict import TensorDict
 from torch import nn
 
@@ -33,12 +33,6 @@ from tdhook_fn.attribution.metrics import infidelity, sensitivity_max
 
 warnings.filterwarnings("ignore")
 N, SAMPLES, SEED = 64, 20, 0
-
-
-def cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(128, 10)).eval()
 
 
 def noise_of(g: torch.Generator):  # type: ignore[no-untyped-def]
@@ -132,7 +126,7 @@ def bench_sensitivity(net: nn.Module, x: torch.Tensor, target: torch.Tensor) -> 
 
 def main() -> None:
     net = cnn()
-    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    x = digits(N)
     target = net(x).argmax(-1)
     bench_infidelity(net, x, target)
     bench_sensitivity(net, x, target)

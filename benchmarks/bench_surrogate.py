@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from _digits import cnn, digits
 from _timing import cpu_medians, print_table
 from captum.attr import KernelShap, Lime
-from sklearn.datasets import load_digits
 from torch import nn
 
 import tdhook_fn
@@ -43,12 +43,6 @@ N, SAMPLES, SEED = 16, 100, 0
 ROWS = torch.arange(8) // 2
 MASK = (ROWS[:, None] * 4 + ROWS[None, :]).reshape(1, 1, 8, 8)  # 16 patch features, captum's layout
 FLAT = MASK.reshape(-1)
-
-
-def cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(128, 10)).eval()
 
 
 def floor_values(net: nn.Module, x: torch.Tensor, target: torch.Tensor, samples: torch.Tensor,
@@ -137,7 +131,7 @@ def _captum_linear():  # type: ignore[no-untyped-def]
 
 def main() -> None:
     net = cnn()
-    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    x = digits(N)
     with torch.no_grad():
         target = net(x).argmax(-1)
     bench_kernel_shap(net, x, target)
