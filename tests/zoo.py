@@ -10,11 +10,11 @@ from torch import nn
 
 
 class TwoInput(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, outputs: int = 2) -> None:
         super().__init__()
         self.a = nn.Linear(4, 6)
         self.b = nn.Linear(3, 6)
-        self.head = nn.Linear(6, 2)
+        self.head = nn.Linear(6, outputs)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.head(torch.tanh(self.a(x) + self.b(y)))
