@@ -1,10 +1,13 @@
-"""Shared timing helpers: medians over repeated runs, and ratio tables."""
+"""Shared benchmark helpers: medians over repeated runs, ratio tables, and the input-gradient floor."""
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
+
+import torch
 
 
 def median_seconds(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.05) -> float:
@@ -79,3 +82,36 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
                 fn()
             samples[name].append((clock() - start) / number)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def cpu_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9, number: int = 1) -> dict[str, float]:
+    """`interleaved_medians` in CPU seconds of this process (``time.process_time``).
+
+    For one-thread runs: their wall time on an idle machine, and steadier on a shared one.
+    """
+    return interleaved_medians(impls, rounds=rounds, number=number, clock=time.process_time)
+
+
+def in_our_units(mine: dict[str, float], theirs: dict[str, float], unit: str) -> dict[str, float]:
+    """Both runs' medians together, theirs rescaled so the ``unit`` row both timed takes our time.
+
+    For oracles timed in a round of their own (after which ours may run slower): the
+    plain gradient timed in both rounds converts their times into ours.
+    """
+    scale = mine[unit] / theirs[unit]
+    return {**mine, **{name: seconds * scale for name, seconds in theirs.items() if name != unit}}
+
+
+def input_gradient(model: torch.nn.Module, x: torch.Tensor, target: int) -> Callable[[], torch.Tensor]:
+    """The floor of the gradient methods: the gradient of ``model(x)[..., target]`` in ``x`` only.
+
+    On a copy of the model whose weights do not require grad (no weight gradients built).
+    """
+    frozen = copy.deepcopy(model).requires_grad_(False)
+
+    def gradient() -> torch.Tensor:
+        inputs = x.detach().requires_grad_()
+        (grad,) = torch.autograd.grad(frozen(inputs)[..., target].sum(), inputs)
+        return grad
+
+    return gradient

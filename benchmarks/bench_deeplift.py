@@ -18,10 +18,9 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Callable
 
 import torch
-from _timing import interleaved_medians, print_table
+from _timing import in_our_units, input_gradient, interleaved_medians, print_table
 from bench_lrp import cnn, mlp
 from tensordict import TensorDict
 from torch import nn
@@ -51,17 +50,6 @@ def _captum_safe(model: nn.Module) -> nn.Module:
     return nn.Sequential(*out).eval()
 
 
-def _gradient(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
-    frozen = copy.deepcopy(model).requires_grad_(False)
-
-    def gradient() -> torch.Tensor:
-        inputs = x.detach().requires_grad_()
-        (grad,) = torch.autograd.grad(frozen(inputs)[..., TARGETS[0]].sum(), inputs)
-        return grad
-
-    return gradient
-
-
 def _refs(x: torch.Tensor) -> torch.Tensor:
     torch.manual_seed(1)
     return torch.randn(16, *x.shape[1:])
@@ -72,7 +60,7 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     td = TensorDict(input=x, batch_size=x.shape[:1])
     few, refs = td[:4], _refs(x)
     return interleaved_medians({
-        GRADIENT: _gradient(model, x),
+        GRADIENT: input_gradient(model, x, TARGETS[0]),
         "ours, one target": lambda: deeplift(f, p, td, target=TARGETS[0]),
         f"ours, per_target x{len(TARGETS)}": lambda: deeplift(f, p, td, target=TARGETS, per_target=True),
         "ours, DeepLiftShap 4x16": lambda: deeplift_shap(f, p, few, refs, target=TARGETS[0]),
@@ -85,7 +73,7 @@ def _time_captum(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     theirs = _captum_safe(copy.deepcopy(model))
     refs = _refs(x)
     times = interleaved_medians({
-        GRADIENT: _gradient(model, x),
+        GRADIENT: input_gradient(model, x, TARGETS[0]),
         "captum, one target": lambda: DeepLift(theirs).attribute(x, target=TARGETS[0]),
         f"captum, loop x{len(TARGETS)}": lambda: [DeepLift(theirs).attribute(x, target=t) for t in TARGETS],
         "captum, DeepLiftShap 4x16": lambda: DeepLiftShap(theirs).attribute(x[:4], refs, target=TARGETS[0]),
@@ -106,8 +94,7 @@ def main() -> None:
     mine = {title: _time_ours(*args) for title, args in models.items()}  # ours first: see bench_lrp.py
     theirs = {title: _time_captum(*args) for title, args in models.items()}
     for title, (_, x) in models.items():
-        unit = mine[title][GRADIENT] / theirs[title][GRADIENT]
-        times = {**mine[title], **{k: v * unit for k, v in theirs[title].items() if k != GRADIENT}}
+        times = in_our_units(mine[title], theirs[title], GRADIENT)
         print_table(f"DeepLift, {title}, batch {len(x)}", list(times.items()),
                     {"gradient": times[GRADIENT], "captum": times["captum, one target"]})
 

@@ -27,15 +27,13 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
 import transformers
-from _timing import interleaved_medians, peak_rss_growth_mib, print_table
+from _timing import cpu_medians, interleaved_medians, peak_rss_growth_mib, print_table
 from tensordict import TensorDict
 
 import tdhook_fn
@@ -59,19 +57,6 @@ def gpt2() -> transformers.GPT2LMHeadModel:
 
 def metric(out: TensorDict) -> torch.Tensor:
     return out["logits"][..., -1, TOKEN]
-
-
-def _cpu_medians(impls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each)."""
-    for fn in impls.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            start = time.process_time()
-            fn()
-            samples[name].append(time.process_time() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _patch_loop(f, p, corrupt, part, sources, score):  # type: ignore[no-untyped-def]
@@ -118,7 +103,7 @@ def bench_default_configs() -> None:
             if causal:
                 torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, grid, score, causal=True), sweep,
                                            rtol=1e-4, atol=1e-4, msg=f"{name}: the causal sweep differs")
-            times = _cpu_medians(impls, rounds)
+            times = cpu_medians(impls, rounds=rounds)
         assert not [w for w in caught if "batching rule" in str(w.message)], [str(w.message) for w in caught]
         per_run = [(label, seconds / (len(part) if label.startswith("loop") else len(grid)))
                    for label, seconds in times.items()]

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import interleaved_medians, print_table
+from _timing import in_our_units, input_gradient, interleaved_medians, print_table
 from tensordict import TensorDict
 from torch import nn
 
@@ -62,18 +62,6 @@ GRADIENT = "input gradient (weights frozen)"
 WEIGHT_GRADIENT = "gradient with weight gradients"
 
 
-def _gradient(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
-    """The floor: the input's gradient only, on a copy of the model whose weights do not require grad."""
-    frozen = copy.deepcopy(model).requires_grad_(False)
-
-    def gradient() -> torch.Tensor:
-        inputs = x.detach().requires_grad_()
-        (grad,) = torch.autograd.grad(frozen(inputs)[..., TARGETS[0]].sum(), inputs)
-        return grad
-
-    return gradient
-
-
 def _weight_gradient(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     """What the table divided by before: a backward that also computes (and accumulates) the weights' gradients."""
     def gradient() -> torch.Tensor:
@@ -88,7 +76,7 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     td = TensorDict(input=x, batch_size=x.shape[:1])
     return interleaved_medians({
-        GRADIENT: _gradient(model, x),
+        GRADIENT: input_gradient(model, x, TARGETS[0]),
         WEIGHT_GRADIENT: _weight_gradient(copy.deepcopy(model), x),
         "ours, one target": lambda: lrp(f, p, td, target=TARGETS[0], rules=EpsilonPlus(), warn_on_missing_rule=False),
         f"ours, per_target x{len(TARGETS)}": lambda: lrp(f, p, td, target=tuple(TARGETS), rules=EpsilonPlus(),
@@ -99,7 +87,7 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
 def _time_tdhook(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     theirs = copy.deepcopy(model)
     times = interleaved_medians({
-        GRADIENT: _gradient(model, x),
+        GRADIENT: input_gradient(model, x, TARGETS[0]),
         "tdhook, one target": lambda: tdhook_lrp(theirs, x, TARGETS[0]),
         f"tdhook, loop x{len(TARGETS)}": lambda: [tdhook_lrp(theirs, x, t) for t in TARGETS],
     }, rounds=15, number=8, clock=time.thread_time)
@@ -120,8 +108,7 @@ def main() -> None:
     mine = {title: _time_ours(*args) for title, args in models.items()}
     theirs = {title: _time_tdhook(*args) for title, args in models.items()}
     for title, (_, x) in models.items():
-        unit = mine[title][GRADIENT] / theirs[title][GRADIENT]
-        times = {**mine[title], **{k: v * unit for k, v in theirs[title].items() if k != GRADIENT}}
+        times = in_our_units(mine[title], theirs[title], GRADIENT)
         print_table(f"LRP EpsilonPlus, {title}, batch {len(x)}", list(times.items()),
                     {"gradient": times[GRADIENT], "tdhook": times["tdhook, one target"]})
 

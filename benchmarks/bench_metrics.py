@@ -16,17 +16,14 @@ are CPU seconds of this one-thread process, medians of interleaved rounds.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 import warnings
-from collections.abc import Callable
 
 import torch
-from _timing import print_table
+from _digits import cnn, digits
+from _timing import cpu_medians, print_table
 from captum.attr import Saliency
 from captum.metrics import infidelity as captum_infidelity
 from captum.metrics import sensitivity_max as captum_sensitivity_max
-from sklearn.datasets import load_digits
 from tensordict import TensorDict
 from torch import nn
 
@@ -36,30 +33,6 @@ from tdhook_fn.attribution.metrics import infidelity, sensitivity_max
 
 warnings.filterwarnings("ignore")
 N, SAMPLES, SEED = 64, 20, 0
-
-
-def cpu_medians(impls: dict[str, Callable[[], object]], rounds: int = 15, number: int = 3) -> dict[str, float]:
-    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each).
-
-    CPU time of this one-thread process: its wall time on an idle machine, and steadier
-    on a shared one (as in ``bench_latent.py``).
-    """
-    for fn in impls.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            start = time.process_time()
-            for _ in range(number):
-                fn()
-            samples[name].append((time.process_time() - start) / number)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(128, 10)).eval()
 
 
 def noise_of(g: torch.Generator):  # type: ignore[no-untyped-def]
@@ -107,7 +80,7 @@ def bench_infidelity(net: nn.Module, x: torch.Tensor, target: torch.Tensor) -> N
     reference = floor()
     for name, fn in impls.items():
         torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-7, msg=f"{name} differs")
-    times = cpu_medians(impls)
+    times = cpu_medians(impls, rounds=15, number=3)
     print_table(f"infidelity of saliency maps, CNN on digits, batch {N}, {SAMPLES} perturbations",
                 list(times.items()), {"floor": times["hand-written batched floor"], "captum": times["captum 0.9.0"]})
 
@@ -146,14 +119,14 @@ def bench_sensitivity(net: nn.Module, x: torch.Tensor, target: torch.Tensor) -> 
     reference = floor()
     for name, fn in impls.items():
         torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-7, msg=f"{name} differs")
-    times = cpu_medians(impls)
+    times = cpu_medians(impls, rounds=15, number=3)
     print_table(f"sensitivity_max of |saliency|, CNN on digits, batch {N}, {SAMPLES} perturbations",
                 list(times.items()), {"floor": times["hand-written batched floor"], "captum": times["captum 0.9.0"]})
 
 
 def main() -> None:
     net = cnn()
-    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    x = digits(N)
     target = net(x).argmax(-1)
     bench_infidelity(net, x, target)
     bench_sensitivity(net, x, target)

@@ -27,15 +27,13 @@ interleaved rounds.
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import print_table
+from _digits import cnn, digits
+from _timing import cpu_medians, print_table
 from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
-from sklearn.datasets import load_digits
 from torch import nn
 
 import tdhook_fn
@@ -45,26 +43,6 @@ from tdhook_fn.attribution._shapley_value_sampling import shapley_value_sampling
 
 warnings.filterwarnings("ignore")
 N, SEED, ORDERS = 32, 0, 25
-
-
-def cpu_medians(impls: dict[str, Callable[[], object]], rounds: int = 9, number: int = 1) -> dict[str, float]:
-    """Median CPU seconds per call of each implementation, in interleaved rounds (after a warm-up call each)."""
-    for fn in impls.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            start = time.process_time()
-            for _ in range(number):
-                fn()
-            samples[name].append((time.process_time() - start) / number)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(128, 10)).eval()
 
 
 def docs_cnn() -> nn.Module:
@@ -190,7 +168,7 @@ def bench_shapley(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: 
 
 
 def main() -> None:
-    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    x = digits(N)
     for net, model in ((docs_cnn(), "docs CNN"), (cnn(), "small CNN")):
         with torch.no_grad():
             target = net(x).argmax(-1)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from _timing import print_table
-from bench_metrics import cpu_medians
+from _digits import cnn, digits
+from _timing import cpu_medians, print_table
 from captum.attr import KernelShap, Lime
-from sklearn.datasets import load_digits
 from torch import nn
 
 import tdhook_fn
@@ -43,12 +43,6 @@ N, SAMPLES, SEED = 16, 100, 0
 ROWS = torch.arange(8) // 2
 MASK = (ROWS[:, None] * 4 + ROWS[None, :]).reshape(1, 1, 8, 8)  # 16 patch features, captum's layout
 FLAT = MASK.reshape(-1)
-
-
-def cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(128, 10)).eval()
 
 
 def floor_values(net: nn.Module, x: torch.Tensor, target: torch.Tensor, samples: torch.Tensor,
@@ -71,6 +65,22 @@ def floor_least_squares(samples: torch.Tensor, y: torch.Tensor, w: torch.Tensor)
     return coefs[:, FLAT].reshape(N, 1, 8, 8)
 
 
+def _compare(method: str, ours: Callable[[], torch.Tensor], floor: Callable[[], torch.Tensor], explainer: Any,
+             x: torch.Tensor, target: torch.Tensor, n_samples: int) -> None:
+    """Check ours against the floor, then time both and captum's ``explainer`` (1 and all samples per eval)."""
+    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
+        return lambda: explainer.attribute(x, target=target, n_samples=n_samples, feature_mask=MASK,
+                                           perturbations_per_eval=per_eval)
+
+    best = f"captum 0.9.0 ({n_samples} per eval)"
+    impls = {"ours": ours, "captum 0.9.0 (default, 1 per eval)": captum(1), best: captum(n_samples),
+             "hand-written batched floor": floor}
+    torch.testing.assert_close(ours(), floor(), rtol=1e-4, atol=1e-5)
+    times = cpu_medians(impls, rounds=7, number=1)
+    print_table(f"{method}, CNN on digits, batch {N}, 16 patch features, {n_samples} samples", list(times.items()),
+                {"floor": times["hand-written batched floor"], "captum best": times[best]})
+
+
 def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_samples: int = SAMPLES) -> None:
     f, p = tdhook_fn.pure(net)
     explainer = KernelShap(net)
@@ -87,17 +97,7 @@ def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_s
             w = torch.where((sizes == 0) | (sizes == 16), 1e6, 1.0)
             return floor_least_squares(samples, y, w)
 
-    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
-        return lambda: explainer.attribute(x, target=target, n_samples=n_samples, feature_mask=MASK,
-                                           perturbations_per_eval=per_eval)
-
-    impls = {"ours": ours, "captum 0.9.0 (default, 1 per eval)": captum(1),
-             f"captum 0.9.0 ({n_samples} per eval)": captum(n_samples), "hand-written batched floor": floor}
-    torch.testing.assert_close(ours(), floor(), rtol=1e-4, atol=1e-5)
-    times = cpu_medians(impls, rounds=7, number=1)
-    print_table(f"kernel_shap, CNN on digits, batch {N}, 16 patch features, {n_samples} samples",
-                list(times.items()), {"floor": times["hand-written batched floor"],
-                                      "captum best": times[f"captum 0.9.0 ({n_samples} per eval)"]})
+    _compare("kernel_shap", ours, floor, explainer, x, target, n_samples)
 
 
 def bench_lime(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
@@ -120,17 +120,7 @@ def bench_lime(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str
             coefs = lasso(samples.float(), y, w, 0.01)[:, 0]
             return coefs[:, FLAT].reshape(N, 1, 8, 8)
 
-    def captum(per_eval: int) -> Callable[[], torch.Tensor]:
-        return lambda: explainer.attribute(x, target=target, n_samples=SAMPLES, feature_mask=MASK,
-                                           perturbations_per_eval=per_eval)
-
-    impls = {"ours": ours, "captum 0.9.0 (default, 1 per eval)": captum(1),
-             f"captum 0.9.0 ({SAMPLES} per eval)": captum(SAMPLES), "hand-written batched floor": floor}
-    torch.testing.assert_close(ours(), floor(), rtol=1e-4, atol=1e-5)
-    times = cpu_medians(impls, rounds=7, number=1)
-    print_table(f"lime ({model}), CNN on digits, batch {N}, 16 patch features, {SAMPLES} samples",
-                list(times.items()), {"floor": times["hand-written batched floor"],
-                                      "captum best": times[f"captum 0.9.0 ({SAMPLES} per eval)"]})
+    _compare(f"lime ({model})", ours, floor, explainer, x, target, SAMPLES)
 
 
 def _captum_linear():  # type: ignore[no-untyped-def]
@@ -141,7 +131,7 @@ def _captum_linear():  # type: ignore[no-untyped-def]
 
 def main() -> None:
     net = cnn()
-    x = torch.as_tensor(load_digits().data[:N] / 16.0, dtype=torch.float32).reshape(N, 1, 8, 8)
+    x = digits(N)
     with torch.no_grad():
         target = net(x).argmax(-1)
     bench_kernel_shap(net, x, target)

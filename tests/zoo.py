@@ -10,11 +10,11 @@ from torch import nn
 
 
 class TwoInput(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, outputs: int = 2) -> None:
         super().__init__()
         self.a = nn.Linear(4, 6)
         self.b = nn.Linear(3, 6)
-        self.head = nn.Linear(6, 2)
+        self.head = nn.Linear(6, outputs)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.head(torch.tanh(self.a(x) + self.b(y)))
@@ -144,3 +144,14 @@ def same(before: dict[str, Any], after: dict[str, Any]) -> bool:
         if any(d[k] is not d2[k] for k in d):
             return False
     return bool(before["hooks"] == after["hooks"])
+
+
+def tiny_gpt2(transformers: Any) -> Any:
+    """A 2-layer GPT-2 of random weights (torch seeded 0 first), no dropout, in eval mode: no download.
+
+    ``transformers`` is the module, as the test's ``pytest.importorskip`` returned it.
+    """
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config).eval()

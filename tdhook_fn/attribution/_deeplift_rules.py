@@ -75,8 +75,8 @@ _DERIVATIVES: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 @dataclass(frozen=True)
-class Rescale:
-    """The rescale rule at an elementwise nonlinearity: ``g * dy / dx``, the plain gradient where ``|dx| < eps``.
+class _RescaleRule:
+    """What every rescale rule knows: where the inputs' rows end, and how it treats a small ``|dx|``.
 
     Args:
         n (int): the number of input rows leading the stacked batch.
@@ -90,48 +90,60 @@ class Rescale:
     eps: float = 1e-10
     carried: bool = False
 
-    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "an elementwise nonlinearity")
+    def _differences(self, call: ModuleCall, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                               torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x, x_ref, y, y_ref`` (as `_halves`), ``dx = x - x_ref``, and where ``|dx| < eps``."""
+        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, what)
         dx = x - x_ref
-        flat = dx.abs() < self.eps
+        return x, x_ref, y, y_ref, dx, dx.abs() < self.eps
+
+    def _rescaled(self, call: ModuleCall, grad: torch.Tensor, what: str, plain: Callable[[], torch.Tensor],
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The references' input, and ``g * dy / dx`` at the inputs' rows and (if carried) the references'.
+
+        ``plain()`` is the module's plain gradient of all rows, taken where ``|dx| < eps``.
+        """
+        _, x_ref, y, y_ref, dx, flat = self._differences(call, what)
         ratio = _ratio(y - y_ref, dx, flat)
+        at = plain()
+        at_inputs = torch.where(flat, at[: self.n], grad[: self.n] * ratio)
+        at_references = torch.where(flat, at[self.n :], grad[self.n :] * ratio) if self.carried else None
+        return x_ref, at_inputs, at_references
+
+
+@dataclass(frozen=True)
+class Rescale(_RescaleRule):
+    """The rescale rule at an elementwise nonlinearity: ``g * dy / dx``, the plain gradient where ``|dx| < eps``.
+
+    Fields as `_RescaleRule`.
+    """
+
+    def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         derivative = _DERIVATIVES.get(call.template.cls)
-        plain = grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
-        g, g_ref = grad[: self.n], grad[self.n :]
-        at_inputs = torch.where(flat, plain[: self.n], g * ratio)
-        at_references = torch.where(flat, plain[self.n :], g_ref * ratio) if self.carried else None
+
+        def plain() -> torch.Tensor:
+            return grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
+
+        x_ref, at_inputs, at_references = self._rescaled(call, grad, "an elementwise nonlinearity", plain)
         return [_rows(at_inputs, at_references, x_ref)]
 
 
 @dataclass(frozen=True)
-class RescaleSoftmax:
+class RescaleSoftmax(_RescaleRule):
     """The rescale rule at a softmax, centred per sample as captum's (NOTE [deeplift as lrp rules]).
 
-    Args:
-        n (int): the number of input rows leading the stacked batch.
-        rows (int): the number of rows of the stacked batch (inputs and references).
-        eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
-        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
+    Fields as `_RescaleRule`.
     """
 
-    n: int
-    rows: int
-    eps: float = 1e-10
-    carried: bool = False
-
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "a softmax")
-        dx = x - x_ref
-        flat = dx.abs() < self.eps
-        ratio = _ratio(y - y_ref, dx, flat)
-        plain = call.vjp(call.inputs, grad)[0]
-        at_inputs = torch.where(flat, plain[: self.n], grad[: self.n] * ratio)
-        if not self.carried:  # the references' part is the inputs' (NOTE [deeplift as lrp rules])
+        x_ref, at_inputs, at_references = self._rescaled(call, grad, "a softmax",
+                                                          lambda: call.vjp(call.inputs, grad)[0])
+        per_sample = (-1, *[1] * (x_ref.dim() - 1))
+        if at_references is None:  # the references' part is the inputs' (NOTE [deeplift as lrp rules])
             mean = at_inputs.flatten(1).mean(1)
-            return [_rows(at_inputs - mean.reshape((-1, *[1] * (dx.dim() - 1))), None, x_ref)]
-        at_references = torch.where(flat, plain[self.n :], grad[self.n :] * ratio)
+            return [_rows(at_inputs - mean.reshape(per_sample), None, x_ref)]
         mean = (at_inputs.flatten(1).mean(1) + at_references.flatten(1).mean(1)) / 2
-        mean = mean.reshape((-1, *[1] * (dx.dim() - 1)))
+        mean = mean.reshape(per_sample)
         return [_rows(at_inputs - mean, at_references - mean, x_ref)]
 
 
@@ -141,23 +153,14 @@ _POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
 
 
 @dataclass(frozen=True)
-class RescaleMaxPool:
+class RescaleMaxPool(_RescaleRule):
     """Captum's rescale rule at max pooling: each window's change sent to where the maxima of input and reference are.
 
-    Args:
-        n (int): the number of input rows leading the stacked batch.
-        rows (int): the number of rows of the stacked batch (inputs and references).
-        eps (float): below this ``|dx|`` the plain gradient is used. Default: ``1e-10``, as captum.
-        carried (bool): the references' rows carry a gradient of their own. Default: ``False``.
+    Fields as `_RescaleRule`.
     """
 
-    n: int
-    rows: int
-    eps: float = 1e-10
-    carried: bool = False
-
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        x, x_ref, y, y_ref = _halves(call, self.n, self.rows, "a max pooling")
+        x, x_ref, y, y_ref, dx, flat = self._differences(call, "a max pooling")
         dims, pool = _POOLS[call.template.cls]
         state = call.template.state
         if state.get("return_indices"):
@@ -173,15 +176,13 @@ class RescaleMaxPool:
             plane = values.new_zeros(like.shape).flatten(-dims)
             return plane.scatter_add_(-1, where.flatten(-dims), values.flatten(-dims)).view(like.shape)
 
-        dx = x - x_ref
-        flat = dx.abs() < self.eps
         moved = _ratio(unpool(g * (top - y_ref), at_x, x) + unpool(g_ref * (y - top), at_ref, x), dx, flat)
         at_inputs = torch.where(flat, unpool(g, at_x, x), moved)
         at_references = torch.where(flat, unpool(g_ref, at_ref, x), moved) if self.carried else None
         return [_rows(at_inputs, at_references, x_ref)]
 
 
-RESCALED: dict[type[nn.Module], type[Rescale] | type[RescaleSoftmax] | type[RescaleMaxPool]] = {
+RESCALED: dict[type[nn.Module], type[_RescaleRule]] = {
     nn.ReLU: Rescale, nn.ELU: Rescale, nn.LeakyReLU: Rescale, nn.Sigmoid: Rescale, nn.Tanh: Rescale,
     nn.Softplus: Rescale, nn.Softmax: RescaleSoftmax,
     nn.MaxPool1d: RescaleMaxPool, nn.MaxPool2d: RescaleMaxPool, nn.MaxPool3d: RescaleMaxPool,

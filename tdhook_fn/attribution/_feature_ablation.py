@@ -10,9 +10,9 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines
-from ._feature_masks import FeatureMask, features, selected, spread
+from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
-from ._perturbation import as_maps, checked_keys, evaluate, flat_baselines, per_sample_view
+from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_views
 
 __all__ = ["feature_ablation"]
 
@@ -85,7 +85,7 @@ def feature_ablation(
     starts = flat_baselines(_METHOD, inputs, baselines, keys)
     flat = inputs.reshape(-1)
     groups = features(_METHOD, inputs, keys, feature_mask)
-    xs = {key: per_sample_view(inputs.get(key), inputs.batch_dims) for key in keys}
+    xs = per_sample_views(inputs, keys, inputs.batch_dims)
 
     def build(lo: int, hi: int) -> dict[NestedKey, torch.Tensor]:
         return {key: torch.where(selected(groups.positions[key], lo, hi), starts[key], xs[key]) for key in keys}
@@ -94,5 +94,4 @@ def feature_ablation(
                       per_target=per_target, batch=batch, method=_METHOD,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
-    n = flat.batch_size[0]
-    return as_maps({key: spread(change, groups.positions[key], n) for key in keys}, batch, per_target)
+    return groups.maps(change, keys, batch, per_target)

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from ._perturbation import check_no_extra, per_sample_view
+from ._perturbation import as_maps, check_no_extra, per_sample_view
 
 __all__ = ["FeatureMask", "Features", "features", "selected", "spread"]
 
@@ -37,6 +37,12 @@ class Features:
 
     ids: torch.Tensor
     positions: dict[NestedKey, torch.Tensor]
+
+    def maps(self, values: torch.Tensor, keys: Sequence[NestedKey], batch: torch.Size,
+             per_target: bool) -> TensorDict:
+        """Per-feature values ``[T, N, P]`` spread on each key's elements, as the result (see `as_maps`)."""
+        n = values.shape[1]
+        return as_maps({key: spread(values, self.positions[key], n) for key in keys}, batch, per_target)
 
 
 def features(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey], feature_mask: FeatureMask, *,

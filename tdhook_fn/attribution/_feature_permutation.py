@@ -9,9 +9,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
-from ._feature_masks import FeatureMask, features, selected, spread
+from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
-from ._perturbation import as_maps, checked_keys, evaluate, per_sample_view
+from ._perturbation import checked_keys, evaluate, per_sample_views
 
 __all__ = ["feature_permutation"]
 
@@ -105,7 +105,7 @@ def feature_permutation(
                          "permuted across the samples, so give a batch of at least two")
     flat = inputs.reshape(-1)
     groups = features(_METHOD, inputs, keys, feature_mask)
-    xs = {key: per_sample_view(inputs.get(key), inputs.batch_dims) for key in keys}
+    xs = per_sample_views(inputs, keys, inputs.batch_dims)
     device = xs[keys[0]].device
     perms = torch.cat([torch.arange(n, device=device)[None],
                        _permutations(n, len(groups.ids), generator, device)])  # row 0: the inputs
@@ -121,4 +121,4 @@ def feature_permutation(
     values = evaluate(f, params, flat, target, rows=len(groups.ids) + 1, build=build, chunk_size=chunk_size,
                       per_target=per_target, batch=batch, method=_METHOD)
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
-    return as_maps({key: spread(change, groups.positions[key], n) for key in keys}, batch, per_target)
+    return groups.maps(change, keys, batch, per_target)

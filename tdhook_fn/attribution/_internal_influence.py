@@ -9,11 +9,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
-from ._baselines import Baselines, attributed_keys, path_starts
-from ._checks import check_call, check_layers
+from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._integrated_gradients import integrated_gradients
-from ._path_checks import check_chunk_size, check_floating, check_steps
+from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
 from ._quadrature import quadrature
 
 __all__ = ["internal_influence"]
@@ -84,16 +83,11 @@ def internal_influence(
         >>> torch.allclose(attr["[1]"], net[2].weight[1].expand(5, 4))  # the last layer is linear
         True
     """
-    check_layers(_NAME, layers)
-    if not layers:
-        raise ValueError(f"{_NAME}: layers is empty; name the layers to attribute, e.g. layers=['encoder.linear1']")
+    check_layer_paths(_NAME, layers)
     check_steps(_NAME, n_steps, least=1)
     check_chunk_size(_NAME, chunk_size)
     quadrature(method, n_steps)
-    check_call(_NAME, f, params, inputs, target=target)  # errors named here, before integrated_gradients runs
-    keys = attributed_keys(_NAME, f, inputs, input_keys)
-    check_floating(_NAME, inputs, keys)
-    path_starts(inputs, baselines, keys, _NAME)
+    checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)  # errors named here, not in IG's
     attrs = integrated_gradients(f, params, inputs, baselines, target=target, n_steps=n_steps, method=method,
                                  multiply_by_inputs=False, per_target=per_target, chunk_size=chunk_size,
                                  layers=layers, interpolate="inputs", use_inputs=False, input_keys=input_keys,

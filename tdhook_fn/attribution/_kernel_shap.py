@@ -11,7 +11,7 @@ from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
-from ._surrogate import FeatureMask, check_n_samples, checked_samples, evaluate, maps, prepare
+from ._surrogate import FeatureMask, evaluate, interpretable_samples, maps, prepare
 from ._surrogate_fit import least_squares
 
 __all__ = ["kernel_shap", "shapley_kernel_samples"]
@@ -97,13 +97,9 @@ def kernel_shap(
         torch.Size([3, 4])
     """
     surrogate = prepare(_METHOD, f, params, inputs, baselines, target, feature_mask, input_keys, chunk_size)
-    batch, n_features = surrogate.inputs.batch_size, surrogate.n_features
-    if samples is not None:
-        samples = checked_samples(_METHOD, samples, batch, n_features)
-    n = check_n_samples(_METHOD, n_samples, samples, 25)
-    if samples is None:
-        samples = shapley_kernel_samples(n_features, n, batch, generator=generator)
-    samples = samples.to(next(iter(surrogate.starts.values(True, True))).device)
+    n_features = surrogate.n_features
+    samples = interpretable_samples(_METHOD, surrogate, samples, n_samples,
+                                    lambda batch, n: shapley_kernel_samples(n_features, n, batch, generator=generator))
     values, _ = evaluate(_METHOD, f, params, surrogate, samples, target, per_target, chunk_size)
     sizes = samples.sum(-1)
     ends = (sizes == 0) | (sizes == n_features)

@@ -22,14 +22,13 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
-from ._baselines import Baselines, attributed_keys, both_ends, path_starts
-from ._checks import check_call, check_layers
+from ._baselines import Baselines, both_ends
 from ._convergence import delta_of
 from ._engine import seed_cotangents, target_values, unflatten
 from ._inputs import accepts_tensors
 from ._integrated_gradients import _path_points, _wide
 from ._layer_pullbacks import layer_pullbacks
-from ._path_checks import check_chunk_size, check_floating, check_steps
+from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
 from ._quadrature import quadrature
 
 __all__ = ["layer_conductance"]
@@ -117,16 +116,11 @@ def layer_conductance(
         >>> torch.allclose(per_sample["[1]"], layer_conductance(f, p, x, target=1, layers=["[1]"])["[1]"])
         True
     """
-    check_layers(_NAME, layers)
-    if not layers:
-        raise ValueError(f"{_NAME}: layers is empty; name the layers to attribute, e.g. layers=['encoder.linear1']")
+    check_layer_paths(_NAME, layers)
     check_steps(_NAME, n_steps, least=1)
     check_chunk_size(_NAME, chunk_size)
     alphas, _ = quadrature(method, n_steps + 1)
-    check_call(_NAME, f, params, inputs, target=target)
-    keys = attributed_keys(_NAME, f, inputs, input_keys)
-    check_floating(_NAME, inputs, keys)
-    base = path_starts(inputs, baselines, keys, _NAME)
+    keys, base = checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)
     if not isinstance(f, Functional):
         raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
                         "f, params = tdhook_fn.pure(model)")

@@ -13,7 +13,7 @@ from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
-from ._surrogate import FeatureMask, check_n_samples, check_weights, checked_samples, evaluate, maps, prepare
+from ._surrogate import FeatureMask, check_weights, evaluate, interpretable_samples, maps, prepare
 from ._surrogate_fit import FitFn, lasso, least_squares, ridge
 
 __all__ = ["lime"]
@@ -121,13 +121,9 @@ def lime(
     surrogate = prepare(_METHOD, f, params, inputs, baselines, target, feature_mask, input_keys, chunk_size)
     fit = _fit_fn(interpretable_model, alpha)
     weigh = similarity_func if similarity_func is not None else _exp_kernel(distance_mode, kernel_width)
-    batch, n_features = surrogate.inputs.batch_size, surrogate.n_features
-    if samples is not None:
-        samples = checked_samples(_METHOD, samples, batch, n_features)
-    n = check_n_samples(_METHOD, n_samples, samples, 25)
-    if samples is None:
-        samples = _bernoulli_samples(batch, n, n_features, generator)
-    samples = samples.to(next(iter(surrogate.starts.values(True, True))).device)
+    n_features = surrogate.n_features
+    samples = interpretable_samples(_METHOD, surrogate, samples, n_samples,
+                                    lambda batch, n: _bernoulli_samples(batch, n, n_features, generator))
     values, weights = evaluate(_METHOD, f, params, surrogate, samples, target, per_target, chunk_size, weigh)
     assert weights is not None
     check_weights(_METHOD, weights)

@@ -10,13 +10,12 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
-from ._baselines import Baselines, attributed_keys, path_starts
-from ._checks import check_call
+from ._baselines import Baselines
 from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
 from ._integrated_gradients import _fold, _in_dtypes, _path_points, _wide
 from ._layer_pullbacks import layer_pullbacks
-from ._path_checks import check_chunk_size, check_floating, check_steps
+from ._path_checks import check_chunk_size, check_steps, checked_path_ends
 from ._quadrature import quadrature
 
 __all__ = ["neuron_conductance"]
@@ -108,13 +107,10 @@ def neuron_conductance(
     check_steps(_NAME, n_steps, least=1)
     check_chunk_size(_NAME, chunk_size)
     alphas, steps = quadrature(method, n_steps)
-    check_call(_NAME, f, params, inputs, target=target)
+    keys, base = checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)
     if not isinstance(f, Functional):
         raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (the layer is read through taps); build it with "
                         "f, params = tdhook_fn.pure(model)")
-    keys = attributed_keys(_NAME, f, inputs, input_keys)
-    check_floating(_NAME, inputs, keys)
-    base = path_starts(inputs, baselines, keys, _NAME)
     calls = {} if layer_call is None else {layer: layer_call}
     lead = 1 if per_target else 0
     total: TensorDict | None = None

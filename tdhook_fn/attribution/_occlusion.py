@@ -14,7 +14,7 @@ from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
-from ._perturbation import as_maps, check_no_extra, checked_keys, evaluate, flat_baselines, per_sample_view
+from ._perturbation import as_maps, check_no_extra, checked_keys, evaluate, flat_baselines, per_sample_views
 
 __all__ = ["occlusion"]
 
@@ -182,7 +182,7 @@ def occlusion(
     starts = flat_baselines(_METHOD, inputs, baselines, keys)
     windows, strides_of = _per_key("sliding_window_shapes", sliding_window_shapes, keys), _per_key("strides", strides,
                                                                                                    keys)
-    xs = {key: per_sample_view(inputs.get(key), inputs.batch_dims) for key in keys}
+    xs = per_sample_views(inputs, keys, inputs.batch_dims)
     plans = {}
     for key in keys:
         size = tuple(xs[key].shape[1:])

@@ -6,11 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
+from .._targets import Target
+from ._baselines import Baselines, attributed_keys, path_starts
+from ._checks import check_call, check_layers
 
-__all__ = ["check_chunk_size", "check_floating", "check_steps"]
+__all__ = ["check_chunk_size", "check_floating", "check_layer_paths", "check_steps", "checked_path_ends"]
 
 
 def check_steps(method: str, n_steps: Any, *, least: int) -> None:
@@ -34,3 +37,20 @@ def check_floating(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey
             raise TypeError(f"{method}: input {key!r} is {value.dtype} and cannot move along a path from the "
                             "baseline (every point would round to it); name only the floating-point inputs in "
                             "input_keys=[...] (the others are then passed unchanged)")
+
+
+def check_layer_paths(method: str, layers: Any) -> None:
+    """``layers`` must be a non-empty list of submodule paths."""
+    check_layers(method, layers)
+    if not layers:
+        raise ValueError(f"{method}: layers is empty; name the layers to attribute, e.g. layers=['encoder.linear1']")
+
+
+def checked_path_ends(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+                      target: Target, input_keys: NestedKey | Sequence[NestedKey] | None,
+                      ) -> tuple[tuple[NestedKey, ...], TensorDict]:
+    """The attributed keys and their baselines, after checking the call and that those inputs can move."""
+    check_call(method, f, params, inputs, target=target)  # errors named here, before any path point runs
+    keys = attributed_keys(method, f, inputs, input_keys)
+    check_floating(method, inputs, keys)
+    return keys, path_starts(inputs, baselines, keys, method)

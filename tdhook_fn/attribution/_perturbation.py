@@ -47,7 +47,8 @@ from ._checks import check_call
 from ._engine import target_values
 from ._metric_samples import check_count
 
-__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view"]
+__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
+           "per_sample_views", "target_columns"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
@@ -75,8 +76,12 @@ def checked_keys(method: str, f: PureFn, params: TensorDictBase, inputs: TensorD
 def flat_baselines(method: str, inputs: TensorDictBase, baselines: Baselines,
                    keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
     """The baseline of each key, shaped like its flattened input ``[N, ...]`` (a broadcast view where possible)."""
-    starts = path_starts(inputs, baselines, keys, method)
-    return {key: per_sample_view(starts.get(key), inputs.batch_dims) for key in keys}
+    return per_sample_views(path_starts(inputs, baselines, keys, method), keys, inputs.batch_dims)
+
+
+def per_sample_views(td: TensorDictBase, keys: Sequence[NestedKey], batch_dims: int) -> dict[NestedKey, torch.Tensor]:
+    """Each key's entry of ``td`` as `per_sample_view` gives it: ``[N, ...]``."""
+    return {key: per_sample_view(td.get(key), batch_dims) for key in keys}
 
 
 def per_sample_view(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
@@ -118,7 +123,7 @@ def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, flat_target
             new = perturbed.get(key)
             feed.set(key, new if new is not None else value.unsqueeze(0).expand(hi - lo, *value.shape))
         values = target_values(f, params, feed, flat_target)
-        parts.append(_per_row(method, values, feed.batch_size, per_target))
+        parts.append(target_columns(method, values, feed.batch_size, per_target))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -134,8 +139,8 @@ def _balanced(rows: int, most: int) -> int:
     return -(-rows // count)
 
 
-def _per_row(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
-    """Target values ``[p, N, T]``: one column per target with ``per_target``, else their sum (``T = 1``)."""
+def target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
+    """Target values ``[*batch, T]``: one column per target with ``per_target``, else their sum (``T = 1``)."""
     total: torch.Tensor | None = None
     for key, value in values.items(True, True):
         value = cast(torch.Tensor, value)

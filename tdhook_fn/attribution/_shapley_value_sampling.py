@@ -10,10 +10,10 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines
-from ._feature_masks import FeatureMask, features, spread
+from ._feature_masks import FeatureMask, features
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count
-from ._perturbation import as_maps, checked_keys, evaluate, flat_baselines, per_sample_view
+from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_views
 
 __all__ = ["shapley_value_sampling"]
 
@@ -95,7 +95,7 @@ def shapley_value_sampling(
     flat = inputs.reshape(-1)
     groups = features(_METHOD, inputs, keys, feature_mask, dense=True)
     n_features = len(groups.ids)
-    xs = {key: per_sample_view(inputs.get(key), inputs.batch_dims) for key in keys}
+    xs = per_sample_views(inputs, keys, inputs.batch_dims)
     device = xs[keys[0]].device
     orders = torch.stack([torch.randperm(n_features, generator=generator) for _ in range(n_samples)]).to(device)
     ranks = torch.argsort(orders, dim=1)  # [S, P]: where each feature comes in each order
@@ -121,5 +121,4 @@ def shapley_value_sampling(
     steps = states - before  # [S, P, N, T]: the change of step i of order s
     index = ranks[:, :, None, None].expand(-1, -1, *values.shape[1:])
     shares = steps.gather(1, index).mean(0).permute(2, 1, 0)  # [T, N, P]: feature p's mean change
-    n = flat.batch_size[0]
-    return as_maps({key: spread(shares, groups.positions[key], n) for key in keys}, batch, per_target)
+    return groups.maps(shares, keys, batch, per_target)

@@ -27,9 +27,10 @@ from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
 from ._metric_samples import check_count, chunks, repeated, repeated_target
+from ._perturbation import target_columns
 
-__all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate", "maps",
-           "prepare"]
+__all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",
+           "interpretable_samples", "maps", "prepare"]
 
 FeatureMask = TensorDictBase | Mapping[NestedKey, torch.Tensor] | torch.Tensor
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
@@ -157,32 +158,11 @@ def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
         feed = surrogate.perturbed(part)
         if weigh is not None:
             weights.append(weigh(surrogate.inputs.select(*surrogate.keys), feed.select(*surrogate.keys), part))
-        values.append(_target_columns(method, target_values(f, params, feed, repeated_target(target, batch, k)),
+        values.append(target_columns(method, target_values(f, params, feed, repeated_target(target, batch, k)),
                                       feed.batch_size, per_target))
     if len(values) == 1:  # (one chunk: no copy)
         return values[0], (weights[0] if weigh is not None else None)
     return torch.cat(values, -2), (torch.cat(weights, -1) if weigh is not None else None)
-
-
-def _target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
-    total: torch.Tensor | None = None
-    for key, value in values.items(True, True):
-        value = cast(torch.Tensor, value)
-        if not value.is_floating_point():
-            raise TypeError(f"{method}: target {key!r} is {value.dtype}; the surrogate fits floating-point values")
-        if per_target:
-            if value.dim() > len(batch) + 1:
-                raise ValueError(f"{method}: per_target needs target values [*batch] or [*batch, T]; target {key!r} "
-                                 f"has shape {list(value.shape)} for batch {list(batch)}")
-            one = value if value.dim() > len(batch) else value.unsqueeze(-1)
-        elif value.dim() == len(batch):
-            one = value.unsqueeze(-1)
-        else:
-            one = value.reshape(*batch, -1).sum(-1, keepdim=True)
-        total = one if total is None else total + one
-    if total is None:
-        raise ValueError(f"{method}: the target selected no value")
-    return total
 
 
 def maps(surrogate: Surrogate, coefs: torch.Tensor, per_target: bool) -> TensorDict:
@@ -196,6 +176,21 @@ def maps(surrogate: Surrogate, coefs: torch.Tensor, per_target: bool) -> TensorD
         picked = coefs.gather(-1, index).reshape(*batch, coefs.shape[-2], *x.shape[len(batch):])
         out.set(key, picked.movedim(len(batch), 0) if per_target else picked.squeeze(len(batch)))
     return out
+
+
+def interpretable_samples(method: str, surrogate: Surrogate, samples: Any, n_samples: int | None,
+                          draw: Callable[[torch.Size, int], torch.Tensor]) -> torch.Tensor:
+    """The interpretable samples ``[*B, n, F]`` on the inputs' device: ``samples`` checked, else ``draw(batch, n)``.
+
+    ``n`` is ``n_samples``, else 25 (captum's), checked by `check_n_samples`.
+    """
+    batch, n_features = surrogate.inputs.batch_size, surrogate.n_features
+    if samples is not None:
+        samples = checked_samples(method, samples, batch, n_features)
+    n = check_n_samples(method, n_samples, samples, 25)
+    if samples is None:
+        samples = draw(batch, n)
+    return cast(torch.Tensor, samples).to(next(iter(surrogate.starts.values(True, True))).device)
 
 
 def checked_samples(method: str, samples: Any, batch: torch.Size, n_features: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 from torch import nn
 from torch.func import grad, vmap
-from zoo import same, snapshot
+from zoo import same, snapshot, tiny_gpt2
 
 import tdhook_fn
 from tdhook_fn.attribution._internal_influence import internal_influence
@@ -389,10 +389,7 @@ def test_token_ids_are_refused_on_the_path_by_every_method():
 def test_gpt2_with_an_attention_mask_equals_captum():
     """inputs_embeds move along the path; the attention mask is passed unchanged (captum: additional_forward_args)."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).double().eval()
+    model = tiny_gpt2(transformers).double()
     f = tdhook_fn.functional(model, in_keys={"inputs_embeds": "inputs_embeds", "attention_mask": "attention_mask"},
                              out_keys=["logits"])
     p = tdhook_fn.params(model)

@@ -21,21 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 from torch import nn
+from zoo import TwoInput
 
 import tdhook_fn
 from tdhook_fn.attribution import integrated_gradients, saliency
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
 
 SEED = 7
-
-
-class TwoInput(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(3, 6), nn.Linear(6, 3)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.a(x) + self.b(y)))
 
 
 def cnn(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -123,7 +115,7 @@ def test_infidelity_chunks_equal_captum_batches(chunk_size: int) -> None:
 
 def test_infidelity_several_keys_and_baselines_equal_captum() -> None:
     torch.manual_seed(2)
-    net = TwoInput().eval()
+    net = TwoInput(3).eval()
     f, p = tdhook_fn.pure(net, in_keys=["x", "y"])
     x, y = torch.randn(3, 4), torch.randn(3, 3)
     td = TensorDict(x=x, y=y, batch_size=[3])
@@ -298,7 +290,7 @@ def test_sensitivity_max_chunks_equal_captum_batches() -> None:
 
 def test_sensitivity_max_several_keys_equals_captum() -> None:
     torch.manual_seed(3)
-    net = TwoInput().eval()
+    net = TwoInput(3).eval()
     f, p = tdhook_fn.pure(net, in_keys=["x", "y"])
     x, y = torch.randn(3, 4), torch.randn(3, 3)
     td = TensorDict(x=x, y=y, batch_size=[3])

@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers
 from tensordict import TensorDict
+from zoo import tiny_gpt2
 
 import tdhook_fn
 from tdhook_fn.attribution._gradient_shap import gradient_shap
@@ -15,10 +16,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Input Tensor .* did not already
 
 
 def _gpt2_on_embeddings():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = tiny_gpt2(transformers)
     f = tdhook_fn.functional(model, in_keys={"inputs_embeds": "inputs_embeds", "attention_mask": "attention_mask"},
                              out_keys=["logits"])
     ids = torch.randint(1, 40, (2, 6))

@@ -21,7 +21,7 @@ import pytest
 import torch
 from attr_zoo import as_tuple, build, captum_inputs, from_captum
 from tensordict import TensorDict
-from zoo import same, snapshot
+from zoo import same, snapshot, tiny_gpt2
 
 from tdhook_fn.attribution._feature_ablation import feature_ablation
 from tdhook_fn.attribution._feature_permutation import feature_permutation
@@ -291,10 +291,7 @@ def test_token_ablation_and_shapley_on_gpt2_with_an_attention_mask_equal_captum(
     transformers = pytest.importorskip("transformers")
     import tdhook_fn
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).double().eval()
+    model = tiny_gpt2(transformers).double()
     f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
                              out_keys=["logits"])
     p = tdhook_fn.params(model)

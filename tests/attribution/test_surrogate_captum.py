@@ -21,6 +21,7 @@ from captum.attr import KernelShap, Lime
 from captum.attr._core.lime import get_exp_kernel_similarity_function
 from tensordict import TensorDict
 from torch import nn
+from zoo import TwoInput, tiny_gpt2
 
 import tdhook_fn
 from tdhook_fn.attribution._kernel_shap import kernel_shap, shapley_kernel_samples
@@ -33,15 +34,6 @@ def close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     """Equal up to captum's float32 fit."""
     scale = float(ref.abs().max()) + 1e-3
     torch.testing.assert_close(ours.to(ref.dtype), ref, rtol=1e-4, atol=2e-5 * scale)
-
-
-class TwoInput(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(3, 6), nn.Linear(6, 3)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.a(x) + self.b(y)))
 
 
 class TokenTransformer(nn.Module):
@@ -165,7 +157,7 @@ def test_lime_cnn_digits_patches() -> None:
 
 def test_kernel_shap_two_inputs_with_a_mask_across_keys() -> None:
     torch.manual_seed(0)
-    net = TwoInput().double().eval()
+    net = TwoInput(3).double().eval()
     f = tdhook_fn.functional(net, ["x", "y"], ["output"])
     p = tdhook_fn.params(net)
     g = torch.Generator().manual_seed(8)
@@ -205,10 +197,7 @@ def test_transformer_on_token_ids_with_a_pad_baseline() -> None:
 def test_gpt2_token_positions_with_an_attention_mask_passed_unchanged() -> None:
     """Hugging Face GPT-2 (random init): the ids are perturbed, the attention mask is captum's extra argument."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).double().eval()
+    model = tiny_gpt2(transformers).double()
     f = tdhook_fn.functional(model, in_keys={"input_ids": "input_ids", "attention_mask": "attention_mask"},
                              out_keys=["logits"])
     ids = torch.randint(1, 40, (2, 6), generator=torch.Generator().manual_seed(13))
