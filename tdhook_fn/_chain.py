@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 
 from ._call import run
-from ._functional import Functional, _get_input, _pack
+from ._functional import Functional, get_input, pack
 from ._shadow import GLOBAL_HOOK_DICTS, HOOK_DICTS
 
 __all__ = ["Link", "chain_of", "run_chain"]
@@ -69,7 +69,7 @@ def run_chain(f: Functional, params: TensorDictBase, td: TensorDictBase, links: 
     returns is the next module's input, and the last one is ``f``'s output. A module that
     is in the chain twice is a link twice, with one shadow.
     """
-    x = _get_input(td, f.in_keys[0])
+    x = get_input(td, f.in_keys[0])
 
     def invoke(root: nn.Module) -> Any:
         h = x
@@ -78,5 +78,5 @@ def run_chain(f: Functional, params: TensorDictBase, td: TensorDictBase, links: 
         return h
 
     output, captured = run(f.model, params, (), invoke)
-    return _pack(td.batch_size, {f.out_keys[0]: output}, captured)
+    return pack(td.batch_size, {f.out_keys[0]: output}, captured)
 

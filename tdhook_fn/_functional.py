@@ -18,7 +18,16 @@ from ._params import Key
 from ._params import params as params_of
 from ._taps import Captured, Tap, check_tap_keys
 
-__all__ = ["Functional", "NestedKey", "functional", "one_key_as_list", "pure", "with_copied_inputs"]
+__all__ = [
+    "Functional",
+    "NestedKey",
+    "functional",
+    "get_input",
+    "one_key_as_list",
+    "pack",
+    "pure",
+    "with_copied_inputs",
+]
 
 NestedKey = str | tuple[str, ...]
 _NAMESPACE = "tdhook_fn"
@@ -107,13 +116,13 @@ class Functional:
             leaves = [output.get(k) for k in self.out_keys]
         else:
             names = self.keywords
-            args = [_get_input(td, key) for key in self.in_keys if key not in names]
-            kwargs = {names[key]: _get_input(td, key) for key in self.in_keys if key in names}
+            args = [get_input(td, key) for key in self.in_keys if key not in names]
+            kwargs = {names[key]: get_input(td, key) for key in self.in_keys if key in names}
             kwargs.update(extra)
             output, captured = run(self.model, params, self.taps, lambda root: root(*args, **kwargs),
                                    overrides=overrides)
             leaves = _output_leaves(output, self.out_keys)
-        return _pack(td.batch_size, dict(zip(self.out_keys, leaves, strict=False)), captured)
+        return pack(td.batch_size, dict(zip(self.out_keys, leaves, strict=False)), captured)
 
     def __repr__(self) -> str:
         taps = f", taps={list(self.taps)}" if self.taps else ""
@@ -223,7 +232,7 @@ def one_key_as_list(keys: Any) -> Any:
     return [keys] if isinstance(keys, str) else keys
 
 
-def _get_input(td: TensorDictBase, key: NestedKey) -> Any:
+def get_input(td: TensorDictBase, key: NestedKey) -> Any:
     value = td.get(key, _MISSING)
     if value is _MISSING:
         raise KeyError(f"functional: in_key {key!r} is not in the TensorDict (keys: {list(td.keys())})")
@@ -303,7 +312,7 @@ def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:
     return value
 
 
-def _pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:
+def pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:
     values: dict[NestedKey, Any] = {**outputs}
     values.update(captured)
     for key, value in values.items():

@@ -62,9 +62,11 @@ __all__ = [
     "GLOBAL_HOOK_DICTS",
     "HOOK_DICTS",
     "Shadow",
+    "param_marks",
     "private_buffer",
     "raise_key_mismatch",
     "raise_shape_mismatch",
+    "shadow_lock",
     "shadow_of",
     "shape_mismatch",
 ]
@@ -309,13 +311,13 @@ def raise_key_mismatch(expected: set[Key], given: set[Key]) -> None:
 
 
 _pools: weakref.WeakKeyDictionary[nn.Module, list[Shadow]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+shadow_lock = threading.Lock()
 
 
 @contextmanager
 def shadow_of(model: nn.Module) -> Iterator[Shadow]:
     """Borrow a refreshed shadow of ``model`` for one call; it is cleared on return."""
-    with _lock:
+    with shadow_lock:
         pool = _pools.get(model)
         if pool is None:
             pool = _pools[model] = []
@@ -327,6 +329,6 @@ def shadow_of(model: nn.Module) -> Iterator[Shadow]:
         yield shadow
     finally:
         shadow.unload()
-        with _lock:
+        with shadow_lock:
             if len(pool) < _POOL_SIZE:
                 pool.append(shadow)

@@ -27,7 +27,18 @@ from torch.utils.hooks import RemovableHandle
 
 from ._paths import path_to_name
 
-__all__ = ["Site", "Tap", "attached", "capture", "check_tap_keys", "intervene", "kept", "map_grad", "perturb"]
+__all__ = [
+    "Captured",
+    "Site",
+    "Tap",
+    "attached",
+    "capture",
+    "check_tap_keys",
+    "intervene",
+    "kept",
+    "map_grad",
+    "perturb",
+]
 
 Site = Literal["output", "input"]
 Captured = dict[str, Any]

@@ -19,7 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._functional import NestedKey
 
-__all__ = ["Target", "as_target", "autograd_off_note", "check_target", "label"]
+__all__ = ["Target", "as_target", "autograd_off_note", "check_target", "label", "values_readable"]
 
 Target = int | tuple[int, ...] | torch.Tensor | Callable[[TensorDictBase], TensorDictBase | torch.Tensor]
 
@@ -83,7 +83,7 @@ def _is_index_tensor(index: torch.Tensor) -> bool:
     return not (index.is_floating_point() or index.is_complex() or index.dtype == torch.bool)
 
 
-def _concrete(t: Any) -> bool:
+def values_readable(t: Any) -> bool:
     """Whether ``t``'s values can be read in Python: not batched by ``vmap``, not traced by ``torch.compile``."""
     if torch.compiler.is_compiling():
         return False
@@ -123,7 +123,7 @@ def _select_per_sample(index: torch.Tensor,
         classes = value.shape[-1]
         picked_index = index.to(value.device, torch.long)  # (uint8 compared with -classes would wrap around)
         negative = True
-        if _concrete(picked_index) and picked_index.numel():  # one pass for the range: this runs on every call
+        if values_readable(picked_index) and picked_index.numel():  # one pass for the range: this runs on every call
             low, high = (int(v) for v in torch.aminmax(picked_index))
             if low < -classes or high >= classes:
                 bad = low if low < -classes else high
@@ -264,7 +264,7 @@ def _check_labels(key: NestedKey, labels: torch.Tensor, classes: int) -> None:
     Read where the values can be (NOTE [tensor targets]); under ``vmap`` and
     ``torch.compile`` the range is left to ``gather``.
     """
-    if not _concrete(labels) or not labels.numel():
+    if not values_readable(labels) or not labels.numel():
         return
     wrong = (labels < 0) | (labels >= classes)
     if bool(wrong.any()):

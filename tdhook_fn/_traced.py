@@ -20,10 +20,10 @@ from ._shadow import (
     GLOBAL_HOOK_DICTS,
     HOOK_DICTS,
     Shadow,
-    _lock,
     private_buffer,
     raise_key_mismatch,
     raise_shape_mismatch,
+    shadow_lock,
     shape_mismatch,
 )
 from ._taps import Captured, Tap
@@ -154,7 +154,7 @@ def traced_plan(model: nn.Module, paths: tuple[str, ...]
     A global, read with ``getattr`` on the module, because Dynamo wraps modules reached
     from a constant badly, and snapshots a dict of plans when first read (NOTE [compiled calls]).
     """
-    with _lock:
+    with shadow_lock:
         shadow = _traced.get(model)
         if shadow is None or not shadow.is_current():
             shadow = _traced[model] = Shadow(model)

@@ -35,13 +35,14 @@ from .._targets import Target, as_target
 from ._checks import check_call, check_layers
 from ._engine import (
     Cotangents,
+    GradFn,
+    grad_taps,
     gradients,
     input_keys_of,
     per_key,
     target_values,
 )
 from ._inputs import accepts_tensors
-from ._saliency import GradFn, grad_taps
 
 __all__ = ["activation_maximisation", "pgd_step"]
 

@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
-from .._taps import Tap, capture
+from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._vjp import vjp
 from ._checks import check_call
@@ -41,8 +41,10 @@ from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, wit
 
 __all__ = [
     "Cotangents",
+    "GradFn",
     "Gradients",
     "TargetFn",
+    "grad_taps",
     "gradients",
     "input_keys_of",
     "offered_targets",
@@ -56,6 +58,7 @@ __all__ = [
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
 Replace = Callable[[torch.Tensor], torch.Tensor]
+GradFn = Callable[[torch.Tensor], torch.Tensor]
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 
 
@@ -74,6 +77,11 @@ class Gradients:
     grads: TensorDict
     activations: TensorDict
     targets: TensorDictBase
+
+
+def grad_taps(grad_fns: Mapping[str, GradFn] | None, taps: Sequence[Tap]) -> list[Tap]:
+    """tdhook's ``output_grad_callbacks`` as taps, followed by any extra taps."""
+    return [map_grad(path, fn) for path, fn in (grad_fns or {}).items()] + list(taps)
 
 
 def input_keys_of(f: Callable[..., Any], inputs: TensorDictBase,

@@ -9,9 +9,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents, gradients
+from ._engine import Cotangents, GradFn, grad_taps, gradients
 from ._inputs import accepts_tensors
-from ._saliency import GradFn, grad_taps
 
 __all__ = ["DimsConfig", "grad_cam"]
 

@@ -12,9 +12,9 @@ from torch import nn
 from .._functional import Functional, NestedKey
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents
+from ._engine import Cotangents, GradFn
 from ._inputs import accepts_tensors
-from ._saliency import GradFn, saliency
+from ._saliency import saliency
 
 __all__ = ["guided_backprop", "module_paths"]
 

@@ -12,7 +12,7 @@ from .._functional import NestedKey
 from .._targets import Target, check_target
 from ._checks import check_call
 from ._engine import target_values
-from ._inputs import _tensor_inputs
+from ._inputs import tensor_inputs
 from ._metric_samples import (
     check_count,
     chunks,
@@ -213,7 +213,7 @@ def _as_tensordicts(f: Any, perturb_func: PerturbFn, inputs: Any, attributions: 
         raise TypeError(f"{_METHOD}: perturb_func must be callable, got {type(perturb_func).__name__}")
     if not isinstance(inputs, torch.Tensor):
         return inputs, attributions, perturb_func
-    td = _tensor_inputs(_METHOD, f, inputs)
+    td = tensor_inputs(_METHOD, f, inputs)
     key = next(iter(td.keys(True, True)))
     if not isinstance(attributions, torch.Tensor):
         raise TypeError(f"{_METHOD}: inputs is a tensor, so attributions must be one too, got "

@@ -22,7 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._targets import check_target
 
-__all__ = ["accepts_tensors"]
+__all__ = ["accepts_tensors", "tensor_inputs"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _P = ParamSpec("_P")
@@ -50,7 +50,7 @@ def accepts_tensors(
     def wrapper(f: PureFn, params: TensorDictBase, inputs: TensorDictBase | torch.Tensor, /,
                 *args: _P.args, **kwargs: _P.kwargs) -> Any:
         tensor = isinstance(inputs, torch.Tensor)
-        td: Any = _tensor_inputs(name, f, inputs) if isinstance(inputs, torch.Tensor) else inputs  # else checked there
+        td: Any = tensor_inputs(name, f, inputs) if isinstance(inputs, torch.Tensor) else inputs  # else checked there
         if isinstance(td, TensorDictBase) and "target" in kwargs:
             check_target(kwargs["target"], td.batch_size, name)
         result = method(f, params, td, *args, **kwargs)
@@ -63,7 +63,7 @@ def accepts_tensors(
     return wrapper
 
 
-def _tensor_inputs(method: str, f: Any, x: torch.Tensor) -> TensorDict:
+def tensor_inputs(method: str, f: Any, x: torch.Tensor) -> TensorDict:
     keys = tuple(getattr(f, "in_keys", None) or ("input",))
     if len(keys) != 1:
         raise TypeError(f"{method}: inputs is a tensor, but f reads {len(keys)} inputs {list(keys)}; pass a "

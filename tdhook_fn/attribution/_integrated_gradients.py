@@ -18,6 +18,8 @@ from ._checks import check_call, check_layers
 from ._convergence import delta_of
 from ._engine import (
     Cotangents,
+    GradFn,
+    grad_taps,
     gradients,
     scaled,
     target_values,
@@ -25,9 +27,8 @@ from ._engine import (
 from ._inputs import accepts_tensors
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._quadrature import quadrature
-from ._saliency import GradFn, grad_taps
 
-__all__ = ["integrated_gradients"]
+__all__ = ["fold", "in_dtypes", "integrated_gradients", "path_points", "wide"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
@@ -164,17 +165,17 @@ def integrated_gradients(
     size = chunk_size or n_steps
     for start in range(0, n_steps, size):
         chunk = slice(start, min(start + size, n_steps))
-        points = _path_points(inputs, base, path_keys, alphas[chunk])
+        points = path_points(inputs, base, path_keys, alphas[chunk])
         replace = {p: _interpolator(*ends[p], alphas[chunk]) for p in ends} if ends else dict.fromkeys(layers)
         grads = gradients(f, params, points, target, layers=replace, **options).grads
-        total = _fold(total, grads, steps[chunk], lead=1 if per_target else 0)
+        total = fold(total, grads, steps[chunk], lead=1 if per_target else 0)
         dtypes = {key: g.dtype for key, g in grads.items(True, True)}
     assert total is not None
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
-        differences = {k: _wide(inputs.get(k)) - _wide(base.get(k)) for k in keys}
-        differences.update({p: _wide(x) - _wide(b) for p, (b, x) in ends.items()})
+        differences = {k: wide(inputs.get(k)) - wide(base.get(k)) for k in keys}
+        differences.update({p: wide(x) - wide(b) for p, (b, x) in ends.items()})
         total = scaled(total, differences)
-    attrs = _in_dtypes(total, dtypes)  # half precision: rounded once, at the end
+    attrs = in_dtypes(total, dtypes)  # half precision: rounded once, at the end
     if not return_convergence_delta:
         return attrs
     counted = attrs if in_layer_space else attrs.select(*keys)  # the path's space's maps (NOTE [convergence delta])
@@ -193,7 +194,7 @@ def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> No
             )
 
 
-def _path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[NestedKey],
+def path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[NestedKey],
                  alphas: Sequence[float]) -> TensorDict:
     """Inputs at the path points, batch ``[n, *B]``; other keys repeated."""
     n = len(alphas)
@@ -285,7 +286,7 @@ def _interpolator(
     return replace
 
 
-def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float], lead: int) -> TensorDict:
+def fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float], lead: int) -> TensorDict:
     """``total + sum_k w_k * grads[k]``, added one step at a time.
 
     # NOTE [chunk-invariant sums]
@@ -313,7 +314,7 @@ def _fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float],
     return out
 
 
-def _in_dtypes(total: TensorDict, dtypes: Mapping[Any, torch.dtype]) -> TensorDict:
+def in_dtypes(total: TensorDict, dtypes: Mapping[Any, torch.dtype]) -> TensorDict:
     """``total`` (summed in float32 where the gradients were half precision) back in the gradients' dtypes."""
     if all(total.get(key).dtype == dtype for key, dtype in dtypes.items()):
         return total
@@ -323,7 +324,7 @@ def _in_dtypes(total: TensorDict, dtypes: Mapping[Any, torch.dtype]) -> TensorDi
     return out
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
+def wide(t: torch.Tensor) -> torch.Tensor:
     """Half-precision floats in float32 (the sum of the steps is kept there too); others as they are."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 

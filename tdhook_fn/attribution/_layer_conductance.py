@@ -26,7 +26,7 @@ from ._baselines import Baselines, both_ends
 from ._convergence import delta_of
 from ._engine import seed_cotangents, target_values, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import _path_points, _wide
+from ._integrated_gradients import path_points, wide
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
 from ._quadrature import quadrature
@@ -144,16 +144,17 @@ def _summed_shares(f: Functional, params: TensorDictBase, inputs: TensorDictBase
     targets = 1
     size = chunk_size or len(alphas)
     for start in range(0, len(alphas), size):
-        points = _path_points(inputs, base, keys, alphas[start:start + size])
-        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)  # NOTE [two pullbacks of ...]
+        points = path_points(inputs, base, keys, alphas[start:start + size])
+        # see NOTE [two pullbacks of one forward]
+        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)
         cot, lead = seed_cotangents(pulled.values, per_target, None)
         targets = cot.batch_size[0] if lead else 1
-        acts = [unflatten(_wide(a), 0, points.batch_size) for a in pulled.acts]  # half: summed in float32
+        acts = [unflatten(wide(a), 0, points.batch_size) for a in pulled.acts]  # half: summed in float32
         for t in range(targets):  # one target's gradients at a time: no [T, points, ...] stack
             grads = pulled.to_layers(cot[t] if lead else cot)
             for path, act, grad in zip(layers, acts, grads, strict=True):
                 dtypes[path] = grad.dtype
-                grad = unflatten(_wide(grad), 0, points.batch_size)
+                grad = unflatten(wide(grad), 0, points.batch_size)
                 if (path, t) in last:  # the difference across the chunks' border
                     grad = torch.cat([last[path, t][0], grad])
                     act = torch.cat([last[path, t][1], act])

@@ -69,7 +69,7 @@ from ._lrp_checks import (
 from ._lrp_composites import Rules, resolve_rules
 from ._lrp_rules import Pass, Rule
 
-__all__ = ["lrp"]
+__all__ = ["lrp", "rule_taps"]
 
 
 @dataclass(frozen=True)

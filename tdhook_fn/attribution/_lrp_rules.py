@@ -29,6 +29,7 @@ __all__ = [
     "ModuleCall",
     "Pass",
     "PseudoIdentity",
+    "Relevances",
     "Rule",
     "SoftmaxEpsilon",
     "Stop",

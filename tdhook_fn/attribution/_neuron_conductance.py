@@ -13,7 +13,7 @@ from .._targets import Target
 from ._baselines import Baselines
 from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import _fold, _in_dtypes, _path_points, _wide
+from ._integrated_gradients import fold, in_dtypes, path_points, wide
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_steps, checked_path_ends
 from ._quadrature import quadrature
@@ -117,13 +117,13 @@ def neuron_conductance(
     size = chunk_size or n_steps
     for start in range(0, n_steps, size):
         chunk = slice(start, min(start + size, n_steps))
-        points = _path_points(inputs, base, keys, alphas[chunk])
+        points = path_points(inputs, base, keys, alphas[chunk])
         grads = _neuron_gradients(f, params, points, target, layer, select, keys, per_target, calls)
-        total = _fold(total, grads, steps[chunk], lead=lead)
+        total = fold(total, grads, steps[chunk], lead=lead)
     assert total is not None
     if multiply_by_inputs:
-        total = scaled(total, {k: _wide(inputs.get(k)) - _wide(base.get(k)) for k in keys})
-    return _in_dtypes(total, {k: inputs.get(k).dtype for k in keys})  # half precision: summed in float32
+        total = scaled(total, {k: wide(inputs.get(k)) - wide(base.get(k)) for k in keys})
+    return in_dtypes(total, {k: inputs.get(k).dtype for k in keys})  # half precision: summed in float32
 
 
 def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictBase, target: Target, layer: str,
@@ -131,7 +131,8 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
                       calls: Mapping[str, int]) -> TensorDict:
     """``dF/dn * dn/dx`` at every point of ``points`` (batch ``[n, *B]``), by input key; ``[T, n, *B]`` per target."""
     batch = points.batch_size
-    pulled = layer_pullbacks(f, params, points, target, [layer], keys, calls, _NAME)  # NOTE [two pullbacks of ...]
+    # see NOTE [two pullbacks of one forward]
+    pulled = layer_pullbacks(f, params, points, target, [layer], keys, calls, _NAME)
     cot, lead = seed_cotangents(pulled.values, per_target, None)
     (act,) = pulled.acts
     maps = []

@@ -8,21 +8,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from .._taps import Tap, map_grad
+from .._taps import Tap
 from .._targets import Target
 from ._checks import check_layers
-from ._engine import Cotangents, gradients, input_keys_of, per_key, scaled
+from ._engine import Cotangents, GradFn, grad_taps, gradients, input_keys_of, per_key, scaled
 from ._inputs import accepts_tensors
 
 __all__ = ["saliency"]
-
-GradFn = Callable[[torch.Tensor], torch.Tensor]
-
-
-def grad_taps(grad_fns: Mapping[str, GradFn] | None, taps: Sequence[Tap]) -> list[Tap]:
-    """tdhook's ``output_grad_callbacks`` as taps, followed by any extra taps."""
-    return [map_grad(path, fn) for path, fn in (grad_fns or {}).items()] + list(taps)
-
 
 @accepts_tensors
 def saliency(

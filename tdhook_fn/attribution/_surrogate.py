@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from .._targets import Target, _concrete
+from .._targets import Target, values_readable
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
@@ -200,7 +200,7 @@ def checked_samples(method: str, samples: Any, batch: torch.Size, n_features: in
     if samples.dim() < 2 or samples.shape[-1] != n_features or samples.shape[:-2] not in (torch.Size(), batch):
         raise ValueError(f"{method}: samples has shape {list(samples.shape)}; give [n, {n_features}] (the same for "
                          f"every input sample) or {[*batch, 'n', n_features]} ({n_features} features)")
-    if samples.dtype != torch.bool and _concrete(samples) and bool(((samples != 0) & (samples != 1)).any()):
+    if samples.dtype != torch.bool and values_readable(samples) and bool(((samples != 0) & (samples != 1)).any()):
         raise ValueError(f"{method}: samples must hold only zeros and ones (a one keeps a feature, a zero puts "
                          "the baseline there)")
     return samples.bool().expand(*batch, *samples.shape[-2:])
@@ -224,7 +224,7 @@ def check_n_samples(method: str, n_samples: int | None, samples: torch.Tensor | 
 
 def check_weights(method: str, weights: torch.Tensor) -> None:
     """Raise where every weight of an input sample is 0: its fit would be 0 / 0 (where the values can be read)."""
-    if not _concrete(weights):
+    if not values_readable(weights):
         return
     empty = weights.sum(-1) == 0
     if bool(empty.any()):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._targets import _concrete
+from .._targets import values_readable
 
 __all__ = ["FitFn", "lasso", "least_squares", "minimum_norm_solution", "ridge"]
 
@@ -101,7 +101,7 @@ def _proximal_gradient(gram: torch.Tensor, corr: torch.Tensor, alpha: float, max
     step = 1 / lipschitz  # [*B, 1, 1]
     coef = torch.zeros_like(corr)
     moving, t = coef, 1.0
-    concrete = _concrete(gram)
+    concrete = values_readable(gram)
     for i in range(max_iter):
         new = _soft(moving - step * (moving @ gram - corr), alpha * step)
         t_next = (1 + (1 + 4 * t * t) ** 0.5) / 2

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_points", "distances", "nearest"]
+__all__ = ["check_eps", "check_k", "check_points", "distances", "nearest"]
 
 
 def check_points(name: str, x: object, least: int, what: str) -> torch.Tensor:

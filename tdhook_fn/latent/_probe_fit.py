@@ -13,7 +13,7 @@ from ._probe_logistic import logistic
 from ._probe_mean_difference import mean_difference
 from ._probe_ridge import dual_solve, solve, statistics
 
-__all__ = ["fit_probes", "fit_sites"]
+__all__ = ["Params", "fit_probes", "fit_sites"]
 
 Kind = Literal["ridge", "logistic", "mean_difference"]
 Params = dict[str, torch.Tensor]

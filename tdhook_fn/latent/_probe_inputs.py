@@ -19,8 +19,10 @@ from tensordict.utils import NestedKey
 __all__ = [
     "Group",
     "Labels",
+    "Task",
     "as_labels",
     "check_finite",
+    "check_tensor_acts",
     "groups",
     "site_name",
     "transformed",

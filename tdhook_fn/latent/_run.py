@@ -18,6 +18,7 @@ from ._sites import Site
 
 __all__ = [
     "Edits",
+    "Metric",
     "Reads",
     "Sources",
     "activation_shapes",

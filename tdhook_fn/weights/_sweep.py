@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._params import leaves
 from ._checks import check_same_structure, check_tensordict
-from ._task_vectors import _HALF, _moves, _times
+from ._task_vectors import HALF, moves, times
 
 __all__ = ["sweep_alphas"]
 
@@ -193,8 +193,8 @@ class _Shifted:
         bases, vectors = leaves(base), leaves(vector)
         self.keys = list(bases)
         self.pairs = [(bases[k], vectors[k]) for k in self.keys]
-        # the dtype alpha multiplies each moving leaf in: half precision in float32 (as _times)
-        self.leaf_alpha_dtypes = [_alpha_dtype(b) if _moves(b) else None for b, _ in self.pairs]
+        # the dtype alpha multiplies each moving leaf in: half precision in float32 (as times)
+        self.leaf_alpha_dtypes = [_alpha_dtype(b) if moves(b) else None for b, _ in self.pairs]
         # vmap needs one batched input even where nothing moves (integer buffers only)
         self.alpha_dtypes = list(dict.fromkeys(d for d in self.leaf_alpha_dtypes if d is not None)) or [torch.float64]
         self.plain = _plain_tree(base, base.batch_size, base.device)
@@ -202,19 +202,19 @@ class _Shifted:
 
     def __call__(self, alpha: Alpha) -> TensorDictBase:
         if not self.plain:
-            shift = lambda b, v: b + _times(v, _in(alpha, _alpha_dtype(b))) if _moves(b) else b
+            shift = lambda b, v: b + times(v, _in(alpha, _alpha_dtype(b))) if moves(b) else b
             return cast(TensorDictBase, self.base.apply(shift, self.vector))
         source: dict[str, Any] = {}
         for key, (b, v), dtype in zip(self.keys, self.pairs, self.leaf_alpha_dtypes, strict=True):
             node = source
             for part in key[:-1]:
                 node = node.setdefault(part, {})
-            node[key[-1]] = b if dtype is None else b + _times(v, _in(alpha, dtype))
+            node[key[-1]] = b if dtype is None else b + times(v, _in(alpha, dtype))
         return TensorDict._new_unsafe(cast(Any, source), batch_size=self.base.batch_size, device=self.base.device)
 
 
 def _alpha_dtype(b: torch.Tensor) -> torch.dtype:
-    return torch.float32 if b.dtype in _HALF else b.dtype
+    return torch.float32 if b.dtype in HALF else b.dtype
 
 
 def _in(alpha: Alpha, dtype: torch.dtype) -> float | torch.Tensor:

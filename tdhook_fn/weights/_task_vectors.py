@@ -12,7 +12,7 @@ from tensordict import TensorDictBase
 
 from ._checks import check_same_structure, check_tensordict
 
-__all__ = ["apply_vectors", "best_alpha", "forget_vector", "task_vector"]
+__all__ = ["HALF", "apply_vectors", "best_alpha", "forget_vector", "moves", "task_vector", "times"]
 
 
 def task_vector(base: TensorDictBase, finetuned: TensorDictBase) -> TensorDictBase:
@@ -110,27 +110,27 @@ def apply_vectors(base: TensorDictBase, *vectors: TensorDictBase, alpha: float |
     total = vectors[0] if len(vectors) == 1 else cast(TensorDictBase, sum(vectors[1:], vectors[0]))
 
     def shift(b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return b + _times(v, alpha) if _moves(b) else b
+        return b + times(v, alpha) if moves(b) else b
 
     return cast(TensorDictBase, base.apply(shift, total))
 
 
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 
 
-def _moves(b: torch.Tensor) -> bool:
+def moves(b: torch.Tensor) -> bool:
     """Whether a vector shifts this tensor: real and complex weights (spectral layers); not integer or bool buffers."""
     return b.is_floating_point() or b.is_complex()
 
 
-def _times(v: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+def times(v: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
     """``alpha * v`` rounded once, as with a Python-number alpha, whatever form alpha takes.
 
     A Python number multiplies a half-precision tensor in float32 and rounds the product;
     a tensor alpha would be rounded to the half dtype first (0.7 becomes 0.69921875 in
     bf16), so the same alpha gave other weights by another path (``sweep_alphas``' vmap).
     """
-    if v.dtype in _HALF:
+    if v.dtype in HALF:
         return (v.float() * (alpha.float() if isinstance(alpha, torch.Tensor) else alpha)).to(v.dtype)
     return alpha * v
 

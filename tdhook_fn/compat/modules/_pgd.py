@@ -11,7 +11,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn.attribution import pgd_step
 
-from ._wrappers import _prefixed
+from ._wrappers import prefixed
 
 __all__ = ["PGDModule"]
 
@@ -52,7 +52,7 @@ class PGDModule(TensorDictModuleBase):
         super().__init__()
         self._td_module = td_module
         self.in_keys = td_module.in_keys
-        self.out_keys = _prefixed(list(td_module.out_keys), working_key)
+        self.out_keys = prefixed(list(td_module.out_keys), working_key)
         self._alpha, self._n_steps = alpha, n_steps
         self._min_value, self._max_value = min_value, max_value
         self._grad_key, self._working_key = grad_key, working_key

@@ -19,6 +19,7 @@ __all__ = [
     "ModuleCallWithCache",
     "flatten_select_reshape_call",
     "get_best_device",
+    "prefixed",
 ]
 
 
@@ -57,7 +58,7 @@ def _module_line(module: TensorDictModuleBase) -> str:
     return f"td_module={module},\n"
 
 
-def _prefixed(keys: list[Any], prefix: Any) -> list[Any]:
+def prefixed(keys: list[Any], prefix: Any) -> list[Any]:
     return [key if prefix is None else (prefix, key) for key in keys]
 
 
@@ -97,8 +98,8 @@ class ModuleCall(TensorDictModuleBase):
 
     def __init__(self, td_module: TensorDictModuleBase, in_key: Any = None, out_key: Any = None, flatten: bool = True):
         super().__init__()
-        self.in_keys = _prefixed(list(td_module.in_keys), in_key)
-        self.out_keys = _prefixed(list(td_module.out_keys), out_key)
+        self.in_keys = prefixed(list(td_module.in_keys), in_key)
+        self.out_keys = prefixed(list(td_module.out_keys), out_key)
         self._td_module = td_module
         self._in_key = in_key
         self._out_key = out_key
@@ -152,9 +153,9 @@ class ModuleCallWithCache(TensorDictModuleBase):
         cache_as_output: bool = True,
     ):
         super().__init__()
-        self.in_keys = _prefixed(list(td_module.in_keys), in_key)
-        outputs = _prefixed(list(td_module.out_keys), out_key)
-        self.out_keys = outputs + _prefixed(list(stored_keys), cache_key) if cache_as_output else outputs
+        self.in_keys = prefixed(list(td_module.in_keys), in_key)
+        outputs = prefixed(list(td_module.out_keys), out_key)
+        self.out_keys = outputs + prefixed(list(stored_keys), cache_key) if cache_as_output else outputs
         self._td_module = td_module
         self._cache_key = cache_key
         self._in_key = in_key

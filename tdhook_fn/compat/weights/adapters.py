@@ -94,7 +94,7 @@ class _AdaptedModule(TensorDictModuleWrapper):
         if not splices:
             return routed(tensordict, *args, **kwargs)
         hooked = routed.functional()  # the model with the hooks active now as taps
-        # each adapter a plain forward of its own, spliced in before the hooks (NOTE [adapters as splices])
+        # each adapter a plain forward of its own, spliced in before the hooks
         splice_taps = [Tap(path, "intervene", call, site) for call, path, site in splices]
         recorders = [ArgsRecorder(path, "custom", spec=call.spec) for call, path, _ in splices if call.spec.needs_args]
         adapted = Functional(hooked.model, hooked.in_keys, hooked.out_keys, (*recorders, *splice_taps, *hooked.taps),
@@ -189,7 +189,7 @@ class Adapters(HookingContextFactory):
         return _AdaptedModule(module)
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
-        """Register each adapter and direction, in tdhook's order (see NOTE [adapters as splices])."""
+        """Register each adapter and direction, in tdhook's order."""
         prepared = module.td_module
         while not isinstance(prepared, _AdaptedModule) and isinstance(prepared, TensorDictModuleWrapper):
             prepared = prepared.td_module  # a later factory's wrapper (Pruning's, in a composite)

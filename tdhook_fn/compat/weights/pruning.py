@@ -236,7 +236,7 @@ class Pruning(HookingContextFactory):
     def _prepare_module(
         self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """``module`` running with pruned parameters (see NOTE [pruning without writing]).
+        """``module`` running with pruned parameters (a params transform: NOTE [params transforms]).
 
         The masks are computed now, from the model's current values; the model is not written.
         """

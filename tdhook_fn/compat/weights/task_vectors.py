@@ -44,7 +44,7 @@ __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
 
 Keys = list[Any]
 
-# (id of a prepared module, the weights its calls use), innermost last; see NOTE [applied vectors].
+# (id of a prepared module, the weights its calls use), innermost last (a params transform: NOTE [params transforms]).
 _APPLIED: ContextVar[tuple[tuple[int, TensorDictBase], ...]] = ContextVar("tdhook_fn_applied_vectors", default=())
 
 

@@ -41,6 +41,7 @@ from tdhook_fn.compat.modules import RoutedModule
 __all__ = [
     "AttributionCall",
     "CachedOutput",
+    "GradFn",
     "UserFn",
     "activations",
     "grad_output_fn",

@@ -1,0 +1,43 @@
+"""Every ``NOTE [name]`` reference in the code resolves to exactly one note.
+
+A note is a line whose comment (or docstring line) starts with ``NOTE [name]``, alone or
+followed by ``:`` and its text; every other mention of ``NOTE [name]`` is a reference to it.
+"""
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFINITION = re.compile(r"^\s*(?:#\s*)?NOTE \[([^\]]+)\](?::|\s*$)")
+REFERENCE = re.compile(r"NOTE \[([^\]]+)\]")
+SOURCES = ("tdhook_fn", "tests", "benchmarks", "examples", "docs")
+
+
+def _notes() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    notes: dict[str, list[str]] = defaultdict(list)
+    references: dict[str, list[str]] = defaultdict(list)
+    for folder in SOURCES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(__file__).resolve():
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                where = f"{path.relative_to(ROOT)}:{number}"
+                note = DEFINITION.match(line)
+                if note and folder == "tdhook_fn":
+                    notes[note.group(1)].append(where)
+                    line = line[note.end():]
+                for name in REFERENCE.findall(line):
+                    references[name].append(where)
+    return notes, references
+
+
+def test_every_note_is_defined_once():
+    notes, _ = _notes()
+    assert len(notes) > 50
+    assert {name: places for name, places in notes.items() if len(places) > 1} == {}
+
+
+def test_every_reference_names_a_note():
+    notes, references = _notes()
+    assert {name: places for name, places in references.items() if name not in notes} == {}
