@@ -60,6 +60,7 @@ Cotangents = Callable[[TensorDictBase], TensorDictBase]
 Replace = Callable[[torch.Tensor], torch.Tensor]
 GradFn = Callable[[torch.Tensor], torch.Tensor]
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
+_NOTHING = TensorDict({}, batch_size=[])  # no extras: read only (`_offer` adds what it holds)
 
 
 @dataclass
@@ -165,7 +166,10 @@ def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
 
 def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase:
     """Inputs the model does not read (labels, weights): offered to the target."""
-    return flat.exclude(*input_keys, *getattr(f, "in_keys", ()))
+    read = {*input_keys, *getattr(f, "in_keys", ())}
+    if all(key in read for key in flat.keys()):  # (the common case: no TensorDict built, on every call)
+        return _NOTHING
+    return flat.exclude(*read)
 
 
 def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase,
@@ -220,9 +224,10 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
                   target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
     """The target values of ``f(params, inputs)``, seen as `gradients` sees them."""
     tappable = _tappable(f, bool(target_layers or taps))
-    flat = inputs.reshape(-1)
+    flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
     runs = [0] * len(target_layers)
-    run: Any = f if tappable is None else tappable.with_taps(*_target_layer_taps(target_layers, runs), *taps)
+    run: Any = f if tappable is None or not (target_layers or taps) else tappable.with_taps(
+        *_target_layer_taps(target_layers, runs), *taps)
     out = run(params, flat)
     _check_target_layer_runs("target_values", target_layers, runs)
     private = [f"{_TGT}{i}" for i in range(len(target_layers))]
