@@ -16,6 +16,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import capture
 from .._targets import Target, as_target
+from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call, check_layers
@@ -27,7 +28,6 @@ from ._lrp import lrp
 
 __all__ = ["deeplift", "layer_deeplift"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
 
 def _check(method: str, f: Any, eps: float) -> Functional:

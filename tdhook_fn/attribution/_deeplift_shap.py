@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import attributed_keys
 from ._deeplift import deeplift
 from ._inputs import accepts_tensors
 
 __all__ = ["deeplift_shap"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
 
 def _distribution(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tensor,

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
 from ._perturbation import checked_keys, evaluate, per_sample_views
 
 __all__ = ["feature_permutation"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _METHOD = "feature_permutation"
 
 

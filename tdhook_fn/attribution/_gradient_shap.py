@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys, both_ends
 from ._checks import check_call
@@ -21,7 +22,6 @@ from ._noise import Stdevs, check_noisable, fold_copies, noise_draws, stdevs_by_
 
 __all__ = ["gradient_shap"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
 
 @accepts_tensors

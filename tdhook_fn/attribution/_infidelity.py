@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target, check_target
+from .._types import PureFn
 from ._checks import check_call
 from ._engine import target_values
 from ._inputs import tensor_inputs
@@ -25,7 +26,6 @@ from ._metric_samples import (
 
 __all__ = ["infidelity"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 PerturbFn = Callable[..., Any]
 _METHOD = "infidelity"
 

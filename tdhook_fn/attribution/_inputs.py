@@ -21,10 +21,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._targets import check_target
+from .._types import PureFn
 
 __all__ = ["accepts_tensors", "tensor_inputs"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 

@@ -12,6 +12,7 @@ from .._functional import Functional, NestedKey
 from .._paths import resolve_path
 from .._taps import Tap, capture, intervene
 from .._targets import Target
+from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call, check_layers
@@ -30,7 +31,6 @@ from ._quadrature import quadrature
 
 __all__ = ["fold", "in_dtypes", "integrated_gradients", "path_points", "wide"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
 
 @accepts_tensors

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._integrated_gradients import integrated_gradients
@@ -17,7 +18,6 @@ from ._quadrature import quadrature
 
 __all__ = ["internal_influence"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _NAME = "internal_influence"
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._surrogate import FeatureMask, evaluate, interpretable_samples, maps, prepare
@@ -16,7 +17,6 @@ from ._surrogate_fit import least_squares
 
 __all__ = ["kernel_shap", "shapley_kernel_samples"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _METHOD = "kernel_shap"
 _END_WEIGHT = 1e6  # captum's stand-in for the infinite weight of the empty and the full coalition
 

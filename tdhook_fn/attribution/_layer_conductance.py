@@ -15,13 +15,14 @@ activation of a chunk are carried to the next one's first difference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines, both_ends
 from ._convergence import delta_of
 from ._engine import seed_cotangents, target_values, unflatten
@@ -33,7 +34,6 @@ from ._quadrature import quadrature
 
 __all__ = ["layer_conductance"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _NAME = "layer_conductance"
 
 

@@ -11,6 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._surrogate import FeatureMask, check_weights, evaluate, interpretable_samples, maps, prepare
@@ -18,7 +19,6 @@ from ._surrogate_fit import FitFn, lasso, least_squares, ridge
 
 __all__ = ["lime"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 SimilarityFn = Callable[[TensorDictBase, TensorDictBase, torch.Tensor], torch.Tensor]
 _METHOD = "lime"
 _MODELS = ("lasso", "ridge", "linear")

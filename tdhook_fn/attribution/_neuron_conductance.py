@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines
 from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
@@ -20,7 +21,6 @@ from ._quadrature import quadrature
 
 __all__ = ["neuron_conductance"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Selector = int | tuple[int | slice, ...] | Callable[[torch.Tensor], torch.Tensor]
 _NAME = "neuron_conductance"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,13 +12,13 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._perturbation import as_maps, check_no_extra, checked_keys, evaluate, flat_baselines, per_sample_views
 
 __all__ = ["occlusion"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Shape = tuple[int, ...]
 _METHOD = "occlusion"
 _ALL_MASKS = 2**24  # window masks (bools) built at once below this; else per chunk

@@ -41,6 +41,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from .._vjp import any_requires_grad, untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
@@ -50,7 +51,6 @@ from ._metric_samples import check_count
 __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
            "per_sample_views", "target_columns"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
 _ELEMENTS = 2**16  # input elements per forward without a chunk_size; NOTE [perturbation rows]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines
 from ._feature_masks import FeatureMask, features
 from ._inputs import accepts_tensors
@@ -17,7 +18,6 @@ from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_vi
 
 __all__ = ["shapley_value_sampling"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 _METHOD = "shapley_value_sampling"
 
 

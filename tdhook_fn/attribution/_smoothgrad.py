@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import per_key
@@ -20,7 +21,6 @@ from ._saliency import saliency
 
 __all__ = ["smoothgrad"]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 
 
 @accepts_tensors

@@ -23,6 +23,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 from .._targets import Target, values_readable
+from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
@@ -33,7 +34,6 @@ __all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "chec
            "interpretable_samples", "maps", "prepare"]
 
 FeatureMask = TensorDictBase | Mapping[NestedKey, torch.Tensor] | torch.Tensor
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 WeightFn = Callable[[TensorDictBase, TensorDictBase, torch.Tensor], torch.Tensor]
 
 

@@ -33,7 +33,6 @@ __all__ = [
     "unflatten",
 ]
 
-PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]
 Metric = Callable[[TensorDictBase], torch.Tensor]
 
 
