@@ -1,16 +1,15 @@
-"""A model that is a chain of modules, run one module at a time by the caller.
+"""A model that is a chain of modules, run one module at a time by the caller."""
 
 # NOTE [chains]
-In a hook-free ``nn.Sequential`` (nested ones included) each module's output is the next
-module's input and nothing else, and the last output is the model's. A method that wants
-to act between modules (LRP hands relevance back module by module) can then run the
-modules itself, one ``step`` each, instead of wrapping them in taps. `chain_of`
-says whether ``f``'s model is such a chain, and `run_chain` runs it on the call's
-shadow (NOTE [shadow modules]), so the model is never touched. The test is structural
-and conservative: any hook (the model's, a submodule's or a global one), an instance
-``forward`` (accelerate), a ``Sequential`` subclass with its own ``forward``, keyword
-inputs or several inputs or outputs: no chain, and the caller takes its general path.
-"""
+# In a hook-free ``nn.Sequential`` (nested ones included) each module's output is the next
+# module's input and nothing else, and the last output is the model's. A method that wants
+# to act between modules (LRP hands relevance back module by module) can then run the
+# modules itself, one ``step`` each, instead of wrapping them in taps. `chain_of`
+# says whether ``f``'s model is such a chain, and `run_chain` runs it on the call's
+# shadow (NOTE [shadow modules]), so the model is never touched. The test is structural
+# and conservative: any hook (the model's, a submodule's or a global one), an instance
+# ``forward`` (accelerate), a ``Sequential`` subclass with its own ``forward``, keyword
+# inputs or several inputs or outputs: no chain, and the caller takes its general path.
 
 from __future__ import annotations
 

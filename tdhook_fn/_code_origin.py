@@ -1,25 +1,24 @@
-"""Whether a function is the user's own code or an installed library's: NOTE [user code].
+"""Whether a function is the user's own code or an installed library's: NOTE [user code]."""
 
 # NOTE [user code]
-A submodule path may call a method only where the user wrote it (NOTE [path calls] in
-``_path_calls.py``). A function is *library code* when, after ``functools.wraps``
-wrappers are unwrapped (``torch.no_grad`` on a user method leaves it the user's), either
-
-- its module's top-level package is torch, tensordict, transformers, tdhook or tdhook_fn
-  (also from a source checkout, where no ``site-packages`` is in the path), or
-- its source file (for generated or frozen code such as ``<string>``, its module's file)
-  lies in a ``site-packages`` or ``dist-packages`` directory, or under the interpreter's
-  standard library or installation directories (``sysconfig``), or
-- it has no source file and its module is a standard library module (frozen or built in).
-
-Files decide, not module names: a user's own ``test.py`` or ``code.py`` is user code
-although the standard library has modules of those names. Code of ``__main__`` without a
-file (a REPL, ``python -c``) is user code.
-
-Everything else is user code: scripts, notebooks, the user's packages in a source tree or
-an editable install, and this project's tests. A user package installed into
-``site-packages`` counts as a library: its methods cannot be called from a path.
-"""
+# A submodule path may call a method only where the user wrote it (NOTE [path calls] in
+# ``_path_calls.py``). A function is *library code* when, after ``functools.wraps``
+# wrappers are unwrapped (``torch.no_grad`` on a user method leaves it the user's), either
+#
+# - its module's top-level package is torch, tensordict, transformers, tdhook or tdhook_fn
+#   (also from a source checkout, where no ``site-packages`` is in the path), or
+# - its source file (for generated or frozen code such as ``<string>``, its module's file)
+#   lies in a ``site-packages`` or ``dist-packages`` directory, or under the interpreter's
+#   standard library or installation directories (``sysconfig``), or
+# - it has no source file and its module is a standard library module (frozen or built in).
+#
+# Files decide, not module names: a user's own ``test.py`` or ``code.py`` is user code
+# although the standard library has modules of those names. Code of ``__main__`` without a
+# file (a REPL, ``python -c``) is user code.
+#
+# Everything else is user code: scripts, notebooks, the user's packages in a source tree or
+# an editable install, and this project's tests. A user package installed into
+# ``site-packages`` counts as a library: its methods cannot be called from a path.
 
 from __future__ import annotations
 

@@ -269,16 +269,14 @@ def _is_new_dataclass(obj: Any) -> bool:
 
 
 def _output_leaves(output: Any, out_keys: tuple[NestedKey, ...]) -> list[Any]:
-    """The values for ``out_keys``: by key from a mapping, else the leaves in optree order.
-
+    """The values for ``out_keys``: by key from a mapping, else the leaves in optree order."""
     # NOTE [outputs by key]
-    A forward returning a dict (or a ``Mapping`` such as transformers' ``ModelOutput``)
-    is read by key: ``out_keys=["logits"]`` takes ``output["logits"]``, a tuple key walks
-    nested mappings, and a key the output lacks is an error naming the keys it has.
-    optree would flatten a dict in *sorted* key order, so zipping its leaves with
-    ``out_keys`` would store values under the wrong names. Tuples, lists and
-    dataclasses have an order of their own and are flattened as before.
-    """
+    # A forward returning a dict (or a ``Mapping`` such as transformers' ``ModelOutput``)
+    # is read by key: ``out_keys=["logits"]`` takes ``output["logits"]``, a tuple key walks
+    # nested mappings, and a key the output lacks is an error naming the keys it has.
+    # optree would flatten a dict in *sorted* key order, so zipping its leaves with
+    # ``out_keys`` would store values under the wrong names. Tuples, lists and
+    # dataclasses have an order of their own and are flattened as before.
     if isinstance(output, Mapping):
         return [_by_key(output, key) for key in out_keys]
     # NOTE [dataclass outputs]: optree treats plain dataclasses as leaves; register each

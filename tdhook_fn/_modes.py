@@ -1,17 +1,16 @@
-"""Training-mode modules that make an attribution depend on the batch or on chance.
+"""Training-mode modules that make an attribution depend on the batch or on chance."""
 
 # NOTE [training mode in attributions]
-`tdhook_fn.call` runs a model in whatever mode it is in (its buffers are private
-copies for the call, NOTE [pure buffers]). An attribution is
-different: its forward sees a batch the user never built (integrated gradients pushes
-``n_steps`` path points through at once, ``per_target`` and ``vmap`` reshape it), so
-
-- a batch norm in training mode (or without running statistics) normalises with the
-  statistics of that batch (of the path points, for integrated gradients): the number is
-  wrong, so the methods raise and say to call ``model.eval()``;
-- dropout in training mode makes two identical calls differ: the methods warn, once per
-  module.
-"""
+# `tdhook_fn.call` runs a model in whatever mode it is in (its buffers are private
+# copies for the call, NOTE [pure buffers]). An attribution is
+# different: its forward sees a batch the user never built (integrated gradients pushes
+# ``n_steps`` path points through at once, ``per_target`` and ``vmap`` reshape it), so
+#
+# - a batch norm in training mode (or without running statistics) normalises with the
+#   statistics of that batch (of the path points, for integrated gradients): the number is
+#   wrong, so the methods raise and say to call ``model.eval()``;
+# - dropout in training mode makes two identical calls differ: the methods warn, once per
+#   module.
 
 from __future__ import annotations
 

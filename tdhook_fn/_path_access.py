@@ -1,17 +1,16 @@
-"""Which attribute and item steps a submodule path may take: NOTE [path access].
+"""Which attribute and item steps a submodule path may take: NOTE [path access]."""
 
 # NOTE [path access]
-An attribute step on an ``nn.Module`` is ``getattr``: torch's lookup reads the module's
-own dictionaries, a property of the user's class is user code, and the properties of
-library module classes only read (``device``, ``dtype``). On any other object it reads
-the instance's own ``__dict__`` and nothing else (tdhook's paths walk plain objects too):
-no property, descriptor or ``__getattr__`` runs, since an arbitrary object's may run any
-code. So ``"checkpoint.parent"`` (a ``Path``: slots, no ``__dict__``) and ``"weight.data"``
-(a property of tensors) are refused. An item step indexes an ``nn.Module`` (torch's containers, or the user's own
-``__getitem__``) or a plain ``list``, ``tuple``, ``dict`` or ``OrderedDict`` (exactly these
-types, whose indexing runs no Python code; a ``defaultdict`` would insert a missing key);
-anything else, tensors included, is refused.
-"""
+# An attribute step on an ``nn.Module`` is ``getattr``: torch's lookup reads the module's
+# own dictionaries, a property of the user's class is user code, and the properties of
+# library module classes only read (``device``, ``dtype``). On any other object it reads
+# the instance's own ``__dict__`` and nothing else (tdhook's paths walk plain objects too):
+# no property, descriptor or ``__getattr__`` runs, since an arbitrary object's may run any
+# code. So ``"checkpoint.parent"`` (a ``Path``: slots, no ``__dict__``) and ``"weight.data"``
+# (a property of tensors) are refused. An item step indexes an ``nn.Module`` (torch's containers, or the user's own
+# ``__getitem__``) or a plain ``list``, ``tuple``, ``dict`` or ``OrderedDict`` (exactly these
+# types, whose indexing runs no Python code; a ``defaultdict`` would insert a missing key);
+# anything else, tensors included, is refused.
 
 from __future__ import annotations
 

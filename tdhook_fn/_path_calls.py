@@ -1,43 +1,42 @@
-"""Which calls a submodule path may make: NOTE [path calls].
+"""Which calls a submodule path may make: NOTE [path calls]."""
 
 # NOTE [path calls]
-tdhook documents one call form, ``"fn(0)"``: a method of the user's model returning a
-submodule. A path's call ``name(...)`` is made only when all of these hold (an allow-list):
-
-1. The name passes the name rule (`call_refusal`): it is one of `READ_ONLY`,
-   or it is neither defined on the model-changing APIs of torch, tensordict and (once
-   imported) transformers nor ends in ``_``. A user class overriding ``train`` calls
-   ``super().train()``, so the name is refused also where the class is the user's.
-2. The receiver is an ``nn.Module``, and the name resolves through the receiver's
-   *class*: an attribute set on the instance (``self.fn = self.ckpt.unlink``,
-   ``self.switch = self.train``) is refused, and so is a submodule (its forward).
-3. The class holds a function (plain, static or class method) under the name, and either
-   the name is in `READ_ONLY` (torch's or any override: they only read), or the
-   function is user code, not inherited from torch, tensordict, transformers or any
-   other installed library (NOTE [user code] in ``_code_origin.py``).
-
-The decision for 2-3 is cached per ``(class, name)`` with the class attribute it was made
-for, so a class patched afterwards is decided again.
-
-When each rule is checked. A receiver is known only by walking the path, and what a call
-returns only once it ran. So, before any call of a path runs:
-
-- the name rule, for every call of the path;
-- the first call in full (2, 3): its receiver is reached by attribute and item steps
-  only, which run no method a path names (only torch's lookups or the user's own
-  properties and ``__getitem__``: NOTE [path access] in ``_path_access.py``);
-- every later call by name: it must be in `READ_ONLY` or pass 2-3 on some module
-  class of the root's tree (``root.modules()``). ``"fn(0).checkpoint.unlink()"`` is thus
-  refused before ``fn(0)`` runs: no module class of the model defines ``unlink``.
-
-Then, as the path is walked, a call followed by another call must return an
-``nn.Module``, and each later call is checked in full on the receiver actually reached
-before it runs. What can run before a refusal is therefore only calls that passed the
-full check (the user's own methods on the model's modules, and the read-only lookups):
-never a library's method, and never a method of an object that is not a module. A path
-may still reach a module that is not in the root's tree through a user method; a later
-call on it is allowed only if some class of the tree defines the name.
-"""
+# tdhook documents one call form, ``"fn(0)"``: a method of the user's model returning a
+# submodule. A path's call ``name(...)`` is made only when all of these hold (an allow-list):
+#
+# 1. The name passes the name rule (`call_refusal`): it is one of `READ_ONLY`,
+#    or it is neither defined on the model-changing APIs of torch, tensordict and (once
+#    imported) transformers nor ends in ``_``. A user class overriding ``train`` calls
+#    ``super().train()``, so the name is refused also where the class is the user's.
+# 2. The receiver is an ``nn.Module``, and the name resolves through the receiver's
+#    *class*: an attribute set on the instance (``self.fn = self.ckpt.unlink``,
+#    ``self.switch = self.train``) is refused, and so is a submodule (its forward).
+# 3. The class holds a function (plain, static or class method) under the name, and either
+#    the name is in `READ_ONLY` (torch's or any override: they only read), or the
+#    function is user code, not inherited from torch, tensordict, transformers or any
+#    other installed library (NOTE [user code] in ``_code_origin.py``).
+#
+# The decision for 2-3 is cached per ``(class, name)`` with the class attribute it was made
+# for, so a class patched afterwards is decided again.
+#
+# When each rule is checked. A receiver is known only by walking the path, and what a call
+# returns only once it ran. So, before any call of a path runs:
+#
+# - the name rule, for every call of the path;
+# - the first call in full (2, 3): its receiver is reached by attribute and item steps
+#   only, which run no method a path names (only torch's lookups or the user's own
+#   properties and ``__getitem__``: NOTE [path access] in ``_path_access.py``);
+# - every later call by name: it must be in `READ_ONLY` or pass 2-3 on some module
+#   class of the root's tree (``root.modules()``). ``"fn(0).checkpoint.unlink()"`` is thus
+#   refused before ``fn(0)`` runs: no module class of the model defines ``unlink``.
+#
+# Then, as the path is walked, a call followed by another call must return an
+# ``nn.Module``, and each later call is checked in full on the receiver actually reached
+# before it runs. What can run before a refusal is therefore only calls that passed the
+# full check (the user's own methods on the model's modules, and the read-only lookups):
+# never a library's method, and never a method of an object that is not a module. A path
+# may still reach a module that is not in the root's tree through a user method; a later
+# call on it is allowed only if some class of the tree defines the name.
 
 from __future__ import annotations
 

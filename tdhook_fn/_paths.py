@@ -5,31 +5,31 @@ A path names something reachable from a root module, in the syntax of tdhook's
 
     "[0]"  "layers[-1]"  "layers['attr']"  "layers.attention"  "layers[1:3]"
     "fn(0)"  "<block0/module>.layers[0]"  "m1.<0>.layers"  "layers.0"
+"""
 
 # NOTE [safe paths]
-tdhook 0.1.3 hands these strings to ``eval``, so a path can run arbitrary code. Here a
-path is scanned into steps (attribute, item, call) whose operands are Python literals
-read by ``ast.literal_eval``, and resolving a path never changes the model, nor reaches
-past the model's modules:
-
-- Dunder names are refused. Paths longer than 10,000 characters are refused before
-  they are parsed.
-- A call must directly follow a name (``fn(0)``, ``<fn>(0)``); calling the result of an
-  item or of another call (``[0](1)``, ``fn(0)(1)``) is refused, as its name cannot be
-  checked.
-- Calls follow an allow-list (NOTE [path calls] in ``_path_calls.py``): a path calls only
-  ``get_submodule``, ``get_parameter``, ``get_buffer`` and methods the user's own
-  ``nn.Module`` classes define, on an ``nn.Module``; never a method of torch's,
-  tensordict's, transformers' or another installed library's code (``train``, ``to``,
-  ``ModuleList.pop``, ``reset_parameters_recursive``), also where a class overrides it,
-  and never a method of an object that is not a module (``checkpoint.unlink()``,
-  ``log.setLevel(50)``, ``rng.seed(3)``). Every call is checked before it runs, the first
-  in full and the later ones by name before any call runs.
-- Attribute and item steps read modules and plain containers only (NOTE [path access]
-  in ``_path_access.py``).
-- Parses are cached (``_path_cache.py``): at most 4,096 paths and 1 MiB of paths, steps
-  and literals together, least recently used out first. Failed parses are not cached.
-"""
+# tdhook 0.1.3 hands these strings to ``eval``, so a path can run arbitrary code. Here a
+# path is scanned into steps (attribute, item, call) whose operands are Python literals
+# read by ``ast.literal_eval``, and resolving a path never changes the model, nor reaches
+# past the model's modules:
+#
+# - Dunder names are refused. Paths longer than 10,000 characters are refused before
+#   they are parsed.
+# - A call must directly follow a name (``fn(0)``, ``<fn>(0)``); calling the result of an
+#   item or of another call (``[0](1)``, ``fn(0)(1)``) is refused, as its name cannot be
+#   checked.
+# - Calls follow an allow-list (NOTE [path calls] in ``_path_calls.py``): a path calls only
+#   ``get_submodule``, ``get_parameter``, ``get_buffer`` and methods the user's own
+#   ``nn.Module`` classes define, on an ``nn.Module``; never a method of torch's,
+#   tensordict's, transformers' or another installed library's code (``train``, ``to``,
+#   ``ModuleList.pop``, ``reset_parameters_recursive``), also where a class overrides it,
+#   and never a method of an object that is not a module (``checkpoint.unlink()``,
+#   ``log.setLevel(50)``, ``rng.seed(3)``). Every call is checked before it runs, the first
+#   in full and the later ones by name before any call runs.
+# - Attribute and item steps read modules and plain containers only (NOTE [path access]
+#   in ``_path_access.py``).
+# - Parses are cached (``_path_cache.py``): at most 4,096 paths and 1 MiB of paths, steps
+#   and literals together, least recently used out first. Failed parses are not cached.
 
 from __future__ import annotations
 

@@ -1,27 +1,26 @@
-"""Whether a value reaches a module or tensor of the model, through any objects in between.
+"""Whether a value reaches a module or tensor of the model, through any objects in between."""
 
 # NOTE [reaching the model]
-The rebinder (NOTE [rebinding]) points bound methods, partials, closures and plain
-containers at the shadows. What it cannot rebuild, a callable object (nnsight installs a
-``Controller`` holding a weak reference to its module as every module's ``forward``), an
-object with a module in its attributes, a closure cell holding such an object, would
-still compute with the model's own tensors. So each instance attribute and hook, as the
-shadow holds it after rebinding, is walked: attributes (``__dict__`` and ``__slots__``),
-the targets of weak references, bound methods' ``__self__`` and ``__func__``, closure
-cells and defaults, partials, and the items of dicts, lists, tuples and sets. Modules and
-tensors end a route: one of the model's is what we look for, any other is left alone
-(a module's own attributes are walked as its own node). A weak reference to a tensor is
-not followed: it can only tell whether the tensor changed (``nn.LSTM`` keeps them, to
-rebuild its ``_flat_weights`` when the registered parameters differ). Not walked: a function's
-globals (a global ``model`` cannot be told from a library's modules), the metadata
-``functools.update_wrapper`` gives functions and partials, hook handles, classes and
-Python modules. The walk is bounded (``_LIMIT`` objects per value); past it a value is
-taken as not reaching the model.
-
-The walk runs when a shadow is built and again only when the identities of a module's
-attributes or hooks change (NOTE [checked attributes] in ``_shadow_node``), so an ordinary
-call pays a length and a few ids per module.
-"""
+# The rebinder (NOTE [rebinding]) points bound methods, partials, closures and plain
+# containers at the shadows. What it cannot rebuild, a callable object (nnsight installs a
+# ``Controller`` holding a weak reference to its module as every module's ``forward``), an
+# object with a module in its attributes, a closure cell holding such an object, would
+# still compute with the model's own tensors. So each instance attribute and hook, as the
+# shadow holds it after rebinding, is walked: attributes (``__dict__`` and ``__slots__``),
+# the targets of weak references, bound methods' ``__self__`` and ``__func__``, closure
+# cells and defaults, partials, and the items of dicts, lists, tuples and sets. Modules and
+# tensors end a route: one of the model's is what we look for, any other is left alone
+# (a module's own attributes are walked as its own node). A weak reference to a tensor is
+# not followed: it can only tell whether the tensor changed (``nn.LSTM`` keeps them, to
+# rebuild its ``_flat_weights`` when the registered parameters differ). Not walked: a function's
+# globals (a global ``model`` cannot be told from a library's modules), the metadata
+# ``functools.update_wrapper`` gives functions and partials, hook handles, classes and
+# Python modules. The walk is bounded (``_LIMIT`` objects per value); past it a value is
+# taken as not reaching the model.
+#
+# The walk runs when a shadow is built and again only when the identities of a module's
+# attributes or hooks change (NOTE [checked attributes] in ``_shadow_node``), so an ordinary
+# call pays a length and a few ids per module.
 
 from __future__ import annotations
 

@@ -1,35 +1,34 @@
-"""Pointing a shadow's attributes at shadows instead of the model's own modules.
+"""Pointing a shadow's attributes at shadows instead of the model's own modules."""
 
 # NOTE [rebinding]
-A shadow starts as a copy of its original's ``__dict__``. Most attributes are plain
-values, but some refer back to the model: ``accelerate``'s ``add_hook_to_module`` stores
-``forward = partial(new_forward, module)`` and ``_old_forward = module.forward`` (a bound
-method), users write ``m.forward = MethodType(...)``, register their own bound methods as
-hooks, or keep an unregistered back-reference to a parent. Run as copied, those run the
-*original* module with the model's own tensors: the call silently ignores the given
-params. So every such value is rebound to the shadow of the module it refers to:
-
-- a module of the model becomes its shadow;
-- a bound method of one is bound to its shadow instead, a weak reference to one refers to
-  its shadow instead;
-- a ``functools.partial`` is rebuilt with its function and arguments rebound (and the
-  attributes ``functools.update_wrapper`` gave it), as is a list or tuple *inside* one;
-
-- a function whose closure cells or defaults hold any of these is rebuilt with new cells
-  for those values (its other cells stay shared with the original function).
-
-A plain list, tuple or dict attribute (nested ones too) holding modules of the model is
-copied for each call with the shadows in their place; one holding parameters or buffers
-of the model, or an attribute that *is* one (``self.alias = self.lin.weight`` of a plain
-tensor), gets the call's tensors for those (NOTE [held tensors] in ``_shadow``).
-
-What is left after rebinding must not reach the model (NOTE [reaching the model]): a
-callable *object* (nnsight's forward ``Controller``), an object holding a module or a
-parameter, a closure over such an object, cannot be rebound without copying it, and is
-refused with an error naming the module, the attribute and the route to the model.
-``accelerate``'s offloading hooks, which replace the module's parameters while it runs,
-are caught after the forward (see ``_shadow``).
-"""
+# A shadow starts as a copy of its original's ``__dict__``. Most attributes are plain
+# values, but some refer back to the model: ``accelerate``'s ``add_hook_to_module`` stores
+# ``forward = partial(new_forward, module)`` and ``_old_forward = module.forward`` (a bound
+# method), users write ``m.forward = MethodType(...)``, register their own bound methods as
+# hooks, or keep an unregistered back-reference to a parent. Run as copied, those run the
+# *original* module with the model's own tensors: the call silently ignores the given
+# params. So every such value is rebound to the shadow of the module it refers to:
+#
+# - a module of the model becomes its shadow;
+# - a bound method of one is bound to its shadow instead, a weak reference to one refers to
+#   its shadow instead;
+# - a ``functools.partial`` is rebuilt with its function and arguments rebound (and the
+#   attributes ``functools.update_wrapper`` gave it), as is a list or tuple *inside* one;
+#
+# - a function whose closure cells or defaults hold any of these is rebuilt with new cells
+#   for those values (its other cells stay shared with the original function).
+#
+# A plain list, tuple or dict attribute (nested ones too) holding modules of the model is
+# copied for each call with the shadows in their place; one holding parameters or buffers
+# of the model, or an attribute that *is* one (``self.alias = self.lin.weight`` of a plain
+# tensor), gets the call's tensors for those (NOTE [held tensors] in ``_shadow``).
+#
+# What is left after rebinding must not reach the model (NOTE [reaching the model]): a
+# callable *object* (nnsight's forward ``Controller``), an object holding a module or a
+# parameter, a closure over such an object, cannot be rebound without copying it, and is
+# refused with an error naming the module, the attribute and the route to the model.
+# ``accelerate``'s offloading hooks, which replace the module's parameters while it runs,
+# are caught after the forward (see ``_shadow``).
 
 from __future__ import annotations
 

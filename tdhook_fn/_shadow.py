@@ -1,45 +1,44 @@
-"""Private structural copies of a model, so that calls never touch the model itself.
+"""Private structural copies of a model, so that calls never touch the model itself."""
 
 # NOTE [shadow modules]
-``torch.func.functional_call`` swaps tensors on the module it is given while it runs: two
-threads calling one model with different parameters see each other's tensors, and an
-exception at the wrong time leaves the model changed. Instead every call runs on a
-*shadow*: an instance of each submodule's class whose ``__dict__`` is refreshed from the
-original's before each call, except for its own ``_parameters``, ``_buffers``, ``_modules``
-and hook dictionaries. Values in it that refer back to the model (bound methods, partials,
-back-references: accelerate's hooks) are rebound to the shadows (NOTE [rebinding]). The
-caller's tensors are put in the shadow's slots for the duration of the call, and
-everything copied from the model is dropped afterwards.
-
-Shadows are pooled per model; one shadow serves one call at a time, so hooks registered on
-it by taps are invisible to every other call. A change to the model's structure (a
-submodule or parameter replaced or added) is seen at the next call, which then builds a
-new shadow; mode flags and other attributes (``training``, ``dropout.p``) are read from
-the model on every call.
-
+# ``torch.func.functional_call`` swaps tensors on the module it is given while it runs: two
+# threads calling one model with different parameters see each other's tensors, and an
+# exception at the wrong time leaves the model changed. Instead every call runs on a
+# *shadow*: an instance of each submodule's class whose ``__dict__`` is refreshed from the
+# original's before each call, except for its own ``_parameters``, ``_buffers``, ``_modules``
+# and hook dictionaries. Values in it that refer back to the model (bound methods, partials,
+# back-references: accelerate's hooks) are rebound to the shadows (NOTE [rebinding]). The
+# caller's tensors are put in the shadow's slots for the duration of the call, and
+# everything copied from the model is dropped afterwards.
+#
+# Shadows are pooled per model; one shadow serves one call at a time, so hooks registered on
+# it by taps are invisible to every other call. A change to the model's structure (a
+# submodule or parameter replaced or added) is seen at the next call, which then builds a
+# new shadow; mode flags and other attributes (``training``, ``dropout.p``) are read from
+# the model on every call.
+#
 # NOTE [shadows hold the model weakly]
-The pool is keyed weakly by the model, and an idle shadow keeps no strong reference to
-anything of the model (its nodes hold weak references, its ``__dict__`` is emptied down
-to its own slots after each call). Otherwise a model that refers to itself (a bound
-method as a hook, a child holding its parent) would be kept alive by its own pool entry.
-
+# The pool is keyed weakly by the model, and an idle shadow keeps no strong reference to
+# anything of the model (its nodes hold weak references, its ``__dict__`` is emptied down
+# to its own slots after each call). Otherwise a model that refers to itself (a bound
+# method as a hook, a child holding its parent) would be kept alive by its own pool entry.
+#
 # NOTE [pure buffers]
-The caller's params are never written. A forward may update buffers in place (BatchNorm's
-running statistics in training mode, counters): buffers are cloned for each call (they are
-small next to the parameters), so the forward computes what its mode computes and the
-updates are dropped with the copies. Parameters are used as given, never copied.
-A forward that replaces one of its *parameters* while it runs (accelerate's offloading
-hooks load weights from their own store) would silently ignore the given params, so it
-raises after the forward.
-
+# The caller's params are never written. A forward may update buffers in place (BatchNorm's
+# running statistics in training mode, counters): buffers are cloned for each call (they are
+# small next to the parameters), so the forward computes what its mode computes and the
+# updates are dropped with the copies. Parameters are used as given, never copied.
+# A forward that replaces one of its *parameters* while it runs (accelerate's offloading
+# hooks load weights from their own store) would silently ignore the given params, so it
+# raises after the forward.
+#
 # NOTE [held tensors]
-A parameter or buffer of the model held outside its slots, in a plain dict, list or
-tuple attribute (a hand-rolled tie: ``self.tied = {"w": self.lin.weight}``) or as a
-plain tensor attribute (``self.alias = self.buf``), is replaced in the shadow's copy of
-that attribute by the call's tensor for its key, after the load: the forward computes
-with the given params and gradients reach their keys. A traced call (``_traced``) cannot
-do this and refuses such a model.
-"""
+# A parameter or buffer of the model held outside its slots, in a plain dict, list or
+# tuple attribute (a hand-rolled tie: ``self.tied = {"w": self.lin.weight}``) or as a
+# plain tensor attribute (``self.alias = self.buf``), is replaced in the shadow's copy of
+# that attribute by the call's tensor for its key, after the load: the forward computes
+# with the given params and gradients reach their keys. A traced call (``_traced``) cannot
+# do this and refuses such a model.
 
 from __future__ import annotations
 

@@ -1,23 +1,22 @@
-"""One module of a shadow (NOTE [shadow modules] in ``_shadow``): its private state, refreshed for each call.
+"""One module of a shadow (NOTE [shadow modules] in ``_shadow``): its private state, refreshed for each call."""
 
 # NOTE [registered while running]
-What a forward registers on its shadow (``register_buffer`` in a lazy cache, a parameter,
-a submodule, a hook) or assigns to it lives for that call only: on release the shadow's
-own slots get back the names and children they had when it was built, its hook
-dictionaries are emptied, and its ``__dict__`` (where plain assignments land) is dropped.
-``_non_persistent_buffers_set``, which ``register_buffer`` writes, is a private copy of
-the original's for each call, so the model is never written.
-
+# What a forward registers on its shadow (``register_buffer`` in a lazy cache, a parameter,
+# a submodule, a hook) or assigns to it lives for that call only: on release the shadow's
+# own slots get back the names and children they had when it was built, its hook
+# dictionaries are emptied, and its ``__dict__`` (where plain assignments land) is dropped.
+# ``_non_persistent_buffers_set``, which ``register_buffer`` writes, is a private copy of
+# the original's for each call, so the model is never written.
+#
 # NOTE [checked attributes]
-Each module's attributes (and hooks) are checked, after rebinding, for what still
-reaches the model (NOTE [reaching the model]) and for the containers to copy, when the
-shadow is first used and again only when they change: a name added or removed, a value
-that is not a scalar replaced (by id, and by a weak reference where it has one, so a
-new object that got a dead one's id is seen), or a scalar replaced by an object. A
-hook dict is checked again when its handles or hooks change. So an ordinary call pays a
-length and a few ids per module. Not seen: an object *mutated* in place after it was
-checked (an attribute of it assigned anew to point at a module).
-"""
+# Each module's attributes (and hooks) are checked, after rebinding, for what still
+# reaches the model (NOTE [reaching the model]) and for the containers to copy, when the
+# shadow is first used and again only when they change: a name added or removed, a value
+# that is not a scalar replaced (by id, and by a weak reference where it has one, so a
+# new object that got a dead one's id is seen), or a scalar replaced by an object. A
+# hook dict is checked again when its handles or hooks change. So an ordinary call pays a
+# length and a few ids per module. Not seen: an object *mutated* in place after it was
+# checked (an attribute of it assigned anew to point at a module).
 
 from __future__ import annotations
 

@@ -6,13 +6,13 @@ several). Taps are given to `tdhook_fn.call_with_taps` or to a
 `tdhook_fn.Functional`, and exist only for that call, on the call's private
 shadow of the model (see NOTE [shadow modules]), so other calls, in this thread or
 others, never see them.
+"""
 
 # NOTE [layer gradients]
-The gradient of a target with respect to an activation is the gradient with respect to
-an additive zero perturbation of it: ``perturb(path, delta)`` with ``delta = zeros``
-turns layer attribution into a plain ``torch.func.grad`` with respect to ``delta``,
-under any transform.
-"""
+# The gradient of a target with respect to an activation is the gradient with respect to
+# an additive zero perturbation of it: ``perturb(path, delta)`` with ``delta = zeros``
+# turns layer attribution into a plain ``torch.func.grad`` with respect to ``delta``,
+# under any transform.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""Targets: what an attribution differentiates.
+"""Targets: what an attribution differentiates."""
 
 # NOTE [one target rule]
-A target is a callable ``outputs_td -> TensorDict`` of target values, as tdhook's
-``init_attr_targets``; every target value is a tensor whose leading dimensions are the
-batch. Shortcuts: an ``int`` ``i`` selects ``output[..., i]`` of the single output; a tuple
-of ints selects ``output[..., (i, j, ...)]`` (several targets along the last dimension,
-summed or attributed one by one by the methods); `label` selects, per sample, the
-class stored under another key of the TensorDict.
-"""
+# A target is a callable ``outputs_td -> TensorDict`` of target values, as tdhook's
+# ``init_attr_targets``; every target value is a tensor whose leading dimensions are the
+# batch. Shortcuts: an ``int`` ``i`` selects ``output[..., i]`` of the single output; a tuple
+# of ints selects ``output[..., (i, j, ...)]`` (several targets along the last dimension,
+# summed or attributed one by one by the methods); `label` selects, per sample, the
+# class stored under another key of the TensorDict.
 
 from __future__ import annotations
 
@@ -97,15 +96,13 @@ def values_readable(t: Any) -> bool:
 
 def _select_per_sample(index: torch.Tensor,
                        outputs: Sequence[NestedKey] | None) -> Callable[[TensorDictBase], TensorDictBase]:
-    """``output[..., index[b]]`` per sample ``b``; ``index`` fills the trailing batch dims.
-
+    """``output[..., index[b]]`` per sample ``b``; ``index`` fills the trailing batch dims."""
     # NOTE [tensor targets]
-    The methods check at entry that ``index`` has the inputs' batch shape (or none). Here
-    it may fill only the *trailing* batch dims, because integrated gradients runs the
-    model on path points with a batch ``[n_steps, *B]``: every path point of a sample
-    uses that sample's class. The range is checked where the values can be read; under
-    ``vmap`` and ``torch.compile`` it is left to ``gather``.
-    """
+    # The methods check at entry that ``index`` has the inputs' batch shape (or none). Here
+    # it may fill only the *trailing* batch dims, because integrated gradients runs the
+    # model on path points with a batch ``[n_steps, *B]``: every path point of a sample
+    # uses that sample's class. The range is checked where the values can be read; under
+    # ``vmap`` and ``torch.compile`` it is left to ``gather``.
 
     def select(td: TensorDictBase) -> TensorDictBase:
         key, value = _only_output(td, outputs)

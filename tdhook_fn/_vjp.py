@@ -1,22 +1,21 @@
-"""``vjp``: `torch.func.vjp` with ``has_aux``, by plain autograd where that gives the same result.
+"""``vjp``: `torch.func.vjp` with ``has_aux``, by plain autograd where that gives the same result."""
 
 # NOTE [eager vjp]
-`torch.func.vjp` wraps every tensor at a new grad level, and each op of the forward
-and of the pullback then goes through functorch's dispatch: on small models that is most
-of the cost (measured on torch 2.13 CPU, saliency of a 3-layer MLP at batch 64: 2.1x a
-plain ``backward()`` under ``func.vjp``, 1.3x by autograd). Outside every functorch
-transform and torch.compile, and when no tensor of the call (params, inputs) requires
-grad, both give the same numbers, and `vjp` runs the forward on detached copies of
-the primals marked ``requires_grad`` and pulls back with `torch.autograd.grad`
-(the graph is kept, so the pullback may be called once per target).
-
-One case differs: a tensor the forward closes over (in a target, a tap, a rule) that
-requires grad. Under ``func.vjp`` the results stay differentiable in it; a plain
-pullback would drop that silently. So the forward's graph is walked once (measured:
-tens of µs for an MLP, 4 ms for a 6-layer GPT-2 whose forward and backward take 500
-ms), and if it reaches any leaf that is not one of the primals, the call is redone
-under ``func.vjp``.
-"""
+# `torch.func.vjp` wraps every tensor at a new grad level, and each op of the forward
+# and of the pullback then goes through functorch's dispatch: on small models that is most
+# of the cost (measured on torch 2.13 CPU, saliency of a 3-layer MLP at batch 64: 2.1x a
+# plain ``backward()`` under ``func.vjp``, 1.3x by autograd). Outside every functorch
+# transform and torch.compile, and when no tensor of the call (params, inputs) requires
+# grad, both give the same numbers, and `vjp` runs the forward on detached copies of
+# the primals marked ``requires_grad`` and pulls back with `torch.autograd.grad`
+# (the graph is kept, so the pullback may be called once per target).
+#
+# One case differs: a tensor the forward closes over (in a target, a tap, a rule) that
+# requires grad. Under ``func.vjp`` the results stay differentiable in it; a plain
+# pullback would drop that silently. So the forward's graph is walked once (measured:
+# tens of µs for an MLP, 4 ms for a 6-layer GPT-2 whose forward and backward take 500
+# ms), and if it reaches any leaf that is not one of the primals, the call is redone
+# under ``func.vjp``.
 
 from __future__ import annotations
 

@@ -1,15 +1,19 @@
-"""Every ``NOTE [name]`` reference in the code resolves to exactly one note.
+"""Every ``NOTE [name]`` reference in the code resolves to exactly one note, a comment block.
 
-A note is a line whose comment (or docstring line) starts with ``NOTE [name]``, alone or
-followed by ``:`` and its text; every other mention of ``NOTE [name]`` is a reference to it.
+A note is a comment line that starts with ``NOTE [name]``, alone or followed by ``:`` and
+its text; every other mention of ``NOTE [name]`` is a reference to it. Notes are for
+the people reading the code, so they live in comments, never in docstrings (which the
+API pages show to users).
 """
 
+import ast
 import re
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFINITION = re.compile(r"^\s*(?:#\s*)?NOTE \[([^\]]+)\](?::|\s*$)")
+DEFINITION = re.compile(r"^\s*#\s*NOTE \[([^\]]+)\](?::|\s*$)")
+HEADER = re.compile(r"^\s*(?:#\s*)?NOTE \[([^\]]+)\](?::|\s*$)", re.MULTILINE)
 REFERENCE = re.compile(r"NOTE \[([^\]]+)\]")
 SOURCES = ("tdhook_fn", "tests", "benchmarks", "examples", "docs")
 
@@ -41,3 +45,13 @@ def test_every_note_is_defined_once():
 def test_every_reference_names_a_note():
     notes, references = _notes()
     assert {name: places for name, places in references.items() if name not in notes} == {}
+
+
+def test_notes_are_comments_not_docstrings():
+    in_docstrings = []
+    for path in sorted((ROOT / "tdhook_fn").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                in_docstrings += [f"{path.relative_to(ROOT)}: {name}" for name in HEADER.findall(doc)]
+    assert in_docstrings == []

@@ -1,23 +1,22 @@
-"""Activation maximisation (Erhan et al. 2009; Mahendran & Vedaldi 2015): gradient ascent on the inputs.
+"""Activation maximisation (Erhan et al. 2009; Mahendran & Vedaldi 2015): gradient ascent on the inputs."""
 
 # NOTE [ascent step]
-One step is ``x <- clamp(x + alpha * g, min_value, max_value)``, ``g`` the gradient of the
-target at ``x`` (one `gradients` call: a forward
-and a VJP). It is tdhook 0.1.3's ``PGDModule`` step with ``ascent=True`` and
-``use_sign=False``, which writes ``x - alpha * (-g)``: the same number to the last bit.
-The starting point is not clamped, the raw gradient (not its sign) is used and the step
-size stays ``alpha``, as there.
-
+# One step is ``x <- clamp(x + alpha * g, min_value, max_value)``, ``g`` the gradient of the
+# target at ``x`` (one `gradients` call: a forward
+# and a VJP). It is tdhook 0.1.3's ``PGDModule`` step with ``ascent=True`` and
+# ``use_sign=False``, which writes ``x - alpha * (-g)``: the same number to the last bit.
+# The starting point is not clamped, the raw gradient (not its sign) is used and the step
+# size stays ``alpha``, as there.
+#
 # NOTE [one ascent per objective]
-With several targets the default ascends their sum (tdhook's behaviour). With
-``per_target=True`` each target gets its own trajectory: after the first step the
-inputs of different objectives differ, so one map per target from one forward (as
-saliency does) is not enough. The objectives are told apart by a one-hot weight on the
-cotangents, and the whole ascent is ``vmap``-ed over the T one-hots: T trajectories in
-one batched forward and VJP per step. Several starting points need nothing special:
-they are a batch dim of ``inputs`` (each sample's gradient is its own), or a ``vmap``
-over this function.
-"""
+# With several targets the default ascends their sum (tdhook's behaviour). With
+# ``per_target=True`` each target gets its own trajectory: after the first step the
+# inputs of different objectives differ, so one map per target from one forward (as
+# saliency does) is not enough. The objectives are told apart by a one-hot weight on the
+# cotangents, and the whole ascent is ``vmap``-ed over the T one-hots: T trajectories in
+# one batched forward and VJP per step. Several starting points need nothing special:
+# they are a batch dim of ``inputs`` (each sample's gradient is its own), or a ``vmap``
+# over this function.
 
 from __future__ import annotations
 

@@ -66,27 +66,25 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
 
 
 def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, target: Any = None) -> None:
-    """Raise where ``f`` reads a sample with a batch dim of 1 in front other than the sample itself.
-
+    """Raise where ``f`` reads a sample with a batch dim of 1 in front other than the sample itself."""
     # NOTE [unbatched inputs]
-    The methods run ``f`` on inputs with one batch dim in front: several batch dims are
-    flattened to one, and inputs without any (``batch_size=[]``) become a batch of one,
-    ``[1, ...]`` (integrated gradients puts its path points there too). A model that
-    reads the leading dim otherwise would compute another function there than on the
-    sample, and the maps would be silently wrong: ``nn.MultiheadAttention`` with
-    ``batch_first=False`` given ``[T, D]`` sees one position of ``T`` sequences, a
-    forward reducing over dim 0 sums over the batch. So for inputs without batch dims an
-    eager call first runs ``f`` on the sample and on it as a batch of one (the same
-    random state for both, without a graph) and raises where what is attributed (the
-    target values; every output where no target is given) differs, unless the sample
-    alone gives another value when run again (noise the random state does not hold); a model
-    that cannot run the sample alone (batch norm, a batched-only forward) reads it as a
-    batch of one, and is left to that. Under ``vmap`` and ``torch.compile`` nothing is
-    compared (the data cannot be read there). Not seen either: a batch dim that the
-    model does not read as the batch but whose size fits (``batch_size=[T]`` for a
-    ``batch_first=False`` model given ``[T, B, D]``): the model runs on what it is given,
-    and the maps are those of the positions taken as samples.
-    """
+    # The methods run ``f`` on inputs with one batch dim in front: several batch dims are
+    # flattened to one, and inputs without any (``batch_size=[]``) become a batch of one,
+    # ``[1, ...]`` (integrated gradients puts its path points there too). A model that
+    # reads the leading dim otherwise would compute another function there than on the
+    # sample, and the maps would be silently wrong: ``nn.MultiheadAttention`` with
+    # ``batch_first=False`` given ``[T, D]`` sees one position of ``T`` sequences, a
+    # forward reducing over dim 0 sums over the batch. So for inputs without batch dims an
+    # eager call first runs ``f`` on the sample and on it as a batch of one (the same
+    # random state for both, without a graph) and raises where what is attributed (the
+    # target values; every output where no target is given) differs, unless the sample
+    # alone gives another value when run again (noise the random state does not hold); a model
+    # that cannot run the sample alone (batch norm, a batched-only forward) reads it as a
+    # batch of one, and is left to that. Under ``vmap`` and ``torch.compile`` nothing is
+    # compared (the data cannot be read there). Not seen either: a batch dim that the
+    # model does not read as the batch but whose size fits (``batch_size=[T]`` for a
+    # ``batch_first=False`` model given ``[T, B, D]``): the model runs on what it is given,
+    # and the maps are those of the positions taken as samples.
     if inputs.batch_size != torch.Size([]) or not untransformed():
         return
     # the GPUs the call may draw on: the inputs', and the params' (a GPU model may move CPU inputs there)

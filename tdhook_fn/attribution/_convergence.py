@@ -1,19 +1,18 @@
-"""The convergence delta of integrated gradients: ``sum(attributions) - (F(x) - F(b))``.
+"""The convergence delta of integrated gradients: ``sum(attributions) - (F(x) - F(b))``."""
 
 # NOTE [convergence delta]
-Completeness (Sundararajan et al. 2017): integrated gradients along a path sum to the
-change of the target along it. `convergence_delta` is that sum minus that change,
-as captum's ``compute_convergence_delta``: every map it is given counts. What
-``integrated_gradients(..., return_convergence_delta=True)`` gives it are the maps of the
-path's own space, the only ones completeness speaks of: the inputs' maps where the
-inputs move; the layers' where the layers move (``interpolate="layers"``). Gradients
-read at a layer while the inputs move (``interpolate="inputs"``) are path-averaged
-gradients, not shares of the change, and do not count. With ``cotangents`` the maps sum
-to the change weighted by them, exactly where they do not depend on the target values
-(the same at both ends of the path); with others no difference of two values is what
-the maps sum to, and the delta raises. The compat layer gives tdhook's formula: every
-map counted, the change not weighted.
-"""
+# Completeness (Sundararajan et al. 2017): integrated gradients along a path sum to the
+# change of the target along it. `convergence_delta` is that sum minus that change,
+# as captum's ``compute_convergence_delta``: every map it is given counts. What
+# ``integrated_gradients(..., return_convergence_delta=True)`` gives it are the maps of the
+# path's own space, the only ones completeness speaks of: the inputs' maps where the
+# inputs move; the layers' where the layers move (``interpolate="layers"``). Gradients
+# read at a layer while the inputs move (``interpolate="inputs"``) are path-averaged
+# gradients, not shares of the change, and do not count. With ``cotangents`` the maps sum
+# to the change weighted by them, exactly where they do not depend on the target values
+# (the same at both ends of the path); with others no difference of two values is what
+# the maps sum to, and the delta raises. The compat layer gives tdhook's formula: every
+# map counted, the change not weighted.
 
 from __future__ import annotations
 

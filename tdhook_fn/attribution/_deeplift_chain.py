@@ -1,18 +1,17 @@
-"""DeepLift on a chain of modules: multipliers known in the forward, a backward of products and adjoints.
+"""DeepLift on a chain of modules: multipliers known in the forward, a backward of products and adjoints."""
 
 # NOTE [deeplift on a chain]
-Where the model is a chain (NOTE [chains]) of linear layers and convolutions, the
-rescaled nonlinearities with a closed-form derivative (ReLU, LeakyReLU, Sigmoid, Tanh),
-max pooling, a last-dim softmax and reshapes, every multiplier of the rescale rule is
-known once the inputs and the references have gone forward: ``dy / dx`` (or the
-derivative where ``|dx| < eps``) at a nonlinearity, and the backward is the adjoints
-of the linear maps (one op each, NOTE [affine modules]) and elementwise products.
-The walk runs the inputs (``n`` rows) and the references (one row when shared, NOTE
-[deeplift as lrp rules]) as one batch, without a graph, and pulls back one-hot seeds: the
-numbers of the rules on LRP's walk, without the stacked batch, the taps or autograd.
-Anything else (other modules, buffers, a callable target, layers, a transform) takes
-the general path of `deeplift`, which gives the same maps.
-"""
+# Where the model is a chain (NOTE [chains]) of linear layers and convolutions, the
+# rescaled nonlinearities with a closed-form derivative (ReLU, LeakyReLU, Sigmoid, Tanh),
+# max pooling, a last-dim softmax and reshapes, every multiplier of the rescale rule is
+# known once the inputs and the references have gone forward: ``dy / dx`` (or the
+# derivative where ``|dx| < eps``) at a nonlinearity, and the backward is the adjoints
+# of the linear maps (one op each, NOTE [affine modules]) and elementwise products.
+# The walk runs the inputs (``n`` rows) and the references (one row when shared, NOTE
+# [deeplift as lrp rules]) as one batch, without a graph, and pulls back one-hot seeds: the
+# numbers of the rules on LRP's walk, without the stacked batch, the taps or autograd.
+# Anything else (other modules, buffers, a callable target, layers, a transform) takes
+# the general path of `deeplift`, which gives the same maps.
 
 from __future__ import annotations
 

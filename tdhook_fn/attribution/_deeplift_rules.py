@@ -1,28 +1,27 @@
-"""DeepLift's rescale rule (Shrikumar et al. 2017) as LRP-style rules: modified VJPs of nonlinearities.
+"""DeepLift's rescale rule (Shrikumar et al. 2017) as LRP-style rules: modified VJPs of nonlinearities."""
 
 # NOTE [deeplift as lrp rules]
-DeepLift runs the model once on the inputs and their references stacked along the batch
-(``n`` input rows first, then the reference rows: ``n`` of them, or one shared by all
-when every sample has the same reference). Each nonlinearity then sees both, and its
-backward hands ``g * dy / dx`` to the input rows (``dx``, ``dy``: input minus reference
-at the module's input and output), or its plain gradient where ``|dx| < eps`` (captum's
-fallback); linear modules keep their own backward, which is already ``dy / dx``. That
-is an LRP rule in the sense of `tdhook_fn.attribution.lrp`: the rule sees the module's
-input and output (NOTE [lrp as modified vjps]), so DeepLift runs on LRP's walk, the
-chain walk included.
-
-Captum pulls the target back through the references' rows as well, and its max-pool and
-softmax rules read that gradient. Where the model is a chain of per-sample linear maps
-and these nonlinearities (`needs_reference_gradients` says no), the references'
-gradient equals the inputs' (the same multipliers and weights act on both), except
-where a nonlinearity above fell back to its plain gradient at ``0 < |dx| < eps``; the
-target then reads the input rows only, the references carry no gradient, and one
-shared reference row suffices. Elsewhere (attention: ``a @ v`` sends each row a
-gradient of its own) the target reads both, as in captum, and the rules hand on both.
-Captum's softmax rule subtracts the mean of the multiplied gradient over the whole
-batch; here over each sample's pair of rows, so that a map does not depend on the
-other samples of the batch (equal to captum one sample at a time).
-"""
+# DeepLift runs the model once on the inputs and their references stacked along the batch
+# (``n`` input rows first, then the reference rows: ``n`` of them, or one shared by all
+# when every sample has the same reference). Each nonlinearity then sees both, and its
+# backward hands ``g * dy / dx`` to the input rows (``dx``, ``dy``: input minus reference
+# at the module's input and output), or its plain gradient where ``|dx| < eps`` (captum's
+# fallback); linear modules keep their own backward, which is already ``dy / dx``. That
+# is an LRP rule in the sense of `tdhook_fn.attribution.lrp`: the rule sees the module's
+# input and output (NOTE [lrp as modified vjps]), so DeepLift runs on LRP's walk, the
+# chain walk included.
+#
+# Captum pulls the target back through the references' rows as well, and its max-pool and
+# softmax rules read that gradient. Where the model is a chain of per-sample linear maps
+# and these nonlinearities (`needs_reference_gradients` says no), the references'
+# gradient equals the inputs' (the same multipliers and weights act on both), except
+# where a nonlinearity above fell back to its plain gradient at ``0 < |dx| < eps``; the
+# target then reads the input rows only, the references carry no gradient, and one
+# shared reference row suffices. Elsewhere (attention: ``a @ v`` sends each row a
+# gradient of its own) the target reads both, as in captum, and the rules hand on both.
+# Captum's softmax rule subtracts the mean of the multiplied gradient over the whole
+# batch; here over each sample's pair of rows, so that a map does not depend on the
+# other samples of the batch (equal to captum one sample at a time).
 
 from __future__ import annotations
 

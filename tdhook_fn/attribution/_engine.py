@@ -1,27 +1,26 @@
-"""The one mechanism behind every gradient method: a forward, a VJP, one-hot cotangents.
+"""The one mechanism behind every gradient method: a forward, a VJP, one-hot cotangents."""
 
 # NOTE [attribution engine]
-``gradients`` runs ``f`` once under a VJP (``torch.func.vjp``, or plain autograd where that
-is exact: NOTE [eager vjp]) with respect to the attributed
-inputs and to a zero perturbation of each attributed layer (NOTE [layer gradients]).
-The target callable reads the outputs (plus activations of ``target_layers`` under their
-path, plus the inputs' extra keys such as labels). Then:
-
-- summed targets: one pullback of ``ones``;
-- ``per_target=True``: the pullback of one-hot cotangents on the targets' last
-  dimension, so T maps cost one forward and T backwards (no T forwards, as a loop of
-  attributions would). On accelerators the pullback is ``vmap``-ed over the one-hots;
-  on the CPU it is called once per target, because ``vmap`` of a convolution's
-  backward is about twice as slow there as the same backwards one by one (measured on
-  torch 2.13: 950 vs 450 ms for ten maps of a small CNN; equal for MLPs). Both give the
-  same maps up to a few ulps (a vmapped backward runs batched kernels, which may round
-  differently).
-
-TensorDict batch dims are flattened to exactly one before the model runs (models expect
-one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
-methods accept any batch size, and work per sample under ``vmap`` even for models that
-cannot take an unbatched sample (``nn.Flatten``).
-"""
+# ``gradients`` runs ``f`` once under a VJP (``torch.func.vjp``, or plain autograd where that
+# is exact: NOTE [eager vjp]) with respect to the attributed
+# inputs and to a zero perturbation of each attributed layer (NOTE [layer gradients]).
+# The target callable reads the outputs (plus activations of ``target_layers`` under their
+# path, plus the inputs' extra keys such as labels). Then:
+#
+# - summed targets: one pullback of ``ones``;
+# - ``per_target=True``: the pullback of one-hot cotangents on the targets' last
+#   dimension, so T maps cost one forward and T backwards (no T forwards, as a loop of
+#   attributions would). On accelerators the pullback is ``vmap``-ed over the one-hots;
+#   on the CPU it is called once per target, because ``vmap`` of a convolution's
+#   backward is about twice as slow there as the same backwards one by one (measured on
+#   torch 2.13: 950 vs 450 ms for ten maps of a small CNN; equal for MLPs). Both give the
+#   same maps up to a few ulps (a vmapped backward runs batched kernels, which may round
+#   differently).
+#
+# TensorDict batch dims are flattened to exactly one before the model runs (models expect
+# one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
+# methods accept any batch size, and work per sample under ``vmap`` even for models that
+# cannot take an unbatched sample (``nn.Flatten``).
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Feature groups: which elements of the inputs are perturbed together (captum's ``feature_mask``).
+"""Feature groups: which elements of the inputs are perturbed together (captum's ``feature_mask``)."""
 
 # NOTE [feature masks]
-A feature mask holds one integer feature id per element of an input, in a tensor that
-broadcasts to the input's shape ``[*B, *feature_shape]``: one sample's shape (or
-``[1, ...]``) groups every sample alike, the full shape groups each sample its own way.
-Ids are shared across keys: an id present in two inputs is one feature, perturbed in
-both at once. Without a mask every element is its own feature, numbered in key order
-(captum's default). Each element's id is kept as a *position* into the sorted features
-``ids``, so a per-feature value ``[T, N, P]`` spreads onto the elements by one ``gather``.
-"""
+# A feature mask holds one integer feature id per element of an input, in a tensor that
+# broadcasts to the input's shape ``[*B, *feature_shape]``: one sample's shape (or
+# ``[1, ...]``) groups every sample alike, the full shape groups each sample its own way.
+# Ids are shared across keys: an id present in two inputs is one feature, perturbed in
+# both at once. Without a mask every element is its own feature, numbered in key order
+# (captum's default). Each element's id is kept as a *position* into the sorted features
+# ``ids``, so a per-feature value ``[T, N, P]`` spreads onto the elements by one ``gather``.
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
-"""Plain tensors as a method's inputs, and tensors as its targets: the captum-style calls.
+"""Plain tensors as a method's inputs, and tensors as its targets: the captum-style calls."""
 
 # NOTE [captum-style calls]
-What a captum user passes is normalised here, once, for every method (`accepts_tensors`
-wraps each of them): a plain tensor ``x`` as ``inputs`` of an ``f`` with one in_key is
-``TensorDict({key: x}, batch_size=[len(x)])`` (dim 0 is the batch, as in captum, also
-under ``vmap``: per sample, pass a TensorDict with ``batch_size=[]``) and the one
-resulting map comes back as a tensor; a tensor ``target`` of class indices is checked
-against the inputs' batch before anything runs (then read by `tdhook_fn.as_target`);
-a callable target may return a tensor (`_as_target_values`). ``f`` stays a pure
-function: ``f, params = tdhook_fn.pure(model)`` is the one-line path from a module.
-"""
+# What a captum user passes is normalised here, once, for every method (`accepts_tensors`
+# wraps each of them): a plain tensor ``x`` as ``inputs`` of an ``f`` with one in_key is
+# ``TensorDict({key: x}, batch_size=[len(x)])`` (dim 0 is the batch, as in captum, also
+# under ``vmap``: per sample, pass a TensorDict with ``batch_size=[]``) and the one
+# resulting map comes back as a tensor; a tensor ``target`` of class indices is checked
+# against the inputs' batch before anything runs (then read by `tdhook_fn.as_target`);
+# a callable target may return a tensor (`_as_target_values`). ``f`` stays a pure
+# function: ``f, params = tdhook_fn.pure(model)`` is the one-line path from a module.
 
 from __future__ import annotations
 

@@ -287,21 +287,19 @@ def _interpolator(
 
 
 def fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float], lead: int) -> TensorDict:
-    """``total + sum_k w_k * grads[k]``, added one step at a time.
-
+    """``total + sum_k w_k * grads[k]``, added one step at a time."""
     # NOTE [chunk-invariant sums]
-    The path points are added one by one, in order, so every ``chunk_size`` folds the same
-    terms in the same order. The terms themselves may differ in the last bits: a chunk's
-    gradients come from one forward and VJP over ``chunk * N`` points, and CPU kernels
-    (MKL and oneDNN gemms) may block and reduce differently for another batch size and
-    instruction set. Results for different ``chunk_size`` agree to a few ulps, not always
-    bitwise. captum reduces with ``torch.sum`` over all steps at once, whose blocked order
-    differs from a sequential one by an ulp or so in float32. In float64 captum also rounds
-    the weights to float32; ours keep the input's dtype. Half-precision gradients (bf16,
-    fp16) are summed in float32: added one by one in their own dtype, hundreds of steps
-    lose most of their digits (measured: 13% relative error in bf16 at 300 steps, captum
-    0.3%); `integrated_gradients` casts the sum back at the end.
-    """
+    # The path points are added one by one, in order, so every ``chunk_size`` folds the same
+    # terms in the same order. The terms themselves may differ in the last bits: a chunk's
+    # gradients come from one forward and VJP over ``chunk * N`` points, and CPU kernels
+    # (MKL and oneDNN gemms) may block and reduce differently for another batch size and
+    # instruction set. Results for different ``chunk_size`` agree to a few ulps, not always
+    # bitwise. captum reduces with ``torch.sum`` over all steps at once, whose blocked order
+    # differs from a sequential one by an ulp or so in float32. In float64 captum also rounds
+    # the weights to float32; ours keep the input's dtype. Half-precision gradients (bf16,
+    # fp16) are summed in float32: added one by one in their own dtype, hundreds of steps
+    # lose most of their digits (measured: 13% relative error in bf16 at 300 steps, captum
+    # 0.3%); `integrated_gradients` casts the sum back at the end.
     out = TensorDict({}, batch_size=[s for i, s in enumerate(grads.batch_size) if i != lead])
     for key, g in grads.items(True, True):
         assert isinstance(g, torch.Tensor)

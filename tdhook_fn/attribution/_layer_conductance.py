@@ -1,17 +1,16 @@
-"""Layer conductance (Dhamdhere et al. 2018): a layer's share of the change of the target along the path.
+"""Layer conductance (Dhamdhere et al. 2018): a layer's share of the change of the target along the path."""
 
 # NOTE [conductance by differences]
-The conductance of a hidden unit ``y`` is ``int dF/dy * dy/da da`` along the straight
-path from the baselines to the inputs. As captum 0.9's ``LayerConductance``, the
-``dy/da da`` factor is the difference of the layer's activations at consecutive path
-points: ``sum_k dF/dy(a_k) * (y(a_{k+1}) - y(a_k))`` over the ``n_steps + 1`` nodes of
-``method`` (its weights are not used). So one forward reads both ``y`` and, by a zero
-perturbation, ``dF/dy`` at every point: all points of a chunk in one forward and one
-pullback per target, no Jacobian of the layer. With the trapezoid nodes (``0`` and ``1`` included) the maps sum
-over the layer to ``F(x) - F(b)`` exactly where ``F`` is linear in the layer, and up to
-the quadrature's error elsewhere. Chunks need no overlapping point: the last gradient and
-activation of a chunk are carried to the next one's first difference.
-"""
+# The conductance of a hidden unit ``y`` is ``int dF/dy * dy/da da`` along the straight
+# path from the baselines to the inputs. As captum 0.9's ``LayerConductance``, the
+# ``dy/da da`` factor is the difference of the layer's activations at consecutive path
+# points: ``sum_k dF/dy(a_k) * (y(a_{k+1}) - y(a_k))`` over the ``n_steps + 1`` nodes of
+# ``method`` (its weights are not used). So one forward reads both ``y`` and, by a zero
+# perturbation, ``dF/dy`` at every point: all points of a chunk in one forward and one
+# pullback per target, no Jacobian of the layer. With the trapezoid nodes (``0`` and ``1`` included) the maps sum
+# over the layer to ``F(x) - F(b)`` exactly where ``F`` is linear in the layer, and up to
+# the quadrature's error elsewhere. Chunks need no overlapping point: the last gradient and
+# activation of a chunk are carried to the next one's first difference.
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""One forward of the path points, pulled back from the targets to layers and from layers to the inputs.
+"""One forward of the path points, pulled back from the targets to layers and from layers to the inputs."""
 
 # NOTE [two pullbacks of one forward]
-Conductance needs, at each path point, the target's gradient at a layer (and for a
-neuron, that neuron's gradient with respect to the inputs). Both come from one forward
-that returns the target values and the layers' activations, each with a zero
-perturbation added whose gradient is the target's at the layer (NOTE [layer gradients]).
-Eager and untransformed, the pullbacks are plain `torch.autograd.grad` calls on that
-graph, each walking only its part of it (targets -> layers; layers -> inputs), once per
-target, so no ``[T, points, ...]`` stack of gradients is ever held. Under a functorch
-transform, or where the forward reaches a tensor that requires grad (NOTE [eager vjp]),
-one `torch.func.vjp` gives both, each pullback fed zero cotangents on the other outputs.
-"""
+# Conductance needs, at each path point, the target's gradient at a layer (and for a
+# neuron, that neuron's gradient with respect to the inputs). Both come from one forward
+# that returns the target values and the layers' activations, each with a zero
+# perturbation added whose gradient is the target's at the layer (NOTE [layer gradients]).
+# Eager and untransformed, the pullbacks are plain `torch.autograd.grad` calls on that
+# graph, each walking only its part of it (targets -> layers; layers -> inputs), once per
+# target, so no ``[T, points, ...]`` stack of gradients is ever held. Under a functorch
+# transform, or where the forward reaches a tensor that requires grad (NOTE [eager vjp]),
+# one `torch.func.vjp` gives both, each pullback fed zero cotangents on the other outputs.
 
 from __future__ import annotations
 

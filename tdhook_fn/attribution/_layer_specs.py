@@ -1,19 +1,18 @@
-"""The attributed layers' activations (shape, dtype, which run): probed on meta tensors, remembered, checked.
+"""The attributed layers' activations (shape, dtype, which run): probed on meta tensors, remembered, checked."""
 
 # NOTE [remembered layer specs]
-Layer attribution needs each layer's activation shape before the forward: the zero
-perturbation is a primal of the VJP (NOTE [layer gradients]). A forward on meta tensors
-finds it, but meta kernels run in Python (measured on torch 2.13 CPU: layer saliency of a
-4-layer MLP at batch 64 took 11-12 ms probing every call, 2.5-3.5 ms remembering). So `remembered_specs` keeps
-the specs per model, keyed by the layers, the runs asked for and the inputs' keys,
-shapes and dtypes, and the call checks them against what it sees (`checked_taps`,
-`check_runs`): the activation's type, shape and dtype at the layer, and how many
-times its module ran. Any difference (the model was changed, or runs otherwise on these
-inputs) raises `StaleSpec` inside the forward; the engine then probes afresh and
-makes the call again. A fresh probe that the call contradicts raises a ``RuntimeError``
-naming the layer. Under torch.compile nothing is remembered: the probe is dead code in
-the graph there.
-"""
+# Layer attribution needs each layer's activation shape before the forward: the zero
+# perturbation is a primal of the VJP (NOTE [layer gradients]). A forward on meta tensors
+# finds it, but meta kernels run in Python (measured on torch 2.13 CPU: layer saliency of a
+# 4-layer MLP at batch 64 took 11-12 ms probing every call, 2.5-3.5 ms remembering). So `remembered_specs` keeps
+# the specs per model, keyed by the layers, the runs asked for and the inputs' keys,
+# shapes and dtypes, and the call checks them against what it sees (`checked_taps`,
+# `check_runs`): the activation's type, shape and dtype at the layer, and how many
+# times its module ran. Any difference (the model was changed, or runs otherwise on these
+# inputs) raises `StaleSpec` inside the forward; the engine then probes afresh and
+# makes the call again. A fresh probe that the call contradicts raises a ``RuntimeError``
+# naming the layer. Under torch.compile nothing is remembered: the probe is dead code in
+# the graph there.
 
 from __future__ import annotations
 
@@ -62,15 +61,13 @@ class StaleSpec(Exception):
 
 def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
                 layer_calls: Mapping[str, int] | None = None, *, method: str = "attribution") -> list[LayerSpec]:
-    """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute).
-
+    """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute)."""
     # NOTE [modules that run more than once]
-    A module called several times in one forward (a shared block, a weight-tied layer) has
-    one activation per run. The gradient and the activation of a layer always come from the
-    same run: the one ``layer_calls[path]`` names (``0`` first, ``-1`` last). Without an
-    entry such a layer raises, naming the path and the number of runs, rather than mixing
-    the gradient summed over runs with the last run's activation.
-    """
+    # A module called several times in one forward (a shared block, a weight-tied layer) has
+    # one activation per run. The gradient and the activation of a layer always come from the
+    # same run: the one ``layer_calls[path]`` names (``0`` first, ``-1`` last). Without an
+    # entry such a layer raises, naming the path and the number of runs, rather than mixing
+    # the gradient summed over runs with the last run's activation.
     seen: dict[str, list[tuple[torch.Size, torch.dtype]]] = {path: [] for path in paths}
 
     def recorder(path: str) -> Callable[[Any], Any]:

@@ -1,42 +1,41 @@
-"""Layer-wise relevance propagation (Bach et al. 2015) as modified VJPs on one pure forward.
+"""Layer-wise relevance propagation (Bach et al. 2015) as modified VJPs on one pure forward."""
 
 # NOTE [lrp as modified vjps]
-LRP replaces each module's backward by a rule's redistribution of relevance; here that
-is a VJP, never a swapped ``forward``, and the model is never touched. For every module
-with a rule, a tap on the call's shadow module sees the module's inputs ``x`` and output
-``y`` and replaces ``y`` by ``_RuleVJP(y, x, tensors)``: an ``autograd.Function`` whose
-forward returns ``y`` unchanged and whose backward sends nothing back through ``y``'s own
-graph and gives ``x`` the rule's relevance ``rule.relevance(call, R)``, ``R`` being what
-arrives at the output. The tensors the rule needs (the module's parameters and buffers as
-the *call* sees them, i.e. the params given to `lrp`) are inputs of the function, so
-every transform (``vmap``, ``grad``, the engine's ``vjp``) sees them; the module's
-structure travels as a `Template` because the
-shadow is emptied when the forward returns, before the backward runs. Rules of the
-form ``R_i = x_i (J^T (factor * R))_i`` (epsilon) skip that second forward: they only
-scale gradients around the module's own backward (NOTE [gradient-form rules]). The
-rule's hook runs before any other hook on the module's output (``prepend``), so that a
-layer perturbation or a user intervention acts on the rule's output, and its input
-hook after all others (the rule taps come last), so that it sees what the module
-sees. Modules without a rule (and those with `Ignore`) keep their plain gradient.
-
+# LRP replaces each module's backward by a rule's redistribution of relevance; here that
+# is a VJP, never a swapped ``forward``, and the model is never touched. For every module
+# with a rule, a tap on the call's shadow module sees the module's inputs ``x`` and output
+# ``y`` and replaces ``y`` by ``_RuleVJP(y, x, tensors)``: an ``autograd.Function`` whose
+# forward returns ``y`` unchanged and whose backward sends nothing back through ``y``'s own
+# graph and gives ``x`` the rule's relevance ``rule.relevance(call, R)``, ``R`` being what
+# arrives at the output. The tensors the rule needs (the module's parameters and buffers as
+# the *call* sees them, i.e. the params given to `lrp`) are inputs of the function, so
+# every transform (``vmap``, ``grad``, the engine's ``vjp``) sees them; the module's
+# structure travels as a `Template` because the
+# shadow is emptied when the forward returns, before the backward runs. Rules of the
+# form ``R_i = x_i (J^T (factor * R))_i`` (epsilon) skip that second forward: they only
+# scale gradients around the module's own backward (NOTE [gradient-form rules]). The
+# rule's hook runs before any other hook on the module's output (``prepend``), so that a
+# layer perturbation or a user intervention acts on the rule's output, and its input
+# hook after all others (the rule taps come last), so that it sees what the module
+# sees. Modules without a rule (and those with `Ignore`) keep their plain gradient.
+#
 # NOTE [zero-valued carriers]
-An ``autograd.Function`` under ``torch.func`` costs about 0.6 ms of Python per call
-(measured: it made lrp 1.8x slower than tdhook on an MLP). Where a rule only scales or
-forwards gradients (Pass, the gradient form), it is written with plain ops instead:
-``t.detach() + (u - u.detach())`` has exactly the value of ``t`` (``u - u.detach()`` is
-exactly zero for finite ``u``) and the gradient of ``u``; a gradient scaled by ``w`` is
-``lerp(t.detach(), t, w)``, one op. Only the rules that need their
-own backward (z+, alpha-beta, w², flat, ...) use ``_RuleVJP``.
-
-The "gradient" the engine pulls back to the inputs is then relevance: one forward, one
-pullback (per target: one-hot cotangents), as for every gradient method (NOTE
-[attribution engine]). The rules multiply by their inputs themselves (``R_i = x_i c_i``
-in the epsilon rule), so the result is *not* multiplied by the inputs again, as in
-tdhook. The relevance put in at the targets is the cotangent: ones (tdhook's default),
-one-hots with ``per_target``, or ``cotangents(targets)``. So relevances are those of the
-textbook formulation divided by the target value: with LRP-0 on a bias-free ReLU network
-the input relevance is ``x * grad / f(x)`` and sums to 1 per target (conservation).
-"""
+# An ``autograd.Function`` under ``torch.func`` costs about 0.6 ms of Python per call
+# (measured: it made lrp 1.8x slower than tdhook on an MLP). Where a rule only scales or
+# forwards gradients (Pass, the gradient form), it is written with plain ops instead:
+# ``t.detach() + (u - u.detach())`` has exactly the value of ``t`` (``u - u.detach()`` is
+# exactly zero for finite ``u``) and the gradient of ``u``; a gradient scaled by ``w`` is
+# ``lerp(t.detach(), t, w)``, one op. Only the rules that need their
+# own backward (z+, alpha-beta, w², flat, ...) use ``_RuleVJP``.
+#
+# The "gradient" the engine pulls back to the inputs is then relevance: one forward, one
+# pullback (per target: one-hot cotangents), as for every gradient method (NOTE
+# [attribution engine]). The rules multiply by their inputs themselves (``R_i = x_i c_i``
+# in the epsilon rule), so the result is *not* multiplied by the inputs again, as in
+# tdhook. The relevance put in at the targets is the cotangent: ones (tdhook's default),
+# one-hots with ``per_target``, or ``cotangents(targets)``. So relevances are those of the
+# textbook formulation divided by the target value: with LRP-0 on a bias-free ReLU network
+# the input relevance is ``x * grad / f(x)`` and sums to 1 per target (conservation).
 
 from __future__ import annotations
 
@@ -198,7 +197,7 @@ class _RuleTap(Tap):
         return module.register_forward_hook(post, prepend=True, with_kwargs=True)
 
     def _attach_gradient_form(self, module: nn.Module, rule: Any) -> RemovableHandle:
-        """NOTE [gradient-form rules]: scale the gradient at the inputs (last pre-hook) and output (first hook)."""
+        """Scale the gradient at the inputs (last pre-hook) and output (first hook): NOTE [gradient-form rules]."""
         path = self.path
 
         def pre(_m: nn.Module, args: tuple[Any, ...]) -> Any:

@@ -1,21 +1,20 @@
-"""Modules whose forward is one affine map with a known adjoint: ``nn.Linear`` and ``nn.ConvNd``.
+"""Modules whose forward is one affine map with a known adjoint: ``nn.Linear`` and ``nn.ConvNd``."""
 
 # NOTE [affine modules]
-The rules on a linear layer or a convolution (z+, alpha-beta, w², flat, epsilon) need
-the module's map, often with modified parameters, and its adjoint ``J^T``. By autograd
-each costs a module rebuilt from its template, a graph and a pullback; for these
-modules both are one op: ``F.linear`` and ``v @ W``, ``F.convNd`` and
-``F.conv_transposeNd`` with the output padding that gives back the input's shape (the
-transposed convolution *is* the convolution's adjoint, groups and dilation included).
-Measured on the benchmarks' CNN (z+ on both convolutions, warm, batch 64): the rules'
-relevance took 3.5 ms by autograd, 1.0 ms by these ops (with NOTE [fused alpha-beta]).
-
-Only the exact classes qualify (a subclass may have its own ``forward``), with zero
-padding given as numbers (``padding_mode`` other than ``"zeros"``, or ``padding="same"``,
-take the generic path), called with one positional input and no keywords, and with no
-instance ``forward`` (accelerate's hooks). The ops compose with every transform, as the
-module's own forward does.
-"""
+# The rules on a linear layer or a convolution (z+, alpha-beta, w², flat, epsilon) need
+# the module's map, often with modified parameters, and its adjoint ``J^T``. By autograd
+# each costs a module rebuilt from its template, a graph and a pullback; for these
+# modules both are one op: ``F.linear`` and ``v @ W``, ``F.convNd`` and
+# ``F.conv_transposeNd`` with the output padding that gives back the input's shape (the
+# transposed convolution *is* the convolution's adjoint, groups and dilation included).
+# Measured on the benchmarks' CNN (z+ on both convolutions, warm, batch 64): the rules'
+# relevance took 3.5 ms by autograd, 1.0 ms by these ops (with NOTE [fused alpha-beta]).
+#
+# Only the exact classes qualify (a subclass may have its own ``forward``), with zero
+# padding given as numbers (``padding_mode`` other than ``"zeros"``, or ``padding="same"``,
+# take the generic path), called with one positional input and no keywords, and with no
+# instance ``forward`` (accelerate's hooks). The ops compose with every transform, as the
+# module's own forward does.
 
 from __future__ import annotations
 

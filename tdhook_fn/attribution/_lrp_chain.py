@@ -1,43 +1,42 @@
-"""LRP on a chain of modules: relevance handed back module by module, no graph across modules.
+"""LRP on a chain of modules: relevance handed back module by module, no graph across modules."""
 
 # NOTE [lrp on a chain]
-When ``f``'s model is a chain (a hook-free ``nn.Sequential``, NOTE [chains]), each
-module's output is the next module's input and nothing else. The relevance arriving at
-a module's output is then known when the walk back reaches it, and the module's rule can
-be applied to it directly, the modules taken last to first:
-
-- a gradient-form rule (NOTE [gradient-form rules]) and a module without a rule: the
-  module's own Jacobian, as a graph from a fresh leaf input to its output (one per
-  module), with the rule's output factor and input scaling as plain products;
-- Pass: the relevance as it is;
-- any other rule: ``rule.relevance`` on what the module saw, as in the backward of
-  `_RuleVJP`.
-
-Modules whose backward is known run without a graph: linear layers and convolutions
-(their adjoint is one op, NOTE [affine modules]; z+ and alpha-beta take every ``z`` from
-one op, NOTE [fused alpha-beta]), max pooling (its gradient is a scatter to the maxima,
-found by the kernel autograd uses, so ties go where they go there), and torch's own
-activations and reshapes (not in place: they never write their input).
-
-These are the taps' numbers (NOTE [lrp as modified vjps]) without what carries them
-through one autograd graph: no zero-valued carriers, no Function per rule, no taps.
-Measured on the benchmarks at batch 64 (EpsilonPlus, warm, one target): 1.05x-1.2x a plain
-gradient on the MLP and on the CNN, where the taps take 2.5x and 2.4x. With
-``per_target`` the taps are faster (one pullback per target, where the walk would take
-one per module). An int target puts in its one-hot directly, without a graph.
-Every other module runs on a fresh leaf that requires grad, as on the taps' graph, so an
-unannounced in-place write to a module's input fails as it does there, and never writes
-the caller's tensors; modules with ``inplace=True`` get a copy, as with the taps. Rules
-are found by module identity: a module the chain runs twice has its rule both times.
-
-Anything else takes the general path, which gives the same maps: a functorch transform,
-``per_target``, taps, layers, a rule inside a block that is not a ``Sequential`` (the
-walk cannot see it), a rule on the root, an input or output that is not one
-floating-point tensor, a step whose output does not depend on its input or that raises,
-a tensor the walk reads that a later module wrote in place, or a target that closes
-over a tensor requiring grad. A walk given up after the forward puts the random state
-back, so that dropout draws the same masks on the general path.
-"""
+# When ``f``'s model is a chain (a hook-free ``nn.Sequential``, NOTE [chains]), each
+# module's output is the next module's input and nothing else. The relevance arriving at
+# a module's output is then known when the walk back reaches it, and the module's rule can
+# be applied to it directly, the modules taken last to first:
+#
+# - a gradient-form rule (NOTE [gradient-form rules]) and a module without a rule: the
+#   module's own Jacobian, as a graph from a fresh leaf input to its output (one per
+#   module), with the rule's output factor and input scaling as plain products;
+# - Pass: the relevance as it is;
+# - any other rule: ``rule.relevance`` on what the module saw, as in the backward of
+#   `_RuleVJP`.
+#
+# Modules whose backward is known run without a graph: linear layers and convolutions
+# (their adjoint is one op, NOTE [affine modules]; z+ and alpha-beta take every ``z`` from
+# one op, NOTE [fused alpha-beta]), max pooling (its gradient is a scatter to the maxima,
+# found by the kernel autograd uses, so ties go where they go there), and torch's own
+# activations and reshapes (not in place: they never write their input).
+#
+# These are the taps' numbers (NOTE [lrp as modified vjps]) without what carries them
+# through one autograd graph: no zero-valued carriers, no Function per rule, no taps.
+# Measured on the benchmarks at batch 64 (EpsilonPlus, warm, one target): 1.05x-1.2x a plain
+# gradient on the MLP and on the CNN, where the taps take 2.5x and 2.4x. With
+# ``per_target`` the taps are faster (one pullback per target, where the walk would take
+# one per module). An int target puts in its one-hot directly, without a graph.
+# Every other module runs on a fresh leaf that requires grad, as on the taps' graph, so an
+# unannounced in-place write to a module's input fails as it does there, and never writes
+# the caller's tensors; modules with ``inplace=True`` get a copy, as with the taps. Rules
+# are found by module identity: a module the chain runs twice has its rule both times.
+#
+# Anything else takes the general path, which gives the same maps: a functorch transform,
+# ``per_target``, taps, layers, a rule inside a block that is not a ``Sequential`` (the
+# walk cannot see it), a rule on the root, an input or output that is not one
+# floating-point tensor, a step whose output does not depend on its input or that raises,
+# a tensor the walk reads that a later module wrote in place, or a target that closes
+# over a tensor requiring grad. A walk given up after the forward puts the random state
+# back, so that dropout draws the same masks on the general path.
 
 from __future__ import annotations
 
@@ -233,20 +232,18 @@ def _defined_together(cls: Any) -> bool:
 
 def _own_tensors(model: nn.Module, params: TensorDictBase, links: list[Link],
                  kinds: list[_Kind]) -> list[dict[str, torch.Tensor]] | None:
-    """Each link's parameters from ``params``, where the walk needs no shadow (NOTE [walks without a shadow]).
-
+    """Each link's parameters from ``params``, where the walk needs no shadow (NOTE [walks without a shadow])."""
     # NOTE [walks without a shadow]
-    The call's shadow (NOTE [shadow modules]) puts the params in private copies of the
-    modules, so that a module's forward computes with them and never with the model's.
-    On the walk a linear layer or a convolution is computed from its tensors directly,
-    and the other modules of known backward (pooling, torch's activations and reshapes)
-    hold no tensor at all: their forward reads plain attributes only, and runs on the
-    model's own module without changing it. Where every link is such a module, and the
-    params hold exactly those layers' tensors in the model's shapes, the walk takes the
-    tensors from the params and needs no shadow (~0.1 ms a call on the benchmarks'
-    MLP). Anything else (a buffer, a parameter elsewhere, a module of another kind, a
-    key or shape that differs: the shadow names what is wrong) takes the shadow.
-    """
+    # The call's shadow (NOTE [shadow modules]) puts the params in private copies of the
+    # modules, so that a module's forward computes with them and never with the model's.
+    # On the walk a linear layer or a convolution is computed from its tensors directly,
+    # and the other modules of known backward (pooling, torch's activations and reshapes)
+    # hold no tensor at all: their forward reads plain attributes only, and runs on the
+    # model's own module without changing it. Where every link is such a module, and the
+    # params hold exactly those layers' tensors in the model's shapes, the walk takes the
+    # tensors from the params and needs no shadow (~0.1 ms a call on the benchmarks'
+    # MLP). Anything else (a buffer, a parameter elsewhere, a module of another kind, a
+    # key or shape that differs: the shadow names what is wrong) takes the shadow.
     if any(m.__dict__["_parameters"] or m.__dict__["_buffers"] for m in _containers(model)):
         return None
     values = leaves(params)

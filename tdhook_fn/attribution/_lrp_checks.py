@@ -24,15 +24,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def never_traced(fn: _F) -> _F:
-    """``fn`` run eagerly inside compiled code (NOTE [lrp is never traced]).
-
+    """``fn`` run eagerly inside compiled code (NOTE [lrp is never traced])."""
     # NOTE [lrp is never traced]
-    The rule taps carry Python objects (templates, rules) into autograd Functions'
-    backward, which Dynamo cannot trace: with ``fullgraph=True`` it fails, and with graph
-    breaks it failed on an internal assertion (a wrong map was the risk). So lrp is
-    excluded from tracing: inside a compiled function it runs eagerly and gives the
-    eager maps; ``fullgraph=True`` reports the excluded call.
-    """
+    # The rule taps carry Python objects (templates, rules) into autograd Functions'
+    # backward, which Dynamo cannot trace: with ``fullgraph=True`` it fails, and with graph
+    # breaks it failed on an internal assertion (a wrong map was the risk). So lrp is
+    # excluded from tracing: inside a compiled function it runs eagerly and gives the
+    # eager maps; ``fullgraph=True`` reports the excluded call.
     return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # (reason= needs torch 2.8)
 
 
@@ -46,13 +44,11 @@ def _tracked(t: Any) -> bool:
 
 
 def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
-    """Raise under a ``grad``/``vjp``/``jvp`` of lrp itself (``vmap`` is fine); see the NOTE.
-
+    """Raise under a ``grad``/``vjp``/``jvp`` of lrp itself (``vmap`` is fine); see the NOTE."""
     # NOTE [lrp maps are not differentiable]
-    A rule's backward stands in for the module's derivative at *every* level of
-    differentiation, so an outer ``torch.func.grad`` of an LRP map would differentiate
-    through the rules as if they were the modules' derivatives: a plausible, wrong number.
-    """
+    # A rule's backward stands in for the module's derivative at *every* level of
+    # differentiation, so an outer ``torch.func.grad`` of an LRP map would differentiate
+    # through the rules as if they were the modules' derivatives: a plausible, wrong number.
     if torch._C._functorch.peek_interpreter_stack() is None:
         return  # no functorch level is active: nothing can be tracked by one
     for td in (params, inputs):

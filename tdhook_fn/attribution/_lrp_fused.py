@@ -1,23 +1,22 @@
-"""Alpha-beta (and z+) on a linear layer or a convolution with every ``z`` from one op.
+"""Alpha-beta (and z+) on a linear layer or a convolution with every ``z`` from one op."""
 
 # NOTE [fused alpha-beta]
-`AlphaBeta` runs its module up to four times with modified weights (``w+ x+``,
-``w- x-``, and their mirror for beta) and pulls back through each run. On an affine
-module (NOTE [affine modules]) these runs are one map on inputs stacked along the
-channel dim, ``[x+, x-]``, with weights stacked the same way, ``[[w+, w-], [w-, w+]]``
-(one row block per half): one forward for every ``z``, and one adjoint for every
-relevance. Where the input has no negative entry (after a ReLU) the ``x-`` half is
-exactly zero and dropped. The module's own output comes from the same op, its weight
-one more row block (``[w, w]`` on ``[x+, x-]``): the same products, summed in another
-order where the input has both signs (a difference in the last bits, as between two
-convolution algorithms; tests compare with the unfused rule in ulps).
-
-On the benchmarks' CNN (z+ on both convolutions, batch 64) this and the one-op adjoints
-took lrp from 2.0x to 1.2x a plain gradient: on the CPU a small convolution costs about
-the same with 8 or 16 output channels. It is used on the chain walk (NOTE [lrp on a chain]), which runs eagerly;
-the taps path keeps `AlphaBeta.relevance`, and tests check that both agree.
-Grouped convolutions take the rule's own path (stacked channels would cross groups).
-"""
+# `AlphaBeta` runs its module up to four times with modified weights (``w+ x+``,
+# ``w- x-``, and their mirror for beta) and pulls back through each run. On an affine
+# module (NOTE [affine modules]) these runs are one map on inputs stacked along the
+# channel dim, ``[x+, x-]``, with weights stacked the same way, ``[[w+, w-], [w-, w+]]``
+# (one row block per half): one forward for every ``z``, and one adjoint for every
+# relevance. Where the input has no negative entry (after a ReLU) the ``x-`` half is
+# exactly zero and dropped. The module's own output comes from the same op, its weight
+# one more row block (``[w, w]`` on ``[x+, x-]``): the same products, summed in another
+# order where the input has both signs (a difference in the last bits, as between two
+# convolution algorithms; tests compare with the unfused rule in ulps).
+#
+# On the benchmarks' CNN (z+ on both convolutions, batch 64) this and the one-op adjoints
+# took lrp from 2.0x to 1.2x a plain gradient: on the CPU a small convolution costs about
+# the same with 8 or 16 output channels. It is used on the chain walk (NOTE [lrp on a chain]), which runs eagerly;
+# the taps path keeps `AlphaBeta.relevance`, and tests check that both agree.
+# Grouped convolutions take the rule's own path (stacked channels would cross groups).
 
 from __future__ import annotations
 

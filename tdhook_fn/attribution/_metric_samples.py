@@ -1,21 +1,20 @@
-"""What the metrics share: repeated samples, chunks of them, perturbation functions, checks.
+"""What the metrics share: repeated samples, chunks of them, perturbation functions, checks."""
 
 # NOTE [metric samples]
-A metric evaluates ``n_perturb_samples`` perturbations of every input. The inputs
-(batch ``[*B]``) are repeated along a new *last* batch dim, ``[*B, k]``, so that their
-memory order is captum's ``repeat_interleave`` layout ``[N * k]`` (every sample's ``k``
-copies next to each other): a perturbation function drawing random numbers in memory
-order, or reading a table in that order, gives the same perturbation to the same
-(sample, copy) here as in captum. The ``k`` copies of a chunk run through one call of the
-model (or of the explanation function), never a loop; ``chunk_size`` bounds ``k``
-(captum's ``max_examples_per_batch`` is ``chunk_size * N``). The perturbation function
-is called once per chunk, so with the same chunks it consumes the random generator as
-captum's does.
-
-Randomness stays where it is written: the perturbation function is user code and draws
-from the generator it names (``generator=``), else from torch's global one. Under
-``vmap`` a random draw needs ``vmap(..., randomness="different")`` (or ``"same"``).
-"""
+# A metric evaluates ``n_perturb_samples`` perturbations of every input. The inputs
+# (batch ``[*B]``) are repeated along a new *last* batch dim, ``[*B, k]``, so that their
+# memory order is captum's ``repeat_interleave`` layout ``[N * k]`` (every sample's ``k``
+# copies next to each other): a perturbation function drawing random numbers in memory
+# order, or reading a table in that order, gives the same perturbation to the same
+# (sample, copy) here as in captum. The ``k`` copies of a chunk run through one call of the
+# model (or of the explanation function), never a loop; ``chunk_size`` bounds ``k``
+# (captum's ``max_examples_per_batch`` is ``chunk_size * N``). The perturbation function
+# is called once per chunk, so with the same chunks it consumes the random generator as
+# captum's does.
+#
+# Randomness stays where it is written: the perturbation function is user code and draws
+# from the generator it names (``generator=``), else from torch's global one. Under
+# ``vmap`` a random draw needs ``vmap(..., randomness="different")`` (or ``"same"``).
 
 from __future__ import annotations
 

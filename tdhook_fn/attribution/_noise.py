@@ -1,18 +1,17 @@
-"""What the noise methods share: per-key standard deviations, Gaussian draws in captum's order, sums over copies.
+"""What the noise methods share: per-key standard deviations, Gaussian draws in captum's order, sums over copies."""
 
 # NOTE [noise draws]
-SmoothGrad and GradientSHAP evaluate ``k`` noisy copies of every sample. The copies sit
-on a new last batch dim, ``[*B, k]`` (`repeated`), whose memory order is captum's
-``repeat_interleave`` layout ``[N * k]``. Per chunk of copies, the noise of each
-attributed key is drawn in that memory order, key after key, with
-``torch.randn(..., generator=generator) * stdev``: the numbers captum's
-``torch.normal(0, stdev)`` draws from the same generator state, since
-``torch.normal`` with a tensor of standard deviations draws unit normals and scales
-them. So with the same seed, chunks (``chunk_size`` = captum's
-``nt_samples_batch_size``) and draw dtype, the noisy inputs are captum's, bitwise.
-captum draws its noise in the default dtype (float32) whatever the inputs' dtype;
-here it is drawn in the input's dtype unless ``noise_dtype`` says otherwise.
-"""
+# SmoothGrad and GradientSHAP evaluate ``k`` noisy copies of every sample. The copies sit
+# on a new last batch dim, ``[*B, k]`` (`repeated`), whose memory order is captum's
+# ``repeat_interleave`` layout ``[N * k]``. Per chunk of copies, the noise of each
+# attributed key is drawn in that memory order, key after key, with
+# ``torch.randn(..., generator=generator) * stdev``: the numbers captum's
+# ``torch.normal(0, stdev)`` draws from the same generator state, since
+# ``torch.normal`` with a tensor of standard deviations draws unit normals and scales
+# them. So with the same seed, chunks (``chunk_size`` = captum's
+# ``nt_samples_batch_size``) and draw dtype, the noisy inputs are captum's, bitwise.
+# captum draws its noise in the default dtype (float32) whatever the inputs' dtype;
+# here it is drawn in the input's dtype unless ``noise_dtype`` says otherwise.
 
 from __future__ import annotations
 

@@ -1,34 +1,33 @@
-"""What every perturbation method shares: the checked call, the baselines, the batched evaluation.
+"""What every perturbation method shares: the checked call, the baselines, the batched evaluation."""
 
 # NOTE [perturbation rows]
-A perturbation method evaluates the target on ``R`` *rows*: row 0 is its reference
-(the inputs themselves for ablation, occlusion and permutation; the baselines for
-Shapley sampling) and every further row is one perturbed copy of the whole batch. The
-inputs' batch ``[*B]`` is flattened to ``[N]``; a chunk of rows ``[lo, hi)`` is built
-once by the method (``build(lo, hi)`` returns the perturbed keys, ``[hi - lo, N, ...]``;
-the other inputs are broadcast views) and goes through ``f`` in one forward of
-``(hi - lo) * N`` samples. ``chunk_size`` bounds ``hi - lo`` (captum's
-``perturbations_per_eval``); no Python loop runs per feature or per sample. Without a
-``chunk_size`` the rows are split in equal chunks of at most about ``2**16`` input
-elements (at least one row each). One forward of every row is slower per sample once a
-model's activations leave the cache: on 32 digits (64 pixels each), a CNN of two convs
-of 16 and 32 channels runs 25 Shapley orders of 16 blocks (401 rows) in 136 ms in
-forwards of 1024 samples, 281 ms in forwards of 1856 and 426 ms in one forward (2.7x
-the time per sample); a CNN of one 8-channel conv is fastest in one forward, about 15%
-ahead of forwards of 1024 samples. ``2**16`` elements (1024 digits) costs little there
-and saves much on wider models; a model with much wider activations per input element
-(large images through wide convs, token ids through embeddings) may want a smaller
-``chunk_size``. The target values come back as ``[R, N, T]``: ``T`` targets with
-``per_target``, else ``T = 1``
-holding the targets' sum (tdhook's rule for several targets). The maps then come from
-differences of rows, so they are linear in the target values, as captum's.
-
-Nothing here asks for gradients. Eager, with no tensor of ``params``, the inputs or the
-baselines requiring grad, the forwards run under ``torch.no_grad`` (autograd's bookkeeping costs a
-few percent of a small model's forward); under ``torch.func.grad`` or with parameters
-that require grad they record as usual, so the maps differentiate with respect to
-``params``.
-"""
+# A perturbation method evaluates the target on ``R`` *rows*: row 0 is its reference
+# (the inputs themselves for ablation, occlusion and permutation; the baselines for
+# Shapley sampling) and every further row is one perturbed copy of the whole batch. The
+# inputs' batch ``[*B]`` is flattened to ``[N]``; a chunk of rows ``[lo, hi)`` is built
+# once by the method (``build(lo, hi)`` returns the perturbed keys, ``[hi - lo, N, ...]``;
+# the other inputs are broadcast views) and goes through ``f`` in one forward of
+# ``(hi - lo) * N`` samples. ``chunk_size`` bounds ``hi - lo`` (captum's
+# ``perturbations_per_eval``); no Python loop runs per feature or per sample. Without a
+# ``chunk_size`` the rows are split in equal chunks of at most about ``2**16`` input
+# elements (at least one row each). One forward of every row is slower per sample once a
+# model's activations leave the cache: on 32 digits (64 pixels each), a CNN of two convs
+# of 16 and 32 channels runs 25 Shapley orders of 16 blocks (401 rows) in 136 ms in
+# forwards of 1024 samples, 281 ms in forwards of 1856 and 426 ms in one forward (2.7x
+# the time per sample); a CNN of one 8-channel conv is fastest in one forward, about 15%
+# ahead of forwards of 1024 samples. ``2**16`` elements (1024 digits) costs little there
+# and saves much on wider models; a model with much wider activations per input element
+# (large images through wide convs, token ids through embeddings) may want a smaller
+# ``chunk_size``. The target values come back as ``[R, N, T]``: ``T`` targets with
+# ``per_target``, else ``T = 1``
+# holding the targets' sum (tdhook's rule for several targets). The maps then come from
+# differences of rows, so they are linear in the target values, as captum's.
+#
+# Nothing here asks for gradients. Eager, with no tensor of ``params``, the inputs or the
+# baselines requiring grad, the forwards run under ``torch.no_grad`` (autograd's bookkeeping costs a
+# few percent of a small model's forward); under ``torch.func.grad`` or with parameters
+# that require grad they record as usual, so the maps differentiate with respect to
+# ``params``.
 
 from __future__ import annotations
 

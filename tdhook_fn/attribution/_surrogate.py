@@ -1,16 +1,15 @@
-"""What LIME and KernelSHAP share: interpretable features, the perturbed inputs in chunks, the maps.
+"""What LIME and KernelSHAP share: interpretable features, the perturbed inputs in chunks, the maps."""
 
 # NOTE [surrogate perturbations]
-An interpretable sample is a row of ``F`` zeros and ones, one per feature (a group of
-input elements, `feature_mask`): a one keeps the feature's elements of the input, a zero
-puts the baseline's there (captum's default transform). The ``n`` samples of every input
-sample, ``[*B, n, F]``, are drawn (or given) once; the perturbed inputs are built from
-them chunk by chunk, ``chunk_size`` per input sample, and every chunk of every input
-sample runs through ``f`` in one batched forward (captum runs one input sample at a
-time, ``perturbations_per_eval`` each). The chunks' target values ``[*B, n, T]`` are then
-fitted by the interpretable model in one batched solve (NOTE [batched surrogate fits]),
-and each coefficient is written on its feature's elements.
-"""
+# An interpretable sample is a row of ``F`` zeros and ones, one per feature (a group of
+# input elements, `feature_mask`): a one keeps the feature's elements of the input, a zero
+# puts the baseline's there (captum's default transform). The ``n`` samples of every input
+# sample, ``[*B, n, F]``, are drawn (or given) once; the perturbed inputs are built from
+# them chunk by chunk, ``chunk_size`` per input sample, and every chunk of every input
+# sample runs through ``f`` in one batched forward (captum runs one input sample at a
+# time, ``perturbations_per_eval`` each). The chunks' target values ``[*B, n, T]`` are then
+# fitted by the interpretable model in one batched solve (NOTE [batched surrogate fits]),
+# and each coefficient is written on its feature's elements.
 
 from __future__ import annotations
 

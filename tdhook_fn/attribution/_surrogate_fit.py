@@ -1,26 +1,25 @@
-"""The interpretable linear models of LIME and KernelSHAP, fitted for every sample and target at once.
+"""The interpretable linear models of LIME and KernelSHAP, fitted for every sample and target at once."""
 
 # NOTE [batched surrogate fits]
-captum fits one scikit-learn model per sample (``Lasso(alpha=0.01)`` for LIME,
-``LinearRegression`` for KernelSHAP), each with an intercept and sample weights. Here
-the interpretable samples ``X [*B, n, F]``, the outputs ``y [*B, n, T]`` and the weights
-``w [*B, n]`` of every sample and target are fitted together:
-
-- least squares and ridge are one least-squares solve of the weighted, centred data
-  (ridge as ``sqrt(alpha) I`` rows below it), the minimum-norm solution where the
-  samples do not fix every coefficient, as scikit-learn's (NOTE [deterministic least
-  squares]). No normal equations: KernelSHAP's end-point weights (1e6) square to a
-  condition number float32 cannot hold, and torch's CPU batched ``linalg.solve`` is
-  unreliable (pytorch#142815).
-- the lasso minimises scikit-learn's objective ``1/2 sum_i p_i (y_i - b - x_i.c)^2 +
-  alpha |c|_1`` (``p`` the weights normalised to sum 1) by accelerated proximal gradient
-  on the Gram matrix, polished as it goes: on the signs found, the optimum is the
-  solution of a linear system, taken once it satisfies the lasso's optimality conditions
-  for every sample and target. So the result is the optimum to rounding, where
-  scikit-learn stops at its ``tol=1e-4``.
-
-The intercepts are the weighted means' difference, as scikit-learn's ``fit_intercept``.
-"""
+# captum fits one scikit-learn model per sample (``Lasso(alpha=0.01)`` for LIME,
+# ``LinearRegression`` for KernelSHAP), each with an intercept and sample weights. Here
+# the interpretable samples ``X [*B, n, F]``, the outputs ``y [*B, n, T]`` and the weights
+# ``w [*B, n]`` of every sample and target are fitted together:
+#
+# - least squares and ridge are one least-squares solve of the weighted, centred data
+#   (ridge as ``sqrt(alpha) I`` rows below it), the minimum-norm solution where the
+#   samples do not fix every coefficient, as scikit-learn's (NOTE [deterministic least
+#   squares]). No normal equations: KernelSHAP's end-point weights (1e6) square to a
+#   condition number float32 cannot hold, and torch's CPU batched ``linalg.solve`` is
+#   unreliable (pytorch#142815).
+# - the lasso minimises scikit-learn's objective ``1/2 sum_i p_i (y_i - b - x_i.c)^2 +
+#   alpha |c|_1`` (``p`` the weights normalised to sum 1) by accelerated proximal gradient
+#   on the Gram matrix, polished as it goes: on the signs found, the optimum is the
+#   solution of a linear system, taken once it satisfies the lasso's optimality conditions
+#   for every sample and target. So the result is the optimum to rounding, where
+#   scikit-learn stops at its ``tol=1e-4``.
+#
+# The intercepts are the weighted means' difference, as scikit-learn's ``fit_intercept``.
 
 from __future__ import annotations
 
@@ -71,15 +70,13 @@ def lasso(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float, max_i
 
 
 def minimum_norm_solution(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``argmin |a x - b|`` of least norm, batched, rank-deficient ``a`` too.
-
+    """``argmin |a x - b|`` of least norm, batched, rank-deficient ``a`` too."""
     # NOTE [deterministic least squares]
-    On the CPU, LAPACK's divide-and-conquer SVD solver (``gelsd``, scikit-learn's too);
-    torch's default ``gelsy`` gives other bits on repeated identical calls (measured:
-    about one call in three, float32 and float64, torch 2.13). Elsewhere the
-    pseudo-inverse: CUDA's ``lstsq`` has only ``gels``, which assumes full rank, and
-    ``torch.compile`` cannot trace ``lstsq`` (its outputs' shapes depend on the data).
-    """
+    # On the CPU, LAPACK's divide-and-conquer SVD solver (``gelsd``, scikit-learn's too);
+    # torch's default ``gelsy`` gives other bits on repeated identical calls (measured:
+    # about one call in three, float32 and float64, torch 2.13). Elsewhere the
+    # pseudo-inverse: CUDA's ``lstsq`` has only ``gels``, which assumes full rank, and
+    # ``torch.compile`` cannot trace ``lstsq`` (its outputs' shapes depend on the data).
     if a.device.type == "cpu" and not torch.compiler.is_compiling():
         solution: torch.Tensor = torch.linalg.lstsq(a, b, driver="gelsd").solution
         return solution

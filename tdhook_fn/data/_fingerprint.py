@@ -1,36 +1,35 @@
-"""Stable descriptions of a job's arguments, to tell whether an ``out_dir`` is this job's.
+"""Stable descriptions of a job's arguments, to tell whether an ``out_dir`` is this job's."""
 
 # NOTE [job fingerprints]
-An ``out_dir`` written by one job must never be silently reused by another, so each
-argument of `attribute` is reduced to a JSON value that is the
-same in every process and every run of the same script, and differs when anything the
-numbers depend on does:
-
-- tensors, numpy arrays and what numpy reads through ``__array__``: the SHA-256 of their
-  dtype, shape and bytes;
-- functions: qualified name, bytecode, constants, defaults, closure (so ``label("y")``
-  and ``label("z")`` differ) and the values of the module globals their code names (so a
-  target reading ``CLASS`` changes with ``CLASS = 2``), followed into the functions they
-  call; partials and bound methods by their parts;
-- modules: the class and plain attributes of every submodule, the values of its tensors
-  (a module a target closes over computes with its own), and the hooks that run with it
-  (``_fingerprint_hooks``);
-- other objects: their class and attributes (``__dict__`` and ``__slots__``), or, with
-  neither, what pickle stores of them (``Decimal``, ``itemgetter``, ``torch.Generator``).
-  An object that cannot be described is an error naming its type: left out, a change to
-  it would return old rows.
-
-Named only, on purpose: modules, classes and builtins (a library's code and state are its
-version's; the code of a class's methods, a module's ``forward`` included, is not followed:
-a changed class needs a new ``out_dir``); the globals of functions of tdhook_fn, the
-standard library and installed packages (their module state is the library's: caches,
-registries); loggers and locks (machinery around the numbers; a logger's state is the
-whole process's); anything past ``_DEPTH`` levels or met again on its own path.
-
-A function's changing state is part of it too: a method appending to a global list is
-another job at each run; keep such state in a file or a module's attribute. Nothing here
-uses ``id`` or ``repr`` with an address, which change between runs.
-"""
+# An ``out_dir`` written by one job must never be silently reused by another, so each
+# argument of `attribute` is reduced to a JSON value that is the
+# same in every process and every run of the same script, and differs when anything the
+# numbers depend on does:
+#
+# - tensors, numpy arrays and what numpy reads through ``__array__``: the SHA-256 of their
+#   dtype, shape and bytes;
+# - functions: qualified name, bytecode, constants, defaults, closure (so ``label("y")``
+#   and ``label("z")`` differ) and the values of the module globals their code names (so a
+#   target reading ``CLASS`` changes with ``CLASS = 2``), followed into the functions they
+#   call; partials and bound methods by their parts;
+# - modules: the class and plain attributes of every submodule, the values of its tensors
+#   (a module a target closes over computes with its own), and the hooks that run with it
+#   (``_fingerprint_hooks``);
+# - other objects: their class and attributes (``__dict__`` and ``__slots__``), or, with
+#   neither, what pickle stores of them (``Decimal``, ``itemgetter``, ``torch.Generator``).
+#   An object that cannot be described is an error naming its type: left out, a change to
+#   it would return old rows.
+#
+# Named only, on purpose: modules, classes and builtins (a library's code and state are its
+# version's; the code of a class's methods, a module's ``forward`` included, is not followed:
+# a changed class needs a new ``out_dir``); the globals of functions of tdhook_fn, the
+# standard library and installed packages (their module state is the library's: caches,
+# registries); loggers and locks (machinery around the numbers; a logger's state is the
+# whole process's); anything past ``_DEPTH`` levels or met again on its own path.
+#
+# A function's changing state is part of it too: a method appending to a global list is
+# another job at each run; keep such state in a file or a module's attribute. Nothing here
+# uses ``id`` or ``repr`` with an address, which change between runs.
 
 from __future__ import annotations
 

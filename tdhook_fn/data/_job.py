@@ -1,30 +1,29 @@
-"""An ``out_dir`` on disk: the job that owns it, the result's layout, the batches done.
+"""An ``out_dir`` on disk: the job that owns it, the result's layout, the batches done."""
 
 # NOTE [resumable out_dir]
-``out_dir`` holds the result as a memory-mapped TensorDict (``TensorDict.load_memmap(
-out_dir)`` opens it) and entries of ours beside it:
-
-- ``_tdhook_fn.lock``: created first, locked while a run writes (NOTE [out_dir lock]).
-- ``_job.json``: the job's fingerprint (NOTE [job fingerprints]), written first, then
-  rewritten with ``"layout": true`` and the size of every file of the result once the
-  memmap files exist. A directory with a different fingerprint is refused.
-- ``_done/<batch>``: a file per finished batch holding the digest of the batch's samples
-  (NOTE [every row counts]) and the digest of its rows as written, created only after the
-  rows are written and flushed to disk (``fsync``), so a batch is either written and
-  recorded or redone; a process killed at any moment loses at most the batches it had not
-  recorded.
-- ``_complete``: written once every batch is recorded.
-
-Every file of ours is written to a temporary name and renamed, which is atomic; a
-temporary file left by a killed process is removed by the next run, which holds the lock.
-
-Files can still change under us afterwards (a full disk, a file-size limit, a user deleting
-or truncating one), so the disk is checked before a run resumes or returns (NOTE [checked
-out_dir]). A directory is ours when it holds the lock file, a job file of ours, or nothing
-but our entries; one that is not is never written to nor deleted, even with
-``overwrite=True``. ``overwrite=True`` empties one of ours, partial or corrupt, and starts
-again (the lock file stays: it is held).
-"""
+# ``out_dir`` holds the result as a memory-mapped TensorDict (``TensorDict.load_memmap(
+# out_dir)`` opens it) and entries of ours beside it:
+#
+# - ``_tdhook_fn.lock``: created first, locked while a run writes (NOTE [out_dir lock]).
+# - ``_job.json``: the job's fingerprint (NOTE [job fingerprints]), written first, then
+#   rewritten with ``"layout": true`` and the size of every file of the result once the
+#   memmap files exist. A directory with a different fingerprint is refused.
+# - ``_done/<batch>``: a file per finished batch holding the digest of the batch's samples
+#   (NOTE [every row counts]) and the digest of its rows as written, created only after the
+#   rows are written and flushed to disk (``fsync``), so a batch is either written and
+#   recorded or redone; a process killed at any moment loses at most the batches it had not
+#   recorded.
+# - ``_complete``: written once every batch is recorded.
+#
+# Every file of ours is written to a temporary name and renamed, which is atomic; a
+# temporary file left by a killed process is removed by the next run, which holds the lock.
+#
+# Files can still change under us afterwards (a full disk, a file-size limit, a user deleting
+# or truncating one), so the disk is checked before a run resumes or returns (NOTE [checked
+# out_dir]). A directory is ours when it holds the lock file, a job file of ours, or nothing
+# but our entries; one that is not is never written to nor deleted, even with
+# ``overwrite=True``. ``overwrite=True`` empties one of ours, partial or corrupt, and starts
+# again (the lock file stays: it is held).
 
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
-"""One job at a time in an ``out_dir``: an advisory ``flock`` on a lock file inside it.
+"""One job at a time in an ``out_dir``: an advisory ``flock`` on a lock file inside it."""
 
 # NOTE [out_dir lock]
-Two processes writing one ``out_dir`` would interleave their files (and each would see the
-other's half-written ones), so the process that claims an ``out_dir`` holds an exclusive
-``fcntl.flock`` on ``_tdhook_fn.lock`` in it until its run ends, and writes its pid and
-host into the file; a second process is refused at once with an error naming them. The OS
-drops the lock when its process dies, however it dies, so a killed run never blocks the next
-one; the file stays (deleting it would let a third process lock a new file while the second
-still holds the old one) and marks the directory as ours (NOTE [resumable out_dir]). Under
-``torchrun`` rank 0 holds the lock for all the ranks of the job, which follow its plan.
-``flock`` is advisory and per host on some network filesystems: it keeps apart our own runs,
-not other programs. Where ``fcntl`` does not exist (Windows) nothing is locked.
-"""
+# Two processes writing one ``out_dir`` would interleave their files (and each would see the
+# other's half-written ones), so the process that claims an ``out_dir`` holds an exclusive
+# ``fcntl.flock`` on ``_tdhook_fn.lock`` in it until its run ends, and writes its pid and
+# host into the file; a second process is refused at once with an error naming them. The OS
+# drops the lock when its process dies, however it dies, so a killed run never blocks the next
+# one; the file stays (deleting it would let a third process lock a new file while the second
+# still holds the old one) and marks the directory as ours (NOTE [resumable out_dir]). Under
+# ``torchrun`` rank 0 holds the lock for all the ranks of the job, which follow its plan.
+# ``flock`` is advisory and per host on some network filesystems: it keeps apart our own runs,
+# not other programs. Where ``fcntl`` does not exist (Windows) nothing is locked.
 
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
-"""``fit_probes``: ridge probes at every site over a dataset too large for memory, resumable.
+"""``fit_probes``: ridge probes at every site over a dataset too large for memory, resumable."""
 
 # NOTE [streamed probes]
-A batch at a time, the model runs once (`tdhook_fn.latent.cache` reads every site), each
-site's ridge statistics are taken (`ridge_statistics`: count, means, centred cross-products)
-and merged into the running ones, exactly; memory is one batch plus ``D x D`` per site. The
-probes are solved once at the end (`solve_ridge`), equal to the in-memory fit on all the
-samples. ``out_dir`` keeps the job's fingerprint (``_job.json``, as `attribute`'s) and the
-running statistics with the number of batches in them (``_statistics.pt``, written to a
-temporary file and renamed, atomically, every ``checkpoint_every`` batches and at the end),
-so a killed run resumes from its last checkpoint and a finished one is solved again at once
-(with any ``alpha``: the penalty is not part of the job). A lazily read ``Dataset``'s
-batches are digested as read and the digests kept; resuming reads those batches again and
-refuses a changed one. One process works in an ``out_dir`` at a time (its lock).
-"""
+# A batch at a time, the model runs once (`tdhook_fn.latent.cache` reads every site), each
+# site's ridge statistics are taken (`ridge_statistics`: count, means, centred cross-products)
+# and merged into the running ones, exactly; memory is one batch plus ``D x D`` per site. The
+# probes are solved once at the end (`solve_ridge`), equal to the in-memory fit on all the
+# samples. ``out_dir`` keeps the job's fingerprint (``_job.json``, as `attribute`'s) and the
+# running statistics with the number of batches in them (``_statistics.pt``, written to a
+# temporary file and renamed, atomically, every ``checkpoint_every`` batches and at the end),
+# so a killed run resumes from its last checkpoint and a finished one is solved again at once
+# (with any ``alpha``: the penalty is not part of the job). A lazily read ``Dataset``'s
+# batches are digested as read and the digests kept; resuming reads those batches again and
+# refuses a changed one. One process works in an ``out_dir`` at a time (its lock).
 
 from __future__ import annotations
 

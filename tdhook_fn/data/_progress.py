@@ -1,15 +1,14 @@
-"""Progress of dataset runs: tqdm's bar on a terminal, rate-limited log lines elsewhere.
+"""Progress of dataset runs: tqdm's bar on a terminal, rate-limited log lines elsewhere."""
 
 # NOTE [progress without a terminal]
-Under Slurm, nohup or CI stderr is a file, where a bar's carriage returns pile up into one
-unreadable line, so off a terminal (or without tqdm) progress goes to the ``logging``
-logger ``tdhook_fn.data`` at INFO: at most one line every ``LOG_EVERY`` seconds (samples
-done, rate, time left) and a last line when the run ends. A script that has not configured
-``logging`` would never see INFO lines (Python's last-resort handler shows warnings only),
-so while no handler would take them they are written to stderr as they are; once the script
-configures logging, its handlers decide (and ``logging.getLogger("tdhook_fn.data").setLevel(
-logging.WARNING)`` silences the lines either way).
-"""
+# Under Slurm, nohup or CI stderr is a file, where a bar's carriage returns pile up into one
+# unreadable line, so off a terminal (or without tqdm) progress goes to the ``logging``
+# logger ``tdhook_fn.data`` at INFO: at most one line every ``LOG_EVERY`` seconds (samples
+# done, rate, time left) and a last line when the run ends. A script that has not configured
+# ``logging`` would never see INFO lines (Python's last-resort handler shows warnings only),
+# so while no handler would take them they are written to stderr as they are; once the script
+# configures logging, its handlers decide (and ``logging.getLogger("tdhook_fn.data").setLevel(
+# logging.WARNING)`` silences the lines either way).
 
 from __future__ import annotations
 

@@ -4,16 +4,16 @@ Two kinds are accepted: a TensorDict with a leading batch dim (a slice per batch
 memory-mapped one is read a batch at a time) and a map-style
 ``torch.utils.data.Dataset`` whose items are TensorDicts or dicts of tensors (the items
 of a batch are stacked).
+"""
 
 # NOTE [every row counts]
-An ``out_dir`` must not return, or resume with, rows of a dataset that has changed since,
-even in one sample or in its order. A TensorDict is digested whole when the job is
-described: every leaf's bytes, read through (a memory-mapped one is not loaded), which is
-cheap next to attributing it. A Dataset is read lazily (decoding images, tokenizing), so it
-is digested a batch at a time as each batch is read, and the digest is recorded with the
-batch (NOTE [resumable out_dir]); resuming or returning the ``out_dir`` reads its recorded
-batches again (reading only, no attribution) and refuses one whose digest differs.
-"""
+# An ``out_dir`` must not return, or resume with, rows of a dataset that has changed since,
+# even in one sample or in its order. A TensorDict is digested whole when the job is
+# described: every leaf's bytes, read through (a memory-mapped one is not loaded), which is
+# cheap next to attributing it. A Dataset is read lazily (decoding images, tokenizing), so it
+# is digested a batch at a time as each batch is read, and the digest is recorded with the
+# batch (NOTE [resumable out_dir]); resuming or returning the ``out_dir`` reads its recorded
+# batches again (reading only, no attribution) and refuses one whose digest differs.
 
 from __future__ import annotations
 

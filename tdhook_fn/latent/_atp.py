@@ -1,15 +1,14 @@
-"""Attribution patching: every patching effect at once, to first order.
+"""Attribution patching: every patching effect at once, to first order."""
 
 # NOTE [attribution patching]
-Patching site ``s`` changes its activation from ``a_corrupted`` to ``a_clean``; to first
-order the metric changes by ``(a_clean - a_corrupted) . d metric / d a`` at the
-corrupted run (Nanda 2023; Kramar et al. 2024, "AtP"). All sites need one forward on the
-clean inputs (their activations) and one forward and one backward on the corrupted
-ones: the gradient with respect to an additive zero perturbation of each site's
-selection (NOTE [layer gradients]), all in one ``torch.func.vjp``. The estimate is
-exact where the metric is linear in the patched activation. Compare it with
-``patching_sweep(...) - metric(corrupted)``.
-"""
+# Patching site ``s`` changes its activation from ``a_corrupted`` to ``a_clean``; to first
+# order the metric changes by ``(a_clean - a_corrupted) . d metric / d a`` at the
+# corrupted run (Nanda 2023; Kramar et al. 2024, "AtP"). All sites need one forward on the
+# clean inputs (their activations) and one forward and one backward on the corrupted
+# ones: the gradient with respect to an additive zero perturbation of each site's
+# selection (NOTE [layer gradients]), all in one ``torch.func.vjp``. The estimate is
+# exact where the metric is linear in the patched activation. Compare it with
+# ``patching_sweep(...) - metric(corrupted)``.
 
 from __future__ import annotations
 

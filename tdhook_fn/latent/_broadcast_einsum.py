@@ -1,12 +1,11 @@
-"""One einsum over two operands whose leading (batch) dims broadcast, without expanding them.
+"""One einsum over two operands whose leading (batch) dims broadcast, without expanding them."""
 
 # NOTE [all pairs by broadcasting]
-``cka(acts[:, None], acts[None, :])`` asks for an ``L x L`` table. Broadcasting the
-operands (as ``*`` or ``matmul`` would) copies each per-layer tensor ``L`` times. Here a
-batch dim of size 1 in one operand is dropped from that operand's einsum subscript: a dim
-held by both is a batch dim of the contraction, a dim held by one is an outer-product dim,
-so the whole table is one batched matrix product over the per-layer tensors.
-"""
+# ``cka(acts[:, None], acts[None, :])`` asks for an ``L x L`` table. Broadcasting the
+# operands (as ``*`` or ``matmul`` would) copies each per-layer tensor ``L`` times. Here a
+# batch dim of size 1 in one operand is dropped from that operand's einsum subscript: a dim
+# held by both is a batch dim of the contraction, a dim held by one is an outer-product dim,
+# so the whole table is one batched matrix product over the per-layer tensors.
 
 from __future__ import annotations
 

@@ -1,34 +1,33 @@
-"""CA-PCA (Gilbert and O'Neill 2023): local PCA calibrated on a curved, quadratic neighbourhood.
+"""CA-PCA (Gilbert and O'Neill 2023): local PCA calibrated on a curved, quadratic neighbourhood."""
 
 # NOTE [CA-PCA]
-Around a point take its ``k + 1`` nearest neighbours and ``r = (R_k + R_(k+1)) / 2``
-(halfway between the ``k``-th and ``(k+1)``-th neighbour distances), as tdhook 0.1.3.
-The eigenvalues ``l_1 >= ... >= l_D`` of their covariance (centred on their mean,
-``1 / k``), divided by ``r^2``, are compared with those of a ``d``-dimensional quadratic
-embedding: flat, the ``d`` tangent ones would be ``1 / (d + 2)`` (a uniform ``d``-ball)
-and the rest 0; curvature moves mass ``T_d = l_(d+1) + ... + l_D`` to the normal
-directions and shrinks each tangent one by ``(3d + 4) / (d (d + 4)) T_d``. The score of
-``d`` is ``|| l_(1..d) + (3d + 4) / (d (d + 4)) T_d - 1 / (d + 2) || + 2 T_d`` and the
-estimate its argmin over ``d = 1..D``. All ``D`` scores of all points come from prefix
-sums of ``l`` and ``l^2`` (``O(N D)``), not a ``D x D`` table per point.
-
+# Around a point take its ``k + 1`` nearest neighbours and ``r = (R_k + R_(k+1)) / 2``
+# (halfway between the ``k``-th and ``(k+1)``-th neighbour distances), as tdhook 0.1.3.
+# The eigenvalues ``l_1 >= ... >= l_D`` of their covariance (centred on their mean,
+# ``1 / k``), divided by ``r^2``, are compared with those of a ``d``-dimensional quadratic
+# embedding: flat, the ``d`` tangent ones would be ``1 / (d + 2)`` (a uniform ``d``-ball)
+# and the rest 0; curvature moves mass ``T_d = l_(d+1) + ... + l_D`` to the normal
+# directions and shrinks each tangent one by ``(3d + 4) / (d (d + 4)) T_d``. The score of
+# ``d`` is ``|| l_(1..d) + (3d + 4) / (d (d + 4)) T_d - 1 / (d + 2) || + 2 T_d`` and the
+# estimate its argmin over ``d = 1..D``. All ``D`` scores of all points come from prefix
+# sums of ``l`` and ``l^2`` (``O(N D)``), not a ``D x D`` table per point.
+#
 # NOTE [CA-PCA at the edges]
-Where a neighbourhood is lopsided (a point at the edge of the data, or where the density
-falls fast), its covariance is small against ``r^2``: all ``l_i`` fall below
-``1 / (d + 2)``. The score of ``d`` is then about the norm of the target,
-``sqrt(d) / (d + 2)``, which falls as ``d`` grows, so the largest ``d`` wins: the ambient
-dimension, even where the last eigenvalues are zero (tdhook 0.1.3 answers ``D`` at about
-1% of the points of a noise-free 8-dimensional Gaussian in R^12 with ``k = 20``). A
-dimension ``d`` needs ``d`` directions of spread: here ``d`` is a candidate only where
-``l_d >= support * l_1`` (``support = 0.01`` by default), which leaves the flat and curved
-cases as they were (the normal spread that curvature makes is counted in ``T_d``, not
-asked of ``l_d``) and removes the ambient answers at the edges: on Gaussians, cubes,
-spheres and a swiss roll, noise-free and noisy, no point lost its right answer and
-every ambient answer of a noise-free manifold went (tests/latent/test_dimension.py).
-Three other conventions (the point itself in its neighbourhood; second moments about
-the point; the spectrum scaled to a ball's total spread) each lost right answers
-elsewhere. ``support=0`` is tdhook's rule.
-"""
+# Where a neighbourhood is lopsided (a point at the edge of the data, or where the density
+# falls fast), its covariance is small against ``r^2``: all ``l_i`` fall below
+# ``1 / (d + 2)``. The score of ``d`` is then about the norm of the target,
+# ``sqrt(d) / (d + 2)``, which falls as ``d`` grows, so the largest ``d`` wins: the ambient
+# dimension, even where the last eigenvalues are zero (tdhook 0.1.3 answers ``D`` at about
+# 1% of the points of a noise-free 8-dimensional Gaussian in R^12 with ``k = 20``). A
+# dimension ``d`` needs ``d`` directions of spread: here ``d`` is a candidate only where
+# ``l_d >= support * l_1`` (``support = 0.01`` by default), which leaves the flat and curved
+# cases as they were (the normal spread that curvature makes is counted in ``T_d``, not
+# asked of ``l_d``) and removes the ambient answers at the edges: on Gaussians, cubes,
+# spheres and a swiss roll, noise-free and noisy, no point lost its right answer and
+# every ambient answer of a noise-free manifold went (tests/latent/test_dimension.py).
+# Three other conventions (the point itself in its neighbourhood; second moments about
+# the point; the spectrum scaled to a ball's total spread) each lost right answers
+# elsewhere. ``support=0`` is tdhook's rule.
 
 from __future__ import annotations
 

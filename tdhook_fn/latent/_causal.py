@@ -1,34 +1,33 @@
-"""Patched runs of a causal model on the positions a patch can change, from the corrupted run's cache.
+"""Patched runs of a causal model on the positions a patch can change, from the corrupted run's cache."""
 
 # NOTE [causal sweeps]
-In a causal model (a decoder: each position attends to itself and the ones before it) a
-patch at position ``p`` changes nothing at the positions before ``p``, at any layer. With
-``patching_sweep(..., causal=True)`` the runs are grouped by the first position they
-patch, and a group starting at ``p > 0`` runs the model on the positions ``[p:]`` only,
-with the corrupted run's keys and values of the positions before ``p`` in the model's
-cache (Hugging Face's ``past_key_values``); its outputs at the positions before ``p``
-are the corrupted run's. On top of what ``vmap`` shares (NOTE [patching sweeps]: the
-layers below a chunk's first patch run once), a run at position ``p`` of ``T`` costs
-about ``(T - p) / T`` of one: about half, over a grid of every position.
-
-What it takes, each checked with an error that says what to do instead:
-
-- a Hugging Face model whose forward takes ``past_key_values`` and ``use_cache``, with
-  a cache of full-attention layers (``DynamicLayer``; sliding windows keep too little);
-- inputs it knows how to cut: ``input_ids``, ``inputs_embeds``, ``position_ids`` and
-  ``token_type_ids`` are cut to ``[p:]``, ``attention_mask`` stays whole (it covers the
-  cached positions too); any other input is refused;
-- sites whose activation has its positions first (``[N, T, ...]``, no other dim of size
-  ``T``) and whose selection starts with one position (an int); other runs start at 0
-  and run whole, as without ``causal``;
-- ``f``'s outputs with their positions first (``[N, T, ...]``), so the corrupted run's
-  first ``p`` positions complete them.
-
-Being causal is the caller's claim, and it is tested: the run of the largest ``p`` is
-also run whole, and its outputs must agree (``RuntimeError`` otherwise: the model
-attends to later positions, or does not use its cache as assumed). It runs eagerly
-(no functorch transform around the sweep).
-"""
+# In a causal model (a decoder: each position attends to itself and the ones before it) a
+# patch at position ``p`` changes nothing at the positions before ``p``, at any layer. With
+# ``patching_sweep(..., causal=True)`` the runs are grouped by the first position they
+# patch, and a group starting at ``p > 0`` runs the model on the positions ``[p:]`` only,
+# with the corrupted run's keys and values of the positions before ``p`` in the model's
+# cache (Hugging Face's ``past_key_values``); its outputs at the positions before ``p``
+# are the corrupted run's. On top of what ``vmap`` shares (NOTE [patching sweeps]: the
+# layers below a chunk's first patch run once), a run at position ``p`` of ``T`` costs
+# about ``(T - p) / T`` of one: about half, over a grid of every position.
+#
+# What it takes, each checked with an error that says what to do instead:
+#
+# - a Hugging Face model whose forward takes ``past_key_values`` and ``use_cache``, with
+#   a cache of full-attention layers (``DynamicLayer``; sliding windows keep too little);
+# - inputs it knows how to cut: ``input_ids``, ``inputs_embeds``, ``position_ids`` and
+#   ``token_type_ids`` are cut to ``[p:]``, ``attention_mask`` stays whole (it covers the
+#   cached positions too); any other input is refused;
+# - sites whose activation has its positions first (``[N, T, ...]``, no other dim of size
+#   ``T``) and whose selection starts with one position (an int); other runs start at 0
+#   and run whole, as without ``causal``;
+# - ``f``'s outputs with their positions first (``[N, T, ...]``), so the corrupted run's
+#   first ``p`` positions complete them.
+#
+# Being causal is the caller's claim, and it is tested: the run of the largest ``p`` is
+# also run whole, and its outputs must agree (``RuntimeError`` otherwise: the model
+# attends to later positions, or does not use its cache as assumed). It runs eagerly
+# (no functorch transform around the sweep).
 
 from __future__ import annotations
 

@@ -1,24 +1,23 @@
-"""Which runs of a causal sweep share a chunk: bands of neighbouring modules, cut by position.
+"""Which runs of a causal sweep share a chunk: bands of neighbouring modules, cut by position."""
 
 # NOTE [causal chunks]
-A chunk runs its runs from its first run's start ``a`` on (NOTE [causal sweeps]): what
-comes before its lowest patched module ``m`` once (the part ``vmap`` shares, a share
-``q`` of the forward, `share_before`) and the rest once per run. With ``T`` positions and
-``F`` a forward's fixed cost in positions (NOTE [sweep chunks]), a chunk of ``n`` runs
-costs about ``F + q (T - a) + n (1 - q) (T - a)``. Two things are traded against ``F``:
-
-- runs of one module at later positions than ``a`` run positions ``[a, p)`` that only
-  repeat the corrupted run's;
-- runs patching a module above ``m`` run the modules between ``m`` and theirs once each,
-  where alone they would share them.
-
-The plan puts the modules, in the order of the forward, into bands of ``h`` neighbours
-(for each ``h`` in turn), cuts each band's runs, ordered by start, into the chunks of
-least total cost (dynamic programming over the distinct starts), and keeps the cheapest
-``h``. On a default GPT-2's 12 layers x 16 positions the model's cost is 15% below one
-module per chunk. ``chunk_size`` and the memory of NOTE [sweep chunks] cap a chunk's
-runs (a longer one is split evenly); the numbers never depend on the plan.
-"""
+# A chunk runs its runs from its first run's start ``a`` on (NOTE [causal sweeps]): what
+# comes before its lowest patched module ``m`` once (the part ``vmap`` shares, a share
+# ``q`` of the forward, `share_before`) and the rest once per run. With ``T`` positions and
+# ``F`` a forward's fixed cost in positions (NOTE [sweep chunks]), a chunk of ``n`` runs
+# costs about ``F + q (T - a) + n (1 - q) (T - a)``. Two things are traded against ``F``:
+#
+# - runs of one module at later positions than ``a`` run positions ``[a, p)`` that only
+#   repeat the corrupted run's;
+# - runs patching a module above ``m`` run the modules between ``m`` and theirs once each,
+#   where alone they would share them.
+#
+# The plan puts the modules, in the order of the forward, into bands of ``h`` neighbours
+# (for each ``h`` in turn), cuts each band's runs, ordered by start, into the chunks of
+# least total cost (dynamic programming over the distinct starts), and keeps the cheapest
+# ``h``. On a default GPT-2's 12 layers x 16 positions the model's cost is 15% below one
+# module per chunk. ``chunk_size`` and the memory of NOTE [sweep chunks] cap a chunk's
+# runs (a longer one is split evenly); the numbers never depend on the plan.
 
 from __future__ import annotations
 

@@ -1,20 +1,19 @@
-"""How many runs of a patching sweep go through the model at once.
+"""How many runs of a patching sweep go through the model at once."""
 
 # NOTE [sweep chunks]
-A chunk of ``n`` runs under ``vmap`` costs one forward's fixed part ``F`` (every weight
-read once, the Python of one forward: on the CPU about as much as 16 rows, a row being
-one sample at one position), the part below its first patched module once (``q W``,
-with ``W`` one run's work and ``q`` the share of the forward before that module,
-`share_before`) and the rest once per run: per run ``(F + q W) / n + (1 - q) W``.
-The default ``n`` is the least that brings the shared part under a tenth of the rest,
-``n >= (F + q W) / (0.1 (1 - q) W)`` (a folded chunk shares nothing: ``q = 0``), capped
-by memory: ``n`` runs' outputs (from the meta forward) and eight times their largest
-activation at the sites (for what the modules make on the way) within 1 GiB.
-A ``chunk_size`` given is ``n``. The runs go in the order of their modules in the
-model (so a chunk's runs share the most), the rest split evenly at that size. One run's
-rows are the elements of its largest site activation over its last dim (samples x
-positions of a ``[N, T, D]`` residual stream).
-"""
+# A chunk of ``n`` runs under ``vmap`` costs one forward's fixed part ``F`` (every weight
+# read once, the Python of one forward: on the CPU about as much as 16 rows, a row being
+# one sample at one position), the part below its first patched module once (``q W``,
+# with ``W`` one run's work and ``q`` the share of the forward before that module,
+# `share_before`) and the rest once per run: per run ``(F + q W) / n + (1 - q) W``.
+# The default ``n`` is the least that brings the shared part under a tenth of the rest,
+# ``n >= (F + q W) / (0.1 (1 - q) W)`` (a folded chunk shares nothing: ``q = 0``), capped
+# by memory: ``n`` runs' outputs (from the meta forward) and eight times their largest
+# activation at the sites (for what the modules make on the way) within 1 GiB.
+# A ``chunk_size`` given is ``n``. The runs go in the order of their modules in the
+# model (so a chunk's runs share the most), the rest split evenly at that size. One run's
+# rows are the elements of its largest site activation over its last dim (samples x
+# positions of a ``[N, T, D]`` residual stream).
 
 from __future__ import annotations
 

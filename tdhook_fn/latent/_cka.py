@@ -1,18 +1,17 @@
-"""Centered kernel alignment: centered Gram matrices and their normalised inner products.
+"""Centered kernel alignment: centered Gram matrices and their normalised inner products."""
 
 # NOTE [one formula for every CKA]
-Biased HSIC is ``<HKH, HLH>_F / (N - 1)^2`` and the unbiased estimator of Song et al.
-(2012) is ``<U(K), U(L)>_F / (N (N - 3))`` with ``U`` the U-centering of Szekely and
-Rizzo (2014) (diagonal zeroed, row and column means removed with ``N - 2`` and
-``(N - 1)(N - 2)`` in place of ``N``). The scale factors cancel in CKA, so every variant
-is ``<Kc, Lc> / (|Kc| |Lc|)`` for some centred Grams ``Kc`` and ``Lc``: the Grams are
-built once per representation and the pairs cost one batched inner product.
-
+# Biased HSIC is ``<HKH, HLH>_F / (N - 1)^2`` and the unbiased estimator of Song et al.
+# (2012) is ``<U(K), U(L)>_F / (N (N - 3))`` with ``U`` the U-centering of Szekely and
+# Rizzo (2014) (diagonal zeroed, row and column means removed with ``N - 2`` and
+# ``(N - 1)(N - 2)`` in place of ``N``). The scale factors cancel in CKA, so every variant
+# is ``<Kc, Lc> / (|Kc| |Lc|)`` for some centred Grams ``Kc`` and ``Lc``: the Grams are
+# built once per representation and the pairs cost one batched inner product.
+#
 # NOTE [linear CKA from feature covariances]
-For the linear kernel ``<HXX^TH, HYY^TH> = |Xc^T Yc|_F^2``. Grams cost ``N^2 D`` per
-representation plus ``N^2`` per pair; covariances cost ``N Dx Dy`` per pair. The cheaper
-one is used: covariances for one pair of wide-sample inputs, Grams for all-pairs tables.
-"""
+# For the linear kernel ``<HXX^TH, HYY^TH> = |Xc^T Yc|_F^2``. Grams cost ``N^2 D`` per
+# representation plus ``N^2`` per pair; covariances cost ``N Dx Dy`` per pair. The cheaper
+# one is used: covariances for one pair of wide-sample inputs, Grams for all-pairs tables.
 
 from __future__ import annotations
 

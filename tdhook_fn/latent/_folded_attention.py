@@ -1,17 +1,16 @@
-"""Fused attention under a sweep's ``vmap``: the runs folded into the attention's batch.
+"""Fused attention under a sweep's ``vmap``: the runs folded into the attention's batch."""
 
 # NOTE [folded attention]
-torch has no ``vmap`` batching rule for its fused CPU attention kernels
-(``scaled_dot_product_attention`` of a Hugging Face model with ``sdpa`` attention, the
-default): under ``vmap`` it warns and runs the kernel once per run, a Python loop that
-made the sweep slower than a loop of patched forwards. `folded_attention` gives
-``scaled_dot_product_attention`` a rule of its own while a sweep's runs are mapped: the
-runs' dim is moved in front and folded into the first batch dim (``[K, N, H, L, E]`` ->
-``[K * N, H, L, E]``; a mask or a key batched over fewer dims is expanded to match), and
-the kernel runs once on the big batch. The numbers are the kernel's own on each sample,
-and its gradient is the kernel's (an `torch.autograd.Function` whose backward is
-the pullback of the kernel on the folded batch).
-"""
+# torch has no ``vmap`` batching rule for its fused CPU attention kernels
+# (``scaled_dot_product_attention`` of a Hugging Face model with ``sdpa`` attention, the
+# default): under ``vmap`` it warns and runs the kernel once per run, a Python loop that
+# made the sweep slower than a loop of patched forwards. `folded_attention` gives
+# ``scaled_dot_product_attention`` a rule of its own while a sweep's runs are mapped: the
+# runs' dim is moved in front and folded into the first batch dim (``[K, N, H, L, E]`` ->
+# ``[K * N, H, L, E]``; a mask or a key batched over fewer dims is expanded to match), and
+# the kernel runs once on the big batch. The numbers are the kernel's own on each sample,
+# and its gradient is the kernel's (an `torch.autograd.Function` whose backward is
+# the pullback of the kernel on the folded batch).
 
 from __future__ import annotations
 

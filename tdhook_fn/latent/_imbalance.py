@@ -1,14 +1,13 @@
-"""Information imbalance from nearest neighbours and counts, without sorting distances.
+"""Information imbalance from nearest neighbours and counts, without sorting distances."""
 
 # NOTE [ranks by counting]
-Delta(A -> B) = 2/N * mean_i r^B_i(j_i), where j_i is i's nearest neighbour in A and
-r^B_i(j) is the rank of j among i's neighbours in B (1 for the nearest; i itself is
-excluded, tdhook's rank 0). Only one rank per row is needed, so instead of sorting the
-N x N distances (N^2 log N) the neighbour is an ``argmin`` and its rank is
-``1 + #{k != i : d_B(i, k) < d_B(i, j_i)}`` (N^2). Ties: the neighbour is the lowest
-index among the closest points (``argmin``), and points tied with it in B do not count
-(its rank is the best of the tie). tdhook orders ties by an unstable ``argsort``.
-"""
+# Delta(A -> B) = 2/N * mean_i r^B_i(j_i), where j_i is i's nearest neighbour in A and
+# r^B_i(j) is the rank of j among i's neighbours in B (1 for the nearest; i itself is
+# excluded, tdhook's rank 0). Only one rank per row is needed, so instead of sorting the
+# N x N distances (N^2 log N) the neighbour is an ``argmin`` and its rank is
+# ``1 + #{k != i : d_B(i, k) < d_B(i, j_i)}`` (N^2). Ties: the neighbour is the lowest
+# index among the closest points (``argmin``), and points tied with it in B do not count
+# (its rank is the best of the tie). tdhook orders ties by an unstable ``argsort``.
 
 from __future__ import annotations
 

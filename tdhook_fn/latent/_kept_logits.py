@@ -1,29 +1,28 @@
-"""The logits a metric reads: where it reads the last positions only, the runs compute those only.
+"""The logits a metric reads: where it reads the last positions only, the runs compute those only."""
 
 # NOTE [positions the metric reads]
-A metric usually reads the logits of the last position only, yet the language-model head
-(a ``d x vocab`` product, a fifth of a default GPT-2's forward at 16 tokens) runs at
-every position a run computes. Where the model's forward takes ``logits_to_keep``
-(Hugging Face's causal LMs), the runs of a sweep compute the logits of the last ``T - r``
-positions only, ``r`` the first position the metric reads, and the positions before take
-the corrupted run's logits (as, with ``causal=True``, the positions before a run's start
-already do): the metric never reads them. ``r`` is
-found on the corrupted run's outputs: the first position where the metric's gradient is
-not zero. It is a finding, so it is tested: the metric of those outputs with every
-position before ``r`` changed (by noise larger than the values) must be the same, bit
-for bit. A metric without a gradient, one that reads earlier positions in a way its
-gradient does not show, or autograd off (inference mode) make the runs compute every
-position, as before: never a number that depends on this guess. Without ``causal`` it costs
-one forward of the corrupted inputs, and it is done only outside transforms and where
-no gradient is asked for (the data decide it, as in NOTE [unchanged sites]).
-
-Completing every run's outputs to all ``T`` positions copies the corrupted run's logits
-into each run (``T x vocab`` numbers a run: a tenth of a causal sweep of GPT-2 at 32
-tokens). Where the metric also gives the same value, bit for bit, on the outputs cut
-to their last ``T - r`` positions (tested on the corrupted run's outputs and on random
-ones, so a metric that counts positions from the front, or reads the length, fails it),
-the runs hand it those only.
-"""
+# A metric usually reads the logits of the last position only, yet the language-model head
+# (a ``d x vocab`` product, a fifth of a default GPT-2's forward at 16 tokens) runs at
+# every position a run computes. Where the model's forward takes ``logits_to_keep``
+# (Hugging Face's causal LMs), the runs of a sweep compute the logits of the last ``T - r``
+# positions only, ``r`` the first position the metric reads, and the positions before take
+# the corrupted run's logits (as, with ``causal=True``, the positions before a run's start
+# already do): the metric never reads them. ``r`` is
+# found on the corrupted run's outputs: the first position where the metric's gradient is
+# not zero. It is a finding, so it is tested: the metric of those outputs with every
+# position before ``r`` changed (by noise larger than the values) must be the same, bit
+# for bit. A metric without a gradient, one that reads earlier positions in a way its
+# gradient does not show, or autograd off (inference mode) make the runs compute every
+# position, as before: never a number that depends on this guess. Without ``causal`` it costs
+# one forward of the corrupted inputs, and it is done only outside transforms and where
+# no gradient is asked for (the data decide it, as in NOTE [unchanged sites]).
+#
+# Completing every run's outputs to all ``T`` positions copies the corrupted run's logits
+# into each run (``T x vocab`` numbers a run: a tenth of a causal sweep of GPT-2 at 32
+# tokens). Where the metric also gives the same value, bit for bit, on the outputs cut
+# to their last ``T - r`` positions (tested on the corrupted run's outputs and on random
+# ones, so a metric that counts positions from the front, or reads the length, fails it),
+# the runs hand it those only.
 
 from __future__ import annotations
 

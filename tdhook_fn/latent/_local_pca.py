@@ -1,22 +1,21 @@
-"""Local PCA dimension: how many directions each point's neighbourhood spans.
+"""Local PCA dimension: how many directions each point's neighbourhood spans."""
 
 # NOTE [gap criterion]
-The ``k + 1`` centred points of a neighbourhood span at most ``k`` directions, so when
-``D > k`` the last eigenvalue is zero by construction, whatever the data. tdhook 0.1.3's
-``maxgap`` takes the largest ratio of consecutive eigenvalues over the whole spectrum,
-this structural zero included (``lambda_k / (0 + 1e-15)``): once the data have any
-noise its gap is the largest and the answer is ``k`` at every point. The default
-``gap`` criterion takes the largest ratio among the ``min(k, D)`` eigenvalues that can
-be nonzero, and floors the denominators at a tenth of their median and at
-``sqrt(machine eps) * lambda_1``: with ``k`` close to ``D`` the smallest noise
-eigenvalues fall towards 0 (the lower Marchenko-Pastur edge) and their ratios, like
-those of rounding errors, say nothing about the manifold. On noisy data the largest
-ratio is then the one between the manifold's directions and the noise's (tested on
-noisy subspaces, spheres and swiss rolls, ``D`` from 3 to 50). It needs ``k`` of about
-``2 d`` or more: with ``d`` close to ``k`` the manifold's own smallest eigenvalues fall
-under the floor. tdhook's ``maxgap`` and ``ratio`` (the count of
-eigenvalues above ``alpha * lambda_1``, Fukunaga and Olsen 1971) are kept as they are.
-"""
+# The ``k + 1`` centred points of a neighbourhood span at most ``k`` directions, so when
+# ``D > k`` the last eigenvalue is zero by construction, whatever the data. tdhook 0.1.3's
+# ``maxgap`` takes the largest ratio of consecutive eigenvalues over the whole spectrum,
+# this structural zero included (``lambda_k / (0 + 1e-15)``): once the data have any
+# noise its gap is the largest and the answer is ``k`` at every point. The default
+# ``gap`` criterion takes the largest ratio among the ``min(k, D)`` eigenvalues that can
+# be nonzero, and floors the denominators at a tenth of their median and at
+# ``sqrt(machine eps) * lambda_1``: with ``k`` close to ``D`` the smallest noise
+# eigenvalues fall towards 0 (the lower Marchenko-Pastur edge) and their ratios, like
+# those of rounding errors, say nothing about the manifold. On noisy data the largest
+# ratio is then the one between the manifold's directions and the noise's (tested on
+# noisy subspaces, spheres and swiss rolls, ``D`` from 3 to 50). It needs ``k`` of about
+# ``2 d`` or more: with ``d`` close to ``k`` the manifold's own smallest eigenvalues fall
+# under the floor. tdhook's ``maxgap`` and ``ratio`` (the count of
+# eigenvalues above ``alpha * lambda_1``, Fukunaga and Olsen 1971) are kept as they are.
 
 from __future__ import annotations
 

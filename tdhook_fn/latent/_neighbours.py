@@ -1,14 +1,13 @@
-"""Nearest neighbours of every point of a batch of point clouds ``(..., N, D)``.
+"""Nearest neighbours of every point of a batch of point clouds ``(..., N, D)``."""
 
 # NOTE [duplicates]
-A point at distance ``<= eps`` from another (its duplicate) is no neighbour of it, as in
-tdhook 0.1.3: the distance is set to ``inf`` before the ``k`` smallest are taken, so a
-point with fewer than ``k`` points farther than ``eps`` gets ``inf`` distances, and the
-estimators turn those into ``nan`` (documented on each). Its own distance is always
-excluded: the diagonal is set to ``inf`` explicitly, because ``torch.cdist`` computes
-``|a|^2 + |b|^2 - 2 a.b`` for large inputs, whose rounding leaves ``|a - a|`` far
-above ``eps`` in float32.
-"""
+# A point at distance ``<= eps`` from another (its duplicate) is no neighbour of it, as in
+# tdhook 0.1.3: the distance is set to ``inf`` before the ``k`` smallest are taken, so a
+# point with fewer than ``k`` points farther than ``eps`` gets ``inf`` distances, and the
+# estimators turn those into ``nan`` (documented on each). Its own distance is always
+# excluded: the diagonal is set to ``inf`` explicitly, because ``torch.cdist`` computes
+# ``|a|^2 + |b|^2 - 2 a.b`` for large inputs, whose rounding leaves ``|a - a|`` far
+# above ``eps`` in float32.
 
 from __future__ import annotations
 

@@ -1,28 +1,27 @@
-"""Activation patching: one patched run, or a sweep of many in one batched forward.
+"""Activation patching: one patched run, or a sweep of many in one batched forward."""
 
 # NOTE [patching sweeps]
-A sweep patches each site, one at a time, with its activation from the clean run and
-reads a metric. Hook libraries run one hooked forward per site in a Python loop. Here
-all runs of a chunk (``chunk_size`` runs, by default sized from their cost: NOTE [sweep
-chunks]) go through the model at once:
-
-- ``batching="vmap"`` (default): ``torch.func.vmap`` over one boolean mask per run and
-  module; the tap at a module takes the clean activation where the run's mask is set
-  (``torch.where``: the patched values are the clean ones exactly). Tensors are batched
-  over the runs only from the first patched module on, so everything before it (the
-  embeddings and the layers below, for a sweep ordered layer by layer) is computed once
-  for the whole chunk. The model must run under ``vmap``; torch's fused attention,
-  which has no batching rule, gets the runs folded into its batch (NOTE [folded
-  attention]).
-- ``batching="fold"``: the runs are folded into the batch (``chunk_size * N``
-  samples); at each module one tap copies the activation once and writes, into the rows
-  of each run patched there, that run's clean selection. Any model that takes a batch
-  takes it (every module runs for every run). The write into the copy is in place:
-  ``grad`` goes through it, ``vmap`` does not.
-
-Either way the result equals the loop of `patch` calls up to float rounding, and
-``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
-"""
+# A sweep patches each site, one at a time, with its activation from the clean run and
+# reads a metric. Hook libraries run one hooked forward per site in a Python loop. Here
+# all runs of a chunk (``chunk_size`` runs, by default sized from their cost: NOTE [sweep
+# chunks]) go through the model at once:
+#
+# - ``batching="vmap"`` (default): ``torch.func.vmap`` over one boolean mask per run and
+#   module; the tap at a module takes the clean activation where the run's mask is set
+#   (``torch.where``: the patched values are the clean ones exactly). Tensors are batched
+#   over the runs only from the first patched module on, so everything before it (the
+#   embeddings and the layers below, for a sweep ordered layer by layer) is computed once
+#   for the whole chunk. The model must run under ``vmap``; torch's fused attention,
+#   which has no batching rule, gets the runs folded into its batch (NOTE [folded
+#   attention]).
+# - ``batching="fold"``: the runs are folded into the batch (``chunk_size * N``
+#   samples); at each module one tap copies the activation once and writes, into the rows
+#   of each run patched there, that run's clean selection. Any model that takes a batch
+#   takes it (every module runs for every run). The write into the copy is in place:
+#   ``grad`` goes through it, ``vmap`` does not.
+#
+# Either way the result equals the loop of `patch` calls up to float rounding, and
+# ``chunk_size`` bounds the memory to that of ``chunk_size`` forwards.
 
 from __future__ import annotations
 

@@ -1,19 +1,18 @@
-"""Bilinear probes on pairs of activations, trained by gradient descent on every pair at once.
+"""Bilinear probes on pairs of activations, trained by gradient descent on every pair at once."""
 
 # NOTE [bilinear probes]
-A full probe scores ``x1^T A_k x2 + b_k`` (``A`` is ``(K, D1, D2)``, as ``nn.Bilinear``); a
-low-rank one ``sum_r (u_kr . x1 + c_kr) (v_kr . x2 + e_kr) + b_k``, which at ``rank=1`` is
-tdhook's ``LowRankBilinearEstimator`` (two affine maps multiplied, plus a bias). Neither
-objective is convex, so they are trained as tdhook trains them: Adam (torch's defaults) on
-the mean cross-entropy (classes) or squared error (regression targets), ``epochs`` passes
-over shuffled mini-batches. Pairs of one shape are stacked on a leading dim and one
-``torch.func.grad`` of the summed losses gives each its own gradient (a ``vmap`` of the
-per-pair gradient is the same numbers, slower), all pairs seeing the same batches. The
-initial weights (``nn.Bilinear``/``nn.Linear``'s uniform ranges, drawn in the order of
-``_init``) and then each epoch's shuffling come from one generator seeded by ``seed``;
-every pair starts from the same draw, so a pair's probe is the same fitted alone or with
-others, and a fit is reproducible.
-"""
+# A full probe scores ``x1^T A_k x2 + b_k`` (``A`` is ``(K, D1, D2)``, as ``nn.Bilinear``); a
+# low-rank one ``sum_r (u_kr . x1 + c_kr) (v_kr . x2 + e_kr) + b_k``, which at ``rank=1`` is
+# tdhook's ``LowRankBilinearEstimator`` (two affine maps multiplied, plus a bias). Neither
+# objective is convex, so they are trained as tdhook trains them: Adam (torch's defaults) on
+# the mean cross-entropy (classes) or squared error (regression targets), ``epochs`` passes
+# over shuffled mini-batches. Pairs of one shape are stacked on a leading dim and one
+# ``torch.func.grad`` of the summed losses gives each its own gradient (a ``vmap`` of the
+# per-pair gradient is the same numbers, slower), all pairs seeing the same batches. The
+# initial weights (``nn.Bilinear``/``nn.Linear``'s uniform ranges, drawn in the order of
+# ``_init``) and then each epoch's shuffling come from one generator seeded by ``seed``;
+# every pair starts from the same draw, so a pair's probe is the same fitted alone or with
+# others, and a fit is reproducible.
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Checking and shaping what the probe functions are given: activations by site, labels, classes.
+"""Checking and shaping what the probe functions are given: activations by site, labels, classes."""
 
 # NOTE [probe sites in one op]
-A TensorDict of activations holds one ``(N, ...)`` tensor per site, flattened to ``(N, D)``.
-Sites with the same ``(N, D)``, dtype and device are stacked into one ``(S, N, D)`` tensor
-and go through the maths as the leading batch dim, so a model's layers of one width are
-one batched solve. A plain tensor ``(..., N, D)`` is its own group.
-"""
+# A TensorDict of activations holds one ``(N, ...)`` tensor per site, flattened to ``(N, D)``.
+# Sites with the same ``(N, D)``, dtype and device are stacked into one ``(S, N, D)`` tensor
+# and go through the maths as the leading batch dim, so a model's layers of one width are
+# one batched solve. A plain tensor ``(..., N, D)`` is its own group.
 
 from __future__ import annotations
 

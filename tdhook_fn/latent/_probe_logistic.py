@@ -1,20 +1,19 @@
-"""L2-penalised logistic regression on stacked sites by Newton's method, in float64.
+"""L2-penalised logistic regression on stacked sites by Newton's method, in float64."""
 
 # NOTE [logistic as scikit-learn]
-scikit-learn's ``LogisticRegression`` (lbfgs, ``l1_ratio=0``) minimises
-``sum_n loss_n + ||W||^2 / (2 C)`` with the intercept unpenalised: the logistic loss on one
-column for two classes, the softmax (multinomial) loss on one row per class for more. The
-objective is strictly convex in ``W``, so its minimiser is the same whatever finds it:
-here damped Newton steps, every site at once, each step's length the best of
-``1, 1/2, ..., 1/512`` evaluated in one op. A probe of up to 1024 unknowns (classes x
-features) forms its Hessian and solves with one batched Cholesky; a larger one solves by
-preconditioned conjugate gradients on Hessian-vector products (never forming the Hessian,
-whose factorisation would cost ``(K D)^3``).
-Shifting every class's intercept by the same amount leaves the softmax unchanged: that
-direction ``u`` has zero gradient and zero curvature, so ``H + u u^T`` is solved instead
-(its step has no part along ``u``), and the intercepts keep summing to zero as lbfgs's
-from zero do.
-"""
+# scikit-learn's ``LogisticRegression`` (lbfgs, ``l1_ratio=0``) minimises
+# ``sum_n loss_n + ||W||^2 / (2 C)`` with the intercept unpenalised: the logistic loss on one
+# column for two classes, the softmax (multinomial) loss on one row per class for more. The
+# objective is strictly convex in ``W``, so its minimiser is the same whatever finds it:
+# here damped Newton steps, every site at once, each step's length the best of
+# ``1, 1/2, ..., 1/512`` evaluated in one op. A probe of up to 1024 unknowns (classes x
+# features) forms its Hessian and solves with one batched Cholesky; a larger one solves by
+# preconditioned conjugate gradients on Hessian-vector products (never forming the Hessian,
+# whose factorisation would cost ``(K D)^3``).
+# Shifting every class's intercept by the same amount leaves the softmax unchanged: that
+# direction ``u`` has zero gradient and zero curvature, so ``H + u u^T`` is solved instead
+# (its step has no part along ``u``), and the intercepts keep summing to zero as lbfgs's
+# from zero do.
 
 from __future__ import annotations
 

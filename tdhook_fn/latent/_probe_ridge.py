@@ -1,21 +1,20 @@
-"""Ridge regression on stacked sites: sufficient statistics, their merge, and the batched solves.
+"""Ridge regression on stacked sites: sufficient statistics, their merge, and the batched solves."""
 
 # NOTE [ridge as scikit-learn]
-scikit-learn's ``Ridge`` centres ``X`` and ``y`` when it fits an intercept (which is then
-not penalised: ``b = mean(y) - W mean(X)``) and solves ``(Xc^T Xc + alpha I) W^T = Xc^T yc``,
-or the dual ``W^T = Xc^T (Xc Xc^T + alpha I)^-1 yc`` when there are more features than
-samples; both are what this file does, batched over the leading dims. The solves are a
-Cholesky factor and ``cholesky_solve``: torch 2.13's batched CPU ``linalg.solve`` returns
-wrong numbers without an error for a few systems of size ~160 (pytorch#142815).
-
+# scikit-learn's ``Ridge`` centres ``X`` and ``y`` when it fits an intercept (which is then
+# not penalised: ``b = mean(y) - W mean(X)``) and solves ``(Xc^T Xc + alpha I) W^T = Xc^T yc``,
+# or the dual ``W^T = Xc^T (Xc Xc^T + alpha I)^-1 yc`` when there are more features than
+# samples; both are what this file does, batched over the leading dims. The solves are a
+# Cholesky factor and ``cholesky_solve``: torch 2.13's batched CPU ``linalg.solve`` returns
+# wrong numbers without an error for a few systems of size ~160 (pytorch#142815).
+#
 # NOTE [ridge statistics]
-A site's statistics are its count ``n``, the means of ``x`` and ``y`` and the centred
-cross-products ``Cxx = sum (x - mx)(x - mx)^T`` and ``Cxy = sum (x - mx)(y - my)^T``. Two
-parts merge exactly (Chan et al.'s pairwise update: ``C = Ca + Cb + na nb / n d d^T``
-with ``d`` the difference of the means), so a dataset streamed in batches gives the
-statistics of the whole and the same probe; centring first keeps float32 accurate where
-raw ``X^T X - n mx mx^T`` would cancel.
-"""
+# A site's statistics are its count ``n``, the means of ``x`` and ``y`` and the centred
+# cross-products ``Cxx = sum (x - mx)(x - mx)^T`` and ``Cxy = sum (x - mx)(y - my)^T``. Two
+# parts merge exactly (Chan et al.'s pairwise update: ``C = Ca + Cb + na nb / n d d^T``
+# with ``d`` the difference of the means), so a dataset streamed in batches gives the
+# statistics of the whole and the same probe; centring first keeps float32 accurate where
+# raw ``X^T X - n mx mx^T`` would cancel.
 
 from __future__ import annotations
 

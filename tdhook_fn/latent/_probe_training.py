@@ -8,15 +8,15 @@ A probe is a flat mapping of named tensors (the names of its ``named_parameters`
   scores ``h1 A_c h2 + b_c``.
 - ``"low_rank_bilinear"``: ``linear1.*`` ``(C, D1)``, ``linear2.*`` ``(C, D2)``, ``bias``;
   scores ``(U h1 + a) * (V h2 + c) + b``.
+"""
 
 # NOTE [probe epochs]
-tdhook trains its estimators with a shuffled ``DataLoader`` and ``torch.optim.Adam``.
-`adam_epoch` runs the same updates (the same minibatches in the same order, Adam's
-single-tensor update with the same operations) without the loader's per-sample
-collation and the optimizer's bookkeeping, so a fit is the same fit, faster. The
-shuffling order is an argument: the caller chooses it (tdhook's compat estimators draw
-it as the loader does).
-"""
+# tdhook trains its estimators with a shuffled ``DataLoader`` and ``torch.optim.Adam``.
+# `adam_epoch` runs the same updates (the same minibatches in the same order, Adam's
+# single-tensor update with the same operations) without the loader's per-sample
+# collation and the optimizer's bookkeeping, so a fit is the same fit, faster. The
+# shuffling order is an argument: the caller chooses it (tdhook's compat estimators draw
+# it as the loader does).
 
 from __future__ import annotations
 

@@ -1,28 +1,27 @@
-"""Sites: where in a model the latent methods read and edit activations.
+"""Sites: where in a model the latent methods read and edit activations."""
 
 # NOTE [sites]
-A site is a submodule path plus, optionally, a selection of its activation:
-
-- ``element``: a module returning a tuple (attention modules of Hugging Face models
-  return ``(output, weights)``) is read and edited at one element, ``0`` by default;
-  the other elements pass through unchanged.
-- ``index``: a selection *within one sample* (the batch dim is never indexed): ints,
-  slices and at most one list of ints, one per dim after the batch dim, as in
-  ``activation[:, 3]`` for token position 3 of a ``[N, L, D]`` residual stream, or
-  ``(slice(None), [0, 5])`` for features 0 and 5 at every position. Edits write the
-  selection back out of place (``select_scatter``, ``slice_scatter``, ``index_copy``),
-  so they compose with ``vmap`` and ``grad``.
-- ``site``: the module's ``"output"`` (default) or its first ``"input"``, a positional
-  argument (a module called with keyword arguments only has none: read a submodule).
-- ``call``: the run of a module that runs more than once in one forward (``0`` the
-  first; negative counts from the end: ``-1`` is the last run, as hook libraries that
-  overwrite their cache see it). Without it such a module is an error.
-
-`sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
-A site's ``key`` names its entry in results: its path as a name, the selection, then
-``:input``, ``#element`` and ``@call`` where those are not the defaults
-(``"transformer.h.0.attn[:][0]:input@1"``).
-"""
+# A site is a submodule path plus, optionally, a selection of its activation:
+#
+# - ``element``: a module returning a tuple (attention modules of Hugging Face models
+#   return ``(output, weights)``) is read and edited at one element, ``0`` by default;
+#   the other elements pass through unchanged.
+# - ``index``: a selection *within one sample* (the batch dim is never indexed): ints,
+#   slices and at most one list of ints, one per dim after the batch dim, as in
+#   ``activation[:, 3]`` for token position 3 of a ``[N, L, D]`` residual stream, or
+#   ``(slice(None), [0, 5])`` for features 0 and 5 at every position. Edits write the
+#   selection back out of place (``select_scatter``, ``slice_scatter``, ``index_copy``),
+#   so they compose with ``vmap`` and ``grad``.
+# - ``site``: the module's ``"output"`` (default) or its first ``"input"``, a positional
+#   argument (a module called with keyword arguments only has none: read a submodule).
+# - ``call``: the run of a module that runs more than once in one forward (``0`` the
+#   first; negative counts from the end: ``-1`` is the last run, as hook libraries that
+#   overwrite their cache see it). Without it such a module is an error.
+#
+# `sites` expands a regex over module names (as tdhook's ``key_pattern``) to sites.
+# A site's ``key`` names its entry in results: its path as a name, the selection, then
+# ``:input``, ``#element`` and ``@call`` where those are not the defaults
+# (``"transformer.h.0.attn[:][0]:input@1"``).
 
 from __future__ import annotations
 

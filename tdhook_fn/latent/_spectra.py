@@ -1,18 +1,17 @@
-"""The PCA spectrum of every point's neighbourhood, all points of all clouds in one ``eigvalsh``.
+"""The PCA spectrum of every point's neighbourhood, all points of all clouds in one ``eigvalsh``."""
 
 # NOTE [neighbourhood spectra]
-A neighbourhood is ``k + 1`` points, centred on their mean: the point and its ``k``
-nearest neighbours (local PCA), or its ``k + 1`` nearest neighbours (CA-PCA, as
-tdhook). Their covariance (``1 / k``, scikit-learn's ``explained_variance_``) has rank
-at most ``min(k, D)``. Its nonzero eigenvalues are those of the ``D x D``
-covariance or of the ``(k + 1) x (k + 1)`` Gram matrix of the centred points, whichever
-is smaller, so the spectrum costs ``min(D, k + 1)^3`` per point, not ``D^3``. The
-``min(D, k + 1)`` eigenvalues come back in decreasing order, clamped at 0 (``eigvalsh``
-can return ``-1e-17`` for a zero), as scikit-learn's PCA returns them. They are
-computed in float64 whatever ``x``'s dtype (as tdhook, which hands scikit-learn float64):
-in float32 the zeros of a rank-deficient neighbourhood come out near ``1e-7`` of the
-largest eigenvalue instead of ``1e-16``, and the gap criteria compare ratios of them.
-"""
+# A neighbourhood is ``k + 1`` points, centred on their mean: the point and its ``k``
+# nearest neighbours (local PCA), or its ``k + 1`` nearest neighbours (CA-PCA, as
+# tdhook). Their covariance (``1 / k``, scikit-learn's ``explained_variance_``) has rank
+# at most ``min(k, D)``. Its nonzero eigenvalues are those of the ``D x D``
+# covariance or of the ``(k + 1) x (k + 1)`` Gram matrix of the centred points, whichever
+# is smaller, so the spectrum costs ``min(D, k + 1)^3`` per point, not ``D^3``. The
+# ``min(D, k + 1)`` eigenvalues come back in decreasing order, clamped at 0 (``eigvalsh``
+# can return ``-1e-17`` for a zero), as scikit-learn's PCA returns them. They are
+# computed in float64 whatever ``x``'s dtype (as tdhook, which hands scikit-learn float64):
+# in float32 the zeros of a rank-deficient neighbourhood come out near ``1e-7`` of the
+# largest eigenvalue instead of ``1e-16``, and the gap criteria compare ratios of them.
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""TwoNN (Facco et al. 2017): one intrinsic dimension per point cloud.
+"""TwoNN (Facco et al. 2017): one intrinsic dimension per point cloud."""
 
 # NOTE [TwoNN fit]
-``mu = r2 / r1`` (second over first neighbour distance) follows a Pareto law with index
-``d``: ``-log(1 - F(mu)) = d log(mu)``. The ratios of the points with two neighbours
-are sorted, the empirical ``F`` of the ``i``-th is ``i / n`` (``n`` such points), and
-``d`` is the slope of the least-squares line through the origin, ``sum(x y) / sum(x x)``
-with ``x = log(mu)``, ``y = -log(1 - F)``, over the ``floor(n (1 - discard_fraction))``
-smallest ratios (at most ``n - 1``: the largest has ``F = 1``). Facco et al. drop the
-largest 10%, which are the most sensitive to noise and to density changes; tdhook 0.1.3
-drops only the last (``discard_fraction=0``). Clouds of different sizes ``n`` share one
-batched sort: points without two neighbours get ``mu = inf`` and sort last.
-"""
+# ``mu = r2 / r1`` (second over first neighbour distance) follows a Pareto law with index
+# ``d``: ``-log(1 - F(mu)) = d log(mu)``. The ratios of the points with two neighbours
+# are sorted, the empirical ``F`` of the ``i``-th is ``i / n`` (``n`` such points), and
+# ``d`` is the slope of the least-squares line through the origin, ``sum(x y) / sum(x x)``
+# with ``x = log(mu)``, ``y = -log(1 - F)``, over the ``floor(n (1 - discard_fraction))``
+# smallest ratios (at most ``n - 1``: the largest has ``F = 1``). Facco et al. drop the
+# largest 10%, which are the most sensitive to noise and to density changes; tdhook 0.1.3
+# drops only the last (``discard_fraction=0``). Clouds of different sizes ``n`` share one
+# batched sort: points without two neighbours get ``mu = inf`` and sort last.
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""Sites grouped by the module they read, and the runs of a sweep that patch nothing.
+"""Sites grouped by the module they read, and the runs of a sweep that patch nothing."""
 
 # NOTE [unchanged sites]
-A run whose clean selection equals the corrupted one bit for bit (``-0.0`` is not
-``0.0``) patches nothing: it *is* the corrupted run, and its metric is the corrupted
-run's. In a causal model every position before the first corrupted token is such a
-site, at every layer (half the grid for a corruption in the middle of the prompt). With
-``skip_unchanged`` (default), one forward of the corrupted inputs reads the activations
-and the metric (of all of ``f``'s outputs, its own taps' included), and only the other
-runs go through the model. The data decide which runs run, so this is done only
-outside transforms and where no gradient is asked for (there a no-op patch is not the
-corrupted run: its patched value depends on the params through the clean run).
-"""
+# A run whose clean selection equals the corrupted one bit for bit (``-0.0`` is not
+# ``0.0``) patches nothing: it *is* the corrupted run, and its metric is the corrupted
+# run's. In a causal model every position before the first corrupted token is such a
+# site, at every layer (half the grid for a corruption in the middle of the prompt). With
+# ``skip_unchanged`` (default), one forward of the corrupted inputs reads the activations
+# and the metric (of all of ``f``'s outputs, its own taps' included), and only the other
+# runs go through the model. The data decide which runs run, so this is done only
+# outside transforms and where no gradient is asked for (there a no-op patch is not the
+# corrupted run: its patched value depends on the params through the clean run).
 
 from __future__ import annotations
 

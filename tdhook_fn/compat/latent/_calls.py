@@ -1,20 +1,19 @@
-"""What the latent contexts share: the model at call time, sites, tdhook's value checks.
+"""What the latent contexts share: the model at call time, sites, tdhook's value checks."""
 
 # NOTE [latent contexts, pure]
-``ActivationPatching`` and ``ActivationAddition`` run no hook of their own: a prepared
-module is one `FunctionModule` that, on each call,
-takes the model as a pure function (with the hooked module's active virtual hooks, so
-hooks a user registers on the hooked module still fire) and calls
-`tdhook_fn.latent.cache`, `patch` or
-`activation_addition`. As tdhook's ``ModuleCallWithCache``
-does, the batch is flattened to one dim for the model and restored after.
-
-tdhook caches a module's output with a hook that refuses anything but a tensor (a tuple
-output needs a ``cache_callback``, whose result must then be patched back as a tuple).
-The pure methods read a tuple at element 0 instead, so a patch function written for
-tdhook would see another value: `tensor_guards` keeps tdhook's refusal, naming the
-module, rather than give a different number.
-"""
+# ``ActivationPatching`` and ``ActivationAddition`` run no hook of their own: a prepared
+# module is one `FunctionModule` that, on each call,
+# takes the model as a pure function (with the hooked module's active virtual hooks, so
+# hooks a user registers on the hooked module still fire) and calls
+# `tdhook_fn.latent.cache`, `patch` or
+# `activation_addition`. As tdhook's ``ModuleCallWithCache``
+# does, the batch is flattened to one dim for the model and restored after.
+#
+# tdhook caches a module's output with a hook that refuses anything but a tensor (a tuple
+# output needs a ``cache_callback``, whose result must then be patched back as a tuple).
+# The pure methods read a tuple at element 0 instead, so a patch function written for
+# tdhook would see another value: `tensor_guards` keeps tdhook's refusal, naming the
+# module, rather than give a different number.
 
 from __future__ import annotations
 

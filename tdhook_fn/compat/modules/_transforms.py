@@ -1,25 +1,24 @@
-"""Params transforms: routed calls with other weights, the model untouched.
+"""Params transforms: routed calls with other weights, the model untouched."""
 
 # NOTE [params transforms]
-A method that runs the model with other weights (pruning masks, for instance) must not
-write them into the model: other threads, and pure calls with params that share the
-model's storage, would see them. It gives the hooked module's calls other params
-instead: a *params transform* ``transform(model, params) -> params`` receives the routed
-model and the params it would run with (its live tensors, or the previous transform's
-result) and returns the ones to use, same keys. ``RoutedModule.with_params_transform``
-attaches one to a prepared module; `transforming_params` activates one for every
-routed call in this thread while it is open (for a method that wraps a module that is
-not a RoutedModule, such as a pre-factory's hooked module). Routed calls apply the active
-transforms, outer ones first; a call without any runs exactly as before.
-
-A transformed call still runs with the model's live tensors (the core's ``params=None``,
-NOTE [live parameters]), and only the tensors a transform *replaced* are put in the call's
-private shadow, as the core's ``overrides``. So buffers stay live, as in a plain forward
-(BatchNorm in training mode updates the model's running statistics; the core would copy
-buffers given as params), and the model's own slots are never written. Transforms should
-keep gradients flowing to the live tensors, so ``.backward()`` still fills
-``model.weight.grad``.
-"""
+# A method that runs the model with other weights (pruning masks, for instance) must not
+# write them into the model: other threads, and pure calls with params that share the
+# model's storage, would see them. It gives the hooked module's calls other params
+# instead: a *params transform* ``transform(model, params) -> params`` receives the routed
+# model and the params it would run with (its live tensors, or the previous transform's
+# result) and returns the ones to use, same keys. ``RoutedModule.with_params_transform``
+# attaches one to a prepared module; `transforming_params` activates one for every
+# routed call in this thread while it is open (for a method that wraps a module that is
+# not a RoutedModule, such as a pre-factory's hooked module). Routed calls apply the active
+# transforms, outer ones first; a call without any runs exactly as before.
+#
+# A transformed call still runs with the model's live tensors (the core's ``params=None``,
+# NOTE [live parameters]), and only the tensors a transform *replaced* are put in the call's
+# private shadow, as the core's ``overrides``. So buffers stay live, as in a plain forward
+# (BatchNorm in training mode updates the model's running statistics; the core would copy
+# buffers given as params), and the model's own slots are never written. Transforms should
+# keep gradients flowing to the live tensors, so ``.backward()`` still fills
+# ``model.weight.grad``.
 
 from __future__ import annotations
 

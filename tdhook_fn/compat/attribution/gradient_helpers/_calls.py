@@ -1,24 +1,23 @@
-"""One call of a prepared attribution module, phrased in the terms of the pure methods.
+"""One call of a prepared attribution module, phrased in the terms of the pure methods."""
 
 # NOTE [tdhook's targets, pure]
-tdhook builds its targets from a TensorDict of the model outputs (``use_outputs``) updated
-with the activations of ``target_modules`` (keyed by their path), and hands it with the
-``additional_init_keys`` entries to ``init_attr_targets(targets, additional)``. The pure
-methods give their target callable the outputs, the ``target_layers`` activations under
-their path and the inputs' extra keys: `make_target` rebuilds tdhook's call from
-that, with ``additional`` taken from the caller's TensorDict, exactly as tdhook takes it.
-
-Two details keep user callables seeing what tdhook shows them:
-
-- Layout. tdhook's integrated gradients put the path points on a *trailing* batch dim
-  (``[*B, n]``); the pure method puts them first (``[n, *B]``, or flattened, ``[n * N]``,
-  for the two ends of the convergence delta). With ``stepped`` the wrappers give user
-  callables ``[*B, n]`` and turn their results back.
-- Convergence delta. tdhook evaluates ``init_attr_targets`` on the plain model outputs at
-  the baselines and at the inputs (no target-module activation, whatever ``use_outputs``
-  says). So a target TensorDict holding no target-layer key takes the outputs: that is
-  what the pure method's delta offers when it does not capture the target layers.
-"""
+# tdhook builds its targets from a TensorDict of the model outputs (``use_outputs``) updated
+# with the activations of ``target_modules`` (keyed by their path), and hands it with the
+# ``additional_init_keys`` entries to ``init_attr_targets(targets, additional)``. The pure
+# methods give their target callable the outputs, the ``target_layers`` activations under
+# their path and the inputs' extra keys: `make_target` rebuilds tdhook's call from
+# that, with ``additional`` taken from the caller's TensorDict, exactly as tdhook takes it.
+#
+# Two details keep user callables seeing what tdhook shows them:
+#
+# - Layout. tdhook's integrated gradients put the path points on a *trailing* batch dim
+#   (``[*B, n]``); the pure method puts them first (``[n, *B]``, or flattened, ``[n * N]``,
+#   for the two ends of the convergence delta). With ``stepped`` the wrappers give user
+#   callables ``[*B, n]`` and turn their results back.
+# - Convergence delta. tdhook evaluates ``init_attr_targets`` on the plain model outputs at
+#   the baselines and at the inputs (no target-module activation, whatever ``use_outputs``
+#   says). So a target TensorDict holding no target-layer key takes the outputs: that is
+#   what the pure method's delta offers when it does not capture the target layers.
 
 from __future__ import annotations
 

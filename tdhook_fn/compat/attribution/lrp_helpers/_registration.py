@@ -1,25 +1,24 @@
-"""tdhook's rule API on the module the user hands over: ``Rule.register(module)`` and its handle.
+"""tdhook's rule API on the module the user hands over: ``Rule.register(module)`` and its handle."""
 
 # NOTE [registered rules]
-Registering on the module the user gives is the documented job of ``Rule.register``
-(like ``compat.hooks``' ``register_hook_to_module``), so it registers hooks there;
-nothing else on the module changes (its ``forward`` is not swapped, as tdhook does).
-The relevance is the core's: the rule's tap from `tdhook_fn.attribution.rule_taps`,
-attached to the module (its ``Tap.attach``), puts the modified VJP of
-`tdhook_fn.attribution.lrp` at the module's output. The rule is always run by its
-``relevance`` (the rule's definition), never by the gradient form of NOTE
-[gradient-form rules]: that form scales gradients around the module's own backward,
-which would reach the module's parameters and show torch's full backward hooks the
-unscaled gradient. So the parameters are constants under a rule, as in tdhook: no
-gradient reaches them, and an output whose inputs do not require grad does not
-require grad (a last hook detaches it).
-
-Around the tap, a pre-hook refuses a ruled module running inside another (the core
-refuses rules that nest; a context variable names the ruled module running) and a
-copy of these hooks on a shadow (the module inside a pure function of `tdhook_fn` or a
-compat context, where the rule would act besides that call's own rules); a first
-forward hook raises tdhook's errors for calls the rule does not fit.
-"""
+# Registering on the module the user gives is the documented job of ``Rule.register``
+# (like ``compat.hooks``' ``register_hook_to_module``), so it registers hooks there;
+# nothing else on the module changes (its ``forward`` is not swapped, as tdhook does).
+# The relevance is the core's: the rule's tap from `tdhook_fn.attribution.rule_taps`,
+# attached to the module (its ``Tap.attach``), puts the modified VJP of
+# `tdhook_fn.attribution.lrp` at the module's output. The rule is always run by its
+# ``relevance`` (the rule's definition), never by the gradient form of NOTE
+# [gradient-form rules]: that form scales gradients around the module's own backward,
+# which would reach the module's parameters and show torch's full backward hooks the
+# unscaled gradient. So the parameters are constants under a rule, as in tdhook: no
+# gradient reaches them, and an output whose inputs do not require grad does not
+# require grad (a last hook detaches it).
+#
+# Around the tap, a pre-hook refuses a ruled module running inside another (the core
+# refuses rules that nest; a context variable names the ruled module running) and a
+# copy of these hooks on a shadow (the module inside a pure function of `tdhook_fn` or a
+# compat context, where the rule would act besides that call's own rules); a first
+# forward hook raises tdhook's errors for calls the rule does not fit.
 
 from __future__ import annotations
 
