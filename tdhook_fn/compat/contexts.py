@@ -35,6 +35,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
+from tdhook_fn._types import Keys
 from tdhook_fn.compat._prepared_attributes import attribute_state, changes_since, put_back
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
@@ -46,7 +47,6 @@ __all__ = [
     "HookingContextWithCache",
 ]
 
-Keys = list[Any]
 InKeys = list[Any] | dict[Any, str]
 
 

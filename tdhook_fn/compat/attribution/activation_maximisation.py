@@ -33,6 +33,7 @@ from torch import nn
 
 from tdhook_fn import resolve_path
 from tdhook_fn._paths import PathError
+from tdhook_fn._types import Keys
 from tdhook_fn.attribution import activation_maximisation
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._virtual import module_path
@@ -42,7 +43,6 @@ from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, User
 
 __all__ = ["ActivationMaximisation"]
 
-Keys = list[Any]
 
 
 class ActivationMaximisation(GradientAttribution):

@@ -18,6 +18,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn import attribution
+from tdhook_fn._types import Keys
 from tdhook_fn.attribution import lrp, rule_taps
 from tdhook_fn.compat.modules._routed import RoutedModule
 
@@ -27,7 +28,6 @@ from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]
 
-Keys = list[Any]
 _ByModule = dict[int, attribution.Rule]
 
 

@@ -39,6 +39,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
+from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
@@ -48,7 +49,6 @@ from ._calls import check_td, model_fn, site_for, tensor_guards, under
 
 __all__ = ["ActivationPatching"]
 
-Keys = list[Any]
 
 
 class ActivationPatching(HookingContextFactory):

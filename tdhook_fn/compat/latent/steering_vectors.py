@@ -34,6 +34,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
+from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
@@ -43,7 +44,6 @@ from ._calls import check_td, model_fn, site_for, tensor_guards, under
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
-Keys = list[Any]
 
 
 class SteeringVectors(HookingContextFactory):

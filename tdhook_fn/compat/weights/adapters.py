@@ -45,6 +45,7 @@ from torch import nn
 
 from tdhook_fn import Functional, PathError
 from tdhook_fn._taps import Site, Tap
+from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, RemovableHandleProtocol, resolve_submodule_path
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
@@ -54,7 +55,6 @@ from ._adapter_call import AdapterCall, ArgsRecorder, recording_args
 
 __all__ = ["Adapters", "HookedModuleWithAdapters"]
 
-Keys = list[Any]
 Splice = tuple[AdapterCall, str, Site]  # (the hook as a module, its path in the model, the site)
 _SITES: dict[str, Site] = {"fwd": "output", "fwd_pre": "input"}
 

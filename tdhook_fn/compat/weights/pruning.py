@@ -59,6 +59,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModu
 from torch import nn
 
 from tdhook_fn._params import params as params_of
+from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.hooks import resolve_submodule_path
 from tdhook_fn.compat.modules import RoutedModule, transforming_params
@@ -72,7 +73,6 @@ from tdhook_fn.weights import (
 
 __all__ = ["Pruning", "PruningContext"]
 
-Keys = list[Any]
 Targets = list[tuple[torch.Tensor, torch.Tensor]]  # (the model's parameter, its keep-mask)
 _ROOT_NAMES = ("", "td_module", "module")
 

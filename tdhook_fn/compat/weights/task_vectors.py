@@ -36,13 +36,13 @@ from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
 from tdhook_fn import params as params_of
+from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 from tdhook_fn.weights import apply_vectors, best_alpha, forget_vector, task_vector
 
 __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
 
-Keys = list[Any]
 
 # (id of a prepared module, the weights its calls use), innermost last (a params transform: NOTE [params transforms]).
 _APPLIED: ContextVar[tuple[tuple[int, TensorDictBase], ...]] = ContextVar("tdhook_fn_applied_vectors", default=())

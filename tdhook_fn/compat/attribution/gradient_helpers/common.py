@@ -43,6 +43,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
+from tdhook_fn._types import Keys
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
@@ -63,7 +64,6 @@ from ._calls import (
 
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
 
-Keys = list[Any]
 _CACHE_OUT = "_tdhook_fn_cache_out_"
 
 
