@@ -59,7 +59,6 @@ Cotangents = Callable[[TensorDictBase], TensorDictBase]
 Replace = Callable[[torch.Tensor], torch.Tensor]
 GradFn = Callable[[torch.Tensor], torch.Tensor]
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
-_NOTHING = TensorDict({}, batch_size=[])  # no extras: read only (`_offer` adds what it holds)
 
 
 @dataclass
@@ -163,25 +162,25 @@ def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
     return None
 
 
-def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase:
-    """Inputs the model does not read (labels, weights): offered to the target."""
+def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
+    """Inputs the model does not read (labels, weights): offered to the target; None where there are none."""
     read = {*input_keys, *getattr(f, "in_keys", ())}
     if all(key in read for key in flat.keys()):  # (the common case: no TensorDict built, on every call)
-        return _NOTHING
+        return None
     return flat.exclude(*read)
 
 
-def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase,
+def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase | None,
            batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
     """Target values from the outputs, the target layers' activations and the extras."""
-    if use_outputs and not private and not len(seen.keys()) and not len(extras.keys()):
+    if use_outputs and not private and not len(seen.keys()) and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
         select = as_target(target, outputs=list(out.keys(True, True)))
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
         select = as_target(target, outputs=list(offered.keys(True, True)))
         offered.update(seen)
-        for key, value in extras.items(True, True):
+        for key, value in (extras.items(True, True) if extras is not None else ()):
             if key not in offered.keys(True, True):
                 offered.set(key, value)
     values = _as_target_values(select(offered if offered.batch_size == batch else offered.reshape(batch)), batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -143,7 +143,7 @@ def _bernoulli_samples(batch: torch.Size, n: int, n_features: int, generator: to
 
 def _fit_fn(model: Any, alpha: float | None) -> FitFn:
     if callable(model):
-        return model  # type: ignore[no-any-return]
+        return cast(FitFn, model)
     if model not in _MODELS:
         raise ValueError(f"{_METHOD}: interpretable_model must be one of {list(_MODELS)} or a callable "
                          f"(X, y, weights) -> coefficients, got {model!r}")

@@ -141,7 +141,7 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
         mid = _checked(select(at_layer), at_layer)
         local: Any = torch.func.vjp(select, act)[1]  # the neuron's gradient at the layer, weighted by dF/dn
         maps.append(pulled.to_inputs([local(mid)[0]]))
-    grads = cast(TensorDictBase, torch.stack(maps) if lead else maps[0])  # type: ignore[arg-type]
+    grads: TensorDictBase = cast(TensorDictBase, torch.stack(cast(Any, maps))) if lead else maps[0]
     out = TensorDict({}, batch_size=[*grads.batch_size[:lead], *batch])
     for key, value in grads.items(True, True):
         out.set(key, unflatten(cast(torch.Tensor, value), lead, batch))
@@ -151,7 +151,7 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
 def _selector(neuron_selector: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """``neuron_selector`` as a function ``[R, ...] -> [R]``; indices are checked against the activation."""
     if callable(neuron_selector):
-        return neuron_selector  # type: ignore[no-any-return]
+        return cast(Callable[[torch.Tensor], torch.Tensor], neuron_selector)
     index = (neuron_selector,) if isinstance(neuron_selector, int) else neuron_selector
     if (not isinstance(index, tuple) or not index
             or not all(isinstance(i, slice) or (isinstance(i, int) and not isinstance(i, bool)) for i in index)):
