@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,10 +19,8 @@ from ._metric_samples import (
     check_count,
     chunks,
     input_leaves,
-    perturbed_feed,
     repeated,
     repeated_target,
-    with_inputs_first,
 )
 
 __all__ = ["infidelity"]
@@ -132,18 +131,23 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     inputs go first along the copies' dim, so one call of ``f`` serves both.
     """
     batch = td.batch_size
-    copies = repeated(td, k)
-    offered = copies.clone(False)  # (a perturb_func setting entries on its argument leaves the copies alone)
+    dims = td.batch_dims
+    views = {key: value.unsqueeze(dims).expand(*batch, k, *value.shape[dims:]) for key, value in td.items(True, True)}
+    copies = TensorDict(views, batch_size=[*batch, k])
+    offered = TensorDict(views, batch_size=[*batch, k])  # (a perturb_func setting entries leaves the copies alone)
     given = perturb(offered) if baselines is None else perturb(offered, _repeated_baselines(baselines, k))
     if not isinstance(given, (tuple, list)) or len(given) != 2:
         raise TypeError(f"{_METHOD}: perturb_func must return (perturbations, perturbed_inputs), got "
                         f"{type(given).__name__}")
     perturbations, moved = given
-    feed = perturbed_feed(_METHOD, copies, moved)
     first = before is None
-    if first:
-        feed = with_inputs_first(td, feed)
-    values = _scalar(target_values(f, params, feed, repeated_target(target, batch, k + first)), feed.batch_size)
+    runs = torch.Size([*batch, k + first])
+    flat = not callable(target) or isinstance(target, torch.Tensor)
+    feed = _feed(td if first else None, copies, moved, flat)
+    chosen = repeated_target(target, batch, k + first)
+    if flat and isinstance(chosen, torch.Tensor) and chosen.dim():
+        chosen = chosen.reshape(-1)
+    values = _scalar(target_values(f, params, feed, chosen), runs)
     if before is None:
         before, values = values[..., 0], values[..., 1:]
     diffs = before.unsqueeze(-1) - values
@@ -151,6 +155,31 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     if normalize:
         return ((dots * dots).sum(-1), (dots * diffs).sum(-1), (diffs * diffs).sum(-1)), before
     return (((dots - diffs) ** 2).sum(-1),), before
+
+
+def _feed(inputs: TensorDictBase | None, copies: TensorDictBase, moved: Any, flat: bool) -> TensorDict:
+    """What ``f`` runs on: the copies with the perturbed entries in place, the ``inputs`` first when given.
+
+    Built leaf by leaf in one TensorDict whose batch is the runs ``[*B, k (+ 1)]`` flattened
+    to one dim where ``flat`` (an index target reads a batch of any shape; a callable target
+    sees the runs' shape).
+    """
+    if not isinstance(moved, TensorDictBase):
+        raise TypeError(f"{_METHOD}: perturb_func must return TensorDicts of perturbed inputs, got "
+                        f"{type(moved).__name__}")
+    for key, value, old in input_leaves(_METHOD, "perturb_func returned", moved, copies):
+        if value.shape != old.shape:
+            raise ValueError(f"{_METHOD}: perturb_func returned {key!r} of shape {list(value.shape)}; the inputs it "
+                             f"was given have shape {list(old.shape)} (batch [*B, k]: k copies of each sample)")
+    dims = copies.batch_dims - 1
+    runs = [*copies.batch_size[:-1], copies.batch_size[-1] + (inputs is not None)]
+    leaves: dict[NestedKey, torch.Tensor] = {}
+    for key, copy in copies.items(True, True):
+        value = cast(torch.Tensor, moved.get(key, copy))
+        if inputs is not None:
+            value = torch.cat([inputs.get(key).unsqueeze(dims), value], dims)
+        leaves[key] = value.flatten(0, dims) if flat else value
+    return TensorDict(leaves, batch_size=[math.prod(runs)] if flat else runs)
 
 
 def _dots(attrs: TensorDictBase, perturbations: Any, copies: TensorDictBase) -> torch.Tensor:
