@@ -29,7 +29,7 @@ from ._paths import path_to_name
 
 __all__ = [
     "Captured",
-    "Site",
+    "Side",
     "Tap",
     "attached",
     "capture",
@@ -40,7 +40,7 @@ __all__ = [
     "perturb",
 ]
 
-Site = Literal["output", "input"]
+Side = Literal["output", "input"]  # which side of a module a tap reads or writes
 Captured = dict[str, Any]
 
 
@@ -71,7 +71,7 @@ class Tap:
     path: str
     kind: Literal["capture", "intervene", "map_grad", "custom"]
     fn: Callable[[Any], Any] | None = None
-    site: Site = "output"
+    site: Side = "output"
     key: str = field(default="")
     call: int | None = None
     must_run: bool = False
@@ -193,7 +193,7 @@ def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def capture(
-    path: str, *, site: Site = "output", key: str = "", fn: Callable[[Any], Any] | None = None,
+    path: str, *, site: Side = "output", key: str = "", fn: Callable[[Any], Any] | None = None,
     call: int | None = None,
 ) -> Tap:
     """Read the activation at ``path``: its value (or ``fn(value)``) is returned under ``key``.
@@ -218,7 +218,7 @@ def capture(
     return Tap(path, "capture", fn, site, key, call, must_run=True)
 
 
-def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output", call: int | None = None) -> Tap:
+def intervene(path: str, fn: Callable[[Any], Any], *, site: Side = "output", call: int | None = None) -> Tap:
     """Replace the activation at ``path`` by ``fn(activation)`` (at every run, or at run ``call``).
 
     Args:
@@ -231,7 +231,7 @@ def intervene(path: str, fn: Callable[[Any], Any], *, site: Site = "output", cal
     return Tap(path, "intervene", fn, site, call=call, must_run=True)
 
 
-def perturb(path: str, delta: torch.Tensor, *, site: Site = "output", call: int | None = None) -> Tap:
+def perturb(path: str, delta: torch.Tensor, *, site: Side = "output", call: int | None = None) -> Tap:
     """Add ``delta`` to the activation at ``path`` (a zero ``delta`` makes its gradient the layer's).
 
     Args:
@@ -244,7 +244,7 @@ def perturb(path: str, delta: torch.Tensor, *, site: Site = "output", call: int 
     return Tap(path, "intervene", lambda value: value + delta, site, call=call, must_run=True)
 
 
-def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Site = "output") -> Tap:
+def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Side = "output") -> Tap:
     """Replace the gradient flowing through the activation at ``path`` by ``fn(gradient)``.
 
     With ``site="output"`` this changes the gradient arriving at the module's output

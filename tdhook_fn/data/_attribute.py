@@ -13,9 +13,9 @@ from tensordict import TensorDict, TensorDictBase
 from ._digest import rows_digest, tensor_digest
 from ._fingerprint import Json, fingerprint
 from ._job import OutDir, differences
+from ._process_group import World, joined
 from ._progress import progress_bar
 from ._source import Source
-from ._world import World, joined
 
 __all__ = ["attribute"]
 

@@ -18,7 +18,7 @@ live in three submodules: `tdhook_fn.latent.probing` (linear and bilinear probes
 """
 
 from . import dimension, probing, similarity
-from ._atp import attribution_patching
+from ._attribution_patching import attribution_patching
 from ._cache import cache
 from ._patch import patch, patching_sweep
 from ._sites import Site, sites

@@ -26,7 +26,7 @@ from torch import nn
 
 from ._causal import share_before
 from ._sites import Site
-from ._unchanged import Group, group
+from ._sweep_groups import Group, group
 
 __all__ = ["FIXED_ROWS", "RunSize", "by_memory", "chunked", "run_size"]
 

@@ -54,7 +54,7 @@ from ._run import (
     resolve_runs,
 )
 from ._sites import Site, as_sites
-from ._unchanged import Group, group, may_skip, selection, unchanged, whole_sites
+from ._sweep_groups import Group, group, may_skip, selection, unchanged, whole_sites
 
 Runner = Callable[[TensorDictBase, TensorDictBase, Sequence[Tap]], TensorDict]
 

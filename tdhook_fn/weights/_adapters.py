@@ -17,7 +17,7 @@ from .._call import call
 from .._functional import Functional
 from .._params import params as params_of
 from .._paths import PathError, resolve_path
-from .._taps import Site, Tap
+from .._taps import Side, Tap
 
 __all__ = ["Adapted", "Adapter", "adapter_params", "with_adapters"]
 
@@ -37,7 +37,7 @@ class Adapter:
     module: nn.Module
     in_path: str
     out_path: str
-    site: Site = "output"
+    site: Side = "output"
 
 
 class Adapted(Functional):

@@ -44,7 +44,7 @@ from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
 from tdhook_fn import Functional, PathError
-from tdhook_fn._taps import Site, Tap
+from tdhook_fn._taps import Side, Tap
 from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContextFactory, HookingContextWithCache
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, RemovableHandleProtocol, resolve_submodule_path
@@ -55,8 +55,8 @@ from ._adapter_call import AdapterCall, ArgsRecorder, recording_args
 
 __all__ = ["Adapters", "HookedModuleWithAdapters"]
 
-Splice = tuple[AdapterCall, str, Site]  # (the hook as a module, its path in the model, the site)
-_SITES: dict[str, Site] = {"fwd": "output", "fwd_pre": "input"}
+Splice = tuple[AdapterCall, str, Side]  # (the hook as a module, its path in the model, the site)
+_SITES: dict[str, Side] = {"fwd": "output", "fwd_pre": "input"}
 
 
 class HookedModuleWithAdapters(HookedModule):
