@@ -188,7 +188,7 @@ def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return value
     # through a view, never on the tensor itself: under torch.compile (2.13) a Function applied
     # directly to a torch.func.grad primal (a map_grad at the model's input) loses its backward,
-    # and the plain gradient comes out (tests/test_compile.py, guided_backprop); a view is free
+    # and the plain gradient comes out (tests/core/test_compile.py, guided_backprop); a view is free
     return _MapGrad.apply(value.view_as(value), fn)  # type: ignore[no-untyped-call]
 
 

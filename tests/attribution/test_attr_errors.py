@@ -166,7 +166,7 @@ def test_a_malformed_target_is_a_type_error(two, target):
 
 
 def test_a_target_returning_neither_a_tensordict_nor_a_tensor_is_a_type_error(two):
-    e, td = two  # a plain tensor is one target key (tests/test_captum_style_inputs.py)
+    e, td = two  # a plain tensor is one target key (tests/attribution/test_captum_style_inputs.py)
     with pytest.raises(TypeError, match="must return a TensorDict"):
         saliency(e.f, e.params, td, target=lambda out: [out["output"][..., 0]])
 
