@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from textwrap import indent
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
@@ -27,10 +27,22 @@ from ._routed import RoutedModule
 from ._run import HookedModuleRun
 from ._virtual import VirtualHooks, module_path, recording_target, route
 
-if TYPE_CHECKING:
-    from tdhook_fn.compat.contexts import HookingContext
-
 __all__ = ["HookedModule"]
+
+
+class HookingContext(Protocol):
+    """What a hooked module needs of its context (``contexts.HookingContext``, which imports this module)."""
+
+    _in_context: bool
+    _managed_by_context_manager: bool
+    _module: TensorDictModuleBase
+    _extra_relative_path: str
+
+    def disable_hooks(self) -> AbstractContextManager[None]: ...
+
+    def disable(self) -> AbstractContextManager[Any]: ...
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None: ...
 
 
 class _NoHandle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from tensordict import TensorDict
@@ -19,10 +19,22 @@ from tdhook_fn.compat.hooks import (
 
 from ._virtual import VirtualHooks, recording_into
 
-if TYPE_CHECKING:
-    from ._hooked import HookedModule
-
 __all__ = ["HookedModuleRun"]
+
+
+class Hookable(Protocol):
+    """What a run needs of the module it runs (``_hooked.HookedModule``, which imports this module)."""
+
+    def set(self, module_key: str, value: Any, callback: Callable[..., Any] | None = None,
+            direction: HookDirection = "fwd", prepend: bool = False, relative: bool = True) -> RemovableHandleProtocol:
+        ...
+
+    def get(self, cache: Any, module_key: str, cache_key: Any = None, callback: Callable[..., Any] | None = None,
+            direction: HookDirection = "fwd", prepend: bool = False,
+            relative: bool = True) -> tuple[RemovableHandleProtocol, CacheProxy]:
+        ...
+
+    def stop(self, key: str) -> RemovableHandleProtocol: ...
 
 
 class HookedModuleRun:
@@ -35,7 +47,7 @@ class HookedModuleRun:
     An `EarlyStoppingException` ends the run quietly.
 
     Args:
-        module (HookedModule): the module to run.
+        module (Hookable): the module to run (a `HookedModule`).
         data (TensorDict): its input.
         cache (TensorDict | None): where `save` stores. Default: the run cache.
         run_name (str | None): prefix of `save`'s keys. Default: ``"run"``.
@@ -49,7 +61,7 @@ class HookedModuleRun:
 
     def __init__(
         self,
-        module: HookedModule,
+        module: Hookable,
         data: TensorDict,
         cache: TensorDict | None = None,
         run_name: str | None = None,
