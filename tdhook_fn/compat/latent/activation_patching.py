@@ -88,10 +88,10 @@ class ActivationPatching(HookingContextFactory):
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the clean and the patched run of ``module``'s model on each call."""
-        model = module.model if isinstance(module, RoutedModule) else module
+        model = module.model
         submodules = {path: resolve_path(model, path) for path in self._modules_to_patch}  # fail on entry
         if self._cache_callback is not None:
             HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})

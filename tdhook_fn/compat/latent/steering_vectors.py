@@ -123,10 +123,10 @@ class ActivationAddition(HookingContextFactory):
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the steering vectors of ``module``'s model on each call."""
-        model = module.model if isinstance(module, RoutedModule) else module
+        model = module.model
         for path in self._modules_to_steer:
             resolve_path(model, path)  # fail on entry
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_steer)]

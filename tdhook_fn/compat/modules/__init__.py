@@ -28,11 +28,11 @@ Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receive
 `RoutedModule`: the model, routed. At call time (inside the prepared module's
 forward, while the hooked module runs) ``module.functional()`` is the model as a pure
 `tdhook_fn.Functional` ``f(params, td)`` whose taps are the virtual hooks
-registered at that moment, ``module.params()`` its live parameters (use
-``tdhook_fn.params(module.model)`` for a detached copy), and ``module.model`` the user's
-model that hook keys and ``f``'s paths are relative to. A method that runs the model with
-other weights gives them to the hooked module's calls, never to the model:
-``module.with_params_transform(transform)``.
+registered at that moment, ``module.params()`` its live parameters (``params(detach=True)``
+a detached snapshot), and ``module.model`` the user's model that hook keys and ``f``'s
+paths are relative to. A method that runs the model with other weights gives them to the
+hooked module's calls, never to the model, as replacements of the model's tensors:
+``module.replacing([(parameter, fn), ...])`` (NOTE [one scope]).
 
 Examples:
     >>> import torch
@@ -68,7 +68,7 @@ from ._hooked import HookedModule
 from ._pgd import PGDModule
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
-from ._transforms import ParamsTransform, transforming_params
+from ._scope import Replace, Replacement, replacing
 from ._virtual import VirtualHookHandle, VirtualHooks
 from ._wrappers import (
     FunctionModule,
@@ -93,7 +93,8 @@ __all__ = [
     "ModuleCallWithCache",
     "MutableWeakRef",
     "PGDModule",
-    "ParamsTransform",
+    "Replace",
+    "Replacement",
     "RoutedModule",
     "TensorDictRef",
     "VirtualHookHandle",
@@ -101,6 +102,6 @@ __all__ = [
     "flatten_select_reshape_call",
     "get_best_device",
     "register_hook_to_module",
+    "replacing",
     "resolve_submodule_path",
-    "transforming_params",
 ]

@@ -25,7 +25,8 @@ from tdhook_fn.compat.hooks import (
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
-from ._virtual import VirtualHooks, module_path, recording_target, route
+from ._scope import current, entered
+from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
 
@@ -75,6 +76,8 @@ class HookedModule(TensorDictModuleWrapper):
             Default: ``"td_module"``.
     """
 
+    _runs: TensorDictModuleBase
+
     def __init__(
         self,
         td_module: TensorDictModuleBase,
@@ -85,6 +88,9 @@ class HookedModule(TensorDictModuleWrapper):
         self._hooking_context = hooking_context
         self._relative_path = relative_path
         self._virtual_hooks = VirtualHooks()
+        # a context's prepared module routes the model; a module of one's own is routed here
+        # (kept out of the module tree: it is td_module again)
+        self.__dict__["_runs"] = td_module if hooking_context is not None else RoutedModule(td_module)
 
     @property
     def relative_path(self) -> str:
@@ -165,8 +171,7 @@ class HookedModule(TensorDictModuleWrapper):
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
-        target = recording_target()  # a HookedModuleRun records into its own registry
-        registry = self._virtual_hooks if target is None else target
+        registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
         return registry.add(submodule, hook, direction, prepend)
 
     def set(
@@ -228,10 +233,8 @@ class HookedModule(TensorDictModuleWrapper):
         context = self._hooking_context
         if context is not None and not context._in_context:
             raise RuntimeError("Contextual HookedModule must be called in context")
-        with self._virtual_hooks.active():
-            if context is None and not isinstance(self.td_module, RoutedModule):
-                return route(self.td_module, lambda root: root(*args, **kwargs))
-            return self.td_module(*args, **kwargs)  # the prepared module routes the model
+        with entered(hooks=self._virtual_hooks):
+            return self._runs(*args, **kwargs)
 
     @contextmanager
     def disable_context_hooks(self) -> Iterator[None]:

@@ -17,7 +17,8 @@ from tdhook_fn.compat.hooks import (
     RemovableHandleProtocol,
 )
 
-from ._virtual import VirtualHooks, recording_into
+from ._scope import entered
+from ._virtual import VirtualHooks
 
 __all__ = ["HookedModuleRun"]
 
@@ -104,7 +105,7 @@ class HookedModuleRun:
     ) -> None:
         # As tdhook: the run happens on exit, also when the body raised.
         try:
-            with self._hooks.active(), torch.set_grad_enabled(self._grad_enabled):
+            with entered(hooks=self._hooks), torch.set_grad_enabled(self._grad_enabled):
                 self._run_callback(self._module, self._data)
         except EarlyStoppingException:
             pass
@@ -118,7 +119,7 @@ class HookedModuleRun:
             raise RuntimeError(f"Not in context, method {method} must be called in context or directly on the module")
 
     def _record(self, register: Callable[[], Any]) -> Any:
-        with recording_into(self._hooks):
+        with entered(recording=self._hooks):
             return register()
 
     def set(

@@ -47,7 +47,7 @@ from tdhook_fn._types import Keys
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.modules import FunctionModule
+from tdhook_fn.compat.modules import FunctionModule, RoutedModule
 
 from ._calls import (
     AttributionCall,
@@ -59,7 +59,6 @@ from ._calls import (
     make_cotangents,
     make_target,
     model_of,
-    user_model,
 )
 
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
@@ -157,9 +156,16 @@ class GradientAttribution(HookingContextFactory):
         return [*in_keys, *self._additional_init_keys], [_under(self._attr_key, key) for key in in_keys]
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """A module computing the attributions of ``module``'s model on each call.
+        """A module computing the attributions of ``module``'s model on each call (`_attribute`)."""
+        return self._attributing(module, in_keys, out_keys, self._attribute)
+
+    def _attributing(
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, method: Callable[[AttributionCall, TensorDict],
+                                                                                      TensorDictBase],
+    ) -> TensorDictModuleBase:
+        """A module writing ``method(call, td)`` under ``attribution_key`` on each call.
 
         Raises:
             ValueError: ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``; a
@@ -167,7 +173,7 @@ class GradientAttribution(HookingContextFactory):
         """
         if set(self._additional_init_keys) & (set(in_keys) | set(out_keys)):
             raise ValueError("Additional init keys must not be in the in_keys or out_keys")
-        model = user_model(module)
+        model = module.model
         for path in [*self._input_modules, *self._target_modules]:
             resolve_path(model, path)  # fail on entry, as tdhook's hook registration does
         grad_fns = {
@@ -188,7 +194,7 @@ class GradientAttribution(HookingContextFactory):
                     "hooked(TensorDict(input=x, batch_size=[len(x)]))"
                 )
             call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
-            td.set(self._attr_key, self._attribute(call, td))
+            td.set(self._attr_key, method(call, td))
             return td
 
         module_in, module_out = self._module_keys(list(in_keys))
@@ -196,7 +202,7 @@ class GradientAttribution(HookingContextFactory):
 
     def _call(
         self,
-        module: TensorDictModuleBase,
+        module: RoutedModule,
         td: TensorDict,
         in_keys: Keys,
         out_keys: Keys,

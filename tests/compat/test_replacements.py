@@ -1,4 +1,4 @@
-"""Params transforms: a prepared module's calls with other weights, the model never written."""
+"""Replacements: a prepared module's calls with other weights, the model never written (NOTE [one scope])."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 from torch import nn
 from zoo import same, snapshot
 
 import tdhook_fn
 from tdhook_fn.compat.contexts import HookingContextFactory
-from tdhook_fn.compat.modules import ParamsTransform, transforming_params
+from tdhook_fn.compat.modules import Replacement, replacing
 
 X = torch.randn(6, 4, generator=torch.Generator().manual_seed(5))
 
@@ -24,19 +24,23 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 2)).eval()
 
 
-def doubled_last(model: nn.Module, params: TensorDictBase) -> TensorDictBase:
-    result = params.clone(False)
-    result.set(("3", "weight"), 2 * params.get(("3", "weight")))
-    return result
+def doubled_last(model: nn.Module) -> Replacement:
+    return model[3].weight, lambda value: 2 * value
 
 
-class Transformed(HookingContextFactory):
-    def __init__(self, transform: ParamsTransform) -> None:
+def doubled_params(model: nn.Module) -> TensorDict:
+    params = tdhook_fn.params(model)
+    params.set(("3", "weight"), 2 * params.get(("3", "weight")))
+    return params
+
+
+class Replacing(HookingContextFactory):
+    def __init__(self, replacement: Any) -> None:
         super().__init__()
-        self._transform = transform
+        self._replacement = replacement
 
     def _prepare_module(self, module: Any, in_keys: Any, out_keys: Any, extra_relative_path: str) -> Any:
-        return module.with_params_transform(self._transform)
+        return module.replacing([self._replacement(module.model)])
 
 
 def run(hooked: Any) -> torch.Tensor:
@@ -46,8 +50,8 @@ def run(hooked: Any) -> torch.Tensor:
 def test_calls_use_the_transformed_params_and_gradients_reach_the_model() -> None:
     model = make_model()
     before = snapshot(model)
-    expected = tdhook_fn.call(model, doubled_last(model, tdhook_fn.params(model)), X)
-    with Transformed(doubled_last).prepare(model) as hooked:
+    expected = tdhook_fn.call(model, doubled_params(model), X)
+    with Replacing(doubled_last).prepare(model) as hooked:
         out = run(hooked)
         assert torch.equal(out.detach(), expected)
         assert torch.equal(model(X), tdhook_fn.call(model, tdhook_fn.params(model), X))  # the raw model is plain
@@ -63,10 +67,10 @@ def test_calls_use_the_transformed_params_and_gradients_reach_the_model() -> Non
     assert torch.allclose(model[0].weight.grad, twin[0].weight.grad)  # type: ignore[arg-type]
 
 
-def test_transforming_params_applies_in_its_thread_only() -> None:
+def test_replacing_applies_in_its_thread_only() -> None:
     model = make_model()
     plain = tdhook_fn.call(model, tdhook_fn.params(model), X)
-    doubled = tdhook_fn.call(model, doubled_last(model, tdhook_fn.params(model)), X)
+    doubled = tdhook_fn.call(model, doubled_params(model), X)
     seen: list[torch.Tensor] = []
     with HookingContextFactory().prepare(model) as hooked:
         inside, outside = threading.Event(), threading.Event()
@@ -78,7 +82,7 @@ def test_transforming_params_applies_in_its_thread_only() -> None:
 
         thread = threading.Thread(target=other)
         thread.start()
-        with transforming_params(doubled_last):
+        with replacing(doubled_last(model)):
             inside.set()
             outside.wait()
             assert torch.equal(run(hooked).detach(), doubled)
@@ -93,29 +97,36 @@ def test_buffers_stay_live() -> None:
     with torch.no_grad():
         twin[3].weight.mul_(2)
     expected = twin(X)
-    with Transformed(doubled_last).prepare(model) as hooked:
+    with Replacing(doubled_last).prepare(model) as hooked:
         assert torch.equal(run(hooked).detach(), expected.detach())
     for (name, buffer), (_, ref) in zip(model.named_buffers(), twin.named_buffers(), strict=True):
         assert torch.equal(buffer, ref), name
     assert int(model[1].num_batches_tracked) == 1
 
 
-def test_a_transform_must_keep_keys_and_shapes() -> None:
-    model = make_model()
+def test_a_replacement_must_keep_the_shape_and_acts_on_its_own_model_only() -> None:
+    model, other = make_model(), make_model()
     before = snapshot(model)
-
-    def dropped(model: nn.Module, params: TensorDictBase) -> TensorDictBase:
-        return params.exclude(("3", "bias"))
-
-    def reshaped(model: nn.Module, params: TensorDictBase) -> TensorDictBase:
-        result = params.clone(False)
-        result.set(("3", "weight"), torch.zeros(4, 4))
-        return result
-
-    with Transformed(dropped).prepare(model) as hooked, pytest.raises(ValueError, match=r"missing \['3.bias'\]"):
+    reshaped = lambda m: (m[3].weight, lambda value: torch.zeros(4, 4))
+    with Replacing(reshaped).prepare(model) as hooked, pytest.raises(ValueError, match=r"3\.weight' has shape"):
         run(hooked)
-    with Transformed(reshaped).prepare(model) as hooked, pytest.raises(ValueError, match=r"3\.weight' has shape"):
-        run(hooked)
+    plain = tdhook_fn.call(model, tdhook_fn.params(model), X)
     with HookingContextFactory().prepare(model) as hooked:  # nothing left behind on the shadow
-        assert torch.equal(run(hooked), tdhook_fn.call(model, tdhook_fn.params(model), X))
+        assert torch.equal(run(hooked), plain)
+        with replacing(doubled_last(other)):  # keyed by identity: another model's parameter
+            assert torch.equal(run(hooked), plain)
     assert same(before, snapshot(model))
+
+
+def test_replacements_compose_in_order_and_params_see_them() -> None:
+    model = make_model()
+    weight = model[3].weight
+    plus_one, doubled = (weight, lambda value: value + 1), (weight, lambda value: 2 * value)
+    expected = doubled_params(model)
+    expected.set(("3", "weight"), 2 * (weight.detach() + 1))
+    with HookingContextFactory().prepare(model) as hooked, replacing(plus_one, doubled):
+        assert torch.equal(run(hooked).detach(), tdhook_fn.call(model, expected, X))
+        routed = hooked.td_module
+        assert torch.equal(routed.params(detach=True).get(("3", "weight")), expected.get(("3", "weight")))
+        live = routed.params().get(("3", "weight"))
+        assert live.requires_grad and torch.equal(live.detach(), expected.get(("3", "weight")))
