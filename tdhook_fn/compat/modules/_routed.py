@@ -20,6 +20,17 @@ from ._virtual import taps_for
 __all__ = ["RoutedModule"]
 
 
+def _model_in(td_module: TensorDictModuleBase, path: str) -> nn.Module:
+    """The user's model at ``path`` (``""`` or ``"module"``, as contexts give it) in ``td_module``."""
+    if path in ("", "module"):  # (the two paths contexts give: no need to parse them)
+        found = getattr(td_module, path) if path else td_module
+    else:
+        found = resolve_path(td_module, path)
+    if not isinstance(found, nn.Module):
+        raise TypeError(f"RoutedModule: {path!r} names a {type(found).__name__} in the context's module, not a module")
+    return found
+
+
 class RoutedModule(TensorDictModuleWrapper):
     """Runs a context's TensorDictModule on the core, with the scope's hooks and replacements.
 
@@ -41,6 +52,11 @@ class RoutedModule(TensorDictModuleWrapper):
             module, or what an earlier factory of a composite prepared). Default: none.
     """
 
+    _extra_relative_path: str
+    _model: nn.Module
+    _replacements: tuple[Replacement, ...]
+    _runner: TensorDictModuleBase | None
+
     def __init__(
         self,
         td_module: TensorDictModuleBase,
@@ -49,11 +65,14 @@ class RoutedModule(TensorDictModuleWrapper):
         runner: TensorDictModuleBase | None = None,
     ) -> None:
         super().__init__(td_module)
-        self._extra_relative_path = extra_relative_path
-        self._model: nn.Module = resolve_path(td_module, extra_relative_path)
-        self._replacements = tuple(replacements)
-        self._runner = runner
-        self._forward_attributes = True
+        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already)
+        self.__dict__.update(
+            _extra_relative_path=extra_relative_path,
+            _model=_model_in(td_module, extra_relative_path),
+            _replacements=tuple(replacements),
+            _runner=runner,
+            _forward_attributes=True,
+        )
 
     # NOTE [working module attributes]
     # In tdhook a factory's ``_prepare_module`` and ``_restore_module`` both receive the
@@ -123,6 +142,8 @@ class RoutedModule(TensorDictModuleWrapper):
 
     def _all_replacements(self) -> tuple[Replacement, ...]:
         scoped = current().replacements
+        if not self._replacements:
+            return scoped
         ids = {(id(t), id(fn)) for t, fn in scoped}
         return (*scoped, *(pair for pair in self._replacements if (id(pair[0]), id(pair[1])) not in ids))
 
@@ -155,5 +176,6 @@ class RoutedModule(TensorDictModuleWrapper):
             keywords = getattr(wrapper, "_kwargs", None)  # tensordict's keyword names, in in_keys order
             in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
             f = functional(model, in_keys, list(wrapper.out_keys))
-        return f.with_taps(*self.taps())
+        taps = self.taps()
+        return f.with_taps(*taps) if taps else f
 

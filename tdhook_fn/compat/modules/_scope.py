@@ -85,7 +85,7 @@ def entered(
         changes["hooks"] = (*scope.hooks, hooks)
     if recording is not None:
         changes["recording"] = recording
-    more = _new(scope.replacements, replacements)
+    more = _new(scope.replacements, replacements) if replacements else ()
     if more:
         changes["replacements"] = (*scope.replacements, *more)
     if not changes:
@@ -172,7 +172,7 @@ def route(
     """
     scope = _SCOPE.get()
     hooks = active_hooks(scope)
-    chosen = (*scope.replacements, *_new(scope.replacements, replacements))
+    chosen = (*scope.replacements, *_new(scope.replacements, replacements)) if replacements else scope.replacements
     overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
     output, _ = run(root, None, (*taps_for(root, hooks), *taps), invoke, overrides=overrides or None)
     return output
