@@ -50,7 +50,7 @@ def test_the_compat_ig_call_adds_at_most_120_calls_in_12_compat_files() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     x = torch.randn(2, 4)
-    td = lambda: TensorDict(input=x, baseline=TensorDict(input=torch.zeros_like(x), batch_size=[2]),  # noqa: E731
+    td = lambda: TensorDict(input=x, baseline=TensorDict(input=torch.zeros_like(x), batch_size=[2]),
                             batch_size=[2])
     f = tdhook_fn.functional(model)
 
