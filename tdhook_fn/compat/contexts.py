@@ -17,11 +17,7 @@ TensorDictModule, as in tdhook, and are gone after the context, even when a step
 ``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
 extra arguments.
 
-Differences from tdhook 0.1.3: a failed ``__enter__`` leaves the context closed (tdhook
-leaves it marked as entered), and runs ``_restore_module`` when ``_prepare_module`` had
-succeeded; what ``_prepare_module`` changed on the context's TensorDictModule is put
-back on exit when a step fails (tdhook leaves it); ``disable()`` yields the raw model
-without re-preparing it and attaching it to the hooked module as ``.module`` afterwards.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

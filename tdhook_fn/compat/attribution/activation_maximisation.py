@@ -8,17 +8,7 @@ plain ``nn.Module`` prepared by the context, ``"module[2]"`` is the model's ``[2
 context's module, and handed to the pure method as paths from the model; the targets
 given to ``init_attr_targets`` are keyed by the paths as written, as in tdhook.
 
-Differences from tdhook 0.1.3 (beyond those of
-`common`):
-
-- ``additional_init_keys`` reach ``init_attr_targets`` and ``init_attr_grads``: tdhook
-  runs its ``Saliency`` on a copy of the inputs without them, and fails with a
-  ``KeyError``.
-- The result under ``attribution_key`` is detached; tdhook returns it with the autograd
-  graph of its steps and leaves the caller's input tensors requiring grad.
-- An empty ``modules_to_maximise``, a path that does not name a module of the model,
-  or two paths naming the same module raise a ``ValueError`` on entering the context
-  (tdhook fails on calling, or counts the module twice).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

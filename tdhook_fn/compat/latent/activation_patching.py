@@ -8,25 +8,7 @@ The clean activations come from `tdhook_fn.latent.cache`, the patched run from
 `tdhook_fn.latent.patch`; no
 hook is registered on the model.
 
-Differences from tdhook 0.1.3:
-
-- ``patch_fn`` receives the ``module_key`` of the module being patched. tdhook passes
-  the last entry of ``modules_to_patch`` to every call (a closure over its loop variable).
-- With ``patch_fn``, the patched run is `tdhook_fn.latent.Site` editors on the
-  pure model (``patch``'s ``fn`` does not say which site it is called for).
-- A module whose output is not a tensor (a tuple) raises ``RuntimeError`` naming it,
-  also with ``cache_callback`` (tdhook accepts it there if ``patch_fn`` returns a tuple).
-- A module that runs more than once in a forward raises ``ValueError`` (from
-  `tdhook_fn.latent.cache`); tdhook caches its last run and patches every run
-  with it.
-- ``cache_callback`` is called with ``args=(first positional input,)``, ``key`` the
-  module key and ``direction="fwd"``.
-- With ``clean_intermediate_keys=False``, ``td["_cache", module_key]`` holds the values
-  patched in (clean activations, or ``cache_callback``'s results); tdhook's holds what
-  its caching hook saw last, the patched run's output when ``patch_fn`` changes it.
-  With ``clean_intermediate_keys=True`` the caller's TensorDict gets no ``"_cache"``
-  entry (tdhook leaves it there and returns a copy without it).
-- Inputs with several batch dims work (tdhook's cache reference dies there).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -7,22 +7,7 @@ never carries a hook. `ActivationAddition` computes steering vectors, the mean
 over samples of ``act(positive) - act(negative)``, with
 `tdhook_fn.latent.activation_addition`.
 
-Differences from tdhook 0.1.3:
-
-- ``steer_fn`` receives the ``module_key`` of the module being steered; tdhook passes the
-  last entry of ``modules_to_steer`` to every call (a closure over its loop variable).
-- ``ActivationAddition`` returns ``TensorDict({steer_key: {module_key: vector}})`` as
-  tdhook does, and writes nothing into the caller's TensorDict (tdhook leaves its
-  pipeline's ``_positive_out``, ``_positive_cache``, ``_negative_out`` and
-  ``_negative_cache`` there, whatever ``clean_intermediate_keys`` says, which has no
-  effect in either).
-- ``ActivationAddition(cache_callback=...)`` raises ``NotImplementedError``: the vectors
-  come from `tdhook_fn.latent.activation_addition`, which reads the module outputs
-  themselves (select within them with ``tdhook_fn.latent.Site(path, index=...)``).
-- A steered module returning something other than a tensor (a tuple) raises
-  ``RuntimeError`` naming it in ``ActivationAddition``, as tdhook's caching hook does; a
-  module running more than once per forward raises ``ValueError`` (tdhook keeps its last
-  run).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -8,21 +8,7 @@ model on the core's private shadow (`tdhook_fn._call.run`) with those hooks
 attached there, and with the model's live parameters, so ``out.backward()`` still fills
 ``model.weight.grad`` and gradient hooks fire during backward.
 
-Consequences, where this differs from tdhook 0.1.3:
-
-- Hooks apply to calls made through the hooked module (and through a context's
-  prepared module). Calling the raw model directly, also inside a context or inside
-  ``disable()``, runs it plainly.
-- Hooks that were never removed do not outlive the hooked module: tdhook leaves them on
-  the model after the context exits.
-- Concurrent calls are safe: a call reads a snapshot of the hooks, runs on its own
-  shadow and never changes the model. Hooks registered on one hooked module are seen
-  by every thread that calls it (as tdhook's are); a ``HookedModuleRun``'s hooks are
-  seen only by that run.
-- Keys with ``relative=True`` start at the user's model. Keys with ``relative=False``
-  start at the hooked module and must end on a submodule of the model
-  (``ValueError`` otherwise; tdhook would hook a wrapper module for real).
-- Paths are never evaluated (see `tdhook_fn.resolve_path`).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receives a
 `RoutedModule`: the model, routed. At call time (inside the prepared module's

@@ -16,10 +16,7 @@ adapter reading another module, the activation there is stored in the context's 
 by an ordinary ``get`` hook, under tdhook's key ``"{in_key}_{output|input}"`` and through
 ``cache_callback``, and read from there, as tdhook does.
 
-Differences from tdhook 0.1.3:
-
-- ``directions`` other than ``"fwd"`` and ``"fwd_pre"`` raise ``NotImplementedError``.
-- Calling the raw model runs it without adapters.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -26,26 +26,7 @@ Gradients are tdhook's: its model *holds* the pruned values, so ``.backward()`` 
 (not masked). The pruned values here carry an identity gradient to the live parameters
 (`_PrunedValues`), so ``model.weight.grad`` equals tdhook's.
 
-Differences from tdhook 0.1.3:
-
-- Calling the raw model inside the context (or through ``disable()``) gives unpruned
-  results; only the hooked module's calls (and methods composed after ``Pruning``) are
-  pruned.
-- Contexts are independent: one entered inside another, or in another thread, scores the
-  model's own values (tdhook: the already pruned ones), and so does each ``Pruning`` of a
-  composite, whose masks are combined.
-- The pruned values follow the live parameters: a parameter the user changes inside the
-  context is used changed, and still masked.
-- Nothing is cloned or written back on exit: buffers updated inside the context
-  (BatchNorm statistics, in training mode) keep their new values, and a parameter object
-  keeps its storage and its place in ``named_parameters`` (tdhook's ``prune.remove``
-  moves it last).
-- A failure while computing the masks (a mask of the wrong shape included) is raised from
-  ``__enter__`` and changes nothing (tdhook may leave the model partly pruned).
-- Any ``CompositeHookingContextFactory`` may include ``Pruning``, whatever its
-  ``_hooking_context_class``; `PruningContext` adds nothing to ``HookingContext``.
-- A parameter tied between modules is scored once (under its first name), and a module
-  named twice in ``modules_to_prune`` is pruned with both masks at once.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

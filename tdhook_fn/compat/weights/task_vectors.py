@@ -18,14 +18,7 @@ model's value), as tdhook loads them: an eval-mode BatchNorm uses the applied ru
 statistics. A training-mode call inside the block updates the applied copies, which later
 calls of the block see, never the model's buffers; they are dropped at the end of the block.
 
-Differences from tdhook 0.1.3:
-
-- Vectors are keyed like `tdhook_fn.params` of the model, which is
-  ``TensorDict.from_module``'s layout (nested by submodule, parameters and buffers) except
-  that a tied parameter appears once, under its first name.
-- Integer buffers (``num_batches_tracked``) keep the model's value in applied weights;
-  tdhook adds ``alpha * vector`` to them and turns them into floats.
-- The stored base weights are detached; buffers are a copy taken on entry.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

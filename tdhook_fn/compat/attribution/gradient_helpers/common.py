@@ -8,30 +8,7 @@ virtual hooks), calls a method of `tdhook_fn.attribution` and writes
 No hook is registered on the model and nothing is cached between calls, so a prepared
 context can be called from several threads at once (tdhook's shared caches break there).
 
-Differences from tdhook 0.1.3:
-
-- The TensorDict receives only the documented entries: the attributions under
-  ``attribution_key`` (replacing that entry, as tdhook does), and ``"convergence_delta"``.
-  tdhook also writes its pipeline's intermediate entries (``_register_in``, ``_mod_in``,
-  ``_mod_out``) and leaves them there for baseline methods, where its cleaner is dropped.
-  There is nothing to clean, so ``clean_intermediate_keys`` has no effect. The caller's
-  TensorDict is filled in place and returned; inputs are not set to require grad.
-- ``init_attr_inputs`` and ``init_attr_cache_in`` *select*: the keys they return are the
-  inputs and ``input_modules`` attributed. (In tdhook a returned tensor that is not the one
-  the model ran on fails in ``autograd.grad``, so selecting is all they can do there
-  either.) ``init_attr_cache_in`` sees the activations for the un-interpolated inputs.
-- ``cache_callback`` applies to ``target_modules``; combined with ``input_modules`` it
-  raises ``NotImplementedError`` (layer gradients are taken at the module output itself).
-- ``output_grad_callbacks`` receive one gradient per output tensor (``grad_output`` a
-  one-tuple); they run inside ``torch.func`` transforms, so must be pure tensor functions.
-- Convergence deltas work with ``input_modules`` and ``target_modules`` (tdhook's cache
-  hooks fail in the delta's forwards) and with ``init_attr_targets_with_labels``.
-- A callable returning something other than a TensorDict always gets tdhook's
-  ``ValueError`` (for ``init_attr_inputs`` tdhook fails earlier with an AttributeError).
-- Guided backpropagation applies its ReLU at a target module reached only through its
-  activation; tdhook's full backward hook does not fire there.
-- Calls run with the model's parameters detached: nothing reaches the model's ``.grad``.
-- ``relative_path`` of the hooked module keeps its default (``"td_module"``).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
