@@ -3,7 +3,8 @@
 ``with IntegratedGradients(...).prepare(model) as hooked: hooked(td)`` (context entry and exit
 included) against `tdhook_fn.attribution.integrated_gradients` with the same target and
 options, on the models of ``bench_ig.py`` and a small MLP where a fixed overhead shows most.
-CPU time, one thread, interleaved rounds, medians.
+CPU time, one thread, interleaved rounds, medians. Run from the repository root:
+``PYTHONPATH=benchmarks python -m benchmarks.bench_compat_overhead``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def ratio(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
 
     def pure() -> torch.Tensor:
         out = integrated_gradients(f, tdhook_fn.params(model), td.select("input"), td["baseline"], target=_pick,
-                                   n_steps=N_STEPS)
+                                   n_steps=N_STEPS, interpolate="inputs")  # (the options compat passes)
         return out["input"]  # type: ignore[index]
 
     torch.testing.assert_close(compat(), pure())
