@@ -169,13 +169,16 @@ class RoutedModule(TensorDictModuleWrapper):
         ``attention_mask``) pass each key as the keyword the context's TensorDictModule
         passes it as.
         """
-        model, wrapper = self._model, self.td_module
-        if model is wrapper:
-            f = functional(model)
-        else:
-            keywords = getattr(wrapper, "_kwargs", None)  # tensordict's keyword names, in in_keys order
-            in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
-            f = functional(model, in_keys, list(wrapper.out_keys))
+        f: Functional | None = self.__dict__.get("_functional")
+        if f is None:  # (built once: the model and the keys are this module's for good)
+            model, wrapper = self._model, self.td_module
+            if model is wrapper:
+                f = functional(model)
+            else:
+                keywords = getattr(wrapper, "_kwargs", None)  # tensordict's keyword names, in in_keys order
+                in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
+                f = functional(model, in_keys, list(wrapper.out_keys))
+            self.__dict__["_functional"] = f
         taps = self.taps()
         return f.with_taps(*taps) if taps else f
 
