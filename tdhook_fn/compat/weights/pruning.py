@@ -77,28 +77,28 @@ class _PrunedValues(torch.autograd.Function):
         return grad, None
 
 
-def _masking(keep: torch.Tensor) -> Replace:
+def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
     """The replacement of one parameter: its value at each call (never kept: a write through
-    ``.data`` moves no version counter), masked, with an identity gradient to it."""
+    ``.data`` moves no version counter), masked, with an identity gradient to it.
+
+    `apply_masks` checks the mask now, on entry (a wrong shape or dtype raises here); each
+    call then multiplies as it does (``value * keep``), without building TensorDicts.
+    """
+    apply_masks(TensorDict({"p": param.detach()}, batch_size=[]), TensorDict({"p": keep}, batch_size=[]))
+    factor = keep.to(param.dtype)
 
     def pruned(value: torch.Tensor) -> torch.Tensor:
-        masked = apply_masks(TensorDict({"p": value.detach()}, batch_size=[]),
-                             TensorDict({"p": keep}, batch_size=[])).get("p")
+        masked = value.detach() * factor
         if torch.is_grad_enabled() and value.requires_grad:
             return cast(torch.Tensor, _PrunedValues.apply(value, masked))  # type: ignore[no-untyped-call]
-        return cast(torch.Tensor, masked)
+        return masked
 
     return pruned
 
 
 def _replacements(targets: Targets) -> list[Replacement]:
-    """One replacement per target; a mask of the wrong shape raises now, on entry."""
-    replacements = []
-    for param, keep in targets:
-        replace = _masking(keep)
-        replace(param.detach())
-        replacements.append((param, replace))
-    return replacements
+    """One replacement per target (a parameter listed twice gets both masks, one after the other)."""
+    return [(param, _masking(param, keep)) for param, keep in targets]
 
 
 class PruningContext(HookingContext):
