@@ -130,3 +130,17 @@ def test_replacements_compose_in_order_and_params_see_them() -> None:
         assert torch.equal(routed.params(detach=True).get(("3", "weight")), expected.get(("3", "weight")))
         live = routed.params().get(("3", "weight"))
         assert live.requires_grad and torch.equal(live.detach(), expected.get(("3", "weight")))
+
+
+def test_a_hooked_module_of_a_routed_module_routes_once() -> None:
+    """A HookedModule made without a context over a RoutedModule runs it (hooks fire, replacements apply)."""
+    from tensordict.nn import TensorDictModule
+
+    from tdhook_fn.compat.modules import HookedModule, RoutedModule
+
+    model = make_model()
+    routed = RoutedModule(TensorDictModule(model, ["input"], ["output"])).replacing([doubled_last(model)])
+    hooked = HookedModule(routed)
+    hooked.set("module[2]", None, callback=lambda output, **kw: torch.ones_like(output))
+    expected = torch.nn.functional.linear(torch.ones(6, 4), 2 * model[3].weight, model[3].bias)
+    assert torch.equal(run(hooked).detach(), expected.detach())

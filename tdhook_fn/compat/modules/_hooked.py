@@ -90,7 +90,7 @@ class HookedModule(TensorDictModuleWrapper):
         self._virtual_hooks = VirtualHooks()
         # a context's prepared module routes the model; a module of one's own is routed here
         # (kept out of the module tree: it is td_module again)
-        self.__dict__["_runs"] = td_module if hooking_context is not None else RoutedModule(td_module)
+        self.__dict__["_runs"] = td_module if hooking_context is not None else RoutedModule.of(td_module)
 
     @property
     def relative_path(self) -> str:

@@ -110,6 +110,11 @@ class RoutedModule(TensorDictModuleWrapper):
         return RoutedModule(self.td_module, self._extra_relative_path, (*self._replacements, *replacements),
                             self._runner)
 
+    @staticmethod
+    def of(module: TensorDictModuleBase) -> RoutedModule:
+        """``module`` routed: itself when it is a RoutedModule already."""
+        return module if isinstance(module, RoutedModule) else RoutedModule(module)
+
     def running(self, runner: TensorDictModuleBase) -> RoutedModule:
         """This routed model, whose `forward` calls ``runner`` (itself when it is a RoutedModule)."""
         if isinstance(runner, RoutedModule):
