@@ -14,7 +14,6 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from ._call import require_params, run
-from ._params import Key
 from ._params import params as params_of
 from ._taps import Captured, Tap, check_tap_keys
 
@@ -88,19 +87,7 @@ class Functional:
         require_params(params, "functional")
         return self._run(params, td, extra)
 
-    def call_live(self, td: TensorDictBase, *, overrides: Mapping[Key, Any] | None = None) -> TensorDict:
-        """``self(params, td)`` with the model's own tensors, live, as a plain forward runs.
-
-        For the compat layer's routed calls: gradients reach the
-        model's parameters and buffers update (BatchNorm in training mode), while the
-        forward still runs on a private shadow with this function's taps. ``overrides``
-        replace some of the model's tensors by key, for this call only; the model's own
-        slots are never written.
-        """
-        return self._run(None, td, {}, overrides)
-
-    def _run(self, params: TensorDictBase | None, td: TensorDictBase, extra: dict[str, Any],
-             overrides: Mapping[Key, Any] | None = None) -> TensorDict:
+    def _run(self, params: TensorDictBase | None, td: TensorDictBase, extra: dict[str, Any]) -> TensorDict:
         if extra and isinstance(self.model, TensorDictModuleBase):
             raise TypeError(f"functional: a TensorDictModule takes no extra keyword arguments, got {sorted(extra)}")
         if not isinstance(td, TensorDictBase):
@@ -109,7 +96,7 @@ class Functional:
                 f"x as TensorDict({self.in_keys[0] if self.in_keys else 'input'}=x, batch_size=[len(x)])"
             )
         if isinstance(self.model, TensorDictModuleBase):
-            output, captured = run(self.model, params, self.taps, lambda root: root(td.copy()), overrides=overrides)
+            output, captured = run(self.model, params, self.taps, lambda root: root(td.copy()))
             missing = [k for k in self.out_keys if k not in output.keys(include_nested=True)]
             if missing:
                 raise KeyError(f"functional: the TensorDictModule wrote no {missing}")
@@ -119,8 +106,7 @@ class Functional:
             args = [get_input(td, key) for key in self.in_keys if key not in names]
             kwargs = {names[key]: get_input(td, key) for key in self.in_keys if key in names}
             kwargs.update(extra)
-            output, captured = run(self.model, params, self.taps, lambda root: root(*args, **kwargs),
-                                   overrides=overrides)
+            output, captured = run(self.model, params, self.taps, lambda root: root(*args, **kwargs))
             leaves = _output_leaves(output, self.out_keys)
         return pack(td.batch_size, dict(zip(self.out_keys, leaves, strict=False)), captured)
 

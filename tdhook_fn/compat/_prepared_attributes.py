@@ -19,14 +19,16 @@ __all__ = ["attribute_state", "changes_since", "put_back"]
 # contexts over one module may close in any order, and the body's changes are the
 # user's. ``training`` is left alone (``train()`` changes the whole tree).
 _SLOTS = ("_parameters", "_buffers", "_modules")
+_SKIPPED = frozenset((*_SLOTS, "training"))
 _State = dict[str, tuple[str, Any]]
 
 
 def attribute_state(module: nn.Module) -> _State:
     """Name -> (where it lives, value) for the attributes of ``module`` itself."""
-    state = {name: ("__dict__", value) for name, value in vars(module).items() if name not in (*_SLOTS, "training")}
+    state = {name: ("__dict__", value) for name, value in vars(module).items() if name not in _SKIPPED}
     for slot in _SLOTS:
-        state.update((name, (slot, value)) for name, value in getattr(module, slot).items())
+        for name, value in getattr(module, slot).items():
+            state[name] = (slot, value)
     return state
 
 
@@ -34,15 +36,23 @@ def _same(a: tuple[str, Any] | None, b: tuple[str, Any] | None) -> bool:
     return a is b or (a is not None and b is not None and a[0] == b[0] and a[1] is b[1])
 
 
+def _identities(state: _State) -> list[tuple[str, str, int]]:
+    return [(name, slot, id(value)) for name, (slot, value) in state.items()]
+
+
 def changes_since(module: nn.Module, before: _State) -> dict[str, tuple[str, Any] | None]:
     """The names whose state differs from ``before``, with their state before."""
     after = attribute_state(module)
+    if _identities(after) == _identities(before):
+        return {}  # (the usual case, checked without a call per name)
     names = before.keys() | after.keys()
     return {name: before.get(name) for name in names if not _same(before.get(name), after.get(name))}
 
 
 def put_back(module: nn.Module, changes: dict[str, tuple[str, Any] | None]) -> None:
     """Give each name in ``changes`` its recorded state again, where it differs now."""
+    if not changes:
+        return
     now = attribute_state(module)
     for name, old in changes.items():
         current = now.get(name)

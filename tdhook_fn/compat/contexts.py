@@ -17,11 +17,7 @@ TensorDictModule, as in tdhook, and are gone after the context, even when a step
 ``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
 extra arguments.
 
-Differences from tdhook 0.1.3: a failed ``__enter__`` leaves the context closed (tdhook
-leaves it marked as entered), and runs ``_restore_module`` when ``_prepare_module`` had
-succeeded; what ``_prepare_module`` changed on the context's TensorDictModule is put
-back on exit when a step fails (tdhook leaves it); ``disable()`` yields the raw model
-without re-preparing it and attaching it to the hooked module as ``.module`` afterwards.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -85,7 +81,7 @@ class HookingContext:
         self._hooked_module: HookedModule | None = None
         self._pre_factories = pre_factories or []
         self._stack: ExitStack | None = None
-        self._working: TensorDictModuleBase | None = None
+        self._working: RoutedModule | None = None
         self._prepared_changes: dict[str, tuple[str, Any] | None] = {}
         self._module: TensorDictModuleBase
         if isinstance(module, TensorDictModuleBase):
@@ -103,13 +99,14 @@ class HookingContext:
         self._in_context = True
         self._managed_by_context_manager = managed_by_context_manager
         try:
-            working: TensorDictModuleBase = self._module
+            pre: TensorDictModuleBase = self._module
             with ExitStack() as stack:
                 for factory in self._pre_factories:
-                    working = stack.enter_context(factory.prepare(working, self._in_keys, self._out_keys))
+                    pre = stack.enter_context(factory.prepare(pre, self._in_keys, self._out_keys))
                 self._stack = stack.pop_all()
-            if working is self._module:  # pre-factories hand over modules that already route
-                working = RoutedModule(self._module, self._extra_relative_path)
+            working = RoutedModule(self._module, self._extra_relative_path)
+            if pre is not self._module:  # a pre-factory's hooked module routes the model itself
+                working = working.running(pre)
             before = attribute_state(self._module)
             try:
                 prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
@@ -283,7 +280,7 @@ class HookingContextFactory:
         return context._enter(managed_by_context_manager=False)
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
         """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself.
 
@@ -293,7 +290,7 @@ class HookingContextFactory:
         return module
 
     def _restore_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> Any:
         """Undo `_prepare_module` on exit; ``module`` is the one it received.
 
@@ -342,14 +339,16 @@ class CompositeHookingContextFactory(HookingContextFactory):
         return bool(getattr(cls, attr) != getattr(HookingContextFactory, attr))
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
+        prepared: TensorDictModuleBase = module
         for context in self._contexts:
-            module = context._prepare_module(module, in_keys, out_keys, extra_relative_path)
-        return module
+            prepared = context._prepare_module(module, in_keys, out_keys, extra_relative_path)
+            module = module.running(prepared)  # each factory receives a RoutedModule running the previous one's
+        return prepared
 
     def _restore_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> Any:
         for context in reversed(self._contexts):
             module = context._restore_module(module, in_keys, out_keys, extra_relative_path)

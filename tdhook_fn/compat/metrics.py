@@ -32,6 +32,7 @@ from tdhook_fn import Functional
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
 from tdhook_fn.compat.attribution.gradient_helpers._calls import model_of
 from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules._scope import entered
 
 __all__ = ["InfidelityMetric", "SensitivityMetric"]
 
@@ -141,7 +142,7 @@ def _hooked_model(metric: str, module: Any) -> _Model:
         raise TypeError(f"{metric}: module must be the hooked module of an open attribution context, e.g. "
                         f"`with Saliency().prepare(model) as hooked: ...; {metric}()(hooked, data)`; got "
                         f"{type(module).__name__}")
-    with module._virtual_hooks.active():  # (hooks set on the hooked module apply, as in its own calls)
+    with entered(hooks=module._virtual_hooks):  # (hooks set on the hooked module apply, as in its own calls)
         f, params = model_of(working)
     return f, params, list(context._in_keys), list(context._out_keys)
 

@@ -365,3 +365,31 @@ def test_threads_sharing_one_hooked_module() -> None:
         for t in threads:
             t.join()
     assert len(results) == 200 and all(results)
+
+
+def test_every_prepare_step_receives_a_routed_module_of_the_users_model() -> None:
+    """Plain, composite (each factory) and with pre-factories: one kind of module, whose model is the user's
+    (for a pre-factory, as in tdhook, the TensorDictModule the outer context wraps it in)."""
+    seen: list[Any] = []
+
+    class Recording(tdhook_fn.compat.contexts.HookingContextFactory):
+        def _prepare_module(self, module: Any, in_keys: Any, out_keys: Any, extra_relative_path: str) -> Any:
+            seen.append(module)
+            return tdhook_fn.compat.modules.FunctionModule(lambda td: module(td), in_keys, out_keys)
+
+    class WithPre(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self._hooking_context_kwargs["pre_factories"] = [Recording()]
+
+    model = make_mlp()
+    x = TensorDict(input=torch.randn(2, model[0].in_features), batch_size=[2])
+    factories = [Recording(), tdhook_fn.compat.contexts.CompositeHookingContextFactory(Recording(), Recording()),
+                 WithPre()]
+    for factory in factories:
+        with factory.prepare(model) as hooked:
+            out = hooked(x.clone())["output"]
+        assert torch.equal(out, model(x["input"]))
+    assert len(seen) == 5 and all(type(m) is tdhook_fn.compat.modules.RoutedModule for m in seen)
+    pre = seen[3]
+    assert all(m.model is model for m in seen if m is not pre) and pre.model.module is model

@@ -8,17 +8,7 @@ plain ``nn.Module`` prepared by the context, ``"module[2]"`` is the model's ``[2
 context's module, and handed to the pure method as paths from the model; the targets
 given to ``init_attr_targets`` are keyed by the paths as written, as in tdhook.
 
-Differences from tdhook 0.1.3 (beyond those of
-`common`):
-
-- ``additional_init_keys`` reach ``init_attr_targets`` and ``init_attr_grads``: tdhook
-  runs its ``Saliency`` on a copy of the inputs without them, and fails with a
-  ``KeyError``.
-- The result under ``attribution_key`` is detached; tdhook returns it with the autograd
-  graph of its steps and leaves the caller's input tensors requiring grad.
-- An empty ``modules_to_maximise``, a path that does not name a module of the model,
-  or two paths naming the same module raise a ``ValueError`` on entering the context
-  (tdhook fails on calling, or counts the module twice).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +29,7 @@ from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target, user_model
+from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target
 
 __all__ = ["ActivationMaximisation"]
 
@@ -117,10 +107,10 @@ class ActivationMaximisation(GradientAttribution):
         self._max_value = max_value
         self._hooked_module_kwargs["relative_path"] = "td_module.module[1]._td_module"
 
-    def _model_paths(self, module: TensorDictModuleBase) -> dict[str, str]:
+    def _model_paths(self, module: RoutedModule) -> dict[str, str]:
         """``modules_to_maximise`` path -> the same module's path from the model."""
-        root = module.td_module if isinstance(module, RoutedModule) else module
-        model = user_model(module)
+        root = module.td_module
+        model = module.model
         paths: dict[str, str] = {}
         hint = ("paths start at the context's TensorDictModule, as in tdhook 0.1.3 ('module[2]' is layer [2] of a "
                 "plain model)")
@@ -138,7 +128,7 @@ class ActivationMaximisation(GradientAttribution):
         return paths
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
         """As `GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
         self._model_paths(module)
@@ -146,7 +136,7 @@ class ActivationMaximisation(GradientAttribution):
 
     def _call(
         self,
-        module: TensorDictModuleBase,
+        module: RoutedModule,
         td: TensorDict,
         in_keys: Keys,
         out_keys: Keys,

@@ -30,34 +30,9 @@ class IntegratedGradients(GradientAttributionWithBaseline):
     every attribution, module ones included, as tdhook's formula does (tdhook 0.1.3 fails
     to compute it with ``input_modules`` or ``target_modules``).
 
+    Takes the arguments of `GradientAttributionWithBaseline` (same names, defaults and meaning), and:
+
     Args:
-        use_inputs (bool): attribute the inputs, as in `GradientAttribution`. Default: ``True``.
-        use_outputs (bool): the outputs are targets, as in `GradientAttribution`. Default: ``True``.
-        input_modules (list[str] | None): module paths whose outputs are attributed, as in
-            `GradientAttribution`. Default: none.
-        target_modules (list[str] | None): module paths whose outputs are targets, as in
-            `GradientAttribution`. Default: none.
-        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the values to
-            differentiate, as in `GradientAttribution`. Default: all targets.
-        init_attr_inputs (Callable | None): ``(inputs, additional) -> TensorDict`` whose keys are the
-            inputs attributed, as in `GradientAttribution`. Default: all ``in_keys``.
-        init_attr_cache_in (Callable | None): ``(activations, additional) -> TensorDict`` whose keys
-            are the ``input_modules`` attributed, as in `GradientAttribution`.
-        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the gradients fed
-            back from the targets, as in `GradientAttribution`. Default: ones.
-        additional_init_keys (list | None): input keys passed to the callables above as
-            ``additional``, as in `GradientAttribution`.
-        output_grad_callbacks (dict[str, Callable] | None): path -> callback replacing the gradient at that
-            module's output, as in `GradientAttribution`.
-        attribution_key (str | tuple[str, ...]): where results go, as in `GradientAttribution`.
-            Default: ``"attr"``.
-        clean_intermediate_keys (bool): accepted; there are no intermediate keys, as in `GradientAttribution`.
-        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value`` giving the
-            value of each ``target_modules`` entry, as in `GradientAttribution`.
-        compute_convergence_delta (bool): also write ``"convergence_delta"``, as in
-            `GradientAttributionWithBaseline`. Default: ``False``.
-        baseline_key (str | tuple[str, ...]): where the baselines are, as in
-            `GradientAttributionWithBaseline`. Default: ``"baseline"``.
         multiply_by_inputs (bool): multiply input attributions by ``x - baseline``.
             Default: ``False``, as in tdhook 0.1.3: the path-averaged gradient. The pure
             `tdhook_fn.attribution.integrated_gradients` (and captum's

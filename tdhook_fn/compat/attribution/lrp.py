@@ -8,8 +8,8 @@ on a pure forward (nothing is registered on the model, no ``forward`` is swapped
 
 from __future__ import annotations
 
+import functools
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -23,7 +23,7 @@ from tdhook_fn.attribution import lrp, rule_taps
 from tdhook_fn.compat.modules._routed import RoutedModule
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn, model_of, user_model
+from .gradient_helpers._calls import AttributionCall, UserFn, model_of
 from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]
@@ -31,9 +31,9 @@ __all__ = ["LRP"]
 _ByModule = dict[int, attribution.Rule]
 
 
-def _tdhook_named_modules(module: TensorDictModuleBase) -> list[tuple[str, nn.Module]]:
+def _tdhook_named_modules(module: RoutedModule) -> list[tuple[str, nn.Module]]:
     """Submodules under the names tdhook's rule mapper sees (those of the wrapping module)."""
-    root = module.td_module if isinstance(module, RoutedModule) else module
+    root = module.td_module
     return list(root.named_modules())
 
 
@@ -54,28 +54,9 @@ class LRP(GradientAttribution):
     (not multiplied by the inputs again), under ``(attribution_key, key)`` and
     ``(attribution_key, path)`` for ``input_modules``.
 
+    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+
     Args:
-        use_inputs (bool): attribute the inputs, as in `GradientAttribution`. Default: ``True``.
-        use_outputs (bool): the outputs are targets, as in `GradientAttribution`. Default: ``True``.
-        input_modules (list[str] | None): module paths whose outputs are attributed, as in
-            `GradientAttribution`. Default: none.
-        target_modules (list[str] | None): module paths whose outputs are targets, as in
-            `GradientAttribution`. Default: none.
-        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the values to
-            differentiate, as in `GradientAttribution`. Default: all targets.
-        init_attr_inputs (Callable | None): ``(inputs, additional) -> TensorDict`` whose keys are the
-            inputs attributed, as in `GradientAttribution`. Default: all ``in_keys``.
-        init_attr_cache_in (Callable | None): ``(activations, additional) -> TensorDict`` whose keys
-            are the ``input_modules`` attributed, as in `GradientAttribution`.
-        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the gradients fed
-            back from the targets, as in `GradientAttribution`. Default: ones.
-        additional_init_keys (list | None): input keys passed to the callables above as
-            ``additional``, as in `GradientAttribution`.
-        attribution_key (str | tuple[str, ...]): where results go, as in `GradientAttribution`.
-            Default: ``"attr"``.
-        clean_intermediate_keys (bool): accepted; there are no intermediate keys, as in `GradientAttribution`.
-        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value`` giving the
-            value of each ``target_modules`` entry, as in `GradientAttribution`.
         output_grad_callbacks (None): not supported with LRP (a rule replaces the module's
             backward); must be ``None`` or empty.
         rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g.
@@ -135,7 +116,6 @@ class LRP(GradientAttribution):
         self._warn_on_missing_rule = warn_on_missing_rule
         self._skip_modules = skip_modules
         # the rules chosen on entering each open context, per user model (read by each call)
-        self._rules: weakref.WeakKeyDictionary[nn.Module, list[_ByModule]] = weakref.WeakKeyDictionary()
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:
@@ -145,9 +125,9 @@ class LRP(GradientAttribution):
                                                                           TensorDictModule))
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        model = user_model(module)
+        model = module.model
         inside = {id(m) for m in model.modules()}
         chosen: _ByModule = {}
         for name, child in _tdhook_named_modules(module):
@@ -163,28 +143,14 @@ class LRP(GradientAttribution):
                                  "a wrapper around the model, not a module of it; give rules to the model's modules")
             chosen[id(child)] = _as_rule(rule, name)
         rule_taps(model_of(module)[0], self._mapper(chosen), warn_on_missing_rule=False)  # nesting fails now
-        self._rules.setdefault(model, []).append(chosen)
-        return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
-
-    def _restore_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
-    ) -> TensorDictModuleBase:
-        open_contexts = self._rules.get(user_model(module), [])
-        if open_contexts:
-            open_contexts.pop()
-        restored: TensorDictModuleBase = super()._restore_module(module, in_keys, out_keys, extra_relative_path)
-        return restored
+        # the rules chosen now live in this context's prepared module, never on the factory
+        return self._attributing(module, in_keys, out_keys, functools.partial(self._attribute_with, chosen))
 
     @staticmethod
     def _mapper(chosen: _ByModule) -> Callable[[str, nn.Module], attribution.Rule | None]:
         return lambda name, module: chosen.get(id(module))
 
-    def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
-        open_contexts = self._rules.get(call.f.model)
-        if not open_contexts:
-            raise RuntimeError("LRP: this hooked module's context is closed (its rules were chosen on entering it); "
-                               "call it inside the with block")
-        chosen = open_contexts[-1]
+    def _attribute_with(self, chosen: _ByModule, call: AttributionCall, td: TensorDict) -> TensorDictBase:
         options = call.options()
         options.pop("grad_fns")
         options["taps"] = call.taps  # (LRP's own backward: tdhook's output_grad_callbacks do not apply)

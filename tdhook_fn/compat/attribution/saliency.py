@@ -20,30 +20,9 @@ class Saliency(GradientAttribution):
 
     Computed by `tdhook_fn.attribution.saliency`.
 
+    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+
     Args:
-        use_inputs (bool): attribute the inputs, as in `GradientAttribution`. Default: ``True``.
-        use_outputs (bool): the outputs are targets, as in `GradientAttribution`. Default: ``True``.
-        input_modules (list[str] | None): module paths whose outputs are attributed, as in
-            `GradientAttribution`. Default: none.
-        target_modules (list[str] | None): module paths whose outputs are targets, as in
-            `GradientAttribution`. Default: none.
-        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the values to
-            differentiate, as in `GradientAttribution`. Default: all targets.
-        init_attr_inputs (Callable | None): ``(inputs, additional) -> TensorDict`` whose keys are the
-            inputs attributed, as in `GradientAttribution`. Default: all ``in_keys``.
-        init_attr_cache_in (Callable | None): ``(activations, additional) -> TensorDict`` whose keys
-            are the ``input_modules`` attributed, as in `GradientAttribution`.
-        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the gradients fed
-            back from the targets, as in `GradientAttribution`. Default: ones.
-        additional_init_keys (list | None): input keys passed to the callables above as
-            ``additional``, as in `GradientAttribution`.
-        output_grad_callbacks (dict[str, Callable] | None): path -> callback replacing the gradient at that
-            module's output, as in `GradientAttribution`.
-        attribution_key (str | tuple[str, ...]): where results go, as in `GradientAttribution`.
-            Default: ``"attr"``.
-        clean_intermediate_keys (bool): accepted; there are no intermediate keys, as in `GradientAttribution`.
-        cache_callback (Callable | None): ``(module, args, output, key, direction) -> value`` giving the
-            value of each ``target_modules`` entry, as in `GradientAttribution`.
         absolute (bool): absolute value of the gradients. Default: ``False``.
         multiply_by_inputs (bool): multiply by the inputs (module outputs for
             ``input_modules``), after ``absolute``. Default: ``False``.

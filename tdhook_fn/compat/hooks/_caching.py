@@ -215,8 +215,8 @@ class HookFactory:
             # torch accepts many replacements silently; insist on the exact original type.
             if new is not None and type(new) is not original_type:
                 raise RuntimeError(
-                    f"Replacement of type {type(new).__name__} does not match the original "
-                    f"value's type {original_type.__name__}"
+                    f"Callback returned a value of type {type(new).__name__} but the original value was of type "
+                    f"{original_type.__name__}"
                 )
             return new
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
 
 import tdhook_fn
 from tdhook_fn import Functional, Tap, intervene
@@ -37,22 +36,20 @@ def under(prefix: Any, key: Any) -> tuple[str, ...]:
     return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
 
 
-def model_fn(module: TensorDictModuleBase) -> tuple[Functional, TensorDictBase]:
+def model_fn(module: RoutedModule) -> tuple[Functional, TensorDictBase]:
     """The model of a prepared module as ``(f, live params)``, read at call time.
 
     The params are the model's own tensors (as a tdhook forward uses them): gradients of
     the results reach ``model.weight.grad``. Nothing is written to them.
     """
-    if isinstance(module, RoutedModule):
-        wrapper, keywords = module.td_module, getattr(module.td_module, "_kwargs", None)
-        if keywords and module.model is not wrapper:
-            # in_keys given as a dict (Hugging Face's input_ids and attention_mask):
-            # RoutedModule.functional refuses them, the pure functional takes them.
-            mapping = dict(zip(wrapper.in_keys, keywords, strict=True))
-            f = tdhook_fn.functional(module.model, mapping, list(wrapper.out_keys)).with_taps(*module.taps())
-            return f, module.params()
-        return module.functional(), module.params()
-    return tdhook_fn.functional(module), tdhook_fn.params(module, detach=False)
+    wrapper, keywords = module.td_module, getattr(module.td_module, "_kwargs", None)
+    if keywords and module.model is not wrapper:
+        # in_keys given as a dict (Hugging Face's input_ids and attention_mask):
+        # RoutedModule.functional refuses them, the pure functional takes them.
+        mapping = dict(zip(wrapper.in_keys, keywords, strict=True))
+        f = tdhook_fn.functional(module.model, mapping, list(wrapper.out_keys)).with_taps(*module.taps())
+        return f, module.params()
+    return module.functional(), module.params()
 
 
 def site_for(index: int, path: str, site: str = "output") -> Site:

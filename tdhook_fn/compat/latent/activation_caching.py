@@ -17,13 +17,7 @@ tensors the model sees as they are (``cache`` flattens the batch dims). The cach
 filled as a side effect of the hooked module's ordinary calls, whose outputs are the
 model's own. So every direction uses the compat virtual hooks; no number is computed.
 
-Differences from tdhook 0.1.3:
-
-- With ``relative=False`` names start at the hooked module as in tdhook
-  (``"td_module.module.linear2"``, ``"td_module"`` for the ``TensorDictModule``
-  wrapping an ``nn.Module``), whatever wrappers compat puts around the model.
-- ``ModuleList`` and ``ModuleDict`` containers (which never run) are not hooked.
-- Registering on entry either hooks every matching module or none.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

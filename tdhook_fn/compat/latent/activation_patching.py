@@ -8,25 +8,7 @@ The clean activations come from `tdhook_fn.latent.cache`, the patched run from
 `tdhook_fn.latent.patch`; no
 hook is registered on the model.
 
-Differences from tdhook 0.1.3:
-
-- ``patch_fn`` receives the ``module_key`` of the module being patched. tdhook passes
-  the last entry of ``modules_to_patch`` to every call (a closure over its loop variable).
-- With ``patch_fn``, the patched run is `tdhook_fn.latent.Site` editors on the
-  pure model (``patch``'s ``fn`` does not say which site it is called for).
-- A module whose output is not a tensor (a tuple) raises ``RuntimeError`` naming it,
-  also with ``cache_callback`` (tdhook accepts it there if ``patch_fn`` returns a tuple).
-- A module that runs more than once in a forward raises ``ValueError`` (from
-  `tdhook_fn.latent.cache`); tdhook caches its last run and patches every run
-  with it.
-- ``cache_callback`` is called with ``args=(first positional input,)``, ``key`` the
-  module key and ``direction="fwd"``.
-- With ``clean_intermediate_keys=False``, ``td["_cache", module_key]`` holds the values
-  patched in (clean activations, or ``cache_callback``'s results); tdhook's holds what
-  its caching hook saw last, the patched run's output when ``patch_fn`` changes it.
-  With ``clean_intermediate_keys=True`` the caller's TensorDict gets no ``"_cache"``
-  entry (tdhook leaves it there and returns a copy without it).
-- Inputs with several batch dims work (tdhook's cache reference dies there).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -88,10 +70,10 @@ class ActivationPatching(HookingContextFactory):
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the clean and the patched run of ``module``'s model on each call."""
-        model = module.model if isinstance(module, RoutedModule) else module
+        model = module.model
         submodules = {path: resolve_path(model, path) for path in self._modules_to_patch}  # fail on entry
         if self._cache_callback is not None:
             HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})

@@ -7,22 +7,7 @@ never carries a hook. `ActivationAddition` computes steering vectors, the mean
 over samples of ``act(positive) - act(negative)``, with
 `tdhook_fn.latent.activation_addition`.
 
-Differences from tdhook 0.1.3:
-
-- ``steer_fn`` receives the ``module_key`` of the module being steered; tdhook passes the
-  last entry of ``modules_to_steer`` to every call (a closure over its loop variable).
-- ``ActivationAddition`` returns ``TensorDict({steer_key: {module_key: vector}})`` as
-  tdhook does, and writes nothing into the caller's TensorDict (tdhook leaves its
-  pipeline's ``_positive_out``, ``_positive_cache``, ``_negative_out`` and
-  ``_negative_cache`` there, whatever ``clean_intermediate_keys`` says, which has no
-  effect in either).
-- ``ActivationAddition(cache_callback=...)`` raises ``NotImplementedError``: the vectors
-  come from `tdhook_fn.latent.activation_addition`, which reads the module outputs
-  themselves (select within them with ``tdhook_fn.latent.Site(path, index=...)``).
-- A steered module returning something other than a tensor (a tuple) raises
-  ``RuntimeError`` naming it in ``ActivationAddition``, as tdhook's caching hook does; a
-  module running more than once per forward raises ``ValueError`` (tdhook keeps its last
-  run).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -123,10 +108,10 @@ class ActivationAddition(HookingContextFactory):
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the steering vectors of ``module``'s model on each call."""
-        model = module.model if isinstance(module, RoutedModule) else module
+        model = module.model
         for path in self._modules_to_steer:
             resolve_path(model, path)  # fail on entry
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_steer)]

@@ -8,31 +8,17 @@ model on the core's private shadow (`tdhook_fn._call.run`) with those hooks
 attached there, and with the model's live parameters, so ``out.backward()`` still fills
 ``model.weight.grad`` and gradient hooks fire during backward.
 
-Consequences, where this differs from tdhook 0.1.3:
-
-- Hooks apply to calls made through the hooked module (and through a context's
-  prepared module). Calling the raw model directly, also inside a context or inside
-  ``disable()``, runs it plainly.
-- Hooks that were never removed do not outlive the hooked module: tdhook leaves them on
-  the model after the context exits.
-- Concurrent calls are safe: a call reads a snapshot of the hooks, runs on its own
-  shadow and never changes the model. Hooks registered on one hooked module are seen
-  by every thread that calls it (as tdhook's are); a ``HookedModuleRun``'s hooks are
-  seen only by that run.
-- Keys with ``relative=True`` start at the user's model. Keys with ``relative=False``
-  start at the hooked module and must end on a submodule of the model
-  (``ValueError`` otherwise; tdhook would hook a wrapper module for real).
-- Paths are never evaluated (see `tdhook_fn.resolve_path`).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receives a
 `RoutedModule`: the model, routed. At call time (inside the prepared module's
 forward, while the hooked module runs) ``module.functional()`` is the model as a pure
 `tdhook_fn.Functional` ``f(params, td)`` whose taps are the virtual hooks
-registered at that moment, ``module.params()`` its live parameters (use
-``tdhook_fn.params(module.model)`` for a detached copy), and ``module.model`` the user's
-model that hook keys and ``f``'s paths are relative to. A method that runs the model with
-other weights gives them to the hooked module's calls, never to the model:
-``module.with_params_transform(transform)``.
+registered at that moment, ``module.params()`` its live parameters (``params(detach=True)``
+a detached snapshot), and ``module.model`` the user's model that hook keys and ``f``'s
+paths are relative to. A method that runs the model with other weights gives them to the
+hooked module's calls, never to the model, as replacements of the model's tensors:
+``module.replacing([(parameter, fn), ...])`` (NOTE [one scope]).
 
 Examples:
     >>> import torch
@@ -68,7 +54,7 @@ from ._hooked import HookedModule
 from ._pgd import PGDModule
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
-from ._transforms import ParamsTransform, transforming_params
+from ._scope import Replace, Replacement, replacing
 from ._virtual import VirtualHookHandle, VirtualHooks
 from ._wrappers import (
     FunctionModule,
@@ -93,7 +79,8 @@ __all__ = [
     "ModuleCallWithCache",
     "MutableWeakRef",
     "PGDModule",
-    "ParamsTransform",
+    "Replace",
+    "Replacement",
     "RoutedModule",
     "TensorDictRef",
     "VirtualHookHandle",
@@ -101,6 +88,6 @@ __all__ = [
     "flatten_select_reshape_call",
     "get_best_device",
     "register_hook_to_module",
+    "replacing",
     "resolve_submodule_path",
-    "transforming_params",
 ]

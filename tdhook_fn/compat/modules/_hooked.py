@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from textwrap import indent
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
@@ -25,12 +25,25 @@ from tdhook_fn.compat.hooks import (
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
-from ._virtual import VirtualHooks, module_path, recording_target, route
-
-if TYPE_CHECKING:
-    from tdhook_fn.compat.contexts import HookingContext
+from ._scope import current, entered
+from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
+
+
+class HookingContext(Protocol):
+    """What a hooked module needs of its context (``contexts.HookingContext``, which imports this module)."""
+
+    _in_context: bool
+    _managed_by_context_manager: bool
+    _module: TensorDictModuleBase
+    _extra_relative_path: str
+
+    def disable_hooks(self) -> AbstractContextManager[None]: ...
+
+    def disable(self) -> AbstractContextManager[Any]: ...
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None: ...
 
 
 class _NoHandle:
@@ -63,6 +76,8 @@ class HookedModule(TensorDictModuleWrapper):
             Default: ``"td_module"``.
     """
 
+    _runs: TensorDictModuleBase
+
     def __init__(
         self,
         td_module: TensorDictModuleBase,
@@ -73,6 +88,9 @@ class HookedModule(TensorDictModuleWrapper):
         self._hooking_context = hooking_context
         self._relative_path = relative_path
         self._virtual_hooks = VirtualHooks()
+        # a context's prepared module routes the model; a module of one's own is routed here
+        # (kept out of the module tree: it is td_module again)
+        self.__dict__["_runs"] = td_module if hooking_context is not None else RoutedModule.of(td_module)
 
     @property
     def relative_path(self) -> str:
@@ -153,8 +171,7 @@ class HookedModule(TensorDictModuleWrapper):
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
-        target = recording_target()  # a HookedModuleRun records into its own registry
-        registry = self._virtual_hooks if target is None else target
+        registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
         return registry.add(submodule, hook, direction, prepend)
 
     def set(
@@ -216,10 +233,8 @@ class HookedModule(TensorDictModuleWrapper):
         context = self._hooking_context
         if context is not None and not context._in_context:
             raise RuntimeError("Contextual HookedModule must be called in context")
-        with self._virtual_hooks.active():
-            if context is None and not isinstance(self.td_module, RoutedModule):
-                return route(self.td_module, lambda root: root(*args, **kwargs))
-            return self.td_module(*args, **kwargs)  # the prepared module routes the model
+        with entered(hooks=self._virtual_hooks):
+            return self._runs(*args, **kwargs)
 
     @contextmanager
     def disable_context_hooks(self) -> Iterator[None]:

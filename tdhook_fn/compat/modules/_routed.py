@@ -1,15 +1,11 @@
-"""The working module a context hands to ``_prepare_module``: the model, routed.
-
-A RoutedModule also applies params transforms (see NOTE [params transforms] in
-``_transforms.py``): methods give it other weights for its calls, never the model.
-"""
+"""The working module a context hands to ``_prepare_module``: the model, routed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
@@ -18,40 +14,65 @@ from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
-from ._transforms import ParamsTransform, active_transforms, replaced
-from ._virtual import active_hooks, module_path, route, taps_for
+from ._scope import Replacement, active_hooks, current, entered, replaced_params, route
+from ._virtual import taps_for
 
 __all__ = ["RoutedModule"]
 
 
+def _model_in(td_module: TensorDictModuleBase, path: str) -> nn.Module:
+    """The user's model at ``path`` (``""`` or ``"module"``, as contexts give it) in ``td_module``."""
+    if path in ("", "module"):  # (the two paths contexts give: no need to parse them)
+        found = getattr(td_module, path) if path else td_module
+    else:
+        found = resolve_path(td_module, path)
+    if not isinstance(found, nn.Module):
+        raise TypeError(f"RoutedModule: {path!r} names a {type(found).__name__} in the context's module, not a module")
+    return found
+
+
 class RoutedModule(TensorDictModuleWrapper):
-    """Runs a context's TensorDictModule on the core, with the active virtual hooks.
+    """Runs a context's TensorDictModule on the core, with the scope's hooks and replacements.
 
     Behaves like the wrapped module (same ``in_keys``, ``out_keys``, attributes, and
     ``forward`` writing into the given TensorDict), but every call runs on a private
-    shadow of it with the model's live tensors, so the model
-    never carries a hook. Contexts give one to ``_prepare_module``; its methods give a
-    method the model as a pure function at call time.
+    shadow of it with the model's live tensors, so the model never carries a hook
+    (NOTE [one scope]). Every factory's ``_prepare_module`` receives one; `model`,
+    `functional` and `params` give a method the model as a pure function at call time.
 
     Args:
         td_module (TensorDictModuleBase): the context's module: the user's
             TensorDictModule, or the TensorDictModule wrapping the user's ``nn.Module``.
         extra_relative_path (str): the path of the user's model inside ``td_module``
             (``"module"`` for a wrapped ``nn.Module``, ``""`` otherwise). Default: ``""``.
-        params_transforms (Sequence[ParamsTransform]): applied to the params of every
-            call, after the active ones. Default: none.
+        replacements (Iterable[Replacement]): ``(tensor, fn)`` pairs giving some of the
+            model's tensors other values in this module's calls. Default: none.
+        runner (TensorDictModuleBase | None): what `forward` calls instead of routing
+            ``td_module`` (a module that routes the model itself: a pre-factory's hooked
+            module, or what an earlier factory of a composite prepared). Default: none.
     """
+
+    _extra_relative_path: str
+    _model: nn.Module
+    _replacements: tuple[Replacement, ...]
+    _runner: TensorDictModuleBase | None
 
     def __init__(
         self,
         td_module: TensorDictModuleBase,
         extra_relative_path: str = "",
-        params_transforms: Sequence[ParamsTransform] = (),
+        replacements: Iterable[Replacement] = (),
+        runner: TensorDictModuleBase | None = None,
     ) -> None:
         super().__init__(td_module)
-        self._extra_relative_path = extra_relative_path
-        self._params_transforms = tuple(params_transforms)
-        self._forward_attributes = True
+        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already)
+        self.__dict__.update(
+            _extra_relative_path=extra_relative_path,
+            _model=_model_in(td_module, extra_relative_path),
+            _replacements=tuple(replacements),
+            _runner=runner,
+            _forward_attributes=True,
+        )
 
     # NOTE [working module attributes]
     # In tdhook a factory's ``_prepare_module`` and ``_restore_module`` both receive the
@@ -84,62 +105,56 @@ class RoutedModule(TensorDictModuleWrapper):
         else:
             super().__delattr__(name)
 
-    def with_params_transform(self, transform: ParamsTransform) -> RoutedModule:
-        """This routed module, whose calls also apply ``transform`` to their params."""
-        return RoutedModule(self.td_module, self._extra_relative_path, (*self._params_transforms, transform))
+    def replacing(self, replacements: Iterable[Replacement]) -> RoutedModule:
+        """This routed module, whose calls also give the tensors of ``replacements`` their values."""
+        return RoutedModule(self.td_module, self._extra_relative_path, (*self._replacements, *replacements),
+                            self._runner)
+
+    @staticmethod
+    def of(module: TensorDictModuleBase) -> RoutedModule:
+        """``module`` routed: itself when it is a RoutedModule already."""
+        return module if isinstance(module, RoutedModule) else RoutedModule(module)
+
+    def running(self, runner: TensorDictModuleBase) -> RoutedModule:
+        """This routed model, whose `forward` calls ``runner`` (itself when it is a RoutedModule)."""
+        if isinstance(runner, RoutedModule):
+            return runner
+        return RoutedModule(self.td_module, self._extra_relative_path, self._replacements, runner)
 
     @property
-    def model(self) -> Any:
+    def model(self) -> nn.Module:
         """The user's model: the module hook keys with ``relative=True`` start from."""
-        return resolve_path(self.td_module, self._extra_relative_path)
+        return self._model
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return route(self.td_module, lambda root: root(*args, **kwargs), overrides=self.overrides(self._prefix()))
-
-    def forward_with_params(self, params: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
-        """`forward` with ``params`` in place of the model's own tensors.
-
-        No params transform applies: ``params`` are used as given.
-
-        Args:
-            params (TensorDict): keyed like `params` (relative to `model`).
-        """
-        return route(self.td_module, lambda root: root(*args, **kwargs), self._nest(params))
+        """The live call: the model's own tensors (gradients reach them), replacements applied."""
+        with entered(replacements=self._replacements):
+            if self._runner is not None:
+                return self._runner(*args, **kwargs)
+            return route(self.td_module, lambda root: root(*args, **kwargs))
 
     def params(self, *, detach: bool = False) -> TensorDictBase:
-        """The params calls run with, passed through the params transforms active now.
+        """The params calls run with: the model's tensors with the replacements active now applied.
 
         Args:
-            detach (bool): start from `tdhook_fn.params` of the model (detached,
-                buffers copied) instead of its own tensors, live (gradients reach the
-                model). Default: ``False``.
+            detach (bool): a detached snapshot (`tdhook_fn.params`, buffers copied) for
+                the pure methods, instead of the model's own tensors, live (gradients
+                reach the model). Default: ``False``.
         """
-        transformed = self._transformed(detach=detach)
-        return params_of(self.model, detach=detach) if transformed is None else transformed[1]
+        replacements = self._all_replacements()
+        params = params_of(self._model, detach=detach)
+        return replaced_params(self._model, params, replacements, detach=detach) if replacements else params
 
-    def overrides(self, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any] | None:
-        """What the active params transforms replace, for a live call: keyed from `model`, after ``prefix``.
-
-        ``None`` when no transform applies.
-        """
-        transformed = self._transformed()
-        return None if transformed is None else replaced(*transformed, prefix)
-
-    def _transformed(self, *, detach: bool = False) -> tuple[TensorDictBase, TensorDictBase] | None:
-        """``(params, after every transform)``, or ``None`` when no transform applies."""
-        transforms = (*active_transforms(), *self._params_transforms)
-        if not transforms:
-            return None
-        model = self.model
-        start = params_of(model, detach=detach)
-        params: TensorDictBase = start
-        for transform in transforms:
-            params = transform(model, params)
-        return start, params.detach() if detach else params
+    def _all_replacements(self) -> tuple[Replacement, ...]:
+        scoped = current().replacements
+        if not self._replacements:
+            return scoped
+        ids = {(id(t), id(fn)) for t, fn in scoped}
+        return (*scoped, *(pair for pair in self._replacements if (id(pair[0]), id(pair[1])) not in ids))
 
     def taps(self) -> tuple[Tap, ...]:
         """The virtual hooks active now, as taps with paths relative to `model`."""
-        return taps_for(self.model, active_hooks())
+        return taps_for(self._model, active_hooks())
 
     def functional(self) -> Functional:
         """The model as ``f(params, td) -> td`` with the virtual hooks active now.
@@ -159,24 +174,16 @@ class RoutedModule(TensorDictModuleWrapper):
         ``attention_mask``) pass each key as the keyword the context's TensorDictModule
         passes it as.
         """
-        model, wrapper = self.model, self.td_module
-        if model is wrapper:
-            f = functional(model)
-        else:
-            keywords = getattr(wrapper, "_kwargs", None)  # tensordict's keyword names, in in_keys order
-            in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
-            f = functional(model, in_keys, list(wrapper.out_keys))
-        return f.with_taps(*self.taps())
+        f: Functional | None = self.__dict__.get("_functional")
+        if f is None:  # (built once: the model and the keys are this module's for good)
+            model, wrapper = self._model, self.td_module
+            if model is wrapper:
+                f = functional(model)
+            else:
+                keywords = getattr(wrapper, "_kwargs", None)  # tensordict's keyword names, in in_keys order
+                in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
+                f = functional(model, in_keys, list(wrapper.out_keys))
+            self.__dict__["_functional"] = f
+        taps = self.taps()
+        return f.with_taps(*taps) if taps else f
 
-    def _prefix(self) -> tuple[str, ...]:
-        """The model's key inside `td_module` (``()`` when the model is the root)."""
-        path = module_path(self.td_module, self.model) if isinstance(self.model, nn.Module) else None
-        return tuple(part[1:-1] for part in path.split(".")) if path else ()
-
-    def _nest(self, params: TensorDictBase) -> TensorDictBase:
-        prefix = self._prefix()
-        if not prefix:
-            return params
-        nested = TensorDict({}, batch_size=[])
-        nested.set(prefix, params)
-        return nested

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from tensordict import TensorDict
@@ -17,12 +17,25 @@ from tdhook_fn.compat.hooks import (
     RemovableHandleProtocol,
 )
 
-from ._virtual import VirtualHooks, recording_into
-
-if TYPE_CHECKING:
-    from ._hooked import HookedModule
+from ._scope import entered
+from ._virtual import VirtualHooks
 
 __all__ = ["HookedModuleRun"]
+
+
+class Hookable(Protocol):
+    """What a run needs of the module it runs (``_hooked.HookedModule``, which imports this module)."""
+
+    def set(self, module_key: str, value: Any, callback: Callable[..., Any] | None = None,
+            direction: HookDirection = "fwd", prepend: bool = False, relative: bool = True) -> RemovableHandleProtocol:
+        ...
+
+    def get(self, cache: Any, module_key: str, cache_key: Any = None, callback: Callable[..., Any] | None = None,
+            direction: HookDirection = "fwd", prepend: bool = False,
+            relative: bool = True) -> tuple[RemovableHandleProtocol, CacheProxy]:
+        ...
+
+    def stop(self, key: str) -> RemovableHandleProtocol: ...
 
 
 class HookedModuleRun:
@@ -35,7 +48,7 @@ class HookedModuleRun:
     An `EarlyStoppingException` ends the run quietly.
 
     Args:
-        module (HookedModule): the module to run.
+        module (Hookable): the module to run (a `HookedModule`).
         data (TensorDict): its input.
         cache (TensorDict | None): where `save` stores. Default: the run cache.
         run_name (str | None): prefix of `save`'s keys. Default: ``"run"``.
@@ -49,7 +62,7 @@ class HookedModuleRun:
 
     def __init__(
         self,
-        module: HookedModule,
+        module: Hookable,
         data: TensorDict,
         cache: TensorDict | None = None,
         run_name: str | None = None,
@@ -92,7 +105,7 @@ class HookedModuleRun:
     ) -> None:
         # As tdhook: the run happens on exit, also when the body raised.
         try:
-            with self._hooks.active(), torch.set_grad_enabled(self._grad_enabled):
+            with entered(hooks=self._hooks), torch.set_grad_enabled(self._grad_enabled):
                 self._run_callback(self._module, self._data)
         except EarlyStoppingException:
             pass
@@ -106,7 +119,7 @@ class HookedModuleRun:
             raise RuntimeError(f"Not in context, method {method} must be called in context or directly on the module")
 
     def _record(self, register: Callable[[], Any]) -> Any:
-        with recording_into(self._hooks):
+        with entered(recording=self._hooks):
             return register()
 
     def set(

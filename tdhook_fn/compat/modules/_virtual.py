@@ -5,13 +5,13 @@
 # model changes under every thread that shares it and keeps any hook nobody removed. Here
 # a hook is only *recorded*: a `VirtualHooks` registry holds entries (target
 # submodule, direction, hook, prepend). Every execution of the model goes through
-# `route`, which runs it on the core's private shadow (`tdhook_fn._call.run`)
+# ``_scope.route``, which runs it on the core's private shadow (`tdhook_fn._call.run`)
 # with the entries of the registries *active* at that moment turned into custom taps.
 #
 # A registry is active while its owner runs: ``HookedModule.forward`` and a
-# ``HookedModuleRun`` push theirs on a context variable. Context variables are per thread
-# (and per asyncio task), so a call sees the hooks of the hooked modules it runs inside,
-# including outer ones (a context's pre-factories), and never another thread's.
+# ``HookedModuleRun`` add theirs to the thread's scope (NOTE [one scope]), so a call sees
+# the hooks of the hooked modules it runs inside, including outer ones (a context's
+# pre-factories), and never another thread's.
 #
 # Entries name their target by identity, as torch hooks do: a hook on ``model.layers[0]``
 # fires wherever that submodule runs inside the routed model, and is mapped to a path of
@@ -31,36 +31,19 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensordict import TensorDictBase
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdhook_fn._call import run
 from tdhook_fn._paths import PathError
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
 
-__all__ = [
-    "HookTap",
-    "VirtualHook",
-    "VirtualHookHandle",
-    "VirtualHooks",
-    "active_hooks",
-    "module_path",
-    "recording_into",
-    "recording_target",
-    "route",
-    "taps_for",
-]
+__all__ = ["VirtualHook", "VirtualHookHandle", "VirtualHooks", "module_path", "taps_for"]
 
-_ACTIVE: ContextVar[tuple[VirtualHooks, ...]] = ContextVar("tdhook_fn_active_hooks", default=())
-_RECORDING: ContextVar[VirtualHooks | None] = ContextVar("tdhook_fn_recording_hooks", default=None)
 _ORDER = itertools.count()  # global registration order; next() is atomic under the GIL
 
 
@@ -123,41 +106,6 @@ class VirtualHooks:
     def entries(self) -> list[VirtualHook]:
         with self._lock:
             return list(self._entries.values())
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Make these hooks apply to every routed call in this thread until exit."""
-        token = _ACTIVE.set((*_ACTIVE.get(), self))
-        try:
-            yield
-        finally:
-            _ACTIVE.reset(token)
-
-
-def active_hooks() -> list[VirtualHook]:
-    """The hooks of every active registry, in registration order."""
-    seen: set[int] = set()
-    entries: list[VirtualHook] = []
-    for registry in _ACTIVE.get():
-        if id(registry) not in seen:
-            seen.add(id(registry))
-            entries.extend(registry.entries())
-    return sorted(entries, key=lambda entry: entry.order)
-
-
-@contextmanager
-def recording_into(registry: VirtualHooks) -> Iterator[None]:
-    """Send hooks registered through a HookedModule in this thread to ``registry``."""
-    token = _RECORDING.set(registry)
-    try:
-        yield
-    finally:
-        _RECORDING.reset(token)
-
-
-def recording_target() -> VirtualHooks | None:
-    """The registry set by `recording_into`, if any."""
-    return _RECORDING.get()
 
 
 @dataclass(frozen=True)
@@ -226,27 +174,3 @@ def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
         if id(h.target) in paths
     )
 
-
-def route(
-    model: nn.Module,
-    invoke: Callable[[nn.Module], Any],
-    params: TensorDictBase | None = None,
-    *,
-    taps: Sequence[Tap] = (),
-    overrides: Mapping[tuple[str, ...], Any] | None = None,
-) -> Any:
-    """``invoke(shadow)`` on a private shadow of ``model`` with the active virtual hooks.
-
-    Args:
-        model (nn.Module): the module to run; it is never changed.
-        invoke (Callable): receives the shadow root and runs it.
-        params (TensorDict | None): the model's tensors. Default: its own, live.
-        taps (Sequence[Tap]): more taps for this call, after the hooks'. Default: none.
-        overrides (Mapping | None): with ``params=None``, tensors replacing some of the
-            model's own for this call, by key (see `tdhook_fn._call.run`).
-
-    Returns:
-        Any: what ``invoke`` returns.
-    """
-    output, _ = run(model, params, (*taps_for(model, active_hooks()), *taps), invoke, overrides=overrides)
-    return output

@@ -12,57 +12,39 @@ the model sees pruned weights while a context is open. Here, on entry, the masks
 the pure functions of `tdhook_fn.weights` (`pruning_scores`,
 `global_unstructured_masks`,
 `ln_structured_mask`), computed from the model's values at that
-moment as in tdhook, and are kept by the prepared module, one set per entered context. The
-prepared module is the routed model with a params transform (see
+moment as in tdhook, and are kept by the prepared module, one set per entered context, as
+replacements of the model's ``nn.Parameter`` objects (NOTE [one scope] in
 ``tdhook_fn.compat.modules``): each call of the hooked module runs the model on its private
-shadow with the pruned parameters, `apply_masks` of the live ones
-(computed at each call, so that any write to a parameter is seen), and the live
-buffers, as in a plain forward. Nothing is written, so contexts may overlap and exit in any
-order, and nothing needs restoring after an exception. A method composed after
-``Pruning`` reads the pruned parameters from ``RoutedModule.params``.
+shadow with the pruned parameters, `apply_masks` of the live ones (computed at each call,
+so that any write to a parameter is seen), and the live buffers, as in a plain forward.
+Nothing is written, so contexts may overlap and exit in any order, and nothing needs
+restoring after an exception. Every method of a composite, before or after ``Pruning``,
+reads the pruned parameters from ``RoutedModule.params`` (tdhook: the pruned model).
 
 Gradients are tdhook's: its model *holds* the pruned values, so ``.backward()`` fills
 ``.grad`` with the gradient at the pruned weights for every entry, pruned ones included
 (not masked). The pruned values here carry an identity gradient to the live parameters
 (`_PrunedValues`), so ``model.weight.grad`` equals tdhook's.
 
-Differences from tdhook 0.1.3:
-
-- Calling the raw model inside the context (or through ``disable()``) gives unpruned
-  results; only the hooked module's calls (and methods composed after ``Pruning``) are
-  pruned.
-- Contexts are independent: one entered inside another, or in another thread, scores the
-  model's own values (tdhook: the already pruned ones), and so does each ``Pruning`` of a
-  composite, whose masks are combined.
-- The pruned values follow the live parameters: a parameter the user changes inside the
-  context is used changed, and still masked.
-- Nothing is cloned or written back on exit: buffers updated inside the context
-  (BatchNorm statistics, in training mode) keep their new values, and a parameter object
-  keeps its storage and its place in ``named_parameters`` (tdhook's ``prune.remove``
-  moves it last).
-- A failure while computing the masks (a mask of the wrong shape included) is raised from
-  ``__enter__`` and changes nothing (tdhook may leave the model partly pruned).
-- Any ``CompositeHookingContextFactory`` may include ``Pruning``, whatever its
-  ``_hooking_context_class``; `PruningContext` adds nothing to ``HookingContext``.
-- A parameter tied between modules is scored once (under its first name), and a module
-  named twice in ``modules_to_prune`` is pruned with both masks at once.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn._params import params as params_of
 from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.hooks import resolve_submodule_path
-from tdhook_fn.compat.modules import RoutedModule, transforming_params
+from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.modules._scope import Replace, Replacement
 from tdhook_fn.weights import (
     apply_masks,
     default_skip,
@@ -95,73 +77,28 @@ class _PrunedValues(torch.autograd.Function):
         return grad, None
 
 
-class _PrunedParams:
-    """The params transform of one entered context: its masks applied at every call.
+def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
+    """The replacement of one parameter: its value at each call (never kept: a write through
+    ``.data`` moves no version counter), masked, with an identity gradient to it.
 
-    Masks are held by parameter object and found by name in whichever model is routed
-    (the user's model or a TensorDictModule around it). The pruned values are computed
-    at every call (one multiply per pruned tensor), never kept: a write through ``.data``
-    moves no version counter, so kept values would go stale unseen. A tensor that is not
-    one of the parameters (another transform's result, in a composite) is masked as it
-    comes.
-
-    Args:
-        targets: ``(parameter, keep-mask)`` pairs; a parameter listed twice gets both masks.
-
-    Raises:
-        ValueError: a mask's shape differs from its parameter's (checked now, on entry).
+    `apply_masks` checks the mask now, on entry (a wrong shape or dtype raises here); each
+    call then multiplies as it does (``value * keep``), without building TensorDicts.
     """
+    apply_masks(TensorDict({"p": param.detach()}, batch_size=[]), TensorDict({"p": keep}, batch_size=[]))
+    factor = keep.to(param.dtype)
 
-    def __init__(self, targets: Targets) -> None:
-        merged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for param, keep in targets:
-            previous = merged.get(id(param))
-            merged[id(param)] = (param, keep if previous is None else previous[1] & keep)
-        self._params = [param for param, _ in merged.values()]
-        self._masks = TensorDict({str(i): keep for i, (_, keep) in enumerate(merged.values())}, batch_size=[])
-        self._pruned()  # a mask of the wrong shape raises now
+    def pruned(value: torch.Tensor) -> torch.Tensor:
+        masked = value.detach() * factor
+        if torch.is_grad_enabled() and value.requires_grad:
+            return cast(torch.Tensor, _PrunedValues.apply(value, masked))  # type: ignore[no-untyped-call]
+        return masked
 
-    def _pruned(self) -> TensorDictBase:
-        """``apply_masks`` of the parameters' current values, by their index."""
-        current = TensorDict({str(i): p.detach() for i, p in enumerate(self._params)}, batch_size=[])
-        return apply_masks(current, self._masks)
-
-    def __call__(self, model: nn.Module, params: TensorDictBase) -> TensorDictBase:
-        names = {id(param): tuple(name.split(".")) for name, param in model.named_parameters()}
-        result = params.clone(False)
-        current: TensorDictBase | None = None
-        for i, param in enumerate(self._params):
-            key = names.get(id(param))
-            if key is None:
-                continue
-            value = params.get(key)
-            if _layout(value) == _layout(param):  # the parameter itself, or a view of all of it
-                current = self._pruned() if current is None else current
-                pruned = current.get(str(i))
-            else:
-                one = TensorDict({"p": value.detach()}, batch_size=[])
-                pruned = apply_masks(one, TensorDict({"p": self._masks.get(str(i))}, batch_size=[])).get("p")
-            if torch.is_grad_enabled() and value.requires_grad:
-                pruned = _PrunedValues.apply(value, pruned)  # type: ignore[no-untyped-call]
-            result.set(key, pruned)
-        return result
+    return pruned
 
 
-def _layout(t: torch.Tensor) -> tuple[Any, ...]:
-    """Storage, layout and version: two tensors alike here hold the same values."""
-    return (t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version)
-
-
-class _Transforming(TensorDictModuleWrapper):
-    """A module that is not a RoutedModule (a pre-factory's), run with a params transform."""
-
-    def __init__(self, td_module: TensorDictModuleBase, transform: _PrunedParams) -> None:
-        super().__init__(td_module)
-        self._transform = transform
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with transforming_params(self._transform):
-            return self.td_module(*args, **kwargs)
+def _replacements(targets: Targets) -> list[Replacement]:
+    """One replacement per target (a parameter listed twice gets both masks, one after the other)."""
+    return [(param, _masking(param, keep)) for param, keep in targets]
 
 
 class PruningContext(HookingContext):
@@ -234,24 +171,17 @@ class Pruning(HookingContextFactory):
         self._relative_path = relative_path or ""
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """``module`` running with pruned parameters (a params transform: NOTE [params transforms]).
+        """``module`` running with pruned parameters (replacements: NOTE [one scope]).
 
         The masks are computed now, from the model's current values; the model is not written.
         """
-        if isinstance(module, RoutedModule):
-            model = module.model
-        else:  # a module handed over by a pre-factory
-            model = resolve_submodule_path(module, extra_relative_path)
-        root = resolve_submodule_path(model, self._relative_path)
+        root = resolve_submodule_path(module.model, self._relative_path)
         if not isinstance(root, nn.Module):
             raise ValueError(f"Pruning: relative_path {self._relative_path!r} names a {type(root).__name__}")
         targets = self._global_targets(root) if self._modules_to_prune is None else self._structured_targets(root)
-        transform = _PrunedParams(targets)
-        if isinstance(module, RoutedModule):
-            return module.with_params_transform(transform)
-        return _Transforming(module, transform)
+        return module.replacing(_replacements(targets))
 
     def _global_targets(self, root: nn.Module) -> Targets:
         live = params_of(root, detach=False)  # the model's own Parameters: callbacks may read .grad

@@ -7,63 +7,37 @@ The numbers come from `tdhook_fn.weights` (`task_vector`,
 **Applied vectors.**
 tdhook's ``with_applied_vectors`` loads the new weights into the model itself
 (``TensorDict.to_module``) and yields the hooked module. Here it yields the hooked module
-too, but the weights are only *registered* for it, in a context variable: while the
-``with`` block runs, calls of the hooked module made in that thread (or asyncio task) run
-the model on its private shadow with those weights
-(`forward_with_params`). The model, and calls
-made through it directly or from other threads, keep the original weights.
+too, but the weights are only *replacements* of the model's tensors in this thread's
+scope (NOTE [one scope] in ``tdhook_fn.compat.modules``): while the ``with`` block runs,
+routed calls of the model made in that thread (or asyncio task) run it on its private
+shadow with those weights. The model, and calls made through it directly or from other
+threads, keep the original weights.
 
-Differences from tdhook 0.1.3:
+Buffers are applied too (float ones as ``base + alpha * vector``, integer ones keep the
+model's value), as tdhook loads them: an eval-mode BatchNorm uses the applied running
+statistics. A training-mode call inside the block updates the applied copies, which later
+calls of the block see, never the model's buffers; they are dropped at the end of the block.
 
-- Vectors are keyed like `tdhook_fn.params` of the model, which is
-  ``TensorDict.from_module``'s layout (nested by submodule, parameters and buffers) except
-  that a tied parameter appears once, under its first name.
-- Integer buffers (``num_batches_tracked``) keep the model's value in applied weights;
-  tdhook adds ``alpha * vector`` to them and turns them into floats.
-- The stored base weights are detached; buffers are a copy taken on entry.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, cast
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase, TensorDictModuleWrapper
+from tensordict import TensorDictBase
 from torch import nn
 
 from tdhook_fn import params as params_of
-from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
-from tdhook_fn.compat.modules import HookedModule, RoutedModule
+from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules._scope import Replace, entered
 from tdhook_fn.weights import apply_vectors, best_alpha, forget_vector, task_vector
 
 __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
-
-
-# (id of a prepared module, the weights its calls use), innermost last (a params transform: NOTE [params transforms]).
-_APPLIED: ContextVar[tuple[tuple[int, TensorDictBase], ...]] = ContextVar("tdhook_fn_applied_vectors", default=())
-
-
-class _VectorsModule(TensorDictModuleWrapper):
-    """The prepared module: the routed model, with the applied weights when there are some."""
-
-    def __init__(self, routed: RoutedModule) -> None:
-        super().__init__(routed)
-
-    @property
-    def routed(self) -> RoutedModule:
-        return cast(RoutedModule, self.td_module)
-
-    def forward(self, tensordict: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
-        routed = self.routed
-        for owner, weights in reversed(_APPLIED.get()):
-            if owner == id(self):
-                return routed.forward_with_params(weights, tensordict, *args, **kwargs)
-        return routed(tensordict, *args, **kwargs)
 
 
 class TaskVectorsContext(HookingContext):
@@ -130,19 +104,8 @@ class TaskVectorsModule(HookedModule):
         target = self.module  # tdhook's vectors are keyed from the module the wrappers hold
         if not isinstance(target, nn.Module):
             raise TypeError(f"TaskVectors needs an nn.Module to take weights from, got {type(target).__name__}")
+        self._target = target
         self._weights = params_of(target)
-        self._prefix = self._prefix_of(target)
-
-    def _prefix_of(self, target: nn.Module) -> tuple[str, ...]:
-        """The key of ``target`` from the routed model, to nest weights for its calls."""
-        prepared = self.td_module
-        if not isinstance(prepared, _VectorsModule):
-            return ()
-        root = prepared.routed.model
-        for name, submodule in root.named_modules():
-            if submodule is target:
-                return tuple(name.split(".")) if name else ()
-        raise ValueError(f"TaskVectors: the module {type(target).__name__} is not inside the hooked model")
 
     def get_task_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
         """``params(finetuned_module) - params(model)``.
@@ -187,15 +150,15 @@ class TaskVectorsModule(HookedModule):
         The model itself keeps its weights (see the module's docstring).
         """
         weights = self.get_weights(*vectors, alpha=alpha)
-        if self._prefix:
-            nested = TensorDict({}, batch_size=[])
-            nested.set(self._prefix, weights)
-            weights = nested
-        token = _APPLIED.set((*_APPLIED.get(), (id(self.td_module), weights)))
-        try:
+        tensors = (*self._target.named_parameters(), *self._target.named_buffers())
+        values = [(tensor, weights.get(tuple(name.split(".")), None)) for name, tensor in tensors]
+        applied = [(tensor, _constant(value)) for tensor, value in values if value is not None]
+        with entered(replacements=applied):
             yield self
-        finally:
-            _APPLIED.reset(token)
+
+
+def _constant(value: torch.Tensor) -> Replace:
+    return lambda _: value
 
 
 class TaskVectors(HookingContextFactory):
@@ -233,11 +196,3 @@ class TaskVectors(HookingContextFactory):
         self._hooking_context_kwargs.update(
             alphas=alphas, get_test_accuracy=get_test_accuracy, get_control_adequacy=get_control_adequacy
         )
-
-    def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
-    ) -> TensorDictModuleBase:
-        """Wrap the routed model so that applied vectors reach its calls."""
-        if not isinstance(module, RoutedModule):
-            raise TypeError(f"TaskVectors prepares a RoutedModule, got {type(module).__name__}")
-        return _VectorsModule(module)

@@ -270,3 +270,32 @@ def test_complex_weights_get_the_vector_as_tdhook(lib: Any) -> None:
         with hooked.with_applied_vectors(vector, alpha=1.0) as applied:
             out = applied(TensorDict(input=x, batch_size=[3]))["output"]
     torch.testing.assert_close(out, tuned(x))
+
+
+def test_applied_buffers_in_training_mode_update_a_copy_kept_for_the_block() -> None:
+    """Inside with_applied_vectors buffers are the applied ones (as tdhook loads them); a training-mode
+    call updates those, later calls of the block see the update, and the model's buffers never change."""
+    model, tuned = cnn_pair()
+    vectors = factory(tdhook_fn.compat.weights, model, data="cnn")  # (its callbacks run the model in eval mode)
+    model.train()
+    before = snapshot(model)
+
+    def loaded_with(weights: TensorDict, mode: bool) -> nn.Module:  # tdhook's way: the weights loaded into a model
+        twin = copy.deepcopy(model).train(mode)
+        weights.to_module(twin)
+        return twin
+
+    with vectors.prepare(model) as hooked:
+        task = hooked.get_task_vector(tuned)
+        loaded = loaded_with(hooked.get_weights(task, alpha=0.6), True)
+        with hooked.with_applied_vectors(task, alpha=0.6):
+            first, second = output(hooked, IMAGES[:8]), output(hooked, IMAGES[8:])
+            assert same(before, snapshot(model))
+        assert torch.equal(first, loaded(IMAGES[:8]).detach())
+        assert torch.equal(second, loaded(IMAGES[8:]).detach())
+        model.eval()
+        with hooked.with_applied_vectors(task, alpha=0.6):  # a new block starts from the applied weights again
+            fresh = output(hooked, IMAGES)
+        assert torch.equal(fresh, loaded_with(hooked.get_weights(task, alpha=0.6), False)(IMAGES).detach())
+        model.train()
+    assert same(before, snapshot(model))

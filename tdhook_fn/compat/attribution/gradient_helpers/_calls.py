@@ -27,11 +27,9 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-import tdhook_fn
 from tdhook_fn import Functional, Tap, capture
 from tdhook_fn._functional import with_copied_inputs
 from tdhook_fn.compat.hooks import HookFactory
@@ -50,7 +48,6 @@ __all__ = [
     "rebatch",
     "steps_first",
     "steps_last",
-    "user_model",
 ]
 
 UserFn = Callable[[TensorDict, TensorDict], TensorDict]
@@ -105,20 +102,13 @@ class AttributionCall:
         return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps)
 
 
-def user_model(module: TensorDictModuleBase) -> nn.Module:
-    """The user's model inside the module a context hands to ``_prepare_module``."""
-    return module.model if isinstance(module, RoutedModule) else module
-
-
-def model_of(module: TensorDictModuleBase) -> tuple[Functional, TensorDictBase]:
+def model_of(module: RoutedModule) -> tuple[Functional, TensorDictBase]:
     """The model of a prepared module as ``(f, detached params)``, read at call time.
 
     The params are those the routed model's calls run with (a ``Pruning`` composed before
-    gives pruned ones: NOTE [params transforms] in ``tdhook_fn.compat.modules``).
+    gives pruned ones: NOTE [one scope] in ``tdhook_fn.compat.modules``).
     """
-    if isinstance(module, RoutedModule):
-        return module.functional(), module.params(detach=True)
-    return tdhook_fn.functional(module), tdhook_fn.params(module)
+    return module.functional(), module.params(detach=True)
 
 
 def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:

@@ -8,30 +8,7 @@ virtual hooks), calls a method of `tdhook_fn.attribution` and writes
 No hook is registered on the model and nothing is cached between calls, so a prepared
 context can be called from several threads at once (tdhook's shared caches break there).
 
-Differences from tdhook 0.1.3:
-
-- The TensorDict receives only the documented entries: the attributions under
-  ``attribution_key`` (replacing that entry, as tdhook does), and ``"convergence_delta"``.
-  tdhook also writes its pipeline's intermediate entries (``_register_in``, ``_mod_in``,
-  ``_mod_out``) and leaves them there for baseline methods, where its cleaner is dropped.
-  There is nothing to clean, so ``clean_intermediate_keys`` has no effect. The caller's
-  TensorDict is filled in place and returned; inputs are not set to require grad.
-- ``init_attr_inputs`` and ``init_attr_cache_in`` *select*: the keys they return are the
-  inputs and ``input_modules`` attributed. (In tdhook a returned tensor that is not the one
-  the model ran on fails in ``autograd.grad``, so selecting is all they can do there
-  either.) ``init_attr_cache_in`` sees the activations for the un-interpolated inputs.
-- ``cache_callback`` applies to ``target_modules``; combined with ``input_modules`` it
-  raises ``NotImplementedError`` (layer gradients are taken at the module output itself).
-- ``output_grad_callbacks`` receive one gradient per output tensor (``grad_output`` a
-  one-tuple); they run inside ``torch.func`` transforms, so must be pure tensor functions.
-- Convergence deltas work with ``input_modules`` and ``target_modules`` (tdhook's cache
-  hooks fail in the delta's forwards) and with ``init_attr_targets_with_labels``.
-- A callable returning something other than a TensorDict always gets tdhook's
-  ``ValueError`` (for ``init_attr_inputs`` tdhook fails earlier with an AttributeError).
-- Guided backpropagation applies its ReLU at a target module reached only through its
-  activation; tdhook's full backward hook does not fire there.
-- Calls run with the model's parameters detached: nothing reaches the model's ``.grad``.
-- ``relative_path`` of the hooked module keeps its default (``"td_module"``).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +24,7 @@ from tdhook_fn._types import Keys
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.modules import FunctionModule
+from tdhook_fn.compat.modules import FunctionModule, RoutedModule
 
 from ._calls import (
     AttributionCall,
@@ -59,7 +36,6 @@ from ._calls import (
     make_cotangents,
     make_target,
     model_of,
-    user_model,
 )
 
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
@@ -157,9 +133,16 @@ class GradientAttribution(HookingContextFactory):
         return [*in_keys, *self._additional_init_keys], [_under(self._attr_key, key) for key in in_keys]
 
     def _prepare_module(
-        self, module: TensorDictModuleBase, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """A module computing the attributions of ``module``'s model on each call.
+        """A module computing the attributions of ``module``'s model on each call (`_attribute`)."""
+        return self._attributing(module, in_keys, out_keys, self._attribute)
+
+    def _attributing(
+        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, method: Callable[[AttributionCall, TensorDict],
+                                                                                      TensorDictBase],
+    ) -> TensorDictModuleBase:
+        """A module writing ``method(call, td)`` under ``attribution_key`` on each call.
 
         Raises:
             ValueError: ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``; a
@@ -167,7 +150,7 @@ class GradientAttribution(HookingContextFactory):
         """
         if set(self._additional_init_keys) & (set(in_keys) | set(out_keys)):
             raise ValueError("Additional init keys must not be in the in_keys or out_keys")
-        model = user_model(module)
+        model = module.model
         for path in [*self._input_modules, *self._target_modules]:
             resolve_path(model, path)  # fail on entry, as tdhook's hook registration does
         grad_fns = {
@@ -188,7 +171,7 @@ class GradientAttribution(HookingContextFactory):
                     "hooked(TensorDict(input=x, batch_size=[len(x)]))"
                 )
             call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
-            td.set(self._attr_key, self._attribute(call, td))
+            td.set(self._attr_key, method(call, td))
             return td
 
         module_in, module_out = self._module_keys(list(in_keys))
@@ -196,7 +179,7 @@ class GradientAttribution(HookingContextFactory):
 
     def _call(
         self,
-        module: TensorDictModuleBase,
+        module: RoutedModule,
         td: TensorDict,
         in_keys: Keys,
         out_keys: Keys,

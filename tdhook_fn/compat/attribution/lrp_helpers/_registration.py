@@ -28,17 +28,14 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdhook_fn import functional
+from tdhook_fn import attribution, functional
 from tdhook_fn.attribution import ModuleCall, rule_taps
-
-if TYPE_CHECKING:
-    from .rules import Rule
 
 __all__ = ["RemovableRuleHandle", "raise_for_unconserved_rel_factory", "register_rule", "unregister_rule"]
 
@@ -48,6 +45,14 @@ _LOCK = threading.Lock()
 # each module's registration and the handles of its hooks (one rule a module); the module is held weakly
 _REGISTERED: weakref.WeakKeyDictionary[nn.Module, tuple[_Registration, list[RemovableHandle]]] = (
     weakref.WeakKeyDictionary())
+
+
+class Rule(Protocol):
+    """What registering needs of a compat rule (``rules.Rule``, which imports this module)."""
+
+    def rule(self) -> attribution.Rule: ...
+
+    def _check_call(self, args: tuple[Any, ...], output: Any) -> None: ...
 
 
 def _requires_grad(args: tuple[Any, ...]) -> bool:

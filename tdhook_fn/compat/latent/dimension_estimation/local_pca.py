@@ -3,15 +3,7 @@
 Computes with `tdhook_fn.latent.dimension.local_pca`: every neighbourhood's spectrum
 from one batched ``eigvalsh``, no scikit-learn.
 
-Differences from tdhook 0.1.3:
-
-- The default ``criterion`` is ``"gap"`` (see `tdhook_fn.latent.dimension.local_pca`):
-  tdhook's default ``"maxgap"`` answers ``k`` at every point of noisy data when
-  ``D > k``. ``criterion="maxgap"`` gives tdhook's numbers.
-- scikit-learn is not needed (no ``ImportError`` without it).
-- ``_local_pca(..., pca_cls=...)`` (a private helper tdhook's tests call) computes with
-  `local_pca`; a ``pca_cls`` other than scikit-learn's ``PCA`` raises
-  ``NotImplementedError``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

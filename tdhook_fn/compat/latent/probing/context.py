@@ -12,16 +12,7 @@ is left as it was, after an exception too. No number is computed here: the value
 the model's own, the probes (for the compat estimators, pure functions of
 `tdhook_fn.latent`) do the maths.
 
-Differences from tdhook 0.1.3:
-
-- With ``relative=False`` names start at the hooked module as in tdhook
-  (``"td_module.module.linear2"``), whatever wrappers compat puts around the model.
-- ``ModuleList`` and ``ModuleDict`` containers (which never run) get their probe from
-  the factory, as in tdhook, but no hook.
-- A missing ``additional_keys`` entry raises a ``KeyError`` naming it and the keys the
-  input has; registering on entry either hooks every matching module or none.
-- Threads calling the hooked module at once each hand the probes their own call's
-  items (tdhook shares one set per context between threads).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,178 @@
+"""The one scope of compat: with which hooks and which tensors a routed call runs (NOTE [one scope])."""
+
+# NOTE [one scope]
+# Every effect compat has on a call of the user's model is one of two kinds:
+#
+# - a *tap keyed by module identity*: a tdhook hook recorded in a `VirtualHooks` registry
+#   against the user's submodule (NOTE [virtual hooks]). Adapters are such hooks too, as in
+#   tdhook.
+# - a *replacement keyed by tensor identity*: ``fn(value) -> tensor`` giving one of the
+#   model's ``nn.Parameter`` objects (or buffers) another value for the call, without
+#   writing it. Pruning's masks and TaskVectors' applied weights are replacements.
+#
+# Both are held in one context variable, a frozen `Scope`: the registries active now (the
+# hooked modules and runs being called), the registry new hooks are recorded into (a
+# ``HookedModuleRun``'s own), and the replacements, outermost first. Context variables are
+# per thread and asyncio task, so a call sees the scope of the calls it runs inside, never
+# another thread's. At call time the targets are found by identity in whatever root is
+# routed (the user's model, or a TensorDictModule around it): hooks become the call's
+# taps, replacements the core's ``overrides`` (`route`), or entries of a detached params
+# TensorDict (`replaced_params`). Replacements of one tensor compose in order, each
+# receiving the value the previous one gave (a composite of two Prunings masks twice).
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from tdhook_fn._call import run
+from tdhook_fn._taps import Tap
+
+from ._virtual import VirtualHook, VirtualHooks, taps_for
+
+__all__ = [
+    "Replace", "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
+]
+
+Replace = Callable[[torch.Tensor], torch.Tensor]
+Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What routed calls in this thread run with now (NOTE [one scope]).
+
+    Attributes:
+        hooks (tuple[VirtualHooks, ...]): the registries whose hooks apply.
+        recording (VirtualHooks | None): where hooks registered through a hooked module go
+            (a ``HookedModuleRun``'s registry), or ``None``: the hooked module's own.
+        replacements (tuple[Replacement, ...]): ``(tensor, fn)`` pairs, outermost first.
+    """
+
+    hooks: tuple[VirtualHooks, ...] = ()
+    recording: VirtualHooks | None = None
+    replacements: tuple[Replacement, ...] = ()
+
+
+_SCOPE: ContextVar[Scope] = ContextVar("tdhook_fn_compat_scope", default=Scope())  # noqa: B039 (frozen)
+
+
+def current() -> Scope:
+    """The scope of this thread now."""
+    return _SCOPE.get()
+
+
+@contextmanager
+def entered(
+    *,
+    hooks: VirtualHooks | None = None,
+    recording: VirtualHooks | None = None,
+    replacements: Iterable[Replacement] = (),
+) -> Iterator[Scope]:
+    """Extend this thread's scope until exit: one more active registry, a recording
+    registry, more replacements (those already in the scope are not added twice)."""
+    scope = _SCOPE.get()
+    changes: dict[str, Any] = {}
+    if hooks is not None and all(registry is not hooks for registry in scope.hooks):
+        changes["hooks"] = (*scope.hooks, hooks)
+    if recording is not None:
+        changes["recording"] = recording
+    more = _new(scope.replacements, replacements) if replacements else ()
+    if more:
+        changes["replacements"] = (*scope.replacements, *more)
+    if not changes:
+        yield scope
+        return
+    token = _SCOPE.set(dataclasses.replace(scope, **changes))
+    try:
+        yield _SCOPE.get()
+    finally:
+        _SCOPE.reset(token)
+
+
+def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
+    """Give tensors of the model other values in every routed call of this thread until exit.
+
+    Args:
+        *replacements (Replacement): ``(tensor, fn)``: in a call, the model's ``tensor``
+            (an ``nn.Parameter`` or a buffer, found by identity) takes the value
+            ``fn(value)``, where ``value`` is the tensor itself, live, or what the
+            replacements before gave it. The result must keep the shape.
+    """
+    return entered(replacements=replacements)
+
+
+def _new(present: Sequence[Replacement], more: Iterable[Replacement]) -> tuple[Replacement, ...]:
+    """The pairs of ``more`` not in ``present`` (by identity of tensor and function)."""
+    seen = {(id(t), id(fn)) for t, fn in present}
+    return tuple(pair for pair in more if (id(pair[0]), id(pair[1])) not in seen)
+
+
+def active_hooks(scope: Scope | None = None) -> list[VirtualHook]:
+    """The hooks of every active registry, in registration order."""
+    registries = (scope or _SCOPE.get()).hooks
+    if len(registries) == 1:
+        return registries[0].entries()
+    return sorted((entry for registry in registries for entry in registry.entries()), key=lambda e: e.order)
+
+
+def _values(root: nn.Module, replacements: Sequence[Replacement], start: Callable[[torch.Tensor], torch.Tensor],
+            ) -> dict[tuple[str, ...], torch.Tensor]:
+    """The replaced tensors of ``root`` (those it holds), by key, each from ``start(tensor)``."""
+    wanted = {id(tensor) for tensor, _ in replacements}
+    keys: dict[int, tuple[str, ...]] = {}
+    for name, tensor in (*root.named_parameters(), *root.named_buffers()):
+        if id(tensor) in wanted and id(tensor) not in keys:
+            keys[id(tensor)] = tuple(name.split("."))
+    values: dict[tuple[str, ...], torch.Tensor] = {}
+    for tensor, fn in replacements:
+        key = keys.get(id(tensor))
+        if key is not None:
+            values[key] = fn(values[key] if key in values else start(tensor))
+    return values
+
+
+def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Sequence[Replacement], *,
+                    detach: bool) -> TensorDictBase:
+    """``params`` of ``root`` (from `tdhook_fn.params`) with ``replacements`` set in it.
+
+    With ``detach`` the replaced values start from detached tensors and are detached.
+    """
+    start: Callable[[torch.Tensor], torch.Tensor] = (lambda t: t.detach()) if detach else (lambda t: t)
+    for key, value in _values(root, replacements, start).items():
+        params.set(key, value.detach() if detach else value)
+    return params
+
+
+def route(
+    root: nn.Module,
+    invoke: Callable[[nn.Module], Any],
+    *,
+    taps: Sequence[Tap] = (),
+    replacements: Sequence[Replacement] = (),
+) -> Any:
+    """``invoke(shadow)`` on a private shadow of ``root``, live, with the scope's hooks and replacements.
+
+    Args:
+        root (nn.Module): the module to run; it is never changed.
+        invoke (Callable): receives the shadow root and runs it.
+        taps (Sequence[Tap]): more taps for this call, after the hooks'. Default: none.
+        replacements (Sequence[Replacement]): more replacements, after the scope's. Default: none.
+
+    Returns:
+        Any: what ``invoke`` returns.
+    """
+    scope = _SCOPE.get()
+    hooks = active_hooks(scope)
+    chosen = (*scope.replacements, *_new(scope.replacements, replacements)) if replacements else scope.replacements
+    overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
+    output, _ = run(root, None, (*taps_for(root, hooks), *taps), invoke, overrides=overrides or None)
+    return output
