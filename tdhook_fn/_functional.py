@@ -13,8 +13,8 @@ from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-from ._call import require_params, run
 from ._params import params as params_of
+from ._shadow_run import require_params, run
 from ._taps import Captured, Tap, check_tap_keys
 
 __all__ = [

@@ -4,7 +4,7 @@ Names, signatures, defaults, TensorDict keys and errors follow tdhook, with one 
 of architecture: **no torch hook is ever registered on the user's model**. ``set``,
 ``get``, ``stop`` and their variants record *virtual hooks* on the
 `HookedModule`; every call runs the
-model on the core's private shadow (`tdhook_fn._call.run`) with those hooks
+model on the core's private shadow (`tdhook_fn._shadow_run.run`) with those hooks
 attached there, and with the model's live parameters, so ``out.backward()`` still fills
 ``model.weight.grad`` and gradient hooks fire during backward.
 

@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from tdhook_fn._call import run
+from tdhook_fn._shadow_run import run
 from tdhook_fn._taps import Tap
 
 from ._virtual import VirtualHook, VirtualHooks, taps_for

@@ -5,7 +5,7 @@
 # model changes under every thread that shares it and keeps any hook nobody removed. Here
 # a hook is only *recorded*: a `VirtualHooks` registry holds entries (target
 # submodule, direction, hook, prepend). Every execution of the model goes through
-# ``_scope.route``, which runs it on the core's private shadow (`tdhook_fn._call.run`)
+# ``_scope.route``, which runs it on the core's private shadow (`tdhook_fn._shadow_run.run`)
 # with the entries of the registries *active* at that moment turned into custom taps.
 #
 # A registry is active while its owner runs: ``HookedModule.forward`` and a
