@@ -211,7 +211,7 @@ class Shadow:
         """Put ``values`` in the slots of their keys, over what `load_own` put there.
 
         For a caller that runs the model's own tensors but a few replaced (compat's
-        params transforms): the keys are the model's, the shapes must match.
+        replacements, `compat.modules._scope`): the keys are the model's, the shapes must match.
         """
         for key, value in values.items():
             slots = self.slots_of.get(key)
