@@ -525,3 +525,16 @@ def test_per_target_convergence_delta_is_each_targets_delta():
                                          return_convergence_delta=True)
         assert_close_ulps(maps[t], alone)
         assert_close_ulps(deltas[t], delta, scale=float(alone["[3]"].abs().sum()))
+
+
+def test_two_layers_with_one_activation_each_get_their_own_map():
+    """A block and its last module give one activation: autograd may hand both perturbations one gradient
+    buffer, which layer conductance must not write for the first layer before the second reads it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Sequential(nn.Linear(5, 5), nn.Tanh()), nn.Linear(5, 3)).eval()
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(3, 4), batch_size=[3])
+    both = layer_conductance(f, p, td, target=1, layers=["[1]", "[1][1]"], n_steps=8)
+    for path in ("[1]", "[1][1]"):
+        alone = layer_conductance(f, p, td, target=1, layers=[path], n_steps=8)[path]
+        assert_close_ulps(both[path], alone)
