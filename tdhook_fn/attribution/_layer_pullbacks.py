@@ -74,21 +74,26 @@ def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBas
             check_runs(layers, specs, runs)
             return offered_targets(f, out.exclude(*names), flat, keys, batch, target), [out.get(n) for n in names]
 
-        deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
-        return _pullbacks(forward, flat.select(*keys), deltas, (params, flat))
+        return _pullbacks(forward, flat.select(*keys), specs, device, (params, flat))
 
     return with_specs(f, params, flat, layers, calls, method, attempt)
 
 
-def _pullbacks(forward: Forward, inputs: TensorDictBase, deltas: list[torch.Tensor],
+def _pullbacks(forward: Forward, inputs: TensorDictBase, specs: Sequence[LayerSpec], device: torch.device | None,
                constants: tuple[TensorDictBase, ...]) -> Pullbacks:
-    if untransformed() and not any_requires_grad(constants, [*deltas, *_leaves(inputs)]):
+    if untransformed() and not any_requires_grad(constants, _leaves(inputs)):
         mine = cast(TensorDictBase, inputs.apply(lambda t: t.detach().requires_grad_()))
-        zeros = [d.detach().requires_grad_() for d in deltas]
+        # NOTE [a zero that is one number]
+        # Each layer's zero perturbation is one 0-d zero expanded to the activation's shape:
+        # ``autograd.grad`` gives the gradient at the expanded view as at a full tensor of
+        # zeros, and no tensor the size of the activation is allocated and filled for it.
+        seeds = [torch.zeros((), dtype=spec.dtype, device=device, requires_grad=True) for spec in specs]
+        zeros = [seed.expand(spec.shape) for seed, spec in zip(seeds, specs, strict=True)]
         with torch.enable_grad():
             values, acts = forward((mine, zeros))
-        if not reaches_other_leaves([*_leaves(values), *acts], [*_leaves(mine), *zeros]):
+        if not reaches_other_leaves([*_leaves(values), *acts], [*_leaves(mine), *seeds]):
             return _by_autograd(values, acts, mine, zeros)
+    deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
     return _by_functorch(forward, inputs, deltas)
 
 
