@@ -154,7 +154,7 @@ def _compare(name: str, model: nn.Sequential, x: torch.Tensor, k: int) -> None:
         reference = impls["hand-written floor"]()
         for impl_name, fn in impls.items():
             torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-5, msg=f"{impl_name} disagrees")
-        times = cpu_medians(impls)
+        times = cpu_medians(impls, rounds=15)
         ours = next(n for n in times if n.startswith("tdhook_fn"))
         baselines = {"floor": times["hand-written floor"], "ours": times[ours]}
         print_table(f"{label}, {name}, batch {x.shape[0]}, {N_STEPS} steps", list(times.items()), baselines)
