@@ -5,16 +5,21 @@ batch 64. The floor splits the model at the layer by hand (``model[:k]``, ``mode
 what a capable engineer writes for a ``Sequential``), runs all path points in one
 batched forward, takes the gradient at the layer by plain autograd and, for neuron
 conductance, pulls the neuron's weighted gradient back to the inputs: no TensorDicts,
-no taps, no checks. Per-target maps pull one one-hot each back through the same graph.
+no taps, no checks, on a copy of the model whose weights do not require grad (made before
+the timing; ours take the params as constants too). Per-target maps pull one one-hot each
+back through the same graph. Times are CPU seconds of this one-thread process in
+interleaved rounds (steadier on a shared machine than wall time, as in ``bench_noise.py``).
+Run from a worktree with ``PYTHONPATH=<worktree>`` (else the installed ``tdhook_fn`` is timed).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import interleaved_medians, print_table
+from _timing import cpu_medians, print_table
 from tensordict import TensorDict
 from torch import nn
 
@@ -113,31 +118,32 @@ def _compare(name: str, model: nn.Sequential, x: torch.Tensor, k: int) -> None:
     import captum.attr as ca
 
     f, params = _ours(model)
+    frozen = copy.deepcopy(model).requires_grad_(False)
     td = TensorDict(input=x, batch_size=x.shape[:1])
     path = f"[{k}]"
     neuron = (5,) if x.dim() == 2 else (3, 4, 4)
     cases: dict[str, dict[str, Callable[[], torch.Tensor]]] = {
         "layer conductance, 1 target": {
-            "hand-written floor": lambda: floor_layer_conductance(model, k, x, [3]),
+            "hand-written floor": lambda: floor_layer_conductance(frozen, k, x, [3]),
             "tdhook_fn.layer_conductance": lambda: layer_conductance(
                 f, params, td, target=3, layers=[path], n_steps=N_STEPS)[path],
             "captum 0.9": lambda: ca.LayerConductance(model, model[k]).attribute(x, target=3, n_steps=N_STEPS),
         },
         "layer conductance, 10 per-target maps": {
-            "hand-written floor": lambda: floor_layer_conductance(model, k, x, list(range(10))),
+            "hand-written floor": lambda: floor_layer_conductance(frozen, k, x, list(range(10))),
             "tdhook_fn.layer_conductance": lambda: layer_conductance(
                 f, params, td, target=tuple(range(10)), per_target=True, layers=[path], n_steps=N_STEPS)[path],
             "captum 0.9 (loop)": lambda: torch.stack([ca.LayerConductance(model, model[k]).attribute(
                 x, target=t, n_steps=N_STEPS) for t in range(10)]),
         },
         "internal influence, 1 target": {
-            "hand-written floor": lambda: floor_internal_influence(model, k, x, [3]),
+            "hand-written floor": lambda: floor_internal_influence(frozen, k, x, [3]),
             "tdhook_fn.internal_influence": lambda: internal_influence(
                 f, params, td, target=3, layers=[path], n_steps=N_STEPS)[path],
             "captum 0.9": lambda: ca.InternalInfluence(model, model[k]).attribute(x, target=3, n_steps=N_STEPS),
         },
         "neuron conductance, 1 target": {
-            "hand-written floor": lambda: floor_neuron_conductance(model, k, x, [3], neuron),
+            "hand-written floor": lambda: floor_neuron_conductance(frozen, k, x, [3], neuron),
             "tdhook_fn.neuron_conductance": lambda: neuron_conductance(
                 f, params, td, target=3, layer=path, neuron_selector=neuron, n_steps=N_STEPS)["input"],
             "captum 0.9": lambda: ca.NeuronConductance(model, model[k]).attribute(
@@ -148,7 +154,7 @@ def _compare(name: str, model: nn.Sequential, x: torch.Tensor, k: int) -> None:
         reference = impls["hand-written floor"]()
         for impl_name, fn in impls.items():
             torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-5, msg=f"{impl_name} disagrees")
-        times = interleaved_medians(impls)
+        times = cpu_medians(impls, rounds=15)
         ours = next(n for n in times if n.startswith("tdhook_fn"))
         baselines = {"floor": times["hand-written floor"], "ours": times[ours]}
         print_table(f"{label}, {name}, batch {x.shape[0]}, {N_STEPS} steps", list(times.items()), baselines)

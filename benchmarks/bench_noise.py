@@ -4,16 +4,20 @@
 ``[1, 8, 8]`` for the CNN); the baselines of GradientSHAP are 20 other digits. The floor is
 what a capable engineer writes by hand: every copy built once (``repeat_interleave`` plus
 noise; random baselines and path points for GradientSHAP), one forward and one input
-gradient of the target, a mean over the copies. captum: ``NoiseTunnel(Saliency)`` with
-``abs=False`` (the same maps) and ``GradientShap``, each with every copy in one batch (their
-defaults). All run in interleaved rounds on one thread; times are CPU seconds of this
-one-thread process (steadier on a shared machine, as in ``bench_metrics.py``). The maps
-are checked equal to captum's for the same draws after the timing. Run:
-``python benchmarks/bench_noise.py``.
+gradient of the target, a mean over the copies, on a copy of the model whose weights do not
+require grad (made before the timing, as ours take the params as constants: a forward that
+records the weights for their gradients is a few percent slower). captum:
+``NoiseTunnel(Saliency)`` with ``abs=False`` (the same maps) and ``GradientShap``, each with
+every copy in one batch (their defaults). All run in interleaved rounds on one thread; times
+are CPU seconds of this one-thread process (steadier on a shared machine, as in
+``bench_metrics.py``). The maps are checked equal to captum's for the same draws after the
+timing. Run: ``python benchmarks/bench_noise.py`` (from a worktree, with
+``PYTHONPATH=<worktree>``: else the installed checkout's ``tdhook_fn`` is timed).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 
@@ -52,6 +56,8 @@ def cnn() -> tuple[nn.Module, torch.Tensor]:
 
 
 def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    model = copy.deepcopy(model).requires_grad_(False)
+
     def run() -> torch.Tensor:
         noisy = x.repeat_interleave(SAMPLES, 0) + STDEV * torch.randn(len(x) * SAMPLES, *x.shape[1:])
         noisy.requires_grad_()
@@ -62,6 +68,8 @@ def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Te
 
 
 def floor_gradient_shap(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> Callable[[], torch.Tensor]:
+    model = copy.deepcopy(model).requires_grad_(False)
+
     def run() -> torch.Tensor:
         n = len(x) * SAMPLES
         b = refs[torch.randint(len(refs), (n,))]

@@ -15,10 +15,10 @@ from .._vjp import untransformed
 from ._baselines import attributed_keys, both_ends
 from ._checks import check_call
 from ._convergence import delta_of
-from ._engine import gradients, per_key, scaled, target_values
+from ._engine import gradients, scaled, target_values
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count, chunks, repeated, repeated_target
-from ._noise import Stdevs, check_noisable, fold_copies, noise_draws, stdevs_by_key
+from ._noise import Stdevs, check_noisable, flat_copies, flat_target, fold_copies, mean_maps, noise_draws, stdevs_by_key
 
 __all__ = ["gradient_shap"]
 
@@ -119,7 +119,8 @@ def gradient_shap(
     if draws is not None:
         _check_draws(inputs, draws, keys, refs.batch_size[0], n_samples)
     batch = inputs.batch_size
-    total: TensorDict | None = None
+    total: dict[NestedKey, torch.Tensor] | None = None
+    lead: list[int] = []
     deltas = []
     start = 0
     for k in chunks(n_samples, chunk_size):
@@ -127,40 +128,48 @@ def gradient_shap(
                  else draws[(..., slice(start, start + k))])
         start += k
         ends, starts, points = _path(inputs, refs, keys, drawn, k)
-        chunk_target = repeated_target(target, batch, k)
-        grads = gradients(f, params, points, chunk_target, input_keys=keys, per_target=per_target,
-                          method="gradient_shap").grads
+        grads = gradients(f, params, flat_copies(inputs, k, points), flat_target(target, batch, k), input_keys=keys,
+                          per_target=per_target, method="gradient_shap").grads  # NOTE [flat copies]: [*T, N * k]
         if multiply_by_inputs:  # by x + e - b, the copies' own difference
-            differences = {key: ends.get(key) - starts.get(key) for key in keys}
-            grads = scaled(grads, differences)
-        total = fold_copies(total, grads)
+            grads = scaled(grads, {key: _flat(ends[key] - starts[key], len(batch)) for key in keys})
+        lead = list(grads.batch_size[:-1])  # [T] with per_target
+        total = fold_copies(total, grads, batch, k, flat=True)
         if return_convergence_delta:
-            values = target_values(f, params, both_ends(ends, starts), chunk_target)
-            deltas.append(delta_of(values, ends.batch_size, grads, per_target, None))
+            copies = repeated(inputs, k)
+            for key in keys:
+                copies.set(key, ends[key].expand(starts[key].shape))
+            values = target_values(f, params, both_ends(copies, TensorDict(starts, batch_size=copies.batch_size)),
+                                   repeated_target(target, batch, k))
+            per_draw = TensorDict({key: value.reshape(*lead, *batch, k, *value.shape[grads.batch_dims:])
+                                   for key, value in grads.items(True, True)}, batch_size=[*lead, *batch, k])
+            deltas.append(delta_of(values, copies.batch_size, per_draw, per_target, None))
     assert total is not None
-    attrs = per_key(lambda t: t / n_samples, total)
+    attrs = mean_maps(total, None, n_samples, "smoothgrad", [*lead, *batch])
     return (attrs, torch.cat(deltas, -1)) if return_convergence_delta else attrs
 
 
 def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey], drawn: TensorDictBase,
-          k: int) -> tuple[TensorDictBase, TensorDict, TensorDictBase]:
-    """The chunk's (noisy) inputs and drawn baselines, and the points between them, all ``[*B, k]``."""
+          k: int) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
+    """By key: the chunk's (noisy) inputs ``[*B, k or 1, ...]``, drawn baselines and the points between them."""
     batch = inputs.batch_size
-    ends = repeated(inputs, k)  # a new TensorDict (of views): its entries may be replaced
-    points = ends.clone(False)
-    starts = TensorDict({}, batch_size=ends.batch_size)
     index, alpha, noise = drawn.get("index"), drawn.get("alpha"), drawn.get("noise", None)
+    noised = () if noise is None else noise.keys(True, True)
+    ends, starts, points = {}, {}, {}
     for key in keys:
         pool = refs.get(key)
-        x = ends.get(key)
+        x = inputs.get(key).unsqueeze(len(batch))  # every copy the sample: broadcast, not repeated
         b = pool[(index.get(key) if isinstance(index, TensorDictBase) else index).to(pool.device)].to(x.dtype)
-        if noise is not None and key in noise.keys(True, True):
+        if key in noised:
             x = x + noise.get(key).to(x.device)
         a = alpha.to(x).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))  # (draws given on the CPU too)
-        ends.set(key, x)
-        starts.set(key, b)
-        points.set(key, a * x + (1.0 - a) * b)  # captum's rand * input + (1 - rand) * baseline
+        ends[key], starts[key] = x, b
+        points[key] = a * x + (1.0 - a) * b  # captum's rand * input + (1 - rand) * baseline
     return ends, starts, points
+
+
+def _flat(t: torch.Tensor, dims: int) -> torch.Tensor:
+    """``[*B, k, ...]`` as ``[N * k, ...]``."""
+    return t.reshape(-1, *t.shape[dims + 1:])
 
 
 def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey]) -> TensorDictBase:
@@ -198,7 +207,10 @@ def _draw(inputs: TensorDictBase, keys: Sequence[NestedKey], n_refs: int, sigma:
     drawn = TensorDict({}, batch_size=[*batch, k])
     drawn.set("index", torch.randint(n_refs, (*batch, k), generator=generator, device=device))
     if sigma:
-        drawn.set("noise", noise_draws(inputs, sigma, k, generator, None))
+        noise = TensorDict({}, batch_size=[*batch, k])
+        for key, value in noise_draws(inputs, sigma, k, generator, None).items():
+            noise.set(key, value)
+        drawn.set("noise", noise)
     drawn.set("alpha", torch.rand((*batch, k), generator=generator, device=device, dtype=inputs.get(keys[0]).dtype))
     return drawn
 

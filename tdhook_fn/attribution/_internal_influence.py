@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines
+from ._engine import seed_cotangents, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import integrated_gradients
+from ._integrated_gradients import fold, in_dtypes, path_points
+from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
 from ._quadrature import quadrature
 
@@ -71,7 +74,8 @@ def internal_influence(
 
     Raises:
         ValueError: no layers, unknown method, too few steps or a bad ``chunk_size``.
-        TypeError: an input on the path is not floating point.
+        TypeError: an input on the path is not floating point, or ``f`` is not a
+            `tdhook_fn.Functional`.
 
     Examples:
         >>> import torch, tdhook_fn
@@ -86,10 +90,28 @@ def internal_influence(
     check_layer_paths(_NAME, layers)
     check_steps(_NAME, n_steps, least=1)
     check_chunk_size(_NAME, chunk_size)
-    quadrature(method, n_steps)
-    checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)  # errors named here, not in IG's
-    attrs = integrated_gradients(f, params, inputs, baselines, target=target, n_steps=n_steps, method=method,
-                                 multiply_by_inputs=False, per_target=per_target, chunk_size=chunk_size,
-                                 layers=layers, interpolate="inputs", use_inputs=False, input_keys=input_keys,
-                                 layer_calls=layer_calls)
-    return cast(TensorDict, attrs)
+    alphas, steps = quadrature(method, n_steps)
+    keys, base = checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)
+    if not isinstance(f, Functional):
+        raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
+                        "f, params = tdhook_fn.pure(model)")
+    calls = dict(layer_calls or {})
+    totals: list[TensorDict | None] = []  # per target (one without per_target)
+    dtypes: dict[str, torch.dtype] = {}
+    size = chunk_size or n_steps
+    for start in range(0, n_steps, size):
+        chunk = slice(start, min(start + size, n_steps))
+        points = path_points(inputs, base, keys, alphas[chunk])
+        # the pullback of NOTE [two pullbacks of one forward] to the layers only
+        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)
+        cot, lead = seed_cotangents(pulled.values, per_target, None)
+        targets = cot.batch_size[0] if lead else 1
+        totals += [None] * (targets - len(totals))
+        for t in range(targets):  # one target's gradients at a time: no [T, points, ...] stack
+            grads = TensorDict({}, batch_size=points.batch_size)
+            for path, grad in zip(layers, pulled.to_layers(cot[t] if lead else cot), strict=True):
+                dtypes[path] = grad.dtype
+                grads.set(path, unflatten(grad, 0, points.batch_size))
+            totals[t] = fold(totals[t], grads, steps[chunk], lead=0)  # NOTE [chunk-invariant sums]
+    maps = [in_dtypes(cast(TensorDict, total), dtypes) for total in totals]  # half precision: summed in float32
+    return cast(TensorDict, torch.stack(cast(Any, maps))) if per_target else maps[0]

@@ -22,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._types import PureFn
+from .._vjp import untransformed
 from ._baselines import Baselines, both_ends
 from ._convergence import delta_of
 from ._engine import seed_cotangents, target_values, unflatten
@@ -138,7 +139,8 @@ def _summed_shares(f: Functional, params: TensorDictBase, inputs: TensorDictBase
                    per_target: bool, chunk_size: int | None, calls: Mapping[str, int]) -> dict[str, torch.Tensor]:
     """Each layer's conductance map, ``[*B, ...]`` or ``[T, *B, ...]``, chunk by chunk along the path."""
     total: dict[tuple[str, int], torch.Tensor] = {}
-    last: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # a chunk's last gradient and activation
+    last_grads: dict[tuple[str, int], torch.Tensor] = {}  # a chunk's last gradient, per layer and target
+    last_acts: dict[str, torch.Tensor] = {}  # and its last activation, per layer
     dtypes: dict[str, torch.dtype] = {}
     targets = 1
     size = chunk_size or len(alphas)
@@ -148,23 +150,47 @@ def _summed_shares(f: Functional, params: TensorDictBase, inputs: TensorDictBase
         pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)
         cot, lead = seed_cotangents(pulled.values, per_target, None)
         targets = cot.batch_size[0] if lead else 1
-        acts = [unflatten(wide(a), 0, points.batch_size) for a in pulled.acts]  # half: summed in float32
+        steps = {}  # y(a_{k+1}) - y(a_k): one per layer and chunk, for every target
+        for path, act in zip(layers, pulled.acts, strict=True):
+            act = unflatten(wide(act), 0, points.batch_size)  # half: summed in float32
+            if path in last_acts:  # the difference across the chunks' border
+                act = torch.cat([last_acts[path], act])
+            steps[path], last_acts[path] = act[1:] - act[:-1], act[-1:]
         for t in range(targets):  # one target's gradients at a time: no [T, points, ...] stack
-            grads = pulled.to_layers(cot[t] if lead else cot)
-            for path, act, grad in zip(layers, acts, grads, strict=True):
+            fed = cot[t] if lead else cot
+            grads = pulled.to_layers(fed)
+            owned = _owned(grads, fed)
+            for path, grad, own in zip(layers, grads, owned, strict=True):
                 dtypes[path] = grad.dtype
                 grad = unflatten(wide(grad), 0, points.batch_size)
-                if (path, t) in last:  # the difference across the chunks' border
-                    grad = torch.cat([last[path, t][0], grad])
-                    act = torch.cat([last[path, t][1], act])
-                share = _shares(grad, act)
+                if (path, t) in last_grads:
+                    grad = torch.cat([last_grads[path, t], grad])
+                last_grads[path, t] = grad[-1:].clone()  # (_shares may write grad[:-1], never this row)
+                share = _shares(grad, steps[path], own)
                 total[path, t] = share if (path, t) not in total else total[path, t] + share
-                last[path, t] = (grad[-1:], act[-1:])
     if per_target:
         return {p: torch.stack([total[p, t] for t in range(targets)]).to(dtypes[p]) for p in layers}
     return {p: total[p, 0].to(dtypes[p]) for p in layers}
 
 
-def _shares(grad: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-    """``sum_k grad_k * (act_{k+1} - act_k)`` over the points (NOTE [conductance by differences])."""
-    return (grad[:-1] * (act[1:] - act[:-1])).sum(0)
+def _shares(grad: torch.Tensor, steps: torch.Tensor, own: bool) -> torch.Tensor:
+    """``sum_k grad_k * (act_{k+1} - act_k)`` over the points (NOTE [conductance by differences]).
+
+    Where ``grad`` is ``own`` (a fresh gradient nothing else reads), the products are
+    written over its rows: no second tensor the size of all points' activations (on the
+    CPU its fresh pages cost about as much as the product itself).
+    """
+    if own:
+        return grad[:-1].mul_(steps).sum(0)
+    return (grad[:-1] * steps).sum(0)
+
+
+def _owned(grads: Sequence[torch.Tensor], fed: TensorDictBase) -> list[bool]:
+    """Which of a pullback's gradients may be written: eager, whole, and sharing memory with no other
+    gradient and no cotangent (autograd passes one buffer on to several inputs where it can)."""
+    if not untransformed():
+        return [False] * len(grads)
+    storages = [g.untyped_storage().data_ptr() for g in grads]
+    taken = {t.untyped_storage().data_ptr() for t in fed.values(True, True) if isinstance(t, torch.Tensor)}
+    return [not g.requires_grad and g.is_contiguous() and storages.count(s) == 1 and s not in taken
+            for g, s in zip(grads, storages, strict=True)]

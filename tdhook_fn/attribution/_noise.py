@@ -13,17 +13,35 @@
 # captum draws its noise in the default dtype (float32) whatever the inputs' dtype;
 # here it is drawn in the input's dtype unless ``noise_dtype`` says otherwise.
 
+# NOTE [flat copies]
+# The copies go to the engine flattened to one batch dim, ``[N * k]`` in that same memory
+# order (`flat_copies`): the engine runs the model on one batch dim anyway, and a batch it
+# need not reshape costs it no TensorDict reshapes on the way in and out (a fixed cost per
+# call, which shows on small models). The maps come back
+# ``[*T, N * k]`` and are summed over the copies by tensor views (`fold_copies`), as are
+# the ``[*T, *B, k]`` maps of a user's attribution method (which is still given ``[*B, k]``).
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
 
-__all__ = ["Stdevs", "check_noisable", "check_nt_type", "fold_copies", "noise_draws", "stdevs_by_key"]
+__all__ = [
+    "Stdevs",
+    "check_noisable",
+    "check_nt_type",
+    "flat_copies",
+    "flat_target",
+    "fold_copies",
+    "mean_maps",
+    "noise_draws",
+    "stdevs_by_key",
+]
 
 Stdevs = float | Sequence[float] | Mapping[Any, float]
 
@@ -70,22 +88,74 @@ def stdevs_by_key(method: str, stdevs: Any, keys: Sequence[NestedKey]) -> dict[N
 
 
 def noise_draws(inputs: TensorDictBase, stdevs: Mapping[NestedKey, float], k: int,
-                generator: torch.Generator | None, dtype: torch.dtype | None) -> TensorDict:
-    """Gaussian noise for ``k`` copies of every sample, ``[*B, k]``, drawn as NOTE [noise draws] says."""
+                generator: torch.Generator | None, dtype: torch.dtype | None) -> dict[NestedKey, torch.Tensor]:
+    """Gaussian noise for ``k`` copies of every sample, ``[*B, k, ...]`` by key, drawn as NOTE [noise draws] says."""
     batch = inputs.batch_size
-    out = TensorDict({}, batch_size=[*batch, k])
+    out = {}
     for key, stdev in stdevs.items():
         x = inputs.get(key)
         shape = (*batch, k, *x.shape[len(batch):])
-        out.set(key, torch.randn(shape, dtype=dtype or x.dtype, device=x.device, generator=generator) * stdev)
+        out[key] = torch.randn(shape, dtype=dtype or x.dtype, device=x.device, generator=generator).mul_(stdev)
     return out
 
 
-def fold_copies(total: TensorDict | None, maps: TensorDictBase, square: bool = False) -> TensorDict:
-    """``total`` plus the sum of ``maps`` (of their squares) over their last batch dim, the copies."""
-    dim = maps.batch_dims - 1
-    out = TensorDict({}, batch_size=maps.batch_size[:-1])
-    for key, value in maps.items(True, True):
-        part = (value * value if square else value).sum(dim)
-        out.set(key, part if total is None else total.get(key) + part)
+def flat_copies(inputs: TensorDictBase, k: int, replaced: Mapping[NestedKey, torch.Tensor]) -> TensorDictBase:
+    """``k`` copies of every sample on one flat batch dim ``[N * k]`` (NOTE [flat copies]).
+
+    ``replaced`` holds, by key, the copies to use instead (``[*B, k, ...]``, or broadcasting
+    to it); every other entry is repeated.
+    """
+    batch = inputs.batch_size
+    out = TensorDict({}, batch_size=[batch.numel() * k])
+    for key, leaf in inputs.items(True, True):
+        copy = replaced[key] if key in replaced else cast(torch.Tensor, leaf).unsqueeze(len(batch))
+        out.set(key, _flattened(copy, batch, k))
+    for spelled in replaced.keys() - out.keys(True, True):  # (a key spelled otherwise, ("input",) for "input")
+        out.set(spelled, _flattened(replaced[spelled], batch, k))
+    for key, value in inputs.non_tensor_items(True):  # a string or number kwarg the forward also takes
+        out.set_non_tensor(key, value)
+    return out
+
+
+def _flattened(copy: torch.Tensor, batch: torch.Size, k: int) -> torch.Tensor:
+    """Copies ``[*B, k or 1, ...]`` as ``[N * k, ...]`` (a view where they are whole)."""
+    feature = copy.shape[len(batch) + 1:]
+    return copy.expand(*batch, k, *feature).reshape(-1, *feature)
+
+
+def flat_target(target: Any, batch: torch.Size, k: int) -> Any:
+    """A tensor of class indices (one per sample, ``[*B]``) for the flat copies ``[N * k]``."""
+    if isinstance(target, torch.Tensor) and target.dim():
+        return target.unsqueeze(-1).expand(*batch, k).reshape(-1)
+    return target
+
+
+def fold_copies(total: dict[NestedKey, torch.Tensor] | None, maps: TensorDictBase, batch: torch.Size, k: int, *,
+                flat: bool, square: bool = False) -> dict[NestedKey, torch.Tensor]:
+    """``total`` plus the sum of ``maps`` (of their squares) over the copies, by key.
+
+    ``maps`` hold the copies last in their batch: ``[*T, N * k]`` where ``flat``, else
+    ``[*T, *B, k]``.
+    """
+    lead = maps.batch_size[:maps.batch_dims - (1 if flat else len(batch) + 1)]
+    out: dict[NestedKey, torch.Tensor] = {}
+    for key, leaf in maps.items(True, True):
+        value = cast(torch.Tensor, leaf)
+        value = value.reshape(*lead, *batch, k, *value.shape[maps.batch_dims:])
+        part = (value * value if square else value).sum(len(lead) + len(batch))
+        out[key] = part if total is None else total[key] + part
+    return out
+
+
+def mean_maps(total: Mapping[NestedKey, torch.Tensor], squares: Mapping[NestedKey, torch.Tensor] | None, n: int,
+              nt_type: str, batch_size: Sequence[int]) -> TensorDict:
+    """The maps of ``nt_type`` from the sums over ``n`` copies (and of their squares), batch ``batch_size``."""
+    out = TensorDict({}, batch_size=batch_size)
+    for key, t in total.items():
+        if nt_type == "smoothgrad":
+            out.set(key, t / n)
+        else:
+            assert squares is not None
+            sq = squares[key] / n
+            out.set(key, sq if nt_type == "smoothgrad_sq" else sq - (t / n) * (t / n))
     return out

@@ -13,10 +13,20 @@ from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
-from ._engine import per_key
+from ._engine import gradients
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count, chunks, repeated, repeated_target
-from ._noise import Stdevs, check_noisable, check_nt_type, fold_copies, noise_draws, stdevs_by_key
+from ._noise import (
+    Stdevs,
+    check_noisable,
+    check_nt_type,
+    flat_copies,
+    flat_target,
+    fold_copies,
+    mean_maps,
+    noise_draws,
+    stdevs_by_key,
+)
 from ._saliency import saliency
 
 __all__ = ["smoothgrad"]
@@ -121,26 +131,30 @@ def smoothgrad(
     options: dict[str, Any] = {"per_target": per_target}
     if input_keys is not None:
         options["input_keys"] = input_keys
-    total: TensorDict | None = None
-    squares: TensorDict | None = None
+    batch = inputs.batch_size
+    flat = attribution is saliency and starts is None  # the plain gradient: the engine's, on flat copies
+    total: dict[NestedKey, torch.Tensor] | None = None
+    squares: dict[NestedKey, torch.Tensor] | None = None
+    lead: list[int] = []
     for k in chunks(nt_samples, chunk_size):
-        noisy = repeated(inputs, k)  # a new TensorDict (of views): its entries may be replaced
-        if any(sigma.values()):  # (none drawn without noise: a call without noise runs under vmap as it is)
-            noise = noise_draws(inputs, sigma, k, generator, noise_dtype)
-            for key in keys:
-                noisy.set(key, noisy.get(key) + noise.get(key))
-        args = () if starts is None else (repeated(starts, k),)
-        maps = attribution(f, params, noisy, *args, target=repeated_target(target, inputs.batch_size, k), **options)
-        if not isinstance(maps, TensorDictBase):
-            raise ValueError(f"smoothgrad: attribution returned {type(maps).__name__}, not a TensorDict of maps; "
-                             "ask it for maps only (return_convergence_delta=False)")
-        total = fold_copies(total, maps)
+        # (none drawn without noise: a call without noise runs under vmap as it is)
+        noise = noise_draws(inputs, sigma, k, generator, noise_dtype) if any(sigma.values()) else {}
+        noisy = {key: inputs.get(key).unsqueeze(len(batch)) + value for key, value in noise.items()}
+        if flat:  # NOTE [flat copies]
+            maps = gradients(f, params, flat_copies(inputs, k, noisy), flat_target(target, batch, k), input_keys=keys,
+                             per_target=per_target, method="smoothgrad").grads
+        else:
+            copies = repeated(inputs, k)  # a new TensorDict (of views): its entries may be replaced
+            for key, value in noisy.items():
+                copies.set(key, value)
+            args = () if starts is None else (repeated(starts, k),)
+            maps = attribution(f, params, copies, *args, target=repeated_target(target, batch, k), **options)
+            if not isinstance(maps, TensorDictBase):
+                raise ValueError(f"smoothgrad: attribution returned {type(maps).__name__}, not a TensorDict of maps; "
+                                 "ask it for maps only (return_convergence_delta=False)")
+        lead = list(maps.batch_size[:maps.batch_dims - (1 if flat else len(batch) + 1)])  # [T] with per_target
+        total = fold_copies(total, maps, batch, k, flat=flat)
         if nt_type != "smoothgrad":
-            squares = fold_copies(squares, maps, square=True)
+            squares = fold_copies(squares, maps, batch, k, flat=flat, square=True)
     assert total is not None
-    if nt_type == "smoothgrad":
-        return per_key(lambda t: t / nt_samples, total)
-    assert squares is not None
-    if nt_type == "smoothgrad_sq":
-        return per_key(lambda t: t / nt_samples, squares)
-    return per_key(lambda t, sq: sq / nt_samples - (t / nt_samples) * (t / nt_samples), total, squares)
+    return mean_maps(total, squares, nt_samples, nt_type, [*lead, *batch])

@@ -525,3 +525,37 @@ def test_per_target_convergence_delta_is_each_targets_delta():
                                          return_convergence_delta=True)
         assert_close_ulps(maps[t], alone)
         assert_close_ulps(deltas[t], delta, scale=float(alone["[3]"].abs().sum()))
+
+
+def test_two_layers_with_one_activation_each_get_their_own_map():
+    """A block and its last module give one activation: autograd may hand both perturbations one gradient
+    buffer, which layer conductance must not write for the first layer before the second reads it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Sequential(nn.Linear(5, 5), nn.Tanh()), nn.Linear(5, 3)).eval()
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(3, 4), batch_size=[3])
+    both = layer_conductance(f, p, td, target=1, layers=["[1]", "[1][1]"], n_steps=8)
+    for path in ("[1]", "[1][1]"):
+        alone = layer_conductance(f, p, td, target=1, layers=[path], n_steps=8)[path]
+        assert_close_ulps(both[path], alone)
+
+
+@pytest.mark.parametrize("method", ["layer_conductance", "neuron_conductance"])
+def test_a_layer_written_in_place_by_the_next_module_is_read_as_it_was(method):
+    """Eager, the activation is kept without a copy (NOTE [activations read without a copy]) unless a later module
+    writes it in place, as ReLU(inplace=True) does here: then it is read as the layer gave it, not as written."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)]
+    writing = nn.Sequential(*layers).eval()
+    plain = copy.deepcopy(writing)
+    plain[3] = nn.ReLU()
+    td = TensorDict(input=torch.randn(5, 4), batch_size=[5])
+    maps = []
+    for model in (writing, plain):
+        f, p = tdhook_fn.pure(model)
+        if method == "layer_conductance":
+            maps.append(layer_conductance(f, p, td, target=1, layers=["[2]"], n_steps=6)["[2]"])
+        else:
+            maps.append(neuron_conductance(f, p, td, target=1, layer="[2]", neuron_selector=(2,), n_steps=6)["input"])
+    assert_close_ulps(maps[0], maps[1])
+    assert bool(maps[0].abs().sum() > 0)

@@ -202,3 +202,42 @@ def test_convergence_delta_is_zero_for_a_linear_model_per_target():
                              generator=torch.Generator().manual_seed(0))
     assert delta.shape == (2, 4, 6)
     torch.testing.assert_close(delta, torch.zeros_like(delta), atol=1e-12, rtol=0)
+
+
+class _Moded(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, mode: str = "linear") -> torch.Tensor:
+        y = self.lin(x)
+        return torch.tanh(y) if mode == "tanh" else y
+
+
+class _Tanh(torch.nn.Module):
+    def __init__(self, inner: _Moded) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x, mode="tanh")
+
+
+def test_a_non_tensor_input_reaches_the_forward_of_every_draw():
+    """The draws go to the engine flattened (NOTE [flat copies]); a string kwarg goes with them."""
+    from tensordict import NonTensorData
+
+    import tdhook_fn
+
+    torch.manual_seed(0)
+    net = _Moded()
+    f, p = tdhook_fn.pure(net, in_keys={"input": "x", "mode": "mode"})
+    td = TensorDict(input=torch.randn(3, 2), batch_size=[3])
+    td["mode"] = NonTensorData("tanh")
+    refs = TensorDict(input=torch.randn(4, 2), batch_size=[4])
+    ours = gradient_shap(f, p, td, refs, target=0, input_keys=["input"], n_samples=6, stdevs=0.1,
+                         generator=torch.Generator().manual_seed(1))["input"]
+    g, q = tdhook_fn.pure(_Tanh(net))
+    theirs = gradient_shap(g, q, td.select("input"), refs, target=0, n_samples=6, stdevs=0.1,
+                           generator=torch.Generator().manual_seed(1))["input"]
+    assert_close_ulps(ours, theirs)

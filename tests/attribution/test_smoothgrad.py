@@ -241,3 +241,40 @@ def test_chunk_size_bounds_the_copies_per_call():
 
     smoothgrad(e.f, e.params, td, target=1, nt_samples=7, chunk_size=3, attribution=recording)
     assert seen == [(4, 3), (4, 3), (4, 1)]
+
+
+class _Moded(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, mode: str = "linear") -> torch.Tensor:
+        y = self.lin(x)
+        return torch.tanh(y) if mode == "tanh" else y
+
+
+def test_a_non_tensor_input_reaches_the_forward_of_every_copy():
+    """The copies go to the engine flattened (NOTE [flat copies]); a string kwarg goes with them."""
+    from tensordict import NonTensorData
+
+    import tdhook_fn
+
+    torch.manual_seed(0)
+    net = _Moded()
+    f, p = tdhook_fn.pure(net, in_keys={"input": "x", "mode": "mode"})
+    x = torch.randn(3, 2)
+    td = TensorDict(input=x, batch_size=[3])
+    td["mode"] = NonTensorData("tanh")
+    ours = _seeded(2, smoothgrad, f, p, td, target=0, input_keys=["input"], nt_samples=4, stdevs=0.3)["input"]
+    theirs = _seeded(2, ca.NoiseTunnel(ca.Saliency(lambda v: net(v, mode="tanh"))).attribute, x.clone(),
+                     nt_samples=4, stdevs=0.3, target=0, abs=False)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_an_input_key_spelled_as_a_tuple_is_noised():
+    e = build("mlp")
+    td = e.inputs((3,))
+    plain = _seeded(3, smoothgrad, e.f, e.params, td, target=1, stdevs=0.5)["input"]
+    spelled = _seeded(3, smoothgrad, e.f, e.params, td, target=1, stdevs=0.5, input_keys=[("input",)])["input"]
+    assert_close_ulps(spelled, plain)
+    assert not torch.allclose(plain, saliency(e.f, e.params, td, target=1)["input"])
