@@ -168,7 +168,7 @@ def activation_maximisation(
         for _ in range(n_steps):
             point = inputs.copy().update(current)
             grads = gradients(f, params, point, target, input_keys=keys, target_layers=target_layers, taps=all_taps,
-                              cotangents=weighted, method=_METHOD).grads
+                              cotangents=weighted, method=_METHOD, checked=True).grads
             current = per_key(lambda x, g: pgd_step(x, g, alpha, min_value=min_value, max_value=max_value),
                               current, grads)
         return current

@@ -248,6 +248,7 @@ def gradients(
     use_outputs: bool = True,
     layer_calls: Mapping[str, int] | None = None,
     method: str = "attribution",
+    checked: bool = False,
 ) -> Gradients:
     """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].
 
@@ -256,9 +257,12 @@ def gradients(
     integrated gradients interpolates there). An int or tuple ``target`` indexes the
     single output of ``f`` (extra input keys and target layers do not count).
     ``layer_calls`` picks the run of a layer whose module runs more than once (NOTE
-    [modules that run more than once]); ``method`` names the caller in errors.
+    [modules that run more than once]); ``method`` names the caller in errors. ``checked``:
+    the caller ran `check_call` on its own arguments and checked the attributed keys
+    (methods calling this once per chunk of points or copies), so it is not run again.
     """
-    check_call(method, f, params, inputs, input_keys, target)
+    if not checked:
+        check_call(method, f, params, inputs, input_keys, target)
     if per_target and cotangents is not None:
         raise ValueError(f"{method}: per_target and cotangents exclude each other (cotangents say what is put in at "
                          "the targets, per_target puts in one one-hot per target); give one of them")

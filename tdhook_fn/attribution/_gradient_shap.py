@@ -128,8 +128,9 @@ def gradient_shap(
                  else draws[(..., slice(start, start + k))])
         start += k
         ends, starts, points = _path(inputs, refs, keys, drawn, k)
+        # the maps are [*T, N * k] (NOTE [flat copies])
         grads = gradients(f, params, flat_copies(inputs, k, points), flat_target(target, batch, k), input_keys=keys,
-                          per_target=per_target, method="gradient_shap").grads  # NOTE [flat copies]: [*T, N * k]
+                          per_target=per_target, method="gradient_shap", checked=True).grads
         if multiply_by_inputs:  # by x + e - b, the copies' own difference
             grads = scaled(grads, {key: _flat(ends[key] - starts[key], len(batch)) for key in keys})
         lead = list(grads.batch_size[:-1])  # [T] with per_target

@@ -160,7 +160,7 @@ def integrated_gradients(
     ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
     options: dict[str, Any] = dict(
         input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents,
-        layer_calls=layer_calls, method="integrated_gradients")
+        layer_calls=layer_calls, method="integrated_gradients", checked=True)
     total: TensorDict | None = None
     size = chunk_size or n_steps
     for start in range(0, n_steps, size):
