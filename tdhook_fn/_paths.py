@@ -34,6 +34,7 @@ A path names something reachable from a root module, in the syntax of tdhook's
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import threading
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from ._path_access import AccessRefused, read_attribute, read_item, type_name
 from ._path_cache import ParseCache, fresh
 from ._path_calls import CallRefused, call_refusal, checked_method, later_call_refusal
 
-__all__ = ["Attr", "Call", "Item", "PathError", "Step", "parse_path", "path_to_name", "resolve_path"]
+__all__ = ["Attr", "Call", "Item", "PathError", "Step", "name_to_path", "parse_path", "path_to_name", "resolve_path"]
 
 _NAME = re.compile(r"\w+")  # identifiers, also digit-led ("layers.0") and non-ASCII
 _CLOSING = {"[": "]", "(": ")"}
@@ -367,3 +368,28 @@ def path_to_name(path: str) -> str:
         return path
     name = re.sub(r"[<>\[\]]", ".", re.sub(r"[\"']", "", path))
     return re.sub(r"\.+", ".", name).strip(".")
+
+
+@functools.lru_cache(maxsize=4096)  # a pure function of a string, asked per module on hot paths
+def name_to_path(name: str) -> str:
+    """The path of the submodule called ``name`` in ``named_modules`` (``""``: the root).
+
+    Each dotted part that is not an identifier is quoted, ``<part>``; the path resolves
+    to the submodule with `resolve_path`. The inverse of `path_to_name` on such names.
+
+    Raises:
+        PathError: a part is empty, holds ``>`` (the quoting ends there) or starts with
+            ``__`` (paths refuse those): the submodule has no path form.
+
+    Examples:
+        >>> name_to_path("layers.0.attn"), name_to_path("blocks.stage/1.fc")
+        ('layers.0.attn', 'blocks.<stage/1>.fc')
+    """
+    if not name:
+        return ""
+    parts = name.split(".")
+    for part in parts:
+        if not part or ">" in part or part.startswith("__"):
+            raise PathError(f"the submodule {name!r} has no path form (its part {part!r} is empty, holds '>' or starts "
+                            "with '__', which paths refuse); rename the module (add_module with another name)")
+    return ".".join(part if _NAME.fullmatch(part) else f"<{part}>" for part in parts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -10,6 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional, NestedKey
+from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
 from ._engine import Cotangents, GradFn
@@ -30,12 +30,8 @@ def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] 
         >>> module_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), (nn.Linear,))
         ['1']
     """
-    names = [name for name, module in model.named_modules() if name and not isinstance(module, classes_to_skip)]
-    for name in names:
-        if ">" in name:
-            raise ValueError(f"module {name!r}: a submodule name with '>' cannot be written as a path (the "
-                             f"'<...>' quoting ends there); rename the module (add_module with another name)")
-    return [".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split(".")) for name in names]
+    return [name_to_path(name) for name, module in model.named_modules()
+            if name and not isinstance(module, classes_to_skip)]
 
 
 @accepts_tensors

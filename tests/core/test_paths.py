@@ -380,3 +380,22 @@ def test_same_path_resolves_the_same_twice():
     model = Picky()
     assert resolve_path(model, "pick([0, 2])") is model.layers[2]
     assert resolve_path(model, "pick([0, 2])") is model.layers[2]
+
+
+def test_name_to_path_resolves_every_submodule_and_refuses_names_without_a_path_form() -> None:
+    from tdhook_fn._paths import PathError, name_to_path, path_to_name, resolve_path
+
+    model = nn.Sequential()
+    block = nn.Sequential()
+    block.add_module("stage/1", nn.Linear(2, 2))
+    block.add_module("a b", nn.ReLU())
+    model.add_module("blocks", block)
+    model.add_module("0", nn.Tanh())
+    for name, module in model.named_modules():
+        path = name_to_path(name)
+        assert resolve_path(model, path) is module
+        assert path_to_name(path) == name
+    assert name_to_path("blocks.stage/1") == "blocks.<stage/1>"
+    for bad in ("a>b", "x.__class__", "x..y"):
+        with pytest.raises(PathError, match="has no path form"):
+            name_to_path(bad)

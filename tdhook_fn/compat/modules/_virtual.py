@@ -38,7 +38,7 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdhook_fn._paths import PathError
+from tdhook_fn._paths import name_to_path
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
 
@@ -143,18 +143,12 @@ def _register(module: nn.Module, hook: Callable[..., Any], direction: HookDirect
     return module.register_full_backward_pre_hook(hook, prepend=prepend)
 
 
-def _segment(name: str) -> str:
-    if not name or ">" in name or name.startswith("__"):
-        raise PathError(f"cannot hook a submodule named {name!r}: the name has no path form")
-    return f"<{name}>"
-
-
 def module_paths(root: nn.Module) -> dict[int, str]:
     """``id(submodule) -> path`` from ``root``, each submodule at its first name."""
     paths: dict[int, str] = {}
     for name, module in root.named_modules(remove_duplicate=False):
         if id(module) not in paths:
-            paths[id(module)] = ".".join(_segment(part) for part in name.split(".")) if name else ""
+            paths[id(module)] = name_to_path(name)
     return paths
 
 
