@@ -20,7 +20,7 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call, check_layers
-from ._deeplift_chain import chain_deeplift
+from ._deeplift_chain import chain_deeplift, deeplift_plan
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors
@@ -136,7 +136,12 @@ def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDi
             target: Target, eps: float, per_target: bool, key: NestedKey,
             ) -> tuple[TensorDict, TensorDictBase, None] | None:
     """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain."""
-    check_call(method, f, params, inputs, (key,), target)
+    plan = deeplift_plan(f)
+    check_call(method, f, params, inputs, (key,), target, modes=plan is None)
+    if plan is not None:
+        plan.check_modes(f.model, method)
+    if plan is None or plan.links is None:
+        return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
     if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
         # one number for every sample: no tensor of the input's size is made for it
@@ -148,8 +153,8 @@ def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     reference = b.reshape(-1, *b.shape[lead:])
     if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)
         reference = reference[:1]
-    walked = chain_deeplift(f, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target, eps,
-                            per_target)
+    walked = chain_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target,
+                            eps, per_target)
     if walked is None:
         return None
     first = 1 if per_target else 0
