@@ -56,43 +56,28 @@ def _held(value: Any) -> bool:
 
 
 def _global_hooks() -> bool:
-    return any(getattr(module_globals, name, None) for name in GLOBAL_HOOK_DICTS)
+    return any(map(bool, map(vars(module_globals).get, GLOBAL_HOOK_DICTS)))
 
 
-class _Module:
-    """One module's state when the snapshot was taken."""
+def _contents(dicts: Any) -> tuple[Any, ...]:
+    """What a plan sees of a module's slots: parameter and buffer names and kinds, children, and any hook."""
+    params, buffers, children, *hooks = dicts
+    return (*params, None, *map(type, params.values()), None, *buffers, None, *map(type, buffers.values()),
+            None, *children, None, *map(id, children.values()), any(hooks))
 
-    __slots__ = ("cls", "dicts", "held", "keys", "module", "params", "pick_dicts", "pick_held")
 
-    def __init__(self, module: nn.Module, values: list[Any], positions: list[int], dict_positions: list[int]):
-        state = module.__dict__
-        self.module = weakref.ref(module)
-        self.cls = type(module)
-        self.keys = tuple(state)
-        self.pick_held = itemgetter(*positions, -1, -1)  # (a tuple even for none: the sentinels below)
-        self.held = (*values, None, None)
-        self.pick_dicts = itemgetter(*dict_positions)
-        self.dicts = self._contents(self.pick_dicts(tuple(state.values())))
+# One module's state when the snapshot was taken: (weak reference, class, attribute names, a picker of the held
+# values and the values, a picker of the slots and their contents). A plain tuple: `Snapshot.holds` unpacks it.
+_Module = tuple[Callable[[], Any], type, tuple[str, ...], Callable[[Any], Any], tuple[Any, ...],
+                Callable[[Any], Any], tuple[Any, ...]]
 
-    @staticmethod
-    def _contents(dicts: tuple[Any, ...]) -> tuple[Any, ...]:
-        params, buffers, children = dicts[:3]
-        return (*params, None, *map(type, params.values()), None, *buffers, None, *map(type, buffers.values()),
-                None, *children, None, *map(id, children.values()), any(dicts[3:]))
 
-    def holds(self) -> bool:
-        module = self.module()
-        if module is None or type(module) is not self.cls:
-            return False
-        state = module.__dict__
-        if tuple(state) != self.keys:
-            return False
-        values = (*state.values(), None)
-        if not all(map(is_, self.pick_held(values), self.held)):
-            return False
-        params, buffers, children, *hooks = self.pick_dicts(values)
-        return (*params, None, *map(type, params.values()), None, *buffers, None, *map(type, buffers.values()),
-                None, *children, None, *map(id, children.values()), any(hooks)) == self.dicts
+def _module(module: nn.Module, values: list[Any], positions: list[int], dict_positions: list[int]) -> _Module:
+    state = module.__dict__
+    pick_dicts = itemgetter(*dict_positions)
+    # (-1 twice: a tuple even for no held value, the two sentinels appended to the values)
+    return (weakref.ref(module), type(module), tuple(state), itemgetter(*positions, -1, -1), (*values, None, None),
+            pick_dicts, _contents(pick_dicts(tuple(state.values()))))
 
 
 class Snapshot:
@@ -110,9 +95,9 @@ class Snapshot:
             return None
         taken = []
         for module in model.modules():
-            if any(child is model for child in module.__dict__.get("_modules", {}).values()):
-                return None  # (a module graph with a cycle: its plan would keep the model alive)
             state = module.__dict__
+            if any(child is model for child in state.get("_modules", {}).values()):
+                return None  # (a module graph with a cycle: its plan would keep the model alive)
             if any(state.get(name) for name in HOOK_DICTS) or "forward" in state:
                 return None
             names = list(state)
@@ -127,12 +112,24 @@ class Snapshot:
                     return None
                 positions.append(i)
                 values.append(value)
-            taken.append(_Module(module, values, positions, dict_positions))
+            taken.append(_module(module, values, positions, dict_positions))
         return Snapshot(taken)
 
     def holds(self) -> bool:
         """Whether the model is as it was when the snapshot was taken (as far as a plan can see)."""
-        return not _global_hooks() and all(m.holds() for m in self.modules)
+        if _global_hooks():
+            return False
+        for ref, cls, keys, pick_held, held, pick_dicts, contents in self.modules:
+            module = ref()
+            if module is None or type(module) is not cls:
+                return False
+            state = module.__dict__
+            values = (*state.values(), None)
+            if tuple(state) != keys or not all(map(is_, pick_held(values), held)):
+                return False
+            if _contents(pick_dicts(values)) != contents:
+                return False
+        return True
 
 
 # what no forward reads: state-dict hooks and the names of non-persistent buffers
