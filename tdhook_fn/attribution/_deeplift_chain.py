@@ -30,6 +30,7 @@ from .._modes import check_attribution_modes
 from .._params import Key, leaves
 from .._targets import Target
 from ._lrp_affine import Affine, affine_of
+from ._max_pool import max_pool_with_indices
 
 __all__ = ["DeepLiftPlan", "chain_deeplift", "deeplift_plan"]
 
@@ -81,9 +82,7 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple
 
 def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     dims, pool = _POOLS[type(module)]
-    s = module.__dict__
-    out, indices = pool(both, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
-                        return_indices=True)
+    out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
     h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
     at_x, at_ref = indices[:n], indices[n:].expand_as(y)
     dx = h - r

@@ -66,6 +66,7 @@ from ._lrp_plan import LrpPlan
 from ._lrp_records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
 from ._lrp_rules import AlphaBeta, Pass, Rule
 from ._lrp_walk import ACTIVATION_OPS, Back, Planned, own_values, plan_affine, run_planned
+from ._max_pool import max_pool_with_indices
 
 __all__ = ["chain_lrp"]
 
@@ -142,10 +143,9 @@ class _Steps:
             tensors = state["_parameters"] if own is None else own
             return self._affine_step(path, rule, module, kind.affine, h.detach(), tensors)
         if kind.pool is not None:  # (the kernel autograd runs: ties go to the same input)
-            out, indices = kind.pool[1](h, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
-                                        ceil_mode=state["ceil_mode"], return_indices=True)
+            out, indices = max_pool_with_indices(kind.pool[1], h, state)  # NOTE [max pooling in channels-last]
             self.records.append(Pooled(h.shape, indices, kind.pool[0]))
-            return cast(torch.Tensor, out)
+            return out
         if kind is _PASS or kind is _RESHAPE:
             # torch's own class, no instance forward, and the chain is hook-free: its forward is the call
             out = type(module).forward(module, h)

@@ -24,6 +24,7 @@ from ._lrp_affine import Affine
 from ._lrp_fused import fused
 from ._lrp_records import NotAChain
 from ._lrp_rules import AlphaBeta, Epsilon, Rule, stabilize
+from ._max_pool import max_pool_with_indices
 
 __all__ = ["ACTIVATION_OPS", "Back", "Planned", "own_values", "plan_affine", "run_planned"]
 
@@ -139,9 +140,7 @@ def _affine(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...],
 def _pooled(step: Planned, h: torch.Tensor, backs: list[Back]) -> torch.Tensor:
     assert step.pool is not None
     dims, pool = step.pool
-    state = step.link[1].__dict__
-    out, indices = pool(h, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
-                        ceil_mode=state["ceil_mode"], return_indices=True)
+    out, indices = max_pool_with_indices(pool, h, step.link[1].__dict__)  # NOTE [max pooling in channels-last]
     shape = h.shape
 
     def back(relevance: torch.Tensor) -> torch.Tensor:
@@ -149,7 +148,7 @@ def _pooled(step: Planned, h: torch.Tensor, backs: list[Back]) -> torch.Tensor:
         return plane.scatter_add_(-1, indices.flatten(-dims), relevance.flatten(-dims)).view(shape)
 
     backs.append(back)
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[torch.Tensor, ...]], backs: list[Back],
