@@ -346,12 +346,12 @@ def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey
     with no graph (saves the target's TensorDicts and a backward, ~0.2 ms a call). Others
     as the engine offers them, and a pullback to the output.
     """
-    y = y.detach()
     if (isinstance(target, int) and not isinstance(target, bool) and cotangents is None and y.dim() == 2
             and -y.shape[1] <= target < y.shape[1]):  # (else the engine's selection says what is wrong)
         seed = torch.zeros_like(y)
-        seed[:, target] = 1.0
-        return seed, lambda: TensorDict({f.out_keys[0]: y[:, target].reshape(batch)}, batch_size=batch)
+        seed.select(1, target).fill_(1.0)
+        return seed, lambda: TensorDict({f.out_keys[0]: y.detach()[:, target].reshape(batch)}, batch_size=batch)
+    y = y.detach()  # (a new alias: the chain's output may be the caller's tensor, an identity's)
     with torch.enable_grad():
         y.requires_grad_()
         out = TensorDict({f.out_keys[0]: y}, batch_size=flat.batch_size)

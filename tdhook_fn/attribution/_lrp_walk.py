@@ -160,7 +160,7 @@ def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[tor
             raise NotAChain
         kind = step.kind
         if kind == "affine":
-            y = _affine(step, h.detach(), own, backs)
+            y = _affine(step, h.detach() if h.requires_grad else h, own, backs)  # (an op saved where it can be)
             if y is None:
                 y, back = general(step, h, own)
                 backs.append(back)
