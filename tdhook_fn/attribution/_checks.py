@@ -19,6 +19,8 @@ __all__ = ["check_batch_first", "check_call", "check_layers"]
 
 def check_layers(method: str, layers: Any, name: str = "layers") -> None:
     """``layers`` must be a sequence of path strings (a lone string would be read per character)."""
+    if type(layers) is tuple and not layers:
+        return  # (the default, asked at every call)
     if isinstance(layers, str) or not isinstance(layers, (Sequence, Mapping)):
         raise TypeError(f"{method}: {name} must be a list of submodule paths, got {layers!r}; write {name}=[{layers!r}]"
                         if isinstance(layers, str) else f"{method}: {name} must be a list of submodule paths, got "

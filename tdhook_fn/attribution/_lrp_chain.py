@@ -389,10 +389,11 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     rng = _RandomState(flat.get(key).device) if walk.random else None
     backs: list[Back] = []
     try:
-        with torch.no_grad():  # (the steps that need a graph turn it on for their module)
+        # (the steps that need a graph turn it on for their module, and so does a target that needs one;
+        # the rules run as in a backward)
+        with torch.no_grad():
             y = _forward(f, params, flat, key, walk, by_module, backs, values)
-        relevance, targets = _put_in(f, y, flat, key, batch, target, cotangents)
-        with torch.no_grad():  # rules run as in a backward
+            relevance, targets = _put_in(f, y, flat, key, batch, target, cotangents)
             for back in reversed(backs):
                 relevance = back(relevance)
         if relevance.requires_grad:  # (never: the walk runs without a graph; the general path says what is wrong)
@@ -401,4 +402,5 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
         if rng is not None:
             rng.restore()
         return None
-    return TensorDict({key: unflatten(relevance, 0, batch)}, batch_size=batch), targets
+    maps = relevance if len(batch) == 1 else unflatten(relevance, 0, batch)
+    return TensorDict({key: maps}, batch_size=batch), targets

@@ -8,6 +8,7 @@ from typing import Any, TypeVar, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._params import leaves
 from .._vjp import any_requires_grad
 from ._engine import Cotangents
 
@@ -76,7 +77,7 @@ def as_values(params: Any, inputs: TensorDictBase, values: Mapping[Any, Any] | N
             "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
             "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
             "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
-    return inputs.detach() if any_requires_grad([inputs]) else inputs
+    return inputs.detach() if _requires_grad(inputs, leaves(inputs)) else inputs
 
 
 def _requires_grad(params: Any, values: Mapping[Any, Any] | None) -> bool:

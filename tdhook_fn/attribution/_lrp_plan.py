@@ -58,12 +58,13 @@ def _rules_key(rules: Rules) -> Hashable | None:
     (without a ``rule_mapper``): their answers depend on the model alone. Any other
     callable may answer differently at each call, and is asked at each call.
     """
+    if type(rules) is EpsilonPlus:
+        return ("composite", rules) if _scalar_fields(rules) else None
     if isinstance(rules, Mapping):
         items = tuple(rules.items())
         if all(isinstance(k, (str, type)) and _scalar_fields(r) for k, r in items):
             return ("mapping", items)
-        return None
-    return ("composite", rules) if type(rules) is EpsilonPlus and _scalar_fields(rules) else None
+    return None
 
 
 def _rule_on_root_or_below(links: list[Link], ruled: Resolved) -> bool:
