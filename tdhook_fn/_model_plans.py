@@ -43,6 +43,9 @@ __all__ = ["Snapshot", "plan_for"]
 
 _T = TypeVar("_T")
 _SLOTS = ("_parameters", "_buffers", "_modules")
+# the hooks a call runs; the others (``..._with_kwargs``, ``..._always_called``) only mark entries of these
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_MARKS = tuple(name for name in HOOK_DICTS if name not in _HOOKS)
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device)
 _PLANS_PER_MODEL = 16
 _plans: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Snapshot | None, Any]]] = (
@@ -103,10 +106,11 @@ class Snapshot:
             names = list(state)
             if any(name not in state for name in (*_SLOTS, *HOOK_DICTS)):
                 return None  # (not a module as nn.Module builds it)
-            dict_positions = [names.index(name) for name in (*_SLOTS, *HOOK_DICTS)]
+            dict_positions = [names.index(name) for name in (*_SLOTS, *_HOOKS)]
+            skipped = {names.index(name) for name in _MARKS}
             positions, values = [], []
             for i, (name, value) in enumerate(state.items()):
-                if i in dict_positions or name in _IGNORED:
+                if i in dict_positions or i in skipped or name in _IGNORED:
                     continue
                 if not _held(value):
                     return None

@@ -59,7 +59,8 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     function, derivative = _ACTIVATIONS[type(module)]
     out = function(module, both)
-    (h, r), (y, y_ref) = both.split_with_sizes((n, len(both) - n)), out.split_with_sizes((n, len(out) - n))
+    rows = (n, both.shape[0] - n)
+    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
     multiplier = torch.where(dx.abs() < eps, derivative(module, h, y), _ratio(y - y_ref, dx))
     return out, lambda g: g * multiplier
@@ -67,7 +68,8 @@ def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> t
 
 def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     out = module(both)
-    (h, r), (y, y_ref) = both.split_with_sizes((n, len(both) - n)), out.split_with_sizes((n, len(out) - n))
+    rows = (n, both.shape[0] - n)
+    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
     flat = dx.abs() < eps
     ratio = _ratio(y - y_ref, dx)
@@ -83,7 +85,8 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple
 def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     dims, pool = _POOLS[type(module)]
     out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
-    (h, r), (y, y_ref) = both.split_with_sizes((n, len(both) - n)), out.split_with_sizes((n, len(out) - n))
+    rows = (n, both.shape[0] - n)
+    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     at_x, at_ref = indices[:n], indices[n:].expand_as(y)
     dx = h - r
     flat = dx.abs() < eps
