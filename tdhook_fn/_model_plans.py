@@ -8,19 +8,23 @@
 # a third of a call on small models. So a plan is kept per model (held weakly: a plan
 # never keeps its model alive) and per key (the method, and its rules where they are a
 # value), together with a `Snapshot` of everything it may depend on; each call checks
-# the snapshot first (a few C-level comparisons per module) and builds a new plan where
-# anything changed:
+# the snapshot first (C-level comparisons over the whole model) and builds a new plan
+# where anything changed:
 #
 # - per module: its class; its attribute names, in order; each attribute's value by
 #   identity (the values are held, so no identity is reused); the contents of its
 #   parameter and buffer slots (names, and whether each holds a tensor, a Parameter or
 #   None: the params given to a call are checked against the slots' shapes at each call)
 #   and of its children (by identity); hooks, a module's or torch's global ones, make
-#   no snapshot at all (a hooked model takes the general path anyway);
+#   no snapshot at all (a hooked model takes the general path anyway), and a hook
+#   registered later fails the check;
 # - a model holding anything but numbers, strings, ``None``, tuples of them, dtypes and
-#   devices as attributes (a tensor, a list, a function, an object) gets no snapshot
-#   either: its plan is built at every call, as if there were no cache. So only values
-#   that cannot refer to the model are held, and no mutable one is trusted.
+#   devices as attributes (a tensor, a list, a function, an object), besides the
+#   module's own slot and hook containers, gets no snapshot either: its plan is built at
+#   every call, as if there were no cache. So the values held cannot refer to the model,
+#   and no mutable one is trusted by identity alone. The containers are held (a module
+#   taken out of the model keeps its parameters alive until the next call rebuilds the
+#   plan, or the model goes).
 #
 # A ``.data`` assignment changes a parameter's shape without touching its module, which
 # is why shapes are checked per call, never planned. The cache is bounded per model.
@@ -29,9 +33,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Hashable
-from operator import is_, itemgetter
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from itertools import chain
+from operator import is_, methodcaller
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -45,12 +50,16 @@ _T = TypeVar("_T")
 _SLOTS = ("_parameters", "_buffers", "_modules")
 # the hooks a call runs; the others (``..._with_kwargs``, ``..._always_called``) only mark entries of these
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_MARKS = tuple(name for name in HOOK_DICTS if name not in _HOOKS)
+# a module's own containers: held by identity, and what a plan reads of them checked by content (the slots, the
+# hooks), or not at all (what no forward reads: state-dict hooks, the names of non-persistent buffers)
+_CONTAINERS = frozenset({*_SLOTS, *HOOK_DICTS, "_non_persistent_buffers_set", "_state_dict_hooks",
+                         "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device)
 _PLANS_PER_MODEL = 16
 _plans: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Snapshot | None, Any]]] = (
     weakref.WeakKeyDictionary())
 _lock = threading.Lock()
+_deref = methodcaller("__call__")
 
 
 def _held(value: Any) -> bool:
@@ -62,83 +71,64 @@ def _global_hooks() -> bool:
     return any(map(bool, map(vars(module_globals).get, GLOBAL_HOOK_DICTS)))
 
 
-def _contents(dicts: Any) -> tuple[Any, ...]:
-    """What a plan sees of a module's slots: parameter and buffer names and kinds, children, and any hook."""
-    params, buffers, children, *hooks = dicts
-    return (*params, None, *map(type, params.values()), None, *buffers, None, *map(type, buffers.values()),
-            None, *children, None, *map(id, children.values()), any(hooks))
-
-
-# One module's state when the snapshot was taken: (weak reference, class, attribute names, a picker of the held
-# values and the values, a picker of the slots and their contents). A plain tuple: `Snapshot.holds` unpacks it.
-_Module = tuple[Callable[[], Any], type, tuple[str, ...], Callable[[Any], Any], tuple[Any, ...],
-                Callable[[Any], Any], tuple[Any, ...]]
-
-
-def _module(module: nn.Module, values: list[Any], positions: list[int], dict_positions: list[int]) -> _Module:
-    state = module.__dict__
-    pick_dicts = itemgetter(*dict_positions)
-    # (-1 twice: a tuple even for no held value, the two sentinels appended to the values)
-    return (weakref.ref(module), type(module), tuple(state), itemgetter(*positions, -1, -1), (*values, None, None),
-            pick_dicts, _contents(pick_dicts(tuple(state.values()))))
+def _flat(dicts: Iterable[dict[Any, Any]]) -> Iterator[Any]:
+    return chain.from_iterable(map(dict.values, dicts))
 
 
 class Snapshot:
-    """What a plan of a model may depend on (NOTE [plans per model]); `holds` says whether it still does."""
+    """What a plan of a model may depend on (NOTE [plans per model]); `holds` says whether it still does.
 
-    __slots__ = ("modules",)
+    Every module's attributes are held and compared by identity, the model's at once (C-level
+    maps, not a Python loop per module: the check runs at every call); of the module's own
+    containers, what a plan reads is compared by content.
+    """
 
-    def __init__(self, modules: list[_Module]):
-        self.modules = modules
+    __slots__ = ("buffers", "children", "contents", "hooks", "keys", "params", "refs", "types", "values")
+
+    def __init__(self, modules: list[nn.Module]):
+        states = [vars(m) for m in modules]
+        self.refs = [weakref.ref(m) for m in modules]
+        self.types = tuple(map(type, modules))
+        self.keys = list(map(tuple, states))
+        self.values = tuple(_flat(states))
+        self.params = tuple(state["_parameters"] for state in states)
+        self.buffers = tuple(state["_buffers"] for state in states)
+        self.children = tuple(state["_modules"] for state in states)
+        self.hooks = tuple(state[name] for state in states for name in _HOOKS)
+        self.contents = self._contents()
+
+    def _contents(self) -> tuple[Any, ...]:
+        """Parameter and buffer names and kinds (a tensor, a Parameter, None), and the children, of every module."""
+        return (tuple(chain.from_iterable(self.params)), tuple(map(type, _flat(self.params))),
+                tuple(chain.from_iterable(self.buffers)), tuple(map(type, _flat(self.buffers))),
+                tuple(chain.from_iterable(self.children)), tuple(map(id, _flat(self.children))))
 
     @staticmethod
     def of(model: nn.Module) -> Snapshot | None:
         """The model's snapshot; ``None`` where it holds what a snapshot cannot follow, or hooks."""
         if _global_hooks():
             return None
-        taken = []
-        for module in model.modules():
-            state = module.__dict__
-            if any(child is model for child in state.get("_modules", {}).values()):
-                return None  # (a module graph with a cycle: its plan would keep the model alive)
-            if any(state.get(name) for name in HOOK_DICTS) or "forward" in state:
+        modules = list(model.modules())
+        for module in modules:
+            state = vars(module)
+            if any(name not in state for name in (*_SLOTS, *HOOK_DICTS)) or "forward" in state:
+                return None  # (not a module as nn.Module builds it, or an instance forward)
+            if any(state[name] for name in HOOK_DICTS) or any(child is model for child in state["_modules"].values()):
+                return None  # (hooks; or a cycle: its plan would keep the model alive)
+            if not all(name in _CONTAINERS or _held(value) for name, value in state.items()):
                 return None
-            names = list(state)
-            if any(name not in state for name in (*_SLOTS, *HOOK_DICTS)):
-                return None  # (not a module as nn.Module builds it)
-            dict_positions = [names.index(name) for name in (*_SLOTS, *_HOOKS)]
-            skipped = {names.index(name) for name in _MARKS}
-            positions, values = [], []
-            for i, (name, value) in enumerate(state.items()):
-                if i in dict_positions or i in skipped or name in _IGNORED:
-                    continue
-                if not _held(value):
-                    return None
-                positions.append(i)
-                values.append(value)
-            taken.append(_module(module, values, positions, dict_positions))
-        return Snapshot(taken)
+        return Snapshot(modules)
 
     def holds(self) -> bool:
         """Whether the model is as it was when the snapshot was taken (as far as a plan can see)."""
         if _global_hooks():
             return False
-        for ref, cls, keys, pick_held, held, pick_dicts, contents in self.modules:
-            module = ref()
-            if module is None or type(module) is not cls:
-                return False
-            state = module.__dict__
-            values = (*state.values(), None)
-            if tuple(state) != keys or not all(map(is_, pick_held(values), held)):
-                return False
-            if _contents(pick_dicts(values)) != contents:
-                return False
-        return True
-
-
-# what no forward reads: state-dict hooks and the names of non-persistent buffers
-_IGNORED = frozenset({"_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
-                      "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+        modules = list(map(_deref, self.refs))
+        if tuple(map(type, modules)) != self.types:  # (a module gone reads NoneType)
+            return False
+        states = cast(list[dict[str, Any]], list(map(vars, modules)))
+        return (list(map(tuple, states)) == self.keys and all(map(is_, _flat(states), self.values))
+                and not any(self.hooks) and self._contents() == self.contents)
 
 
 def plan_for(model: nn.Module, key: Hashable, build: Callable[[], _T]) -> _T:

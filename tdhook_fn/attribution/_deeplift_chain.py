@@ -62,7 +62,10 @@ def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> t
     rows = (n, both.shape[0] - n)
     (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
-    multiplier = torch.where(dx.abs() < eps, derivative(module, h, y), _ratio(y - y_ref, dx))
+    flat, ratio = dx.abs() < eps, _ratio(y - y_ref, dx)
+    # where no |dx| is below eps (the usual case) the multiplier is the ratio itself: the derivative and the select
+    # are skipped (one reduction asked instead of two full ops; the walk runs eagerly, so the data may decide)
+    multiplier = torch.where(flat, derivative(module, h, y), ratio) if bool(flat.any()) else ratio
     return out, lambda g: g * multiplier
 
 
