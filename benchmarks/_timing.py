@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import copy
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+# the checkout these benchmarks sit in, before an installed tdhook_fn (an editable install of another
+# worktree would be measured otherwise); the benchmarks import this module before tdhook_fn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def median_seconds(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.05) -> float:

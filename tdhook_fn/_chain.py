@@ -24,7 +24,7 @@ from ._functional import Functional, get_input, pack
 from ._shadow import GLOBAL_HOOK_DICTS, HOOK_DICTS
 from ._shadow_run import run
 
-__all__ = ["Link", "chain_of", "run_chain"]
+__all__ = ["Link", "chain_of", "model_chain", "reads_one_key", "run_chain"]
 
 Link = tuple[str, nn.Module]  # (name, module): the name is the path in the Sequentials, as named_modules gives it
 Step = Callable[[Link, nn.Module, Any], Any]
@@ -53,11 +53,21 @@ def chain_of(f: Any, whole: Callable[[str, nn.Module], bool] = lambda _n, _m: Fa
 
     Nested ``Sequential`` s are opened, except where ``whole(name, module)`` is true.
     """
-    if not (isinstance(f, Functional) and not f.taps and not f.keywords and len(f.in_keys) == 1
-            and len(f.out_keys) == 1 and _is_sequential(f.model) and _hook_free(f.model)):
+    return model_chain(f.model, whole) if reads_one_key(f) else None
+
+
+def reads_one_key(f: Any) -> bool:
+    """What a chain asks of ``f`` itself: a Functional without taps or keywords, one input and one output."""
+    return isinstance(f, Functional) and not f.taps and not f.keywords and len(f.in_keys) == 1 and len(f.out_keys) == 1
+
+
+def model_chain(model: nn.Module, whole: Callable[[str, nn.Module], bool] = lambda _n, _m: False,
+                ) -> list[Link] | None:
+    """`chain_of` for the model alone (a plan of the model may keep it: NOTE [plans per model])."""
+    if not (_is_sequential(model) and _hook_free(model)):
         return None
     links: list[Link] = []
-    _links(f.model, "", whole, links)
+    _links(model, "", whole, links)
     return links
 
 

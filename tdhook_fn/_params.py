@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torch import nn
 
@@ -61,7 +62,7 @@ def _collect(td: TensorDictBase, prefix: Key, out: dict[Key, Any]) -> None:
             out[(*prefix, *key) if isinstance(key, tuple) else (*prefix, key)] = value
         return
     for key, value in own.items():
-        if isinstance(value, TensorDictBase) and not is_non_tensor(value):
-            _collect(value, (*prefix, key), out)
+        if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
+            _collect(value, (*prefix, key), out)  # (a tensor is never a TensorDict: the cheap test first)
         else:
             out[(*prefix, key)] = value

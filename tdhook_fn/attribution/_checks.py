@@ -19,6 +19,8 @@ __all__ = ["check_batch_first", "check_call", "check_layers"]
 
 def check_layers(method: str, layers: Any, name: str = "layers") -> None:
     """``layers`` must be a sequence of path strings (a lone string would be read per character)."""
+    if type(layers) is tuple and not layers:
+        return  # (the default, asked at every call)
     if isinstance(layers, str) or not isinstance(layers, (Sequence, Mapping)):
         raise TypeError(f"{method}: {name} must be a list of submodule paths, got {layers!r}; write {name}=[{layers!r}]"
                         if isinstance(layers, str) else f"{method}: {name} must be a list of submodule paths, got "
@@ -29,8 +31,11 @@ def check_layers(method: str, layers: Any, name: str = "layers") -> None:
 
 
 def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequence[NestedKey] = (),
-               target: Any = None) -> None:
+               target: Any = None, *, modes: bool = True) -> None:
     """The arguments every method shares, checked before anything runs.
+
+    ``modes=False`` leaves out the model's modes (`check_attribution_modes`), for a caller
+    whose plan of the model checked them (NOTE [plans per model]).
 
     Raises:
         TypeError: ``f`` is a module or not callable, ``params`` or ``inputs`` is not a
@@ -60,7 +65,7 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
                 "use_inputs=False; integrated gradients: interpolate='layers')"
             )
     model = getattr(f, "model", None)
-    if isinstance(model, nn.Module):
+    if modes and isinstance(model, nn.Module):
         check_attribution_modes(model, method)
     check_batch_first(method, f, params, inputs, target)
 

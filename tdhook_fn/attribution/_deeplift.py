@@ -20,7 +20,7 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call, check_layers
-from ._deeplift_chain import chain_deeplift
+from ._deeplift_chain import chain_deeplift, deeplift_plan
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors
@@ -108,17 +108,19 @@ def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.
 
 def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
                  target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
-                 ) -> tuple[TensorDict, TensorDictBase, TensorDictBase | None]:
+                 multiply: bool = False) -> tuple[TensorDict, TensorDictBase | None, TensorDictBase | None]:
     """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the references, the stacked inputs (``None``: walked).
 
     ``keys`` are replaced by the baselines; they are attributed unless ``layers`` are.
+    ``multiply``: the walk may hand back the multipliers times ``inputs - references``
+    already, in one step; then the references are ``None``.
     """
     fn = _check(method, f, eps)
     batch = inputs.batch_size
     n = batch.numel()
     lead = 1 if per_target else 0
     if not layers and len(keys) == 1 and untransformed() and set(inputs.keys(True, True)) == set(keys):
-        walked = _walked(method, fn, params, inputs, baselines, target, eps, per_target, keys[0])
+        walked = _walked(method, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
         if walked is not None:
             return walked
     carried = needs_reference_gradients(fn.model)
@@ -133,28 +135,41 @@ def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDict
 
 
 def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
-            target: Target, eps: float, per_target: bool, key: NestedKey,
-            ) -> tuple[TensorDict, TensorDictBase, None] | None:
-    """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain."""
-    check_call(method, f, params, inputs, (key,), target)
+            target: Target, eps: float, per_target: bool, key: NestedKey, multiply: bool,
+            ) -> tuple[TensorDict, TensorDictBase | None, None] | None:
+    """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain.
+
+    With ``multiply``, the multipliers times ``inputs - references``, and no references.
+    """
+    plan = deeplift_plan(f)
+    check_call(method, f, params, inputs, (key,), target, modes=plan is None)
+    if plan is not None:
+        plan.check_modes(f.model, method)
+    if plan is None or plan.links is None:
+        return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
+    starts: TensorDictBase | None = None
     if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
-        # one number for every sample: no tensor of the input's size is made for it
-        b = x.new_full((), float(baselines)).expand(x.shape)
-        starts: TensorDictBase = TensorDict({key: b}, batch_size=batch)
+        # one number for every sample: no tensor of the input's size is made for it, one reference row
+        b = x.new_full((), float(baselines))
+        reference = b.expand((1, *x.shape[lead:]))
     else:
         starts = path_starts(inputs, baselines, (key,), method)
         b = starts.get(key)
-    reference = b.reshape(-1, *b.shape[lead:])
-    if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)
-        reference = reference[:1]
-    walked = chain_deeplift(f, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target, eps,
-                            per_target)
+        reference = b.reshape(-1, *b.shape[lead:])
+        if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)
+            reference = reference[:1]
+    walked = chain_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target,
+                            eps, per_target)
     if walked is None:
         return None
     first = 1 if per_target else 0
     if lead != 1:
         walked = unflatten(walked, first, batch)
+    if multiply:
+        walked, starts = walked * (x - b), None
+    elif starts is None:
+        starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
     return TensorDict({key: walked}, batch_size=[*walked.shape[:first], *batch]), starts, None
 
 
@@ -227,8 +242,9 @@ def deeplift(
         True
     """
     keys = attributed_keys("deeplift", f, inputs, input_keys)
-    grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, ())
-    if not multiply_by_inputs:
+    grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, (),
+                                    multiply_by_inputs)
+    if not multiply_by_inputs or starts is None:  # (None: the walk multiplied)
         return grads
     out = TensorDict({}, batch_size=grads.batch_size)
     for key in keys:

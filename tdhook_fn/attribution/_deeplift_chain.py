@@ -15,20 +15,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
-from .._chain import Link, chain_of
-from .._params import leaves
+from .._chain import model_chain, reads_one_key
+from .._model_plans import plan_for
+from .._modes import check_attribution_modes
+from .._params import Key, leaves
 from .._targets import Target
-from ._lrp_affine import affine_of
+from ._lrp_affine import Affine, affine_of
+from ._max_pool import max_pool_with_indices
 
-__all__ = ["chain_deeplift"]
+__all__ = ["DeepLiftPlan", "chain_deeplift", "deeplift_plan"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # the multiplier's gradient at a module's output -> at its input
 
@@ -55,15 +59,20 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     function, derivative = _ACTIVATIONS[type(module)]
     out = function(module, both)
-    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    rows = (n, both.shape[0] - n)
+    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
-    multiplier = torch.where(dx.abs() < eps, derivative(module, h, y), _ratio(y - y_ref, dx))
+    flat, ratio = dx.abs() < eps, _ratio(y - y_ref, dx)
+    # where no |dx| is below eps (the usual case) the multiplier is the ratio itself: the derivative and the select
+    # are skipped (one reduction asked instead of two full ops; the walk runs eagerly, so the data may decide)
+    multiplier = torch.where(flat, derivative(module, h, y), ratio) if bool(flat.any()) else ratio
     return out, lambda g: g * multiplier
 
 
 def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     out = module(both)
-    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    rows = (n, both.shape[0] - n)
+    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
     flat = dx.abs() < eps
     ratio = _ratio(y - y_ref, dx)
@@ -78,10 +87,9 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple
 
 def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     dims, pool = _POOLS[type(module)]
-    s = module.__dict__
-    out, indices = pool(both, s["kernel_size"], s["stride"], s["padding"], s["dilation"], ceil_mode=s["ceil_mode"],
-                        return_indices=True)
-    h, r, y, y_ref = both[:n], both[n:], out[:n], out[n:]
+    out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
+    rows = (n, both.shape[0] - n)
+    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     at_x, at_ref = indices[:n], indices[n:].expand_as(y)
     dx = h - r
     flat = dx.abs() < eps
@@ -100,52 +108,105 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tupl
     return out, back
 
 
-def _step(module: nn.Module, own: dict[str, torch.Tensor], both: torch.Tensor, n: int,
+@dataclass(frozen=True)
+class _Link:
+    """One link of the chain as the walk runs it: ``kind`` ``"affine"``, ``"activation"``, ``"pool"``,
+    ``"softmax"`` or ``"reshape"``; ``slots``: ``(slot, key)`` of its tensors in the params."""
+
+    kind: str
+    module: nn.Module
+    affine: Affine | None = None
+    slots: tuple[tuple[str, Key], ...] = ()
+
+
+def _link(name: str, module: nn.Module) -> _Link | None:
+    """How the walk runs ``module`` (``None``: not a module it knows), as far as the model alone says."""
+    cls, state = type(module), module.__dict__
+    if "forward" in state or state.get("inplace", False) or state["_buffers"]:
+        return None
+    affine = affine_of(cls, state, state["_parameters"])
+    if affine is not None:
+        slots = tuple((slot, (*name.split("."), slot)) for slot, t in state["_parameters"].items() if t is not None)
+        return _Link("affine", module, affine, slots)
+    if state["_parameters"]:
+        return None
+    if cls in _ACTIVATIONS:
+        return _Link("activation", module)
+    if cls in _POOLS and state.get("return_indices") is False:
+        return _Link("pool", module)
+    if cls is nn.Softmax:
+        return _Link("softmax", module)
+    if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
+        return _Link("reshape", module)
+    return None
+
+
+@dataclass
+class DeepLiftPlan:
+    """The walk's links (``None``: not a chain the walk knows), planned once per model (NOTE [plans per model])."""
+
+    links: list[_Link] | None
+    modes_checked: bool = False
+
+    def check_modes(self, model: nn.Module, method: str) -> None:
+        if not self.modes_checked:
+            check_attribution_modes(model, method)
+            self.modes_checked = True
+
+
+def _plan(model: nn.Module) -> DeepLiftPlan:
+    chain = model_chain(model)
+    links = None if chain is None else [_link(name, module) for name, module in chain]
+    return DeepLiftPlan(None if links is None or None in links else cast(list[_Link], links))
+
+
+def deeplift_plan(f: Any) -> DeepLiftPlan | None:
+    """The plan of ``f``'s model (``None`` where ``f`` is not a Functional reading one key into one output)."""
+    if not reads_one_key(f):
+        return None
+    return plan_for(f.model, "deeplift", lambda: _plan(f.model))
+
+
+def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int,
           eps: float) -> tuple[torch.Tensor, Back] | None:
     """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward.
 
     ``None``: not a module the walk knows.
     """
-    cls, state = type(module), module.__dict__
-    if "forward" in state or state.get("inplace", False):
-        return None
-    affine = affine_of(cls, state, state["_parameters"])
-    if affine is not None:
-        weight, bias = own["weight"], own.get("bias")
-        adjoint, shape = affine.adjoint(weight, fast=True), torch.Size((n, *both.shape[1:]))
-        return affine.run(both, weight, bias), lambda g: adjoint(g, shape)
-    if state["_parameters"]:
-        return None
-    if cls in _ACTIVATIONS:
+    kind, module = link.kind, link.module
+    if kind == "affine":
+        assert link.affine is not None
+        weight, bias = own[0], (own[1] if len(own) > 1 else None)
+        adjoint, shape = link.affine.adjoint(weight, fast=True), torch.Size((n, *both.shape[1:]))
+        return link.affine.run(both, weight, bias), lambda g: adjoint(g, shape)
+    if kind == "activation":
         return _elementwise(module, both, n, eps)
-    if cls in _POOLS and state.get("return_indices") is False:
+    if kind == "pool":
         return _max_pool(module, both, n, eps)
-    if cls is nn.Softmax and state.get("dim") in (-1, both.dim() - 1):
-        return _softmax(module, both, n, eps)
-    if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
-        in_shape = torch.Size((n, *both.shape[1:]))
-        return module(both), lambda g: g.reshape(in_shape)
-    return None
+    if kind == "softmax":
+        return _softmax(module, both, n, eps) if module.__dict__.get("dim") in (-1, both.dim() - 1) else None
+    in_shape = torch.Size((n, *both.shape[1:]))
+    return module(both), lambda g: g.reshape(in_shape)
 
 
-def _own_tensors(params: TensorDictBase, links: Sequence[Link]) -> list[dict[str, torch.Tensor]] | None:
-    """Each link's parameters from ``params``; ``None`` where they hold anything else (the general path says what)."""
-    values = leaves(params)
-    own: list[dict[str, torch.Tensor]] = []
+def _own_tensors(values: Mapping[Key, Any], links: Sequence[_Link]) -> list[tuple[torch.Tensor, ...]] | None:
+    """Each link's parameters from the params' ``values``; ``None`` where they hold anything else (the general path
+    says what)."""
+    own: list[tuple[torch.Tensor, ...]] = []
     used = 0
-    for name, module in links:
-        state = module.__dict__
-        if state["_buffers"]:
-            return None
-        tensors = {}
-        for slot, tensor in state["_parameters"].items():
-            if tensor is None:
-                continue
-            value = values.get((*name.split("."), slot))
-            if not (isinstance(value, torch.Tensor) and value.shape == tensor.shape) or value.requires_grad:
+    for link in links:
+        if not link.slots:
+            own.append(())
+            continue
+        slots = link.module.__dict__["_parameters"]
+        tensors = []
+        for slot, key in link.slots:
+            value, tensor = values.get(key), slots[slot]
+            if not (isinstance(value, torch.Tensor) and tensor is not None and value.shape == tensor.shape) \
+                    or value.requires_grad:
                 return None  # (the general path names a mismatch, and refuses params that require grad)
-            tensors[slot] = value
-        own.append(tensors)
+            tensors.append(value)
+        own.append(tuple(tensors))
         used += len(tensors)
     return own if used == len(values) else None
 
@@ -164,26 +225,26 @@ def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor]
     return indices
 
 
-def chain_deeplift(f: Any, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor, target: Target,
-                   eps: float, per_target: bool) -> torch.Tensor | None:
+def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
+                   target: Target, eps: float, per_target: bool) -> torch.Tensor | None:
     """DeepLift's multipliers of ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by NOTE [deeplift on a chain].
 
     ``reference`` has ``n`` rows or one. ``None`` where the walk does not apply.
     """
-    links = chain_of(f)
+    links = plan.links
     n = x.shape[0]
     seeds = _seeds(target, n, per_target)
     if links is None or not x.is_floating_point() or seeds is None:
         return None
-    own = _own_tensors(params, links)
+    own = _own_tensors(leaves(params), links)
     if own is None:
         return None
     backs: list[Back] = []
     with torch.no_grad():
         # one op per module for both (the references' rows after the inputs'): half the calls of two runs
         both = torch.cat([x, reference])
-        for (_, module), tensors in zip(links, own, strict=True):
-            step = _step(module, tensors, both, n, eps)
+        for link, tensors in zip(links, own, strict=True):
+            step = _step(link, tensors, both, n, eps)
             if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
                 return None  # (a module that moves the batch from the first dim: the general path refuses it)
             both, back = step

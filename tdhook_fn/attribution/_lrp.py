@@ -49,6 +49,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .._functional import Functional, NestedKey
+from .._params import leaves
 from .._taps import Captured, Tap
 from .._targets import Target
 from .._vjp import untransformed
@@ -66,6 +67,7 @@ from ._lrp_checks import (
     refuse_level_zero_graph,
 )
 from ._lrp_composites import Rules, resolve_rules
+from ._lrp_plan import lrp_plan
 from ._lrp_rules import Pass, Rule
 
 __all__ = ["lrp", "rule_taps"]
@@ -328,14 +330,16 @@ def lrp(
     """
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
-    inputs = as_values(params, inputs)
+    values = leaves(params) if isinstance(params, TensorDictBase) else None  # (read once: checks and the walk)
+    inputs = as_values(params, inputs, values)
     keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
-    ruled = resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
+    plan = lrp_plan(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
+    ruled = plan.ruled
     walked: tuple[TensorDict, Callable[[], TensorDictBase]] | None = None
     if len(keys) == 1 and not (per_target or taps or layers or target_layers or layer_calls) and untransformed():
-        walked = chain_lrp(f, params, inputs, keys[0], target, ruled, cotangents)
+        walked = chain_lrp(f, params, inputs, keys[0], target, plan, cotangents, values)
     if walked is None:
         result = gradients(
             f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
@@ -343,9 +347,9 @@ def lrp(
             method="lrp",
         )
         maps, targets = result.grads, _given(result.targets)
+        refuse_level_zero_graph(maps)
     else:
-        maps, targets = walked
-    refuse_level_zero_graph(maps)
+        maps, targets = walked  # (the walk's maps never require grad: it runs without a graph, NOTE [lrp on a chain])
     if check_conservation:
         raise_unless_conserved(maps.select(*keys), targets(), per_target, cotangents, inputs.batch_size)
     return maps

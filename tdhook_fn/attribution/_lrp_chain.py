@@ -21,8 +21,9 @@
 #
 # These are the taps' numbers (NOTE [lrp as modified vjps]) without what carries them
 # through one autograd graph: no zero-valued carriers, no Function per rule, no taps.
-# Measured on the benchmarks at batch 64 (EpsilonPlus, warm, one target): 1.05x-1.2x a plain
-# gradient on the MLP and on the CNN, where the taps take 2.5x and 2.4x. With
+# Measured on the benchmarks at batch 64 (EpsilonPlus, warm, one target, CPU time, input-only
+# gradient as the unit): 1.24x-1.32x on the MLP and 1.25x-1.31x on the CNN (2026-12-02,
+# planned, NOTE [a planned walk]), where the taps take 2.5x and 2.4x. With
 # ``per_target`` the taps are faster (one pullback per target, where the walk would take
 # one per module). An int target puts in its one-hot directly, without a graph.
 # Every other module runs on a fresh leaf that requires grad, as on the taps' graph, so an
@@ -50,9 +51,9 @@ import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._chain import Link, chain_of, run_chain
+from .._chain import Link, reads_one_key, run_chain
 from .._functional import Functional, NestedKey
-from .._params import leaves
+from .._params import Key, leaves
 from .._targets import Target
 from .._vjp import reaches_other_leaves
 from ._checks import check_call
@@ -60,10 +61,13 @@ from ._engine import Cotangents, offered_targets, seed_cotangents, unflatten
 from ._lrp_affine import Affine, affine_of
 from ._lrp_call import ModuleCall, Template
 from ._lrp_checks import check_module_call, check_pass
-from ._lrp_composites import ACTIVATIONS, Resolved
+from ._lrp_composites import ACTIVATIONS
 from ._lrp_fused import fused
+from ._lrp_plan import LrpPlan
 from ._lrp_records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
-from ._lrp_rules import Pass, Rule
+from ._lrp_rules import AlphaBeta, Pass, Rule
+from ._lrp_walk import ACTIVATION_OPS, Back, Planned, own_values, plan_affine, run_planned
+from ._max_pool import max_pool_with_indices
 
 __all__ = ["chain_lrp"]
 
@@ -140,10 +144,9 @@ class _Steps:
             tensors = state["_parameters"] if own is None else own
             return self._affine_step(path, rule, module, kind.affine, h.detach(), tensors)
         if kind.pool is not None:  # (the kernel autograd runs: ties go to the same input)
-            out, indices = kind.pool[1](h, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
-                                        ceil_mode=state["ceil_mode"], return_indices=True)
+            out, indices = max_pool_with_indices(kind.pool[1], h, state)  # NOTE [max pooling in channels-last]
             self.records.append(Pooled(h.shape, indices, kind.pool[0]))
-            return cast(torch.Tensor, out)
+            return out
         if kind is _PASS or kind is _RESHAPE:
             # torch's own class, no instance forward, and the chain is hook-free: its forward is the call
             out = type(module).forward(module, h)
@@ -230,9 +233,9 @@ def _defined_together(cls: Any) -> bool:
     return owners[0] is owners[1]
 
 
-def _own_tensors(model: nn.Module, params: TensorDictBase, links: list[Link],
-                 kinds: list[_Kind]) -> list[dict[str, torch.Tensor]] | None:
-    """Each link's parameters from ``params``, where the walk needs no shadow (NOTE [walks without a shadow])."""
+def _planned(model: nn.Module, links: list[Link], kinds: list[_Kind],
+             by_module: dict[int, tuple[str, Rule]]) -> list[Planned] | None:
+    """Each link as the walk from the params runs it, where it needs no shadow (NOTE [walks without a shadow])."""
     # NOTE [walks without a shadow]
     # The call's shadow (NOTE [shadow modules]) puts the params in private copies of the
     # modules, so that a module's forward computes with them and never with the model's.
@@ -246,23 +249,33 @@ def _own_tensors(model: nn.Module, params: TensorDictBase, links: list[Link],
     # key or shape that differs: the shadow names what is wrong) takes the shadow.
     if any(m.__dict__["_parameters"] or m.__dict__["_buffers"] for m in _containers(model)):
         return None
-    values = leaves(params)
-    own: list[dict[str, torch.Tensor]] = []
-    for (name, module), kind in zip(links, kinds, strict=True):
+    planned = []
+    for link, kind in zip(links, kinds, strict=True):
+        name, module = link
         state = module.__dict__
         if kind is _GRAPH or state["_buffers"] or (kind.affine is None and state["_parameters"]):
             return None
-        tensors: dict[str, torch.Tensor] = {}
-        for slot, tensor in state["_parameters"].items():
-            value = values.get((*name.split("."), slot)) if tensor is not None else None
-            if tensor is not None and (not isinstance(value, torch.Tensor) or value.shape != tensor.shape):
-                return None
-            if value is not None:
-                tensors[slot] = value
-        own.append(tensors)
-    if len(values) != sum(len(t) for t in own):  # (keys the layers do not hold, or a layer twice)
-        return None
-    return own
+        slots = tuple((slot, (*name.split("."), slot)) for slot, t in state["_parameters"].items() if t is not None)
+        path, rule = by_module.get(id(module), ("", None))
+        if kind.affine is not None:
+            planned.append(_plan_affine(link, path, rule, kind.affine, slots))
+        elif kind is _PASS:
+            op = ACTIVATION_OPS.get(type(module)) or functools.partial(type(module).forward, module)
+            planned.append(Planned("pass", link, path, rule, op=op))
+        else:
+            planned.append(Planned(kind.name, link, path, rule, pool=kind.pool))
+    return planned
+
+
+def _plan_affine(link: Link, path: str, rule: Rule | None, affine: Affine,
+                 slots: tuple[tuple[str, Key], ...]) -> Planned:
+    """As `_Steps._affine_step` runs it: fused alpha-beta, a gradient-form rule (or none), or the rule's own."""
+    output_factor = getattr(rule, "output_factor", None)
+    if not (type(rule) is AlphaBeta or rule is None or callable(output_factor)):
+        return Planned("general", link, path, rule, slots)
+    divisor = _divisor(rule)  # one division in the walk, not 1 / d and a product
+    share = None if output_factor is None else divisor if callable(divisor) else output_factor
+    return plan_affine(link, path, rule, affine, slots, share, callable(divisor))
 
 
 def _containers(model: nn.Module) -> list[nn.Module]:
@@ -273,19 +286,40 @@ def _containers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, links: list[Link],
-             kinds: list[_Kind], steps: _Steps) -> torch.Tensor:
-    """The chain's output, each module run by ``steps``: from the params directly where it can, else on a shadow.
+@dataclass(frozen=True)
+class _Walk:
+    """The walk's plan of a chain: each link's kind, whether it draws at random, and the walk from the params."""
 
-    ``kinds`` are the links' modules' kinds; a shadow's modules are of the same kinds.
-    """
-    own = _own_tensors(f.model, params, links, kinds)
-    if own is None:
-        h = run_chain(f, params, flat, links, steps).get(f.out_keys[0])
+    links: list[Link]
+    kinds: list[_Kind]
+    random: bool  # a walk given up gives the taps the random state it found (dropout); known modules draw none
+    planned: list[Planned] | None  # None: on a shadow
+
+
+def _walk_of(model: nn.Module, links: list[Link], by_module: dict[int, tuple[str, Rule]]) -> _Walk:
+    kinds = [_kind(module, by_module.get(id(module), ("", None))[1]) for _, module in links]
+    random = any(kind is _GRAPH or isinstance(link[1], nn.RReLU) for link, kind in zip(links, kinds, strict=True))
+    return _Walk(links, kinds, random, _planned(model, links, kinds, by_module))
+
+
+def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, walk: _Walk,
+             by_module: dict[int, tuple[str, Rule]], backs: list[Back],
+             values: Mapping[Key, Any] | None) -> torch.Tensor:
+    """The chain's output, each link's pullback put in ``backs``: from the params directly where it can, else on a
+    shadow."""
+    steps = _Steps(by_module)
+    own = None if walk.planned is None else own_values(leaves(params) if values is None else values, walk.planned)
+    if own is None or walk.planned is None:
+        h = run_chain(f, params, flat, walk.links, steps).get(f.out_keys[0])
+        backs.extend(record.back for record in steps.records)
     else:
-        h = flat.get(key)
-        for link, tensors, kind in zip(links, own, kinds, strict=True):
-            h = steps(link, link[1], h, tensors, kind)
+
+        def general(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Back]:
+            own = dict(zip((slot for slot, _ in step.slots), tensors, strict=True))
+            out = steps(step.link, step.link[1], x, own)
+            return out, steps.records.pop().back
+
+        h = run_planned(walk.planned, flat.get(key), own, backs, general)
     if not (isinstance(h, torch.Tensor) and h.shape[:1] == flat.batch_size):
         raise NotAChain  # (an output without the batch: the general path says what is wrong)
     return h
@@ -305,11 +339,6 @@ class _RandomState:
             torch.cuda.set_rng_state(self.cuda, self.device)
 
 
-def _rule_below(links: list[Link], ruled: dict[int, tuple[str, Rule]]) -> bool:
-    """Whether a rule sits inside a link (a non-Sequential block), where the walk would not see it."""
-    return any(id(m) in ruled for _, link in links if link._modules for m in link.modules() if m is not link)
-
-
 def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey, batch: torch.Size,
             target: Target, cotangents: Cotangents | None) -> tuple[torch.Tensor, Callable[[], TensorDictBase]]:
     """The relevance put in at the chain's output ``y``, and the target values (made when asked).
@@ -318,12 +347,12 @@ def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey
     with no graph (saves the target's TensorDicts and a backward, ~0.2 ms a call). Others
     as the engine offers them, and a pullback to the output.
     """
-    y = y.detach()
     if (isinstance(target, int) and not isinstance(target, bool) and cotangents is None and y.dim() == 2
             and -y.shape[1] <= target < y.shape[1]):  # (else the engine's selection says what is wrong)
         seed = torch.zeros_like(y)
-        seed[:, target] = 1.0
-        return seed, lambda: TensorDict({f.out_keys[0]: y[:, target].reshape(batch)}, batch_size=batch)
+        seed.select(1, target).fill_(1.0)
+        return seed, lambda: TensorDict({f.out_keys[0]: y.detach()[:, target].reshape(batch)}, batch_size=batch)
+    y = y.detach()  # (a new alias: the chain's output may be the caller's tensor, an identity's)
     with torch.enable_grad():
         y.requires_grad_()
         out = TensorDict({f.out_keys[0]: y}, batch_size=flat.batch_size)
@@ -339,33 +368,40 @@ def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey
 
 
 def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey, target: Target,
-              ruled: Resolved, cotangents: Cotangents | None,
+              plan: LrpPlan, cotangents: Cotangents | None, values: Mapping[Key, Any] | None = None,
               ) -> tuple[TensorDict, Callable[[], TensorDictBase]] | None:
     """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain], and the target values (made when asked).
 
     ``None`` where the walk does not apply. Rules are looked up by module
-    (``ruled.by_module``): a module the chain runs twice has its rule both times.
+    (``plan.ruled.by_module``): a module the chain runs twice has its rule both times.
+    ``values``: the params' leaves, where the caller has them.
     """
-    by_module = ruled.by_module
-    links = chain_of(f, lambda _name, module: id(module) in by_module)
-    if links is None or key != f.in_keys[0] or id(f.model) in by_module or _rule_below(links, by_module):
+    links = plan.links
+    if links is None or not reads_one_key(f) or key != f.in_keys[0]:
         return None  # (a rule on the root: the taps run the whole model as one ruled module)
-    check_call("lrp", f, params, inputs, (key,), target)
-    batch, flat = inputs.batch_size, inputs.reshape(-1)
-    steps = _Steps(by_module)
-    kinds = [_kind(link[1], steps.rule_of(link)[1]) for link in links]
-    # a walk given up gives the taps the random state it found (dropout); known modules draw none but RReLU
-    random = any(kind is _GRAPH or isinstance(link[1], nn.RReLU) for link, kind in zip(links, kinds, strict=True))
-    rng = _RandomState(flat.get(key).device) if random else None
+    check_call("lrp", f, params, inputs, (key,), target, modes=False)
+    plan.check_modes(f.model, "lrp")
+    by_module = plan.ruled.by_module
+    walk = plan.walk
+    if walk is None:
+        walk = plan.walk = _walk_of(f.model, links, by_module)
+    batch = inputs.batch_size
+    flat = inputs if len(batch) == 1 else inputs.reshape(-1)
+    rng = _RandomState(flat.get(key).device) if walk.random else None
+    backs: list[Back] = []
     try:
-        with torch.no_grad():  # (the steps that need a graph turn it on for their module)
-            y = _forward(f, params, flat, key, links, kinds, steps)
-        relevance, values = _put_in(f, y, flat, key, batch, target, cotangents)
-        with torch.no_grad():  # rules run as in a backward
-            for record in reversed(steps.records):
-                relevance = record.back(relevance)
+        # (the steps that need a graph turn it on for their module, and so does a target that needs one;
+        # the rules run as in a backward)
+        with torch.no_grad():
+            y = _forward(f, params, flat, key, walk, by_module, backs, values)
+            relevance, targets = _put_in(f, y, flat, key, batch, target, cotangents)
+            for back in reversed(backs):
+                relevance = back(relevance)
+        if relevance.requires_grad:  # (never: the walk runs without a graph; the general path says what is wrong)
+            raise NotAChain
     except NotAChain:
         if rng is not None:
             rng.restore()
         return None
-    return TensorDict({key: unflatten(relevance, 0, batch)}, batch_size=batch), values
+    maps = relevance if len(batch) == 1 else unflatten(relevance, 0, batch)
+    return TensorDict({key: maps}, batch_size=batch), targets

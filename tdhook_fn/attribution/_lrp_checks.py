@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._params import leaves
 from .._vjp import any_requires_grad
 from ._engine import Cotangents
 
@@ -59,23 +60,35 @@ def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
                 "would be wrong. vmap is fine; differentiate a gradient method instead")
 
 
-def as_values(params: Any, inputs: TensorDictBase) -> TensorDictBase:
+def as_values(params: Any, inputs: TensorDictBase, values: Mapping[Any, Any] | None = None) -> TensorDictBase:
     """``inputs``, detached if they require grad; a refusal where the maps could be differentiated.
 
     Raises under a functorch ``grad``/``vjp``/``jvp`` of lrp (`_refuse_outer_differentiation`)
     and, under regular autograd, for params that require grad: the maps would carry a
     gradient in them, and a wrong one. Inputs that require grad are read as values.
+    ``values``: the params' leaves, where the caller has them.
     """
     _refuse_outer_differentiation(params, inputs)
     if not torch.is_grad_enabled():
         return inputs
-    if any_requires_grad([params]):
+    if _requires_grad(params, values):
         raise NotImplementedError(
             "lrp: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
             "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
             "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
             "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
-    return inputs.detach() if any_requires_grad([inputs]) else inputs
+    return inputs.detach() if _requires_grad(inputs, leaves(inputs)) else inputs
+
+
+def _requires_grad(params: Any, values: Mapping[Any, Any] | None) -> bool:
+    """`any_requires_grad` of ``params``; from their ``values`` where none is a functorch wrapper (one pass)."""
+    if values is None:
+        return any_requires_grad([params])
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+    if any(map(wrapped, tensors)):
+        return any_requires_grad([params])
+    return any(t.requires_grad for t in tensors)
 
 
 def refuse_level_zero_graph(maps: TensorDictBase) -> None:

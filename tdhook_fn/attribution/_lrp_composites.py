@@ -14,7 +14,7 @@ from torch import nn
 from .._paths import PathError, resolve_path
 from ._lrp_rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
 
-__all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "path_of", "resolve_rules"]
+__all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "path_of", "resolve_rules", "warn_missing"]
 
 RuleMapper = Callable[[str, nn.Module], Rule | None]
 Rules = Mapping[str | type[nn.Module], Rule] | RuleMapper
@@ -124,6 +124,14 @@ class Resolved(dict[str, Rule]):
     def __init__(self) -> None:
         super().__init__()
         self.by_module: dict[int, tuple[str, Rule]] = {}
+        self.missing: list[tuple[str, str]] = []  # (name, class name) of each leaf module without a rule
+
+
+def warn_missing(resolved: Resolved, method: str, stacklevel: int) -> None:
+    """Warn for each leaf module without a rule (its plain gradient is used)."""
+    for name, cls in resolved.missing:
+        warnings.warn(f"{method}: no rule for module {name!r} ({cls}); relevance goes through it by its plain "
+                      "gradient", stacklevel=stacklevel + 1)
 
 
 def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool = True,
@@ -144,24 +152,27 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
                         f"{type(rules).__name__}")
     found: dict[str, Rule] = {}
     modules: dict[str, nn.Module] = {}
+    missing: list[tuple[str, str]] = []
     for name, module in model.named_modules():
         rule = mapper(name, module)
         if rule is None:
-            if warn_on_missing_rule and not any(True for _ in module.children()):
-                warnings.warn(f"{method}: no rule for module {name!r} ({type(module).__name__}); relevance goes "
-                              "through it by its plain gradient", stacklevel=3)
+            if not any(True for _ in module.children()):
+                missing.append((name, type(module).__name__))
             continue
         if not callable(getattr(rule, "relevance", None)):
             raise TypeError(f"{method}: the rule for {name!r} is a {type(rule).__name__}, which has no relevance "
                             "method (see tdhook_fn.attribution.Epsilon)")
         if not isinstance(rule, Ignore):
             found[name], modules[name] = rule, module
+    resolved = Resolved()
+    resolved.missing = missing
+    if warn_on_missing_rule:
+        warn_missing(resolved, method, stacklevel=3)
     nested = [(outer, inner) for inner in found if inner for outer in _ancestors(inner) if outer in found]
     if nested:
         outer, inner = nested[0]
         raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
                          "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
-    resolved = Resolved()
     for name, rule in found.items():
         path = path_of(name)
         resolved[path] = rule

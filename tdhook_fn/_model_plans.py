@@ -1,0 +1,152 @@
+"""What a method works out about a model once, served again while the model is unchanged."""
+
+# NOTE [plans per model]
+# A walk over a chain (NOTE [chains]) asks the same questions of the model at every
+# call: is it a hook-free chain, which rule sits where, how each module runs, are its
+# modes fit for an attribution. The answers (a *plan*) depend on the model's structure
+# and attributes only, not on the params or the inputs, and asking them again cost about
+# a third of a call on small models. So a plan is kept per model (held weakly: a plan
+# never keeps its model alive) and per key (the method, and its rules where they are a
+# value), together with a `Snapshot` of everything it may depend on; each call checks
+# the snapshot first (C-level comparisons over the whole model) and builds a new plan
+# where anything changed:
+#
+# - per module: its class; its attribute names, in order; each attribute's value by
+#   identity (the values are held, so no identity is reused); the contents of its
+#   parameter and buffer slots (names, and whether each holds a tensor, a Parameter or
+#   None: the params given to a call are checked against the slots' shapes at each call)
+#   and of its children (by identity); hooks, a module's or torch's global ones, make
+#   no snapshot at all (a hooked model takes the general path anyway), and a hook
+#   registered later fails the check;
+# - a model holding anything but numbers, strings, ``None``, tuples of them, dtypes and
+#   devices as attributes (a tensor, a list, a function, an object), besides the
+#   module's own slot and hook containers, gets no snapshot either: its plan is built at
+#   every call, as if there were no cache. So the values held cannot refer to the model,
+#   and no mutable one is trusted by identity alone. The containers are held (a module
+#   taken out of the model keeps its parameters alive until the next call rebuilds the
+#   plan, or the model goes).
+#
+# A ``.data`` assignment changes a parameter's shape without touching its module, which
+# is why shapes are checked per call, never planned. The cache is bounded per model.
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from itertools import chain
+from operator import is_, methodcaller
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_globals
+
+from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS
+
+__all__ = ["Snapshot", "plan_for"]
+
+_T = TypeVar("_T")
+_SLOTS = ("_parameters", "_buffers", "_modules")
+# the hooks a call runs; the others (``..._with_kwargs``, ``..._always_called``) only mark entries of these
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+# a module's own containers: held by identity, and what a plan reads of them checked by content (the slots, the
+# hooks), or not at all (what no forward reads: state-dict hooks, the names of non-persistent buffers)
+_CONTAINERS = frozenset({*_SLOTS, *HOOK_DICTS, "_non_persistent_buffers_set", "_state_dict_hooks",
+                         "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+_SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device)
+_PLANS_PER_MODEL = 16
+_plans: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Snapshot | None, Any]]] = (
+    weakref.WeakKeyDictionary())
+_lock = threading.Lock()
+_deref = methodcaller("__call__")
+
+
+def _held(value: Any) -> bool:
+    """Whether ``value`` may be held and compared by identity: it cannot refer to the model, nor change."""
+    return isinstance(value, _SCALARS) or (type(value) in (tuple, torch.Size) and all(_held(v) for v in value))
+
+
+def _global_hooks() -> bool:
+    return any(map(bool, map(vars(module_globals).get, GLOBAL_HOOK_DICTS)))
+
+
+def _flat(dicts: Iterable[dict[Any, Any]]) -> Iterator[Any]:
+    return chain.from_iterable(map(dict.values, dicts))
+
+
+class Snapshot:
+    """What a plan of a model may depend on (NOTE [plans per model]); `holds` says whether it still does.
+
+    Every module's attributes are held and compared by identity, the model's at once (C-level
+    maps, not a Python loop per module: the check runs at every call); of the module's own
+    containers, what a plan reads is compared by content.
+    """
+
+    __slots__ = ("buffers", "children", "contents", "hooks", "keys", "params", "refs", "types", "values")
+
+    def __init__(self, modules: list[nn.Module]):
+        states = [vars(m) for m in modules]
+        self.refs = [weakref.ref(m) for m in modules]
+        self.types = tuple(map(type, modules))
+        self.keys = list(map(tuple, states))
+        self.values = tuple(_flat(states))
+        self.params = tuple(state["_parameters"] for state in states)
+        self.buffers = tuple(state["_buffers"] for state in states)
+        self.children = tuple(state["_modules"] for state in states)
+        self.hooks = tuple(state[name] for state in states for name in _HOOKS)
+        self.contents = self._contents()
+
+    def _contents(self) -> tuple[Any, ...]:
+        """Parameter and buffer names and kinds (a tensor, a Parameter, None), and the children, of every module."""
+        return (tuple(chain.from_iterable(self.params)), tuple(map(type, _flat(self.params))),
+                tuple(chain.from_iterable(self.buffers)), tuple(map(type, _flat(self.buffers))),
+                tuple(chain.from_iterable(self.children)), tuple(map(id, _flat(self.children))))
+
+    @staticmethod
+    def of(model: nn.Module) -> Snapshot | None:
+        """The model's snapshot; ``None`` where it holds what a snapshot cannot follow, or hooks."""
+        if _global_hooks():
+            return None
+        modules = list(model.modules())
+        for module in modules:
+            state = vars(module)
+            if any(name not in state for name in (*_SLOTS, *HOOK_DICTS)) or "forward" in state:
+                return None  # (not a module as nn.Module builds it, or an instance forward)
+            if any(state[name] for name in HOOK_DICTS) or any(child is model for child in state["_modules"].values()):
+                return None  # (hooks; or a cycle: its plan would keep the model alive)
+            if not all(name in _CONTAINERS or _held(value) for name, value in state.items()):
+                return None
+        return Snapshot(modules)
+
+    def holds(self) -> bool:
+        """Whether the model is as it was when the snapshot was taken (as far as a plan can see)."""
+        if _global_hooks():
+            return False
+        modules = list(map(_deref, self.refs))
+        if tuple(map(type, modules)) != self.types:  # (a module gone reads NoneType)
+            return False
+        states = cast(list[dict[str, Any]], list(map(vars, modules)))
+        return (list(map(tuple, states)) == self.keys and all(map(is_, _flat(states), self.values))
+                and not any(self.hooks) and self._contents() == self.contents)
+
+
+def plan_for(model: nn.Module, key: Hashable, build: Callable[[], _T]) -> _T:
+    """``build()``'s plan for ``model`` and ``key``, built once and served while the model is unchanged.
+
+    ``key`` says what else the plan depends on (the method, its rules), by value. A
+    model without a snapshot (NOTE [plans per model]) gets a new plan at every call.
+    """
+    plans = _plans.get(model)
+    entry = None if plans is None else plans.get(key)
+    if entry is not None and entry[0] is not None and entry[0].holds():
+        return entry[1]  # type: ignore[no-any-return]
+    snapshot = Snapshot.of(model)  # (before building: a plan never sees a later state than its snapshot)
+    plan = build()
+    if snapshot is not None:
+        with _lock:
+            plans = _plans.setdefault(model, {})
+            if len(plans) >= _PLANS_PER_MODEL and key not in plans:
+                plans.clear()
+            plans[key] = (snapshot, plan)
+    return plan
