@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import nn
 
-from .._paths import PathError, resolve_path
+from .._paths import PathError, name_to_path, resolve_path
 from ._lrp_rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
 
-__all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "path_of", "resolve_rules", "warn_missing"]
+__all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "resolve_rules", "warn_missing"]
 
 RuleMapper = Callable[[str, nn.Module], Rule | None]
 Rules = Mapping[str | type[nn.Module], Rule] | RuleMapper
@@ -66,14 +66,6 @@ class EpsilonPlus:
         """The rules, made once per composite (asked once per module per call)."""
         return ((_CONVS, AlphaBeta(1.0, 0.0, self.stabilizer)), ((nn.Linear,), Epsilon(self.epsilon)),
                 (_PASSED, Pass()), (_PLAIN, Ignore()), (_AVG_POOLS, Epsilon(self.stabilizer)))
-
-
-@functools.lru_cache(maxsize=4096)  # a pure function of a string, called per module per call
-def path_of(name: str) -> str:
-    """The path of the module named ``name`` in ``named_modules`` (parts that are not identifiers in ``<>``)."""
-    if not name:
-        return ""  # the root
-    return ".".join(part if re.fullmatch(r"\w+", part) else f"<{part}>" for part in name.split("."))
 
 
 def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapper:
@@ -174,7 +166,7 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
         raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
                          "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
     for name, rule in found.items():
-        path = path_of(name)
+        path = name_to_path(name)
         resolved[path] = rule
         resolved.by_module[id(modules[name])] = (path, rule)
     return resolved
