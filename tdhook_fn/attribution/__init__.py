@@ -21,9 +21,9 @@ from ._internal_influence import internal_influence
 from ._kernel_shap import kernel_shap, shapley_kernel_samples
 from ._layer_conductance import layer_conductance
 from ._lime import lime
-from ._lrp import lrp, rule_taps
-from ._lrp_composites import EpsilonPlus, RuleMapper, Rules
-from ._lrp_rules import (
+from ._lrp.composites import EpsilonPlus, RuleMapper, Rules
+from ._lrp.method import lrp, rule_taps
+from ._lrp.rules import (
     AHQKV,
     AlphaBeta,
     Epsilon,

@@ -24,7 +24,7 @@ from ._deeplift_chain import chain_deeplift, deeplift_plan
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors
-from ._lrp import lrp
+from ._lrp.method import lrp
 
 __all__ = ["deeplift", "layer_deeplift"]
 

@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
-from .._chain import model_chain, reads_one_key
 from .._model_plans import plan_for
 from .._modes import check_attribution_modes
 from .._params import Key, leaves
 from .._targets import Target
-from ._lrp_affine import Affine, affine_of
-from ._max_pool import max_pool_with_indices
+from ._lrp.affine import Affine, affine_of
+from ._lrp.max_pool import max_pool_with_indices
+from ._lrp.model_chain import model_chain, reads_one_key
 
 __all__ = ["DeepLiftPlan", "chain_deeplift", "deeplift_plan"]
 

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._lrp_call import ModuleCall
-from ._lrp_rules import Relevances
+from ._lrp.module_call import ModuleCall
+from ._lrp.rules import Relevances
 
 __all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "needs_reference_gradients", "rescale_rules"]
 

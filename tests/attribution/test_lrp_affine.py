@@ -22,9 +22,9 @@ from torch import nn
 
 import tdhook_fn
 from tdhook_fn.attribution import AlphaBeta, Epsilon, EpsilonPlus, Pass, ZPlus, lrp, rule_taps, saliency
-from tdhook_fn.attribution._lrp_affine import affine_of
-from tdhook_fn.attribution._lrp_call import ModuleCall, Template
-from tdhook_fn.attribution._lrp_fused import fused
+from tdhook_fn.attribution._lrp.affine import affine_of
+from tdhook_fn.attribution._lrp.fused import fused
+from tdhook_fn.attribution._lrp.module_call import ModuleCall, Template
 
 CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 
@@ -172,7 +172,7 @@ def test_grouped_convolutions_take_the_rule_itself() -> None:
 
 def test_the_walk_with_every_kind_of_affine_module_gives_the_taps_maps(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chain of 1-, 2- and 3-d convolutions (grouped, strided, unfusable) and linear layers, walked and tapped."""
-    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp.method")
     walked_by: list[bool] = []
     chain_lrp = lrp_module.chain_lrp
     monkeypatch.setattr(lrp_module, "chain_lrp", lambda *a: walked_by.append((r := chain_lrp(*a)) is not None) or r)
@@ -200,7 +200,7 @@ def test_the_walk_with_every_kind_of_affine_module_gives_the_taps_maps(monkeypat
 def test_the_walks_max_pooling_ties_and_overlaps_are_the_gradients(pool: nn.Module,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Max pooling on the walk (NOTE [lrp on a chain]): the gradient's scatter, ties (zeros after a ReLU) included."""
-    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp.method")
     walked_by: list[bool] = []
     chain_lrp = lrp_module.chain_lrp
     monkeypatch.setattr(lrp_module, "chain_lrp", lambda *a: walked_by.append((r := chain_lrp(*a)) is not None) or r)
@@ -233,7 +233,7 @@ def test_the_stacked_weights_follow_the_params_and_keep_nothing_alive(monkeypatc
                           nn.Linear(12, 2)).double().eval()
     f = tdhook_fn.functional(model)
     x = TensorDict(input=torch.randn(2, 2, 4, 4, dtype=torch.float64), batch_size=[2])
-    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+    lrp_module = importlib.import_module("tdhook_fn.attribution._lrp.method")
 
     def both(p: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
         walked = lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)["input"]

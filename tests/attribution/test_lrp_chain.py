@@ -21,7 +21,6 @@ from torch import nn
 from zoo import same, snapshot
 
 import tdhook_fn
-from tdhook_fn._chain import chain_of
 from tdhook_fn.attribution import (
     AlphaBeta,
     Epsilon,
@@ -37,8 +36,9 @@ from tdhook_fn.attribution import (
     ZPlus,
     lrp,
 )
+from tdhook_fn.attribution._lrp.model_chain import chain_of
 
-lrp_module = importlib.import_module("tdhook_fn.attribution._lrp")
+lrp_module = importlib.import_module("tdhook_fn.attribution._lrp.method")
 pytestmark = pytest.mark.filterwarnings("ignore:lrp. no rule:UserWarning")
 
 
@@ -332,7 +332,7 @@ def test_a_rule_on_the_root_takes_the_general_path(monkeypatch: pytest.MonkeyPat
 
 def _shadows(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each walk borrowed a shadow (NOTE [walks without a shadow])."""
-    chain_module = importlib.import_module("tdhook_fn.attribution._lrp_chain")
+    chain_module = importlib.import_module("tdhook_fn.attribution._lrp.chain")
     borrowed: list[bool] = []
     original = chain_module.run_chain
     monkeypatch.setattr(chain_module, "run_chain", lambda *a: borrowed.append(True) or original(*a))

@@ -381,7 +381,7 @@ def test_cotangents_and_per_target_set_the_relevance_put_in() -> None:
 @pytest.mark.parametrize("rule", [ZPlus(), AlphaBeta(2.0, 1.0)], ids=repr)
 def test_alpha_beta_skips_the_negative_half_after_a_relu_without_changing_a_value(
         rule: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tdhook_fn.attribution import _lrp_rules
+    from tdhook_fn.attribution._lrp import rules as _lrp_rules
 
     net = small_cnn(torch.float64)
     f, p = fp(net)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tdhook_fn.attribution._max_pool import max_pool_with_indices
+from tdhook_fn.attribution._lrp.max_pool import max_pool_with_indices
 
 
 def _inputs() -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ import tdhook_fn
 from tdhook_fn import _model_plans
 from tdhook_fn.attribution import Epsilon, EpsilonPlus, Pass, deeplift, lrp
 
-lrp_plan_module = importlib.import_module("tdhook_fn.attribution._lrp_plan")
+lrp_plan_module = importlib.import_module("tdhook_fn.attribution._lrp.plan")
 deeplift_chain_module = importlib.import_module("tdhook_fn.attribution._deeplift_chain")
 pytestmark = pytest.mark.filterwarnings("ignore:lrp. no rule:UserWarning")
 

@@ -8,9 +8,9 @@ from typing import Any, TypeVar, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._params import leaves
-from .._vjp import any_requires_grad
-from ._engine import Cotangents
+from ..._params import leaves
+from ..._vjp import any_requires_grad
+from .._engine import Cotangents
 
 __all__ = [
     "as_values",

@@ -1,4 +1,4 @@
-"""compat imports in one direction: no module of ``tdhook_fn.compat`` reaches itself again.
+"""Imports in one direction: no module of ``tdhook_fn`` (compat included) reaches itself again.
 
 Imports under ``if TYPE_CHECKING:`` count too: a circle there is still a circle in the design.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import tdhook_fn.compat
+import tdhook_fn
 
-_ROOT = Path(tdhook_fn.compat.__file__).parent
-_PACKAGE = "tdhook_fn.compat"
+_ROOT = Path(tdhook_fn.__file__).parent
+_PACKAGE = "tdhook_fn"
 
 
 def _modules() -> dict[str, Path]:
@@ -57,7 +57,7 @@ def _cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_compat_has_no_import_circle() -> None:
+def test_the_package_has_no_import_circle() -> None:
     known = _modules()
     graph = {name: _imports(name, path, known) for name, path in known.items()}
     circles = [cycle for name in sorted(graph) if (cycle := _cycle_from(name, graph)) is not None]

@@ -20,9 +20,9 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.nn.modules import module as module_globals
 
-from ._functional import Functional, get_input, pack
-from ._shadow import GLOBAL_HOOK_DICTS, HOOK_DICTS
-from ._shadow_run import run
+from ..._functional import Functional, get_input, pack
+from ..._shadow import GLOBAL_HOOK_DICTS, HOOK_DICTS
+from ..._shadow_run import run
 
 __all__ = ["Link", "chain_of", "model_chain", "reads_one_key", "run_chain"]
 

@@ -51,23 +51,23 @@ import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._chain import Link, reads_one_key, run_chain
-from .._functional import Functional, NestedKey
-from .._params import Key, leaves
-from .._targets import Target
-from .._vjp import reaches_other_leaves
-from ._checks import check_call
-from ._engine import Cotangents, offered_targets, seed_cotangents, unflatten
-from ._lrp_affine import Affine, affine_of
-from ._lrp_call import ModuleCall, Template
-from ._lrp_checks import check_module_call, check_pass
-from ._lrp_composites import ACTIVATIONS
-from ._lrp_fused import fused
-from ._lrp_plan import LrpPlan
-from ._lrp_records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
-from ._lrp_rules import AlphaBeta, Pass, Rule
-from ._lrp_walk import ACTIVATION_OPS, Back, Planned, own_values, plan_affine, run_planned
-from ._max_pool import max_pool_with_indices
+from ..._functional import Functional, NestedKey
+from ..._params import Key, leaves
+from ..._targets import Target
+from ..._vjp import reaches_other_leaves
+from .._checks import check_call
+from .._engine import Cotangents, offered_targets, seed_cotangents, unflatten
+from .affine import Affine, affine_of
+from .checks import check_module_call, check_pass
+from .composites import ACTIVATIONS
+from .fused import fused
+from .max_pool import max_pool_with_indices
+from .model_chain import Link, reads_one_key, run_chain
+from .module_call import ModuleCall, Template
+from .plan import LrpPlan
+from .records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
+from .rules import AlphaBeta, Pass, Rule
+from .walk import ACTIVATION_OPS, Back, Planned, own_values, plan_affine, run_planned
 
 __all__ = ["chain_lrp"]
 

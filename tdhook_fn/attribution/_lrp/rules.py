@@ -16,8 +16,8 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from .._vjp import untransformed
-from ._lrp_call import Modify, ModuleCall
+from ..._vjp import untransformed
+from .module_call import Modify, ModuleCall
 
 __all__ = [
     "AHQKV",

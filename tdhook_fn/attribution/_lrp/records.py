@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ._lrp_affine import Adjoint
-from ._lrp_call import ModuleCall
-from ._lrp_fused import Pullback
-from ._lrp_rules import Rule
+from .affine import Adjoint
+from .fused import Pullback
+from .module_call import ModuleCall
+from .rules import Rule
 
 __all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled"]
 

@@ -9,11 +9,11 @@ from typing import Any, cast
 
 from torch import nn
 
-from .._chain import Link, model_chain
-from .._model_plans import plan_for
-from .._modes import check_attribution_modes
-from . import _lrp_rules
-from ._lrp_composites import EpsilonPlus, Resolved, Rules, resolve_rules, warn_missing
+from ..._model_plans import plan_for
+from ..._modes import check_attribution_modes
+from . import rules as _lrp_rules
+from .composites import EpsilonPlus, Resolved, Rules, resolve_rules, warn_missing
+from .model_chain import Link, model_chain
 
 __all__ = ["LrpPlan", "lrp_plan"]
 
@@ -29,7 +29,7 @@ class LrpPlan:
     ruled: Resolved
     links: list[Link] | None
     modes_checked: bool = False
-    walk: Any = None  # what `_lrp_chain` plans of the links, made there at the first walk
+    walk: Any = None  # what `chain` plans of the links, made there at the first walk
 
     def check_modes(self, model: nn.Module, method: str) -> None:
         if not self.modes_checked:

@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from .._paths import PathError, name_to_path, resolve_path
-from ._lrp_rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
+from ..._paths import PathError, name_to_path, resolve_path
+from .rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
 
 __all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "resolve_rules", "warn_missing"]
 

@@ -9,7 +9,7 @@
 # per-call facts), runs each link's op and leaves a closure that pulls relevance back. The
 # hot kinds run inline here (linear layers and convolutions with a gradient-form rule or
 # no rule, fused z+/alpha-beta, Pass on torch's activations, max pooling, reshapes); any
-# other link is run by the general steps of `_lrp_chain`, with the same numbers.
+# other link is run by the general steps of `chain`, with the same numbers.
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from .._params import Key
-from ._lrp_affine import Affine
-from ._lrp_fused import fused
-from ._lrp_records import NotAChain
-from ._lrp_rules import AlphaBeta, Epsilon, Rule, stabilize
-from ._max_pool import max_pool_with_indices
+from ..._params import Key
+from .affine import Affine
+from .fused import fused
+from .max_pool import max_pool_with_indices
+from .records import NotAChain
+from .rules import AlphaBeta, Epsilon, Rule, stabilize
 
 __all__ = ["ACTIVATION_OPS", "Back", "Planned", "own_values", "plan_affine", "run_planned"]
 

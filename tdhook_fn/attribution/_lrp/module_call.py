@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._shadow import HOOK_DICTS
-from .._vjp import vjp
-from ._lrp_affine import Affine, affine_of
+from ..._shadow import HOOK_DICTS
+from ..._vjp import vjp
+from .affine import Affine, affine_of
 
 __all__ = ["Modify", "ModuleCall", "Template"]
 

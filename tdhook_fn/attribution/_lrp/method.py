@@ -48,17 +48,16 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .._functional import Functional, NestedKey
-from .._params import leaves
-from .._taps import Captured, Tap
-from .._targets import Target
-from .._vjp import untransformed
-from ._checks import check_layers
-from ._engine import Cotangents, gradients, input_keys_of
-from ._inputs import accepts_tensors
-from ._lrp_call import ModuleCall, Template
-from ._lrp_chain import chain_lrp
-from ._lrp_checks import (
+from ..._functional import Functional, NestedKey
+from ..._params import leaves
+from ..._taps import Captured, Tap
+from ..._targets import Target
+from ..._vjp import untransformed
+from .._checks import check_layers
+from .._engine import Cotangents, gradients, input_keys_of
+from .._inputs import accepts_tensors
+from .chain import chain_lrp
+from .checks import (
     as_values,
     check_module_call,
     check_pass,
@@ -66,9 +65,10 @@ from ._lrp_checks import (
     raise_unless_conserved,
     refuse_level_zero_graph,
 )
-from ._lrp_composites import Rules, resolve_rules
-from ._lrp_plan import lrp_plan
-from ._lrp_rules import Pass, Rule
+from .composites import Rules, resolve_rules
+from .module_call import ModuleCall, Template
+from .plan import lrp_plan
+from .rules import Pass, Rule
 
 __all__ = ["lrp", "rule_taps"]
 

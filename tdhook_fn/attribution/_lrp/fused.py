@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _lrp_rules
-from ._lrp_affine import Adjoint, Affine
-from ._lrp_rules import AlphaBeta, Rule, stabilize
+from . import rules as _lrp_rules
+from .affine import Adjoint, Affine
+from .rules import AlphaBeta, Rule, stabilize
 
 __all__ = ["Pullback", "fused"]
 
