@@ -62,6 +62,9 @@ class _Windows:
         out = change.reshape(*change.shape[:2], *(c.shape[0] for c in self.covers))
         weights = torch.ones((), dtype=change.dtype, device=change.device)
         for cover in self.covers:  # contract each window dim with its covers, in turn (dim 2 is the next one)
+            if cover.shape[0] == cover.shape[1]:  # window and stride 1 (a channel dim): each element its own window
+                out, weights = out.movedim(2, -1), weights.unsqueeze(-1)
+                continue
             as_float = cover.to(change.dtype)
             out = torch.tensordot(out, as_float, dims=([2], [0]))
             weights = weights.unsqueeze(-1) * as_float.sum(0)
@@ -80,8 +83,9 @@ def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: 
         if s > w and w < n:
             raise ValueError(f"{_METHOD}: input {key!r}: stride {s} is larger than the window {w} in dim {d}, so some "
                              "elements would never be occluded; give strides no larger than the window")
-        starts = range(0, (math.ceil((n - w) / s) + 1) * s, s)
-        covers.append(torch.tensor([[a <= j < a + w for j in range(n)] for a in starts], device=device))
+        starts = torch.arange(0, (math.ceil((n - w) / s) + 1) * s, s, device=device).unsqueeze(1)
+        elements = torch.arange(n, device=device)
+        covers.append((elements >= starts) & (elements < starts + w))
     return _Windows(covers)
 
 
@@ -154,8 +158,9 @@ def occlusion(
             targets' sum.
         chunk_size (int | None): at most this many occluded copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
-            small forwards keep the activations in cache.
+            equal chunks whose widest activation stays near 8 MiB on the CPU (probed
+            once per ``f``): every copy in one forward for a narrow model, forwards that
+            keep a wide one's activations in cache.
         input_keys (Sequence | None): the inputs to occlude. Default: ``f.in_keys``.
 
     Returns:
@@ -207,7 +212,7 @@ def occlusion(
 
     rows = 1 + sum(plans[k].count for k in keys)
     values = evaluate(f, params, inputs.reshape(-1), target, rows=rows, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD,
+                      per_target=per_target, method=_METHOD,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, rows - 1]
     maps = {key: plans[key].spread(change[..., first[key]: first[key] + plans[key].count]) for key in keys}
