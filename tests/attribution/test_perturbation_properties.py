@@ -277,6 +277,18 @@ def test_occlusion_masks_built_per_chunk_equal_those_built_at_once(monkeypatch):
     assert torch.equal(call(e.f, e.params, td, chunk_size=5)["input"], at_once["input"])
 
 
+def test_occlusion_spread_dim_by_dim_equals_one_product_with_every_mask(monkeypatch):
+    """Small inputs spread the changes by one product with every window's mask, large ones a dim at a time."""
+    import tdhook_fn.attribution._occlusion as module
+
+    e = build("cnn", F64)
+    td = e.inputs((3,))
+    call = methods()["occlusion"]
+    dense = call(e.f, e.params, td, chunk_size=5)
+    monkeypatch.setattr(module, "_DENSE_SPREAD", 0)
+    assert_close_ulps(call(e.f, e.params, td, chunk_size=5), dense, scale=10.0)
+
+
 def test_calls_from_several_threads_give_each_its_own_maps():
     from concurrent.futures import ThreadPoolExecutor
 
