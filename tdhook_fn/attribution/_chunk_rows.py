@@ -17,11 +17,12 @@
 # The widest activation per sample is *probed* once per ``f`` and shape of a sample: ``f``
 # runs on one sample under a dispatch mode that records the bytes of every op's result
 # that is not a view (`_Widest`), and the figure is kept with ``f`` (a weak reference, so
-# it goes with ``f``). A result that does not grow with the batch (a weight the forward
-# transforms) counts as if it did: the chunks are then smaller than they could be, never
-# larger. Only an eager CPU call outside every transform probes; elsewhere (a ``vmap``,
-# ``grad`` or ``torch.compile`` around the call, another device, an ``f`` that cannot be
-# weakly referenced, a probe that raises) the rows are sized by the input instead: about
+# it goes with ``f``): the first call on a shape of sample runs ``f`` once more. A result
+# that does not grow with the batch (a weight the forward transforms) counts as if it
+# did: the chunks are then smaller than they could be, never larger. Only an eager CPU
+# call outside every transform probes; elsewhere (a ``vmap``, ``grad`` or
+# ``torch.compile`` around the call, another device, an ``f`` that cannot be weakly
+# referenced, a probe that raises) the rows are sized by the input instead: about
 # ``_INPUT_ELEMENTS`` input elements per forward. The probe decides only how the rows are
 # split, never a number: every call of one ``f`` on one shape of sample splits alike, so
 # repeated calls give the same bits.
