@@ -58,8 +58,9 @@ def feature_ablation(
             targets' sum.
         chunk_size (int | None): at most this many ablated copies of the batch per forward
             (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
-            small forwards keep the activations in cache.
+            equal chunks whose widest activation stays near 8 MiB on the CPU (probed
+            once per ``f``): every copy in one forward for a narrow model, forwards that
+            keep a wide one's activations in cache.
         input_keys (Sequence | None): the inputs to ablate. Default: ``f.in_keys``.
 
     Returns:
@@ -91,7 +92,7 @@ def feature_ablation(
         return {key: torch.where(selected(groups.positions[key], lo, hi), starts[key], xs[key]) for key in keys}
 
     values = evaluate(f, params, flat, target, rows=len(groups.ids) + 1, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD,
+                      per_target=per_target, method=_METHOD,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
     return groups.maps(change, keys, batch, per_target)

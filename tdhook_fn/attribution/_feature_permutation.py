@@ -73,8 +73,9 @@ def feature_permutation(
             targets' sum.
         chunk_size (int | None): at most this many permuted copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
-            small forwards keep the activations in cache.
+            equal chunks whose widest activation stays near 8 MiB on the CPU (probed
+            once per ``f``): every copy in one forward for a narrow model, forwards that
+            keep a wide one's activations in cache.
         input_keys (Sequence | None): the inputs to permute. Default: ``f.in_keys``.
         generator (torch.Generator | None): the random generator the permutations are
             drawn from. Default: torch's global one (as captum).
@@ -119,6 +120,6 @@ def feature_permutation(
         return out
 
     values = evaluate(f, params, flat, target, rows=len(groups.ids) + 1, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD)
+                      per_target=per_target, method=_METHOD)
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
     return groups.maps(change, keys, batch, per_target)

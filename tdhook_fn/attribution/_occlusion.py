@@ -22,6 +22,7 @@ __all__ = ["occlusion"]
 Shape = tuple[int, ...]
 _METHOD = "occlusion"
 _ALL_MASKS = 2**24  # window masks (bools) built at once below this; else per chunk
+_DENSE_SPREAD = 2**20  # below this many mask elements the changes are spread by one product with the masks
 
 
 @dataclass
@@ -29,24 +30,32 @@ class _Windows:
     """The window positions over one input: per feature dim, which elements each position covers."""
 
     covers: list[torch.Tensor]  # per dim d, [positions_d, size_d] bool
+    every: torch.Tensor | None = None  # every window's mask, once built (not a cached_property: Dynamo traces this)
 
     @property
     def count(self) -> int:
         return math.prod([c.shape[0] for c in self.covers])
 
+    def every_mask(self) -> torch.Tensor:
+        """Every window's mask, ``[count, 1, *feature_shape]``: 2 ops per dim (built at most once per call)."""
+        if self.every is not None:
+            return self.every
+        dims = len(self.covers)
+        out = None
+        for d, cover in enumerate(self.covers):
+            shape = [1] * (2 * dims)
+            shape[d], shape[dims + d] = cover.shape
+            term = cover.reshape(shape)
+            out = term if out is None else out & term
+        assert out is not None
+        self.every = out.reshape(self.count, 1, *(c.shape[1] for c in self.covers))
+        return self.every
+
     def masks(self, lo: int, hi: int) -> torch.Tensor:
         """Windows ``lo .. hi - 1`` (row-major over the positions) as masks ``[p, 1, *feature_shape]``."""
         sizes = [c.shape[1] for c in self.covers]
-        if self.count * math.prod(sizes) <= _ALL_MASKS:  # every mask at once: 2 ops per dim, then a slice
-            dims = len(self.covers)
-            out = None
-            for d, cover in enumerate(self.covers):
-                shape = [1] * (2 * dims)
-                shape[d], shape[dims + d] = cover.shape
-                term = cover.reshape(shape)
-                out = term if out is None else out & term
-            assert out is not None
-            return out.reshape(self.count, 1, *sizes)[lo:hi]
+        if self.count * math.prod(sizes) <= _ALL_MASKS:
+            return self.every_mask()[lo:hi]
         index = torch.arange(lo, hi, device=self.covers[0].device)
         out = torch.ones(hi - lo, 1, *sizes, dtype=torch.bool, device=index.device)
         for d in reversed(range(len(self.covers))):
@@ -59,9 +68,16 @@ class _Windows:
 
     def spread(self, change: torch.Tensor) -> torch.Tensor:
         """Changes ``[T, N, count]`` averaged over the windows covering each element: ``[T, N, *feature_shape]``."""
+        sizes = [c.shape[1] for c in self.covers]
+        if self.count * math.prod(sizes) <= _DENSE_SPREAD:  # one product with every mask
+            dense = self.every_mask().reshape(self.count, -1).to(change.dtype)
+            return (change @ dense / dense.sum(0)).reshape(*change.shape[:2], *sizes)
         out = change.reshape(*change.shape[:2], *(c.shape[0] for c in self.covers))
         weights = torch.ones((), dtype=change.dtype, device=change.device)
         for cover in self.covers:  # contract each window dim with its covers, in turn (dim 2 is the next one)
+            if cover.shape[0] == cover.shape[1]:  # window and stride 1 (a channel dim): each element its own window
+                out, weights = out.movedim(2, -1), weights.unsqueeze(-1)
+                continue
             as_float = cover.to(change.dtype)
             out = torch.tensordot(out, as_float, dims=([2], [0]))
             weights = weights.unsqueeze(-1) * as_float.sum(0)
@@ -80,8 +96,9 @@ def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: 
         if s > w and w < n:
             raise ValueError(f"{_METHOD}: input {key!r}: stride {s} is larger than the window {w} in dim {d}, so some "
                              "elements would never be occluded; give strides no larger than the window")
-        starts = range(0, (math.ceil((n - w) / s) + 1) * s, s)
-        covers.append(torch.tensor([[a <= j < a + w for j in range(n)] for a in starts], device=device))
+        starts = torch.arange(0, (math.ceil((n - w) / s) + 1) * s, s, device=device).unsqueeze(1)
+        elements = torch.arange(n, device=device)
+        covers.append((elements >= starts) & (elements < starts + w))
     return _Windows(covers)
 
 
@@ -154,8 +171,9 @@ def occlusion(
             targets' sum.
         chunk_size (int | None): at most this many occluded copies of the batch per
             forward (captum's ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
-            small forwards keep the activations in cache.
+            equal chunks whose widest activation stays near 8 MiB on the CPU (probed
+            once per ``f``): every copy in one forward for a narrow model, forwards that
+            keep a wide one's activations in cache.
         input_keys (Sequence | None): the inputs to occlude. Default: ``f.in_keys``.
 
     Returns:
@@ -207,7 +225,7 @@ def occlusion(
 
     rows = 1 + sum(plans[k].count for k in keys)
     values = evaluate(f, params, inputs.reshape(-1), target, rows=rows, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD,
+                      per_target=per_target, method=_METHOD,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, rows - 1]
     maps = {key: plans[key].spread(change[..., first[key]: first[key] + plans[key].count]) for key in keys}

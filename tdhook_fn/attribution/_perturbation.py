@@ -7,19 +7,12 @@
 # inputs' batch ``[*B]`` is flattened to ``[N]``; a chunk of rows ``[lo, hi)`` is built
 # once by the method (``build(lo, hi)`` returns the perturbed keys, ``[hi - lo, N, ...]``;
 # the other inputs are broadcast views) and goes through ``f`` in one forward of
-# ``(hi - lo) * N`` samples. ``chunk_size`` bounds ``hi - lo`` (captum's
-# ``perturbations_per_eval``); no Python loop runs per feature or per sample. Without a
-# ``chunk_size`` the rows are split in equal chunks of at most about ``2**16`` input
-# elements (at least one row each). One forward of every row is slower per sample once a
-# model's activations leave the cache: on 32 digits (64 pixels each), a CNN of two convs
-# of 16 and 32 channels runs 25 Shapley orders of 16 blocks (401 rows) in 136 ms in
-# forwards of 1024 samples, 281 ms in forwards of 1856 and 426 ms in one forward (2.7x
-# the time per sample); a CNN of one 8-channel conv is fastest in one forward, about 15%
-# ahead of forwards of 1024 samples. ``2**16`` elements (1024 digits) costs little there
-# and saves much on wider models; a model with much wider activations per input element
-# (large images through wide convs, token ids through embeddings) may want a smaller
-# ``chunk_size``. The target values come back as ``[R, N, T]``: ``T`` targets with
-# ``per_target``, else ``T = 1``
+# ``(hi - lo) * N`` samples, flattened to one batch dim. ``chunk_size`` bounds ``hi - lo``
+# (captum's ``perturbations_per_eval``); no Python loop runs per feature or per sample.
+# Without a ``chunk_size`` the rows are split in equal chunks sized by the model's widest
+# activation (NOTE [default chunk rows]): every row in one forward for a narrow model,
+# forwards that stay in cache for a wide one. The target values come back as
+# ``[R, N, T]``: ``T`` targets with ``per_target``, else ``T = 1``
 # holding the targets' sum (tdhook's rule for several targets). The maps then come from
 # differences of rows, so they are linear in the target values, as captum's.
 #
@@ -44,6 +37,7 @@ from .._types import PureFn
 from .._vjp import any_requires_grad, untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
+from ._chunk_rows import default_rows
 from ._engine import target_values
 from ._metric_samples import check_count
 
@@ -51,7 +45,6 @@ __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "fl
            "per_sample_views", "target_columns"]
 
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
-_ELEMENTS = 2**16  # input elements per forward without a chunk_size; NOTE [perturbation rows]
 
 
 def checked_keys(method: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, target: Target,
@@ -88,54 +81,44 @@ def per_sample_view(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
     return t.reshape(-1, *t.shape[batch_dims:])
 
 
-def _flat_target(target: Target, batch: torch.Size) -> Target:
-    """A tensor of class indices ``[*B]`` for the flattened batch ``[N]`` (NOTE [tensor targets])."""
-    if isinstance(target, torch.Tensor) and target.dim():
-        return target.reshape(-1)
-    return target
-
-
 def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Target, *, rows: int, build: Build,
-             chunk_size: int | None, per_target: bool, batch: torch.Size, method: str,
+             chunk_size: int | None, per_target: bool, method: str,
              baselines: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """The target values of ``rows`` rows made by ``build``, chunk by chunk, ``[R, N, T]``; NOTE [perturbation rows].
 
     ``baselines`` are the tensors ``build`` reads besides the inputs (for the no-grad check).
     """
-    n = flat.batch_size[0]
-    size = min(chunk_size, rows) if chunk_size else _balanced(rows, _default_rows(flat))
-    flat_target = _flat_target(target, batch)
     # nothing to differentiate (eager, no tensor asking for a gradient): skip autograd's bookkeeping
     quiet = untransformed() and not any_requires_grad((params, flat), baselines)
     with torch.no_grad() if quiet else contextlib.nullcontext():
-        return _chunks(f, params, flat, flat_target, rows, size, n, build, per_target, method)
+        size = min(chunk_size, rows) if chunk_size else default_rows(f, params, flat, rows)
+        return _chunks(f, params, flat, _repeated_target(target, size), rows, size, build, per_target, method)
 
 
-def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, flat_target: Target, rows: int, size: int,
-            n: int, build: Build, per_target: bool, method: str) -> torch.Tensor:
+def _repeated_target(target: Target, rows: int) -> Target:
+    """A tensor of class indices ``[*B]`` as ``[rows * N]``, row after row (NOTE [tensor targets]): slice it."""
+    if isinstance(target, torch.Tensor) and target.dim():
+        flat = target.reshape(-1)
+        return flat.expand(rows, flat.shape[0]).reshape(-1)
+    return target
+
+
+def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Target, rows: int, size: int,
+            build: Build, per_target: bool, method: str) -> torch.Tensor:
+    n = flat.batch_size[0]
     parts = []
     for lo in range(0, rows, size):
-        hi = min(lo + size, rows)
-        perturbed = build(lo, hi)
-        feed = TensorDict({}, batch_size=[hi - lo, n])
+        k = min(lo + size, rows) - lo
+        perturbed = build(lo, lo + k)
+        feed = TensorDict({}, batch_size=[k * n])
         for key, value in flat.items(True, True):
             new = perturbed.get(key)
-            feed.set(key, new if new is not None else value.unsqueeze(0).expand(hi - lo, *value.shape))
-        values = target_values(f, params, feed, flat_target)
-        parts.append(target_columns(method, values, feed.batch_size, per_target))
+            whole = new if new is not None else value.unsqueeze(0).expand(k, *value.shape)
+            feed.set(key, whole.reshape(k * n, *value.shape[1:]))
+        chunk_target = target[: k * n] if isinstance(target, torch.Tensor) and target.dim() else target
+        values = target_columns(method, target_values(f, params, feed, chunk_target), feed.batch_size, per_target)
+        parts.append(values.reshape(k, n, -1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _default_rows(flat: TensorDictBase) -> int:
-    """Rows per chunk without a ``chunk_size``: about ``_ELEMENTS`` input elements per forward."""
-    elements = sum(cast(torch.Tensor, v).numel() for v in flat.values(True, True))
-    return max(1, _ELEMENTS // max(1, elements))
-
-
-def _balanced(rows: int, most: int) -> int:
-    """The size of equal chunks of ``rows``, no more than ``most`` each (no chunk of a few rows left over)."""
-    count = -(-rows // most)
-    return -(-rows // count)
 
 
 def target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:

@@ -64,8 +64,9 @@ def shapley_value_sampling(
             targets' sum.
         chunk_size (int | None): at most this many states per forward (captum's
             ``perturbations_per_eval``). Default: ``None``,
-            equal chunks of at most about ``2**16`` input elements (1024 digits of 8x8):
-            small forwards keep the activations in cache.
+            equal chunks whose widest activation stays near 8 MiB on the CPU (probed
+            once per ``f``): every copy in one forward for a narrow model, forwards that
+            keep a wide one's activations in cache.
         input_keys (Sequence | None): the inputs whose features are switched. Default:
             ``f.in_keys``.
         generator (torch.Generator | None): the random generator the orders are drawn from
@@ -114,7 +115,7 @@ def shapley_value_sampling(
         return out
 
     values = evaluate(f, params, flat, target, rows=1 + n_samples * n_features, build=build, chunk_size=chunk_size,
-                      per_target=per_target, batch=batch, method=_METHOD,
+                      per_target=per_target, method=_METHOD,
                       baselines=list(starts.values()))
     states = values[1:].reshape(n_samples, n_features, *values.shape[1:])  # [S, P, N, T]
     before = torch.cat([values[:1].expand(n_samples, 1, *values.shape[1:]), states[:, :-1]], 1)

@@ -26,7 +26,7 @@ from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
-from ._metric_samples import check_count, chunks, repeated, repeated_target
+from ._metric_samples import check_count, chunks, repeated_target
 from ._perturbation import target_columns
 
 __all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",
@@ -51,16 +51,27 @@ class Surrogate:
                  masks: dict[NestedKey, torch.Tensor], n_features: int) -> None:
         self.inputs, self.keys, self.starts, self.masks, self.n_features = inputs, keys, starts, masks, n_features
 
-    def perturbed(self, samples: torch.Tensor) -> TensorDictBase:
-        """The inputs for the interpretable ``samples`` ``[*B, k, F]`` (bool): batch ``[*B, k]``."""
+    def perturbed(self, samples: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
+        """The attributed inputs for the interpretable ``samples`` ``[*B, k, F]`` (bool): ``[*B, k, ...]`` by key."""
         batch, k = self.inputs.batch_size, samples.shape[-2]
-        feed = repeated(self.inputs, k).clone(False)
+        out = {}
         for key in self.keys:
             x, b, mask = self.inputs.get(key), self.starts.get(key), self.masks[key]
             index = mask.unsqueeze(-2).expand(*batch, k, mask.shape[-1])
             kept = samples.gather(-1, index).reshape(*batch, k, *x.shape[len(batch):])
-            feed.set(key, torch.where(kept, x.unsqueeze(len(batch)), b.unsqueeze(len(batch))))
-        return feed
+            out[key] = torch.where(kept, x.unsqueeze(len(batch)), b.unsqueeze(len(batch)))
+        return out
+
+    def feed(self, perturbed: dict[NestedKey, torch.Tensor], k: int) -> TensorDict:
+        """Every input, ``perturbed`` in place of the attributed ones, ``k`` per sample in one batch dim ``[B * k]``."""
+        batch = self.inputs.batch_size
+        dims, rows = len(batch), batch.numel() * k
+        out = TensorDict({}, batch_size=[rows])
+        for key, value in self.inputs.items(True, True):
+            new = perturbed.get(key)
+            whole = new if new is not None else value.unsqueeze(dims).expand(*batch, k, *value.shape[dims:])
+            out.set(key, whole.reshape(rows, *value.shape[dims:]))
+        return out
 
 
 def prepare(method: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
@@ -150,15 +161,22 @@ def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
     target keys. Each chunk is built, weighed and run, then dropped.
     """
     batch = surrogate.inputs.batch_size
+    # (both built alike from a dict, so that their keys come in one order)
+    attributed = TensorDict({key: surrogate.inputs.get(key) for key in surrogate.keys}, batch_size=batch) \
+        if weigh is not None else surrogate.inputs
     values, weights, start = [], [], 0
     for k in chunks(samples.shape[-2], chunk_size):
         part = samples[..., start:start + k, :]
         start += k
-        feed = surrogate.perturbed(part)
+        perturbed = surrogate.perturbed(part)
         if weigh is not None:
-            weights.append(weigh(surrogate.inputs.select(*surrogate.keys), feed.select(*surrogate.keys), part))
-        values.append(target_columns(method, target_values(f, params, feed, repeated_target(target, batch, k)),
-                                      feed.batch_size, per_target))
+            weights.append(weigh(attributed, TensorDict(perturbed, batch_size=[*batch, k]), part))
+        feed = surrogate.feed(perturbed, k)
+        flat_target = repeated_target(target, batch, k)
+        if isinstance(flat_target, torch.Tensor) and flat_target.dim():
+            flat_target = flat_target.reshape(-1)
+        values.append(target_columns(method, target_values(f, params, feed, flat_target), feed.batch_size,
+                                     per_target).reshape(*batch, k, -1))
     if len(values) == 1:  # (one chunk: no copy)
         return values[0], (weights[0] if weigh is not None else None)
     return torch.cat(values, -2), (torch.cat(weights, -1) if weigh is not None else None)
