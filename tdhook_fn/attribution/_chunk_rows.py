@@ -16,7 +16,7 @@
 #
 # The widest activation per sample is *probed* once per ``f`` and shape of a sample: ``f``
 # runs on one sample under a dispatch mode that records the bytes of every op's result
-# that is not a view (`_Widest`), and the figure is kept with ``f`` (a weak reference, so
+# that is not a view (`LargestTensor`), and the figure is kept with ``f`` (a weak reference, so
 # it goes with ``f``): the first call on a shape of sample runs ``f`` once more. A result
 # that does not grow with the batch (a weight the forward transforms) counts as if it
 # did: the chunks are then smaller than they could be, never larger. Only an eager CPU
@@ -35,9 +35,8 @@ from typing import Any, cast
 
 import torch
 from tensordict import TensorDictBase
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from .._largest_tensor import LargestTensor
 from .._vjp import untransformed
 
 __all__ = ["default_rows"]
@@ -74,7 +73,7 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
     except TypeError:  # (f cannot be weakly referenced: nowhere to keep the figure)
         return None
     if signature not in known:
-        probe = _Widest()
+        probe = LargestTensor()
         try:
             with torch.no_grad(), probe:
                 f(params, flat[:1])
@@ -82,22 +81,3 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
             return None
         known[signature] = probe.bytes
     return known[signature]
-
-
-class _Widest(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records the bytes of the largest tensor an op creates (views create none).
-
-    (``weights``' alpha sweep sizes its chunks by the same measure, in its own mode.)
-    """
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if not func.is_view:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.bytes = max(self.bytes, t.numel() * t.element_size())
-        return out

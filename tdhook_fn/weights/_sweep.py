@@ -9,8 +9,8 @@ from typing import Any, TypeAlias, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._largest_tensor import LargestTensor
 from .._params import leaves
 from ._checks import check_same_structure, check_tensordict
 from ._task_vectors import HALF, moves, times
@@ -153,28 +153,12 @@ def _chunk_for(largest: int, count: int) -> int:
     return -(-count // chunks)
 
 
-class _LargestTensor(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records the size in bytes of the largest tensor an op creates (views create none)."""
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.largest = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if not func.is_view:
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.largest = max(self.largest, t.numel() * t.element_size())
-        return out
-
-
 def _evaluated_with_largest(evaluate: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int | None]:
     """``evaluate()`` and the size of the largest tensor it creates (``None``: fn cannot run under the mode)."""
-    mode = _LargestTensor()
+    mode = LargestTensor()
     try:
         with mode:
-            return evaluate(), mode.largest
+            return evaluate(), mode.bytes
     except Exception:  # fn's own error comes again from the plain call; else fn runs, unmeasured, in the loop
         return evaluate(), None
 
