@@ -11,20 +11,20 @@
 # the snapshot first (C-level comparisons over the whole model) and builds a new plan
 # where anything changed:
 #
-# - per module: its class; its attribute names, in order; each attribute's value by
-#   identity (the values are held, so no identity is reused); the contents of its
-#   parameter and buffer slots (names, and whether each holds a tensor, a Parameter or
-#   None: the params given to a call are checked against the slots' shapes at each call)
-#   and of its children (by identity); hooks, a module's or torch's global ones, make
-#   no snapshot at all (a hooked model takes the general path anyway), and a hook
-#   registered later fails the check;
+# - per module: its class; its attribute names; each attribute's value by identity (the
+#   values are held, so no identity is reused), except the containers no plan reads
+#   (hooks of state dicts, the names of non-persistent buffers); the contents of its
+#   parameter, buffer and child slots (names in order, and each value by identity: the
+#   params given to a call are checked against the slots' shapes at each call); hooks, a
+#   module's or torch's global ones, make no snapshot at all (a hooked model takes the
+#   general path anyway), and a hook registered later fails the check;
 # - a model holding anything but numbers, strings, ``None``, tuples of them, dtypes and
 #   devices as attributes (a tensor, a list, a function, an object), besides the
 #   module's own slot and hook containers, gets no snapshot either: its plan is built at
 #   every call, as if there were no cache. So the values held cannot refer to the model,
-#   and no mutable one is trusted by identity alone. The containers are held (a module
-#   taken out of the model keeps its parameters alive until the next call rebuilds the
-#   plan, or the model goes).
+#   and no mutable one is trusted by identity alone. The containers and the submodules
+#   are held (a module taken out of the model keeps its parameters alive until the next
+#   call rebuilds the plan, or the model goes).
 #
 # A ``.data`` assignment changes a parameter's shape without touching its module, which
 # is why shapes are checked per call, never planned. The cache is bounded per model.
@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from itertools import chain
-from operator import is_, methodcaller
-from typing import Any, TypeVar, cast
+from operator import call, is_, itemgetter
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -45,6 +46,23 @@ from torch.nn.modules import module as module_globals
 from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS
 
 __all__ = ["Snapshot", "plan_for"]
+
+# NOTE [one flat check]
+# `Snapshot.holds` runs at every call, inside a call whose tensors have just pushed the
+# model's objects out of the caches; what it costs is mostly the objects it touches. So
+# it reads each module's attribute dict once and the slot dicts it holds, with C-level
+# maps, and never looks into a value (identity only). Why it misses no change a plan sees:
+# - the modules are the snapshot's (the model by a weak reference, the submodules held);
+#   their types are compared first (a model gone reads NoneType);
+# - each module's attribute names are compared as a set (an attribute added, removed, or
+#   one removed and another added: the order of a module's attributes changes nothing);
+# - the values of all its attributes but the containers no plan reads are compared by
+#   identity, the slots among them: so the slot dicts held are the module's own, and
+#   their sizes, names in order and values by identity say that each slot is as it was
+#   (sizes per dict: an entry moved from one module's slot to another's keeps the flat
+#   names and values); the children being the same, so is the model's list of modules;
+# - the hook dicts a call runs are read from the module's attributes at each call (a
+#   container replaced by a full one counts too), torch's global ones from its module.
 
 _T = TypeVar("_T")
 _SLOTS = ("_parameters", "_buffers", "_modules")
@@ -59,7 +77,10 @@ _PLANS_PER_MODEL = 16
 _plans: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Snapshot | None, Any]]] = (
     weakref.WeakKeyDictionary())
 _lock = threading.Lock()
-_deref = methodcaller("__call__")
+_torch_globals = vars(module_globals)
+_slots_of = itemgetter(*_SLOTS)
+_hooks_of = itemgetter(*_HOOKS)
+_DICTS = (dict, OrderedDict)
 
 
 def _held(value: Any) -> bool:
@@ -68,7 +89,7 @@ def _held(value: Any) -> bool:
 
 
 def _global_hooks() -> bool:
-    return any(map(bool, map(vars(module_globals).get, GLOBAL_HOOK_DICTS)))
+    return any(map(_torch_globals.get, GLOBAL_HOOK_DICTS))  # (an empty dict is false)
 
 
 def _flat(dicts: Iterable[dict[Any, Any]]) -> Iterator[Any]:
@@ -78,30 +99,23 @@ def _flat(dicts: Iterable[dict[Any, Any]]) -> Iterator[Any]:
 class Snapshot:
     """What a plan of a model may depend on (NOTE [plans per model]); `holds` says whether it still does.
 
-    Every module's attributes are held and compared by identity, the model's at once (C-level
-    maps, not a Python loop per module: the check runs at every call); of the module's own
-    containers, what a plan reads is compared by content.
+    The check runs at every call, so it is a few flat C-level comparisons over the whole
+    model, no Python loop per module (NOTE [one flat check]).
     """
 
-    __slots__ = ("buffers", "children", "contents", "hooks", "keys", "params", "refs", "types", "values")
+    __slots__ = ("children", "getters", "keys", "model", "names", "sizes", "slots", "values")
 
     def __init__(self, modules: list[nn.Module]):
-        states = [vars(m) for m in modules]
-        self.refs = [weakref.ref(m) for m in modules]
-        self.types = tuple(map(type, modules))
-        self.keys = list(map(tuple, states))
-        self.values = tuple(_flat(states))
-        self.params = tuple(state["_parameters"] for state in states)
-        self.buffers = tuple(state["_buffers"] for state in states)
-        self.children = tuple(state["_modules"] for state in states)
-        self.hooks = tuple(state[name] for state in states for name in _HOOKS)
-        self.contents = self._contents()
-
-    def _contents(self) -> tuple[Any, ...]:
-        """Parameter and buffer names and kinds (a tensor, a Parameter, None), and the children, of every module."""
-        return (tuple(chain.from_iterable(self.params)), tuple(map(type, _flat(self.params))),
-                tuple(chain.from_iterable(self.buffers)), tuple(map(type, _flat(self.buffers))),
-                tuple(chain.from_iterable(self.children)), tuple(map(id, _flat(self.children))))
+        states = list(map(vars, modules))
+        self.model = weakref.ref(modules[0])
+        self.children = tuple(modules[1:])  # (held: none refers to the model, see `of`)
+        self.names = list(map(frozenset, states))
+        self.getters = tuple(itemgetter(*(name for name in state if name in _SLOTS or name not in _CONTAINERS))
+                             for state in states)
+        self.slots = tuple(chain.from_iterable(map(_slots_of, states)))
+        self.sizes = tuple(map(len, self.slots))
+        self.keys = tuple(chain.from_iterable(self.slots))
+        self.values = (*map(type, modules), *chain.from_iterable(map(call, self.getters, states)), *_flat(self.slots))
 
     @staticmethod
     def of(model: nn.Module) -> Snapshot | None:
@@ -113,6 +127,8 @@ class Snapshot:
             state = vars(module)
             if any(name not in state for name in (*_SLOTS, *HOOK_DICTS)) or "forward" in state:
                 return None  # (not a module as nn.Module builds it, or an instance forward)
+            if not all(type(state[name]) in _DICTS for name in _SLOTS):
+                return None  # (a slot replaced by a mapping of another kind: its contents are not followed)
             if any(state[name] for name in HOOK_DICTS) or any(child is model for child in state["_modules"].values()):
                 return None  # (hooks; or a cycle: its plan would keep the model alive)
             if not all(name in _CONTAINERS or _held(value) for name, value in state.items()):
@@ -123,12 +139,16 @@ class Snapshot:
         """Whether the model is as it was when the snapshot was taken (as far as a plan can see)."""
         if _global_hooks():
             return False
-        modules = list(map(_deref, self.refs))
-        if tuple(map(type, modules)) != self.types:  # (a module gone reads NoneType)
+        modules = (self.model(), *self.children)
+        if tuple(map(type, modules)) != self.values[:len(modules)]:  # (the model gone reads NoneType)
             return False
-        states = cast(list[dict[str, Any]], list(map(vars, modules)))
-        return (list(map(tuple, states)) == self.keys and all(map(is_, _flat(states), self.values))
-                and not any(self.hooks) and self._contents() == self.contents)
+        states = list(map(vars, modules))
+        if list(map(dict.keys, states)) != self.names or any(chain.from_iterable(map(_hooks_of, states))):
+            return False
+        values = chain(map(type, modules), chain.from_iterable(map(call, self.getters, states)), _flat(self.slots))
+        return (tuple(map(len, self.slots)) == self.sizes and tuple(chain.from_iterable(self.slots)) == self.keys
+                and all(map(is_, values, self.values)))
+
 
 
 def plan_for(model: nn.Module, key: Hashable, build: Callable[[], _T]) -> _T:

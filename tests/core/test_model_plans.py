@@ -11,6 +11,7 @@ import copy
 import gc
 import importlib
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,3 +193,60 @@ def test_plans_do_not_keep_the_model_alive() -> None:
     del model
     gc.collect()
     assert gone() is None
+
+
+class _Holder(nn.Module):
+    """A module with no parameters or buffers: an entry moved into its slot keeps the model's flat names and values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _nested() -> nn.Sequential:
+    return nn.Sequential(nn.Sequential(nn.ReLU()), _Holder())
+
+
+def _move_child(model: nn.Sequential) -> None:
+    model[1].add_module("0", model[0]._modules.pop("0"))
+
+
+def _swap_unread_container_for_attribute(model: nn.Sequential) -> None:
+    del model[0]._state_dict_hooks  # (a container no plan reads: its value is not compared)
+    model[0].extra = 1.5  # (the same number of attributes)
+
+
+def _replace_hook_dict(model: nn.Sequential) -> None:
+    model[0]._forward_hooks = OrderedDict({0: lambda *_a: None})
+
+
+def _same_parameter_kind(model: nn.Sequential) -> None:
+    model[0].weight = nn.Parameter(model[0].weight.detach().clone())
+
+
+@pytest.mark.parametrize(("make", "change"), [
+    (_nested, _move_child), (mlp, _swap_unread_container_for_attribute), (mlp, _replace_hook_dict),
+    (mlp, _same_parameter_kind), (mlp, lambda m: setattr(m[1], "inplace", 0)),
+    (mlp, lambda m: m[0]._parameters.update(weight=m[0]._parameters.pop("weight"))),
+], ids=["entry moved between slots", "unread container for an attribute", "hook dict replaced",
+        "parameter replaced", "value equal but not identical", "parameter order"])
+def test_what_the_flat_check_could_miss_it_sees(make: Callable[[], nn.Sequential],
+                                                change: Callable[[nn.Sequential], object]) -> None:
+    # NOTE [one flat check]: the changes a cheaper comparison would read as none
+    model = make()
+    snapshot = _model_plans.Snapshot.of(model)
+    assert snapshot is not None and snapshot.holds()
+    change(model)
+    assert not snapshot.holds()
+
+
+def test_the_flat_check_holds_across_calls_and_unread_changes(builds: list[str]) -> None:
+    model = mlp()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    snapshot = _model_plans.Snapshot.of(model)
+    assert snapshot is not None
+    for _ in range(3):
+        _maps(model, x)  # (a call swaps the params in and back: the same objects, under the same names)
+    assert snapshot.holds() and builds == ["lrp", "deeplift"]
+    model[1].__dict__ = dict(reversed(vars(model[1]).items()))  # (another dict, the same attributes)
+    model[2]._state_dict_hooks = OrderedDict()  # (a container no plan reads)
+    assert snapshot.holds()
