@@ -56,16 +56,22 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     return dy / dx
 
 
+def _flat(dx: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """Where ``|dx| < eps``; ``None`` where nowhere, the usual case, told by a reduction (the mask's full op is
+    saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact."""
+    size = dx.abs()
+    return None if size.numel() == 0 or bool(size.amin() >= eps) else size < eps
+
+
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
     function, derivative = _ACTIVATIONS[type(module)]
     out = function(module, both)
     rows = (n, both.shape[0] - n)
     (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
-    flat, ratio = dx.abs() < eps, _ratio(y - y_ref, dx)
-    # where no |dx| is below eps (the usual case) the multiplier is the ratio itself: the derivative and the select
-    # are skipped (one reduction asked instead of two full ops; the walk runs eagerly, so the data may decide)
-    multiplier = torch.where(flat, derivative(module, h, y), ratio) if bool(flat.any()) else ratio
+    flat, ratio = _flat(dx, eps), _ratio(y - y_ref, dx)
+    # where no |dx| is below eps the multiplier is the ratio itself: the derivative and the select are skipped
+    multiplier = ratio if flat is None else torch.where(flat, derivative(module, h, y), ratio)
     return out, lambda g: g * multiplier
 
 
@@ -92,7 +98,7 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tupl
     (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     at_x, at_ref = indices[:n], indices[n:].expand_as(y)
     dx = h - r
-    flat = dx.abs() < eps
+    flat = _flat(dx, eps)
     top = torch.maximum(y, y_ref)
     up, down = top - y_ref, y - top
 
@@ -102,6 +108,8 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tupl
         # both halves' changes scattered into one plane: where the inputs' and the references' maxima are
         moved = g.new_zeros(h.shape).flatten(-dims)
         moved.scatter_add_(-1, flat_x, (g * up).flatten(-dims)).scatter_add_(-1, flat_ref, (g * down).flatten(-dims))
+        if flat is None:  # (no |dx| below eps: the plain gradient and the select are skipped)
+            return _ratio(moved.view(h.shape), dx)
         plain = g.new_zeros(h.shape).flatten(-dims).scatter_add_(-1, flat_x, g.flatten(-dims))
         return torch.where(flat, plain.view(h.shape), _ratio(moved.view(h.shape), dx))
 

@@ -357,3 +357,24 @@ def test_label_tensor_on_the_walk_equals_the_general_path() -> None:
     torch.testing.assert_close(walked, general, rtol=1e-10, atol=1e-13)
     theirs = _captum(DeepLift, _captum_safe(model), inputs=x, baselines=torch.full_like(x, 0.2), target=labels)
     torch.testing.assert_close(walked, theirs, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("eps", [1e-10, 0.3], ids=["no input near its reference", "some near"])
+def test_max_pool_with_and_without_near_references_equals_the_general_path(eps: float) -> None:
+    # the walk skips the pool's plain gradient where no |x - reference| is below eps: both ways equal the general
+    # path's (a hook takes it), and captum's where it agrees (its eps at a max pool is not ours)
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(48, 4)).to(D).eval()
+    f, p = _pure(model)
+    x, b = torch.randn(4, 1, 8, 8, dtype=D), torch.randn(4, 1, 8, 8, dtype=D)
+    walked = deeplift(f, p, x, b, target=2, eps=eps)
+    handle = model[3].register_forward_hook(lambda _m, _a, out: out)
+    try:
+        general = deeplift(f, p, x, b, target=2, eps=eps)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(walked, general, rtol=1e-10, atol=1e-13)
+    if eps < 1e-6:
+        theirs = _captum(DeepLift, _captum_safe(model), True, eps, inputs=x, baselines=b, target=2)
+        torch.testing.assert_close(walked, theirs, rtol=1e-10, atol=1e-13)
