@@ -20,7 +20,8 @@
 #   general path anyway), and a hook registered later fails the check;
 # - a model holding anything but numbers, strings, ``None``, tuples of them, dtypes and
 #   devices as attributes (a tensor, a list, a function, an object), besides the
-#   module's own slot and hook containers, gets no snapshot either: its plan is built at
+#   module's own slot and hook containers, or with a state-dict hook (a function that may
+#   refer to the model), gets no snapshot either: its plan is built at
 #   every call, as if there were no cache. So the values held cannot refer to the model,
 #   and no mutable one is trusted by identity alone. The containers and the submodules
 #   are held (a module taken out of the model keeps its parameters alive until the next
@@ -72,6 +73,10 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_
 # hooks), or not at all (what no forward reads: state-dict hooks, the names of non-persistent buffers)
 _CONTAINERS = frozenset({*_SLOTS, *HOOK_DICTS, "_non_persistent_buffers_set", "_state_dict_hooks",
                          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+# what no forward reads, but where a function (a state-dict hook) may refer to the model: held by the snapshot's
+# submodules, it would keep the model alive through the cache, so a model with any gets no snapshot
+_UNREAD_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                 "_load_state_dict_post_hooks")
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device)
 _PLANS_PER_MODEL = 16
 _plans: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Snapshot | None, Any]]] = (
@@ -131,6 +136,8 @@ class Snapshot:
                 return None  # (a slot replaced by a mapping of another kind: its contents are not followed)
             if any(state[name] for name in HOOK_DICTS) or any(child is model for child in state["_modules"].values()):
                 return None  # (hooks; or a cycle: its plan would keep the model alive)
+            if any(state.get(name) for name in _UNREAD_HOOKS):
+                return None  # (a state-dict hook may refer to the model: held, it would keep the model alive)
             if not all(name in _CONTAINERS or _held(value) for name, value in state.items()):
                 return None
         return Snapshot(modules)

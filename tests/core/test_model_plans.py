@@ -195,6 +195,20 @@ def test_plans_do_not_keep_the_model_alive() -> None:
     assert gone() is None
 
 
+@pytest.mark.parametrize("register", ["_register_state_dict_hook", "register_load_state_dict_post_hook"])
+def test_a_state_dict_hook_referring_to_the_model_does_not_keep_it_alive(register: str) -> None:
+    model = mlp()
+    owner = [model]  # (the hook holds the model, as a hook written as a closure over it does)
+    getattr(model[-1], register)(lambda *_a, _owner=owner, **_k: None)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    before, again = _maps(model, x), _maps(model, x)
+    assert all(torch.equal(a, b) for a, b in zip(before, again, strict=True))
+    gone = weakref.ref(model)
+    del model, owner
+    gc.collect()
+    assert gone() is None
+
+
 class _Holder(nn.Module):
     """A module with no parameters or buffers: an entry moved into its slot keeps the model's flat names and values."""
 
