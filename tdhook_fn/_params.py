@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torch import nn
 
-__all__ = ["Key", "leaves", "params"]
+__all__ = ["Key", "leaf_values", "leaves", "params"]
 
 Key = tuple[str, ...]
 
@@ -66,3 +66,17 @@ def _collect(td: TensorDictBase, prefix: Key, out: dict[Key, Any]) -> None:
             _collect(value, (*prefix, key), out)  # (a tensor is never a TensorDict: the cheap test first)
         else:
             out[(*prefix, key)] = value
+
+
+def leaf_values(td: TensorDictBase) -> list[Any]:
+    """The leaf values of a TensorDict, in `leaves` order, without building their keys (cheaper, on every call)."""
+    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
+    if not isinstance(own, dict):
+        return list(td.values(include_nested=True, leaves_only=True))
+    out: list[Any] = []
+    for value in own.values():
+        if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
+            out.extend(leaf_values(value))
+        else:
+            out.append(value)
+    return out

@@ -45,8 +45,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -183,7 +182,8 @@ class Shadow:
         wrong: list[str] = []
         for slots, name, key, shape in self.param_slots:
             value = slots[name] = values[key]
-            wrong += shape_mismatch(key, value, shape)
+            if shape is not None and value.shape != shape:  # (shape_mismatch's test, inline: this runs per tensor)
+                wrong += shape_mismatch(key, value, shape)
         copies: dict[Key, Any] = {}
         for slots, name, key, shape in self.buffer_slots:
             value = values[key]
@@ -239,7 +239,8 @@ class Shadow:
                     "the model without offloading"
                 )
         for key, mark in marks.items():
-            if _mark(values[key]) != mark:
+            value = values[key]
+            if (value._version, value.data_ptr()) != mark:
                 raise RuntimeError(
                     f"module {'.'.join(key[:-1]) or '<root>'!r} wrote its parameter {key[-1]!r} while it ran (a "
                     "forward that clamps or renormalises its weights in place, or assigns to .data): the params you "
@@ -277,7 +278,7 @@ def param_marks(values: dict[Key, Any], keys: Sequence[Key]) -> dict[Key, tuple[
     params are constants of the methods' transforms, so those are seen).
     """
     if torch._C._functorch.peek_interpreter_stack() is None:  # (no transform: nothing is wrapped)
-        return {key: _mark(values[key]) for key in keys}
+        return {key: (value._version, value.data_ptr()) for key in keys for value in (values[key],)}
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return {key: _mark(values[key]) for key in keys
             if isinstance(values[key], torch.Tensor) and not wrapped(values[key])}
@@ -313,21 +314,43 @@ _pools: weakref.WeakKeyDictionary[nn.Module, list[Shadow]] = weakref.WeakKeyDict
 shadow_lock = threading.Lock()
 
 
-@contextmanager
-def shadow_of(model: nn.Module) -> Iterator[Shadow]:
-    """Borrow a refreshed shadow of ``model`` for one call; it is cleared on return."""
-    with shadow_lock:
-        pool = _pools.get(model)
-        if pool is None:
-            pool = _pools[model] = []
-        shadow = pool.pop() if pool else None
-    if shadow is None or not shadow.is_current():
-        shadow = Shadow(model)
-    try:
-        shadow.refresh()
-        yield shadow
-    finally:
+def shadow_of(model: nn.Module) -> _Borrowed:
+    """Borrow a refreshed shadow of ``model`` for one call (a context manager); it is cleared on return."""
+    return _Borrowed(model)
+
+
+class _Borrowed:
+    """What `shadow_of` returns: a class, not a generator, as it runs on every call."""
+
+    __slots__ = ("model", "pool", "shadow")
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self) -> Shadow:
+        model = self.model
+        with shadow_lock:
+            pool = _pools.get(model)
+            if pool is None:
+                pool = _pools[model] = []
+            shadow = pool.pop() if pool else None
+        self.pool = pool
+        if shadow is None or not shadow.is_current():
+            shadow = Shadow(model)
+        self.shadow = shadow
+        try:
+            shadow.refresh()
+        except BaseException:
+            self._give_back()
+            raise
+        return shadow
+
+    def __exit__(self, *exc: object) -> None:
+        self._give_back()
+
+    def _give_back(self) -> None:
+        shadow = self.shadow
         shadow.unload()
         with shadow_lock:
-            if len(pool) < _POOL_SIZE:
-                pool.append(shadow)
+            if len(self.pool) < _POOL_SIZE:
+                self.pool.append(shadow)

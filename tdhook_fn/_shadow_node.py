@@ -131,10 +131,11 @@ class Node:
         state.clear()
         state.update(original)
         own = self.own
-        for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
-            theirs = original.get(name)
-            if theirs:
-                self._copy_hooks(rebinder, name, theirs, own[name], seen)
+        if any(map(original.get, HOOK_DICTS)):  # (mostly none: one pass in C)
+            for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
+                theirs = original.get(name)
+                if theirs:
+                    self._copy_hooks(rebinder, name, theirs, own[name], seen)
         state.update(own)
         if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
             state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])

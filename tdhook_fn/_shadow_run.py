@@ -62,8 +62,11 @@ def run(
         else:
             shadow.load(values)
         marks = {} if values is None else param_marks(values, shadow.param_keys)
-        modules = [shadow.module_for(target, tap.path) for tap, target in zip(taps, targets, strict=True)]
-        with attached(taps, modules, captured):
+        if taps:
+            modules = [shadow.module_for(target, tap.path) for tap, target in zip(taps, targets, strict=True)]
+            with attached(taps, modules, captured):
+                output = invoke(shadow.root)
+        else:  # (nothing to attach: the common call)
             output = invoke(shadow.root)
         if values is not None:
             shadow.check_params_kept(values, marks)

@@ -121,7 +121,8 @@ def _select_per_sample(index: torch.Tensor,
         picked_index = index.to(value.device, torch.long)  # (uint8 compared with -classes would wrap around)
         negative = True
         if values_readable(picked_index) and picked_index.numel():  # one pass for the range: this runs on every call
-            low, high = (int(v) for v in torch.aminmax(picked_index))
+            bounds = torch.aminmax(picked_index)
+            low, high = int(bounds.min), int(bounds.max)
             if low < -classes or high >= classes:
                 bad = low if low < -classes else high
                 raise IndexError(f"target: class index {bad} is out of range for output {key!r} with {classes} "

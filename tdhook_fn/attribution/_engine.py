@@ -32,6 +32,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
+from .._params import leaves
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._vjp import vjp
@@ -170,16 +171,17 @@ def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[Ne
     return flat.exclude(*read)
 
 
-def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict, extras: TensorDictBase | None,
+def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None, extras: TensorDictBase | None,
            batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
-    """Target values from the outputs, the target layers' activations and the extras."""
-    if use_outputs and not private and not len(seen.keys()) and extras is None:
+    """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
+    if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
         select = as_target(target, outputs=list(out.keys(True, True)))
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
         select = as_target(target, outputs=list(offered.keys(True, True)))
-        offered.update(seen)
+        if seen is not None:
+            offered.update(seen)
         for key, value in (extras.items(True, True) if extras is not None else ()):
             if key not in offered.keys(True, True):
                 offered.set(key, value)
@@ -229,8 +231,8 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     out = run(params, flat)
     _check_target_layer_runs("target_values", target_layers, runs)
     private = [f"{_TGT}{i}" for i in range(len(target_layers))]
-    seen = TensorDict({p: out.get(k) for p, k in zip(target_layers, private, strict=True)}, batch_size=out.batch_size)
-    return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
+    return _offer(out, private, _seen(out, target_layers), _extras(f, flat, ()), inputs.batch_size, True, target,
+                  check=False)
 
 
 def gradients(
@@ -269,20 +271,23 @@ def gradients(
     layers = dict(layers or {})
     tappable = _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
-    flat = inputs.reshape(-1)
+    flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)  # (a reshape to the same batch builds a copy)
     paths = list(layers)
     extras = _extras(f, flat, input_keys)
     private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
     attributed = set(input_keys)
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
-        device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
-        deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
+        deltas: list[torch.Tensor] = []
+        if specs:
+            device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
+            deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
 
-        def forward(diff: tuple[TensorDictBase, list[torch.Tensor]]) -> tuple[TensorDictBase, TensorDict]:
+        def forward(diff: tuple[dict[NestedKey, torch.Tensor], list[torch.Tensor]],
+                    ) -> tuple[TensorDictBase, list[torch.Tensor]]:
             feed = with_copied_inputs(flat, attributed)
-            if not diff[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
-                feed.update(diff[0])
+            for key, value in diff[0].items():
+                feed.set(key, value)
             tapped: Any = f
             runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
@@ -291,12 +296,12 @@ def gradients(
             out = tapped(params, feed)
             check_runs(paths, specs, runs)
             _check_target_layer_runs(method, target_layers, target_runs)
-            acts = TensorDict({p: out.get(f"{_ACT}{i}") for i, p in enumerate(paths)}, batch_size=out.batch_size)
-            seen = TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)},
-                              batch_size=out.batch_size)
-            return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts.reshape(batch)
+            acts = [out.get(_act_key(i)) for i in range(len(paths))]
+            return _offer(out, private, _seen(out, target_layers), extras, batch, use_outputs, target, check=True), acts
 
-        result: tuple[Any, Any, Any] = vjp(forward, (flat.select(*input_keys), deltas), constants=(params, flat))
+        # the attributed inputs as a plain dict: `vjp` rebuilds a dict for nothing, a TensorDict at a cost
+        primals = ({key: flat.get(key) for key in input_keys}, deltas)
+        result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params, flat))
         return result
 
     if tappable is None or not paths:
@@ -307,11 +312,21 @@ def gradients(
     cot, lead = seed_cotangents(values, per_target, cotangents)
     (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot)[0]
     grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
-    for key, value in d_inputs.items(True, True):
+    for key, value in d_inputs.items():
         grads.set(key, unflatten(value, lead, batch))
     for path, value in zip(paths, d_layers, strict=True):
         grads.set(path, unflatten(value, lead, batch))
-    return Gradients(grads, acts, values)
+    activations = TensorDict({}, batch_size=batch)
+    for path, value in zip(paths, acts, strict=True):
+        activations.set(path, unflatten(value, 0, batch))
+    return Gradients(grads, activations, values)
+
+
+def _seen(out: TensorDictBase, target_layers: Sequence[str]) -> TensorDict | None:
+    """The target layers' activations by path, from their captures in ``out``; None without target layers."""
+    if not target_layers:
+        return None
+    return TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)}, batch_size=out.batch_size)
 
 
 def seed_cotangents(values: TensorDictBase, per_target: bool, cotangents: Cotangents | None,
@@ -327,14 +342,24 @@ def seed_cotangents(values: TensorDictBase, per_target: bool, cotangents: Cotang
         return cot, 0
     if per_target:
         return _one_hots(values), 1
-    return cast(TensorDictBase, values.apply(torch.ones_like)), 0
+    return _ones_like(values), 0
+
+
+def _ones_like(values: TensorDictBase) -> TensorDictBase:
+    """``values.apply(torch.ones_like)``, built directly for a plain TensorDict (``apply`` costs more)."""
+    if type(values) is not TensorDict:
+        return cast(TensorDictBase, values.apply(torch.ones_like))
+    keyed = leaves(values)
+    out = values.empty(recurse=any(len(key) > 1 for key in keyed))
+    for key, value in keyed.items():
+        out.set(key, torch.ones_like(value))
+    return out
 
 
 def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
                     input_keys: Sequence[NestedKey], batch: torch.Size, target: Target) -> TensorDictBase:
     """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them."""
-    seen = TensorDict({}, batch_size=out.batch_size)
-    return _offer(out, [], seen, _extras(f, flat, input_keys), batch, True, target, check=True)
+    return _offer(out, [], None, _extras(f, flat, input_keys), batch, True, target, check=True)
 
 
 def _target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
@@ -365,6 +390,6 @@ def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
     if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
         return torch.func.vmap(pullback)(cot)[0]
     pulled = [pullback(cot[t])[0] for t in range(cot.batch_size[0])]
-    inputs = torch.stack([p[0] for p in pulled])
+    inputs = {key: torch.stack([p[0][key] for p in pulled]) for key in pulled[0][0]}
     layers = [torch.stack([p[1][i] for p in pulled]) for i in range(len(pulled[0][1]))]
     return inputs, layers

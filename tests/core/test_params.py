@@ -50,3 +50,18 @@ def test_params_leave_the_model_alone():
     # parameters share storage by design; buffers are copies
     assert torch.equal(before["tensors"]["1.running_mean"][1], model[1].running_mean)
     assert not same(before, snapshot(model))  # the 1-d bias params did change in place
+
+
+
+def test_leaf_values_are_the_leaves_in_order_without_keys():
+    from tdhook_fn._params import leaf_values, leaves
+
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Sequential(nn.Linear(3, 1)))
+    td = tdhook_fn.params(net)
+    for case in (td, td.exclude(("1", "running_mean")), td.clone().lock_()):
+        expected = list(leaves(case).values())
+        got = leaf_values(case)
+        assert len(got) == len(expected) == len(list(case.keys(True, True)))
+        assert all(g is e for g, e in zip(got, expected, strict=True))
+    lazy = torch.stack([td, td], 0)  # a lazy stack, not a plain TensorDict: read through items()
+    assert [v.shape for v in leaf_values(lazy)] == [v.shape for v in leaves(lazy).values()]
