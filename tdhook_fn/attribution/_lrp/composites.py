@@ -14,7 +14,8 @@ from torch import nn
 from ..._paths import PathError, name_to_path, resolve_path
 from .rules import AlphaBeta, Epsilon, Ignore, Pass, Rule
 
-__all__ = ["ACTIVATIONS", "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "resolve_rules", "warn_missing"]
+__all__ = ["ACTIVATIONS", "AVG_POOLS", "BATCH_NORMS", "CONVOLUTIONS", "MAX_POOLS", "TRANSPOSED_CONVOLUTIONS",
+           "EpsilonPlus", "Resolved", "RuleMapper", "Rules", "resolve_rules", "warn_missing"]
 
 RuleMapper = Callable[[str, nn.Module], Rule | None]
 Rules = Mapping[str | type[nn.Module], Rule] | RuleMapper
@@ -24,13 +25,17 @@ ACTIVATIONS: tuple[type[nn.Module], ...] = (
     nn.ReLU, nn.ReLU6, nn.RReLU, nn.SELU, nn.CELU, nn.GELU, nn.Sigmoid, nn.SiLU, nn.Softplus, nn.Softshrink,
     nn.Softsign, nn.Tanh, nn.Tanhshrink, nn.Threshold,
 )
-_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-_AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-              nn.AdaptiveAvgPool3d)
-_PASSED = (*ACTIVATIONS, *_BATCH_NORMS)
-_PLAIN = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
-          nn.Identity, nn.Dropout, nn.Flatten)
+# the groups of torch.nn classes the composites give rules to (compat's ``lrp_helpers.types`` groups are these)
+CONVOLUTIONS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+TRANSPOSED_CONVOLUTIONS: tuple[type[nn.Module], ...] = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+BATCH_NORMS: tuple[type[nn.Module], ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+AVG_POOLS: tuple[type[nn.Module], ...] = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+                                          nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
+MAX_POOLS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d,
+                                          nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+_CONVS = (*CONVOLUTIONS, *TRANSPOSED_CONVOLUTIONS)
+_PASSED = (*ACTIVATIONS, *BATCH_NORMS)
+_PLAIN = (*MAX_POOLS, nn.Identity, nn.Dropout, nn.Flatten)
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class EpsilonPlus:
     def _by_class(self) -> tuple[tuple[tuple[type[nn.Module], ...], Rule], ...]:
         """The rules, made once per composite (asked once per module per call)."""
         return ((_CONVS, AlphaBeta(1.0, 0.0, self.stabilizer)), ((nn.Linear,), Epsilon(self.epsilon)),
-                (_PASSED, Pass()), (_PLAIN, Ignore()), (_AVG_POOLS, Epsilon(self.stabilizer)))
+                (_PASSED, Pass()), (_PLAIN, Ignore()), (AVG_POOLS, Epsilon(self.stabilizer)))
 
 
 def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapper:

@@ -14,6 +14,15 @@ from typing import Any
 
 from torch import nn
 
+from tdhook_fn.attribution._lrp.composites import (
+    ACTIVATIONS,
+    AVG_POOLS,
+    BATCH_NORMS,
+    CONVOLUTIONS,
+    MAX_POOLS,
+    TRANSPOSED_CONVOLUTIONS,
+)
+
 __all__ = [
     "Activation",
     "AvgPool",
@@ -47,13 +56,13 @@ def _frozen_batch_norm() -> tuple[type, ...]:
 class ConvolutionTranspose(metaclass=SubclassMeta):
     """``nn.ConvTranspose1d``, ``2d``, ``3d``."""
 
-    __subclass__ = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+    __subclass__ = TRANSPOSED_CONVOLUTIONS
 
 
 class ConvolutionStandard(metaclass=SubclassMeta):
     """``nn.Conv1d``, ``2d``, ``3d``."""
 
-    __subclass__ = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    __subclass__ = CONVOLUTIONS
 
 
 class Convolution(metaclass=SubclassMeta):
@@ -71,28 +80,22 @@ class Linear(metaclass=SubclassMeta):
 class BatchNorm(metaclass=SubclassMeta):
     """``nn.BatchNorm1d``, ``2d``, ``3d`` (and torchvision's ``FrozenBatchNorm2d``)."""
 
-    __subclass__ = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, *_frozen_batch_norm())
+    __subclass__ = (*BATCH_NORMS, *_frozen_batch_norm())
 
 
 class AvgPool(metaclass=SubclassMeta):
     """Average pooling, plain and adaptive, 1d to 3d."""
 
-    __subclass__ = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-                    nn.AdaptiveAvgPool3d)
+    __subclass__ = AVG_POOLS
 
 
 class MaxPool(metaclass=SubclassMeta):
     """Max pooling, plain and adaptive, 1d to 3d."""
 
-    __subclass__ = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
-                    nn.AdaptiveMaxPool3d)
+    __subclass__ = MAX_POOLS
 
 
 class Activation(metaclass=SubclassMeta):
     """The elementwise activations of ``torch.nn`` (ReLU, Tanh, GELU, ...)."""
 
-    __subclass__ = (
-        nn.ELU, nn.Hardshrink, nn.Hardsigmoid, nn.Hardtanh, nn.Hardswish, nn.LeakyReLU, nn.LogSigmoid, nn.PReLU,
-        nn.ReLU, nn.ReLU6, nn.RReLU, nn.SELU, nn.CELU, nn.GELU, nn.Sigmoid, nn.SiLU, nn.Softplus, nn.Softshrink,
-        nn.Softsign, nn.Tanh, nn.Tanhshrink, nn.Threshold,
-    )
+    __subclass__ = ACTIVATIONS
