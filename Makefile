@@ -34,7 +34,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict tdhook_fn
 
 unit: $(STAMP)
-	@echo "== pytest (about 5,200 tests: 5 to 6 minutes measured on a 2-core machine; the examples and torchrun jobs run last)"
+	@echo "== pytest (about 5,250 tests: 5 to 7 minutes measured on a quiet 2-core machine, up to 15 on a loaded one; the examples and torchrun jobs run last)"
 	$(VENV)/bin/pytest
 
 test: lint typecheck unit
