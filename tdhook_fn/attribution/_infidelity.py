@@ -17,6 +17,7 @@ from ._engine import target_values
 from ._inputs import tensor_inputs
 from ._metric_samples import (
     check_count,
+    checked_perturbed,
     chunks,
     input_leaves,
     repeated,
@@ -164,20 +165,14 @@ def _feed(inputs: TensorDictBase | None, copies: TensorDictBase, moved: Any, fla
     to one dim where ``flat`` (an index target reads a batch of any shape; a callable target
     sees the runs' shape).
     """
-    if not isinstance(moved, TensorDictBase):
-        raise TypeError(f"{_METHOD}: perturb_func must return TensorDicts of perturbed inputs, got "
-                        f"{type(moved).__name__}")
-    for key, value, old in input_leaves(_METHOD, "perturb_func returned", moved, copies):
-        if value.shape != old.shape:
-            raise ValueError(f"{_METHOD}: perturb_func returned {key!r} of shape {list(value.shape)}; the inputs it "
-                             f"was given have shape {list(old.shape)} (batch [*B, k]: k copies of each sample)")
+    moved_leaves = dict(checked_perturbed(_METHOD, copies, moved))
     dims = copies.batch_dims - 1
     runs = [*copies.batch_size[:-1], copies.batch_size[-1] + (inputs is not None)]
     leaves: dict[NestedKey, torch.Tensor] = {}
     for key, copy in copies.items(True, True):
-        value = cast(torch.Tensor, moved.get(key, copy))
+        value = moved_leaves.get(key, cast(torch.Tensor, copy))
         if inputs is not None:
-            value = torch.cat([inputs.get(key).unsqueeze(dims), value], dims)
+            value = torch.cat([cast(torch.Tensor, inputs.get(key)).unsqueeze(dims), value], dims)
         leaves[key] = value.flatten(0, dims) if flat else value
     return TensorDict(leaves, batch_size=[math.prod(runs)] if flat else runs)
 

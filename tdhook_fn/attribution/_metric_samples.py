@@ -28,6 +28,7 @@ from .._functional import NestedKey
 
 __all__ = [
     "check_count",
+    "checked_perturbed",
     "chunks",
     "input_leaves",
     "normal_perturbation",
@@ -85,16 +86,24 @@ def repeated_target(target: Any, batch: torch.Size, k: int) -> Any:
 
 def perturbed_feed(method: str, copies: TensorDictBase, perturbed: Any) -> TensorDictBase:
     """The repeated inputs with the entries the perturbation function returned in their place."""
+    feed = copies.clone(False)
+    for key, value in checked_perturbed(method, copies, perturbed):
+        feed.set(key, value)
+    return feed
+
+
+def checked_perturbed(method: str, copies: TensorDictBase, perturbed: Any) -> list[tuple[NestedKey, torch.Tensor]]:
+    """The entries a perturbation function returned, each an input of the copies and shaped like it."""
     if not isinstance(perturbed, TensorDictBase):
         raise TypeError(f"{method}: perturb_func must return TensorDicts of perturbed inputs, got "
                         f"{type(perturbed).__name__}")
-    feed = copies.clone(False)
+    out = []
     for key, value, old in input_leaves(method, "perturb_func returned", perturbed, copies):
         if value.shape != old.shape:
             raise ValueError(f"{method}: perturb_func returned {key!r} of shape {list(value.shape)}; the inputs it "
                              f"was given have shape {list(old.shape)} (batch [*B, k]: k copies of each sample)")
-        feed.set(key, value)
-    return feed
+        out.append((key, value))
+    return out
 
 
 def input_leaves(method: str, what: str, td: TensorDictBase,
