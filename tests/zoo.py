@@ -20,6 +20,18 @@ class TwoInput(nn.Module):
         return self.head(torch.tanh(self.a(x) + self.b(y)))
 
 
+class Moded(nn.Module):
+    """A forward with a string keyword: non-tensor inputs must reach every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, mode: str = "linear") -> torch.Tensor:
+        y = self.lin(x)
+        return torch.tanh(y) if mode == "tanh" else y
+
+
 @dataclass
 class Parts:
     logits: torch.Tensor

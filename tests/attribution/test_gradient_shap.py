@@ -15,7 +15,7 @@ from attr_zoo import DTYPES, as_tuple, assert_same, build, captum_inputs, from_c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
-from zoo import same, snapshot
+from zoo import Moded, same, snapshot
 
 from tdhook_fn import functional, params
 from tdhook_fn.attribution import saliency
@@ -204,18 +204,8 @@ def test_convergence_delta_is_zero_for_a_linear_model_per_target():
     torch.testing.assert_close(delta, torch.zeros_like(delta), atol=1e-12, rtol=0)
 
 
-class _Moded(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(2, 2)
-
-    def forward(self, x: torch.Tensor, mode: str = "linear") -> torch.Tensor:
-        y = self.lin(x)
-        return torch.tanh(y) if mode == "tanh" else y
-
-
 class _Tanh(torch.nn.Module):
-    def __init__(self, inner: _Moded) -> None:
+    def __init__(self, inner: Moded) -> None:
         super().__init__()
         self.inner = inner
 
@@ -230,7 +220,7 @@ def test_a_non_tensor_input_reaches_the_forward_of_every_draw():
     import tdhook_fn
 
     torch.manual_seed(0)
-    net = _Moded()
+    net = Moded()
     f, p = tdhook_fn.pure(net, in_keys={"input": "x", "mode": "mode"})
     td = TensorDict(input=torch.randn(3, 2), batch_size=[3])
     td["mode"] = NonTensorData("tanh")

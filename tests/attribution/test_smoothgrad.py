@@ -16,7 +16,7 @@ from attr_zoo import DTYPES, as_tuple, assert_same, build, captum_inputs, from_c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
-from zoo import same, snapshot
+from zoo import Moded, same, snapshot
 
 from tdhook_fn.attribution import integrated_gradients, saliency
 from tdhook_fn.attribution._smoothgrad import smoothgrad
@@ -243,16 +243,6 @@ def test_chunk_size_bounds_the_copies_per_call():
     assert seen == [(4, 3), (4, 3), (4, 1)]
 
 
-class _Moded(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(2, 2)
-
-    def forward(self, x: torch.Tensor, mode: str = "linear") -> torch.Tensor:
-        y = self.lin(x)
-        return torch.tanh(y) if mode == "tanh" else y
-
-
 def test_a_non_tensor_input_reaches_the_forward_of_every_copy():
     """The copies go to the engine flattened (NOTE [flat copies]); a string kwarg goes with them."""
     from tensordict import NonTensorData
@@ -260,7 +250,7 @@ def test_a_non_tensor_input_reaches_the_forward_of_every_copy():
     import tdhook_fn
 
     torch.manual_seed(0)
-    net = _Moded()
+    net = Moded()
     f, p = tdhook_fn.pure(net, in_keys={"input": "x", "mode": "mode"})
     x = torch.randn(3, 2)
     td = TensorDict(input=x, batch_size=[3])
