@@ -85,6 +85,7 @@ _lock = threading.Lock()
 _torch_globals = vars(module_globals)
 _slots_of = itemgetter(*_SLOTS)
 _hooks_of = itemgetter(*_HOOKS)
+_unread_hooks_of = itemgetter(*_UNREAD_HOOKS)
 _DICTS = (dict, OrderedDict)
 
 
@@ -130,13 +131,13 @@ class Snapshot:
         modules = list(model.modules())
         for module in modules:
             state = vars(module)
-            if any(name not in state for name in (*_SLOTS, *HOOK_DICTS)) or "forward" in state:
+            if any(name not in state for name in (*_SLOTS, *HOOK_DICTS, *_UNREAD_HOOKS)) or "forward" in state:
                 return None  # (not a module as nn.Module builds it, or an instance forward)
             if not all(type(state[name]) in _DICTS for name in _SLOTS):
                 return None  # (a slot replaced by a mapping of another kind: its contents are not followed)
             if any(state[name] for name in HOOK_DICTS) or any(child is model for child in state["_modules"].values()):
                 return None  # (hooks; or a cycle: its plan would keep the model alive)
-            if any(state.get(name) for name in _UNREAD_HOOKS):
+            if any(state[name] for name in _UNREAD_HOOKS):
                 return None  # (a state-dict hook may refer to the model: held, it would keep the model alive)
             if not all(name in _CONTAINERS or _held(value) for name, value in state.items()):
                 return None
@@ -152,6 +153,8 @@ class Snapshot:
         states = list(map(vars, modules))
         if list(map(dict.keys, states)) != self.names or any(chain.from_iterable(map(_hooks_of, states))):
             return False
+        if any(chain.from_iterable(map(_unread_hooks_of, states))):
+            return False  # (a state-dict hook added since: held, it could keep the model alive)
         values = chain(map(type, modules), chain.from_iterable(map(call, self.getters, states)), _flat(self.slots))
         return (tuple(map(len, self.slots)) == self.sizes and tuple(chain.from_iterable(self.slots)) == self.keys
                 and all(map(is_, values, self.values)))
@@ -170,10 +173,13 @@ def plan_for(model: nn.Module, key: Hashable, build: Callable[[], _T]) -> _T:
         return entry[1]  # type: ignore[no-any-return]
     snapshot = Snapshot.of(model)  # (before building: a plan never sees a later state than its snapshot)
     plan = build()
-    if snapshot is not None:
-        with _lock:
-            plans = _plans.setdefault(model, {})
-            if len(plans) >= _PLANS_PER_MODEL and key not in plans:
-                plans.clear()
-            plans[key] = (snapshot, plan)
+    with _lock:
+        if snapshot is None:  # (the stale entry goes: it holds submodules, and through them what was added since)
+            if plans is not None:
+                plans.pop(key, None)
+            return plan
+        plans = _plans.setdefault(model, {})
+        if len(plans) >= _PLANS_PER_MODEL and key not in plans:
+            plans.clear()
+        plans[key] = (snapshot, plan)
     return plan

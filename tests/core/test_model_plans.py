@@ -209,6 +209,20 @@ def test_a_state_dict_hook_referring_to_the_model_does_not_keep_it_alive(registe
     assert gone() is None
 
 
+@pytest.mark.parametrize("register", ["register_forward_hook", "_register_state_dict_hook"])
+def test_a_hook_added_after_a_plan_does_not_keep_the_model_alive(register: str) -> None:
+    model = mlp()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    _maps(model, x)  # (a plan and its snapshot are cached)
+    owner = [model]
+    getattr(model[-1], register)(lambda *_a, _owner=owner, **_k: None)
+    _maps(model, x)  # (the snapshot fails; the model now gets none, and the stale entry must go)
+    gone = weakref.ref(model)
+    del model, owner
+    gc.collect()
+    assert gone() is None
+
+
 class _Holder(nn.Module):
     """A module with no parameters or buffers: an entry moved into its slot keeps the model's flat names and values."""
 
