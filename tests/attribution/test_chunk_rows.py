@@ -123,3 +123,24 @@ def test_under_vmap_nothing_is_probed():
     ours = torch.vmap(lambda s: ablate(recording, p, s))(x)
     assert 1 not in recording.sizes
     assert_close_ulps(ours, ablate(f, p, x.reshape(15, 1, 300)).reshape(3, 5, 1, 300), scale=10.0)
+
+
+class _Noisy(nn.Module):
+    """Draws from torch's global generator in its forward (no module marks it stochastic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(300, 2).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.flatten(1) + 1e-3 * torch.randn_like(x.flatten(1)))
+
+
+def test_the_probe_leaves_the_random_state_as_it_found_it():
+    x = torch.randn(2, 1, 300, dtype=F64)
+    f, p = tdhook_fn.pure(_Noisy())
+    torch.manual_seed(5)
+    first = ablate(f, p, x)  # (probed on this call)
+    torch.manual_seed(5)
+    again = ablate(f, p, x)
+    assert torch.equal(first, again)
