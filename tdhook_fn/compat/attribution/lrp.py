@@ -115,7 +115,6 @@ class LRP(GradientAttribution):
         self._rule_mapper = rule_mapper or (lambda name, module: None)
         self._warn_on_missing_rule = warn_on_missing_rule
         self._skip_modules = skip_modules
-        # the rules chosen on entering each open context, per user model (read by each call)
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:

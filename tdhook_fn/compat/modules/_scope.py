@@ -34,7 +34,6 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from tdhook_fn._shadow_run import run
-from tdhook_fn._taps import Tap
 
 from ._virtual import VirtualHook, VirtualHooks, taps_for
 
@@ -152,27 +151,18 @@ def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Seque
     return params
 
 
-def route(
-    root: nn.Module,
-    invoke: Callable[[nn.Module], Any],
-    *,
-    taps: Sequence[Tap] = (),
-    replacements: Sequence[Replacement] = (),
-) -> Any:
+def route(root: nn.Module, invoke: Callable[[nn.Module], Any]) -> Any:
     """``invoke(shadow)`` on a private shadow of ``root``, live, with the scope's hooks and replacements.
 
     Args:
         root (nn.Module): the module to run; it is never changed.
         invoke (Callable): receives the shadow root and runs it.
-        taps (Sequence[Tap]): more taps for this call, after the hooks'. Default: none.
-        replacements (Sequence[Replacement]): more replacements, after the scope's. Default: none.
 
     Returns:
         Any: what ``invoke`` returns.
     """
     scope = _SCOPE.get()
-    hooks = active_hooks(scope)
-    chosen = (*scope.replacements, *_new(scope.replacements, replacements)) if replacements else scope.replacements
+    chosen = scope.replacements
     overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
-    output, _ = run(root, None, (*taps_for(root, hooks), *taps), invoke, overrides=overrides or None)
+    output, _ = run(root, None, taps_for(root, active_hooks(scope)), invoke, overrides=overrides or None)
     return output
