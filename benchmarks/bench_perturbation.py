@@ -19,7 +19,8 @@ forwards) and every perturbation in one forward (for Shapley sampling, all 16 fe
 of an order: captum evaluates one order at a time); "captum best" is the fastest of
 these. The floor is the plain torch a capable engineer writes for the same numbers:
 every perturbed copy of the batch built once by broadcasting, forwards of the module
-itself, the differences spread back by one gather or product. It runs all perturbations
+itself (the small CNN's max pooling on a channels-last copy, as ours runs it:
+NOTE [shadow max pooling]), the differences spread back by one gather or product. It runs all perturbations
 in one forward and in equal forwards of at most 32 (1024 samples: small forwards keep a
 wider model's activations in cache), and the faster of the two is the floor; it builds its masks in the
 timed region as every other variant does. Every variant is first checked to give the
@@ -35,7 +36,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from _digits import cnn, digits
+from _digits import cnn, digits, fastest_forward
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
 from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
 from torch import nn
@@ -49,7 +50,7 @@ warnings.filterwarnings("ignore")
 N, SEED, ORDERS = 32, 0, 25
 
 
-def docs_cnn() -> nn.Module:
+def docs_cnn() -> nn.Sequential:
     """The CNN of the docs pages (``docs/gen_images.py``), untrained: the same cost."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
@@ -106,8 +107,9 @@ def floors(floor: Callable[[int], torch.Tensor], total: int) -> dict[str, Callab
     return {"floor, one forward": lambda: floor(total), f"floor, {equal} per forward": lambda: floor(equal)}
 
 
-def bench_occlusion(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+def bench_occlusion(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
+    fast = fastest_forward(net)  # (the floor's forward: NOTE [shadow max pooling])
     windows = 49
 
     def floor(rows: int) -> torch.Tensor:
@@ -115,7 +117,7 @@ def bench_occlusion(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model
             starts = torch.arange(7)
             cover = (torch.arange(8) >= starts[:, None]) & (torch.arange(8) < starts[:, None] + 2)  # [7, 8]
             masks = (cover[:, None, :, None] & cover[None, :, None, :]).reshape(windows, 64)
-            values = row_values(net, torch.cat([torch.zeros(1, 64, dtype=torch.bool), masks]), 0.0, x, target, rows)
+            values = row_values(fast, torch.cat([torch.zeros(1, 64, dtype=torch.bool), masks]), 0.0, x, target, rows)
             change = (values[:1] - values[1:]).T.reshape(N, 7, 7)
             c = cover.float()
             return (torch.einsum("nab,ai,bj->nij", change, c, c) / torch.outer(c.sum(0), c.sum(0)))[:, None]
@@ -134,13 +136,14 @@ def bench_occlusion(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model
             **floors(floor, windows + 1)})
 
 
-def bench_ablation(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+def bench_ablation(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
+    fast = fastest_forward(net)  # (the floor's forward: NOTE [shadow max pooling])
 
     def floor(rows: int) -> torch.Tensor:
         with torch.no_grad():
             masks = torch.cat([torch.zeros(1, 64, dtype=torch.bool), torch.eye(64, dtype=torch.bool)])
-            values = row_values(net, masks, 0.0, x, target, rows)
+            values = row_values(fast, masks, 0.0, x, target, rows)
             return (values[:1] - values[1:]).T.reshape(N, 1, 8, 8)
 
     def ours(chunk_size: int | None = None) -> torch.Tensor:
@@ -155,8 +158,9 @@ def bench_ablation(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model:
             "captum 0.9.0 (ppe=64, all)": captum(64), **floors(floor, 65)})
 
 
-def bench_shapley(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+def bench_shapley(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
+    fast = fastest_forward(net)  # (the floor's forward: NOTE [shadow max pooling])
     blocks = (torch.arange(8)[:, None] // 2 * 4 + torch.arange(8)[None, :] // 2).reshape(1, 1, 8, 8)
     features = 16
 
@@ -168,7 +172,7 @@ def bench_shapley(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: 
             steps = torch.arange(features)
             switched = ranks[:, None, blocks.view(-1)] <= steps[None, :, None]  # [S, P, 64]
             masks = torch.cat([torch.zeros(1, 64, dtype=torch.bool), switched.reshape(-1, 64)])  # baselines first
-            values = row_values(net, masks, x, 0.0, target, rows)
+            values = row_values(fast, masks, x, 0.0, target, rows)
             walk = values[1:].view(ORDERS, features, N)
             before = torch.cat([values[:1].expand(ORDERS, 1, N), walk[:, :-1]], 1)
             shares = (walk - before).gather(1, ranks[:, :, None].expand(-1, -1, N)).mean(0)  # [P, N]

@@ -13,7 +13,8 @@ captum runs at its default ``perturbations_per_eval=1`` and at its best setting 
 samples of an image in one forward); it explains one image at a time and fits one
 scikit-learn model per image. The floor is the plain torch a capable engineer writes:
 the same interpretable samples (drawn in every variant), every perturbed image built at
-once with ``torch.where``, one forward without autograd, the weights, one batched
+once with ``torch.where``, one forward without autograd (its max pooling on a channels-last
+copy, as ours runs it: NOTE [shadow max pooling]), the weights, one batched
 least-squares solve (``gelsd``); for the lasso, no plain-torch solver exists, so the floor
 calls the same batched lasso as ours (the row then times everything but the solver).
 Ours and the floor are first checked to give the same numbers (captum draws its own
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _digits import cnn, digits
+from _digits import cnn, digits, fastest_forward
 from _timing import cpu_medians, print_table
 from captum.attr import KernelShap, Lime
 from torch import nn
@@ -81,9 +82,10 @@ def _compare(method: str, ours: Callable[[], torch.Tensor], floor: Callable[[], 
                 {"floor": times["hand-written batched floor"], "captum best": times[best]})
 
 
-def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_samples: int = SAMPLES) -> None:
+def bench_kernel_shap(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, n_samples: int = SAMPLES) -> None:
     f, p = tdhook_fn.pure(net)
     explainer = KernelShap(net)
+    fast = fastest_forward(net)
 
     def ours() -> torch.Tensor:
         return kernel_shap(f, p, x, target=target, n_samples=n_samples, feature_mask=MASK,
@@ -92,7 +94,7 @@ def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_s
     def floor() -> torch.Tensor:
         samples = shapley_kernel_samples(16, n_samples, (N,), generator=torch.Generator().manual_seed(SEED))
         with torch.no_grad():
-            _, y = floor_values(net, x, target, samples)
+            _, y = floor_values(fast, x, target, samples)
             sizes = samples.sum(-1)
             w = torch.where((sizes == 0) | (sizes == 16), 1e6, 1.0)
             return floor_least_squares(samples, y, w)
@@ -100,8 +102,9 @@ def bench_kernel_shap(net: nn.Module, x: torch.Tensor, target: torch.Tensor, n_s
     _compare("kernel_shap", ours, floor, explainer, x, target, n_samples)
 
 
-def bench_lime(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
+def bench_lime(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
+    fast = fastest_forward(net)
     explainer = Lime(net) if model == "lasso" else Lime(net, interpretable_model=_captum_linear())
 
     def ours() -> torch.Tensor:
@@ -112,7 +115,7 @@ def bench_lime(net: nn.Module, x: torch.Tensor, target: torch.Tensor, model: str
         g = torch.Generator().manual_seed(SEED)
         samples = torch.bernoulli(torch.full((N, SAMPLES, 16), 0.5), generator=g).bool()
         with torch.no_grad():
-            moved, y = floor_values(net, x, target, samples)
+            moved, y = floor_values(fast, x, target, samples)
             cos = torch.nn.functional.cosine_similarity(x.reshape(N, 1, 64), moved.reshape(N, SAMPLES, 64), dim=-1)
             w = torch.exp(-((1 - cos) ** 2) / 2)
             if model == "linear":

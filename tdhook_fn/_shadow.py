@@ -53,6 +53,7 @@ from torch import nn
 
 from ._params import Key
 from ._paths import PathError
+from ._pool_layout import shadow_class
 from ._rebind import Rebinder, RebindError, storage_start
 from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS, Node, Slot, shape_of, signature_of
 
@@ -78,7 +79,8 @@ class Shadow:
     Use `shadow_of` to borrow one.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, forward_only: bool = False):
+        self.forward_only = forward_only
         self.nodes: list[Node] = []
         self.by_id: dict[int, nn.Module] = {}  # id(original submodule) -> shadow
         self.node_of: dict[int, Node] = {}
@@ -110,7 +112,8 @@ class Shadow:
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
             return self.by_id[id(module)]
-        shadow = type(module).__new__(type(module))
+        kind = shadow_class(module) if self.forward_only else type(module)
+        shadow = kind.__new__(kind)
         self.by_id[id(module)] = shadow
         state = module.__dict__
         own: dict[str, Any] = {
@@ -310,33 +313,40 @@ def raise_key_mismatch(expected: set[Key], given: set[Key]) -> None:
     raise ValueError(f"params do not match the model: missing {missing}, unexpected {extra}")
 
 
-_pools: weakref.WeakKeyDictionary[nn.Module, list[Shadow]] = weakref.WeakKeyDictionary()
+# the shadows of each model, and those for forward-only calls (NOTE [shadow max pooling])
+_pools: tuple[weakref.WeakKeyDictionary[nn.Module, list[Shadow]], ...] = (weakref.WeakKeyDictionary(),
+                                                                          weakref.WeakKeyDictionary())
 shadow_lock = threading.Lock()
 
 
-def shadow_of(model: nn.Module) -> _Borrowed:
-    """Borrow a refreshed shadow of ``model`` for one call (a context manager); it is cleared on return."""
-    return _Borrowed(model)
+def shadow_of(model: nn.Module, forward_only: bool = False) -> _Borrowed:
+    """Borrow a refreshed shadow of ``model`` for one call (a context manager); it is cleared on return.
+
+    ``forward_only``: for a call that nothing differentiates (NOTE [shadow max pooling]).
+    """
+    return _Borrowed(model, forward_only)
 
 
 class _Borrowed:
     """What `shadow_of` returns: a class, not a generator, as it runs on every call."""
 
-    __slots__ = ("model", "pool", "shadow")
+    __slots__ = ("forward_only", "model", "pool", "shadow")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, forward_only: bool):
         self.model = model
+        self.forward_only = forward_only
 
     def __enter__(self) -> Shadow:
         model = self.model
+        pools = _pools[self.forward_only]
         with shadow_lock:
-            pool = _pools.get(model)
+            pool = pools.get(model)
             if pool is None:
-                pool = _pools[model] = []
+                pool = pools[model] = []
             shadow = pool.pop() if pool else None
         self.pool = pool
         if shadow is None or not shadow.is_current():
-            shadow = Shadow(model)
+            shadow = Shadow(model, self.forward_only)
         self.shadow = shadow
         try:
             shadow.refresh()

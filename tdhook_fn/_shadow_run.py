@@ -11,6 +11,7 @@ from torch import nn
 
 from ._params import Key, leaves
 from ._paths import resolve_path
+from ._pool_layout import in_forward_only
 from ._shadow import param_marks, shadow_of
 from ._taps import Captured, Tap, attached
 from ._traced import run_traced
@@ -54,7 +55,7 @@ def run(
     values = None if params is None else leaves(params)
     targets = [resolve_path(model, tap.path) for tap in taps]
     captured: Captured = {}
-    with shadow_of(model) as shadow:
+    with shadow_of(model, in_forward_only()) as shadow:
         if values is None:
             shadow.load_own()
             if overrides:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -10,6 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
+from .._pool_layout import forward_only
 from .._targets import Target, check_target
 from .._types import PureFn
 from ._checks import check_call
@@ -21,8 +21,8 @@ from ._metric_samples import (
     chunks,
     input_leaves,
     repeated,
-    repeated_target,
 )
+from ._noise import flat_copies, flat_target
 
 __all__ = ["infidelity"]
 
@@ -144,11 +144,12 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     first = before is None
     runs = torch.Size([*batch, k + first])
     flat = not callable(target) or isinstance(target, torch.Tensor)
-    feed = _feed(td if first else None, copies, moved, flat)
-    chosen = repeated_target(target, batch, k + first)
-    if flat and isinstance(chosen, torch.Tensor) and chosen.dim():
-        chosen = chosen.reshape(-1)
-    values = _scalar(target_values(f, params, feed, chosen), runs)
+    feed = _feed(td, copies, moved, first)
+    if not flat:  # (a callable target sees the runs' shape)
+        feed = feed.reshape(runs)
+    with forward_only():  # NOTE [shadow max pooling]
+        outputs = target_values(f, params, feed, flat_target(target, batch, k + first))
+    values = _scalar(outputs, runs)
     if before is None:
         before, values = values[..., 0], values[..., 1:]
     diffs = before.unsqueeze(-1) - values
@@ -158,23 +159,15 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     return (((dots - diffs) ** 2).sum(-1),), before
 
 
-def _feed(inputs: TensorDictBase | None, copies: TensorDictBase, moved: Any, flat: bool) -> TensorDict:
-    """What ``f`` runs on: the copies with the perturbed entries in place, the ``inputs`` first when given.
-
-    Built leaf by leaf in one TensorDict whose batch is the runs ``[*B, k (+ 1)]`` flattened
-    to one dim where ``flat`` (an index target reads a batch of any shape; a callable target
-    sees the runs' shape).
-    """
-    moved_leaves = dict(checked_perturbed(_METHOD, copies, moved))
-    dims = copies.batch_dims - 1
-    runs = [*copies.batch_size[:-1], copies.batch_size[-1] + (inputs is not None)]
-    leaves: dict[NestedKey, torch.Tensor] = {}
-    for key, copy in copies.items(True, True):
-        value = moved_leaves.get(key, cast(torch.Tensor, copy))
-        if inputs is not None:
-            value = torch.cat([cast(torch.Tensor, inputs.get(key)).unsqueeze(dims), value], dims)
-        leaves[key] = value.flatten(0, dims) if flat else value
-    return TensorDict(leaves, batch_size=[math.prod(runs)] if flat else runs)
+def _feed(td: TensorDictBase, copies: TensorDictBase, moved: Any, first: bool) -> TensorDictBase:
+    """What ``f`` runs on, flat ``[N * (k (+ 1))]``: the copies with the perturbed entries in place, and the
+    inputs themselves as copy 0 where ``first`` (NOTE [flat copies])."""
+    replaced = dict(checked_perturbed(_METHOD, copies, moved))
+    if first:
+        dims = td.batch_dims
+        replaced = {key: torch.cat([cast(torch.Tensor, td.get(key)).unsqueeze(dims), value], dims)
+                    for key, value in replaced.items()}
+    return flat_copies(td, copies.batch_size[-1] + first, replaced)
 
 
 def _dots(attrs: TensorDictBase, perturbations: Any, copies: TensorDictBase) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
+from .._pool_layout import forward_only
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import any_requires_grad, untransformed
@@ -90,7 +91,7 @@ def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Ta
     """
     # nothing to differentiate (eager, no tensor asking for a gradient): skip autograd's bookkeeping
     quiet = untransformed() and not any_requires_grad((params, flat), baselines)
-    with torch.no_grad() if quiet else contextlib.nullcontext():
+    with torch.no_grad() if quiet else contextlib.nullcontext(), forward_only():  # NOTE [shadow max pooling]
         size = min(chunk_size, rows) if chunk_size else default_rows(f, params, flat, rows)
         return _chunks(f, params, flat, _repeated_target(target, size), rows, size, build, per_target, method)
 

@@ -21,12 +21,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
+from .._pool_layout import forward_only
 from .._targets import Target, values_readable
 from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
-from ._metric_samples import check_count, chunks, repeated_target
+from ._metric_samples import check_count, chunks
+from ._noise import flat_copies, flat_target
 from ._perturbation import target_columns
 
 __all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",
@@ -60,17 +62,6 @@ class Surrogate:
             index = mask.unsqueeze(-2).expand(*batch, k, mask.shape[-1])
             kept = samples.gather(-1, index).reshape(*batch, k, *x.shape[len(batch):])
             out[key] = torch.where(kept, x.unsqueeze(len(batch)), b.unsqueeze(len(batch)))
-        return out
-
-    def feed(self, perturbed: dict[NestedKey, torch.Tensor], k: int) -> TensorDict:
-        """Every input, ``perturbed`` in place of the attributed ones, ``k`` per sample in one batch dim ``[B * k]``."""
-        batch = self.inputs.batch_size
-        dims, rows = len(batch), batch.numel() * k
-        out = TensorDict({}, batch_size=[rows])
-        for key, value in self.inputs.items(True, True):
-            new = perturbed.get(key)
-            whole = new if new is not None else value.unsqueeze(dims).expand(*batch, k, *value.shape[dims:])
-            out.set(key, whole.reshape(rows, *value.shape[dims:]))
         return out
 
 
@@ -171,11 +162,10 @@ def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
         perturbed = surrogate.perturbed(part)
         if weigh is not None:
             weights.append(weigh(attributed, TensorDict(perturbed, batch_size=[*batch, k]), part))
-        feed = surrogate.feed(perturbed, k)
-        flat_target = repeated_target(target, batch, k)
-        if isinstance(flat_target, torch.Tensor) and flat_target.dim():
-            flat_target = flat_target.reshape(-1)
-        values.append(target_columns(method, target_values(f, params, feed, flat_target), feed.batch_size,
+        feed = flat_copies(surrogate.inputs, k, perturbed)  # NOTE [flat copies]
+        with forward_only():  # NOTE [shadow max pooling]
+            outputs = target_values(f, params, feed, flat_target(target, batch, k))
+        values.append(target_columns(method, outputs, feed.batch_size,
                                      per_target).reshape(*batch, k, -1))
     if len(values) == 1:  # (one chunk: no copy)
         return values[0], (weights[0] if weigh is not None else None)

@@ -386,3 +386,27 @@ def test_saliency_of_a_linear_model_has_zero_sensitivity(case: Any) -> None:
     score = sensitivity_max(explain, x, perturb_func=noise, perturb_radius=radius, n_perturb_samples=3)
     assert score.shape == x.batch_size
     assert bool((score == 0).all())
+
+
+def test_a_non_tensor_input_reaches_the_forward_of_every_copy() -> None:
+    """The copies go to ``f`` flat (NOTE [flat copies]); a string kwarg goes with them."""
+    from tensordict import NonTensorData
+    from zoo import Moded
+
+    torch.manual_seed(0)
+    net = Moded()
+    moded, p = tdhook_fn.pure(net, in_keys={"input": "x", "mode": "mode"})
+    plain, plain_params = tdhook_fn.pure(nn.Sequential(net.lin, nn.Tanh()))
+    x, attr = torch.randn(3, 2), torch.randn(3, 2)
+    td = TensorDict(input=x, batch_size=[3])
+    td["mode"] = NonTensorData("tanh")
+
+    def perturb(copies: TensorDict) -> tuple[TensorDict, TensorDict]:
+        step = torch.arange(copies["input"].numel()).reshape(copies["input"].shape) % 5 * 0.1
+        moved = TensorDict(input=copies["input"] - step, batch_size=copies.batch_size)
+        return TensorDict(input=step, batch_size=copies.batch_size), moved
+
+    ours = infidelity(moded, p, perturb, td, TensorDict(input=attr, batch_size=[3]), target=0, n_perturb_samples=4)
+    want = infidelity(plain, plain_params, perturb, TensorDict(input=x, batch_size=[3]),
+                      TensorDict(input=attr, batch_size=[3]), target=0, n_perturb_samples=4)
+    torch.testing.assert_close(ours, want)

@@ -275,3 +275,23 @@ def test_threads_sharing_one_model_get_their_own_maps() -> None:
         t.join()
     assert not errors, errors
     assert same(before, snapshot(net))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_non_tensor_input_reaches_the_forward_of_every_sample(name: str) -> None:
+    """The samples go to the engine as flat copies (NOTE [flat copies]); a string kwarg goes with them."""
+    from tensordict import NonTensorData
+    from zoo import Moded
+
+    torch.manual_seed(0)
+    net = Moded()
+    moded, p = tdhook_fn.pure(net, in_keys={"input": "x", "mode": "mode"})
+    plain, plain_params = tdhook_fn.pure(nn.Sequential(net.lin, nn.Tanh()))
+    x = torch.randn(3, 2)
+    td = TensorDict(input=x, batch_size=[3])
+    td["mode"] = NonTensorData("tanh")
+    samples = shapley_kernel_samples(2, 6, (3,), generator=torch.Generator().manual_seed(2))
+    ours = METHODS[name](moded, p, td, target=0, input_keys=["input"], samples=samples)["input"]
+    want = METHODS[name](plain, plain_params, TensorDict(input=x, batch_size=[3]), target=0,
+                         samples=samples)["input"]
+    torch.testing.assert_close(ours, want)

@@ -103,11 +103,11 @@ def test_a_shadow_whose_refresh_raises_is_cleared_and_pooled_again():
     net = nn.Sequential(nn.Linear(3, 2))
     p, x = tdhook_fn.params(net), torch.randn(4, 3)
     tdhook_fn.call(net, p, x)
-    (shadow,) = _pools[net]
+    (shadow,) = _pools[False][net]
     net[0].gradient_checkpointing = True  # refused in training mode, while the shadow is refreshed
     with pytest.raises(RuntimeError, match="activation checkpointing"):
         tdhook_fn.call(net, p, x)
-    assert _pools[net] == [shadow]  # given back, not lost nor doubled
+    assert _pools[False][net] == [shadow]  # given back, not lost nor doubled
     assert all(slots[name] is None for slots, name, _, _ in shadow.param_slots)  # and unloaded
     net[0].gradient_checkpointing = False
     torch.testing.assert_close(tdhook_fn.call(net, p, x), net(x))

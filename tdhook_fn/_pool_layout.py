@@ -1,0 +1,79 @@
+"""Max pooling of 2-d planes on the CPU in the channels-last layout: how shadows run ``nn.MaxPool2d``."""
+
+# NOTE [shadow max pooling]
+# On the CPU, torch's max pooling kernel for a batch of 2-d planes in the default layout
+# is slow on small planes: on the benchmarks' CNN ([1344, 8, 8, 8], 2x2) it takes more
+# than half of the forward; the same kernel on a channels-last copy takes a third of
+# that, the copy included, and gives the same numbers (the first maximum of a window on
+# ties, NaN as the default kernel takes it: tests compare both on ties, NaNs and signed
+# zeros, with every setting). So the calls of the methods that only read outputs (the
+# perturbation and surrogate methods, infidelity) run in `forward_only` blocks, whose
+# shadows (a pool of their own) are made of `ChannelsLastMaxPool2d` where the model has an
+# ``nn.MaxPool2d`` (that very class, not a subclass with its own forward). It pools a batch
+# of planes that nothing differentiates on a channels-last copy and hands on its result in
+# the default layout: the model computes exactly what its own forward computes. A forward
+# being differentiated keeps the plain kernel, so that gradients keep their layout (a
+# channels-last gradient would reach the layers below in another layout, where a
+# convolution's backward may round otherwise); so do calls under ``vmap`` or
+# ``torch.compile``, other devices and inputs already channels-last. Every other call's
+# shadows keep the model's own classes: the walks of LRP and DeepLift choose rules by the
+# class of the module they run (and pool on a channels-last copy themselves:
+# NOTE [max pooling in channels-last]).
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ChannelsLastMaxPool2d", "forward_only", "in_forward_only", "shadow_class"]
+
+_FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
+
+
+@contextmanager
+def forward_only() -> Iterator[None]:
+    """Calls in this block run on shadows for reading outputs only (NOTE [shadow max pooling])."""
+    token = _FORWARD_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _FORWARD_ONLY.reset(token)
+
+
+def in_forward_only() -> bool:
+    """Whether a `forward_only` block is open."""
+    return _FORWARD_ONLY.get()
+
+_functorch = torch._C._functorch
+
+
+def _undifferentiated_cpu_planes(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a batch of 2-d planes on the CPU in the default layout that nothing differentiates."""
+    return (x.dim() == 4 and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled())
+            and not _functorch.is_functorch_wrapped_tensor(x) and not torch.compiler.is_compiling()
+            and x.is_contiguous())
+
+
+class ChannelsLastMaxPool2d(nn.MaxPool2d):
+    """The class of a shadow of an ``nn.MaxPool2d``: the same forward, in channels-last where that is faster."""
+
+    def forward(self, input: torch.Tensor) -> Any:
+        if not _undifferentiated_cpu_planes(input):
+            return super().forward(input)
+        x = input.contiguous(memory_format=torch.channels_last)
+        settings = (self.kernel_size, self.stride, self.padding, self.dilation)
+        if self.return_indices:
+            out, indices = nn.functional.max_pool2d(x, *settings, ceil_mode=self.ceil_mode, return_indices=True)
+            return out.contiguous(), indices.contiguous()
+        return nn.functional.max_pool2d(x, *settings, ceil_mode=self.ceil_mode).contiguous()
+
+
+def shadow_class(module: nn.Module) -> type[nn.Module]:
+    """The class a shadow of ``module`` is made of: its own, but for ``nn.MaxPool2d`` itself."""
+    kind = type(module)
+    return ChannelsLastMaxPool2d if kind is nn.MaxPool2d else kind

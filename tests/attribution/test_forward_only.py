@@ -1,0 +1,79 @@
+"""The methods that only read outputs pool in channels-last (NOTE [shadow max pooling]); the others never."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import (
+    EpsilonPlus,
+    deeplift,
+    feature_ablation,
+    kernel_shap,
+    lime,
+    lrp,
+    occlusion,
+    saliency,
+    shapley_value_sampling,
+)
+from tdhook_fn.attribution.metrics import infidelity
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(12, 4)).eval()
+
+
+def _perturb(copies: TensorDict) -> tuple[TensorDict, TensorDict]:
+    step = torch.full_like(copies["input"], 0.1)
+    return TensorDict(input=step, batch_size=copies.batch_size), \
+        TensorDict(input=copies["input"] - step, batch_size=copies.batch_size)
+
+
+CALLS: dict[str, Callable[..., Any]] = {
+    "occlusion": lambda f, p, x: occlusion(f, p, x, target=1, sliding_window_shapes=(1, 2, 2)),
+    "feature_ablation": lambda f, p, x: feature_ablation(f, p, x, target=1),
+    "shapley_value_sampling": lambda f, p, x: shapley_value_sampling(f, p, x, target=1, n_samples=2),
+    "kernel_shap": lambda f, p, x: kernel_shap(f, p, x, target=1, n_samples=8),
+    "lime": lambda f, p, x: lime(f, p, x, target=1, n_samples=8),
+    "infidelity": lambda f, p, x: infidelity(f, p, _perturb, x, x.clone(), target=1, n_perturb_samples=3),
+}
+DIFFERENTIATED: dict[str, Callable[..., Any]] = {
+    "saliency": lambda f, p, x: saliency(f, p, x, target=1),
+    "lrp": lambda f, p, x: lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False),
+    "deeplift": lambda f, p, x: deeplift(f, p, x, target=1),
+}
+
+
+def _pooled_layouts(monkeypatch: pytest.MonkeyPatch, call: Callable[..., Any]) -> list[bool]:
+    seen: list[bool] = []
+    plain = nn.functional.max_pool2d
+
+    def spy(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return plain(x, *args, **kwargs)
+
+    net = _cnn()
+    f, p = tdhook_fn.pure(net)
+    x = TensorDict(input=torch.rand(3, 1, 4, 4), batch_size=[3])
+    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    call(f, p, x)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_forward_only_methods_pool_in_channels_last(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    layouts = _pooled_layouts(monkeypatch, CALLS[name])
+    assert layouts and all(layouts)
+
+
+@pytest.mark.parametrize("name", list(DIFFERENTIATED))
+def test_differentiated_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not any(_pooled_layouts(monkeypatch, DIFFERENTIATED[name]))

@@ -1,0 +1,139 @@
+"""Forward-only calls pool in channels-last (NOTE [shadow max pooling]): the model's own numbers, exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, forward_only, shadow_class
+from tdhook_fn._shadow import shadow_of
+
+_SETTINGS = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=1, padding=1, ceil_mode=True),
+    dict(kernel_size=2, stride=2, dilation=2, ceil_mode=True),
+    dict(kernel_size=(2, 3), stride=(1, 2)),
+]
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    ties = (torch.randn(6, 3, 9, 9) * 2).round().relu()  # many equal maxima (zeros after a ReLU)
+    nans = torch.randn(6, 3, 8, 8)
+    nans[0, 0, 0, :2] = float("nan")  # two NaNs in one window
+    nans[1, 2, 2:4, 2:4] = float("nan")
+    zeros = torch.zeros(3, 2, 6, 6)
+    zeros[:, :, ::2] = -0.0  # signed zeros tie: the sign of the one taken shows
+    return {"ties": ties, "nans": nans, "zeros": zeros, "float64": torch.randn(4, 2, 7, 7, dtype=torch.float64)}
+
+
+def _exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(got), torch.signbit(want))
+    assert got.is_contiguous()
+
+
+def _layouts(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each max pooling from now on pools a channels-last copy."""
+    seen: list[bool] = []
+    plain = nn.functional.max_pool2d
+
+    def spy(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        batched = torch._C._functorch.is_batchedtensor(x)  # (vmap cannot be asked for a layout)
+        seen.append(not batched and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return plain(x, *args, **kwargs)
+
+    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
+@pytest.mark.parametrize("settings", _SETTINGS, ids=str)
+def test_a_forward_only_call_gives_the_models_own_maxima_and_indices(name: str, settings: dict[str, Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _inputs()[name]
+    model = nn.MaxPool2d(**settings, return_indices=True)
+    params = tdhook_fn.params(model)
+    want, want_indices = model(x)
+    layouts = _layouts(monkeypatch)
+    with forward_only():
+        out, indices = tdhook_fn.call(model, params, x)
+    assert layouts == [True]
+    _exact(out, want)
+    assert torch.equal(indices, want_indices) and indices.is_contiguous()
+    with forward_only():
+        _exact(tdhook_fn.call(nn.MaxPool2d(**settings), params, x), want)
+
+
+@pytest.mark.parametrize("name", ["ties", "zeros", "float64"])
+def test_differentiated_forwards_keep_the_plain_kernel(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(1)
+    x = _inputs()[name]
+    model = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Flatten(), nn.LazyLinear(3)).to(x.dtype)
+    model(x)
+    params = tdhook_fn.params(model)
+    leaf = x.clone().requires_grad_()
+    want = torch.autograd.grad(model(leaf)[:, 1].sum(), leaf)[0]
+    layouts = _layouts(monkeypatch)
+    with forward_only():
+        got = torch.func.grad(lambda inputs: tdhook_fn.call(model, params, inputs)[:, 1].sum())(x)
+        by_autograd = torch.autograd.grad(tdhook_fn.call(model, params, leaf)[:, 1].sum(), leaf)[0]
+    assert layouts == [False, False]
+    _exact(got, want)
+    _exact(by_autograd, want)
+
+
+def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _inputs()["ties"]
+    model = nn.MaxPool2d(3, 2, 1)
+    params = tdhook_fn.params(model)
+    want, last, unbatched = model(x), x.contiguous(memory_format=torch.channels_last), x[0]
+    layouts = _layouts(monkeypatch)
+    with forward_only():
+        per_sample = torch.vmap(lambda one: tdhook_fn.call(model, params, one[None])[0])(x)
+        on_last = tdhook_fn.call(model, params, last)
+        on_unbatched = tdhook_fn.call(model, params, unbatched)
+    assert layouts == [False, True, False]  # (the second input is channels-last itself: pooled as it is)
+    _exact(per_sample, want)
+    torch.testing.assert_close(on_last, model(last), rtol=0, atol=0)
+    _exact(on_unbatched, model(unbatched))
+
+
+def test_only_forward_only_shadows_of_max_pool2d_itself_change_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Mine(nn.MaxPool2d):
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            return super().forward(input) * 2
+
+    assert shadow_class(nn.MaxPool2d(2)) is ChannelsLastMaxPool2d
+    assert shadow_class(Mine(2)) is Mine
+    assert shadow_class(nn.MaxPool1d(2)) is nn.MaxPool1d
+    model = nn.Sequential(Mine(2), nn.MaxPool2d(2))
+    x = torch.randn(2, 3, 8, 8)
+    layouts = _layouts(monkeypatch)
+    assert torch.equal(tdhook_fn.call(model, tdhook_fn.params(model), x), model(x))
+    assert layouts == [False, False, False, False]  # (the model's own call is the second pair)
+    with shadow_of(model) as shadow:  # every other call: the model's own classes (LRP chooses rules by class)
+        assert type(shadow.root[0]) is Mine and type(shadow.root[1]) is nn.MaxPool2d
+    with shadow_of(model, forward_only=True) as shadow:
+        assert type(shadow.root[0]) is Mine and type(shadow.root[1]) is ChannelsLastMaxPool2d
+
+
+def test_hooks_on_the_pool_see_its_result() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2))
+    seen: list[torch.Tensor] = []
+    handle = model[1].register_forward_hook(lambda module, args, out: seen.append(out) or out * 3)
+    try:
+        x = torch.randn(4, 1, 9, 9)
+        with forward_only():
+            got = tdhook_fn.call(model, tdhook_fn.params(model), x)
+        want = model(x)
+    finally:
+        handle.remove()
+    _exact(got, want)
+    _exact(seen[0], seen[1])
+    assert type(model[1]) is nn.MaxPool2d  # the model's own module is untouched
