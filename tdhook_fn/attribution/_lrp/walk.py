@@ -24,7 +24,7 @@ from .affine import Affine
 from .fused import fused
 from .max_pool import max_pool_with_indices
 from .records import NotAChain
-from .rules import AlphaBeta, Epsilon, Rule, stabilize
+from .rules import AlphaBeta, Rule
 
 __all__ = ["ACTIVATION_OPS", "Back", "Planned", "own_values", "plan_affine", "run_planned"]
 
@@ -41,7 +41,8 @@ class Planned:
 
     ``kind``: ``"affine"``, ``"pass"``, ``"pool"``, ``"reshape"``; ``"general"``: by the
     general steps. ``slots``: ``(slot, key)`` of each of its tensors in the params;
-    ``share``: the rule's output divisor (``divides``) or factor, for a gradient-form rule;
+    ``share``: the rule's output divisor (``divides``) or factor, for a gradient-form rule,
+    asked in the backward (fewer tensors alive at once);
     ``op``: a Pass activation's forward.
     """
 
@@ -54,7 +55,6 @@ class Planned:
     share: Callable[..., torch.Tensor] | None = None
     divides: bool = False
     scales: bool = False
-    epsilon: float | None = None  # the exact `Epsilon` rule: its divisor, without the method calls
     fuses: bool = False
     op: Callable[[torch.Tensor], torch.Tensor] | None = None
     pool: tuple[int, Callable[..., Any]] | None = None
@@ -67,8 +67,7 @@ def plan_affine(link: tuple[str, torch.nn.Module], path: str, rule: Rule | None,
     if type(rule) is AlphaBeta and affine.groups == 1:
         return Planned("affine", link, path, rule, slots, affine, fuses=True)
     scales = bool(getattr(rule, "scales_inputs", False))
-    epsilon = rule.epsilon if type(rule) is Epsilon and divides else None
-    return Planned("affine", link, path, rule, slots, affine, share, divides, scales, epsilon)
+    return Planned("affine", link, path, rule, slots, affine, share, divides, scales)
 
 
 def own_values(values: Mapping[Key, Any], planned: list[Planned]) -> list[tuple[torch.Tensor, ...]] | None:
@@ -117,19 +116,14 @@ def _affine(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...],
         backs.append(back_fused)
         return y
     y = affine.run(x, weight, bias)
-    if step.share is not None and step.epsilon is None:
-        shared: torch.Tensor | None = step.share(step.path, 1, y)  # (a rule's own method: asked in the forward)
-    else:
-        shared = None
     adjoint, version, shape = affine.adjoint(weight, fast=True), (x._version, y._version), x.shape
 
     def back(relevance: torch.Tensor) -> torch.Tensor:
         if (x._version, y._version) != version:
             raise NotAChain
-        if step.epsilon is not None:  # (made here, not in the forward: fewer tensors alive at once)
-            relevance = relevance / stabilize(y, step.epsilon)
-        elif shared is not None:
-            relevance = relevance / shared if step.divides else relevance * shared
+        if step.share is not None:  # (asked here, not in the forward: fewer tensors alive at once)
+            by = step.share(step.path, 1, y)
+            relevance = relevance / by if step.divides else relevance * by
         c = adjoint(relevance, shape)
         return x * c if step.scales else c
 
