@@ -42,7 +42,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -60,14 +60,14 @@ from .._engine import Cotangents, offered_targets, seed_cotangents, unflatten
 from .affine import Affine, affine_of
 from .checks import check_module_call, check_pass
 from .composites import ACTIVATIONS
-from .fused import fused
+from .gradient_form import gradient_form
 from .max_pool import max_pool_with_indices
 from .model_chain import Link, reads_one_key, run_chain
 from .module_call import ModuleCall, Template
 from .plan import LrpPlan
-from .records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
+from .records import Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled, affine_record
 from .rules import AlphaBeta, Pass, Rule
-from .walk import ACTIVATION_OPS, Back, Planned, own_values, plan_affine, run_planned
+from .walk import ACTIVATION_OPS, Back, Planned, own_values, run_planned, slots_of
 
 __all__ = ["chain_lrp"]
 
@@ -188,20 +188,13 @@ class _Steps:
         """A linear layer or a convolution: run without a graph, its adjoint is one op (NOTE [affine modules])."""
         weight, bias = own["weight"], own.get("bias")
         assert weight is not None  # (affine_of asks for one)
-        done = None if rule is None else fused(rule, affine, x, weight, bias)
-        y = affine.run(x, weight, bias) if done is None else done[0]
+        done = affine_record(affine, gradient_form(rule), rule, path, x, weight, bias)
         if done is not None:
-            self.records.append(Fused(done[1], x, y, (x._version, y._version)))
-            return y
-        output_factor = getattr(rule, "output_factor", None)
-        if rule is None or callable(output_factor):
-            divisor = _divisor(rule)  # one division in the walk, not 1 / d and a product
-            share = (None if output_factor is None else
-                     (True, divisor(path, 1, y)) if callable(divisor) else (False, output_factor(path, 1, y)))
-            scales = bool(getattr(rule, "scales_inputs", False))
-            self.records.append(AffineLocal(x, affine.adjoint(weight, fast=True), share, scales, x._version))
-        else:
-            self._ruled(path, rule, module, x, y, own)
+            self.records.append(done[1])
+            return done[0]
+        y = affine.run(x, weight, bias)
+        assert rule is not None  # (no rule is the gradient form's)
+        self._ruled(path, rule, module, x, y, own)
         return y
 
     def _ruled(self, path: str, rule: Rule, module: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -214,23 +207,6 @@ class _Steps:
             tensors = [cast(torch.Tensor, own[name]) for name, t in slots.items() if t is not None]
         call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
         self.records.append(Ruled(rule, call, (x._version, y._version)))
-
-
-def _divisor(rule: Any) -> Callable[..., torch.Tensor] | None:
-    """``rule.output_divisor`` where its ``output_factor`` is the one defined with it (a subclass may change one)."""
-    divisor = getattr(rule, "output_divisor", None)
-    if not callable(divisor):
-        return None
-    together = _defined_together(cast(Hashable, type(rule)))
-    return cast(Callable[..., torch.Tensor], divisor) if together else None
-
-
-@functools.lru_cache(maxsize=256)  # a fact about a class, asked per layer per call
-def _defined_together(cls: Any) -> bool:
-    """Whether ``cls`` takes ``output_divisor`` and ``output_factor`` from the same class of its MRO."""
-    owners = [next((c for c in cls.__mro__ if name in c.__dict__), None)
-              for name in ("output_divisor", "output_factor")]
-    return owners[0] is owners[1]
 
 
 def _planned(model: nn.Module, links: list[Link], kinds: list[_Kind],
@@ -255,7 +231,7 @@ def _planned(model: nn.Module, links: list[Link], kinds: list[_Kind],
         state = module.__dict__
         if kind is _GRAPH or state["_buffers"] or (kind.affine is None and state["_parameters"]):
             return None
-        slots = tuple((slot, (*name.split("."), slot)) for slot, t in state["_parameters"].items() if t is not None)
+        slots = slots_of(name, module)
         path, rule = by_module.get(id(module), ("", None))
         if kind.affine is not None:
             planned.append(_plan_affine(link, path, rule, kind.affine, slots))
@@ -269,13 +245,11 @@ def _planned(model: nn.Module, links: list[Link], kinds: list[_Kind],
 
 def _plan_affine(link: Link, path: str, rule: Rule | None, affine: Affine,
                  slots: tuple[tuple[str, Key], ...]) -> Planned:
-    """As `_Steps._affine_step` runs it: fused alpha-beta, a gradient-form rule (or none), or the rule's own."""
-    output_factor = getattr(rule, "output_factor", None)
-    if not (type(rule) is AlphaBeta or rule is None or callable(output_factor)):
+    """As `_Steps._affine_step` runs it: a gradient-form rule (or none), fused alpha-beta, or the rule's own."""
+    form = gradient_form(rule)
+    if form is None and not (type(rule) is AlphaBeta and affine.groups == 1):
         return Planned("general", link, path, rule, slots)
-    divisor = _divisor(rule)  # one division in the walk, not 1 / d and a product
-    share = None if output_factor is None else divisor if callable(divisor) else output_factor
-    return plan_affine(link, path, rule, affine, slots, share, callable(divisor))
+    return Planned("affine", link, path, rule, slots, affine, form)
 
 
 def _containers(model: nn.Module) -> list[nn.Module]:

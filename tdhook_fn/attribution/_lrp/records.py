@@ -12,12 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .affine import Adjoint
-from .fused import Pullback
+from .affine import Adjoint, Affine
+from .fused import Pullback, fused
+from .gradient_form import GradientForm
 from .module_call import ModuleCall
 from .rules import Rule
 
-__all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled"]
+__all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled",
+           "affine_record"]
+
+# (plain slotted dataclasses: a frozen one costs ~4x as much to make, and the walk makes one per module per call)
 
 
 class NotAChain(Exception):
@@ -30,7 +34,7 @@ def _unwritten(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> 
         raise NotAChain
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Local:
     """A module's own Jacobian from ``x`` to ``y``; the relevance scaled by ``factor`` before, by ``x`` after."""
 
@@ -47,7 +51,7 @@ class Local:
         return self.x.detach() * c if self.scales_inputs else c
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Passed:
     """Pass: the relevance as it is, unless a later module wrote the output in place (the taps differ then)."""
 
@@ -59,7 +63,7 @@ class Passed:
         return relevance
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Ruled:
     """A rule's relevance on what its module saw; the tensors' versions as they were then."""
 
@@ -76,26 +80,32 @@ class Ruled:
         return torch.zeros_like(x) if relevances[0] is None else relevances[0]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class AffineLocal:
-    """`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
+    """`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules]).
+
+    The rule's output divisor or factor (``form``) is asked in the backward, of the output
+    ``y``: fewer tensors alive at once.
+    """
 
     x: torch.Tensor
+    y: torch.Tensor
     adjoint: Adjoint
-    share: tuple[bool, torch.Tensor] | None  # (divides, by): the rule's output factor, or its divisor
-    scales_inputs: bool
-    version: int
+    path: str
+    form: GradientForm
+    versions: tuple[int, int]
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x,), (self.version,))
-        if self.share is not None:
-            divides, by = self.share
-            relevance = relevance / by if divides else relevance * by
+        _unwritten((self.x, self.y), self.versions)
+        form = self.form
+        if form.share is not None:
+            by = form.share(self.path, 1, self.y)
+            relevance = relevance / by if form.divides else relevance * by
         c = self.adjoint(relevance, self.x.shape)
-        return self.x * c if self.scales_inputs else c
+        return self.x * c if form.scales_inputs else c
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Fused:
     """A rule's relevance by a pullback prepared in the forward (NOTE [fused alpha-beta])."""
 
@@ -109,7 +119,7 @@ class Fused:
         return self.pull(relevance)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Reshaped:
     """A flatten, unflatten or identity: the relevance reshaped back to the input's shape."""
 
@@ -119,7 +129,7 @@ class Reshaped:
         return relevance.reshape(self.shape)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Pooled:
     """Max pooling: each window's relevance goes to the input its maximum came from, as its gradient does."""
 
@@ -133,3 +143,17 @@ class Pooled:
 
 
 Record = Local | AffineLocal | Passed | Ruled | Fused | Reshaped | Pooled
+
+
+def affine_record(affine: Affine, form: GradientForm | None, rule: Rule | None, path: str, x: torch.Tensor,
+                  weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, Record] | None:
+    """A linear layer's or a convolution's output and record, without a graph: a gradient-form rule (``form``;
+    `NO_RULE` for none) or fused alpha-beta; ``None`` where neither applies (the rule's own step)."""
+    if form is None:
+        done = None if rule is None else fused(rule, affine, x, weight, bias)
+        if done is None:
+            return None
+        y, pull = done
+        return y, Fused(pull, x, y, (x._version, y._version))
+    y = affine.run(x, weight, bias)
+    return y, AffineLocal(x, y, affine.adjoint(weight, fast=True), path, form, (x._version, y._version))
