@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -61,20 +60,15 @@ from .affine import Affine, affine_of
 from .checks import check_module_call, check_pass
 from .composites import ACTIVATIONS
 from .gradient_form import gradient_form
-from .max_pool import max_pool_with_indices
+from .max_pool import MAX_POOLS, max_pool_with_indices
 from .model_chain import Link, reads_one_key, run_chain
 from .module_call import ModuleCall, Template
 from .plan import LrpPlan
 from .records import Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled, affine_record
 from .rules import AlphaBeta, Pass, Rule
-from .walk import ACTIVATION_OPS, Back, Planned, own_values, run_planned, slots_of
+from .walk import ACTIVATION_OPS, RESHAPES, Back, Planned, own_values, run_planned, slots_of
 
 __all__ = ["chain_lrp"]
-
-
-_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
-_MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
-    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
 
 
 def _known(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> bool:
@@ -106,12 +100,12 @@ def _kind(module: nn.Module, rule: Rule | None) -> _Kind:
         if affine is not None:
             return _Kind("affine", affine)
     if rule is None and "forward" not in state:
-        pool = _MAX_POOLS.get(type(module))
+        pool = MAX_POOLS.get(type(module))
         if pool is not None and state.get("return_indices") is False:
             return _Kind("pool", pool=pool)
     if isinstance(rule, Pass) and _known(module, ACTIVATIONS):
         return _PASS
-    if rule is None and _known(module, _RESHAPES):
+    if rule is None and _known(module, RESHAPES):
         return _RESHAPE
     return _GRAPH
 

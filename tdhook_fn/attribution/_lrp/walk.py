@@ -27,13 +27,15 @@ from .max_pool import max_pool_with_indices
 from .records import NotAChain, Passed, Pooled, Reshaped, affine_record
 from .rules import Rule
 
-__all__ = ["ACTIVATION_OPS", "Back", "Planned", "Slotted", "own_values", "run_planned", "slots_of"]
+__all__ = ["ACTIVATION_OPS", "RESHAPES", "Back", "Planned", "Slotted", "own_values", "run_planned", "slots_of"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # the relevance at a link's output -> at its input
 
 # torch's activations whose forward is this one op (not in place): Pass runs the op directly
 ACTIVATION_OPS: dict[type[torch.nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.ReLU: torch.relu, torch.nn.Tanh: torch.tanh, torch.nn.Sigmoid: torch.sigmoid}
+# torch's modules whose forward is a reshape of their input (their relevance or gradient: reshaped back)
+RESHAPES = (torch.nn.Flatten, torch.nn.Unflatten, torch.nn.Identity)
 
 
 @dataclass(frozen=True)
