@@ -10,7 +10,7 @@
 # (`records`, as the general steps do). The hot kinds run inline here (linear layers and
 # convolutions with a gradient-form rule or no rule, fused z+/alpha-beta, Pass on torch's
 # activations, max pooling, reshapes); any other link is run by the general steps of
-# `chain`, with the same numbers.
+# `steps`, with the same numbers.
 
 from __future__ import annotations
 
