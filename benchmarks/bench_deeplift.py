@@ -63,7 +63,7 @@ Back = Callable[[torch.Tensor], torch.Tensor]
 def _rescaled(dx: torch.Tensor, ratio: torch.Tensor, plain: Callable[[], torch.Tensor], eps: float) -> torch.Tensor:
     """``dy / dx``, the plain gradient where ``|dx| < eps`` (built only where some ``|dx|`` is)."""
     small = dx.abs()
-    return ratio if bool(small.amin() >= eps) else torch.where(small < eps, plain(), ratio)
+    return ratio if small.amin().item() >= eps else torch.where(small < eps, plain(), ratio)
 
 
 def _conv_adjoint(c: nn.Conv2d) -> Back:

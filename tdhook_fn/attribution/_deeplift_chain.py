@@ -57,7 +57,8 @@ def _flat(dx: torch.Tensor, eps: float) -> torch.Tensor | None:
     """Where ``|dx| < eps``; ``None`` where nowhere, the usual case, told by a reduction (the mask's full op is
     saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact."""
     size = dx.abs()
-    return None if size.numel() == 0 or bool(size.amin() >= eps) else size < eps
+    # the smallest size compared as a Python number: one op fewer than a 0-d comparison and its bool
+    return None if size.numel() == 0 or size.amin().item() >= eps else size < eps
 
 
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
