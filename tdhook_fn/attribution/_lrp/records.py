@@ -28,10 +28,10 @@ class NotAChain(Exception):
     """This call takes the general path (NOTE [lrp on a chain])."""
 
 
-def _unwritten(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
-    """Leave the walk for the general path if a later module wrote one of ``tensors`` in place."""
-    if tuple(t._version for t in tensors) != versions:
-        raise NotAChain
+# NOTE [versions on the walk]
+# A record leaves the walk for the general path (`NotAChain`) where a later module wrote
+# in place a tensor it reads: each compares its tensors' versions with those it saw, inline
+# (a helper and a generator cost more Python calls than the whole comparison).
 
 
 @dataclass(slots=True, eq=False)
@@ -45,7 +45,8 @@ class Local:
     version: int
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.y,), (self.version,))
+        if self.y._version != self.version:  # NOTE [versions on the walk]
+            raise NotAChain
         share = relevance if self.factor is None else relevance * self.factor
         (c,) = torch.autograd.grad(self.y, self.x, share, allow_unused=True, materialize_grads=True)
         return self.x.detach() * c if self.scales_inputs else c
@@ -59,7 +60,8 @@ class Passed:
     version: int
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.y,), (self.version,))
+        if self.y._version != self.version:  # NOTE [versions on the walk]
+            raise NotAChain
         return relevance
 
 
@@ -73,7 +75,8 @@ class Ruled:
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
         (x,), y = self.call.inputs, self.call.output
-        _unwritten((x, y), self.versions)
+        if (x._version, y._version) != self.versions:  # NOTE [versions on the walk]
+            raise NotAChain
         relevances = list(self.rule.relevance(self.call, relevance))
         if len(relevances) != 1:
             raise ValueError(f"lrp: the rule at {self.call.path!r} returned {len(relevances)} relevances for 1 input")
@@ -96,13 +99,15 @@ class AffineLocal:
     versions: tuple[int, int]
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x, self.y), self.versions)
+        x, y = self.x, self.y
+        if (x._version, y._version) != self.versions:  # NOTE [versions on the walk]
+            raise NotAChain
         form = self.form
         if form.share is not None:
-            by = form.share(self.path, 1, self.y)
+            by = form.share(self.path, 1, y)
             relevance = relevance / by if form.divides else relevance * by
-        c = self.adjoint(relevance, self.x.shape)
-        return self.x * c if form.scales_inputs else c
+        c = self.adjoint(relevance, x.shape)
+        return x * c if form.scales_inputs else c
 
 
 @dataclass(slots=True, eq=False)
@@ -115,7 +120,8 @@ class Fused:
     versions: tuple[int, ...]
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x, self.y), self.versions)
+        if (self.x._version, self.y._version) != self.versions:  # NOTE [versions on the walk]
+            raise NotAChain
         return self.pull(relevance)
 
 

@@ -118,8 +118,10 @@ class Epsilon:
 
     def output_divisor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
         """``1 / output_factor``: what the relevance at the output is divided by (the chain walk divides)."""
-        parts = self._parts(n_inputs)
         stable = stabilize(output, self.epsilon)
+        if n_inputs == 1:  # (one part, whatever the split: the walk asks with one input, per layer per call)
+            return stable
+        parts = self._parts(n_inputs)
         return stable if parts == 1 else stable * parts
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
