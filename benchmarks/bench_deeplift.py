@@ -5,7 +5,10 @@ with respect to the input only, weights frozen (``requires_grad=False``,
 ``torch.autograd.grad`` of the input). DeepLift's maps (zero baseline) are one forward
 of the inputs and the reference and one modified backward; per-target maps come from that
 one forward (captum needs one call per target). DeepLiftShap: 4 inputs against 16
-references. Our rows run first, then captum's, each set in rounds interleaved with the
+references. The hand-written floor is DeepLift's rescale rule written out in plain torch for
+these chains (``floor_deeplift``): one forward of the inputs and the zero reference in one
+batch without a graph, each layer's multiplier made there, and a backward of adjoints and
+products. Our rows run first, then captum's, each set in rounds interleaved with the
 gradient, captum's put in the units of our rounds' gradient (as in ``bench_lrp.py``).
 Both give the same maps (checked after the timing, on the models where captum 0.9 is
 right: a copy between adjacent nonlinearities, see the DeepLift page). Times are the CPU
@@ -18,8 +21,11 @@ from __future__ import annotations
 import copy
 import time
 import warnings
+from collections.abc import Callable
+from typing import cast
 
 import torch
+import torch.nn.functional as F
 from _timing import in_our_units, input_gradient, interleaved_medians, print_table
 from bench_lrp import cnn, mlp
 from tensordict import TensorDict
@@ -31,6 +37,7 @@ from tdhook_fn.attribution import deeplift, deeplift_shap
 warnings.filterwarnings("ignore")
 TARGETS = tuple(range(10))
 GRADIENT = "input gradient (weights frozen)"
+FLOOR = "hand-written DeepLift, one target"
 
 
 class _Copy(nn.Module):
@@ -50,6 +57,82 @@ def _captum_safe(model: nn.Module) -> nn.Module:
     return nn.Sequential(*out).eval()
 
 
+Back = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _rescaled(dx: torch.Tensor, ratio: torch.Tensor, plain: Callable[[], torch.Tensor], eps: float) -> torch.Tensor:
+    """``dy / dx``, the plain gradient where ``|dx| < eps`` (built only where some ``|dx|`` is)."""
+    small = dx.abs()
+    return ratio if small.amin().item() >= eps else torch.where(small < eps, plain(), ratio)
+
+
+def _conv_adjoint(c: nn.Conv2d) -> Back:
+    """``J^T``: at stride 1 the convolution with the kernel flipped and its channels swapped (the CPU runs it faster
+    than the transposed one), else the transposed convolution."""
+    padding = tuple(d * (k - 1) - p for k, p, d in zip(c.kernel_size, cast(tuple[int, int], c.padding), c.dilation,
+                                                        strict=True))
+    if c.stride == (1, 1) and c.groups == 1 and min(padding) >= 0:
+        flipped = c.weight.flip((2, 3)).transpose(0, 1)
+        return lambda g: F.conv2d(g, flipped, None, 1, padding, c.dilation)
+    return lambda g: F.conv_transpose2d(g, c.weight, None, c.stride, c.padding, 0, c.groups, c.dilation)
+
+
+def _floor_max_pool(layer: nn.MaxPool2d, h: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    # on a channels-last copy: the same maxima and indices, 3x faster on the CPU for small planes
+    planes = h.contiguous(memory_format=torch.channels_last)
+    y, idx = F.max_pool2d(planes, layer.kernel_size, layer.stride, layer.padding, layer.dilation, layer.ceil_mode,
+                          return_indices=True)
+    y, idx = y.contiguous(), idx.contiguous()
+    top = torch.maximum(y[:n], y[n:])
+    up, down, dx, shape = top - y[n:], y[:n] - top, h[:n] - h[n:], h[:n].shape
+    at_x, at_ref = idx[:n].flatten(2), idx[n:].expand(n, -1, -1, -1).flatten(2)
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        moved = g.new_zeros(shape).flatten(2)
+        moved.scatter_add_(2, at_x, (g * up).flatten(2)).scatter_add_(2, at_ref, (g * down).flatten(2))
+        return _rescaled(dx, moved.view(shape) / dx,
+                         lambda: g.new_zeros(shape).flatten(2).scatter_add_(2, at_x, g.flatten(2)).view(shape), eps)
+
+    return y, back
+
+
+def _floor_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    """One layer's forward on the stacked rows (``n`` inputs, then the reference) and its DeepLift backward."""
+    shape = h[:n].shape
+    if isinstance(layer, nn.Linear):
+        w = layer.weight
+        return F.linear(h, w, layer.bias), lambda g: g @ w
+    if isinstance(layer, nn.Conv2d):
+        return layer(h), _conv_adjoint(layer)
+    if isinstance(layer, nn.ReLU):
+        y = torch.relu(h)
+        dx = h[:n] - h[n:]
+        m = _rescaled(dx, (y[:n] - y[n:]) / dx, lambda: (y[:n] > 0).to(y.dtype), eps)
+        return y, lambda g: g * m
+    if isinstance(layer, nn.MaxPool2d):
+        return _floor_max_pool(layer, h, n, eps)
+    if isinstance(layer, nn.Flatten):
+        return h.flatten(1), lambda g: g.reshape(shape)
+    raise TypeError(f"floor_deeplift: no rule for {type(layer).__name__}")
+
+
+def floor_deeplift(model: nn.Sequential, x: torch.Tensor, target: int, eps: float = 1e-10) -> torch.Tensor:
+    """DeepLift (rescale rule, zero reference, one target, times the input change) of a chain of linear layers,
+    2-d convolutions, ReLUs, 2-d max pooling and flattens, written out in plain torch (captum's numbers)."""
+    n = len(x)
+    backs = []
+    with torch.no_grad():
+        h = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])  # the inputs' rows, then the one reference row
+        for layer in model:
+            h, back = _floor_step(layer, h, n, eps)
+            backs.append(back)
+        g = h.new_zeros((n, h.shape[1]))
+        g[:, target] = 1.0
+        for back in reversed(backs):
+            g = back(g)
+    return g * x
+
+
 def _refs(x: torch.Tensor) -> torch.Tensor:
     torch.manual_seed(1)
     return torch.randn(16, *x.shape[1:])
@@ -59,8 +142,12 @@ def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     td = TensorDict(input=x, batch_size=x.shape[:1])
     few, refs = td[:4], _refs(x)
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    torch.testing.assert_close(floor_deeplift(frozen, x, TARGETS[0]), deeplift(f, p, x, target=TARGETS[0]),
+                               rtol=1e-4, atol=1e-6)  # the same maps
     return interleaved_medians({
         GRADIENT: input_gradient(model, x, TARGETS[0]),
+        FLOOR: lambda: floor_deeplift(frozen, x, TARGETS[0]),
         "ours, one target": lambda: deeplift(f, p, td, target=TARGETS[0]),
         f"ours, per_target x{len(TARGETS)}": lambda: deeplift(f, p, td, target=TARGETS, per_target=True),
         "ours, DeepLiftShap 4x16": lambda: deeplift_shap(f, p, few, refs, target=TARGETS[0]),
@@ -96,7 +183,7 @@ def main() -> None:
     for title, (_, x) in models.items():
         times = in_our_units(mine[title], theirs[title], GRADIENT)
         print_table(f"DeepLift, {title}, batch {len(x)}", list(times.items()),
-                    {"gradient": times[GRADIENT], "captum": times["captum, one target"]})
+                    {"gradient": times[GRADIENT], "floor": times[FLOOR], "captum": times["captum, one target"]})
 
 
 if __name__ == "__main__":

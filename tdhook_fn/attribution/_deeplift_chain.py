@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,12 +25,13 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from .._model_plans import plan_for
-from .._modes import check_attribution_modes
 from .._params import Key, leaves
 from .._targets import Target
 from ._lrp.affine import Affine, affine_of
-from ._lrp.max_pool import max_pool_with_indices
+from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 from ._lrp.model_chain import model_chain, reads_one_key
+from ._lrp.plan import ModesChecked
+from ._lrp.walk import RESHAPES, own_values, slots_of
 
 __all__ = ["DeepLiftPlan", "chain_deeplift", "deeplift_plan"]
 
@@ -46,10 +47,6 @@ _ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], to
     nn.Sigmoid: (lambda _m, x: torch.sigmoid(x), lambda _m, _x, y: y * (1 - y)),
     nn.Tanh: (lambda _m, x: torch.tanh(x), lambda _m, _x, y: 1 - y * y),
 }
-_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
-    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
-_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
-
 
 def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     # no graph here: the inf or nan where dx is 0 is never selected, and never differentiated
@@ -60,7 +57,8 @@ def _flat(dx: torch.Tensor, eps: float) -> torch.Tensor | None:
     """Where ``|dx| < eps``; ``None`` where nowhere, the usual case, told by a reduction (the mask's full op is
     saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact."""
     size = dx.abs()
-    return None if size.numel() == 0 or bool(size.amin() >= eps) else size < eps
+    # the smallest size compared as a Python number: one op fewer than a 0-d comparison and its bool
+    return None if size.numel() == 0 or size.amin().item() >= eps else size < eps
 
 
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
@@ -92,7 +90,7 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple
 
 
 def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
-    dims, pool = _POOLS[type(module)]
+    dims, pool = MAX_POOLS[type(module)]
     out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
     rows = (n, both.shape[0] - n)
     (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
@@ -134,32 +132,25 @@ def _link(name: str, module: nn.Module) -> _Link | None:
         return None
     affine = affine_of(cls, state, state["_parameters"])
     if affine is not None:
-        slots = tuple((slot, (*name.split("."), slot)) for slot, t in state["_parameters"].items() if t is not None)
-        return _Link("affine", module, affine, slots)
+        return _Link("affine", module, affine, slots_of(name, module))
     if state["_parameters"]:
         return None
     if cls in _ACTIVATIONS:
         return _Link("activation", module)
-    if cls in _POOLS and state.get("return_indices") is False:
+    if cls in MAX_POOLS and state.get("return_indices") is False:
         return _Link("pool", module)
     if cls is nn.Softmax:
         return _Link("softmax", module)
-    if cls in _RESHAPES or (cls is nn.Dropout and not module.training):
+    if cls in RESHAPES or (cls is nn.Dropout and not module.training):
         return _Link("reshape", module)
     return None
 
 
 @dataclass
-class DeepLiftPlan:
+class DeepLiftPlan(ModesChecked):
     """The walk's links (``None``: not a chain the walk knows), planned once per model (NOTE [plans per model])."""
 
     links: list[_Link] | None
-    modes_checked: bool = False
-
-    def check_modes(self, model: nn.Module, method: str) -> None:
-        if not self.modes_checked:
-            check_attribution_modes(model, method)
-            self.modes_checked = True
 
 
 def _plan(model: nn.Module) -> DeepLiftPlan:
@@ -197,28 +188,6 @@ def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int
     return module(both), lambda g: g.reshape(in_shape)
 
 
-def _own_tensors(values: Mapping[Key, Any], links: Sequence[_Link]) -> list[tuple[torch.Tensor, ...]] | None:
-    """Each link's parameters from the params' ``values``; ``None`` where they hold anything else (the general path
-    says what)."""
-    own: list[tuple[torch.Tensor, ...]] = []
-    used = 0
-    for link in links:
-        if not link.slots:
-            own.append(())
-            continue
-        slots = link.module.__dict__["_parameters"]
-        tensors = []
-        for slot, key in link.slots:
-            value, tensor = values.get(key), slots[slot]
-            if not (isinstance(value, torch.Tensor) and tensor is not None and value.shape == tensor.shape) \
-                    or value.requires_grad:
-                return None  # (the general path names a mismatch, and refuses params that require grad)
-            tensors.append(value)
-        own.append(tuple(tensors))
-        used += len(tensors)
-    return own if used == len(values) else None
-
-
 def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor] | None:
     """What each map puts in at the output: a class index, or one class per row; ``None``: the general path's."""
     if isinstance(target, torch.Tensor):
@@ -244,7 +213,8 @@ def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, 
     seeds = _seeds(target, n, per_target)
     if links is None or not x.is_floating_point() or seeds is None:
         return None
-    own = _own_tensors(leaves(params), links)
+    # (where they do not fit, the general path names the mismatch; it refuses params that require grad)
+    own = own_values(leaves(params), links, frozen=True)
     if own is None:
         return None
     backs: list[Back] = []

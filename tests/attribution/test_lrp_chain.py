@@ -433,3 +433,16 @@ def test_an_epsilon_with_its_own_output_factor_keeps_it_on_the_walk(monkeypatch:
     x = torch.randn(5, 6, dtype=torch.float64)
     rules = {nn.Linear: HalfEpsilon(), nn.ReLU: Pass(), nn.Tanh: Pass()}
     both(monkeypatch, walks, mlp(), x, target=1, rules=rules)
+
+
+@pytest.mark.parametrize("rule", [ZPlus(), AlphaBeta(2.0, 1.0)])
+def test_alpha_beta_on_a_grouped_convolution_without_a_shadow_is_the_rules(monkeypatch: pytest.MonkeyPatch,
+                                                                         walks: Walks, rule: AlphaBeta) -> None:
+    """Stacked channels would cross groups: the rule's own step (the planned walk ran it as no rule before)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=2), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(64, 3)).double().eval()
+    borrowed = _shadows(monkeypatch)
+    both(monkeypatch, walks, model, torch.randn(2, 4, 4, 4, dtype=torch.float64), target=1,
+         rules={"0": rule, nn.ReLU: Pass(), nn.Linear: Epsilon()})
+    assert borrowed == []

@@ -41,15 +41,11 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
-from torch import nn
 
 from ..._functional import Functional, NestedKey
 from ..._params import Key, leaves
@@ -57,257 +53,23 @@ from ..._targets import Target
 from ..._vjp import reaches_other_leaves
 from .._checks import check_call
 from .._engine import Cotangents, offered_targets, seed_cotangents, unflatten
-from .affine import Affine, affine_of
-from .checks import check_module_call, check_pass
-from .composites import ACTIVATIONS
-from .fused import fused
-from .max_pool import max_pool_with_indices
-from .model_chain import Link, reads_one_key, run_chain
-from .module_call import ModuleCall, Template
+from .model_chain import reads_one_key, run_chain
 from .plan import LrpPlan
-from .records import AffineLocal, Fused, Local, NotAChain, Passed, Pooled, Record, Reshaped, Ruled
-from .rules import AlphaBeta, Pass, Rule
-from .walk import ACTIVATION_OPS, Back, Planned, own_values, plan_affine, run_planned
+from .records import NotAChain
+from .rules import Rule
+from .steps import Steps
+from .walk import Back, Planned, own_values, run_planned
+from .walk_plan import Walk, walk_of
 
 __all__ = ["chain_lrp"]
 
 
-_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
-_MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
-    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
-
-
-def _known(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> bool:
-    """Whether ``module`` is exactly one of torch's ``classes``, with their forward and not in place.
-
-    Such a module never writes its input and its output depends on it, so it runs
-    without the leaf and the graph that catch other modules doing so.
-    """
-    return type(module) in classes and "forward" not in module.__dict__ and not getattr(module, "inplace", False)
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """How the walk runs a module: ``"affine"``, ``"pool"``, ``"pass"``, ``"reshape"``, or with its own ``"graph"``."""
-
-    name: str
-    affine: Affine | None = None
-    pool: tuple[int, Callable[..., Any]] | None = None
-
-
-_PASS, _RESHAPE, _GRAPH = _Kind("pass"), _Kind("reshape"), _Kind("graph")
-
-
-def _kind(module: nn.Module, rule: Rule | None) -> _Kind:
-    """How the walk runs ``module`` with ``rule``: its backward known (no graph), or by its own graph."""
-    state = module.__dict__
-    if not isinstance(rule, Pass):
-        affine = affine_of(type(module), state, state["_parameters"])
-        if affine is not None:
-            return _Kind("affine", affine)
-    if rule is None and "forward" not in state:
-        pool = _MAX_POOLS.get(type(module))
-        if pool is not None and state.get("return_indices") is False:
-            return _Kind("pool", pool=pool)
-    if isinstance(rule, Pass) and _known(module, ACTIVATIONS):
-        return _PASS
-    if rule is None and _known(module, _RESHAPES):
-        return _RESHAPE
-    return _GRAPH
-
-
-class _Steps:
-    """The forward of the chain, one module at a time, recording how each hands relevance back.
-
-    Modules of known backward run without a graph (NOTE [lrp on a chain]). Every other
-    module runs on a fresh leaf that requires grad, as on the taps' graph: a module that
-    writes its input in place without saying so (no ``inplace=True``) raises there as
-    here, and never writes the caller's tensors.
-    """
-
-    def __init__(self, ruled: dict[int, tuple[str, Rule]]):  # by module identity
-        self.ruled = ruled
-        self.records: list[Record] = []
-
-    def rule_of(self, link: Link) -> tuple[str, Rule | None]:
-        return self.ruled.get(id(link[1]), ("", None))  # (the path only names ruled modules)
-
-    def __call__(self, link: Link, module: nn.Module, h: Any, own: dict[str, torch.Tensor] | None = None,
-                 kind: _Kind | None = None) -> torch.Tensor:
-        """One module's forward, under ``no_grad``; ``own``: its parameters where ``module`` is the model's own."""
-        if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
-            raise NotAChain
-        path, rule = self.rule_of(link)
-        kind = _kind(module, rule) if kind is None else kind
-        state = module.__dict__
-        if kind.affine is not None:
-            tensors = state["_parameters"] if own is None else own
-            return self._affine_step(path, rule, module, kind.affine, h.detach(), tensors)
-        if kind.pool is not None:  # (the kernel autograd runs: ties go to the same input)
-            out, indices = max_pool_with_indices(kind.pool[1], h, state)  # NOTE [max pooling in channels-last]
-            self.records.append(Pooled(h.shape, indices, kind.pool[0]))
-            return out
-        if kind is _PASS or kind is _RESHAPE:
-            # torch's own class, no instance forward, and the chain is hook-free: its forward is the call
-            out = type(module).forward(module, h)
-            if kind is _RESHAPE:
-                self.records.append(Reshaped(h.shape))
-            else:
-                check_pass(path, (h,), out)
-                self.records.append(Passed(out, out._version))
-            return cast(torch.Tensor, out)
-        return self._step_with_graph(path, rule, module, h)
-
-    def _step_with_graph(self, path: str, rule: Rule | None, module: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        """Any other module: on a fresh leaf that requires grad, its own graph for its backward."""
-        writes = getattr(module, "inplace", False) is True  # it gets a copy (NOTE [lrp on a chain])
-        x = h.detach().requires_grad_()
-        try:
-            with torch.enable_grad():
-                y = module(x.clone() if writes else x)
-        except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
-            raise NotAChain from e
-        if rule is not None:
-            check_module_call(path, (x,), {}, y)
-        if not (isinstance(y, torch.Tensor) and y.requires_grad):
-            raise NotAChain
-        out = y.detach()
-        output_factor = getattr(rule, "output_factor", None)  # the gradient form (NOTE [gradient-form rules])
-        if rule is None or callable(output_factor):
-            factor = None if output_factor is None else output_factor(path, 1, out)
-            self.records.append(Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
-        elif isinstance(rule, Pass):
-            check_pass(path, (x,), y)
-            self.records.append(Passed(out, out._version))
-        else:
-            self._ruled(path, rule, module, x.detach(), out, None)
-        return out
-
-    def _affine_step(self, path: str, rule: Rule | None, module: nn.Module, affine: Affine, x: torch.Tensor,
-                     own: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
-        """A linear layer or a convolution: run without a graph, its adjoint is one op (NOTE [affine modules])."""
-        weight, bias = own["weight"], own.get("bias")
-        assert weight is not None  # (affine_of asks for one)
-        done = None if rule is None else fused(rule, affine, x, weight, bias)
-        y = affine.run(x, weight, bias) if done is None else done[0]
-        if done is not None:
-            self.records.append(Fused(done[1], x, y, (x._version, y._version)))
-            return y
-        output_factor = getattr(rule, "output_factor", None)
-        if rule is None or callable(output_factor):
-            divisor = _divisor(rule)  # one division in the walk, not 1 / d and a product
-            share = (None if output_factor is None else
-                     (True, divisor(path, 1, y)) if callable(divisor) else (False, output_factor(path, 1, y)))
-            scales = bool(getattr(rule, "scales_inputs", False))
-            self.records.append(AffineLocal(x, affine.adjoint(weight, fast=True), share, scales, x._version))
-        else:
-            self._ruled(path, rule, module, x, y, own)
-        return y
-
-    def _ruled(self, path: str, rule: Rule, module: nn.Module, x: torch.Tensor, y: torch.Tensor,
-               own: Mapping[str, torch.Tensor | None] | None) -> None:
-        """Record ``rule.relevance`` on what ``module`` saw; ``own``: its parameters, if not its own slots'."""
-        tensors: list[torch.Tensor] = []
-        template = Template.of(module, tensors)
-        slots = module.__dict__["_parameters"]
-        if own is not None and own is not slots:  # the model's own module (it holds no buffer): the call's tensors
-            tensors = [cast(torch.Tensor, own[name]) for name, t in slots.items() if t is not None]
-        call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
-        self.records.append(Ruled(rule, call, (x._version, y._version)))
-
-
-def _divisor(rule: Any) -> Callable[..., torch.Tensor] | None:
-    """``rule.output_divisor`` where its ``output_factor`` is the one defined with it (a subclass may change one)."""
-    divisor = getattr(rule, "output_divisor", None)
-    if not callable(divisor):
-        return None
-    together = _defined_together(cast(Hashable, type(rule)))
-    return cast(Callable[..., torch.Tensor], divisor) if together else None
-
-
-@functools.lru_cache(maxsize=256)  # a fact about a class, asked per layer per call
-def _defined_together(cls: Any) -> bool:
-    """Whether ``cls`` takes ``output_divisor`` and ``output_factor`` from the same class of its MRO."""
-    owners = [next((c for c in cls.__mro__ if name in c.__dict__), None)
-              for name in ("output_divisor", "output_factor")]
-    return owners[0] is owners[1]
-
-
-def _planned(model: nn.Module, links: list[Link], kinds: list[_Kind],
-             by_module: dict[int, tuple[str, Rule]]) -> list[Planned] | None:
-    """Each link as the walk from the params runs it, where it needs no shadow (NOTE [walks without a shadow])."""
-    # NOTE [walks without a shadow]
-    # The call's shadow (NOTE [shadow modules]) puts the params in private copies of the
-    # modules, so that a module's forward computes with them and never with the model's.
-    # On the walk a linear layer or a convolution is computed from its tensors directly,
-    # and the other modules of known backward (pooling, torch's activations and reshapes)
-    # hold no tensor at all: their forward reads plain attributes only, and runs on the
-    # model's own module without changing it. Where every link is such a module, and the
-    # params hold exactly those layers' tensors in the model's shapes, the walk takes the
-    # tensors from the params and needs no shadow (~0.1 ms a call on the benchmarks'
-    # MLP). Anything else (a buffer, a parameter elsewhere, a module of another kind, a
-    # key or shape that differs: the shadow names what is wrong) takes the shadow.
-    if any(m.__dict__["_parameters"] or m.__dict__["_buffers"] for m in _containers(model)):
-        return None
-    planned = []
-    for link, kind in zip(links, kinds, strict=True):
-        name, module = link
-        state = module.__dict__
-        if kind is _GRAPH or state["_buffers"] or (kind.affine is None and state["_parameters"]):
-            return None
-        slots = tuple((slot, (*name.split("."), slot)) for slot, t in state["_parameters"].items() if t is not None)
-        path, rule = by_module.get(id(module), ("", None))
-        if kind.affine is not None:
-            planned.append(_plan_affine(link, path, rule, kind.affine, slots))
-        elif kind is _PASS:
-            op = ACTIVATION_OPS.get(type(module)) or functools.partial(type(module).forward, module)
-            planned.append(Planned("pass", link, path, rule, op=op))
-        else:
-            planned.append(Planned(kind.name, link, path, rule, pool=kind.pool))
-    return planned
-
-
-def _plan_affine(link: Link, path: str, rule: Rule | None, affine: Affine,
-                 slots: tuple[tuple[str, Key], ...]) -> Planned:
-    """As `_Steps._affine_step` runs it: fused alpha-beta, a gradient-form rule (or none), or the rule's own."""
-    output_factor = getattr(rule, "output_factor", None)
-    if not (type(rule) is AlphaBeta or rule is None or callable(output_factor)):
-        return Planned("general", link, path, rule, slots)
-    divisor = _divisor(rule)  # one division in the walk, not 1 / d and a product
-    share = None if output_factor is None else divisor if callable(divisor) else output_factor
-    return plan_affine(link, path, rule, affine, slots, share, callable(divisor))
-
-
-def _containers(model: nn.Module) -> list[nn.Module]:
-    """The nested ``Sequential`` s of a chain, the root first."""
-    found = [model]
-    for module in found:
-        found.extend(m for m in module._modules.values() if isinstance(m, nn.Sequential))
-    return found
-
-
-@dataclass(frozen=True)
-class _Walk:
-    """The walk's plan of a chain: each link's kind, whether it draws at random, and the walk from the params."""
-
-    links: list[Link]
-    kinds: list[_Kind]
-    random: bool  # a walk given up gives the taps the random state it found (dropout); known modules draw none
-    planned: list[Planned] | None  # None: on a shadow
-
-
-def _walk_of(model: nn.Module, links: list[Link], by_module: dict[int, tuple[str, Rule]]) -> _Walk:
-    kinds = [_kind(module, by_module.get(id(module), ("", None))[1]) for _, module in links]
-    random = any(kind is _GRAPH or isinstance(link[1], nn.RReLU) for link, kind in zip(links, kinds, strict=True))
-    return _Walk(links, kinds, random, _planned(model, links, kinds, by_module))
-
-
-def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, walk: _Walk,
+def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, walk: Walk,
              by_module: dict[int, tuple[str, Rule]], backs: list[Back],
              values: Mapping[Key, Any] | None) -> torch.Tensor:
     """The chain's output, each link's pullback put in ``backs``: from the params directly where it can, else on a
     shadow."""
-    steps = _Steps(by_module)
+    steps = Steps(by_module)
     own = None if walk.planned is None else own_values(leaves(params) if values is None else values, walk.planned)
     if own is None or walk.planned is None:
         h = run_chain(f, params, flat, walk.links, steps).get(f.out_keys[0])
@@ -384,7 +146,7 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     by_module = plan.ruled.by_module
     walk = plan.walk
     if walk is None:
-        walk = plan.walk = _walk_of(f.model, links, by_module)
+        walk = plan.walk = walk_of(f.model, links, by_module)
     batch = inputs.batch_size
     flat = inputs if len(batch) == 1 else inputs.reshape(-1)
     rng = _RandomState(flat.get(key).device) if walk.random else None

@@ -17,14 +17,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["max_pool_with_indices"]
+__all__ = ["MAX_POOLS", "max_pool_with_indices"]
+
+# torch's max pooling modules the walks run by their op: (dims of a plane, the op)
+MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
+    nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
 
 
 def max_pool_with_indices(pool: Callable[..., Any], x: torch.Tensor, state: dict[str, Any],
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``pool(x, ...)`` with ``return_indices`` and the module's settings ``state``: the maxima and their indices."""
-    planes = x.dim() == 4 and x.device.type == "cpu" and pool is torch.nn.functional.max_pool2d
+    planes = x.dim() == 4 and x.device.type == "cpu" and pool is F.max_pool2d
     if planes:
         x = x.contiguous(memory_format=torch.channels_last)
     out, indices = pool(x, state["kernel_size"], state["stride"], state["padding"], state["dilation"],

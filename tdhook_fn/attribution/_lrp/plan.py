@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, cast
 
 from torch import nn
@@ -15,26 +15,29 @@ from . import rules as _lrp_rules
 from .composites import EpsilonPlus, Resolved, Rules, resolve_rules, warn_missing
 from .model_chain import Link, model_chain
 
-__all__ = ["LrpPlan", "lrp_plan"]
+__all__ = ["LrpPlan", "ModesChecked", "lrp_plan"]
 
 
 @dataclass
-class LrpPlan:
-    """The rule at each module (``ruled``), and the chain the walk runs (``links``; ``None``: not a chain).
+class ModesChecked:
+    """A plan that asks once whether the model's modes are fit for an attribution (the plan's snapshot sees a
+    mode change)."""
 
-    ``modes_checked``: the model's modes were found fit for an attribution (asked once per
-    plan; the plan's snapshot sees a mode change).
-    """
-
-    ruled: Resolved
-    links: list[Link] | None
-    modes_checked: bool = False
-    walk: Any = None  # what `chain` plans of the links, made there at the first walk
+    modes_checked: bool = field(default=False, kw_only=True)
 
     def check_modes(self, model: nn.Module, method: str) -> None:
         if not self.modes_checked:
             check_attribution_modes(model, method)
             self.modes_checked = True
+
+
+@dataclass
+class LrpPlan(ModesChecked):
+    """The rule at each module (``ruled``), and the chain the walk runs (``links``; ``None``: not a chain)."""
+
+    ruled: Resolved
+    links: list[Link] | None
+    walk: Any = None  # what `chain` plans of the links, made there at the first walk
 
 
 def _scalar_fields(value: Any) -> bool:

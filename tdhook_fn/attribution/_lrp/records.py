@@ -12,25 +12,29 @@ from dataclasses import dataclass
 
 import torch
 
-from .affine import Adjoint
-from .fused import Pullback
+from .affine import Adjoint, Affine
+from .fused import Pullback, fused
+from .gradient_form import GradientForm
 from .module_call import ModuleCall
 from .rules import Rule
 
-__all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled"]
+__all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled",
+           "affine_record"]
+
+# (plain slotted dataclasses: a frozen one costs ~4x as much to make, and the walk makes one per module per call)
 
 
 class NotAChain(Exception):
     """This call takes the general path (NOTE [lrp on a chain])."""
 
 
-def _unwritten(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
-    """Leave the walk for the general path if a later module wrote one of ``tensors`` in place."""
-    if tuple(t._version for t in tensors) != versions:
-        raise NotAChain
+# NOTE [versions on the walk]
+# A record leaves the walk for the general path (`NotAChain`) where a later module wrote
+# in place a tensor it reads: each compares its tensors' versions with those it saw, inline
+# (a helper and a generator cost more Python calls than the whole comparison).
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Local:
     """A module's own Jacobian from ``x`` to ``y``; the relevance scaled by ``factor`` before, by ``x`` after."""
 
@@ -41,13 +45,14 @@ class Local:
     version: int
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.y,), (self.version,))
+        if self.y._version != self.version:  # NOTE [versions on the walk]
+            raise NotAChain
         share = relevance if self.factor is None else relevance * self.factor
         (c,) = torch.autograd.grad(self.y, self.x, share, allow_unused=True, materialize_grads=True)
         return self.x.detach() * c if self.scales_inputs else c
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Passed:
     """Pass: the relevance as it is, unless a later module wrote the output in place (the taps differ then)."""
 
@@ -55,11 +60,12 @@ class Passed:
     version: int
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.y,), (self.version,))
+        if self.y._version != self.version:  # NOTE [versions on the walk]
+            raise NotAChain
         return relevance
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Ruled:
     """A rule's relevance on what its module saw; the tensors' versions as they were then."""
 
@@ -69,33 +75,42 @@ class Ruled:
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
         (x,), y = self.call.inputs, self.call.output
-        _unwritten((x, y), self.versions)
+        if (x._version, y._version) != self.versions:  # NOTE [versions on the walk]
+            raise NotAChain
         relevances = list(self.rule.relevance(self.call, relevance))
         if len(relevances) != 1:
             raise ValueError(f"lrp: the rule at {self.call.path!r} returned {len(relevances)} relevances for 1 input")
         return torch.zeros_like(x) if relevances[0] is None else relevances[0]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class AffineLocal:
-    """`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules])."""
+    """`Local` for a linear layer or a convolution: ``J^T`` is one op (NOTE [affine modules]).
+
+    The rule's output divisor or factor (``form``) is asked in the backward, of the output
+    ``y``: fewer tensors alive at once.
+    """
 
     x: torch.Tensor
+    y: torch.Tensor
     adjoint: Adjoint
-    share: tuple[bool, torch.Tensor] | None  # (divides, by): the rule's output factor, or its divisor
-    scales_inputs: bool
-    version: int
+    path: str
+    form: GradientForm
+    versions: tuple[int, int]
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x,), (self.version,))
-        if self.share is not None:
-            divides, by = self.share
-            relevance = relevance / by if divides else relevance * by
-        c = self.adjoint(relevance, self.x.shape)
-        return self.x * c if self.scales_inputs else c
+        x, y = self.x, self.y
+        if (x._version, y._version) != self.versions:  # NOTE [versions on the walk]
+            raise NotAChain
+        form = self.form
+        if form.share is not None:
+            by = form.share(self.path, 1, y)
+            relevance = relevance / by if form.divides else relevance * by
+        c = self.adjoint(relevance, x.shape)
+        return x * c if form.scales_inputs else c
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Fused:
     """A rule's relevance by a pullback prepared in the forward (NOTE [fused alpha-beta])."""
 
@@ -105,11 +120,12 @@ class Fused:
     versions: tuple[int, ...]
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        _unwritten((self.x, self.y), self.versions)
+        if (self.x._version, self.y._version) != self.versions:  # NOTE [versions on the walk]
+            raise NotAChain
         return self.pull(relevance)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Reshaped:
     """A flatten, unflatten or identity: the relevance reshaped back to the input's shape."""
 
@@ -119,7 +135,7 @@ class Reshaped:
         return relevance.reshape(self.shape)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Pooled:
     """Max pooling: each window's relevance goes to the input its maximum came from, as its gradient does."""
 
@@ -133,3 +149,17 @@ class Pooled:
 
 
 Record = Local | AffineLocal | Passed | Ruled | Fused | Reshaped | Pooled
+
+
+def affine_record(affine: Affine, form: GradientForm | None, rule: Rule | None, path: str, x: torch.Tensor,
+                  weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, Record] | None:
+    """A linear layer's or a convolution's output and record, without a graph: a gradient-form rule (``form``;
+    `NO_RULE` for none) or fused alpha-beta; ``None`` where neither applies (the rule's own step)."""
+    if form is None:
+        done = None if rule is None else fused(rule, affine, x, weight, bias)
+        if done is None:
+            return None
+        y, pull = done
+        return y, Fused(pull, x, y, (x._version, y._version))
+    y = affine.run(x, weight, bias)
+    return y, AffineLocal(x, y, affine.adjoint(weight, fast=True), path, form, (x._version, y._version))

@@ -118,8 +118,10 @@ class Epsilon:
 
     def output_divisor(self, path: str, n_inputs: int, output: torch.Tensor) -> torch.Tensor:
         """``1 / output_factor``: what the relevance at the output is divided by (the chain walk divides)."""
-        parts = self._parts(n_inputs)
         stable = stabilize(output, self.epsilon)
+        if n_inputs == 1:  # (one part, whatever the split: the walk asks with one input, per layer per call)
+            return stable
+        parts = self._parts(n_inputs)
         return stable if parts == 1 else stable * parts
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
@@ -258,8 +260,9 @@ def _no_negative_entry(x: torch.Tensor) -> bool:
     decide the control flow, and both halves run.
     """
     # the smallest entry, not (x >= 0).all(): one reduction, 6x faster on the CPU (measured: 15 vs 90 us on
-    # [64, 8, 8, 8]); NaN is not >= 0 either way, and -0.0 (its half sums to zeros) counts as non-negative
-    return untransformed() and x.device.type != "meta" and (x.numel() == 0 or bool(x.amin() >= 0))
+    # [64, 8, 8, 8]), compared as a Python number (one op fewer than a 0-d comparison); NaN is not >= 0 either
+    # way, and -0.0 (its half sums to zeros) counts as non-negative
+    return untransformed() and x.device.type != "meta" and (x.numel() == 0 or x.amin().item() >= 0)
 
 
 def ZPlus(stabilizer: float = 1e-6) -> AlphaBeta:

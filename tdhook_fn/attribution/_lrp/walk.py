@@ -6,33 +6,36 @@
 # built, checks repeated). The walk's plan (NOTE [plans per model]) holds, per link, what
 # the forward needs: how it runs, its rule's scaling, the keys of its tensors in the
 # params. A call then checks the params against the links' slots (keys, shapes: the only
-# per-call facts), runs each link's op and leaves a closure that pulls relevance back. The
-# hot kinds run inline here (linear layers and convolutions with a gradient-form rule or
-# no rule, fused z+/alpha-beta, Pass on torch's activations, max pooling, reshapes); any
-# other link is run by the general steps of `chain`, with the same numbers.
+# per-call facts), runs each link's op and leaves the record that pulls relevance back
+# (`records`, as the general steps do). The hot kinds run inline here (linear layers and
+# convolutions with a gradient-form rule or no rule, fused z+/alpha-beta, Pass on torch's
+# activations, max pooling, reshapes); any other link is run by the general steps of
+# `steps`, with the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ..._params import Key
 from .affine import Affine
-from .fused import fused
+from .gradient_form import GradientForm
 from .max_pool import max_pool_with_indices
-from .records import NotAChain
-from .rules import AlphaBeta, Epsilon, Rule, stabilize
+from .records import NotAChain, Passed, Pooled, Reshaped, affine_record
+from .rules import Rule
 
-__all__ = ["ACTIVATION_OPS", "Back", "Planned", "own_values", "plan_affine", "run_planned"]
+__all__ = ["ACTIVATION_OPS", "RESHAPES", "Back", "Planned", "Slotted", "own_values", "run_planned", "slots_of"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # the relevance at a link's output -> at its input
 
 # torch's activations whose forward is this one op (not in place): Pass runs the op directly
 ACTIVATION_OPS: dict[type[torch.nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.ReLU: torch.relu, torch.nn.Tanh: torch.tanh, torch.nn.Sigmoid: torch.sigmoid}
+# torch's modules whose forward is a reshape of their input (their relevance or gradient: reshaped back)
+RESHAPES = (torch.nn.Flatten, torch.nn.Unflatten, torch.nn.Identity)
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,8 @@ class Planned:
 
     ``kind``: ``"affine"``, ``"pass"``, ``"pool"``, ``"reshape"``; ``"general"``: by the
     general steps. ``slots``: ``(slot, key)`` of each of its tensors in the params;
-    ``share``: the rule's output divisor (``divides``) or factor, for a gradient-form rule;
-    ``op``: a Pass activation's forward.
+    ``form``: an affine link's gradient-form rule (``None``: fused alpha-beta); ``op``: a
+    Pass activation's forward.
     """
 
     kind: str
@@ -51,104 +54,56 @@ class Planned:
     rule: Rule | None
     slots: tuple[tuple[str, Key], ...] = ()
     affine: Affine | None = None
-    share: Callable[..., torch.Tensor] | None = None
-    divides: bool = False
-    scales: bool = False
-    epsilon: float | None = None  # the exact `Epsilon` rule: its divisor, without the method calls
-    fuses: bool = False
+    form: GradientForm | None = None
     op: Callable[[torch.Tensor], torch.Tensor] | None = None
     pool: tuple[int, Callable[..., Any]] | None = None
 
-
-def plan_affine(link: tuple[str, torch.nn.Module], path: str, rule: Rule | None, affine: Affine,
-                slots: tuple[tuple[str, Key], ...], share: Callable[..., torch.Tensor] | None,
-                divides: bool) -> Planned:
-    """A linear layer or a convolution, with a gradient-form rule (or none), or fused alpha-beta."""
-    if type(rule) is AlphaBeta and affine.groups == 1:
-        return Planned("affine", link, path, rule, slots, affine, fuses=True)
-    scales = bool(getattr(rule, "scales_inputs", False))
-    epsilon = rule.epsilon if type(rule) is Epsilon and divides else None
-    return Planned("affine", link, path, rule, slots, affine, share, divides, scales, epsilon)
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.link[1]
 
 
-def own_values(values: Mapping[Key, Any], planned: list[Planned]) -> list[tuple[torch.Tensor, ...]] | None:
+class Slotted(Protocol):
+    """A link whose tensors the params hold: its module, and ``(slot, key)`` of each tensor in the params."""
+
+    @property
+    def module(self) -> torch.nn.Module: ...
+
+    @property
+    def slots(self) -> tuple[tuple[str, Key], ...]: ...
+
+
+def slots_of(name: str, module: torch.nn.Module) -> tuple[tuple[str, Key], ...]:
+    """``(slot, key)`` of each parameter of the chain's module ``name`` (dotted) in the params."""
+    return tuple((slot, (*name.split("."), slot)) for slot, t in module.__dict__["_parameters"].items()
+                 if t is not None)
+
+
+def own_values(values: Mapping[Key, Any], links: Sequence[Slotted], *, frozen: bool = False,
+               ) -> list[tuple[torch.Tensor, ...]] | None:
     """Each link's tensors from the params' ``values``, in slot order; ``None`` where they do not fit the model.
 
-    The params must hold exactly the links' tensors, each in the shape of the model's own
-    (a ``.data`` assignment may have changed that since the plan: checked here, per call).
+    The params must hold exactly the links' tensors, each in the shape of the
+    model's own (a ``.data`` assignment may have changed that since the plan: checked here,
+    per call); with ``frozen``, none that requires grad.
     """
     out: list[tuple[torch.Tensor, ...]] = []
     used = 0
-    for step in planned:
-        if not step.slots:
+    for link in links:
+        if not link.slots:
             out.append(())
             continue
-        own = step.link[1].__dict__["_parameters"]
+        own = link.module.__dict__["_parameters"]
         tensors = []
-        for slot, key in step.slots:
+        for slot, key in link.slots:
             value, model_tensor = values.get(key), own[slot]
-            if not isinstance(value, torch.Tensor) or model_tensor is None or value.shape != model_tensor.shape:
+            if not isinstance(value, torch.Tensor) or model_tensor is None or value.shape != model_tensor.shape \
+                    or (frozen and value.requires_grad):
                 return None
             tensors.append(value)
         used += len(tensors)
         out.append(tuple(tensors))
     return out if used == len(values) else None
-
-
-def _affine(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...],
-            backs: list[Back]) -> torch.Tensor | None:
-    """A linear layer or a convolution; ``None`` where fused alpha-beta does not fit the input (the general steps')."""
-    affine, rule = step.affine, step.rule
-    assert affine is not None
-    weight, bias = tensors[0], (tensors[1] if len(tensors) > 1 else None)
-    if step.fuses:
-        assert rule is not None
-        done = fused(rule, affine, x, weight, bias)
-        if done is None:
-            return None
-        y, pull = done
-        versions = (x._version, y._version)
-
-        def back_fused(relevance: torch.Tensor) -> torch.Tensor:
-            if (x._version, y._version) != versions:
-                raise NotAChain
-            return pull(relevance)
-
-        backs.append(back_fused)
-        return y
-    y = affine.run(x, weight, bias)
-    if step.share is not None and step.epsilon is None:
-        shared: torch.Tensor | None = step.share(step.path, 1, y)  # (a rule's own method: asked in the forward)
-    else:
-        shared = None
-    adjoint, version, shape = affine.adjoint(weight, fast=True), (x._version, y._version), x.shape
-
-    def back(relevance: torch.Tensor) -> torch.Tensor:
-        if (x._version, y._version) != version:
-            raise NotAChain
-        if step.epsilon is not None:  # (made here, not in the forward: fewer tensors alive at once)
-            relevance = relevance / stabilize(y, step.epsilon)
-        elif shared is not None:
-            relevance = relevance / shared if step.divides else relevance * shared
-        c = adjoint(relevance, shape)
-        return x * c if step.scales else c
-
-    backs.append(back)
-    return y
-
-
-def _pooled(step: Planned, h: torch.Tensor, backs: list[Back]) -> torch.Tensor:
-    assert step.pool is not None
-    dims, pool = step.pool
-    out, indices = max_pool_with_indices(pool, h, step.link[1].__dict__)  # NOTE [max pooling in channels-last]
-    shape = h.shape
-
-    def back(relevance: torch.Tensor) -> torch.Tensor:
-        plane = relevance.new_zeros(shape).flatten(-dims)
-        return plane.scatter_add_(-1, indices.flatten(-dims), relevance.flatten(-dims)).view(shape)
-
-    backs.append(back)
-    return out
 
 
 def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[torch.Tensor, ...]], backs: list[Back],
@@ -160,34 +115,29 @@ def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[tor
             raise NotAChain
         kind = step.kind
         if kind == "affine":
-            y = _affine(step, h.detach() if h.requires_grad else h, own, backs)  # (an op saved where it can be)
-            if y is None:
-                y, back = general(step, h, own)
-                backs.append(back)
-            h = y
+            assert step.affine is not None
+            x = h.detach() if h.requires_grad else h  # (an op saved where it can be)
+            done = affine_record(step.affine, step.form, step.rule, step.path, x, own[0],
+                                 own[1] if len(own) > 1 else None)
+            if done is None:  # (fused alpha-beta that does not fit the input: the general steps')
+                h, back = general(step, h, own)
+            else:
+                h, back = done[0], done[1].back
         elif kind == "pass":
             assert step.op is not None
             h = step.op(h)
-            backs.append(_passed(h))
+            back = Passed(h, h._version).back
         elif kind == "pool":
-            h = _pooled(step, h, backs)
+            assert step.pool is not None
+            dims, pool = step.pool
+            shape = h.shape
+            h, indices = max_pool_with_indices(pool, h, step.module.__dict__)  # NOTE [max pooling in channels-last]
+            back = Pooled(shape, indices, dims).back
         elif kind == "reshape":
             shape = h.shape
-            h = type(step.link[1]).forward(step.link[1], h)
-            backs.append(lambda relevance, shape=shape: relevance.reshape(shape))  # type: ignore[misc]
+            h = type(step.module).forward(step.module, h)
+            back = Reshaped(shape).back
         else:
             h, back = general(step, h, own)
-            backs.append(back)
+        backs.append(back)
     return h
-
-
-def _passed(y: torch.Tensor) -> Back:
-    """Pass: the relevance as it is, unless something wrote the output in place since (the taps differ then)."""
-    version = y._version
-
-    def back(relevance: torch.Tensor) -> torch.Tensor:
-        if y._version != version:
-            raise NotAChain
-        return relevance
-
-    return back
