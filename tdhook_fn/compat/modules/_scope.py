@@ -34,14 +34,14 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from tdhook_fn._shadow_run import run
+from tdhook_fn._types import Replace
 
 from ._virtual import VirtualHook, VirtualHooks, taps_for
 
 __all__ = [
-    "Replace", "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
+    "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
 ]
 
-Replace = Callable[[torch.Tensor], torch.Tensor]
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
 
 

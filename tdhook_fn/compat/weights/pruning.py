@@ -35,16 +35,16 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-from tensordict import TensorDict
+from tensordict import NestedKey, TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn._params import params as params_of
-from tdhook_fn._types import Keys
+from tdhook_fn._types import Replace
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.hooks import resolve_submodule_path
 from tdhook_fn.compat.modules import RoutedModule
-from tdhook_fn.compat.modules._scope import Replace, Replacement
+from tdhook_fn.compat.modules._scope import Replacement
 from tdhook_fn.weights import (
     apply_masks,
     default_skip,
@@ -171,7 +171,7 @@ class Pruning(HookingContextFactory):
         self._relative_path = relative_path or ""
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """``module`` running with pruned parameters (replacements: NOTE [one scope]).
 
