@@ -33,6 +33,7 @@ from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensi
 from tdhook_fn.compat.attribution.gradient_helpers._calls import model_of
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._scope import entered
+from tdhook_fn.compat.modules._wrappers import under
 
 __all__ = ["InfidelityMetric", "SensitivityMetric"]
 
@@ -148,7 +149,7 @@ def _hooked_model(metric: str, module: Any) -> _Model:
 
 
 def _attributions(metric: str, data: TensorDictBase, key: Any) -> torch.Tensor:
-    value = data.get((_ATTR, *((key,) if isinstance(key, str) else key)), None)
+    value = data.get(under(_ATTR, key), None)
     if not isinstance(value, torch.Tensor):
         raise KeyError(f"{metric}: the data hold no attributions of input {key!r} under ('attr', {key!r}); call the "
                        "hooked module on the data first (hooked(data)), with the default attribution_key 'attr'")

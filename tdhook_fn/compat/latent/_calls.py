@@ -28,12 +28,7 @@ from tdhook_fn import Functional, Tap, intervene
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.latent import Site
 
-__all__ = ["check_td", "model_fn", "site_for", "tensor_guards", "under"]
-
-
-def under(prefix: Any, key: Any) -> tuple[str, ...]:
-    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
-    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
+__all__ = ["check_td", "model_fn", "site_for", "tensor_guards"]
 
 
 def model_fn(module: RoutedModule) -> tuple[Functional, TensorDictBase]:

@@ -24,9 +24,10 @@ from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import check_td, model_fn, site_for, tensor_guards, under
+from ._calls import check_td, model_fn, site_for, tensor_guards
 
 __all__ = ["ActivationPatching"]
 

@@ -22,9 +22,10 @@ from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
+from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import activation_addition
 
-from ._calls import check_td, model_fn, site_for, tensor_guards, under
+from ._calls import check_td, model_fn, site_for, tensor_guards
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 

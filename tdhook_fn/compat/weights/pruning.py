@@ -59,6 +59,11 @@ Targets = list[tuple[torch.Tensor, torch.Tensor]]  # (the model's parameter, its
 _ROOT_NAMES = ("", "td_module", "module")
 
 
+def _below_root(name: str, module: nn.Module) -> bool:
+    """Skips every submodule but the root: structured mode scores a module's own parameters only."""
+    return name != ""
+
+
 class _PrunedValues(torch.autograd.Function):
     """``pruned`` forward; backward, the gradient goes unchanged to ``live`` (tdhook's ``.grad``)."""
 
@@ -192,24 +197,26 @@ class Pruning(HookingContextFactory):
 
     def _structured_targets(self, root: nn.Module) -> Targets:
         assert self._modules_to_prune is not None
-        scored: list[tuple[str, str, torch.Tensor, int, Any, Any]] = []
+        targets: Targets = []
         for module_key, (dim, amount) in self._modules_to_prune.items():
             submodule = resolve_submodule_path(root, module_key)
             if not isinstance(submodule, nn.Module):
                 raise ValueError(f"Pruning: {module_key!r} names a {type(submodule).__name__}, not a module")
-            for param_name, parameter in submodule.named_parameters(recurse=False):
-                score = self._importance_callback(module_key=module_key, parameter_name=param_name, parameter=parameter)
-                if score is not None:  # tdhook: a falsy amount falls back to the global one
-                    scored.append((module_key, param_name, parameter, dim, amount or self._amount_to_prune, score))
-        targets: Targets = []
-        for module_key, name, param, dim, amount, score in scored:
-            try:
-                keep = ln_structured_mask(score, amount, dim, n=1)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"Pruning: {module_key!r}, parameter {name!r}: {e}") from e
-            assert isinstance(keep, torch.Tensor)
-            targets.append((param, keep))
+            live = params_of(submodule, detach=False)
+            scores = pruning_scores(submodule, live, self._importance_at(module_key), skip=_below_root)
+            fraction: Any = amount or self._amount_to_prune  # tdhook: a falsy amount falls back to the global one
+            for name, score in scores.items():
+                try:
+                    keep = ln_structured_mask(cast(torch.Tensor, score), fraction, dim, n=1)
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"Pruning: {module_key!r}, parameter {name!r}: {e}") from e
+                targets.append((live.get(name), cast(torch.Tensor, keep)))
         return targets
+
+    def _importance_at(self, module_key: str) -> Callable[..., Any]:
+        """The importance callback as structured mode calls it: ``module_key`` is the key of ``modules_to_prune``."""
+        return lambda parameter_name, parameter, **_: self._importance_callback(
+            module_key=module_key, parameter_name=parameter_name, parameter=parameter)
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:

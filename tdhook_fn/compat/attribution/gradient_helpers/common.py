@@ -24,6 +24,7 @@ from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.compat.modules._wrappers import under
 
 from ._calls import (
     AttributionCall,
@@ -40,11 +41,6 @@ from ._calls import (
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
-
-
-def _under(prefix: Any, key: Any) -> tuple[str, ...]:
-    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
-    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
 
 
 class GradientAttribution(HookingContextFactory):
@@ -129,7 +125,7 @@ class GradientAttribution(HookingContextFactory):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         """``in_keys`` and ``out_keys`` of the prepared module."""
-        return [*in_keys, *self._additional_init_keys], [_under(self._attr_key, key) for key in in_keys]
+        return [*in_keys, *self._additional_init_keys], [under(self._attr_key, key) for key in in_keys]
 
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
@@ -286,7 +282,7 @@ class GradientAttributionWithBaseline(GradientAttribution):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         module_in, module_out = super()._module_keys(in_keys)
-        module_in += [_under(self._baseline_key, key) for key in in_keys]
+        module_in += [under(self._baseline_key, key) for key in in_keys]
         return module_in, module_out + (["convergence_delta"] if self._compute_convergence_delta else [])
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
