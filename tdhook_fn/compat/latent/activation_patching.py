@@ -27,7 +27,7 @@ from tdhook_fn.compat.modules import FunctionModule, RoutedModule
 from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import check_td, model_fn, site_for, tensor_guards
+from ._calls import check_td, site_for, tensor_guards
 
 __all__ = ["ActivationPatching"]
 
@@ -83,8 +83,9 @@ class ActivationPatching(HookingContextFactory):
 
         def patching(td: TensorDict) -> TensorDict:
             td = check_td("ActivationPatching", td, [*in_keys, *(under(self._patch_key, k) for k in in_keys)])
-            f, params = model_fn(module)
-            f = f.with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
+            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
+            f = module.functional().with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
+            params = module.params()
             batch = td.batch_size
             clean = td.select(*in_keys).reshape(-1)
             corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)

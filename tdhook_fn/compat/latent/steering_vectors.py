@@ -25,7 +25,7 @@ from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
 from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import activation_addition
 
-from ._calls import check_td, model_fn, site_for, tensor_guards
+from ._calls import check_td, site_for, tensor_guards
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
@@ -120,8 +120,9 @@ class ActivationAddition(HookingContextFactory):
 
         def vectors(td: TensorDict) -> TensorDict:
             td = check_td("ActivationAddition", td, module_in)
-            f, params = model_fn(module)
-            f = f.with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
+            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
+            f = module.functional().with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
+            params = module.params()
             positive = td.get(self._positive_key).select(*in_keys).reshape(-1)
             negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
             steer = activation_addition(f, params, positive, negative, sites)
