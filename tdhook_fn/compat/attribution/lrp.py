@@ -22,7 +22,7 @@ from tdhook_fn.attribution import lrp, rule_taps
 from tdhook_fn.compat.modules._routed import RoutedModule
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn, model_of
+from .gradient_helpers._calls import AttributionCall, UserFn
 from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]
@@ -140,7 +140,7 @@ class LRP(GradientAttribution):
                 raise ValueError(f"LRP: the rule mapper gave a rule to {name!r} ({type(child).__name__}), which is "
                                  "a wrapper around the model, not a module of it; give rules to the model's modules")
             chosen[id(child)] = _as_rule(rule, name)
-        rule_taps(model_of(module)[0], self._mapper(chosen), warn_on_missing_rule=False)  # nesting fails now
+        rule_taps(module.functional(), self._mapper(chosen), warn_on_missing_rule=False)  # nesting fails now
         # the rules chosen now live in this context's prepared module, never on the factory
         return self._attributing(module, in_keys, out_keys, functools.partial(self._attribute_with, chosen))
 

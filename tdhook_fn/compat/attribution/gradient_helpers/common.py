@@ -35,7 +35,6 @@ from ._calls import (
     grad_output_fn,
     make_cotangents,
     make_target,
-    model_of,
 )
 
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
@@ -182,7 +181,8 @@ class GradientAttribution(HookingContextFactory):
         cached: tuple[CachedOutput, ...],
     ) -> AttributionCall:
         """Everything the pure method needs for ``td``."""
-        f, params = model_of(module)
+        # the params the routed calls run with (a Pruning composed before gives pruned ones: NOTE [one scope])
+        f, params = module.functional(), module.params(detach=True)
         additional = td.select(*self._additional_init_keys)
         inputs = td.select(*in_keys, *self._additional_init_keys)
         input_keys = self._attributed_inputs(td.select(*in_keys), additional)
