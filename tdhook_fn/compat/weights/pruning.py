@@ -59,11 +59,6 @@ Targets = list[tuple[torch.Tensor, torch.Tensor]]  # (the model's parameter, its
 _ROOT_NAMES = ("", "td_module", "module")
 
 
-def _below_root(name: str, module: nn.Module) -> bool:
-    """Skips every submodule but the root: structured mode scores a module's own parameters only."""
-    return name != ""
-
-
 class _PrunedValues(torch.autograd.Function):
     """``pruned`` forward; backward, the gradient goes unchanged to ``live`` (tdhook's ``.grad``)."""
 
@@ -203,7 +198,8 @@ class Pruning(HookingContextFactory):
             if not isinstance(submodule, nn.Module):
                 raise ValueError(f"Pruning: {module_key!r} names a {type(submodule).__name__}, not a module")
             live = params_of(submodule, detach=False)
-            scores = pruning_scores(submodule, live, self._importance_at(module_key), skip=_below_root)
+            # (the module's own parameters only: every submodule below it is skipped)
+            scores = pruning_scores(submodule, live, self._importance_at(module_key), skip=lambda name, _: name != "")
             fraction: Any = amount or self._amount_to_prune  # tdhook: a falsy amount falls back to the global one
             for name, score in scores.items():
                 try:
