@@ -109,7 +109,7 @@ class Snapshot:
     model, no Python loop per module (NOTE [one flat check]).
     """
 
-    __slots__ = ("children", "getters", "keys", "model", "names", "sizes", "slots", "values")
+    __slots__ = ("children", "getters", "keys", "model", "names", "sizes", "slots", "types", "values")
 
     def __init__(self, modules: list[nn.Module]):
         states = list(map(vars, modules))
@@ -121,7 +121,8 @@ class Snapshot:
         self.slots = tuple(chain.from_iterable(map(_slots_of, states)))
         self.sizes = tuple(map(len, self.slots))
         self.keys = tuple(chain.from_iterable(self.slots))
-        self.values = (*map(type, modules), *chain.from_iterable(map(call, self.getters, states)), *_flat(self.slots))
+        self.types = tuple(map(type, modules))
+        self.values = (*chain.from_iterable(map(call, self.getters, states)), *_flat(self.slots))
 
     @staticmethod
     def of(model: nn.Module) -> Snapshot | None:
@@ -148,14 +149,14 @@ class Snapshot:
         if _global_hooks():
             return False
         modules = (self.model(), *self.children)
-        if tuple(map(type, modules)) != self.values[:len(modules)]:  # (the model gone reads NoneType)
+        if tuple(map(type, modules)) != self.types:  # (the model gone reads NoneType)
             return False
         states = list(map(vars, modules))
         if list(map(dict.keys, states)) != self.names or any(chain.from_iterable(map(_hooks_of, states))):
             return False
         if any(chain.from_iterable(map(_unread_hooks_of, states))):
             return False  # (a state-dict hook added since: held, it could keep the model alive)
-        values = chain(map(type, modules), chain.from_iterable(map(call, self.getters, states)), _flat(self.slots))
+        values = chain(chain.from_iterable(map(call, self.getters, states)), _flat(self.slots))
         return (tuple(map(len, self.slots)) == self.sizes and tuple(chain.from_iterable(self.slots)) == self.keys
                 and all(map(is_, values, self.values)))
 

@@ -243,7 +243,7 @@ class Shadow:
                 )
         for key, mark in marks.items():
             value = values[key]
-            if (value._version, value.data_ptr()) != mark:
+            if _mark(value) != mark:
                 raise RuntimeError(
                     f"module {'.'.join(key[:-1]) or '<root>'!r} wrote its parameter {key[-1]!r} while it ran (a "
                     "forward that clamps or renormalises its weights in place, or assigns to .data): the params you "
@@ -281,7 +281,7 @@ def param_marks(values: dict[Key, Any], keys: Sequence[Key]) -> dict[Key, tuple[
     params are constants of the methods' transforms, so those are seen).
     """
     if torch._C._functorch.peek_interpreter_stack() is None:  # (no transform: nothing is wrapped)
-        return {key: (value._version, value.data_ptr()) for key in keys for value in (values[key],)}
+        return {key: _mark(values[key]) for key in keys}
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return {key: _mark(values[key]) for key in keys
             if isinstance(values[key], torch.Tensor) and not wrapped(values[key])}

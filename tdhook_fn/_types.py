@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 
-__all__ = ["Keys", "PureFn"]
+__all__ = ["PureFn", "Replace"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]  # f(params, td) -> td
-Keys = list[Any]  # tdhook's in_keys and out_keys: lists of (nested) keys, as its signatures take them
+Replace = Callable[[torch.Tensor], torch.Tensor]  # a tensor's new value from its value (an activation, a parameter)

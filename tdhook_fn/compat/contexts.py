@@ -27,11 +27,10 @@ from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any, Literal, overload
 
-from tensordict import TensorDict
+from tensordict import NestedKey, TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
-from tdhook_fn._types import Keys
 from tdhook_fn.compat._prepared_attributes import attribute_state, changes_since, put_back
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
@@ -43,7 +42,7 @@ __all__ = [
     "HookingContextWithCache",
 ]
 
-InKeys = list[Any] | dict[Any, str]
+InKeys = list[NestedKey] | dict[NestedKey, str]
 
 
 def _is_unraveled(key: Any) -> bool:
@@ -69,7 +68,7 @@ class HookingContext:
         factory: HookingContextFactory,
         module: nn.Module,
         in_keys: InKeys | None = None,
-        out_keys: Keys | None = None,
+        out_keys: list[NestedKey] | None = None,
         pre_factories: list[HookingContextFactory] | None = None,
     ) -> None:
         self._prepare = factory._prepare_module
@@ -89,8 +88,8 @@ class HookingContext:
         else:
             self._module = TensorDictModule(module, in_keys or ["input"], out_keys or ["output"])
             self._extra_relative_path = "module"
-        self._in_keys: Keys = list(self._module.in_keys)
-        self._out_keys: Keys = list(self._module.out_keys)
+        self._in_keys: list[NestedKey] = list(self._module.in_keys)
+        self._out_keys: list[NestedKey] = list(self._module.out_keys)
         self._managed_by_context_manager = False
 
     def _enter(self, managed_by_context_manager: bool = True) -> HookedModule:
@@ -229,7 +228,7 @@ class HookingContextFactory:
         self,
         module: nn.Module,
         in_keys: InKeys | None = None,
-        out_keys: Keys | None = None,
+        out_keys: list[NestedKey] | None = None,
         *,
         return_context: Literal[True] = True,
     ) -> HookingContext: ...
@@ -239,7 +238,7 @@ class HookingContextFactory:
         self,
         module: nn.Module,
         in_keys: InKeys | None = None,
-        out_keys: Keys | None = None,
+        out_keys: list[NestedKey] | None = None,
         *,
         return_context: Literal[False],
     ) -> HookedModule: ...
@@ -248,7 +247,7 @@ class HookingContextFactory:
         self,
         module: nn.Module,
         in_keys: InKeys | None = None,
-        out_keys: Keys | None = None,
+        out_keys: list[NestedKey] | None = None,
         *,
         return_context: bool = True,
     ) -> HookingContext | HookedModule:
@@ -280,7 +279,7 @@ class HookingContextFactory:
         return context._enter(managed_by_context_manager=False)
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself.
 
@@ -290,7 +289,7 @@ class HookingContextFactory:
         return module
 
     def _restore_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> Any:
         """Undo `_prepare_module` on exit; ``module`` is the one it received.
 
@@ -339,7 +338,7 @@ class CompositeHookingContextFactory(HookingContextFactory):
         return bool(getattr(cls, attr) != getattr(HookingContextFactory, attr))
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         prepared: TensorDictModuleBase = module
         for context in self._contexts:
@@ -348,7 +347,7 @@ class CompositeHookingContextFactory(HookingContextFactory):
         return prepared
 
     def _restore_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> Any:
         for context in reversed(self._contexts):
             module = context._restore_module(module, in_keys, out_keys, extra_relative_path)

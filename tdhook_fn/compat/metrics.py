@@ -30,9 +30,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import Functional
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
-from tdhook_fn.compat.attribution.gradient_helpers._calls import model_of
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._scope import entered
+from tdhook_fn.compat.modules._wrappers import under
 
 __all__ = ["InfidelityMetric", "SensitivityMetric"]
 
@@ -143,12 +143,12 @@ def _hooked_model(metric: str, module: Any) -> _Model:
                         f"`with Saliency().prepare(model) as hooked: ...; {metric}()(hooked, data)`; got "
                         f"{type(module).__name__}")
     with entered(hooks=module._virtual_hooks):  # (hooks set on the hooked module apply, as in its own calls)
-        f, params = model_of(working)
+        f, params = working.functional(), working.params(detach=True)
     return f, params, list(context._in_keys), list(context._out_keys)
 
 
 def _attributions(metric: str, data: TensorDictBase, key: Any) -> torch.Tensor:
-    value = data.get((_ATTR, *((key,) if isinstance(key, str) else key)), None)
+    value = data.get(under(_ATTR, key), None)
     if not isinstance(value, torch.Tensor):
         raise KeyError(f"{metric}: the data hold no attributions of input {key!r} under ('attr', {key!r}); call the "
                        "hooked module on the data first (hooked(data)), with the default attribution_key 'attr'")

@@ -17,13 +17,12 @@ import dataclasses
 import math
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn import resolve_path
 from tdhook_fn._paths import PathError
-from tdhook_fn._types import Keys
 from tdhook_fn.attribution import activation_maximisation
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._virtual import module_path
@@ -81,7 +80,7 @@ class ActivationMaximisation(GradientAttribution):
         max_value: float = math.inf,
         init_attr_targets: UserFn | None = None,
         init_attr_grads: UserFn | None = None,
-        additional_init_keys: list[Any] | None = None,
+        additional_init_keys: list[NestedKey] | None = None,
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,
     ) -> None:
@@ -128,7 +127,7 @@ class ActivationMaximisation(GradientAttribution):
         return paths
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """As `GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
         self._model_paths(module)
@@ -138,8 +137,8 @@ class ActivationMaximisation(GradientAttribution):
         self,
         module: RoutedModule,
         td: TensorDict,
-        in_keys: Keys,
-        out_keys: Keys,
+        in_keys: list[NestedKey],
+        out_keys: list[NestedKey],
         grad_fns: dict[str, GradFn],
         cached: tuple[CachedOutput, ...],
     ) -> AttributionCall:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from tdhook_fn import attribution
 from tdhook_fn.attribution import grad_cam
@@ -92,7 +92,7 @@ class GradCAM(GradientAttribution):
         init_attr_inputs: UserFn | None = None,
         init_attr_cache_in: UserFn | None = None,
         init_attr_grads: UserFn | None = None,
-        additional_init_keys: list[Any] | None = None,
+        additional_init_keys: list[NestedKey] | None = None,
         output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
 from tdhook_fn.attribution import guided_backprop
@@ -40,7 +40,7 @@ class GuidedBackpropagation(GradientAttribution):
         init_attr_inputs: UserFn | None = None,
         init_attr_cache_in: UserFn | None = None,
         init_attr_grads: UserFn | None = None,
-        additional_init_keys: list[Any] | None = None,
+        additional_init_keys: list[NestedKey] | None = None,
         output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,

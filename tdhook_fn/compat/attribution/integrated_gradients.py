@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from tdhook_fn import label
 from tdhook_fn.attribution import convergence_delta, integrated_gradients
@@ -58,7 +58,7 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         init_attr_inputs: UserFn | None = None,
         init_attr_cache_in: UserFn | None = None,
         init_attr_grads: UserFn | None = None,
-        additional_init_keys: list[Any] | None = None,
+        additional_init_keys: list[NestedKey] | None = None,
         output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,
@@ -112,7 +112,7 @@ class IntegratedGradients(GradientAttributionWithBaseline):
     def init_attr_targets_with_labels(
         outputs: TensorDict,
         additional_init_tensors: TensorDict,
-        selected_out_keys: list[Any],
+        selected_out_keys: list[NestedKey],
         label_key: Any = "label",
     ) -> TensorDict:
         """A target: for each of ``selected_out_keys``, the class ``label_key`` names.

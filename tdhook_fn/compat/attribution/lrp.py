@@ -13,17 +13,16 @@ import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn import attribution
-from tdhook_fn._types import Keys
 from tdhook_fn.attribution import lrp, rule_taps
 from tdhook_fn.compat.modules._routed import RoutedModule
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn, model_of
+from .gradient_helpers._calls import AttributionCall, UserFn
 from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]
@@ -85,7 +84,7 @@ class LRP(GradientAttribution):
         init_attr_inputs: UserFn | None = None,
         init_attr_cache_in: UserFn | None = None,
         init_attr_grads: UserFn | None = None,
-        additional_init_keys: list[Any] | None = None,
+        additional_init_keys: list[NestedKey] | None = None,
         output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,
@@ -124,7 +123,7 @@ class LRP(GradientAttribution):
                                                                           TensorDictModule))
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         model = module.model
         inside = {id(m) for m in model.modules()}
@@ -141,7 +140,7 @@ class LRP(GradientAttribution):
                 raise ValueError(f"LRP: the rule mapper gave a rule to {name!r} ({type(child).__name__}), which is "
                                  "a wrapper around the model, not a module of it; give rules to the model's modules")
             chosen[id(child)] = _as_rule(rule, name)
-        rule_taps(model_of(module)[0], self._mapper(chosen), warn_on_missing_rule=False)  # nesting fails now
+        rule_taps(module.functional(), self._mapper(chosen), warn_on_missing_rule=False)  # nesting fails now
         # the rules chosen now live in this context's prepared module, never on the factory
         return self._attributing(module, in_keys, out_keys, functools.partial(self._attribute_with, chosen))
 

@@ -23,33 +23,10 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-import tdhook_fn
-from tdhook_fn import Functional, Tap, intervene
-from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn import Tap, intervene
 from tdhook_fn.latent import Site
 
-__all__ = ["check_td", "model_fn", "site_for", "tensor_guards", "under"]
-
-
-def under(prefix: Any, key: Any) -> tuple[str, ...]:
-    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
-    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
-
-
-def model_fn(module: RoutedModule) -> tuple[Functional, TensorDictBase]:
-    """The model of a prepared module as ``(f, live params)``, read at call time.
-
-    The params are the model's own tensors (as a tdhook forward uses them): gradients of
-    the results reach ``model.weight.grad``. Nothing is written to them.
-    """
-    wrapper, keywords = module.td_module, getattr(module.td_module, "_kwargs", None)
-    if keywords and module.model is not wrapper:
-        # in_keys given as a dict (Hugging Face's input_ids and attention_mask):
-        # RoutedModule.functional refuses them, the pure functional takes them.
-        mapping = dict(zip(wrapper.in_keys, keywords, strict=True))
-        f = tdhook_fn.functional(module.model, mapping, list(wrapper.out_keys)).with_taps(*module.taps())
-        return f, module.params()
-    return module.functional(), module.params()
+__all__ = ["check_td", "site_for", "tensor_guards"]
 
 
 def site_for(index: int, path: str, site: str = "output") -> Site:

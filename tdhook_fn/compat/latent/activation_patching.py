@@ -17,17 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
-from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import check_td, model_fn, site_for, tensor_guards, under
+from ._calls import check_td, site_for, tensor_guards
 
 __all__ = ["ActivationPatching"]
 
@@ -70,7 +70,7 @@ class ActivationPatching(HookingContextFactory):
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the clean and the patched run of ``module``'s model on each call."""
         model = module.model
@@ -83,8 +83,9 @@ class ActivationPatching(HookingContextFactory):
 
         def patching(td: TensorDict) -> TensorDict:
             td = check_td("ActivationPatching", td, [*in_keys, *(under(self._patch_key, k) for k in in_keys)])
-            f, params = model_fn(module)
-            f = f.with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
+            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
+            f = module.functional().with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
+            params = module.params()
             batch = td.batch_size
             clean = td.select(*in_keys).reshape(-1)
             corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)

@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDict
+from tensordict import NestedKey, TensorDict
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
-from tdhook_fn._types import Keys
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
+from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import activation_addition
 
-from ._calls import check_td, model_fn, site_for, tensor_guards, under
+from ._calls import check_td, site_for, tensor_guards
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
@@ -108,7 +108,7 @@ class ActivationAddition(HookingContextFactory):
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the steering vectors of ``module``'s model on each call."""
         model = module.model
@@ -120,8 +120,9 @@ class ActivationAddition(HookingContextFactory):
 
         def vectors(td: TensorDict) -> TensorDict:
             td = check_td("ActivationAddition", td, module_in)
-            f, params = model_fn(module)
-            f = f.with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
+            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
+            f = module.functional().with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
+            params = module.params()
             positive = td.get(self._positive_key).select(*in_keys).reshape(-1)
             negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
             steer = activation_addition(f, params, positive, negative, sites)

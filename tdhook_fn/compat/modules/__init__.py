@@ -54,7 +54,7 @@ from ._hooked import HookedModule
 from ._pgd import PGDModule
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
-from ._scope import Replace, Replacement, replacing
+from ._scope import Replacement, replacing
 from ._virtual import VirtualHookHandle, VirtualHooks
 from ._wrappers import (
     FunctionModule,
@@ -79,7 +79,6 @@ __all__ = [
     "ModuleCallWithCache",
     "MutableWeakRef",
     "PGDModule",
-    "Replace",
     "Replacement",
     "RoutedModule",
     "TensorDictRef",

@@ -23,6 +23,8 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -34,14 +36,14 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from tdhook_fn._shadow_run import run
+from tdhook_fn._types import Replace
 
 from ._virtual import VirtualHook, VirtualHooks, taps_for
 
 __all__ = [
-    "Replace", "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
+    "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
 ]
 
-Replace = Callable[[torch.Tensor], torch.Tensor]
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
 
 
@@ -123,14 +125,52 @@ def active_hooks(scope: Scope | None = None) -> list[VirtualHook]:
     return sorted((entry for registry in registries for entry in registry.entries()), key=lambda e: e.order)
 
 
+# NOTE [replaced keys]
+# A routed call needs the key of each replaced tensor in its root. Walking every parameter
+# and buffer costs ~1.4 ms a call on a 226-module model; so the keys are found once per
+# root and set of replaced tensors and kept (the root held weakly), and each call only
+# checks that every key still holds its tensor, by identity (a tensor moved or swapped
+# out walks again). A set with a tensor the root does not hold is walked at every call:
+# that the tensor is still absent cannot be checked without a walk.
+_FOUND: weakref.WeakKeyDictionary[nn.Module, dict[frozenset[int], dict[int, tuple[str, ...]]]] = (
+    weakref.WeakKeyDictionary())
+_FOUND_LOCK = threading.Lock()
+
+
+def _held_at(root: nn.Module, key: tuple[str, ...]) -> Any:
+    """What ``root`` holds at ``key`` (a parameter or a buffer), or ``None``."""
+    module = root
+    for part in key[:-1]:
+        child = module._modules.get(part)
+        if child is None:
+            return None
+        module = child
+    return module._parameters.get(key[-1], module._buffers.get(key[-1]))
+
+
+def _keys(root: nn.Module, tensors: Sequence[torch.Tensor]) -> dict[int, tuple[str, ...]]:
+    """The key in ``root`` of each of ``tensors`` it holds, by id (NOTE [replaced keys])."""
+    wanted = frozenset(map(id, tensors))
+    found = _FOUND.get(root, {}).get(wanted)
+    if found is not None and all(_held_at(root, found[id(t)]) is t for t in tensors):
+        return found
+    found = {}
+    for name, tensor in (*root.named_parameters(), *root.named_buffers()):
+        if id(tensor) in wanted and id(tensor) not in found:
+            found[id(tensor)] = tuple(name.split("."))
+    if len(found) == len(wanted):
+        with _FOUND_LOCK:
+            kept = _FOUND.setdefault(root, {})
+            if len(kept) >= 16:  # (a few sets per model: the contexts entered on it)
+                kept.clear()
+            kept[wanted] = found
+    return found
+
+
 def _values(root: nn.Module, replacements: Sequence[Replacement], start: Callable[[torch.Tensor], torch.Tensor],
             ) -> dict[tuple[str, ...], torch.Tensor]:
     """The replaced tensors of ``root`` (those it holds), by key, each from ``start(tensor)``."""
-    wanted = {id(tensor) for tensor, _ in replacements}
-    keys: dict[int, tuple[str, ...]] = {}
-    for name, tensor in (*root.named_parameters(), *root.named_buffers()):
-        if id(tensor) in wanted and id(tensor) not in keys:
-            keys[id(tensor)] = tuple(name.split("."))
+    keys = _keys(root, [tensor for tensor, _ in replacements])
     values: dict[tuple[str, ...], torch.Tensor] = {}
     for tensor, fn in replacements:
         key = keys.get(id(tensor))

@@ -20,6 +20,7 @@ __all__ = [
     "flatten_select_reshape_call",
     "get_best_device",
     "prefixed",
+    "under",
 ]
 
 
@@ -60,6 +61,11 @@ def _module_line(module: TensorDictModuleBase) -> str:
 
 def prefixed(keys: list[Any], prefix: Any) -> list[Any]:
     return [key if prefix is None else (prefix, key) for key in keys]
+
+
+def under(prefix: Any, key: Any) -> tuple[str, ...]:
+    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
+    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
 
 
 class FunctionModule(TensorDictModuleBase):

@@ -35,16 +35,16 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-from tensordict import TensorDict
+from tensordict import NestedKey, TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn._params import params as params_of
-from tdhook_fn._types import Keys
+from tdhook_fn._types import Replace
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.hooks import resolve_submodule_path
 from tdhook_fn.compat.modules import RoutedModule
-from tdhook_fn.compat.modules._scope import Replace, Replacement
+from tdhook_fn.compat.modules._scope import Replacement
 from tdhook_fn.weights import (
     apply_masks,
     default_skip,
@@ -171,7 +171,7 @@ class Pruning(HookingContextFactory):
         self._relative_path = relative_path or ""
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """``module`` running with pruned parameters (replacements: NOTE [one scope]).
 
@@ -192,24 +192,27 @@ class Pruning(HookingContextFactory):
 
     def _structured_targets(self, root: nn.Module) -> Targets:
         assert self._modules_to_prune is not None
-        scored: list[tuple[str, str, torch.Tensor, int, Any, Any]] = []
+        targets: Targets = []
         for module_key, (dim, amount) in self._modules_to_prune.items():
             submodule = resolve_submodule_path(root, module_key)
             if not isinstance(submodule, nn.Module):
                 raise ValueError(f"Pruning: {module_key!r} names a {type(submodule).__name__}, not a module")
-            for param_name, parameter in submodule.named_parameters(recurse=False):
-                score = self._importance_callback(module_key=module_key, parameter_name=param_name, parameter=parameter)
-                if score is not None:  # tdhook: a falsy amount falls back to the global one
-                    scored.append((module_key, param_name, parameter, dim, amount or self._amount_to_prune, score))
-        targets: Targets = []
-        for module_key, name, param, dim, amount, score in scored:
-            try:
-                keep = ln_structured_mask(score, amount, dim, n=1)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"Pruning: {module_key!r}, parameter {name!r}: {e}") from e
-            assert isinstance(keep, torch.Tensor)
-            targets.append((param, keep))
+            live = params_of(submodule, detach=False)
+            # (the module's own parameters only: every submodule below it is skipped)
+            scores = pruning_scores(submodule, live, self._importance_at(module_key), skip=lambda name, _: name != "")
+            fraction: Any = amount or self._amount_to_prune  # tdhook: a falsy amount falls back to the global one
+            for name, score in scores.items():
+                try:
+                    keep = ln_structured_mask(cast(torch.Tensor, score), fraction, dim, n=1)
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"Pruning: {module_key!r}, parameter {name!r}: {e}") from e
+                targets.append((live.get(name), cast(torch.Tensor, keep)))
         return targets
+
+    def _importance_at(self, module_key: str) -> Callable[..., Any]:
+        """The importance callback as structured mode calls it: ``module_key`` is the key of ``modules_to_prune``."""
+        return lambda parameter_name, parameter, **_: self._importance_callback(
+            module_key=module_key, parameter_name=parameter_name, parameter=parameter)
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:

@@ -32,9 +32,10 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from tdhook_fn import params as params_of
+from tdhook_fn._types import Replace
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
 from tdhook_fn.compat.modules import HookedModule
-from tdhook_fn.compat.modules._scope import Replace, entered
+from tdhook_fn.compat.modules._scope import entered
 from tdhook_fn.weights import apply_vectors, best_alpha, forget_vector, task_vector
 
 __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]

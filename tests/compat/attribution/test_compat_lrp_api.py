@@ -244,3 +244,17 @@ def test_epsilon_plus_tables_agree() -> None:
             assert ours.rule() == expected, m
             assert type(ours).__name__ == type(ref).__name__, m
     assert compat("x", our_layers.Sum()).rule() == attribution.Epsilon(0.5)
+
+
+def test_prepared_module_keeps_the_rules_of_its_entry_after_the_context_closes() -> None:
+    """docs/compat.md: the rules live in the prepared module; the hooked module raises outside its context."""
+    m = model()
+    td = TensorDict(input=torch.randn(4, 1, 4, 4), batch_size=[4])
+    with our_attr.LRP(rule_mapper=our_rules.EpsilonPlus(), warn_on_missing_rule=False).prepare(m) as hooked:
+        inside = hooked(td.clone())["attr", "input"]
+    with our_attr.LRP(warn_on_missing_rule=False).prepare(m) as plain:
+        gradients = plain(td.clone())["attr", "input"]
+    with pytest.raises(RuntimeError, match="must be called in context"):
+        hooked(td.clone())
+    after = hooked.td_module(td.clone())["attr", "input"]
+    assert torch.equal(after, inside) and not torch.allclose(after, gradients)

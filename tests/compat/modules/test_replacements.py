@@ -144,3 +144,19 @@ def test_a_hooked_module_of_a_routed_module_routes_once() -> None:
     hooked.set("module[2]", None, callback=lambda output, **kw: torch.ones_like(output))
     expected = torch.nn.functional.linear(torch.ones(6, 4), 2 * model[3].weight, model[3].bias)
     assert torch.equal(run(hooked).detach(), expected.detach())
+
+
+def test_keys_found_once_follow_a_swapped_or_moved_parameter() -> None:
+    """NOTE [replaced keys]: the keys kept from an earlier call are checked by identity at each call."""
+    model = make_model()
+    with Replacing(doubled_last).prepare(model) as hooked:
+        assert torch.equal(run(hooked), tdhook_fn.call(model, doubled_params(model), X))
+        assert torch.equal(run(hooked), tdhook_fn.call(model, doubled_params(model), X))  # (the keys kept)
+        replaced = model[3].weight
+        model[3].weight = nn.Parameter(replaced.detach() + 1)  # swapped out: the new weight is not replaced
+        assert torch.equal(run(hooked), tdhook_fn.call(model, tdhook_fn.params(model), X))
+        model[3] = nn.Sequential(nn.Linear(4, 2))  # the replaced tensor at another key
+        model[3][0].weight = replaced
+        params = tdhook_fn.params(model)
+        params.set(("3", "0", "weight"), 2 * params.get(("3", "0", "weight")))
+        assert torch.equal(run(hooked), tdhook_fn.call(model, params, X))

@@ -33,7 +33,6 @@ from torch.utils.hooks import RemovableHandle
 from tdhook_fn import Functional, Tap, capture
 from tdhook_fn._functional import with_copied_inputs
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.modules import RoutedModule
 
 __all__ = [
     "AttributionCall",
@@ -44,7 +43,6 @@ __all__ = [
     "grad_output_fn",
     "make_cotangents",
     "make_target",
-    "model_of",
     "rebatch",
     "steps_first",
     "steps_last",
@@ -100,15 +98,6 @@ class AttributionCall:
         """The gradient maps, then the other taps. A map at a module the forward never runs does
         nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
         return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps)
-
-
-def model_of(module: RoutedModule) -> tuple[Functional, TensorDictBase]:
-    """The model of a prepared module as ``(f, detached params)``, read at call time.
-
-    The params are those the routed model's calls run with (a ``Pruning`` composed before
-    gives pruned ones: NOTE [one scope] in ``tdhook_fn.compat.modules``).
-    """
-    return module.functional(), module.params(detach=True)
 
 
 def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:

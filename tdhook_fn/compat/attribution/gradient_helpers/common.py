@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
-from tdhook_fn._types import Keys
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.compat.modules._wrappers import under
 
 from ._calls import (
     AttributionCall,
@@ -35,17 +35,11 @@ from ._calls import (
     grad_output_fn,
     make_cotangents,
     make_target,
-    model_of,
 )
 
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
-
-
-def _under(prefix: Any, key: Any) -> tuple[str, ...]:
-    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
-    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
 
 
 class GradientAttribution(HookingContextFactory):
@@ -96,7 +90,7 @@ class GradientAttribution(HookingContextFactory):
         init_attr_inputs: UserFn | None = None,
         init_attr_cache_in: UserFn | None = None,
         init_attr_grads: UserFn | None = None,
-        additional_init_keys: list[Any] | None = None,
+        additional_init_keys: list[NestedKey] | None = None,
         output_grad_callbacks: dict[str, Callable[..., Any]] | None = None,
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,
@@ -113,7 +107,7 @@ class GradientAttribution(HookingContextFactory):
         self._init_attr_grads = init_attr_grads
         self._output_grad_callbacks = dict(output_grad_callbacks or {})
         self._cache_callback = cache_callback
-        self._additional_init_keys: list[Any] = list(additional_init_keys or [])
+        self._additional_init_keys: list[NestedKey] = list(additional_init_keys or [])
         self._attr_key = attribution_key
         self._clean_intermediate_keys = clean_intermediate_keys
         if cache_callback is not None and self._input_modules:
@@ -128,19 +122,19 @@ class GradientAttribution(HookingContextFactory):
 
     # -- the prepared module -------------------------------------------------------------
 
-    def _module_keys(self, in_keys: Keys) -> tuple[Keys, Keys]:
+    def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         """``in_keys`` and ``out_keys`` of the prepared module."""
-        return [*in_keys, *self._additional_init_keys], [_under(self._attr_key, key) for key in in_keys]
+        return [*in_keys, *self._additional_init_keys], [under(self._attr_key, key) for key in in_keys]
 
     def _prepare_module(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, extra_relative_path: str
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """A module computing the attributions of ``module``'s model on each call (`_attribute`)."""
         return self._attributing(module, in_keys, out_keys, self._attribute)
 
     def _attributing(
-        self, module: RoutedModule, in_keys: Keys, out_keys: Keys, method: Callable[[AttributionCall, TensorDict],
-                                                                                      TensorDictBase],
+        self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey],
+        method: Callable[[AttributionCall, TensorDict], TensorDictBase],
     ) -> TensorDictModuleBase:
         """A module writing ``method(call, td)`` under ``attribution_key`` on each call.
 
@@ -181,13 +175,14 @@ class GradientAttribution(HookingContextFactory):
         self,
         module: RoutedModule,
         td: TensorDict,
-        in_keys: Keys,
-        out_keys: Keys,
+        in_keys: list[NestedKey],
+        out_keys: list[NestedKey],
         grad_fns: dict[str, GradFn],
         cached: tuple[CachedOutput, ...],
     ) -> AttributionCall:
         """Everything the pure method needs for ``td``."""
-        f, params = model_of(module)
+        # the params the routed calls run with (a Pruning composed before gives pruned ones: NOTE [one scope])
+        f, params = module.functional(), module.params(detach=True)
         additional = td.select(*self._additional_init_keys)
         inputs = td.select(*in_keys, *self._additional_init_keys)
         input_keys = self._attributed_inputs(td.select(*in_keys), additional)
@@ -285,9 +280,9 @@ class GradientAttributionWithBaseline(GradientAttribution):
         self._baseline_key = baseline_key
         self._multiply_by_inputs = multiply_by_inputs
 
-    def _module_keys(self, in_keys: Keys) -> tuple[Keys, Keys]:
+    def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         module_in, module_out = super()._module_keys(in_keys)
-        module_in += [_under(self._baseline_key, key) for key in in_keys]
+        module_in += [under(self._baseline_key, key) for key in in_keys]
         return module_in, module_out + (["convergence_delta"] if self._compute_convergence_delta else [])
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:

@@ -17,8 +17,9 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -27,7 +28,7 @@ from tdhook_fn import attribution
 
 from ._registration import RemovableRuleHandle, raise_for_unconserved_rel_factory, register_rule, unregister_rule
 from .layers import Sum
-from .types import Activation, AvgPool, BatchNorm, Convolution, MaxPool
+from .types import BatchNorm, Linear
 
 __all__ = [
     "AHQKVRule",
@@ -63,7 +64,7 @@ def stabilize(tensor: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
 
 
 class Rule:
-    """Base of tdhook's rule classes: an object standing for one tdhook_fn rule.
+    """Base of tdhook's rule classes: tdhook's arguments for one tdhook_fn rule, its ``_core`` class.
 
     Examples:
         >>> import torch
@@ -75,6 +76,10 @@ class Rule:
         1.0
         >>> handle.remove()
     """
+
+    # the tdhook_fn rule (a dataclass) this class stands for; its fields are read from this object's attributes
+    _core: ClassVar[type[Any] | None] = None
+    _one_input: ClassVar[bool] = False  # tdhook raises NotImplementedError for a module called with more
 
     def register(self, module: nn.Module) -> RemovableRuleHandle:
         """Put this rule on ``module``: its backward hands relevance back by the rule, until removed.
@@ -107,50 +112,50 @@ class Rule:
         unregister_rule(self, module)
 
     def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
-        """Raise tdhook's error where a registered module's call does not fit this rule (none here)."""
+        """Raise tdhook's error where a registered module's call does not fit this rule."""
+        if self._one_input and len(args) != 1:
+            raise NotImplementedError(f"{type(self).__name__} does not support multiple inputs: the module was "
+                                      f"called with {len(args)} positional arguments; register it on a module called "
+                                      "with one")
 
     def rule(self) -> attribution.Rule:
         """The `tdhook_fn.attribution` rule this object stands for, with its current settings."""
-        raise TypeError(f"{type(self).__name__} stands for no tdhook_fn rule: tdhook_fn runs rules as modified "
-                        "VJPs, not as autograd Functions with forward/backward; return an object with a "
-                        "relevance(call, grad) method (see tdhook_fn.attribution.Rule) from the rule mapper")
+        if self._core is None:
+            raise TypeError(f"{type(self).__name__} stands for no tdhook_fn rule: tdhook_fn runs rules as modified "
+                            "VJPs, not as autograd Functions with forward/backward; return an object with a "
+                            "relevance(call, grad) method (see tdhook_fn.attribution.Rule) from the rule mapper")
+        settings = {field.name: getattr(self, field.name) for field in dataclasses.fields(self._core)}
+        return cast(attribution.Rule, self._core(**settings))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
-def _single_input(rule: Rule, args: tuple[Any, ...]) -> None:
-    if len(args) != 1:
-        raise NotImplementedError(f"{type(rule).__name__} does not support multiple inputs: the module was called "
-                                  f"with {len(args)} positional arguments; register it on a module called with one")
-
-
 class EpsilonRule(Rule):
     """LRP-epsilon: `tdhook_fn.attribution.Epsilon`. ``epsilon`` may be changed later."""
 
+    _core: ClassVar[type[Any] | None] = attribution.Epsilon
+
     def __init__(self, epsilon: float = 1e-6) -> None:
         self.epsilon = epsilon
-
-    def rule(self) -> attribution.Rule:
-        return attribution.Epsilon(self.epsilon)
 
 
 class UniformEpsilonRule(EpsilonRule):
     """LRP-epsilon split over the inputs: `tdhook_fn.attribution.UniformEpsilon`."""
 
-    def rule(self) -> attribution.Rule:
-        return attribution.UniformEpsilon(self.epsilon)
+    _core = attribution.UniformEpsilon
 
 
 class SoftmaxEpsilonRule(EpsilonRule):
     """LXT's softmax rule: `tdhook_fn.attribution.SoftmaxEpsilon` (``epsilon`` unused, as in tdhook)."""
 
-    def rule(self) -> attribution.Rule:
-        return attribution.SoftmaxEpsilon()
+    _core = attribution.SoftmaxEpsilon
 
 
 class PassRule(Rule):
     """Relevance passes unchanged: `tdhook_fn.attribution.Pass` (one input, of the output's shape)."""
+
+    _core, _one_input = attribution.Pass, True
 
     def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
@@ -161,14 +166,13 @@ class PassRule(Rule):
             if getattr(i, "shape", None) != getattr(o, "shape", None):
                 raise ValueError(f"Input (shape={getattr(i, 'shape', None)}) and output "
                                  f"(shape={getattr(o, 'shape', None)}) have different shapes at index {index}")
-        _single_input(self, args)
-
-    def rule(self) -> attribution.Rule:
-        return attribution.Pass()
+        super()._check_call(args, output)
 
 
 class IgnoreRule(Rule):
     """The module's plain gradient: `tdhook_fn.attribution.Ignore`; registering it changes nothing."""
+
+    _core = attribution.Ignore
 
     def register(self, module: nn.Module) -> RemovableRuleHandle:
         """Nothing to put on ``module`` (its plain gradient is the rule); a handle all the same.
@@ -185,39 +189,32 @@ class IgnoreRule(Rule):
             module (nn.Module): the module.
         """
 
-    def rule(self) -> attribution.Rule:
-        return attribution.Ignore()
-
 
 class StopRule(Rule):
     """No relevance goes back: `tdhook_fn.attribution.Stop`."""
 
-    def rule(self) -> attribution.Rule:
-        return attribution.Stop()
+    _core = attribution.Stop
 
 
 class UniformRule(Rule):
     """The output relevance split evenly over the inputs: `tdhook_fn.attribution.Uniform`."""
 
-    def rule(self) -> attribution.Rule:
-        return attribution.Uniform()
+    _core = attribution.Uniform
 
 
 class WSquareRule(Rule):
     """LRP-w²: `tdhook_fn.attribution.WSquare`."""
 
+    _core = attribution.WSquare
+
     def __init__(self, stabilizer: float = 1e-6) -> None:
         self.stabilizer = stabilizer
-
-    def rule(self) -> attribution.Rule:
-        return attribution.WSquare(self.stabilizer)
 
 
 class FlatRule(WSquareRule):
     """LRP-flat: `tdhook_fn.attribution.Flat`."""
 
-    def rule(self) -> attribution.Rule:
-        return attribution.Flat(self.stabilizer)
+    _core = attribution.Flat
 
 
 class AlphaBetaRule(Rule):
@@ -227,6 +224,8 @@ class AlphaBetaRule(Rule):
         ValueError: ``alpha`` or ``beta`` is negative, or ``alpha - beta != 1``.
     """
 
+    _core, _one_input = attribution.AlphaBeta, True
+
     def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6) -> None:
         if alpha < 0 or beta < 0:  # tdhook's messages; the core's own check follows
             raise ValueError(f"AlphaBetaRule: Both alpha and beta parameters must be non-negative, got alpha={alpha}, "
@@ -234,52 +233,43 @@ class AlphaBetaRule(Rule):
         if alpha - beta != 1.0:
             raise ValueError(f"AlphaBetaRule: The difference of parameters alpha - beta must equal 1, got "
                              f"alpha={alpha}, beta={beta}")
-        attribution.AlphaBeta(alpha, beta, stabilizer)
         self.alpha, self.beta, self.stabilizer = alpha, beta, stabilizer
-
-    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
-        _single_input(self, args)
-
-    def rule(self) -> attribution.Rule:
-        return attribution.AlphaBeta(self.alpha, self.beta, self.stabilizer)
+        self.rule()
 
 
 class LayerNormRule(Rule):
     """LXT's layer-norm rule: `tdhook_fn.attribution.LayerNorm`."""
 
-    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
-        _single_input(self, args)
-
-    def rule(self) -> attribution.Rule:
-        return attribution.LayerNorm()
+    _core, _one_input = attribution.LayerNorm, True
 
 
 class PseudoIdentityRule(Rule):
     """An activation as a rescaled identity: `tdhook_fn.attribution.PseudoIdentity`."""
 
+    _core, _one_input = attribution.PseudoIdentity, True
+
     def __init__(self, stabilizer: float = 1e-6) -> None:
         self.stabilizer = stabilizer
-
-    def rule(self) -> attribution.Rule:
-        return attribution.PseudoIdentity(self.stabilizer)
-
-    def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
-        _single_input(self, args)
 
 
 class AHQKVRule(Rule):
     """LXT's rule for a fused q/k/v projection: `tdhook_fn.attribution.AHQKV`."""
 
-    def rule(self) -> attribution.Rule:
-        return attribution.AHQKV()
+    _core = attribution.AHQKV
+
+
+# the tdhook rule class standing for each rule the composite below answers
+_TDHOOK_RULE: dict[type[Any], type[Rule]] = {cls._core: cls for cls in (EpsilonRule, AlphaBetaRule, PassRule,
+                                                                         IgnoreRule) if cls._core is not None}
 
 
 class BaseRuleMapper:
     """A rule mapper ``(name, module) -> rule | None`` for the layers every composite treats alike.
 
-    Activations and batch norms get `PassRule`; max pooling, identity, dropout and
-    flatten `IgnoreRule`; `Sum` and average pooling
-    `EpsilonRule` ``(stabilizer)``. Subclasses override `_call`.
+    The rules of `tdhook_fn.attribution.EpsilonPlus` but those of its dense layers
+    (convolutions and ``nn.Linear``), as tdhook's rule objects: activations and batch norms
+    `PassRule`; max pooling, identity, dropout and flatten `IgnoreRule`; `Sum` and average
+    pooling `EpsilonRule` ``(stabilizer)``. Subclasses override `_call`.
 
     Args:
         stabilizer (float): epsilon of the sum and average-pooling rule. Default: ``1e-6``.
@@ -289,16 +279,26 @@ class BaseRuleMapper:
     def __init__(self, stabilizer: float = 1e-6, rule_mapper: RuleMapper | None = None) -> None:
         self._stabilizer = stabilizer
         self._rule_mapper = rule_mapper or (lambda name, module: None)
-        self._rules: dict[str, Rule] = {"pass": PassRule(), "norm": EpsilonRule(stabilizer), "ignore": IgnoreRule()}
+        self._composite = attribution.EpsilonPlus(stabilizer=stabilizer, rule_mapper=self._tdhook_layers)
+        self._shared: dict[int, Rule] = {}  # one tdhook rule object per rule of the composite, as in tdhook
+
+    def _tdhook_layers(self, name: str, module: nn.Module) -> attribution.Rule | None:
+        """The rules of the layers tdhook's composites know and the core's do not (`Sum`, FrozenBatchNorm2d)."""
+        if isinstance(module, Sum):
+            return attribution.Epsilon(self._stabilizer)
+        return attribution.Pass() if isinstance(module, BatchNorm) else None
+
+    def _answer(self, name: str, module: nn.Module) -> Rule | None:
+        """The composite's rule for ``module``, as a tdhook rule object."""
+        rule = self._composite(name, module)
+        if rule is None:
+            return None
+        if id(rule) not in self._shared:
+            self._shared[id(rule)] = _TDHOOK_RULE[type(rule)](**vars(rule))
+        return self._shared[id(rule)]
 
     def _call(self, name: str, module: nn.Module) -> Any:
-        if isinstance(module, (Activation, BatchNorm)):
-            return self._rules["pass"]
-        if isinstance(module, (MaxPool, nn.Identity, nn.Dropout, nn.Flatten)):
-            return self._rules["ignore"]
-        if isinstance(module, (Sum, AvgPool)):
-            return self._rules["norm"]
-        return None
+        return None if isinstance(module, Linear) else self._answer(name, module)
 
     def __call__(self, name: str, module: nn.Module) -> Any:
         rule = self._rule_mapper(name, module)
@@ -309,9 +309,8 @@ class EpsilonPlus(BaseRuleMapper):
     """The EpsilonPlus composite of `tdhook_fn.attribution.EpsilonPlus`, plus the epsilon rule at ``Sum``.
 
     Convolutions get z+ (``AlphaBetaRule(1, 0, stabilizer)``), ``nn.Linear``
-    ``EpsilonRule(epsilon)``, the rest as `BaseRuleMapper`. The answers are tdhook's
-    rule objects (shared per mapper, in ``_rules``, as in tdhook); their tdhook_fn rules are
-    those of `tdhook_fn.attribution.EpsilonPlus` (tested).
+    ``EpsilonRule(epsilon)``, the rest as `BaseRuleMapper`; the answers are tdhook's rule
+    objects standing for the core composite's rules.
 
     Args:
         epsilon (float): of the linear layers' epsilon rule. Default: ``1e-6``.
@@ -321,12 +320,7 @@ class EpsilonPlus(BaseRuleMapper):
 
     def __init__(self, epsilon: float = 1e-6, stabilizer: float = 1e-6, rule_mapper: RuleMapper | None = None) -> None:
         super().__init__(stabilizer, rule_mapper)
-        self._rules["epsilon"] = EpsilonRule(epsilon)
-        self._rules["zplus"] = AlphaBetaRule(1.0, 0.0, stabilizer)
+        self._composite = attribution.EpsilonPlus(epsilon, stabilizer, self._tdhook_layers)
 
     def _call(self, name: str, module: nn.Module) -> Any:
-        if isinstance(module, Convolution):
-            return self._rules["zplus"]
-        if isinstance(module, nn.Linear):
-            return self._rules["epsilon"]
-        return super()._call(name, module)
+        return self._answer(name, module)
