@@ -310,15 +310,17 @@ def gradients(
         values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, method,
                                             attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
-    (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot)[0]
+    # one pullback: the graph is freed as it goes (NOTE [eager vjp])
+    (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
+    one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
     for key, value in d_inputs.items():
-        grads.set(key, unflatten(value, lead, batch))
+        grads.set(key, value if one_dim else unflatten(value, lead, batch))
     for path, value in zip(paths, d_layers, strict=True):
-        grads.set(path, unflatten(value, lead, batch))
+        grads.set(path, value if one_dim else unflatten(value, lead, batch))
     activations = TensorDict({}, batch_size=batch)
     for path, value in zip(paths, acts, strict=True):
-        activations.set(path, unflatten(value, 0, batch))
+        activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
 
 
@@ -389,7 +391,8 @@ def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
     leaf = next(iter(cot.values(True, True)))
     if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
         return torch.func.vmap(pullback)(cot)[0]
-    pulled = [pullback(cot[t])[0] for t in range(cot.batch_size[0])]
+    last = cot.batch_size[0] - 1
+    pulled = [pullback(cot[t], retain_graph=t < last)[0] for t in range(last + 1)]  # (the last frees the graph)
     inputs = {key: torch.stack([p[0][key] for p in pulled]) for key in pulled[0][0]}
     layers = [torch.stack([p[1][i] for p in pulled]) for i in range(len(pulled[0][1]))]
     return inputs, layers
