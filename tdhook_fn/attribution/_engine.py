@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
-from .._params import leaves
+from .._params import leaf_keys, leaves
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._vjp import vjp
@@ -176,7 +176,7 @@ def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None,
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
-        select = as_target(target, outputs=list(out.keys(True, True)))
+        select = as_target(target, outputs=leaf_keys(out))
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
         select = as_target(target, outputs=list(offered.keys(True, True)))
@@ -386,7 +386,7 @@ def _act_key(i: int) -> str:
     return f"{_ACT}{i}"
 
 
-def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
+def _pull_each(pullback: Callable[..., Any], cot: TensorDictBase) -> Any:
     """The pullback of every cotangent along ``cot``'s first dim, stacked (see the NOTE)."""
     leaf = next(iter(cot.values(True, True)))
     if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
