@@ -2,16 +2,18 @@
 
 50 noisy copies (draws) of each of the first 32 of scikit-learn's digits (flat for the MLP,
 ``[1, 8, 8]`` for the CNN); the baselines of GradientSHAP are 20 other digits. The floor is
-what a capable engineer writes by hand: every copy built once (``repeat_interleave`` plus
-noise; random baselines and path points for GradientSHAP), one forward and one input
-gradient of the target, a mean over the copies, on a copy of the model whose weights do not
-require grad (made before the timing, as ours take the params as constants: a forward that
-records the weights for their gradients is a few percent slower). captum:
-``NoiseTunnel(Saliency)`` with ``abs=False`` (the same maps) and ``GradientShap``, each with
-every copy in one batch (their defaults). All run in interleaved rounds on one thread; times
-are CPU seconds of this one-thread process (steadier on a shared machine, as in
-``bench_metrics.py``). The maps are checked equal to captum's for the same draws after the
-timing. Run: ``python benchmarks/bench_noise.py`` (from a worktree, with
+what a capable engineer writes by hand: every copy built once, by broadcasting (the noise
+drawn ``[N, k, ...]`` and each sample added to its copies in place; for GradientSHAP the
+random baselines, and ``x - b`` once, for the path points ``b + a (x - b)`` and as the
+multiplier), one forward and one input gradient of the target, a mean over the copies, on
+a copy of the model whose weights do not require grad (made before the timing, as ours
+take the params as constants: a forward that records the weights for their gradients is a
+few percent slower). captum: ``NoiseTunnel(Saliency)`` with ``abs=False`` (the same maps)
+and ``GradientShap``, each with every copy in one batch (their defaults). All run in
+interleaved rounds on one thread; times are CPU seconds of this one-thread process
+(steadier on a shared machine, as in ``bench_metrics.py``). After the timing, the maps are
+checked equal to captum's for the same draws, and the floors' to ours (they draw the same
+numbers). Run: ``python benchmarks/bench_noise.py`` (from a worktree, with
 ``PYTHONPATH=<worktree>``: else the installed checkout's ``tdhook_fn`` is timed).
 """
 
@@ -59,8 +61,9 @@ def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Te
     model = copy.deepcopy(model).requires_grad_(False)
 
     def run() -> torch.Tensor:
-        noisy = x.repeat_interleave(SAMPLES, 0) + STDEV * torch.randn(len(x) * SAMPLES, *x.shape[1:])
-        noisy.requires_grad_()
+        # the noise drawn [N, k, ...] and the sample added in place, broadcast: one buffer, no repeated copies
+        noisy = torch.randn(len(x), SAMPLES, *x.shape[1:]).mul_(STDEV).add_(x.unsqueeze(1))
+        noisy = noisy.view(-1, *x.shape[1:]).requires_grad_()
         (grad,) = torch.autograd.grad(model(noisy)[:, TARGET].sum(), noisy)
         return grad.view(len(x), SAMPLES, *x.shape[1:]).mean(1)
 
@@ -72,12 +75,12 @@ def floor_gradient_shap(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -
 
     def run() -> torch.Tensor:
         n = len(x) * SAMPLES
-        b = refs[torch.randint(len(refs), (n,))]
-        a = torch.rand(n).view(n, *[1] * (x.dim() - 1))
-        xs = x.repeat_interleave(SAMPLES, 0)
-        points = (a * xs + (1 - a) * b).requires_grad_()
+        b = refs[torch.randint(len(refs), (n,))].view(len(x), SAMPLES, *x.shape[1:])
+        a = torch.rand(len(x), SAMPLES, *[1] * (x.dim() - 1))
+        diff = x.unsqueeze(1) - b  # x - b, broadcast over the draws: the path's direction and the multiplier
+        points = torch.addcmul(b, a, diff).view(n, *x.shape[1:]).requires_grad_()  # b + a (x - b)
         (grad,) = torch.autograd.grad(model(points)[:, TARGET].sum(), points)
-        return ((xs - b) * grad).view(len(x), SAMPLES, *x.shape[1:]).mean(1)
+        return (diff.view(n, *x.shape[1:]) * grad).view(len(x), SAMPLES, *x.shape[1:]).mean(1)
 
     return run
 
@@ -91,6 +94,12 @@ def _check(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> None:
     theirs = ca.NoiseTunnel(ca.Saliency(model)).attribute(x.clone(), nt_samples=SAMPLES, stdevs=STDEV, target=TARGET,
                                                           abs=False)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    torch.manual_seed(1)
+    torch.testing.assert_close(floor_smoothgrad(model, x)(), ours, rtol=1e-5, atol=1e-7)
+    torch.manual_seed(1)
+    ours = gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES)
+    torch.manual_seed(1)
+    torch.testing.assert_close(floor_gradient_shap(model, x, refs)(), ours, rtol=1e-5, atol=1e-6)
     n = len(x)
     np.random.seed(2)
     torch.manual_seed(2)

@@ -263,6 +263,8 @@ def _output_leaves(output: Any, out_keys: tuple[NestedKey, ...]) -> list[Any]:
     # optree would flatten a dict in *sorted* key order, so zipping its leaves with
     # ``out_keys`` would store values under the wrong names. Tuples, lists and
     # dataclasses have an order of their own and are flattened as before.
+    if type(output) is torch.Tensor and len(out_keys) == 1:  # (the common output: one leaf, no flattening)
+        return [output]
     if isinstance(output, Mapping):
         return [_by_key(output, key) for key in out_keys]
     # NOTE [dataclass outputs]: optree treats plain dataclasses as leaves; register each

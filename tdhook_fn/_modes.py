@@ -41,6 +41,24 @@ def _batch_dependent(module: nn.Module) -> bool:
     return module.training or module.running_mean is None
 
 
+def _to_report(model: nn.Module, batch_norms: bool, dropout: str) -> bool:
+    """Whether `check_attribution_modes` has a module to name: its test, by a plain walk of the module tree."""
+    stack, seen = [model], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if batch_norms and isinstance(module, nn.modules.batchnorm._BatchNorm) and _batch_dependent(module):
+            return True
+        if module.training and _is_stochastic(module) and (dropout == "raise" or module not in _warned):
+            return True
+        for child in module._modules.values():
+            if child is not None:
+                stack.append(child)
+    return False
+
+
 def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool = True,
                             dropout: Literal["warn", "raise"] = "warn", why: str = "") -> None:
     """Raise for batch-dependent batch norms, warn once (or raise) for modules that draw at random.
@@ -54,6 +72,8 @@ def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool 
         ValueError: such a batch norm, or dropout with ``dropout="raise"``; the message
             names the modules.
     """
+    if not _to_report(model, batch_norms, dropout):  # (the common case, on every call: no names built)
+        return
     batch_dependent, stochastic, drawing = [], [], []
     for name, module in model.named_modules():
         if batch_norms and _batch_dependent(module):

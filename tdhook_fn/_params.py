@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torch import nn
 
-__all__ = ["Key", "leaf_values", "leaves", "params"]
+__all__ = ["Key", "leaf_keys", "leaf_values", "leaves", "params"]
 
 Key = tuple[str, ...]
 
@@ -62,10 +62,22 @@ def _collect(td: TensorDictBase, prefix: Key, out: dict[Key, Any]) -> None:
             out[(*prefix, *key) if isinstance(key, tuple) else (*prefix, key)] = value
         return
     for key, value in own.items():
-        if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
-            _collect(value, (*prefix, key), out)  # (a tensor is never a TensorDict: the cheap test first)
+        # (the plain TensorDict and the tensor tested inline: this runs per entry)
+        if type(value) is TensorDict or (not isinstance(value, torch.Tensor) and _is_branch(value)):
+            _collect(value, (*prefix, key), out)
         else:
             out[(*prefix, key)] = value
+
+
+def _is_branch(value: Any) -> bool:
+    """Whether ``value``, neither a tensor nor a plain TensorDict, is a nested TensorDict (a non-tensor entry is a
+    leaf)."""
+    return isinstance(value, TensorDictBase) and not is_non_tensor(value)
+
+
+def leaf_keys(td: TensorDictBase) -> list[str | Key]:
+    """``list(td.keys(True, True))`` (a one-part key as its str), from `leaves`: a seventh of the calls."""
+    return [key[0] if len(key) == 1 else key for key, value in leaves(td).items() if isinstance(value, torch.Tensor)]
 
 
 def leaf_values(td: TensorDictBase) -> list[Any]:
@@ -75,7 +87,7 @@ def leaf_values(td: TensorDictBase) -> list[Any]:
         return list(td.values(include_nested=True, leaves_only=True))
     out: list[Any] = []
     for value in own.values():
-        if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
+        if type(value) is TensorDict or (not isinstance(value, torch.Tensor) and _is_branch(value)):
             out.extend(leaf_values(value))
         else:
             out.append(value)

@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
-from .._params import leaves
+from .._params import leaf_keys, leaves
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._vjp import vjp
@@ -176,7 +176,7 @@ def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None,
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
-        select = as_target(target, outputs=list(out.keys(True, True)))
+        select = as_target(target, outputs=leaf_keys(out))
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
         select = as_target(target, outputs=list(offered.keys(True, True)))
@@ -310,15 +310,17 @@ def gradients(
         values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, method,
                                             attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
-    (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot)[0]
+    # one pullback: the graph is freed as it goes (NOTE [eager vjp])
+    (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
+    one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
     for key, value in d_inputs.items():
-        grads.set(key, unflatten(value, lead, batch))
+        grads.set(key, value if one_dim else unflatten(value, lead, batch))
     for path, value in zip(paths, d_layers, strict=True):
-        grads.set(path, unflatten(value, lead, batch))
+        grads.set(path, value if one_dim else unflatten(value, lead, batch))
     activations = TensorDict({}, batch_size=batch)
     for path, value in zip(paths, acts, strict=True):
-        activations.set(path, unflatten(value, 0, batch))
+        activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
 
 
@@ -384,12 +386,13 @@ def _act_key(i: int) -> str:
     return f"{_ACT}{i}"
 
 
-def _pull_each(pullback: Callable[[Any], Any], cot: TensorDictBase) -> Any:
+def _pull_each(pullback: Callable[..., Any], cot: TensorDictBase) -> Any:
     """The pullback of every cotangent along ``cot``'s first dim, stacked (see the NOTE)."""
     leaf = next(iter(cot.values(True, True)))
     if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
         return torch.func.vmap(pullback)(cot)[0]
-    pulled = [pullback(cot[t])[0] for t in range(cot.batch_size[0])]
+    last = cot.batch_size[0] - 1
+    pulled = [pullback(cot[t], retain_graph=t < last)[0] for t in range(last + 1)]  # (the last frees the graph)
     inputs = {key: torch.stack([p[0][key] for p in pulled]) for key in pulled[0][0]}
     layers = [torch.stack([p[1][i] for p in pulled]) for i in range(len(pulled[0][1]))]
     return inputs, layers

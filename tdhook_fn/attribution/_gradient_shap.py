@@ -149,9 +149,12 @@ def gradient_shap(
     return (attrs, torch.cat(deltas, -1)) if return_convergence_delta else attrs
 
 
-def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey], drawn: TensorDictBase,
+def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey], drawn: Any,
           k: int) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
-    """By key: the chunk's (noisy) inputs ``[*B, k or 1, ...]``, drawn baselines and the points between them."""
+    """By key: the chunk's (noisy) inputs ``[*B, k or 1, ...]``, drawn baselines and the points between them.
+
+    ``drawn``: the chunk's draws, a TensorDict (given) or a dict (`_draw`) with the same keys.
+    """
     batch = inputs.batch_size
     index, alpha, noise = drawn.get("index"), drawn.get("alpha"), drawn.get("noise", None)
     noised = () if noise is None else noise.keys(True, True)
@@ -201,18 +204,18 @@ def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey
 
 
 def _draw(inputs: TensorDictBase, keys: Sequence[NestedKey], n_refs: int, sigma: dict[NestedKey, float], k: int,
-          generator: torch.Generator | None) -> TensorDict:
-    """One chunk's draws, in the order the docstring of `gradient_shap` gives."""
+          generator: torch.Generator | None) -> dict[str, Any]:
+    """One chunk's draws, in the order the docstring of `gradient_shap` gives, keyed as ``draws`` (a plain dict: `_path`
+    reads it as it reads them, and it is built on every call)."""
     batch = inputs.batch_size
     device = inputs.get(keys[0]).device
-    drawn = TensorDict({}, batch_size=[*batch, k])
-    drawn.set("index", torch.randint(n_refs, (*batch, k), generator=generator, device=device))
+    drawn: dict[str, Any] = {"index": torch.randint(n_refs, (*batch, k), generator=generator, device=device)}
     if sigma:
         noise = TensorDict({}, batch_size=[*batch, k])
         for key, value in noise_draws(inputs, sigma, k, generator, None).items():
             noise.set(key, value)
-        drawn.set("noise", noise)
-    drawn.set("alpha", torch.rand((*batch, k), generator=generator, device=device, dtype=inputs.get(keys[0]).dtype))
+        drawn["noise"] = noise
+    drawn["alpha"] = torch.rand((*batch, k), generator=generator, device=device, dtype=inputs.get(keys[0]).dtype)
     return drawn
 
 

@@ -107,10 +107,12 @@ def flat_copies(inputs: TensorDictBase, k: int, replaced: Mapping[NestedKey, tor
     """
     batch = inputs.batch_size
     out = TensorDict({}, batch_size=[batch.numel() * k])
+    used = set()
     for key, leaf in inputs.items(True, True):
         copy = replaced[key] if key in replaced else cast(torch.Tensor, leaf).unsqueeze(len(batch))
         out.set(key, _flattened(copy, batch, k))
-    for spelled in replaced.keys() - out.keys(True, True):  # (a key spelled otherwise, ("input",) for "input")
+        used.add(key)
+    for spelled in replaced.keys() - used:  # (a key spelled otherwise, ("input",) for "input")
         out.set(spelled, _flattened(replaced[spelled], batch, k))
     for key, value in inputs.non_tensor_items(True):  # a string or number kwarg the forward also takes
         out.set_non_tensor(key, value)
