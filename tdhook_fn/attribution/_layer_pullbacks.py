@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, with_copied_inputs
+from .._random_state import RandomState
 from .._taps import Tap
 from .._targets import Target
 from .._vjp import any_requires_grad, reaches_other_leaves, untransformed
@@ -96,12 +97,15 @@ def _pullbacks(forward: Forward, inputs: TensorDictBase, specs: Sequence[LayerSp
         seeds = [torch.zeros((), dtype=spec.dtype, device=device, requires_grad=True) for spec in specs]
         zeros = [seed.expand(spec.shape) for seed, spec in zip(seeds, specs, strict=True)]
         kept: list[Any] = [None] * len(specs)
+        drawn = RandomState()  # NOTE [a forward run again draws the same numbers]
         with torch.enable_grad():
             values, acts = forward((mine, zeros), kept)
             if any(act._version != version for act, version in kept):  # written in place after it was read
+                drawn.restore()
                 values, acts = forward((mine, zeros))
         if not reaches_other_leaves([*_leaves(values), *acts], [*_leaves(mine), *seeds]):
             return _by_autograd(values, acts, mine, zeros)
+        drawn.restore()  # functorch runs the forward again
     deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
     return _by_functorch(forward, inputs, deltas)
 
