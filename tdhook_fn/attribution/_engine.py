@@ -44,6 +44,7 @@ __all__ = [
     "GradFn",
     "Gradients",
     "TargetFn",
+    "check_target_layer_runs",
     "grad_taps",
     "gradients",
     "input_keys_of",
@@ -51,6 +52,7 @@ __all__ = [
     "per_key",
     "scaled",
     "seed_cotangents",
+    "target_layer_taps",
     "target_values",
     "unflatten",
 ]
@@ -227,9 +229,9 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
     runs = [0] * len(target_layers)
     run: Any = f if tappable is None or not (target_layers or taps) else tappable.with_taps(
-        *_target_layer_taps(target_layers, runs), *taps)
+        *target_layer_taps(target_layers, runs), *taps)
     out = run(params, flat)
-    _check_target_layer_runs("target_values", target_layers, runs)
+    check_target_layer_runs("target_values", target_layers, runs)
     private = [f"{_TGT}{i}" for i in range(len(target_layers))]
     return _offer(out, private, _seen(out, target_layers), _extras(f, flat, ()), inputs.batch_size, True, target,
                   check=False)
@@ -292,10 +294,10 @@ def gradients(
             runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
                 tapped = tappable.with_taps(*checked_taps(paths, layers, diff[1], specs, _act_key, runs),
-                                            *_target_layer_taps(target_layers, target_runs), *taps)
+                                            *target_layer_taps(target_layers, target_runs), *taps)
             out = tapped(params, feed)
             check_runs(paths, specs, runs)
-            _check_target_layer_runs(method, target_layers, target_runs)
+            check_target_layer_runs(method, target_layers, target_runs)
             acts = [out.get(_act_key(i)) for i in range(len(paths))]
             return _offer(out, private, _seen(out, target_layers), extras, batch, use_outputs, target, check=True), acts
 
@@ -357,17 +359,21 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
 
 
 def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
-                    input_keys: Sequence[NestedKey], batch: torch.Size, target: Target) -> TensorDictBase:
-    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them."""
-    return _offer(out, [], None, _extras(f, flat, input_keys), batch, True, target, check=True)
+                    input_keys: Sequence[NestedKey], batch: torch.Size, target: Target,
+                    target_layers: Sequence[str] = ()) -> TensorDictBase:
+    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them
+    (``out`` holding the captures of `target_layer_taps` where there are ``target_layers``)."""
+    private = [f"{_TGT}{i}" for i in range(len(target_layers))]
+    return _offer(out, private, _seen(out, target_layers), _extras(f, flat, input_keys), batch, True, target,
+                  check=True)
 
 
-def _target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
-    """A capture of each target layer, and counters of its module's runs (for `_check_target_layer_runs`)."""
+def target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
+    """A capture of each target layer, and counters of its module's runs (for `check_target_layer_runs`)."""
     return [*(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *run_counters(target_layers, runs)]
 
 
-def _check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
+def check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
     """A target layer's module must run once: a capture of a module run twice would hold its last run."""
     if torch.compiler.is_compiling():
         return
