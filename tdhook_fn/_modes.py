@@ -25,22 +25,6 @@ __all__ = ["check_attribution_modes"]
 _warned: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
-def _is_stochastic(module: nn.Module) -> bool:
-    if isinstance(module, nn.modules.dropout._DropoutNd):
-        return module.p > 0
-    # transformers' attention modules call functional dropout with a float attribute
-    return any(
-        isinstance(v, float) and v > 0 and "dropout" in k for k, v in vars(module).items() if not k.startswith("_")
-    )
-
-
-def _batch_dependent(module: nn.Module) -> bool:
-    """A batch norm that normalises with the batch's statistics: in training mode, or without running stats."""
-    if not isinstance(module, nn.modules.batchnorm._BatchNorm):
-        return False
-    return module.training or module.running_mean is None
-
-
 def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool = True,
                             dropout: Literal["warn", "raise"] = "warn", why: str = "") -> None:
     """Raise for batch-dependent batch norms, warn once (or raise) for modules that draw at random.
@@ -55,12 +39,22 @@ def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool 
             names the modules.
     """
     batch_dependent, stochastic, drawing = [], [], []
-    for name, module in model.named_modules():
-        if batch_norms and _batch_dependent(module):
+    for name, module in model.named_modules():  # (plain tests, inline: this runs per module on every call)
+        if batch_norms and isinstance(module, nn.modules.batchnorm._BatchNorm) and (
+                module.training or module.running_mean is None):  # normalises with the batch's statistics
             batch_dependent.append(name or "<root>")
-        elif module.training and _is_stochastic(module) and (dropout == "raise" or module not in _warned):
-            stochastic.append(name or "<root>")
-            drawing.append(module)
+        elif module.training and (dropout == "raise" or module not in _warned):
+            if isinstance(module, nn.modules.dropout._DropoutNd):
+                draws = module.p > 0
+            else:  # transformers' attention modules call functional dropout with a float attribute
+                draws = False
+                for k, v in vars(module).items():
+                    if isinstance(v, float) and v > 0 and "dropout" in k and not k.startswith("_"):
+                        draws = True
+                        break
+            if draws:
+                stochastic.append(name or "<root>")
+                drawing.append(module)
     if batch_dependent:
         raise ValueError(
             f"{method}: modules {batch_dependent} are batch norms that normalise with the statistics of the batch "

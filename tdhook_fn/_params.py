@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -48,35 +49,49 @@ def params(model: nn.Module, *, detach: bool = True) -> TensorDict:
 
 def leaves(params: TensorDictBase) -> dict[Key, Any]:
     """The leaf tensors of a params TensorDict by key tuple."""
+    # A plain TensorDict's own dict is read directly (items(True, True) costs twice as much), and nested ones are
+    # walked depth first with a stack of iterators, not by recursion (a Python call per TensorDict): this runs
+    # on every call.
     out: dict[Key, Any] = {}
-    _collect(params, (), out)
+    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [((), _own_items(params))]
+    while stack:
+        prefix, items = stack[-1]
+        for key, value in items:
+            if isinstance(key, tuple):  # (a leaf of a TensorDict that is not a plain one, under its nested key)
+                out[(*prefix, *key)] = value
+            elif not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
+                    value):  # (a tensor is never a TensorDict: the cheap test first)
+                own = value.__dict__.get("_tensordict") if type(value) is TensorDict else None
+                stack.append(((*prefix, key), iter(own.items()) if isinstance(own, dict) else
+                              iter(value.items(include_nested=True, leaves_only=True))))
+                break
+            else:
+                out[(*prefix, key)] = value
+        else:
+            stack.pop()
     return out
 
 
-def _collect(td: TensorDictBase, prefix: Key, out: dict[Key, Any]) -> None:
-    # a plain TensorDict's own dict is read directly: items(True, True) costs twice as much
-    # on every call, and this runs on every call
+def _own_items(td: TensorDictBase) -> Iterator[tuple[Any, Any]]:
     own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    if not isinstance(own, dict):
-        for key, value in td.items(include_nested=True, leaves_only=True):
-            out[(*prefix, *key) if isinstance(key, tuple) else (*prefix, key)] = value
-        return
-    for key, value in own.items():
-        if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
-            _collect(value, (*prefix, key), out)  # (a tensor is never a TensorDict: the cheap test first)
-        else:
-            out[(*prefix, key)] = value
+    return iter(own.items()) if isinstance(own, dict) else iter(td.items(include_nested=True, leaves_only=True))
 
 
 def leaf_values(td: TensorDictBase) -> list[Any]:
     """The leaf values of a TensorDict, in `leaves` order, without building their keys (cheaper, on every call)."""
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    if not isinstance(own, dict):
-        return list(td.values(include_nested=True, leaves_only=True))
     out: list[Any] = []
-    for value in own.values():
-        if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
-            out.extend(leaf_values(value))
-        else:
+    stack: list[Iterator[Any]] = [_own_values(td)]  # depth first, as `leaves`
+    while stack:
+        for value in stack[-1]:
+            if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
+                stack.append(_own_values(value))
+                break
             out.append(value)
+        else:
+            stack.pop()
     return out
+
+
+def _own_values(td: TensorDictBase) -> Iterator[Any]:
+    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
+    return iter(own.values()) if isinstance(own, dict) else iter(td.values(include_nested=True, leaves_only=True))

@@ -55,7 +55,9 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         rebuild = _flatten(primals, tensors)
         if any_requires_grad(constants, tensors):
             return by_functorch()
-        mine = [t.detach().requires_grad_() for t in tensors]
+        mine = []
+        for t in tensors:  # (loops here and below: a comprehension costs a Python call, on every call)
+            mine.append(t.detach().requires_grad_())
         with torch.enable_grad():
             out, aux = forward(rebuild(iter(mine)))
         rebuild_out, rebuild_aux = _flatten(out, outs), _flatten(aux, aux_tensors)
@@ -69,14 +71,17 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         _flatten_like(out, cotangent, cots)
         if len(cots) != len(outs):
             raise ValueError(f"vjp: the cotangent has {len(cots)} tensors, the output {len(outs)}")
-        pairs = [(o, c) for o, c in zip(outs, cots, strict=True) if o.requires_grad]
-        if not pairs:
-            return (rebuild(iter([torch.zeros_like(t) for t in mine])),)
-        grads = torch.autograd.grad([o for o, _ in pairs], mine, [c for _, c in pairs], retain_graph=True,
-                                    allow_unused=True, materialize_grads=True)
+        roots, fed = [], []
+        for o, c in zip(outs, cots, strict=True):
+            if o.requires_grad:
+                roots.append(o)
+                fed.append(c)
+        if not roots:
+            return (rebuild(map(torch.zeros_like, mine)),)
+        grads = torch.autograd.grad(roots, mine, fed, retain_graph=True, allow_unused=True, materialize_grads=True)
         return (rebuild(iter(grads)),)
 
-    return rebuild_out(iter([o.detach() for o in outs])), pullback, rebuild_aux(iter([t.detach() for t in aux_tensors]))
+    return rebuild_out(map(torch.Tensor.detach, outs)), pullback, rebuild_aux(map(torch.Tensor.detach, aux_tensors))
 
 
 class _Unsupported(Exception):
@@ -129,13 +134,41 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
             return out
 
         return rebuild_td
+    # (plain loops, and a tensor's part taken inline: a comprehension, a lambda or a call per tensor each cost
+    # a Python call, on every call)
     if isinstance(tree, (tuple, list)):
-        parts = [_flatten(item, tensors) for item in tree]
+        parts: list[Callable[[Any], Any]] = []
+        for item in tree:
+            if isinstance(item, torch.Tensor):
+                tensors.append(item)
+                parts.append(next)
+            else:
+                parts.append(_flatten(item, tensors))
         kind = type(tree)
-        return lambda values: kind([part(values) for part in parts])
+
+        def rebuild_sequence(values: Any) -> Any:
+            items = []
+            for part in parts:
+                items.append(part(values))
+            return kind(items)
+
+        return rebuild_sequence
     if isinstance(tree, dict):
-        named = {key: _flatten(item, tensors) for key, item in tree.items()}
-        return lambda values: {key: part(values) for key, part in named.items()}
+        named: dict[Any, Callable[[Any], Any]] = {}
+        for key, item in tree.items():
+            if isinstance(item, torch.Tensor):
+                tensors.append(item)
+                named[key] = next
+            else:
+                named[key] = _flatten(item, tensors)
+
+        def rebuild_dict(values: Any) -> Any:
+            out = {}
+            for key, part in named.items():
+                out[key] = part(values)
+            return out
+
+        return rebuild_dict
     raise _Unsupported
 
 
@@ -171,8 +204,10 @@ def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) 
 
 def reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) -> bool:
     """Whether the graph behind ``roots`` accumulates into any leaf other than ``mine``."""
-    own = {id(t) for t in mine}
-    stack: list[Any] = [t.grad_fn for t in roots if t.grad_fn is not None]
+    own = set(map(id, mine))
+    stack: list[Any] = []
+    for t in roots:  # (plain loops: a comprehension costs a Python call, per node of the graph)
+        stack.append(t.grad_fn)
     seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
     while stack:
         node = stack.pop()
@@ -184,5 +219,6 @@ def reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) ->
             if id(variable) not in own:
                 return True
             continue
-        stack.extend([next_node for next_node, _ in node.next_functions])
+        for next_node, _ in node.next_functions:
+            stack.append(next_node)
     return False

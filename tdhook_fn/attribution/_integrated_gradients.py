@@ -28,8 +28,7 @@ from ._engine import (
 from ._inputs import accepts_tensors
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
-from ._path_points import fold, in_dtypes, path_points, wide
-from ._quadrature import quadrature
+from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
 
 __all__ = ["integrated_gradients"]
 
@@ -150,7 +149,8 @@ def integrated_gradients(
                          "inputs' (use_inputs=True), or the layers' with interpolate='layers'; the gradients read at "
                          "layers while the inputs move do not sum to the change (tdhook_fn.attribution."
                          "convergence_delta sums any maps you give it)")
-    check_layers("integrated_gradients", layers)
+    if type(layers) is not tuple or layers:  # (the default () needs no check)
+        check_layers("integrated_gradients", layers)
     check_call("integrated_gradients", f, params, inputs, target=target)
     base_keys = attributed_keys("integrated_gradients", f, inputs, input_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
@@ -169,11 +169,23 @@ def integrated_gradients(
             target_layers=target_layers, cotangents=cotangents, method="integrated_gradients")
     else:
         ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
-        total, dtypes = _engine_sums(f, params, inputs, base, path_keys, target, ends, alphas, steps, chunk_size,
-                                     per_target, dict(input_keys=keys, target_layers=target_layers, taps=all_taps,
-                                                      per_target=per_target, cotangents=cotangents,
-                                                      layer_calls=layer_calls, method="integrated_gradients",
-                                                      checked=True))
+        options: dict[str, Any] = dict(
+            input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target,
+            cotangents=cotangents, layer_calls=layer_calls, method="integrated_gradients", checked=True)
+        summed: TensorDict | None = None
+        size = chunk_size or n_steps
+        for start in range(0, n_steps, size):
+            chunk = slice(start, min(start + size, n_steps))
+            points = path_points(inputs, base, path_keys, alphas[chunk])
+            replace: dict[str, Any] = {}
+            for path, (start_act, end_act) in ends.items():  # (a loop: no comprehension call, on every chunk)
+                replace[path] = _interpolator(start_act, end_act, alphas[chunk])
+            grads = gradients(f, params, points, target, layers=replace, **options).grads
+            summed = fold(summed, grads, steps[chunk], lead=1 if per_target else 0)
+        assert summed is not None
+        total, dtypes = summed, {}
+        for key, g in grads.items(True, True):
+            dtypes[key] = g.dtype
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
         differences = {k: wide(inputs.get(k)) - wide(base.get(k)) for k in keys}
         differences.update({p: wide(x) - wide(b) for p, (b, x) in ends.items()})
@@ -184,27 +196,6 @@ def integrated_gradients(
     counted = attrs if in_layer_space else attrs.select(*keys)  # the path's space's maps (NOTE [convergence delta])
     values = target_values(f, params, both_ends(inputs, base), target, target_layers=target_layers, taps=all_taps)
     return attrs, delta_of(values, inputs.batch_size, counted, per_target, cotangents)
-
-
-def _engine_sums(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,
-                 path_keys: Sequence[NestedKey], target: Target, ends: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                 alphas: Sequence[float], steps: Sequence[float], chunk_size: int | None, per_target: bool,
-                 options: dict[str, Any]) -> tuple[TensorDict, dict[NestedKey, torch.dtype]]:
-    """The weighted sum of the engine's gradients over the path points, in input space or in the layers' space
-    (each layer's activation replaced by its interpolation between ``ends``)."""
-    total: TensorDict | None = None
-    dtypes: dict[NestedKey, torch.dtype] = {}
-    n_steps = len(alphas)
-    size = chunk_size or n_steps
-    for start in range(0, n_steps, size):
-        chunk = slice(start, min(start + size, n_steps))
-        points = path_points(inputs, base, path_keys, alphas[chunk])
-        replace = {p: _interpolator(*ends[p], alphas[chunk]) for p in ends}
-        grads = gradients(f, params, points, target, layers=replace, **options).grads
-        total = fold(total, grads, steps[chunk], lead=1 if per_target else 0)
-        dtypes = {key: g.dtype for key, g in grads.items(True, True)}
-    assert total is not None
-    return total, dtypes
 
 
 def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:

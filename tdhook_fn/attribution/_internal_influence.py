@@ -13,8 +13,7 @@ from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
 from ._path_gradients import gradients_along_path
-from ._path_points import in_dtypes
-from ._quadrature import quadrature
+from ._quadrature import in_dtypes, quadrature
 
 __all__ = ["internal_influence"]
 

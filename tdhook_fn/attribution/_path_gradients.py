@@ -18,7 +18,7 @@ from .._taps import Tap
 from .._targets import Target
 from ._engine import Cotangents, seed_cotangents, unflatten
 from ._layer_pullbacks import layer_pullbacks
-from ._path_points import fold, path_points
+from ._quadrature import fold, path_points
 
 __all__ = ["gradients_along_path"]
 
