@@ -53,7 +53,9 @@ def leaves(params: TensorDictBase) -> dict[Key, Any]:
     # walked depth first with a stack of iterators, not by recursion (a Python call per TensorDict): this runs
     # on every call.
     out: dict[Key, Any] = {}
-    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [((), _own_items(params))]
+    own = params.__dict__.get("_tensordict") if type(params) is TensorDict else None
+    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [
+        ((), iter(own.items()) if isinstance(own, dict) else iter(params.items(include_nested=True, leaves_only=True)))]
     while stack:
         prefix, items = stack[-1]
         for key, value in items:
@@ -72,26 +74,23 @@ def leaves(params: TensorDictBase) -> dict[Key, Any]:
     return out
 
 
-def _own_items(td: TensorDictBase) -> Iterator[tuple[Any, Any]]:
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    return iter(own.items()) if isinstance(own, dict) else iter(td.items(include_nested=True, leaves_only=True))
-
-
 def leaf_values(td: TensorDictBase) -> list[Any]:
     """The leaf values of a TensorDict, in `leaves` order, without building their keys (cheaper, on every call)."""
     out: list[Any] = []
-    stack: list[Iterator[Any]] = [_own_values(td)]  # depth first, as `leaves`
-    while stack:
-        for value in stack[-1]:
-            if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
-                stack.append(_own_values(value))
-                break
-            out.append(value)
-        else:
-            stack.pop()
+    stack: list[Iterator[Any]] = []  # depth first, as `leaves`; a loop, not recursion (a Python call per level)
+    nested: Any = td
+    while nested is not None:
+        own = nested.__dict__.get("_tensordict") if type(nested) is TensorDict else None
+        stack.append(iter(own.values()) if isinstance(own, dict) else
+                     iter(nested.values(include_nested=True, leaves_only=True)))
+        nested = None
+        while stack and nested is None:
+            for value in stack[-1]:
+                if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
+                        value):
+                    nested = value  # (its values next, then the rest of this one's)
+                    break
+                out.append(value)
+            else:
+                stack.pop()
     return out
-
-
-def _own_values(td: TensorDictBase) -> Iterator[Any]:
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    return iter(own.values()) if isinstance(own, dict) else iter(td.values(include_nested=True, leaves_only=True))
