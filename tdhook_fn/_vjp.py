@@ -27,6 +27,7 @@ from tensordict import TensorDictBase
 
 from ._params import leaf_values
 from ._params import leaves as td_leaves
+from ._random_state import RandomState
 
 __all__ = ["any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
 
@@ -51,6 +52,7 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
     tensors: list[torch.Tensor] = []
     outs: list[torch.Tensor] = []
     aux_tensors: list[torch.Tensor] = []
+    drawn = RandomState()  # NOTE [a forward run again draws the same numbers]
     try:
         rebuild = _flatten(primals, tensors)
         if any_requires_grad(constants, tensors):
@@ -62,8 +64,10 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
             out, aux = forward(rebuild(iter(mine)))
         rebuild_out, rebuild_aux = _flatten(out, outs), _flatten(aux, aux_tensors)
     except _Unsupported:  # a structure of something else than tensors: functorch knows those
+        drawn.restore()  # (where the forward ran)
         return by_functorch()
     if reaches_other_leaves([*outs, *aux_tensors], mine):
+        drawn.restore()
         return by_functorch()
 
     def pullback(cotangent: Any) -> tuple[Any]:
