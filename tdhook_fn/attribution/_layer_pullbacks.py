@@ -23,10 +23,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, with_copied_inputs
-from .._random_state import RandomState
 from .._taps import Tap
 from .._targets import Target
-from .._vjp import any_requires_grad, reaches_other_leaves, untransformed
+from .._vjp import RandomState, any_requires_grad, reaches_other_leaves, untransformed
 from ._engine import check_target_layer_runs, offered_targets, target_layer_taps
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, checked_taps, run_counters, with_specs
 

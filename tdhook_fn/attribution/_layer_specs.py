@@ -29,8 +29,8 @@ from torch import nn
 
 from .._functional import Functional
 from .._probe import on_meta
-from .._random_state import RandomState
 from .._taps import Tap, capture
+from .._vjp import RandomState
 
 __all__ = ["LayerSpec", "StaleSpec", "check_runs", "checked_taps", "layer_specs", "remembered_specs", "run_counters",
            "with_specs"]
