@@ -375,7 +375,7 @@ def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDict
                     target_layers: Sequence[str] = ()) -> TensorDictBase:
     """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them
     (``out`` holding the captures of `target_layer_taps` where there are ``target_layers``)."""
-    private = [f"{_TGT}{i}" for i in range(len(target_layers))]
+    private = [f"{_TGT}{i}" for i in range(len(target_layers))] if target_layers else []
     return _offer(out, private, _seen(out, target_layers), _extras(f, flat, input_keys), batch, True, target,
                   check=True)
 

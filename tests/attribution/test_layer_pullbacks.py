@@ -128,3 +128,51 @@ def test_a_call_made_again_after_a_stale_layer_spec_draws_as_the_first_try_did(m
     assert maps[0].shape == (5, 12)
     assert_close_ulps(maps[0], maps[1])
     assert torch.equal(after[0], after[1])
+
+
+def _both_targets(td: TensorDict) -> torch.Tensor:
+    """Two targets: a class of the output and a unit of the target layer ``[3]``."""
+    return torch.stack([td["output"][..., 1], td["[3]"][..., 0]], -1)
+
+
+@pytest.mark.parametrize("use_inputs", [True, False])
+@pytest.mark.parametrize("option", ["plain", "per_target", "cotangents", "target_layers", "grad_fns", "chunks"])
+def test_layer_ig_on_the_inputs_path_equals_the_engines_gradients_summed_along_the_path(option, use_inputs):
+    """Layer integrated gradients with ``interpolate="inputs"`` runs on the layer pullbacks; with every option it
+    equals the engine's gradients at the same path points, weighted by the quadrature (the mechanism it had)."""
+    from tdhook_fn.attribution._engine import grad_taps, gradients
+    from tdhook_fn.attribution._quadrature import path_points, quadrature
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).eval()
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(3, 4), batch_size=[3])
+    base = TensorDict(input=0.1 * torch.randn(3, 4), batch_size=[3])
+    kwargs: dict = dict(target=(1, 2))
+    if option == "per_target":
+        kwargs["per_target"] = True
+    elif option == "cotangents":
+        kwargs["cotangents"] = lambda values: values.apply(lambda v: torch.linspace(0.5, 2.0, v.numel()).reshape(
+            v.shape))
+    elif option == "target_layers":
+        kwargs.update(target=_both_targets, target_layers=["[3]"], per_target=True)
+    elif option == "grad_fns":
+        kwargs["grad_fns"] = {"[2]": lambda g: 2.0 * g}
+    n_steps = 7
+    ours = integrated_gradients(f, p, td, base, layers=["[1]"], interpolate="inputs", n_steps=n_steps,
+                                use_inputs=use_inputs, chunk_size=3 if option == "chunks" else None, **kwargs)
+    alphas, weights = quadrature("gausslegendre", n_steps)
+    points = path_points(td, base, ["input"], alphas)
+    engine = dict(kwargs)
+    taps = grad_taps(engine.pop("grad_fns", None), ())
+    grads = gradients(f, p, points, engine.pop("target"), input_keys=("input",) if use_inputs else (),
+                      layers={"[1]": None}, taps=taps, **engine).grads
+    lead = 1 if kwargs.get("per_target") else 0
+    keys = ["[1]", "input"] if use_inputs else ["[1]"]
+    assert sorted(ours.keys()) == sorted(keys)
+    for key in keys:
+        g = grads[key]
+        expected = sum(w * g.select(lead, k) for k, w in enumerate(weights))
+        if key == "input":
+            expected = expected * (td["input"] - base["input"])
+        assert_close_ulps(ours[key], expected, ulps=16)
