@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -48,31 +49,29 @@ def params(model: nn.Module, *, detach: bool = True) -> TensorDict:
 
 def leaves(params: TensorDictBase) -> dict[Key, Any]:
     """The leaf tensors of a params TensorDict by key tuple."""
+    # A plain TensorDict's own dict is read directly (items(True, True) costs twice as much), and nested ones are
+    # walked depth first with a stack of iterators, not by recursion (a Python call per TensorDict): this runs
+    # on every call.
     out: dict[Key, Any] = {}
-    _collect(params, (), out)
-    return out
-
-
-def _collect(td: TensorDictBase, prefix: Key, out: dict[Key, Any]) -> None:
-    # a plain TensorDict's own dict is read directly: items(True, True) costs twice as much
-    # on every call, and this runs on every call
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    if not isinstance(own, dict):
-        for key, value in td.items(include_nested=True, leaves_only=True):
-            out[(*prefix, *key) if isinstance(key, tuple) else (*prefix, key)] = value
-        return
-    for key, value in own.items():
-        # (the plain TensorDict and the tensor tested inline: this runs per entry)
-        if type(value) is TensorDict or (not isinstance(value, torch.Tensor) and _is_branch(value)):
-            _collect(value, (*prefix, key), out)
+    own = params.__dict__.get("_tensordict") if type(params) is TensorDict else None
+    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [
+        ((), iter(own.items()) if isinstance(own, dict) else iter(params.items(include_nested=True, leaves_only=True)))]
+    while stack:
+        prefix, items = stack[-1]
+        for key, value in items:
+            if isinstance(key, tuple):  # (a leaf of a TensorDict that is not a plain one, under its nested key)
+                out[(*prefix, *key)] = value
+            elif not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
+                    value):  # (a tensor is never a TensorDict: the cheap test first)
+                own = value.__dict__.get("_tensordict") if type(value) is TensorDict else None
+                stack.append(((*prefix, key), iter(own.items()) if isinstance(own, dict) else
+                              iter(value.items(include_nested=True, leaves_only=True))))
+                break
+            else:
+                out[(*prefix, key)] = value
         else:
-            out[(*prefix, key)] = value
-
-
-def _is_branch(value: Any) -> bool:
-    """Whether ``value``, neither a tensor nor a plain TensorDict, is a nested TensorDict (a non-tensor entry is a
-    leaf)."""
-    return isinstance(value, TensorDictBase) and not is_non_tensor(value)
+            stack.pop()
+    return out
 
 
 def leaf_keys(td: TensorDictBase) -> list[str | Key]:
@@ -82,13 +81,21 @@ def leaf_keys(td: TensorDictBase) -> list[str | Key]:
 
 def leaf_values(td: TensorDictBase) -> list[Any]:
     """The leaf values of a TensorDict, in `leaves` order, without building their keys (cheaper, on every call)."""
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    if not isinstance(own, dict):
-        return list(td.values(include_nested=True, leaves_only=True))
     out: list[Any] = []
-    for value in own.values():
-        if type(value) is TensorDict or (not isinstance(value, torch.Tensor) and _is_branch(value)):
-            out.extend(leaf_values(value))
-        else:
-            out.append(value)
+    stack: list[Iterator[Any]] = []  # depth first, as `leaves`; a loop, not recursion (a Python call per level)
+    nested: Any = td
+    while nested is not None:
+        own = nested.__dict__.get("_tensordict") if type(nested) is TensorDict else None
+        stack.append(iter(own.values()) if isinstance(own, dict) else
+                     iter(nested.values(include_nested=True, leaves_only=True)))
+        nested = None
+        while stack and nested is None:
+            for value in stack[-1]:
+                if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
+                        value):
+                    nested = value  # (its values next, then the rest of this one's)
+                    break
+                out.append(value)
+            else:
+                stack.pop()
     return out

@@ -1,4 +1,5 @@
-"""``vjp``: `torch.func.vjp` with ``has_aux``, by plain autograd where that gives the same result."""
+"""``vjp``: `torch.func.vjp` with ``has_aux``, by plain autograd where that gives the same result; and the random
+state that a forward run again replays."""
 
 # NOTE [eager vjp]
 # `torch.func.vjp` wraps every tensor at a new grad level, and each op of the forward
@@ -23,6 +24,19 @@
 # gradients it allocates, as in a plain ``backward()`` (measured: a few percent of a
 # SmoothGrad call on an MLP, where the activations are larger than the cache).
 
+# NOTE [a forward run again draws the same numbers]
+# Some calls run a forward a second time on the same inputs: the layer pullbacks after a
+# later module wrote a kept activation in place (NOTE [activations read without a copy]),
+# or where the first run reaches a tensor that requires grad and `torch.func.vjp` must
+# redo it, and the layer specs' retry after a stale spec. A model that draws (dropout in
+# training mode, a forward calling ``torch.rand``) would draw other numbers the second
+# time, so the result would be that of another call, and the caller's generator would
+# advance twice. So the state is saved before the first run and put back before the
+# second: the second draws what the first drew, and the generator ends where one forward
+# leaves it. Saved: the CPU generator, and each GPU's where CUDA is initialised (a
+# forward can draw on no GPU before CUDA is; ``get_rng_state_all`` reads a few bytes per
+# device and never initialises one).
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -34,7 +48,7 @@ from tensordict import TensorDictBase
 from ._params import leaf_values
 from ._params import leaves as td_leaves
 
-__all__ = ["any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
+__all__ = ["RandomState", "any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
 
 _ACCUMULATE: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 Pullback = Callable[..., tuple[Any]]  # (cotangent, retain_graph=True)
@@ -58,17 +72,22 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
     tensors: list[torch.Tensor] = []
     outs: list[torch.Tensor] = []
     aux_tensors: list[torch.Tensor] = []
+    drawn = RandomState()  # NOTE [a forward run again draws the same numbers]
     try:
         rebuild = _flatten(primals, tensors)
         if any_requires_grad(constants, tensors):
             return by_functorch()
-        mine = [t.detach().requires_grad_() for t in tensors]
+        mine = []
+        for t in tensors:  # (loops here and below: a comprehension costs a Python call, on every call)
+            mine.append(t.detach().requires_grad_())
         with torch.enable_grad():
             out, aux = forward(rebuild(iter(mine)))
         rebuild_out, rebuild_aux = _flatten(out, outs), _flatten(aux, aux_tensors)
     except _Unsupported:  # a structure of something else than tensors: functorch knows those
+        drawn.restore()  # (where the forward ran)
         return by_functorch()
     if reaches_other_leaves([*outs, *aux_tensors], mine):
+        drawn.restore()
         return by_functorch()
 
     def pullback(cotangent: Any, retain_graph: bool = True) -> tuple[Any]:
@@ -76,15 +95,18 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         _flatten_like(out, cotangent, cots)
         if len(cots) != len(outs):
             raise ValueError(f"vjp: the cotangent has {len(cots)} tensors, the output {len(outs)}")
-        pairs = [(o, c) for o, c in zip(outs, cots, strict=True) if o.requires_grad]
-        if not pairs:
-            return (rebuild(iter([torch.zeros_like(t) for t in mine])),)
-        grads = torch.autograd.grad([o for o, _ in pairs], mine, [c for _, c in pairs], retain_graph=retain_graph,
-                                    allow_unused=True, materialize_grads=True)
+        roots, fed = [], []
+        for o, c in zip(outs, cots, strict=True):
+            if o.requires_grad:
+                roots.append(o)
+                fed.append(c)
+        if not roots:
+            return (rebuild(map(torch.zeros_like, mine)),)
+        grads = torch.autograd.grad(roots, mine, fed, retain_graph=retain_graph, allow_unused=True,
+                                    materialize_grads=True)
         return (rebuild(iter(grads)),)
 
-    detach = torch.Tensor.detach
-    return rebuild_out(map(detach, outs)), pullback, rebuild_aux(map(detach, aux_tensors))
+    return rebuild_out(map(torch.Tensor.detach, outs)), pullback, rebuild_aux(map(torch.Tensor.detach, aux_tensors))
 
 
 class _Unsupported(Exception):
@@ -137,20 +159,23 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
             return out
 
         return rebuild_td
-    # (plain loops below, no comprehensions: each is one more call, on every call)
+    # (plain loops, and a tensor's part taken inline: a comprehension, a lambda or a call per tensor each cost
+    # a Python call, on every call)
     if isinstance(tree, (tuple, list)):
-        kind = type(tree)
-        if not tree:
-            return lambda values: kind()
-        parts = []
+        parts: list[Callable[[Any], Any]] = []
         for item in tree:
-            parts.append(_flatten(item, tensors))
+            if isinstance(item, torch.Tensor):
+                tensors.append(item)
+                parts.append(next)
+            else:
+                parts.append(_flatten(item, tensors))
+        kind = type(tree)
 
         def rebuild_sequence(values: Any) -> Any:
-            out = []
+            items = []
             for part in parts:
-                out.append(part(values))
-            return kind(out)
+                items.append(part(values))
+            return kind(items)
 
         return rebuild_sequence
     if isinstance(tree, dict):
@@ -158,9 +183,13 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
             tensors.extend(tree.values())
             keys = tuple(tree)
             return lambda values: dict(zip(keys, values, strict=False))  # (reads ``values`` while keys are left)
-        named = {}
+        named: dict[Any, Callable[[Any], Any]] = {}
         for key, item in tree.items():
-            named[key] = _flatten(item, tensors)
+            if isinstance(item, torch.Tensor):
+                tensors.append(item)
+                named[key] = next
+            else:
+                named[key] = _flatten(item, tensors)
 
         def rebuild_dict(values: Any) -> Any:
             out = {}
@@ -204,8 +233,10 @@ def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) 
 
 def reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) -> bool:
     """Whether the graph behind ``roots`` accumulates into any leaf other than ``mine``."""
-    own = {id(t) for t in mine}
-    stack: list[Any] = [t.grad_fn for t in roots if t.grad_fn is not None]
+    own = set(map(id, mine))
+    stack: list[Any] = []
+    for t in roots:  # (plain loops: a comprehension costs a Python call, per node of the graph)
+        stack.append(t.grad_fn)
     seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
     while stack:
         node = stack.pop()
@@ -216,5 +247,22 @@ def reaches_other_leaves(roots: list[torch.Tensor], mine: list[torch.Tensor]) ->
             if id(node.variable) not in own:
                 return True
             continue
-        stack.extend([next_node for next_node, _ in node.next_functions])
+        for next_node, _ in node.next_functions:
+            stack.append(next_node)
     return False
+
+
+class RandomState:
+    """torch's generators as they are now (NOTE [a forward run again draws the same numbers])."""
+
+    __slots__ = ("cpu", "cuda")
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+
+    def restore(self) -> None:
+        """Put the generators back as they were when this was made."""
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)

@@ -44,6 +44,7 @@ __all__ = [
     "GradFn",
     "Gradients",
     "TargetFn",
+    "check_target_layer_runs",
     "grad_taps",
     "gradients",
     "input_keys_of",
@@ -51,6 +52,7 @@ __all__ = [
     "per_key",
     "scaled",
     "seed_cotangents",
+    "target_layer_taps",
     "target_values",
     "unflatten",
 ]
@@ -81,7 +83,9 @@ class Gradients:
 
 def grad_taps(grad_fns: Mapping[str, GradFn] | None, taps: Sequence[Tap]) -> list[Tap]:
     """tdhook's ``output_grad_callbacks`` as taps, followed by any extra taps."""
-    return [map_grad(path, fn) for path, fn in (grad_fns or {}).items()] + list(taps)
+    if not grad_fns:
+        return list(taps)
+    return [map_grad(path, fn) for path, fn in grad_fns.items()] + list(taps)
 
 
 def input_keys_of(f: Callable[..., Any], inputs: TensorDictBase,
@@ -166,9 +170,10 @@ def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
 def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
     """Inputs the model does not read (labels, weights): offered to the target; None where there are none."""
     read = {*input_keys, *getattr(f, "in_keys", ())}
-    if all(key in read for key in flat.keys()):  # (the common case: no TensorDict built, on every call)
-        return None
-    return flat.exclude(*read)
+    for key in flat.keys():  # (a loop, not a generator: one Python call less per key, on every call)
+        if key not in read:
+            return flat.exclude(*read)
+    return None  # (the common case: no TensorDict built)
 
 
 def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None, extras: TensorDictBase | None,
@@ -227,9 +232,9 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
     runs = [0] * len(target_layers)
     run: Any = f if tappable is None or not (target_layers or taps) else tappable.with_taps(
-        *_target_layer_taps(target_layers, runs), *taps)
+        *target_layer_taps(target_layers, runs), *taps)
     out = run(params, flat)
-    _check_target_layer_runs("target_values", target_layers, runs)
+    check_target_layer_runs("target_values", target_layers, runs)
     private = [f"{_TGT}{i}" for i in range(len(target_layers))]
     return _offer(out, private, _seen(out, target_layers), _extras(f, flat, ()), inputs.batch_size, True, target,
                   check=False)
@@ -269,12 +274,14 @@ def gradients(
         raise ValueError(f"{method}: per_target and cotangents exclude each other (cotangents say what is put in at "
                          "the targets, per_target puts in one one-hot per target); give one of them")
     layers = dict(layers or {})
-    tappable = _tappable(f, bool(layers or target_layers or taps))
+    tappable = f if isinstance(f, Functional) else _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
     flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)  # (a reshape to the same batch builds a copy)
     paths = list(layers)
     extras = _extras(f, flat, input_keys)
-    private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
+    private: list[str] = []  # (built where there are layers: the comprehensions cost calls on every call)
+    if paths or target_layers:
+        private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
     attributed = set(input_keys)
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
@@ -292,15 +299,19 @@ def gradients(
             runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
                 tapped = tappable.with_taps(*checked_taps(paths, layers, diff[1], specs, _act_key, runs),
-                                            *_target_layer_taps(target_layers, target_runs), *taps)
+                                            *target_layer_taps(target_layers, target_runs), *taps)
             out = tapped(params, feed)
+            if not paths and not target_layers:  # (input maps only: nothing to count or read, on every call)
+                return _offer(out, private, None, extras, batch, use_outputs, target, check=True), []
             check_runs(paths, specs, runs)
-            _check_target_layer_runs(method, target_layers, target_runs)
+            check_target_layer_runs(method, target_layers, target_runs)
             acts = [out.get(_act_key(i)) for i in range(len(paths))]
             return _offer(out, private, _seen(out, target_layers), extras, batch, use_outputs, target, check=True), acts
 
         # the attributed inputs as a plain dict: `vjp` rebuilds a dict for nothing, a TensorDict at a cost
-        primals = ({key: flat.get(key) for key in input_keys}, deltas)
+        primals: tuple[dict[NestedKey, torch.Tensor], list[torch.Tensor]] = ({}, deltas)
+        for key in input_keys:
+            primals[0][key] = flat.get(key)
         result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params, flat))
         return result
 
@@ -352,24 +363,31 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
     if type(values) is not TensorDict:
         return cast(TensorDictBase, values.apply(torch.ones_like))
     keyed = leaves(values)
-    out = values.empty(recurse=any(len(key) > 1 for key in keyed))
+    nested = False
+    for key in keyed:  # (a loop, not `any` of a generator: one Python call less per key, on every call)
+        nested = nested or len(key) > 1
+    out = values.empty(recurse=nested)
     for key, value in keyed.items():
         out.set(key, torch.ones_like(value))
     return out
 
 
 def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
-                    input_keys: Sequence[NestedKey], batch: torch.Size, target: Target) -> TensorDictBase:
-    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them."""
-    return _offer(out, [], None, _extras(f, flat, input_keys), batch, True, target, check=True)
+                    input_keys: Sequence[NestedKey], batch: torch.Size, target: Target,
+                    target_layers: Sequence[str] = ()) -> TensorDictBase:
+    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them
+    (``out`` holding the captures of `target_layer_taps` where there are ``target_layers``)."""
+    private = [f"{_TGT}{i}" for i in range(len(target_layers))] if target_layers else []
+    return _offer(out, private, _seen(out, target_layers), _extras(f, flat, input_keys), batch, True, target,
+                  check=True)
 
 
-def _target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
-    """A capture of each target layer, and counters of its module's runs (for `_check_target_layer_runs`)."""
+def target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
+    """A capture of each target layer, and counters of its module's runs (for `check_target_layer_runs`)."""
     return [*(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *run_counters(target_layers, runs)]
 
 
-def _check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
+def check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
     """A target layer's module must run once: a capture of a module run twice would hold its last run."""
     if torch.compiler.is_compiling():
         return

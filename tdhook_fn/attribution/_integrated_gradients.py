@@ -27,10 +27,10 @@ from ._engine import (
 )
 from ._inputs import accepts_tensors
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
-from ._quadrature import quadrature
+from ._path_gradients import gradients_along_path
+from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
 
-__all__ = ["fold", "in_dtypes", "integrated_gradients", "path_points", "wide"]
-
+__all__ = ["integrated_gradients"]
 
 
 @accepts_tensors
@@ -149,7 +149,8 @@ def integrated_gradients(
                          "inputs' (use_inputs=True), or the layers' with interpolate='layers'; the gradients read at "
                          "layers while the inputs move do not sum to the change (tdhook_fn.attribution."
                          "convergence_delta sums any maps you give it)")
-    check_layers("integrated_gradients", layers)
+    if type(layers) is not tuple or layers:  # (the default () needs no check)
+        check_layers("integrated_gradients", layers)
     check_call("integrated_gradients", f, params, inputs, target=target)
     base_keys = attributed_keys("integrated_gradients", f, inputs, input_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
@@ -157,20 +158,34 @@ def integrated_gradients(
     base = path_starts(inputs, baselines, base_keys, "integrated_gradients")
     keys = () if in_layer_space or not use_inputs else base_keys
     all_taps = grad_taps(grad_fns, taps)
-    ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
-    options: dict[str, Any] = dict(
-        input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents,
-        layer_calls=layer_calls, method="integrated_gradients", checked=True)
-    total: TensorDict | None = None
-    size = chunk_size or n_steps
-    for start in range(0, n_steps, size):
-        chunk = slice(start, min(start + size, n_steps))
-        points = path_points(inputs, base, path_keys, alphas[chunk])
-        replace = {p: _interpolator(*ends[p], alphas[chunk]) for p in ends} if ends else dict.fromkeys(layers)
-        grads = gradients(f, params, points, target, layers=replace, **options).grads
-        total = fold(total, grads, steps[chunk], lead=1 if per_target else 0)
-        dtypes = {key: g.dtype for key, g in grads.items(True, True)}
-    assert total is not None
+    ends: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    if layers and not in_layer_space:  # the inputs move, gradients read at the layers: the layer pullbacks
+        if not isinstance(f, Functional):
+            raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see "
+                            "tdhook_fn.functional)")
+        total, dtypes = gradients_along_path(
+            f, params, inputs, base, path_keys, target, layers=layers, alphas=alphas, weights=steps,
+            input_keys=keys, per_target=per_target, chunk_size=chunk_size, layer_calls=layer_calls, taps=all_taps,
+            target_layers=target_layers, cotangents=cotangents, method="integrated_gradients")
+    else:
+        ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
+        options: dict[str, Any] = dict(
+            input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target,
+            cotangents=cotangents, layer_calls=layer_calls, method="integrated_gradients", checked=True)
+        summed: TensorDict | None = None
+        size = chunk_size or n_steps
+        for start in range(0, n_steps, size):
+            chunk = slice(start, min(start + size, n_steps))
+            points = path_points(inputs, base, path_keys, alphas[chunk])
+            replace: dict[str, Any] = {}
+            for path, (start_act, end_act) in ends.items():  # (a loop: no comprehension call, on every chunk)
+                replace[path] = _interpolator(start_act, end_act, alphas[chunk])
+            grads = gradients(f, params, points, target, layers=replace, **options).grads
+            summed = fold(summed, grads, steps[chunk], lead=1 if per_target else 0)
+        assert summed is not None
+        total, dtypes = summed, {}
+        for key, g in grads.items(True, True):
+            dtypes[key] = g.dtype
     if multiply_by_inputs:  # by x - b in the space of the path: inputs, or the layers' activations
         differences = {k: wide(inputs.get(k)) - wide(base.get(k)) for k in keys}
         differences.update({p: wide(x) - wide(b) for p, (b, x) in ends.items()})
@@ -194,21 +209,6 @@ def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> No
             )
 
 
-def path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[NestedKey],
-                 alphas: Sequence[float]) -> TensorDict:
-    """Inputs at the path points, batch ``[n, *B]``; other keys repeated."""
-    n = len(alphas)
-    points = TensorDict({}, batch_size=[n, *inputs.batch_size])
-    for key, x in inputs.items(True, True):
-        if key in keys:
-            b = base.get(key)
-            a = torch.tensor(alphas, dtype=x.dtype, device=x.device).reshape(n, *[1] * x.dim())
-            points.set(key, b + a * (x - b))  # captum's baseline + alpha * (input - baseline)
-        else:
-            points.set(key, x.expand(n, *x.shape))
-    for key, value in inputs.non_tensor_items(True):  # a string or number kwarg the forward also takes
-        points.set_non_tensor(key, value)
-    return points
 
 
 def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,
@@ -284,46 +284,3 @@ def _interpolator(
         return values.reshape(act.shape)
 
     return replace
-
-
-def fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float], lead: int) -> TensorDict:
-    """``total + sum_k w_k * grads[k]``, added one step at a time."""
-    # NOTE [chunk-invariant sums]
-    # The path points are added one by one, in order, so every ``chunk_size`` folds the same
-    # terms in the same order. The terms themselves may differ in the last bits: a chunk's
-    # gradients come from one forward and VJP over ``chunk * N`` points, and CPU kernels
-    # (MKL and oneDNN gemms) may block and reduce differently for another batch size and
-    # instruction set. Results for different ``chunk_size`` agree to a few ulps, not always
-    # bitwise. captum reduces with ``torch.sum`` over all steps at once, whose blocked order
-    # differs from a sequential one by an ulp or so in float32. In float64 captum also rounds
-    # the weights to float32; ours keep the input's dtype. Half-precision gradients (bf16,
-    # fp16) are summed in float32: added one by one in their own dtype, hundreds of steps
-    # lose most of their digits (measured: 13% relative error in bf16 at 300 steps, captum
-    # 0.3%); `integrated_gradients` casts the sum back at the end.
-    out = TensorDict({}, batch_size=[s for i, s in enumerate(grads.batch_size) if i != lead])
-    for key, g in grads.items(True, True):
-        assert isinstance(g, torch.Tensor)
-        if g.dtype in (torch.float16, torch.bfloat16):
-            g = g.float()
-        acc: Any = None if total is None else total.get(key)
-        for k, w in enumerate(weights):
-            acc = g.select(lead, k) * w if acc is None else torch.add(acc, g.select(lead, k), alpha=w)
-        out.set(key, acc)
-    return out
-
-
-def in_dtypes(total: TensorDict, dtypes: Mapping[Any, torch.dtype]) -> TensorDict:
-    """``total`` (summed in float32 where the gradients were half precision) back in the gradients' dtypes."""
-    if all(total.get(key).dtype == dtype for key, dtype in dtypes.items()):
-        return total
-    out = total.clone(False)
-    for key, dtype in dtypes.items():
-        out.set(key, total.get(key).to(dtype))
-    return out
-
-
-def wide(t: torch.Tensor) -> torch.Tensor:
-    """Half-precision floats in float32 (the sum of the steps is kept there too); others as they are."""
-    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-
-

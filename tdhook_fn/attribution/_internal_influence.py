@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
 
-import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines
-from ._engine import seed_cotangents, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import fold, in_dtypes, path_points
-from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
-from ._quadrature import quadrature
+from ._path_gradients import gradients_along_path
+from ._quadrature import in_dtypes, quadrature
 
 __all__ = ["internal_influence"]
 
@@ -95,23 +91,8 @@ def internal_influence(
     if not isinstance(f, Functional):
         raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
                         "f, params = tdhook_fn.pure(model)")
-    calls = dict(layer_calls or {})
-    totals: list[TensorDict | None] = []  # per target (one without per_target)
-    dtypes: dict[str, torch.dtype] = {}
-    size = chunk_size or n_steps
-    for start in range(0, n_steps, size):
-        chunk = slice(start, min(start + size, n_steps))
-        points = path_points(inputs, base, keys, alphas[chunk])
-        # the pullback of NOTE [two pullbacks of one forward] to the layers only
-        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)
-        cot, lead = seed_cotangents(pulled.values, per_target, None)
-        targets = cot.batch_size[0] if lead else 1
-        totals += [None] * (targets - len(totals))
-        for t in range(targets):  # one target's gradients at a time: no [T, points, ...] stack
-            grads = TensorDict({}, batch_size=points.batch_size)
-            for path, grad in zip(layers, pulled.to_layers(cot[t] if lead else cot), strict=True):
-                dtypes[path] = grad.dtype
-                grads.set(path, unflatten(grad, 0, points.batch_size))
-            totals[t] = fold(totals[t], grads, steps[chunk], lead=0)  # NOTE [chunk-invariant sums]
-    maps = [in_dtypes(cast(TensorDict, total), dtypes) for total in totals]  # half precision: summed in float32
-    return cast(TensorDict, torch.stack(cast(Any, maps))) if per_target else maps[0]
+    # integrated gradients read at the layers while the inputs move, without input maps: one mechanism
+    total, dtypes = gradients_along_path(f, params, inputs, base, keys, target, layers=layers, alphas=alphas,
+                                         weights=steps, per_target=per_target, chunk_size=chunk_size,
+                                         layer_calls=layer_calls, method=_NAME)
+    return in_dtypes(total, dtypes)  # half precision: summed in float32

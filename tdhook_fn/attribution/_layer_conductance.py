@@ -27,10 +27,9 @@ from ._baselines import Baselines, both_ends
 from ._convergence import delta_of
 from ._engine import seed_cotangents, target_values, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import path_points, wide
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
-from ._quadrature import quadrature
+from ._quadrature import path_points, quadrature, wide
 
 __all__ = ["layer_conductance"]
 

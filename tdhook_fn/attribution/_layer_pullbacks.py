@@ -6,10 +6,12 @@
 # that returns the target values and the layers' activations, each with a zero
 # perturbation added whose gradient is the target's at the layer (NOTE [layer gradients]).
 # Eager and untransformed, the pullbacks are plain `torch.autograd.grad` calls on that
-# graph, each walking only its part of it (targets -> layers; layers -> inputs), once per
-# target, so no ``[T, points, ...]`` stack of gradients is ever held. Under a functorch
-# transform, or where the forward reaches a tensor that requires grad (NOTE [eager vjp]),
-# one `torch.func.vjp` gives both, each pullback fed zero cotangents on the other outputs.
+# graph, each walking only its part of it (targets -> layers; layers -> inputs; or
+# targets -> inputs and layers, for integrated gradients read at layers while the inputs
+# move), once per target, so no ``[T, points, ...]`` stack of gradients is ever held.
+# Under a functorch transform, or where the forward reaches a tensor that requires grad
+# (NOTE [eager vjp]), one `torch.func.vjp` gives them all, each pullback fed zero
+# cotangents on the other outputs.
 
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey, with_copied_inputs
 from .._taps import Tap
 from .._targets import Target
-from .._vjp import any_requires_grad, reaches_other_leaves, untransformed
-from ._engine import offered_targets
+from .._vjp import RandomState, any_requires_grad, reaches_other_leaves, untransformed
+from ._engine import check_target_layer_runs, offered_targets, target_layer_taps
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, checked_taps, run_counters, with_specs
 
 __all__ = ["Pullbacks", "layer_pullbacks"]
@@ -43,20 +45,25 @@ class Pullbacks:
         acts (list[Tensor]): each layer's activation (detached where the pullbacks are autograd's).
         to_layers (Callable): cotangents on ``values`` -> the gradient at each layer.
         to_inputs (Callable): a cotangent on each activation -> gradients of the inputs, by key.
+        to_both (Callable): cotangents on ``values`` -> the gradients of the inputs, by key, and at
+            each layer.
     """
 
     values: TensorDictBase
     acts: list[torch.Tensor]
     to_layers: Callable[[TensorDictBase], list[torch.Tensor]]
     to_inputs: Callable[[list[torch.Tensor]], TensorDictBase]
+    to_both: Callable[[TensorDictBase], tuple[TensorDictBase, list[torch.Tensor]]]
 
 
 def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBase, target: Target,
                     layers: Sequence[str], keys: Sequence[NestedKey], calls: Mapping[str, int],
-                    method: str) -> Pullbacks:
+                    method: str, *, taps: Sequence[Tap] = (), target_layers: Sequence[str] = ()) -> Pullbacks:
     """Run ``f`` once on ``points`` (flattened) with ``layers`` read and perturbed; see the NOTE.
 
-    ``keys`` are the inputs differentiated (none for layer conductance).
+    ``keys`` are the inputs differentiated (none for layer conductance); ``taps`` further
+    taps of the call, after the layers' own; ``target_layers`` paths whose activations the
+    target sees, as in `gradients`.
     """
     batch = points.batch_size
     flat = points.reshape(-1)
@@ -69,20 +76,22 @@ def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBas
             feed = with_copied_inputs(flat, keys)
             if not primals[0].is_empty():  # under torch.compile an empty one comes back with batch size [0]
                 feed.update(primals[0])
-            runs = [0] * len(layers)
+            runs, target_runs = [0] * len(layers), [0] * len(target_layers)
             if kept is None:
-                taps = checked_taps(layers, dict.fromkeys(layers), primals[1], specs, lambda i: names[i], runs)
+                own = checked_taps(layers, dict.fromkeys(layers), primals[1], specs, lambda i: names[i], runs)
             else:  # NOTE [activations read without a copy]
-                taps = [*_kept_sums(layers, primals[1], specs, kept), *run_counters(layers, runs)]
-            out = f.with_taps(*taps)(params, feed)
+                own = [*_kept_sums(layers, primals[1], specs, kept), *run_counters(layers, runs)]
+            out = f.with_taps(*own, *target_layer_taps(target_layers, target_runs), *taps)(params, feed)
             check_runs(layers, specs, runs)
+            check_target_layer_runs(method, target_layers, target_runs)
             if kept is not None:
-                return offered_targets(f, out, flat, keys, batch, target), [act for act, _ in kept]
-            return offered_targets(f, out.exclude(*names), flat, keys, batch, target), [out.get(n) for n in names]
+                return offered_targets(f, out, flat, keys, batch, target, target_layers), [act for act, _ in kept]
+            acts = [out.get(n) for n in names]
+            return offered_targets(f, out.exclude(*names), flat, keys, batch, target, target_layers), acts
 
         return _pullbacks(forward, flat.select(*keys), specs, device, (params, flat))
 
-    return with_specs(f, params, flat, layers, calls, method, attempt)
+    return with_specs(f.with_taps(*taps) if taps else f, params, flat, layers, calls, method, attempt)
 
 
 def _pullbacks(forward: Forward, inputs: TensorDictBase, specs: Sequence[LayerSpec], device: torch.device | None,
@@ -96,12 +105,15 @@ def _pullbacks(forward: Forward, inputs: TensorDictBase, specs: Sequence[LayerSp
         seeds = [torch.zeros((), dtype=spec.dtype, device=device, requires_grad=True) for spec in specs]
         zeros = [seed.expand(spec.shape) for seed, spec in zip(seeds, specs, strict=True)]
         kept: list[Any] = [None] * len(specs)
+        drawn = RandomState()  # NOTE [a forward run again draws the same numbers]
         with torch.enable_grad():
             values, acts = forward((mine, zeros), kept)
             if any(act._version != version for act, version in kept):  # written in place after it was read
+                drawn.restore()
                 values, acts = forward((mine, zeros))
         if not reaches_other_leaves([*_leaves(values), *acts], [*_leaves(mine), *seeds]):
             return _by_autograd(values, acts, mine, zeros)
+        drawn.restore()  # functorch runs the forward again
     deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
     return _by_functorch(forward, inputs, deltas)
 
@@ -142,7 +154,13 @@ def _by_autograd(values: TensorDictBase, acts: list[torch.Tensor], mine: TensorD
         grads = torch.autograd.grad(acts, _leaves(mine), cots, retain_graph=True, materialize_grads=True)
         return _like(mine, grads)
 
-    return Pullbacks(values.detach(), [a.detach() for a in acts], to_layers, to_inputs)
+    def to_both(cot: TensorDictBase) -> tuple[TensorDictBase, list[torch.Tensor]]:
+        cots = [cot.get(key) for key, _ in values.items(True, True)]
+        wrt = _leaves(mine)
+        grads = torch.autograd.grad(outs, [*wrt, *zeros], cots, retain_graph=True, materialize_grads=True)
+        return _like(mine, grads[: len(wrt)]), list(grads[len(wrt):])
+
+    return Pullbacks(values.detach(), [a.detach() for a in acts], to_layers, to_inputs, to_both)
 
 
 def _by_functorch(forward: Forward, inputs: TensorDictBase, deltas: list[torch.Tensor]) -> Pullbacks:
@@ -156,7 +174,11 @@ def _by_functorch(forward: Forward, inputs: TensorDictBase, deltas: list[torch.T
     def to_inputs(cots: list[torch.Tensor]) -> TensorDictBase:
         return cast(TensorDictBase, pullback((zero_values, cots))[0][0])
 
-    return Pullbacks(values, acts, to_layers, to_inputs)
+    def to_both(cot: TensorDictBase) -> tuple[TensorDictBase, list[torch.Tensor]]:
+        grads = pullback((cot, [torch.zeros_like(a) for a in acts]))[0]
+        return cast(TensorDictBase, grads[0]), cast(list[torch.Tensor], grads[1])
+
+    return Pullbacks(values, acts, to_layers, to_inputs, to_both)
 
 
 def _leaves(td: TensorDictBase) -> list[torch.Tensor]:

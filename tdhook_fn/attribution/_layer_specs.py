@@ -30,6 +30,7 @@ from torch import nn
 from .._functional import Functional
 from .._probe import on_meta
 from .._taps import Tap, capture
+from .._vjp import RandomState
 
 __all__ = ["LayerSpec", "StaleSpec", "check_runs", "checked_taps", "layer_specs", "remembered_specs", "run_counters",
            "with_specs"]
@@ -133,12 +134,14 @@ def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths:
                layer_calls: Mapping[str, int] | None, method: str, run: Callable[[list[LayerSpec]], T]) -> T:
     """``run(specs)`` with remembered specs; made again with fresh ones where they are stale (see the NOTE)."""
     specs, remembered = remembered_specs(f, params, td, paths, layer_calls, method=method)
+    drawn = RandomState() if remembered else None  # NOTE [a forward run again draws the same numbers]
     try:
         return run(specs)
     except StaleSpec as stale:
-        if not remembered:
+        if drawn is None:
             raise RuntimeError(f"{method}: {stale}; the model runs differently from one forward to the next on the "
                                "same inputs, so its layers cannot be attributed") from stale
+        drawn.restore()
     specs, _ = remembered_specs(f, params, td, paths, layer_calls, method=method, fresh=True)
     return run(specs)
 

@@ -14,10 +14,9 @@ from .._types import PureFn
 from ._baselines import Baselines
 from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
-from ._integrated_gradients import fold, in_dtypes, path_points, wide
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_steps, checked_path_ends
-from ._quadrature import quadrature
+from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
 
 __all__ = ["neuron_conductance"]
 

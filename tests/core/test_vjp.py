@@ -144,3 +144,23 @@ def test_nested_tensordicts_come_back_with_their_structure_and_batch_sizes() -> 
     (want,) = ref_pull(torch.ones(3, dtype=torch.float64))
     assert grads["a"].batch_size == torch.Size([3, 2])
     torch.testing.assert_close(grads, want)
+
+
+def test_a_forward_redone_under_func_vjp_draws_as_the_first_run_did() -> None:
+    """A forward that reaches a closed-over tensor requiring grad runs again under `torch.func.vjp` (NOTE [eager
+    vjp]); the second run draws what the first drew, and the generator ends where one forward leaves it (NOTE [a
+    forward run again draws the same numbers])."""
+    x = torch.randn(4, 3)
+    w = torch.randn(3)
+    results, after = [], []
+    for closed in (w.clone().requires_grad_(), w):
+        def forward(p: torch.Tensor, closed: torch.Tensor = closed) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            return (p + torch.rand_like(p)) @ closed, []
+
+        torch.manual_seed(0)
+        out, pullback, _ = vjp(forward, x)
+        results.append((out.detach(), pullback(torch.ones(4))[0].detach()))
+        after.append(torch.rand(2))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    assert torch.equal(after[0], after[1])
