@@ -37,7 +37,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._largest_tensor import LargestTensor
-from .._vjp import untransformed
+from .._vjp import RandomState, untransformed
 
 __all__ = ["default_rows"]
 
@@ -74,13 +74,13 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
         return None
     if signature not in known:
         probe = LargestTensor()
-        random_state = torch.get_rng_state()  # (an f that draws gives the same numbers on its first call)
+        random_state = RandomState()  # (an f that draws gives the same numbers on its first call)
         try:
             with torch.no_grad(), probe:
                 f(params, flat[:1])
         except Exception:  # a probe only sizes chunks: the real forward raises what is wrong
             return None
         finally:
-            torch.set_rng_state(random_state)
+            random_state.restore()
         known[signature] = probe.bytes
     return known[signature]

@@ -35,6 +35,7 @@ from .._functional import Functional, NestedKey, one_key_as_list, with_copied_in
 from .._params import leaf_keys, leaves
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
+from .._types import Replace
 from .._vjp import vjp
 from ._checks import check_call
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
@@ -59,7 +60,6 @@ __all__ = [
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
-Replace = Callable[[torch.Tensor], torch.Tensor]
 GradFn = Callable[[torch.Tensor], torch.Tensor]
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 

@@ -16,9 +16,10 @@ from ._baselines import attributed_keys, both_ends
 from ._checks import check_call
 from ._convergence import delta_of
 from ._engine import gradients, scaled, target_values
+from ._flat_copies import flat_copies, flat_target
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count, chunks, repeated, repeated_target
-from ._noise import Stdevs, check_noisable, flat_copies, flat_target, fold_copies, mean_maps, noise_draws, stdevs_by_key
+from ._noise import Stdevs, check_noisable, fold_copies, mean_maps, noise_draws, stdevs_by_key
 
 __all__ = ["gradient_shap"]
 

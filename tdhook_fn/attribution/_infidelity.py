@@ -14,6 +14,7 @@ from .._targets import Target, check_target
 from .._types import PureFn
 from ._checks import check_call
 from ._engine import target_values
+from ._flat_copies import flat_copies, flat_target
 from ._inputs import tensor_inputs
 from ._metric_samples import (
     check_count,
@@ -22,7 +23,6 @@ from ._metric_samples import (
     input_leaves,
     repeated,
 )
-from ._noise import flat_copies, flat_target
 
 __all__ = ["infidelity"]
 

@@ -30,12 +30,12 @@ from torch import nn
 from .._functional import Functional
 from .._probe import on_meta
 from .._taps import Tap, capture
+from .._types import Replace
 from .._vjp import RandomState
 
 __all__ = ["LayerSpec", "StaleSpec", "check_runs", "checked_taps", "layer_specs", "remembered_specs", "run_counters",
            "with_specs"]
 
-Replace = Callable[[torch.Tensor], torch.Tensor]
 T = TypeVar("T")
 _PER_MODEL = 8  # remembered input signatures per model
 _memory: weakref.WeakKeyDictionary[nn.Module, OrderedDict[Any, list[LayerSpec]]] = weakref.WeakKeyDictionary()

@@ -13,14 +13,6 @@
 # captum draws its noise in the default dtype (float32) whatever the inputs' dtype;
 # here it is drawn in the input's dtype unless ``noise_dtype`` says otherwise.
 
-# NOTE [flat copies]
-# The copies go to the engine flattened to one batch dim, ``[N * k]`` in that same memory
-# order (`flat_copies`): the engine runs the model on one batch dim anyway, and a batch it
-# need not reshape costs it no TensorDict reshapes on the way in and out (a fixed cost per
-# call, which shows on small models). The maps come back
-# ``[*T, N * k]`` and are summed over the copies by tensor views (`fold_copies`), as are
-# the ``[*T, *B, k]`` maps of a user's attribution method (which is still given ``[*B, k]``).
-
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -35,8 +27,6 @@ __all__ = [
     "Stdevs",
     "check_noisable",
     "check_nt_type",
-    "flat_copies",
-    "flat_target",
     "fold_copies",
     "mean_maps",
     "noise_draws",
@@ -97,39 +87,6 @@ def noise_draws(inputs: TensorDictBase, stdevs: Mapping[NestedKey, float], k: in
         shape = (*batch, k, *x.shape[len(batch):])
         out[key] = torch.randn(shape, dtype=dtype or x.dtype, device=x.device, generator=generator).mul_(stdev)
     return out
-
-
-def flat_copies(inputs: TensorDictBase, k: int, replaced: Mapping[NestedKey, torch.Tensor]) -> TensorDictBase:
-    """``k`` copies of every sample on one flat batch dim ``[N * k]`` (NOTE [flat copies]).
-
-    ``replaced`` holds, by key, the copies to use instead (``[*B, k, ...]``, or broadcasting
-    to it); every other entry is repeated.
-    """
-    batch = inputs.batch_size
-    out = TensorDict({}, batch_size=[batch.numel() * k])
-    used = set()
-    for key, leaf in inputs.items(True, True):
-        copy = replaced[key] if key in replaced else cast(torch.Tensor, leaf).unsqueeze(len(batch))
-        out.set(key, _flattened(copy, batch, k))
-        used.add(key)
-    for spelled in replaced.keys() - used:  # (a key spelled otherwise, ("input",) for "input")
-        out.set(spelled, _flattened(replaced[spelled], batch, k))
-    for key, value in inputs.non_tensor_items(True):  # a string or number kwarg the forward also takes
-        out.set_non_tensor(key, value)
-    return out
-
-
-def _flattened(copy: torch.Tensor, batch: torch.Size, k: int) -> torch.Tensor:
-    """Copies ``[*B, k or 1, ...]`` as ``[N * k, ...]`` (a view where they are whole)."""
-    feature = copy.shape[len(batch) + 1:]
-    return copy.expand(*batch, k, *feature).reshape(-1, *feature)
-
-
-def flat_target(target: Any, batch: torch.Size, k: int) -> Any:
-    """A tensor of class indices (one per sample, ``[*B]``) for the flat copies ``[N * k]``."""
-    if isinstance(target, torch.Tensor) and target.dim():
-        return target.unsqueeze(-1).expand(*batch, k).reshape(-1)
-    return target
 
 
 def fold_copies(total: dict[NestedKey, torch.Tensor] | None, maps: TensorDictBase, batch: torch.Size, k: int, *,

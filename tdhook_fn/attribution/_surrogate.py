@@ -27,8 +27,8 @@ from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call
 from ._engine import target_values
+from ._flat_copies import flat_copies, flat_target
 from ._metric_samples import check_count, chunks
-from ._noise import flat_copies, flat_target
 from ._perturbation import target_columns
 
 __all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",

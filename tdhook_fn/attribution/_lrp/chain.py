@@ -50,7 +50,7 @@ from tensordict import TensorDict, TensorDictBase
 from ..._functional import Functional, NestedKey
 from ..._params import Key, leaves
 from ..._targets import Target
-from ..._vjp import reaches_other_leaves
+from ..._vjp import RandomState, reaches_other_leaves
 from .._checks import check_call
 from .._engine import Cotangents, offered_targets, seed_cotangents, unflatten
 from .model_chain import reads_one_key, run_chain
@@ -85,20 +85,6 @@ def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: N
     if not (isinstance(h, torch.Tensor) and h.shape[:1] == flat.batch_size):
         raise NotAChain  # (an output without the batch: the general path says what is wrong)
     return h
-
-
-class _RandomState:
-    """The CPU generator's state, and the CUDA one of the inputs' device where they are on a GPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.device = device
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey, batch: torch.Size,
@@ -149,7 +135,7 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
         walk = plan.walk = walk_of(f.model, links, by_module)
     batch = inputs.batch_size
     flat = inputs if len(batch) == 1 else inputs.reshape(-1)
-    rng = _RandomState(flat.get(key).device) if walk.random else None
+    rng = RandomState() if walk.random else None
     backs: list[Back] = []
     try:
         # (the steps that need a graph turn it on for their module, and so does a target that needs one;
