@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -35,9 +35,17 @@ __all__ = ["ChannelsLastMaxPool2d", "forward_only", "in_forward_only", "shadow_c
 _FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
 
 
+def forward_only() -> AbstractContextManager[None]:
+    """Calls in this block run on shadows for reading outputs only (NOTE [shadow max pooling]).
+
+    Nothing under ``torch.compile``: Dynamo cannot trace a ``ContextVar`` being set, and a
+    compiled call keeps the plain kernel anyway.
+    """
+    return nullcontext() if torch.compiler.is_compiling() else _forward_only()
+
+
 @contextmanager
-def forward_only() -> Iterator[None]:
-    """Calls in this block run on shadows for reading outputs only (NOTE [shadow max pooling])."""
+def _forward_only() -> Iterator[None]:
     token = _FORWARD_ONLY.set(True)
     try:
         yield
@@ -46,8 +54,8 @@ def forward_only() -> Iterator[None]:
 
 
 def in_forward_only() -> bool:
-    """Whether a `forward_only` block is open."""
-    return _FORWARD_ONLY.get()
+    """Whether a `forward_only` block is open (never under ``torch.compile``)."""
+    return not torch.compiler.is_compiling() and _FORWARD_ONLY.get()
 
 _functorch = torch._C._functorch
 
