@@ -59,7 +59,7 @@ def _to_report(model: nn.Module, batch_norms: bool, dropout: str) -> bool:
     return False
 
 
-def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool = True,
+def check_attribution_modes(model: nn.Module, caller: str, *, batch_norms: bool = True,
                             dropout: Literal["warn", "raise"] = "warn", why: str = "") -> None:
     """Raise for batch-dependent batch norms, warn once (or raise) for modules that draw at random.
 
@@ -83,16 +83,16 @@ def check_attribution_modes(model: nn.Module, method: str, *, batch_norms: bool 
             drawing.append(module)
     if batch_dependent:
         raise ValueError(
-            f"{method}: modules {batch_dependent} are batch norms that normalise with the statistics of the batch "
+            f"{caller}: modules {batch_dependent} are batch norms that normalise with the statistics of the batch "
             "(training mode, or track_running_stats=False); the batch this method runs holds path points, runs or "
             "reshaped samples, so the result would be wrong. Call model.eval() first (with running statistics)"
         )
     if stochastic and dropout == "raise":
-        raise ValueError(f"{method}: modules {stochastic} apply dropout in training mode{why}; call model.eval()")
+        raise ValueError(f"{caller}: modules {stochastic} apply dropout in training mode{why}; call model.eval()")
     if stochastic:
         _warned.update(drawing)
         warnings.warn(
-            f"{method}: modules {stochastic} apply dropout in training mode, so two identical calls give different "
+            f"{caller}: modules {stochastic} apply dropout in training mode, so two identical calls give different "
             "results; call model.eval() for deterministic results",
             RuntimeWarning,
             stacklevel=3,

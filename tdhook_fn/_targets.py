@@ -137,7 +137,7 @@ def _select_per_sample(index: torch.Tensor,
     return select
 
 
-def check_target(target: Any, batch_size: Sequence[int], method: str = "attribution") -> None:
+def check_target(target: Any, batch_size: Sequence[int], caller: str = "attribution") -> None:
     """Raise unless ``target`` is a valid target for inputs with ``batch_size``.
 
     A tensor target must hold integer class indices, either one for all samples (0-d) or
@@ -150,7 +150,7 @@ def check_target(target: Any, batch_size: Sequence[int], method: str = "attribut
     as_target(target)
     if isinstance(target, torch.Tensor) and target.dim() and target.shape != torch.Size(batch_size):
         raise ValueError(
-            f"{method}: target holds {list(target.shape)} class indices, but the inputs have batch shape "
+            f"{caller}: target holds {list(target.shape)} class indices, but the inputs have batch shape "
             f"{list(batch_size)}: give one index per sample (e.g. target=model(x).argmax(-1)), or an int for all"
         )
 

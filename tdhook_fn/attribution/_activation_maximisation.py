@@ -72,7 +72,7 @@ def pgd_step(x: torch.Tensor, grad: torch.Tensor, alpha: float, *, min_value: fl
     step = x + alpha * g if ascent else x - alpha * g
     return torch.clamp(step, min=min_value, max=max_value)
 
-_METHOD = "activation_maximisation"
+_CALLER = "activation_maximisation"
 
 
 @accepts_tensors
@@ -151,14 +151,14 @@ def activation_maximisation(
         torch.Size([4, 5, 3])
     """
     _check_options(alpha, n_steps, min_value, max_value, per_target)
-    check_layers(_METHOD, target_layers, "target_layers")
+    check_layers(_CALLER, target_layers, "target_layers")
     if isinstance(input_keys, str):
-        raise TypeError(f"{_METHOD}: input_keys must be a list of keys, got {input_keys!r}; write [{input_keys!r}]")
+        raise TypeError(f"{_CALLER}: input_keys must be a list of keys, got {input_keys!r}; write [{input_keys!r}]")
     keys = tuple(input_keys if input_keys is not None else
                  input_keys_of(f, inputs) if isinstance(inputs, TensorDictBase) else ())
-    check_call(_METHOD, f, params, inputs, keys)
+    check_call(_CALLER, f, params, inputs, keys)
     if not keys:
-        raise ValueError(f"{_METHOD}: there is no floating-point input to optimise; name it with input_keys=[...]")
+        raise ValueError(f"{_CALLER}: there is no floating-point input to optimise; name it with input_keys=[...]")
     as_target(target)  # fail early on a malformed target
     all_taps = grad_taps(grad_fns, taps)
 
@@ -168,7 +168,7 @@ def activation_maximisation(
         for _ in range(n_steps):
             point = inputs.copy().update(current)
             grads = gradients(f, params, point, target, input_keys=keys, target_layers=target_layers, taps=all_taps,
-                              cotangents=weighted, method=_METHOD, checked=True).grads
+                              cotangents=weighted, caller=_CALLER, checked=True).grads
             current = per_key(lambda x, g: pgd_step(x, g, alpha, min_value=min_value, max_value=max_value),
                               current, grads)
         return current
@@ -185,17 +185,17 @@ def activation_maximisation(
 def _check_options(alpha: Any, n_steps: Any, min_value: Any, max_value: Any, per_target: Any) -> None:
     for name, value in (("alpha", alpha), ("min_value", min_value), ("max_value", max_value)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{_METHOD}: {name} must be a number (int or float), got {type(value).__name__}")
+            raise TypeError(f"{_CALLER}: {name} must be a number (int or float), got {type(value).__name__}")
         if math.isnan(value):
-            raise ValueError(f"{_METHOD}: {name} is NaN; give a number (bounds may be -math.inf or math.inf)")
+            raise ValueError(f"{_CALLER}: {name} is NaN; give a number (bounds may be -math.inf or math.inf)")
     if isinstance(n_steps, bool) or not isinstance(n_steps, int):
-        raise TypeError(f"{_METHOD}: n_steps must be an int, got {type(n_steps).__name__}")
+        raise TypeError(f"{_CALLER}: n_steps must be an int, got {type(n_steps).__name__}")
     if n_steps < 0:
-        raise ValueError(f"{_METHOD}: n_steps must be >= 0, got {n_steps}")
+        raise ValueError(f"{_CALLER}: n_steps must be >= 0, got {n_steps}")
     if min_value > max_value:
-        raise ValueError(f"{_METHOD}: min_value ({min_value}) is above max_value ({max_value}); swap them")
+        raise ValueError(f"{_CALLER}: min_value ({min_value}) is above max_value ({max_value}); swap them")
     if not isinstance(per_target, bool):
-        raise TypeError(f"{_METHOD}: per_target must be a bool, got {type(per_target).__name__}")
+        raise TypeError(f"{_CALLER}: per_target must be a bool, got {type(per_target).__name__}")
 
 
 def _count_targets(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target,
@@ -206,7 +206,7 @@ def _count_targets(f: Callable[..., Any], params: TensorDictBase, inputs: Tensor
     batch = len(inputs.batch_size)
     sizes = {v.shape[batch] if v.dim() > batch else 1 for v in values.values(True, True)}
     if len(sizes) != 1:
-        raise ValueError(f"{_METHOD}: per_target needs the same number of targets in every target key, got {sizes}")
+        raise ValueError(f"{_CALLER}: per_target needs the same number of targets in every target key, got {sizes}")
     return sizes.pop()
 
 

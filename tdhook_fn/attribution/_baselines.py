@@ -16,12 +16,12 @@ __all__ = ["Baselines", "attributed_keys", "both_ends", "path_starts"]
 Baselines = TensorDictBase | torch.Tensor | float
 
 
-def attributed_keys(method: str, f: Callable[..., Any], inputs: TensorDictBase,
+def attributed_keys(caller: str, f: Callable[..., Any], inputs: TensorDictBase,
                     input_keys: NestedKey | Sequence[NestedKey] | None) -> tuple[NestedKey, ...]:
     """The inputs the baselines replace: ``input_keys``, else every input ``f`` reads (one, or all positional)."""
     if input_keys is None and len(getattr(f, "keywords", {})) > 1:
         raise ValueError(
-            f"{method}: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of them the "
+            f"{caller}: f passes {list(getattr(f, 'in_keys', ()))} as keyword arguments; say which of them the "
             "baselines replace with input_keys=[...] (e.g. input_keys=['input_ids']: the others, such as an "
             "attention mask, are then passed unchanged, as captum's additional_forward_args)")
     keys = input_keys_of(f, inputs, input_keys)
@@ -30,35 +30,35 @@ def attributed_keys(method: str, f: Callable[..., Any], inputs: TensorDictBase,
     present = inputs.keys(True, True)
     missing = [key for key in keys if key not in present]
     if missing:
-        raise KeyError(f"{method}: input_keys names {missing}, which the inputs do not hold; they hold "
+        raise KeyError(f"{caller}: input_keys names {missing}, which the inputs do not hold; they hold "
                        f"{sorted(map(str, present))}")
     return keys
 
 
-def path_starts(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str) -> TensorDict:
+def path_starts(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], caller: str) -> TensorDict:
     """The baseline of each of ``keys``, in the input's shape: from a TensorDict, a tensor or a number."""
     if isinstance(baselines, torch.Tensor) and len(keys) != 1:
-        raise TypeError(f"{method}: a tensor baseline fits one attributed input, but {len(keys)} are "
+        raise TypeError(f"{caller}: a tensor baseline fits one attributed input, but {len(keys)} are "
                         f"attributed {list(keys)}; pass baselines as a TensorDict with those keys, or a number")
     out = TensorDict({}, batch_size=inputs.batch_size)
     for key in keys:
         x = inputs.get(key)
         if isinstance(baselines, TensorDictBase):
             if key not in baselines.keys(True, True):
-                raise KeyError(f"{method}: no baseline for input {key!r}; give one, or name the inputs the baselines "
+                raise KeyError(f"{caller}: no baseline for input {key!r}; give one, or name the inputs the baselines "
                                "replace with input_keys=[...]")
             b = baselines.get(key)
             if b.shape != x.shape:
-                raise ValueError(f"{method}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
+                raise ValueError(f"{caller}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
         elif isinstance(baselines, torch.Tensor):
-            b = _broadcast(method, key, baselines, x)
+            b = _broadcast(caller, key, baselines, x)
         elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
             if not (x.is_floating_point() or x.is_complex()) and not float(baselines).is_integer():
-                raise ValueError(f"{method}: input {key!r} is {x.dtype} (token ids) and the baseline "
+                raise ValueError(f"{caller}: input {key!r} is {x.dtype} (token ids) and the baseline "
                                  f"{baselines!r} is not a whole number; give an id (a pad or mask token)")
             b = torch.full_like(x, baselines)
         else:
-            raise TypeError(f"{method}: baselines must be a TensorDict, a tensor or a number, got "
+            raise TypeError(f"{caller}: baselines must be a TensorDict, a tensor or a number, got "
                             f"{type(baselines).__name__}")
         out.set(key, b)
     return out
@@ -71,14 +71,14 @@ def both_ends(inputs: TensorDictBase, starts: TensorDictBase) -> TensorDictBase:
     return cast(TensorDictBase, torch.stack([first, inputs]))
 
 
-def _broadcast(method: str, key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _broadcast(caller: str, key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A tensor baseline for input ``key``: its shape, or one that broadcasts to it (one sample's, ``[1, ...]``)."""
     if (b.is_floating_point() or b.is_complex()) != (x.is_floating_point() or x.is_complex()):
-        raise TypeError(f"{method}: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype} (token "
+        raise TypeError(f"{caller}: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype} (token "
                         "ids take a baseline of ids, floating-point inputs a floating-point baseline)")
     try:
         return b.to(x.dtype).expand(x.shape)
     except RuntimeError:
-        raise ValueError(f"{method}: baselines has shape {list(b.shape)}, which does not broadcast to "
+        raise ValueError(f"{caller}: baselines has shape {list(b.shape)}, which does not broadcast to "
                          f"input {key!r} of shape {list(x.shape)}; give the input's shape, one sample's "
                          f"{list(x.shape[1:])} or a number") from None

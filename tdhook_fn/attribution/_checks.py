@@ -17,20 +17,20 @@ from .._vjp import untransformed
 __all__ = ["check_batch_first", "check_call", "check_layers"]
 
 
-def check_layers(method: str, layers: Any, name: str = "layers") -> None:
+def check_layers(caller: str, layers: Any, name: str = "layers") -> None:
     """``layers`` must be a sequence of path strings (a lone string would be read per character)."""
     if type(layers) is tuple and not layers:
         return  # (the default, asked at every call)
     if isinstance(layers, str) or not isinstance(layers, (Sequence, Mapping)):
-        raise TypeError(f"{method}: {name} must be a list of submodule paths, got {layers!r}; write {name}=[{layers!r}]"
-                        if isinstance(layers, str) else f"{method}: {name} must be a list of submodule paths, got "
+        raise TypeError(f"{caller}: {name} must be a list of submodule paths, got {layers!r}; write {name}=[{layers!r}]"
+                        if isinstance(layers, str) else f"{caller}: {name} must be a list of submodule paths, got "
                         f"{type(layers).__name__}")
     for path in layers:
         if not isinstance(path, str):
-            raise TypeError(f"{method}: each of {name} must be a submodule path (str), got {path!r}")
+            raise TypeError(f"{caller}: each of {name} must be a submodule path (str), got {path!r}")
 
 
-def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequence[NestedKey] = (),
+def check_call(caller: str, f: Any, params: Any, inputs: Any, input_keys: Sequence[NestedKey] = (),
                target: Any = None, *, modes: bool = True) -> None:
     """The arguments every method shares, checked before anything runs.
 
@@ -43,34 +43,34 @@ def check_call(method: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
         KeyError: an attributed input key is missing.
     """
     if isinstance(f, nn.Module):
-        raise TypeError(f"{method}: f is the module {type(f).__name__}; pass its pure function and params: "
+        raise TypeError(f"{caller}: f is the module {type(f).__name__}; pass its pure function and params: "
                         f"f, params = tdhook_fn.pure(model) (tdhook_fn.functional(model) and tdhook_fn.params(model) "
-                        f"in one call), then {method}(f, params, inputs, ...)")
+                        f"in one call), then {caller}(f, params, inputs, ...)")
     if not callable(f):
-        raise TypeError(f"{method}: f must be a pure function f(params, td) -> td, got {type(f).__name__}")
+        raise TypeError(f"{caller}: f must be a pure function f(params, td) -> td, got {type(f).__name__}")
     if not isinstance(params, TensorDictBase):
-        raise TypeError(f"{method}: params must be a TensorDict (tdhook_fn.params(model)), got {type(params).__name__}")
+        raise TypeError(f"{caller}: params must be a TensorDict (tdhook_fn.params(model)), got {type(params).__name__}")
     if not isinstance(inputs, TensorDictBase):
-        raise TypeError(f"{method}: inputs must be a TensorDict, or a tensor whose first dim is the batch, got "
+        raise TypeError(f"{caller}: inputs must be a TensorDict, or a tensor whose first dim is the batch, got "
                         f"{type(inputs).__name__}; wrap a batch x as TensorDict(input=x, batch_size=[len(x)])")
     for key in input_keys:
         value = inputs.get(key, None)
         if value is None:
             keys = list(inputs.keys(True, True))
-            raise KeyError(f"{method}: the inputs have no attributed key {key!r} (keys: {keys})")
+            raise KeyError(f"{caller}: the inputs have no attributed key {key!r} (keys: {keys})")
         if isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex()):
             raise TypeError(
-                f"{method}: input {key!r} is {value.dtype}, and gradients exist only for floating-point inputs; "
+                f"{caller}: input {key!r} is {value.dtype}, and gradients exist only for floating-point inputs; "
                 "for token ids attribute the embedding layer instead (layers=['<embedding path>'], "
                 "use_inputs=False; integrated gradients: interpolate='layers')"
             )
     model = getattr(f, "model", None)
     if modes and isinstance(model, nn.Module):
-        check_attribution_modes(model, method)
-    check_batch_first(method, f, params, inputs, target)
+        check_attribution_modes(model, caller)
+    check_batch_first(caller, f, params, inputs, target)
 
 
-def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, target: Any = None) -> None:
+def check_batch_first(caller: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, target: Any = None) -> None:
     """Raise where ``f`` reads a sample with a batch dim of 1 in front other than the sample itself."""
     # NOTE [unbatched inputs]
     # The methods run ``f`` on inputs with one batch dim in front: several batch dims are
@@ -111,10 +111,10 @@ def check_batch_first(method: str, f: Any, params: TensorDictBase, inputs: Tenso
         try:
             batched = seeded(inputs.unsqueeze(0))
         except Exception as e:
-            raise ValueError(_not_batch_first(method, "raises on it as a batch of one, [1, ...]")) from e
+            raise ValueError(_not_batch_first(caller, "raises on it as a batch of one, [1, ...]")) from e
         differs = _difference(alone, batched)
         if differs is not None and _difference(alone, seeded(inputs)) is None:  # (else: noise of its own)
-            raise ValueError(_not_batch_first(method, differs))
+            raise ValueError(_not_batch_first(caller, differs))
 
 
 def _attributed(out: Any, td: TensorDictBase, target: Any) -> Any:
@@ -146,8 +146,8 @@ def _difference(alone: Any, batched: Any) -> str | None:
     return None
 
 
-def _not_batch_first(method: str, what: str) -> str:
-    return (f"{method}: the inputs have no batch dims (batch_size=[]), so the model runs on the sample as a batch of "
+def _not_batch_first(caller: str, what: str) -> str:
+    return (f"{caller}: the inputs have no batch dims (batch_size=[]), so the model runs on the sample as a batch of "
             f"one (NOTE [unbatched inputs]), and this model {what}: it does not read a leading dim as the batch "
             "(e.g. nn.MultiheadAttention or nn.TransformerEncoderLayer with batch_first=False given [T, D], or a "
             "forward that reduces over dim 0). Give the inputs the batch dim the model reads as the batch, and "

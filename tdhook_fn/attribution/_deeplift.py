@@ -30,12 +30,12 @@ __all__ = ["deeplift", "layer_deeplift"]
 
 
 
-def _check(method: str, f: Any, eps: float) -> Functional:
+def _check(caller: str, f: Any, eps: float) -> Functional:
     if not isinstance(f, Functional):
-        raise TypeError(f"{method} needs f to be a tdhook_fn.Functional (it puts the rescale rule on f.model's "
+        raise TypeError(f"{caller} needs f to be a tdhook_fn.Functional (it puts the rescale rule on f.model's "
                         "nonlinearities); build it with tdhook_fn.functional(model)")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"{method}: eps must be a number >= 0, got {eps!r}")
+        raise ValueError(f"{caller}: eps must be a number >= 0, got {eps!r}")
     return f
 
 
@@ -51,10 +51,10 @@ def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase
     return all(all(s == 0 for s in cast(torch.Tensor, v).stride()[:dims]) for v in starts.values(True, True))
 
 
-def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], method: str,
+def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], caller: str,
              carried: bool) -> tuple[TensorDictBase, TensorDictBase]:
     """The inputs' rows, then the references' (one, or one per sample), flat; and the references ``[*B]``."""
-    starts = path_starts(inputs, baselines, keys, method)
+    starts = path_starts(inputs, baselines, keys, caller)
     flat = inputs.reshape(-1)
     if _shared(inputs, baselines, starts, carried):
         lead = inputs.batch_dims
@@ -106,7 +106,7 @@ def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.
     return unflatten(t.narrow(lead, 0, n), lead, batch)
 
 
-def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
                  target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
                  multiply: bool = False) -> tuple[TensorDict, TensorDictBase | None, TensorDictBase | None]:
     """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the references, the stacked inputs (``None``: walked).
@@ -115,16 +115,16 @@ def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDict
     ``multiply``: the walk may hand back the multipliers times ``inputs - references``
     already, in one step; then the references are ``None``.
     """
-    fn = _check(method, f, eps)
+    fn = _check(caller, f, eps)
     batch = inputs.batch_size
     n = batch.numel()
     lead = 1 if per_target else 0
     if not layers and len(keys) == 1 and untransformed() and set(inputs.keys(True, True)) == set(keys):
-        walked = _walked(method, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
+        walked = _walked(caller, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
         if walked is not None:
             return walked
     carried = needs_reference_gradients(fn.model)
-    stacked, starts = _stacked(inputs, baselines, keys, method, carried)
+    stacked, starts = _stacked(inputs, baselines, keys, caller, carried)
     maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
                rules=rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target, layers=layers,
                use_inputs=not layers, input_keys=list(keys), warn_on_missing_rule=False)
@@ -134,7 +134,7 @@ def _multipliers(method: str, f: Any, params: TensorDictBase, inputs: TensorDict
     return out, starts, stacked
 
 
-def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
             target: Target, eps: float, per_target: bool, key: NestedKey, multiply: bool,
             ) -> tuple[TensorDict, TensorDictBase | None, None] | None:
     """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain.
@@ -142,9 +142,9 @@ def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     With ``multiply``, the multipliers times ``inputs - references``, and no references.
     """
     plan = deeplift_plan(f)
-    check_call(method, f, params, inputs, (key,), target, modes=plan is None)
+    check_call(caller, f, params, inputs, (key,), target, modes=plan is None)
     if plan is not None:
-        plan.check_modes(f.model, method)
+        plan.check_modes(f.model, caller)
     if plan is None or plan.links is None:
         return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
@@ -154,7 +154,7 @@ def _walked(method: str, f: Functional, params: TensorDictBase, inputs: TensorDi
         b = x.new_full((), float(baselines))
         reference = b.expand((1, *x.shape[lead:]))
     else:
-        starts = path_starts(inputs, baselines, (key,), method)
+        starts = path_starts(inputs, baselines, (key,), caller)
         b = starts.get(key)
         reference = b.reshape(-1, *b.shape[lead:])
         if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)

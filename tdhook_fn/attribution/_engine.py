@@ -254,7 +254,7 @@ def gradients(
     cotangents: Cotangents | None = None,
     use_outputs: bool = True,
     layer_calls: Mapping[str, int] | None = None,
-    method: str = "attribution",
+    caller: str = "attribution",
     checked: bool = False,
 ) -> Gradients:
     """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].
@@ -264,14 +264,15 @@ def gradients(
     integrated gradients interpolates there). An int or tuple ``target`` indexes the
     single output of ``f`` (extra input keys and target layers do not count).
     ``layer_calls`` picks the run of a layer whose module runs more than once (NOTE
-    [modules that run more than once]); ``method`` names the caller in errors. ``checked``:
-    the caller ran `check_call` on its own arguments and checked the attributed keys
-    (methods calling this once per chunk of points or copies), so it is not run again.
+    [modules that run more than once]); ``caller``, the public function's name, starts its
+    errors. ``checked``: the caller ran `check_call` on its own arguments and checked the
+    attributed keys (methods calling this once per chunk of points or copies), so it is not
+    run again.
     """
     if not checked:
-        check_call(method, f, params, inputs, input_keys, target)
+        check_call(caller, f, params, inputs, input_keys, target)
     if per_target and cotangents is not None:
-        raise ValueError(f"{method}: per_target and cotangents exclude each other (cotangents say what is put in at "
+        raise ValueError(f"{caller}: per_target and cotangents exclude each other (cotangents say what is put in at "
                          "the targets, per_target puts in one one-hot per target); give one of them")
     layers = dict(layers or {})
     tappable = f if isinstance(f, Functional) else _tappable(f, bool(layers or target_layers or taps))
@@ -304,7 +305,7 @@ def gradients(
             if not paths and not target_layers:  # (input maps only: nothing to count or read, on every call)
                 return _offer(out, private, None, extras, batch, use_outputs, target, check=True), []
             check_runs(paths, specs, runs)
-            check_target_layer_runs(method, target_layers, target_runs)
+            check_target_layer_runs(caller, target_layers, target_runs)
             acts = [out.get(_act_key(i)) for i in range(len(paths))]
             return _offer(out, private, _seen(out, target_layers), extras, batch, use_outputs, target, check=True), acts
 
@@ -318,7 +319,7 @@ def gradients(
     if tappable is None or not paths:
         values, pullback, acts = attempt([])
     else:
-        values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, method,
+        values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, caller,
                                             attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
     # one pullback: the graph is freed as it goes (NOTE [eager vjp])
@@ -387,15 +388,15 @@ def target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap
     return [*(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *run_counters(target_layers, runs)]
 
 
-def check_target_layer_runs(method: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
+def check_target_layer_runs(caller: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
     """A target layer's module must run once: a capture of a module run twice would hold its last run."""
     if torch.compiler.is_compiling():
         return
     for path, n in zip(target_layers, runs, strict=True):
         if n == 0:
-            raise ValueError(f"{method}: target layer {path!r} never ran in the forward")
+            raise ValueError(f"{caller}: target layer {path!r} never ran in the forward")
         if n > 1:
-            raise ValueError(f"{method}: target layer {path!r} ran {n} times in one forward; a target layer must run "
+            raise ValueError(f"{caller}: target layer {path!r} ran {n} times in one forward; a target layer must run "
                              "once (the target would read one of its runs silently); read that run with a target "
                              "callable over a capture tap instead")
 

@@ -17,7 +17,7 @@ from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_vi
 
 __all__ = ["feature_ablation"]
 
-_METHOD = "feature_ablation"
+_CALLER = "feature_ablation"
 
 
 @accepts_tensors
@@ -81,18 +81,18 @@ def feature_ablation(
         >>> torch.allclose(per_sample["input"], feature_ablation(f, p, x, target=1)["input"], atol=1e-6)
         True
     """
-    keys = checked_keys(_METHOD, f, params, inputs, target, input_keys, chunk_size)
+    keys = checked_keys(_CALLER, f, params, inputs, target, input_keys, chunk_size)
     batch = inputs.batch_size
-    starts = flat_baselines(_METHOD, inputs, baselines, keys)
+    starts = flat_baselines(_CALLER, inputs, baselines, keys)
     flat = inputs.reshape(-1)
-    groups = features(_METHOD, inputs, keys, feature_mask)
+    groups = features(_CALLER, inputs, keys, feature_mask)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
 
     def build(lo: int, hi: int) -> dict[NestedKey, torch.Tensor]:
         return {key: torch.where(selected(groups.positions[key], lo, hi), starts[key], xs[key]) for key in keys}
 
     values = evaluate(f, params, flat, target, rows=len(groups.ids) + 1, build=build, chunk_size=chunk_size,
-                      per_target=per_target, method=_METHOD,
+                      per_target=per_target, caller=_CALLER,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
     return groups.maps(change, keys, batch, per_target)

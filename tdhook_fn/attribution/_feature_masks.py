@@ -44,7 +44,7 @@ class Features:
         return as_maps({key: spread(values, self.positions[key], n) for key in keys}, batch, per_target)
 
 
-def features(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey], feature_mask: FeatureMask, *,
+def features(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey], feature_mask: FeatureMask, *,
              dense: bool = False) -> Features:
     """The features of ``inputs``' ``keys`` under ``feature_mask``; NOTE [feature masks].
 
@@ -53,12 +53,12 @@ def features(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey], fea
     """
     if feature_mask is None:
         return _default(inputs, keys)
-    masks = _per_key(method, feature_mask, keys)
-    flat = {key: _flat_mask(method, key, masks[key], inputs.get(key), inputs.batch_dims) for key in keys}
+    masks = _per_key(caller, feature_mask, keys)
+    flat = {key: _flat_mask(caller, key, masks[key], inputs.get(key), inputs.batch_dims) for key in keys}
     every = torch.cat([m.reshape(-1) for m in flat.values()])
     if dense:
         if bool((every < 0).any()):
-            raise ValueError(f"{method}: feature_mask holds negative ids; number the features 0, 1, 2, ...")
+            raise ValueError(f"{caller}: feature_mask holds negative ids; number the features 0, 1, 2, ...")
         ids = torch.arange(int(every.max()) + 1, device=every.device)
         return Features(ids, flat)
     ids = torch.unique(every)
@@ -77,10 +77,10 @@ def _default(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> Features:
     return Features(torch.arange(offset, device=device), positions)
 
 
-def _per_key(method: str, feature_mask: FeatureMask, keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
+def _per_key(caller: str, feature_mask: FeatureMask, keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
     if isinstance(feature_mask, torch.Tensor):
         if len(keys) != 1:
-            raise TypeError(f"{method}: a tensor feature_mask fits one perturbed input, but {len(keys)} are "
+            raise TypeError(f"{caller}: a tensor feature_mask fits one perturbed input, but {len(keys)} are "
                             f"perturbed {list(keys)}; pass a TensorDict (or dict) with a mask per key")
         return {keys[0]: feature_mask}
     if isinstance(feature_mask, TensorDictBase):
@@ -88,29 +88,29 @@ def _per_key(method: str, feature_mask: FeatureMask, keys: Sequence[NestedKey]) 
     elif isinstance(feature_mask, Mapping):
         given = dict(feature_mask)
     else:
-        raise TypeError(f"{method}: feature_mask must be a tensor, a TensorDict or a dict of tensors, got "
+        raise TypeError(f"{caller}: feature_mask must be a tensor, a TensorDict or a dict of tensors, got "
                         f"{type(feature_mask).__name__}")
-    check_no_extra(method, "feature_mask", given, keys)
+    check_no_extra(caller, "feature_mask", given, keys)
     missing = [key for key in keys if key not in given]
     if missing:
-        raise KeyError(f"{method}: feature_mask has no mask for input {missing[0]!r}; give one for every "
+        raise KeyError(f"{caller}: feature_mask has no mask for input {missing[0]!r}; give one for every "
                        f"perturbed input {list(keys)} (or name them with input_keys=[...])")
     return given
 
 
-def _flat_mask(method: str, key: NestedKey, mask: torch.Tensor, x: torch.Tensor, batch_dims: int) -> torch.Tensor:
+def _flat_mask(caller: str, key: NestedKey, mask: torch.Tensor, x: torch.Tensor, batch_dims: int) -> torch.Tensor:
     """``mask`` as positions ``[N, *feat]``, or ``[1, *feat]`` where every sample shares it."""
     if not isinstance(mask, torch.Tensor) or mask.is_floating_point() or mask.is_complex() \
             or mask.dtype == torch.bool:
         kind = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"{method}: feature_mask {key!r} must hold integer feature ids, got {kind}; convert "
+        raise TypeError(f"{caller}: feature_mask {key!r} must hold integer feature ids, got {kind}; convert "
                         "whole numbers with .long()")
     while mask.dim() > x.dim() and mask.shape[0] == 1:  # (captum's [1, *feat] for a sample without batch dims)
         mask = mask[0]
     try:
         full = torch.broadcast_to(mask, x.shape)
     except RuntimeError:
-        raise ValueError(f"{method}: feature_mask {key!r} has shape {list(mask.shape)}, which does not broadcast to "
+        raise ValueError(f"{caller}: feature_mask {key!r} has shape {list(mask.shape)}, which does not broadcast to "
                          f"the input's {list(x.shape)}; give one sample's shape {list(x.shape[batch_dims:])} or "
                          "the input's") from None
     feature_dims = x.dim() - batch_dims

@@ -16,7 +16,7 @@ from ._perturbation import checked_keys, evaluate, per_sample_views
 
 __all__ = ["feature_permutation"]
 
-_METHOD = "feature_permutation"
+_CALLER = "feature_permutation"
 
 
 def _permutations(n: int, count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -98,14 +98,14 @@ def feature_permutation(
         >>> feature_permutation(f, p, x, target=(0, 1), per_target=True).shape
         torch.Size([2, 6, 4])
     """
-    keys = checked_keys(_METHOD, f, params, inputs, target, input_keys, chunk_size)
+    keys = checked_keys(_CALLER, f, params, inputs, target, input_keys, chunk_size)
     batch = inputs.batch_size
     n = batch.numel()
     if n < 2:
-        raise ValueError(f"{_METHOD}: the inputs hold {n} sample(s) (batch_size={list(batch)}); a feature is "
+        raise ValueError(f"{_CALLER}: the inputs hold {n} sample(s) (batch_size={list(batch)}); a feature is "
                          "permuted across the samples, so give a batch of at least two")
     flat = inputs.reshape(-1)
-    groups = features(_METHOD, inputs, keys, feature_mask)
+    groups = features(_CALLER, inputs, keys, feature_mask)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
     device = xs[keys[0]].device
     perms = torch.cat([torch.arange(n, device=device)[None],
@@ -120,6 +120,6 @@ def feature_permutation(
         return out
 
     values = evaluate(f, params, flat, target, rows=len(groups.ids) + 1, build=build, chunk_size=chunk_size,
-                      per_target=per_target, method=_METHOD)
+                      per_target=per_target, caller=_CALLER)
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, P]
     return groups.maps(change, keys, batch, per_target)

@@ -121,7 +121,7 @@ def grad_cam(
     result = gradients(
         f, params, inputs, target, input_keys=(), layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
-        layer_calls=layer_calls, method="grad_cam",
+        layer_calls=layer_calls, caller="grad_cam",
     )
     lead = len(result.grads.batch_size) - len(inputs.batch_size)
     offset = len(result.grads.batch_size)

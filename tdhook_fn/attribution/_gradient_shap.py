@@ -131,7 +131,7 @@ def gradient_shap(
         ends, starts, points = _path(inputs, refs, keys, drawn, k)
         # the maps are [*T, N * k] (NOTE [flat copies])
         grads = gradients(f, params, flat_copies(inputs, k, points), flat_target(target, batch, k), input_keys=keys,
-                          per_target=per_target, method="gradient_shap", checked=True).grads
+                          per_target=per_target, caller="gradient_shap", checked=True).grads
         if multiply_by_inputs:  # by x + e - b, the copies' own difference
             grads = scaled(grads, {key: _flat(ends[key] - starts[key], len(batch)) for key in keys})
         lead = list(grads.batch_size[:-1])  # [T] with per_target

@@ -27,7 +27,7 @@ from ._metric_samples import (
 __all__ = ["infidelity"]
 
 PerturbFn = Callable[..., Any]
-_METHOD = "infidelity"
+_CALLER = "infidelity"
 
 
 def infidelity(
@@ -101,14 +101,14 @@ def infidelity(
         ...            randomness="different")(x, attr).shape
         torch.Size([5])
     """
-    check_count(_METHOD, "n_perturb_samples", n_perturb_samples)
-    check_count(_METHOD, "chunk_size", chunk_size, optional=True)
+    check_count(_CALLER, "n_perturb_samples", n_perturb_samples)
+    check_count(_CALLER, "chunk_size", chunk_size, optional=True)
     td, attrs, perturb = _as_tensordicts(f, perturb_func, inputs, attributions, baselines)
-    check_call(_METHOD, f, params, td, (), target)
-    check_target(target, td.batch_size, _METHOD)
+    check_call(_CALLER, f, params, td, (), target)
+    check_target(target, td.batch_size, _CALLER)
     _check_attributions(td, attrs)
     if baselines is not None and isinstance(baselines, TensorDictBase) and baselines.batch_size != td.batch_size:
-        raise ValueError(f"{_METHOD}: baselines have batch size {list(baselines.batch_size)}, the inputs "
+        raise ValueError(f"{_CALLER}: baselines have batch size {list(baselines.batch_size)}, the inputs "
                          f"{list(td.batch_size)}; give one baseline per sample (or a number)")
     before: torch.Tensor | None = None
     sums: tuple[torch.Tensor, ...] | None = None
@@ -138,7 +138,7 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     offered = TensorDict(views, batch_size=[*batch, k])  # (a perturb_func setting entries leaves the copies alone)
     given = perturb(offered) if baselines is None else perturb(offered, _repeated_baselines(baselines, k))
     if not isinstance(given, (tuple, list)) or len(given) != 2:
-        raise TypeError(f"{_METHOD}: perturb_func must return (perturbations, perturbed_inputs), got "
+        raise TypeError(f"{_CALLER}: perturb_func must return (perturbations, perturbed_inputs), got "
                         f"{type(given).__name__}")
     perturbations, moved = given
     first = before is None
@@ -162,7 +162,7 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
 def _feed(td: TensorDictBase, copies: TensorDictBase, moved: Any, first: bool) -> TensorDictBase:
     """What ``f`` runs on, flat ``[N * (k (+ 1))]``: the copies with the perturbed entries in place, and the
     inputs themselves as copy 0 where ``first`` (NOTE [flat copies])."""
-    replaced = dict(checked_perturbed(_METHOD, copies, moved))
+    replaced = dict(checked_perturbed(_CALLER, copies, moved))
     if first:
         dims = td.batch_dims
         replaced = {key: torch.cat([cast(torch.Tensor, td.get(key)).unsqueeze(dims), value], dims)
@@ -173,17 +173,17 @@ def _feed(td: TensorDictBase, copies: TensorDictBase, moved: Any, first: bool) -
 def _dots(attrs: TensorDictBase, perturbations: Any, copies: TensorDictBase) -> torch.Tensor:
     """``I . attr`` per (sample, copy), summed over every attributed key: ``[*B, k]``."""
     if not isinstance(perturbations, TensorDictBase):
-        raise TypeError(f"{_METHOD}: perturb_func must return the perturbations as a TensorDict, got "
+        raise TypeError(f"{_CALLER}: perturb_func must return the perturbations as a TensorDict, got "
                         f"{type(perturbations).__name__}")
     batch = copies.batch_size
     total: torch.Tensor | None = None
     for key, attr in attrs.items(True, True):
         pert = perturbations.get(key, None)
         if pert is None:
-            raise KeyError(f"{_METHOD}: perturb_func returned no perturbation of the attributed input {key!r} "
+            raise KeyError(f"{_CALLER}: perturb_func returned no perturbation of the attributed input {key!r} "
                            f"(it returned {list(perturbations.keys(True, True))})")
         if pert.shape != copies.get(key).shape:
-            raise ValueError(f"{_METHOD}: perturb_func returned a perturbation of {key!r} of shape "
+            raise ValueError(f"{_CALLER}: perturb_func returned a perturbation of {key!r} of shape "
                              f"{list(pert.shape)}; the inputs it was given have shape {list(copies.get(key).shape)}")
         dot = (attr.unsqueeze(attrs.batch_dims) * pert).reshape(*batch, -1).sum(-1)
         total = dot if total is None else total + dot
@@ -198,7 +198,7 @@ def _scalar(values: TensorDictBase, batch: torch.Size) -> torch.Tensor:
         one = cast(torch.Tensor, value).reshape(*batch, -1).sum(-1)
         total = one if total is None else total + one
     if total is None:
-        raise ValueError(f"{_METHOD}: the target selected no value")
+        raise ValueError(f"{_CALLER}: the target selected no value")
     return total
 
 
@@ -208,17 +208,17 @@ def _repeated_baselines(baselines: Any, k: int) -> Any:
 
 def _check_attributions(td: TensorDictBase, attrs: Any) -> None:
     if not isinstance(attrs, TensorDictBase):
-        raise TypeError(f"{_METHOD}: attributions must be a TensorDict keyed like the inputs (a tensor for tensor "
+        raise TypeError(f"{_CALLER}: attributions must be a TensorDict keyed like the inputs (a tensor for tensor "
                         f"inputs), got {type(attrs).__name__}")
     if attrs.is_empty():
-        raise ValueError(f"{_METHOD}: attributions hold no entry; give the map of at least one input")
+        raise ValueError(f"{_CALLER}: attributions hold no entry; give the map of at least one input")
     if attrs.batch_size != td.batch_size:
-        raise ValueError(f"{_METHOD}: attributions have batch size {list(attrs.batch_size)}, the inputs "
+        raise ValueError(f"{_CALLER}: attributions have batch size {list(attrs.batch_size)}, the inputs "
                          f"{list(td.batch_size)}; give the maps the inputs' batch size (what the attribution "
                          "methods return)")
-    for key, attr, value in input_leaves(_METHOD, "attributions hold", attrs, td):
+    for key, attr, value in input_leaves(_CALLER, "attributions hold", attrs, td):
         if attr.shape != value.shape:
-            raise ValueError(f"{_METHOD}: attributions {key!r} have shape {list(attr.shape)}, the input "
+            raise ValueError(f"{_CALLER}: attributions {key!r} have shape {list(attr.shape)}, the input "
                              f"{list(value.shape)}; give one map per input, shaped like it (per_target maps: "
                              "one call per target)")
 
@@ -227,16 +227,16 @@ def _as_tensordicts(f: Any, perturb_func: PerturbFn, inputs: Any, attributions: 
                     baselines: Any) -> tuple[TensorDictBase, Any, PerturbFn]:
     """Tensor inputs (captum's calls) as TensorDicts, with ``perturb_func`` seeing tensors as in captum."""
     if not callable(perturb_func):
-        raise TypeError(f"{_METHOD}: perturb_func must be callable, got {type(perturb_func).__name__}")
+        raise TypeError(f"{_CALLER}: perturb_func must be callable, got {type(perturb_func).__name__}")
     if not isinstance(inputs, torch.Tensor):
         return inputs, attributions, perturb_func
-    td = tensor_inputs(_METHOD, f, inputs)
+    td = tensor_inputs(_CALLER, f, inputs)
     key = next(iter(td.keys(True, True)))
     if not isinstance(attributions, torch.Tensor):
-        raise TypeError(f"{_METHOD}: inputs is a tensor, so attributions must be one too, got "
+        raise TypeError(f"{_CALLER}: inputs is a tensor, so attributions must be one too, got "
                         f"{type(attributions).__name__}")
     if isinstance(baselines, TensorDictBase):
-        raise TypeError(f"{_METHOD}: inputs is a tensor, so baselines must be a tensor or a number, not a TensorDict")
+        raise TypeError(f"{_CALLER}: inputs is a tensor, so baselines must be a tensor or a number, not a TensorDict")
     attrs = TensorDict({key: attributions}, batch_size=td.batch_size)
     return td, attrs, _on_tensors(perturb_func, key, len(inputs))
 
@@ -251,14 +251,14 @@ def _on_tensors(perturb_func: PerturbFn, key: NestedKey, n: int) -> PerturbFn:
                 for b in baselines]
         given = perturb_func(x.reshape(n * k, *x.shape[2:]), *rest)
         if not isinstance(given, (tuple, list)) or len(given) != 2:
-            raise TypeError(f"{_METHOD}: perturb_func must return (perturbations, perturbed_inputs), got "
+            raise TypeError(f"{_CALLER}: perturb_func must return (perturbations, perturbed_inputs), got "
                             f"{type(given).__name__}")
         out = []
         for name, t in zip(("perturbations", "perturbed inputs"), given, strict=True):
             if isinstance(t, tuple) and len(t) == 1:  # (captum's decorator returns one-tuples)
                 t = t[0]
             if not isinstance(t, torch.Tensor) or t.numel() != x.numel():
-                raise ValueError(f"{_METHOD}: perturb_func must return {name} shaped like the inputs it was given, "
+                raise ValueError(f"{_CALLER}: perturb_func must return {name} shaped like the inputs it was given, "
                                  f"{[n * k, *x.shape[2:]]}, got {getattr(t, 'shape', type(t).__name__)}")
             out.append(TensorDict({key: t.reshape(x.shape)}, batch_size=copies.batch_size))
         return out[0], out[1]

@@ -63,18 +63,18 @@ def accepts_tensors(
     return wrapper
 
 
-def tensor_inputs(method: str, f: Any, x: torch.Tensor) -> TensorDict:
+def tensor_inputs(caller: str, f: Any, x: torch.Tensor) -> TensorDict:
     keys = tuple(getattr(f, "in_keys", None) or ("input",))
     if len(keys) != 1:
-        raise TypeError(f"{method}: inputs is a tensor, but f reads {len(keys)} inputs {list(keys)}; pass a "
+        raise TypeError(f"{caller}: inputs is a tensor, but f reads {len(keys)} inputs {list(keys)}; pass a "
                         f"TensorDict holding each of them")
     if x.dim() == 0:
-        raise ValueError(f"{method}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
+        raise ValueError(f"{caller}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
                          "got a 0-d tensor; for one sample pass x.unsqueeze(0)")
     return TensorDict({keys[0]: x}, batch_size=x.shape[:1])
 
 
-def _only_map(method: str, result: Any) -> torch.Tensor:
+def _only_map(caller: str, result: Any) -> torch.Tensor:
     if type(result) is TensorDict:  # (the common result, read directly: this runs on every call)
         found = leaves(result)
         if len(found) == 1:
@@ -83,6 +83,6 @@ def _only_map(method: str, result: Any) -> torch.Tensor:
                 return value
     keys = list(result.keys(True, True))
     if len(keys) != 1:
-        raise ValueError(f"{method}: inputs is a tensor, so the result is one tensor, but this call gives "
+        raise ValueError(f"{caller}: inputs is a tensor, so the result is one tensor, but this call gives "
                          f"{len(keys)} maps {keys}; pass inputs as a TensorDict to get them all")
     return cast(torch.Tensor, result.get(keys[0]))

@@ -166,12 +166,12 @@ def integrated_gradients(
         total, dtypes = gradients_along_path(
             f, params, inputs, base, path_keys, target, layers=layers, alphas=alphas, weights=steps,
             input_keys=keys, per_target=per_target, chunk_size=chunk_size, layer_calls=layer_calls, taps=all_taps,
-            target_layers=target_layers, cotangents=cotangents, method="integrated_gradients")
+            target_layers=target_layers, cotangents=cotangents, caller="integrated_gradients")
     else:
         ends = _layer_ends(f, params, inputs, base, layers, all_taps, layer_calls) if in_layer_space else {}
         options: dict[str, Any] = dict(
             input_keys=keys, target_layers=target_layers, taps=all_taps, per_target=per_target,
-            cotangents=cotangents, layer_calls=layer_calls, method="integrated_gradients", checked=True)
+            cotangents=cotangents, layer_calls=layer_calls, caller="integrated_gradients", checked=True)
         summed: TensorDict | None = None
         size = chunk_size or n_steps
         for start in range(0, n_steps, size):

@@ -17,7 +17,7 @@ from ._quadrature import in_dtypes, quadrature
 
 __all__ = ["internal_influence"]
 
-_NAME = "internal_influence"
+_CALLER = "internal_influence"
 
 
 @accepts_tensors
@@ -83,16 +83,16 @@ def internal_influence(
         >>> torch.allclose(attr["[1]"], net[2].weight[1].expand(5, 4))  # the last layer is linear
         True
     """
-    check_layer_paths(_NAME, layers)
-    check_steps(_NAME, n_steps, least=1)
-    check_chunk_size(_NAME, chunk_size)
+    check_layer_paths(_CALLER, layers)
+    check_steps(_CALLER, n_steps, least=1)
+    check_chunk_size(_CALLER, chunk_size)
     alphas, steps = quadrature(method, n_steps)
-    keys, base = checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)
+    keys, base = checked_path_ends(_CALLER, f, params, inputs, baselines, target, input_keys)
     if not isinstance(f, Functional):
-        raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
+        raise TypeError(f"{_CALLER}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
                         "f, params = tdhook_fn.pure(model)")
     # integrated gradients read at the layers while the inputs move, without input maps: one mechanism
     total, dtypes = gradients_along_path(f, params, inputs, base, keys, target, layers=layers, alphas=alphas,
                                          weights=steps, per_target=per_target, chunk_size=chunk_size,
-                                         layer_calls=layer_calls, method=_NAME)
+                                         layer_calls=layer_calls, caller=_CALLER)
     return in_dtypes(total, dtypes)  # half precision: summed in float32

@@ -17,7 +17,7 @@ from ._surrogate_fit import least_squares
 
 __all__ = ["kernel_shap", "shapley_kernel_samples"]
 
-_METHOD = "kernel_shap"
+_CALLER = "kernel_shap"
 _END_WEIGHT = 1e6  # captum's stand-in for the infinite weight of the empty and the full coalition
 
 
@@ -96,11 +96,11 @@ def kernel_shap(
         >>> torch.vmap(per_sample, randomness="different")(x).shape
         torch.Size([3, 4])
     """
-    surrogate = prepare(_METHOD, f, params, inputs, baselines, target, feature_mask, input_keys, chunk_size)
+    surrogate = prepare(_CALLER, f, params, inputs, baselines, target, feature_mask, input_keys, chunk_size)
     n_features = surrogate.n_features
-    samples = interpretable_samples(_METHOD, surrogate, samples, n_samples,
+    samples = interpretable_samples(_CALLER, surrogate, samples, n_samples,
                                     lambda batch, n: shapley_kernel_samples(n_features, n, batch, generator=generator))
-    values, _ = evaluate(_METHOD, f, params, surrogate, samples, target, per_target, chunk_size)
+    values, _ = evaluate(_CALLER, f, params, surrogate, samples, target, per_target, chunk_size)
     sizes = samples.sum(-1)
     ends = (sizes == 0) | (sizes == n_features)
     weights = torch.where(ends, _END_WEIGHT, 1.0).to(values.dtype)
@@ -133,7 +133,7 @@ def shapley_kernel_samples(n_features: int, n_samples: int, batch: Sequence[int]
         True
     """
     if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 2:
-        raise ValueError(f"{_METHOD}: needs at least 2 features to sample coalitions, got {n_features!r}; with "
+        raise ValueError(f"{_CALLER}: needs at least 2 features to sample coalitions, got {n_features!r}; with "
                          "one feature its Shapley value is F(x) - F(baseline)")
     batch = tuple(batch)
     ends = torch.stack([torch.ones(n_features, dtype=torch.bool), torch.zeros(n_features, dtype=torch.bool)])

@@ -33,7 +33,7 @@ from ._quadrature import path_points, quadrature, wide
 
 __all__ = ["layer_conductance"]
 
-_NAME = "layer_conductance"
+_CALLER = "layer_conductance"
 
 
 @accepts_tensors
@@ -115,13 +115,13 @@ def layer_conductance(
         >>> torch.allclose(per_sample["[1]"], layer_conductance(f, p, x, target=1, layers=["[1]"])["[1]"])
         True
     """
-    check_layer_paths(_NAME, layers)
-    check_steps(_NAME, n_steps, least=1)
-    check_chunk_size(_NAME, chunk_size)
+    check_layer_paths(_CALLER, layers)
+    check_steps(_CALLER, n_steps, least=1)
+    check_chunk_size(_CALLER, chunk_size)
     alphas, _ = quadrature(method, n_steps + 1)
-    keys, base = checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)
+    keys, base = checked_path_ends(_CALLER, f, params, inputs, baselines, target, input_keys)
     if not isinstance(f, Functional):
-        raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
+        raise TypeError(f"{_CALLER}: f must be a tdhook_fn.Functional (layers are read through taps); build it with "
                         "f, params = tdhook_fn.pure(model)")
     maps = _summed_shares(f, params, inputs, base, keys, target, layers, alphas, per_target, chunk_size,
                           dict(layer_calls or {}))
@@ -146,7 +146,7 @@ def _summed_shares(f: Functional, params: TensorDictBase, inputs: TensorDictBase
     for start in range(0, len(alphas), size):
         points = path_points(inputs, base, keys, alphas[start:start + size])
         # see NOTE [two pullbacks of one forward]
-        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _NAME)
+        pulled = layer_pullbacks(f, params, points, target, layers, (), calls, _CALLER)
         cot, lead = seed_cotangents(pulled.values, per_target, None)
         targets = cot.batch_size[0] if lead else 1
         steps = {}  # y(a_{k+1}) - y(a_k): one per layer and chunk, for every target

@@ -58,7 +58,7 @@ class Pullbacks:
 
 def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBase, target: Target,
                     layers: Sequence[str], keys: Sequence[NestedKey], calls: Mapping[str, int],
-                    method: str, *, taps: Sequence[Tap] = (), target_layers: Sequence[str] = ()) -> Pullbacks:
+                    caller: str, *, taps: Sequence[Tap] = (), target_layers: Sequence[str] = ()) -> Pullbacks:
     """Run ``f`` once on ``points`` (flattened) with ``layers`` read and perturbed; see the NOTE.
 
     ``keys`` are the inputs differentiated (none for layer conductance); ``taps`` further
@@ -83,7 +83,7 @@ def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBas
                 own = [*_kept_sums(layers, primals[1], specs, kept), *run_counters(layers, runs)]
             out = f.with_taps(*own, *target_layer_taps(target_layers, target_runs), *taps)(params, feed)
             check_runs(layers, specs, runs)
-            check_target_layer_runs(method, target_layers, target_runs)
+            check_target_layer_runs(caller, target_layers, target_runs)
             if kept is not None:
                 return offered_targets(f, out, flat, keys, batch, target, target_layers), [act for act, _ in kept]
             acts = [out.get(n) for n in names]
@@ -91,7 +91,7 @@ def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBas
 
         return _pullbacks(forward, flat.select(*keys), specs, device, (params, flat))
 
-    return with_specs(f.with_taps(*taps) if taps else f, params, flat, layers, calls, method, attempt)
+    return with_specs(f.with_taps(*taps) if taps else f, params, flat, layers, calls, caller, attempt)
 
 
 def _pullbacks(forward: Forward, inputs: TensorDictBase, specs: Sequence[LayerSpec], device: torch.device | None,

@@ -61,7 +61,7 @@ class StaleSpec(Exception):
 
 
 def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
-                layer_calls: Mapping[str, int] | None = None, *, method: str = "attribution") -> list[LayerSpec]:
+                layer_calls: Mapping[str, int] | None = None, *, caller: str = "attribution") -> list[LayerSpec]:
     """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute)."""
     # NOTE [modules that run more than once]
     # A module called several times in one forward (a shared block, a weight-tied layer) has
@@ -75,7 +75,7 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
         def record(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
-                    f"{method}: layer {path!r} outputs a {type(value).__name__}, not a tensor; attribute a "
+                    f"{caller}: layer {path!r} outputs a {type(value).__name__}, not a tensor; attribute a "
                     "submodule whose output is one tensor (for a block returning a tuple, one of its sublayers)"
                 )
             seen[path].append((value.shape, value.dtype))
@@ -85,7 +85,7 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
     wanted = dict(layer_calls or {})
     unknown = sorted(set(wanted) - set(paths))
     if unknown:
-        raise ValueError(f"{method}: layer_calls names {unknown}, which are not among the layers {list(paths)}")
+        raise ValueError(f"{caller}: layer_calls names {unknown}, which are not among the layers {list(paths)}")
     probe = f.with_taps(*(Tap(p, "capture", recorder(p), key=f"_tdhook_fn_probe_{i}") for i, p in enumerate(paths)))
 
     def reset() -> None:
@@ -95,11 +95,11 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
     on_meta(probe, params, td, reset=reset)
     specs = []
     for path in paths:
-        call = _chosen_run(method, path, len(seen[path]), wanted.get(path))
+        call = _chosen_run(caller, path, len(seen[path]), wanted.get(path))
         shape, dtype = seen[path][call or 0]
         if td.batch_size and shape[:1] != td.batch_size[:1]:
             raise ValueError(
-                f"{method}: layer {path!r} outputs shape {list(shape)}, whose first dim is not the batch "
+                f"{caller}: layer {path!r} outputs shape {list(shape)}, whose first dim is not the batch "
                 f"({td.batch_size[0]}: the batch dims flattened to one): a layer is attributed per sample, "
                 "so its activation needs one row per sample, batch first. A batch-free activation (a positional "
                 "embedding shared by the samples, a layer of a batch_first=False model) cannot be; attribute a "
@@ -109,11 +109,11 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
 
 
 def remembered_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
-                     layer_calls: Mapping[str, int] | None = None, *, method: str = "attribution",
+                     layer_calls: Mapping[str, int] | None = None, *, caller: str = "attribution",
                      fresh: bool = False) -> tuple[list[LayerSpec], bool]:
     """`layer_specs`, remembered per model; and whether they came from memory (to be checked)."""
     if torch.compiler.is_compiling():
-        return layer_specs(f, params, td, paths, layer_calls, method=method), False
+        return layer_specs(f, params, td, paths, layer_calls, caller=caller), False
     inputs = [(k, tuple(v.shape), v.dtype, v.device) for k, v in td.items(True, True) if isinstance(v, torch.Tensor)]
     key = (tuple(paths), tuple(sorted((k, repr(v)) for k, v in (layer_calls or {}).items())), tuple(inputs))
     with _lock:
@@ -122,7 +122,7 @@ def remembered_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, 
         if specs is not None:
             known.move_to_end(key)
             return specs, True
-    specs = layer_specs(f, params, td, paths, layer_calls, method=method)
+    specs = layer_specs(f, params, td, paths, layer_calls, caller=caller)
     with _lock:
         known[key] = specs
         while len(known) > _PER_MODEL:
@@ -131,18 +131,18 @@ def remembered_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, 
 
 
 def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
-               layer_calls: Mapping[str, int] | None, method: str, run: Callable[[list[LayerSpec]], T]) -> T:
+               layer_calls: Mapping[str, int] | None, caller: str, run: Callable[[list[LayerSpec]], T]) -> T:
     """``run(specs)`` with remembered specs; made again with fresh ones where they are stale (see the NOTE)."""
-    specs, remembered = remembered_specs(f, params, td, paths, layer_calls, method=method)
+    specs, remembered = remembered_specs(f, params, td, paths, layer_calls, caller=caller)
     drawn = RandomState() if remembered else None  # NOTE [a forward run again draws the same numbers]
     try:
         return run(specs)
     except StaleSpec as stale:
         if drawn is None:
-            raise RuntimeError(f"{method}: {stale}; the model runs differently from one forward to the next on the "
+            raise RuntimeError(f"{caller}: {stale}; the model runs differently from one forward to the next on the "
                                "same inputs, so its layers cannot be attributed") from stale
         drawn.restore()
-    specs, _ = remembered_specs(f, params, td, paths, layer_calls, method=method, fresh=True)
+    specs, _ = remembered_specs(f, params, td, paths, layer_calls, caller=caller, fresh=True)
     return run(specs)
 
 
@@ -196,20 +196,20 @@ def _counter(runs: list[int], i: int) -> Replace:
     return count
 
 
-def _chosen_run(method: str, path: str, runs: int, wanted: int | None) -> int | None:
+def _chosen_run(caller: str, path: str, runs: int, wanted: int | None) -> int | None:
     if runs == 0:
         raise ValueError(
-            f"{method}: layer {path!r} never ran in the forward (the module exists, but the model's forward does "
+            f"{caller}: layer {path!r} never ran in the forward (the module exists, but the model's forward does "
             "not call it); attribute a module that runs"
         )
     if wanted is None:
         if runs > 1:
             raise ValueError(
-                f"{method}: layer {path!r} runs {runs} times in one forward; say which run to attribute with "
+                f"{caller}: layer {path!r} runs {runs} times in one forward; say which run to attribute with "
                 f"layer_calls={{{path!r}: k}} (0 is the first, -1 the last; gradient and activation both come "
                 "from that run)"
             )
         return None
     if isinstance(wanted, bool) or not isinstance(wanted, int) or not -runs <= wanted < runs:
-        raise ValueError(f"{method}: layer_calls[{path!r}] must be an int in [{-runs}, {runs}), got {wanted!r}")
+        raise ValueError(f"{caller}: layer_calls[{path!r}] must be an int in [{-runs}, {runs}), got {wanted!r}")
     return wanted % runs if runs > 1 else None

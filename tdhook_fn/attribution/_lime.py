@@ -20,7 +20,7 @@ from ._surrogate_fit import FitFn, lasso, least_squares, ridge
 __all__ = ["lime"]
 
 SimilarityFn = Callable[[TensorDictBase, TensorDictBase, torch.Tensor], torch.Tensor]
-_METHOD = "lime"
+_CALLER = "lime"
 _MODELS = ("lasso", "ridge", "linear")
 
 
@@ -118,20 +118,20 @@ def lime(
         >>> bool((attr[:, 0] == attr[:, 1]).all())
         True
     """
-    surrogate = prepare(_METHOD, f, params, inputs, baselines, target, feature_mask, input_keys, chunk_size)
+    surrogate = prepare(_CALLER, f, params, inputs, baselines, target, feature_mask, input_keys, chunk_size)
     fit = _fit_fn(interpretable_model, alpha)
     weigh = similarity_func if similarity_func is not None else _exp_kernel(distance_mode, kernel_width)
     n_features = surrogate.n_features
-    samples = interpretable_samples(_METHOD, surrogate, samples, n_samples,
+    samples = interpretable_samples(_CALLER, surrogate, samples, n_samples,
                                     lambda batch, n: _bernoulli_samples(batch, n, n_features, generator))
-    values, weights = evaluate(_METHOD, f, params, surrogate, samples, target, per_target, chunk_size, weigh)
+    values, weights = evaluate(_CALLER, f, params, surrogate, samples, target, per_target, chunk_size, weigh)
     assert weights is not None
-    check_weights(_METHOD, weights)
+    check_weights(_CALLER, weights)
     coefs = fit(samples.to(values.dtype), values, weights.to(values.dtype))
     expected = (*values.shape[:-2], values.shape[-1], n_features)
     if not isinstance(coefs, torch.Tensor) or coefs.shape != expected:
         got = list(coefs.shape) if isinstance(coefs, torch.Tensor) else type(coefs).__name__
-        raise ValueError(f"{_METHOD}: interpretable_model must return coefficients of shape {list(expected)} "
+        raise ValueError(f"{_CALLER}: interpretable_model must return coefficients of shape {list(expected)} "
                          f"([*B, T, F]), got {got}")
     return maps(surrogate, coefs, per_target)
 
@@ -145,13 +145,13 @@ def _fit_fn(model: Any, alpha: float | None) -> FitFn:
     if callable(model):
         return cast(FitFn, model)
     if model not in _MODELS:
-        raise ValueError(f"{_METHOD}: interpretable_model must be one of {list(_MODELS)} or a callable "
+        raise ValueError(f"{_CALLER}: interpretable_model must be one of {list(_MODELS)} or a callable "
                          f"(X, y, weights) -> coefficients, got {model!r}")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0):
-        raise ValueError(f"{_METHOD}: alpha must be a number >= 0, got {alpha!r}")
+        raise ValueError(f"{_CALLER}: alpha must be a number >= 0, got {alpha!r}")
     if model == "linear":
         if alpha is not None:
-            raise ValueError(f"{_METHOD}: alpha is the penalty of 'lasso' and 'ridge'; the 'linear' model has none")
+            raise ValueError(f"{_CALLER}: alpha is the penalty of 'lasso' and 'ridge'; the 'linear' model has none")
         return least_squares
     if model == "ridge":
         penalty = 1.0 if alpha is None else float(alpha)
@@ -163,9 +163,9 @@ def _fit_fn(model: Any, alpha: float | None) -> FitFn:
 def _exp_kernel(distance_mode: str, kernel_width: float) -> SimilarityFn:
     """captum's default similarity: ``exp(-d^2 / (2 width^2))`` of the distance of the flattened inputs."""
     if distance_mode not in ("cosine", "euclidean"):
-        raise ValueError(f"{_METHOD}: distance_mode must be 'cosine' or 'euclidean', got {distance_mode!r}")
+        raise ValueError(f"{_CALLER}: distance_mode must be 'cosine' or 'euclidean', got {distance_mode!r}")
     if isinstance(kernel_width, bool) or not isinstance(kernel_width, (int, float)) or not kernel_width > 0:
-        raise ValueError(f"{_METHOD}: kernel_width must be a number > 0, got {kernel_width!r}")
+        raise ValueError(f"{_CALLER}: kernel_width must be a number > 0, got {kernel_width!r}")
 
     def similarity(inputs: TensorDictBase, perturbed: TensorDictBase, samples: torch.Tensor) -> torch.Tensor:
         x = _flat(inputs, inputs.batch_dims).unsqueeze(-2)

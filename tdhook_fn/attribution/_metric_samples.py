@@ -40,12 +40,12 @@ __all__ = [
 ]
 
 
-def check_count(method: str, name: str, value: Any, *, optional: bool = False) -> None:
+def check_count(caller: str, name: str, value: Any, *, optional: bool = False) -> None:
     """``value`` must be a positive int (or ``None`` where ``optional``)."""
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{method}: {name} must be a positive int{' or None' if optional else ''}, got {value!r}")
+        raise ValueError(f"{caller}: {name} must be a positive int{' or None' if optional else ''}, got {value!r}")
 
 
 def chunks(n: int, chunk_size: int | None) -> list[int]:
@@ -84,35 +84,35 @@ def repeated_target(target: Any, batch: torch.Size, k: int) -> Any:
     return target
 
 
-def perturbed_feed(method: str, copies: TensorDictBase, perturbed: Any) -> TensorDictBase:
+def perturbed_feed(caller: str, copies: TensorDictBase, perturbed: Any) -> TensorDictBase:
     """The repeated inputs with the entries the perturbation function returned in their place."""
     feed = copies.clone(False)
-    for key, value in checked_perturbed(method, copies, perturbed):
+    for key, value in checked_perturbed(caller, copies, perturbed):
         feed.set(key, value)
     return feed
 
 
-def checked_perturbed(method: str, copies: TensorDictBase, perturbed: Any) -> list[tuple[NestedKey, torch.Tensor]]:
+def checked_perturbed(caller: str, copies: TensorDictBase, perturbed: Any) -> list[tuple[NestedKey, torch.Tensor]]:
     """The entries a perturbation function returned, each an input of the copies and shaped like it."""
     if not isinstance(perturbed, TensorDictBase):
-        raise TypeError(f"{method}: perturb_func must return TensorDicts of perturbed inputs, got "
+        raise TypeError(f"{caller}: perturb_func must return TensorDicts of perturbed inputs, got "
                         f"{type(perturbed).__name__}")
     out = []
-    for key, value, old in input_leaves(method, "perturb_func returned", perturbed, copies):
+    for key, value, old in input_leaves(caller, "perturb_func returned", perturbed, copies):
         if value.shape != old.shape:
-            raise ValueError(f"{method}: perturb_func returned {key!r} of shape {list(value.shape)}; the inputs it "
+            raise ValueError(f"{caller}: perturb_func returned {key!r} of shape {list(value.shape)}; the inputs it "
                              f"was given have shape {list(old.shape)} (batch [*B, k]: k copies of each sample)")
         out.append((key, value))
     return out
 
 
-def input_leaves(method: str, what: str, td: TensorDictBase,
+def input_leaves(caller: str, what: str, td: TensorDictBase,
                  inputs: TensorDictBase) -> Iterator[tuple[NestedKey, torch.Tensor, torch.Tensor]]:
     """``(key, leaf of td, input at key)`` for every leaf of ``td``; a key no input has raises ``KeyError``."""
     for key, value in td.items(True, True):
         old = inputs.get(key, None)
         if old is None:
-            raise KeyError(f"{method}: {what} {key!r}, which is not one of the inputs {list(inputs.keys(True, True))}")
+            raise KeyError(f"{caller}: {what} {key!r}, which is not one of the inputs {list(inputs.keys(True, True))}")
         yield key, cast(torch.Tensor, value), old
 
 

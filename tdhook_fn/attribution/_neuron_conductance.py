@@ -21,7 +21,7 @@ from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
 __all__ = ["neuron_conductance"]
 
 Selector = int | tuple[int | slice, ...] | Callable[[torch.Tensor], torch.Tensor]
-_NAME = "neuron_conductance"
+_CALLER = "neuron_conductance"
 
 
 @accepts_tensors
@@ -101,14 +101,14 @@ def neuron_conductance(
         True
     """
     if not isinstance(layer, str):
-        raise TypeError(f"{_NAME}: layer must be one submodule path (str), got {layer!r}")
+        raise TypeError(f"{_CALLER}: layer must be one submodule path (str), got {layer!r}")
     select = _selector(neuron_selector)
-    check_steps(_NAME, n_steps, least=1)
-    check_chunk_size(_NAME, chunk_size)
+    check_steps(_CALLER, n_steps, least=1)
+    check_chunk_size(_CALLER, chunk_size)
     alphas, steps = quadrature(method, n_steps)
-    keys, base = checked_path_ends(_NAME, f, params, inputs, baselines, target, input_keys)
+    keys, base = checked_path_ends(_CALLER, f, params, inputs, baselines, target, input_keys)
     if not isinstance(f, Functional):
-        raise TypeError(f"{_NAME}: f must be a tdhook_fn.Functional (the layer is read through taps); build it with "
+        raise TypeError(f"{_CALLER}: f must be a tdhook_fn.Functional (the layer is read through taps); build it with "
                         "f, params = tdhook_fn.pure(model)")
     calls = {} if layer_call is None else {layer: layer_call}
     lead = 1 if per_target else 0
@@ -131,7 +131,7 @@ def _neuron_gradients(f: Functional, params: TensorDictBase, points: TensorDictB
     """``dF/dn * dn/dx`` at every point of ``points`` (batch ``[n, *B]``), by input key; ``[T, n, *B]`` per target."""
     batch = points.batch_size
     # see NOTE [two pullbacks of one forward]
-    pulled = layer_pullbacks(f, params, points, target, [layer], keys, calls, _NAME)
+    pulled = layer_pullbacks(f, params, points, target, [layer], keys, calls, _CALLER)
     cot, lead = seed_cotangents(pulled.values, per_target, None)
     (act,) = pulled.acts
     maps = []
@@ -154,18 +154,18 @@ def _selector(neuron_selector: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     index = (neuron_selector,) if isinstance(neuron_selector, int) else neuron_selector
     if (not isinstance(index, tuple) or not index
             or not all(isinstance(i, slice) or (isinstance(i, int) and not isinstance(i, bool)) for i in index)):
-        raise TypeError(f"{_NAME}: neuron_selector must be an int, a tuple of ints and slices (an index into one "
+        raise TypeError(f"{_CALLER}: neuron_selector must be an int, a tuple of ints and slices (an index into one "
                         f"sample's activation), or a callable activation -> one value per row; got {neuron_selector!r}")
     summed = any(isinstance(i, slice) for i in index)
 
     def pick(act: torch.Tensor) -> torch.Tensor:
         dims = act.shape[1:]
         if len(index) > len(dims):
-            raise ValueError(f"{_NAME}: neuron_selector {neuron_selector!r} has {len(index)} indices, but the layer's "
-                             f"activation has {len(dims)} dims per sample {list(dims)}")
+            raise ValueError(f"{_CALLER}: neuron_selector {neuron_selector!r} has {len(index)} indices, but the "
+                             f"layer's activation has {len(dims)} dims per sample {list(dims)}")
         for i, size in zip(index, dims, strict=False):
             if isinstance(i, int) and not -size <= i < size:
-                raise ValueError(f"{_NAME}: neuron_selector {neuron_selector!r} is out of range for the layer's "
+                raise ValueError(f"{_CALLER}: neuron_selector {neuron_selector!r} is out of range for the layer's "
                                  f"activation of {list(dims)} per sample")
         chosen = act[(slice(None), *index)]
         return chosen.reshape(chosen.shape[0], -1).sum(1) if summed else chosen
@@ -176,7 +176,7 @@ def _selector(neuron_selector: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 def _checked(mid: Any, at_layer: torch.Tensor) -> torch.Tensor:
     if not isinstance(mid, torch.Tensor) or mid.shape != at_layer.shape[:1]:
         seen = list(mid.shape) if isinstance(mid, torch.Tensor) else type(mid).__name__
-        raise ValueError(f"{_NAME}: neuron_selector must give one value per row of the layer's activation "
+        raise ValueError(f"{_CALLER}: neuron_selector must give one value per row of the layer's activation "
                          f"([{at_layer.shape[0]}] for its {list(at_layer.shape)}), got {seen}; select one neuron "
                          "(or sum several) per sample")
     return mid

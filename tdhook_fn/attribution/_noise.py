@@ -38,42 +38,42 @@ Stdevs = float | Sequence[float] | Mapping[Any, float]
 NT_TYPES = ("smoothgrad", "smoothgrad_sq", "vargrad")
 
 
-def check_nt_type(method: str, nt_type: Any) -> None:
+def check_nt_type(caller: str, nt_type: Any) -> None:
     """``nt_type`` must be one of captum's noise tunnel types."""
     if nt_type not in NT_TYPES:
-        raise ValueError(f"{method}: nt_type must be one of {list(NT_TYPES)} (captum's NoiseTunnel types), "
+        raise ValueError(f"{caller}: nt_type must be one of {list(NT_TYPES)} (captum's NoiseTunnel types), "
                          f"got {nt_type!r}")
 
 
-def check_noisable(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
+def check_noisable(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
     """Every noised input must be present and floating point (token ids take no Gaussian noise)."""
     for key in keys:
         value = inputs.get(key, None)
         if not isinstance(value, torch.Tensor):
             keys_held = list(inputs.keys(True, True))
-            raise KeyError(f"{method}: the inputs have no attributed key {key!r} (keys: {keys_held})")
+            raise KeyError(f"{caller}: the inputs have no attributed key {key!r} (keys: {keys_held})")
         if not value.is_floating_point():
-            raise TypeError(f"{method}: input {key!r} is {value.dtype}; noise is added to floating-point inputs only "
+            raise TypeError(f"{caller}: input {key!r} is {value.dtype}; noise is added to floating-point inputs only "
                             "(for token ids, noise the embeddings: run the method on an f that takes them)")
 
 
-def stdevs_by_key(method: str, stdevs: Any, keys: Sequence[NestedKey]) -> dict[NestedKey, float]:
+def stdevs_by_key(caller: str, stdevs: Any, keys: Sequence[NestedKey]) -> dict[NestedKey, float]:
     """The standard deviation of each key's noise: one number for all, one per key in order, or a mapping."""
     if isinstance(stdevs, Mapping):
         missing = [k for k in keys if k not in stdevs]
         if missing:
-            raise KeyError(f"{method}: stdevs has no entry for input {missing[0]!r}; give one per attributed input")
+            raise KeyError(f"{caller}: stdevs has no entry for input {missing[0]!r}; give one per attributed input")
         values = {k: stdevs[k] for k in keys}
     elif isinstance(stdevs, (list, tuple)):
         if len(stdevs) != len(keys):
-            raise ValueError(f"{method}: stdevs holds {len(stdevs)} values for {len(keys)} attributed inputs "
+            raise ValueError(f"{caller}: stdevs holds {len(stdevs)} values for {len(keys)} attributed inputs "
                              f"{list(keys)}; give one per input, in that order, or one number for all")
         values = dict(zip(keys, stdevs, strict=True))
     else:
         values = dict.fromkeys(keys, stdevs)
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{method}: stdevs for input {key!r} must be a number >= 0, got {value!r}")
+            raise ValueError(f"{caller}: stdevs for input {key!r} must be a number >= 0, got {value!r}")
     return {k: float(v) for k, v in values.items()}
 
 

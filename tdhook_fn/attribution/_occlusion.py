@@ -20,7 +20,7 @@ from ._perturbation import as_maps, check_no_extra, checked_keys, evaluate, flat
 __all__ = ["occlusion"]
 
 Shape = tuple[int, ...]
-_METHOD = "occlusion"
+_CALLER = "occlusion"
 _ALL_MASKS = 2**24  # window masks (bools) built at once below this; else per chunk
 _DENSE_SPREAD = 2**20  # below this many mask elements the changes are spread by one product with the masks
 
@@ -88,13 +88,13 @@ def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: 
     covers = []
     for d, (n, w, s) in enumerate(zip(size, window, stride, strict=True)):
         if w < 1 or s < 1:
-            raise ValueError(f"{_METHOD}: input {key!r}: window and stride sizes must be positive, got window "
+            raise ValueError(f"{_CALLER}: input {key!r}: window and stride sizes must be positive, got window "
                              f"{window} and strides {stride}")
         if w > n:
-            raise ValueError(f"{_METHOD}: input {key!r}: sliding window {window} is larger than one sample "
+            raise ValueError(f"{_CALLER}: input {key!r}: sliding window {window} is larger than one sample "
                              f"{tuple(size)} in dim {d}; give a window no larger than the sample")
         if s > w and w < n:
-            raise ValueError(f"{_METHOD}: input {key!r}: stride {s} is larger than the window {w} in dim {d}, so some "
+            raise ValueError(f"{_CALLER}: input {key!r}: stride {s} is larger than the window {w} in dim {d}, so some "
                              "elements would never be occluded; give strides no larger than the window")
         starts = torch.arange(0, (math.ceil((n - w) / s) + 1) * s, s, device=device).unsqueeze(1)
         elements = torch.arange(n, device=device)
@@ -104,14 +104,14 @@ def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: 
 
 def _per_key(name: str, given: Any, keys: Sequence[NestedKey]) -> dict[NestedKey, Any]:
     if isinstance(given, Mapping):
-        check_no_extra(_METHOD, name, given, keys)
+        check_no_extra(_CALLER, name, given, keys)
         missing = [key for key in keys if key not in given]
         if missing:
-            raise KeyError(f"{_METHOD}: {name} has no entry for input {missing[0]!r}; give one for every "
+            raise KeyError(f"{_CALLER}: {name} has no entry for input {missing[0]!r}; give one for every "
                            f"occluded input {list(keys)}")
         return dict(given)
     if len(keys) != 1 and not (name == "strides" and (given is None or isinstance(given, int))):
-        raise TypeError(f"{_METHOD}: {len(keys)} inputs are occluded {list(keys)}; give {name} as a dict "
+        raise TypeError(f"{_CALLER}: {len(keys)} inputs are occluded {list(keys)}; give {name} as a dict "
                         "{key: shape}")
     return dict.fromkeys(keys, given)
 
@@ -123,9 +123,9 @@ def _shape(key: NestedKey, name: str, value: Any, dims: int) -> Shape:
         return (value,) * dims
     if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                        for v in value):
-        raise TypeError(f"{_METHOD}: {name} for input {key!r} must be a tuple of ints, got {value!r}")
+        raise TypeError(f"{_CALLER}: {name} for input {key!r} must be a tuple of ints, got {value!r}")
     if len(value) != dims:
-        raise ValueError(f"{_METHOD}: {name} for input {key!r} has {len(value)} dims, but one sample has {dims} "
+        raise ValueError(f"{_CALLER}: {name} for input {key!r} has {len(value)} dims, but one sample has {dims} "
                          f"(the input's shape after the batch dims); give one size per dim")
     return tuple(value)
 
@@ -195,9 +195,9 @@ def occlusion(
         >>> torch.allclose(one, occlusion(f, p, x, target=2, sliding_window_shapes=(1, 2, 2)), atol=1e-6)
         True
     """
-    keys = checked_keys(_METHOD, f, params, inputs, target, input_keys, chunk_size)
+    keys = checked_keys(_CALLER, f, params, inputs, target, input_keys, chunk_size)
     batch = inputs.batch_size
-    starts = flat_baselines(_METHOD, inputs, baselines, keys)
+    starts = flat_baselines(_CALLER, inputs, baselines, keys)
     windows, strides_of = _per_key("sliding_window_shapes", sliding_window_shapes, keys), _per_key("strides", strides,
                                                                                                    keys)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
@@ -225,7 +225,7 @@ def occlusion(
 
     rows = 1 + sum(plans[k].count for k in keys)
     values = evaluate(f, params, inputs.reshape(-1), target, rows=rows, build=build, chunk_size=chunk_size,
-                      per_target=per_target, method=_METHOD,
+                      per_target=per_target, caller=_CALLER,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, rows - 1]
     maps = {key: plans[key].spread(change[..., first[key]: first[key] + plans[key].count]) for key in keys}

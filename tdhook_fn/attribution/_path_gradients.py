@@ -29,7 +29,7 @@ def gradients_along_path(f: Functional, params: TensorDictBase, inputs: TensorDi
                          per_target: bool = False, chunk_size: int | None = None,
                          layer_calls: Mapping[str, int] | None = None, taps: Sequence[Tap] = (),
                          target_layers: Sequence[str] = (), cotangents: Cotangents | None = None,
-                         method: str) -> tuple[TensorDict, dict[NestedKey, torch.dtype]]:
+                         caller: str) -> tuple[TensorDict, dict[NestedKey, torch.dtype]]:
     """``sum_k w_k * grad F(b + a_k (x - b))`` at ``layers`` and at the inputs ``input_keys``.
 
     The inputs ``path_keys`` move from ``base`` to ``inputs``; each chunk of points is one
@@ -39,7 +39,7 @@ def gradients_along_path(f: Functional, params: TensorDictBase, inputs: TensorDi
     dtypes by key, for `in_dtypes`.
     """
     if per_target and cotangents is not None:
-        raise ValueError(f"{method}: per_target and cotangents exclude each other (cotangents say what is put in at "
+        raise ValueError(f"{caller}: per_target and cotangents exclude each other (cotangents say what is put in at "
                          "the targets, per_target puts in one one-hot per target); give one of them")
     calls = dict(layer_calls or {})
     totals: list[TensorDict | None] = []  # per target (one without per_target)
@@ -49,7 +49,7 @@ def gradients_along_path(f: Functional, params: TensorDictBase, inputs: TensorDi
     for start in range(0, n_steps, size):
         chunk = slice(start, min(start + size, n_steps))
         points = path_points(inputs, base, path_keys, alphas[chunk])
-        pulled = layer_pullbacks(f, params, points, target, layers, input_keys, calls, method, taps=taps,
+        pulled = layer_pullbacks(f, params, points, target, layers, input_keys, calls, caller, taps=taps,
                                  target_layers=target_layers)
         cot, lead = seed_cotangents(pulled.values, per_target, cotangents)
         targets = cot.batch_size[0] if lead else 1

@@ -48,7 +48,7 @@ __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "fl
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
 
 
-def checked_keys(method: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, target: Target,
+def checked_keys(caller: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, target: Target,
                  input_keys: NestedKey | Sequence[NestedKey] | None, chunk_size: int | None,
                  ) -> tuple[NestedKey, ...]:
     """The checks every perturbation method runs first; the keys it perturbs.
@@ -56,20 +56,20 @@ def checked_keys(method: str, f: PureFn, params: TensorDictBase, inputs: TensorD
     Unlike the gradient methods, integer inputs (token ids) may be perturbed: their
     baseline is an id.
     """
-    check_count(method, "chunk_size", chunk_size, optional=True)
-    check_call(method, f, params, inputs, (), target)
-    keys = attributed_keys(method, f, inputs, input_keys)
+    check_count(caller, "chunk_size", chunk_size, optional=True)
+    check_call(caller, f, params, inputs, (), target)
+    keys = attributed_keys(caller, f, inputs, input_keys)
     present = inputs.keys(True, True)
     missing = [key for key in keys if key not in present]
     if missing:
-        raise KeyError(f"{method}: the inputs have no key {missing[0]!r} to perturb (keys: {list(present)})")
+        raise KeyError(f"{caller}: the inputs have no key {missing[0]!r} to perturb (keys: {list(present)})")
     return keys
 
 
-def flat_baselines(method: str, inputs: TensorDictBase, baselines: Baselines,
+def flat_baselines(caller: str, inputs: TensorDictBase, baselines: Baselines,
                    keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
     """The baseline of each key, shaped like its flattened input ``[N, ...]`` (a broadcast view where possible)."""
-    return per_sample_views(path_starts(inputs, baselines, keys, method), keys, inputs.batch_dims)
+    return per_sample_views(path_starts(inputs, baselines, keys, caller), keys, inputs.batch_dims)
 
 
 def per_sample_views(td: TensorDictBase, keys: Sequence[NestedKey], batch_dims: int) -> dict[NestedKey, torch.Tensor]:
@@ -83,7 +83,7 @@ def per_sample_view(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
 
 
 def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Target, *, rows: int, build: Build,
-             chunk_size: int | None, per_target: bool, method: str,
+             chunk_size: int | None, per_target: bool, caller: str,
              baselines: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """The target values of ``rows`` rows made by ``build``, chunk by chunk, ``[R, N, T]``; NOTE [perturbation rows].
 
@@ -93,7 +93,7 @@ def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Ta
     quiet = untransformed() and not any_requires_grad((params, flat), baselines)
     with torch.no_grad() if quiet else contextlib.nullcontext(), forward_only():  # NOTE [shadow max pooling]
         size = min(chunk_size, rows) if chunk_size else default_rows(f, params, flat, rows)
-        return _chunks(f, params, flat, _repeated_target(target, size), rows, size, build, per_target, method)
+        return _chunks(f, params, flat, _repeated_target(target, size), rows, size, build, per_target, caller)
 
 
 def _repeated_target(target: Target, rows: int) -> Target:
@@ -105,7 +105,7 @@ def _repeated_target(target: Target, rows: int) -> Target:
 
 
 def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Target, rows: int, size: int,
-            build: Build, per_target: bool, method: str) -> torch.Tensor:
+            build: Build, per_target: bool, caller: str) -> torch.Tensor:
     n = flat.batch_size[0]
     parts = []
     for lo in range(0, rows, size):
@@ -117,32 +117,32 @@ def _chunks(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Tar
             whole = new if new is not None else value.unsqueeze(0).expand(k, *value.shape)
             feed.set(key, whole.reshape(k * n, *value.shape[1:]))
         chunk_target = target[: k * n] if isinstance(target, torch.Tensor) and target.dim() else target
-        values = target_columns(method, target_values(f, params, feed, chunk_target), feed.batch_size, per_target)
+        values = target_columns(caller, target_values(f, params, feed, chunk_target), feed.batch_size, per_target)
         parts.append(values.reshape(k, n, -1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def target_columns(method: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
+def target_columns(caller: str, values: TensorDictBase, batch: torch.Size, per_target: bool) -> torch.Tensor:
     """Target values ``[*batch, T]``: one column per target with ``per_target``, else their sum (``T = 1``)."""
     total: torch.Tensor | None = None
     for key, value in values.items(True, True):
         value = cast(torch.Tensor, value)
         if not value.is_floating_point():
-            raise TypeError(f"{method}: target {key!r} is {value.dtype}; the target values must be floating point")
+            raise TypeError(f"{caller}: target {key!r} is {value.dtype}; the target values must be floating point")
         if per_target:
             if value.dim() > len(batch) + 1:
-                raise ValueError(f"{method}: per_target needs target values shaped [*batch] or [*batch, T]; target "
+                raise ValueError(f"{caller}: per_target needs target values shaped [*batch] or [*batch, T]; target "
                                  f"{key!r} has shape {tuple(value.shape[len(batch):])} per sample: flatten its target "
                                  "dims in the target")
             one = value if value.dim() == len(batch) + 1 else value.unsqueeze(-1)
         else:
             one = value.reshape(*batch, -1).sum(-1, keepdim=True)
         if total is not None and total.shape != one.shape:
-            raise ValueError(f"{method}: per_target needs the same number of targets in every target key, got "
+            raise ValueError(f"{caller}: per_target needs the same number of targets in every target key, got "
                              f"{total.shape[-1]} and {one.shape[-1]}")
         total = one if total is None else total + one
     if total is None:
-        raise ValueError(f"{method}: the target selected no value")
+        raise ValueError(f"{caller}: the target selected no value")
     return total
 
 
@@ -156,8 +156,8 @@ def as_maps(maps: dict[NestedKey, torch.Tensor], batch: torch.Size, per_target: 
     return out
 
 
-def check_no_extra(method: str, name: str, given: Any, keys: Sequence[NestedKey]) -> None:
+def check_no_extra(caller: str, name: str, given: Any, keys: Sequence[NestedKey]) -> None:
     """A per-key option given as a mapping must name only perturbed keys."""
     extra = [k for k in given if k not in keys]
     if extra:
-        raise KeyError(f"{method}: {name} names {extra}, which are not among the perturbed inputs {list(keys)}")
+        raise KeyError(f"{caller}: {name} names {extra}, which are not among the perturbed inputs {list(keys)}")

@@ -95,13 +95,13 @@ def saliency(
         >>> saliency(f, p, x["input"], target=pred).shape
         torch.Size([5, 3])
     """
-    method = "input_x_gradient" if multiply_by_inputs else "saliency"
+    caller = "input_x_gradient" if multiply_by_inputs else "saliency"
     keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
-    check_layers(method, layers)
+    check_layers(caller, layers)
     result = gradients(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
-        layer_calls=layer_calls, method=method,
+        layer_calls=layer_calls, caller=caller,
     )
     grads = result.grads
     if abs:

@@ -23,7 +23,7 @@ __all__ = ["sensitivity_max"]
 
 ExplainFn = Callable[..., Any]
 PerturbFn = Callable[[Any, float], Any]
-_METHOD = "sensitivity_max"
+_CALLER = "sensitivity_max"
 
 
 def sensitivity_max(
@@ -94,21 +94,21 @@ def sensitivity_max(
         >>> torch.vmap(lambda td: sensitivity_max(explain, td, perturb_func=shift))(x).shape
         torch.Size([5])
     """
-    check_count(_METHOD, "n_perturb_samples", n_perturb_samples)
-    check_count(_METHOD, "chunk_size", chunk_size, optional=True)
+    check_count(_CALLER, "n_perturb_samples", n_perturb_samples)
+    check_count(_CALLER, "chunk_size", chunk_size, optional=True)
     if not callable(explanation_func):
-        raise TypeError(f"{_METHOD}: explanation_func must be callable, got {type(explanation_func).__name__}")
+        raise TypeError(f"{_CALLER}: explanation_func must be callable, got {type(explanation_func).__name__}")
     if not callable(perturb_func):
-        raise TypeError(f"{_METHOD}: perturb_func must be callable, got {type(perturb_func).__name__}")
+        raise TypeError(f"{_CALLER}: perturb_func must be callable, got {type(perturb_func).__name__}")
     if isinstance(norm_ord, bool) or not (norm_ord == "fro" or isinstance(norm_ord, (int, float))):
-        raise ValueError(f"{_METHOD}: norm_ord must be 'fro' or a number (the p of a vector norm), got {norm_ord!r}")
+        raise ValueError(f"{_CALLER}: norm_ord must be 'fro' or a number (the p of a vector norm), got {norm_ord!r}")
     td, explain, perturb, expand = _as_tensordicts(explanation_func, perturb_func, inputs)
     batch, dims = td.batch_size, td.batch_dims
     expl = None if explanations is None else _given(explanations, inputs, batch)
     best: list[torch.Tensor] | None = None
     for k in chunks(n_perturb_samples, chunk_size):
         copies = repeated(td, k)
-        feed = perturbed_feed(_METHOD, copies, perturb(copies.clone(False), perturb_radius))
+        feed = perturbed_feed(_CALLER, copies, perturb(copies.clone(False), perturb_radius))
         if expl is None:  # the inputs go first along the copies' dim: one call explains both
             feed = with_inputs_first(td, feed)
         moved = _explanations(explain(feed, **expand(kwargs, td, feed.batch_size[-1])), feed.batch_size,
@@ -130,7 +130,7 @@ def _largest_changes(expl: TensorDictBase, moved: TensorDictBase, dims: int, per
                      norm_ord: str | float) -> list[torch.Tensor]:
     """``max_j ||moved_j - expl|| / ||expl||`` per sample (``[*B]``), over all keys or per key."""
     if set(moved.keys(True, True)) != set(expl.keys(True, True)):
-        raise ValueError(f"{_METHOD}: explanation_func gave keys {list(moved.keys(True, True))} for the perturbed "
+        raise ValueError(f"{_CALLER}: explanation_func gave keys {list(moved.keys(True, True))} for the perturbed "
                          f"inputs, {list(expl.keys(True, True))} for the inputs")
     keys = list(expl.keys(True, True))
     groups = [[key] for key in keys] if per_key else [keys]
@@ -159,10 +159,10 @@ def _norm(parts: list[torch.Tensor], batch: torch.Size, norm_ord: str | float) -
 
 def _explanations(given: Any, batch: torch.Size, source: str) -> TensorDictBase:
     if not isinstance(given, TensorDictBase):
-        raise TypeError(f"{_METHOD}: {source} must give a TensorDict of explanations for TensorDict inputs (tensors "
+        raise TypeError(f"{_CALLER}: {source} must give a TensorDict of explanations for TensorDict inputs (tensors "
                         f"for tensor inputs), got {type(given).__name__}")
     if given.batch_size != batch or given.is_empty():
-        raise ValueError(f"{_METHOD}: {source} gave explanations of batch size {list(given.batch_size)} holding "
+        raise ValueError(f"{_CALLER}: {source} gave explanations of batch size {list(given.batch_size)} holding "
                          f"{list(given.keys(True, True))}; the inputs it was given have batch size {list(batch)}")
     return given
 
@@ -189,7 +189,7 @@ def _as_tensordicts(explanation_func: ExplainFn, perturb_func: PerturbFn,
     if isinstance(inputs, TensorDictBase):
         return inputs, explanation_func, perturb_func, _expand_kwargs
     if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0:
-        raise TypeError(f"{_METHOD}: inputs must be a TensorDict, or a tensor whose first dim is the batch, got "
+        raise TypeError(f"{_CALLER}: inputs must be a TensorDict, or a tensor whose first dim is the batch, got "
                         f"{type(inputs).__name__ if not isinstance(inputs, torch.Tensor) else 'a 0-d tensor'}")
     key: NestedKey = "input"
     n = len(inputs)
@@ -203,7 +203,7 @@ def _as_tensordicts(explanation_func: ExplainFn, perturb_func: PerturbFn,
         if isinstance(t, tuple) and len(t) == 1:  # (captum's default perturbation returns one-tuples)
             t = t[0]
         if not isinstance(t, torch.Tensor) or t.numel() != like.get(key).numel():
-            raise ValueError(f"{_METHOD}: {source} must return a tensor shaped like the inputs it was given, "
+            raise ValueError(f"{_CALLER}: {source} must return a tensor shaped like the inputs it was given, "
                              f"{[like.numel(), *inputs.shape[1:]]}, got {getattr(t, 'shape', type(t).__name__)}")
         return TensorDict({key: t.reshape(like.get(key).shape)}, batch_size=like.batch_size)
 

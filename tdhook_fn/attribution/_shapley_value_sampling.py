@@ -18,7 +18,7 @@ from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_vi
 
 __all__ = ["shapley_value_sampling"]
 
-_METHOD = "shapley_value_sampling"
+_CALLER = "shapley_value_sampling"
 
 
 @accepts_tensors
@@ -89,12 +89,12 @@ def shapley_value_sampling(
         >>> torch.allclose(phi.sum(-1), change, atol=1e-5)  # efficiency
         True
     """
-    check_count(_METHOD, "n_samples", n_samples)
-    keys = checked_keys(_METHOD, f, params, inputs, target, input_keys, chunk_size)
+    check_count(_CALLER, "n_samples", n_samples)
+    keys = checked_keys(_CALLER, f, params, inputs, target, input_keys, chunk_size)
     batch = inputs.batch_size
-    starts = flat_baselines(_METHOD, inputs, baselines, keys)
+    starts = flat_baselines(_CALLER, inputs, baselines, keys)
     flat = inputs.reshape(-1)
-    groups = features(_METHOD, inputs, keys, feature_mask, dense=True)
+    groups = features(_CALLER, inputs, keys, feature_mask, dense=True)
     n_features = len(groups.ids)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
     device = xs[keys[0]].device
@@ -115,7 +115,7 @@ def shapley_value_sampling(
         return out
 
     values = evaluate(f, params, flat, target, rows=1 + n_samples * n_features, build=build, chunk_size=chunk_size,
-                      per_target=per_target, method=_METHOD,
+                      per_target=per_target, caller=_CALLER,
                       baselines=list(starts.values()))
     states = values[1:].reshape(n_samples, n_features, *values.shape[1:])  # [S, P, N, T]
     before = torch.cat([values[:1].expand(n_samples, 1, *values.shape[1:]), states[:, :-1]], 1)

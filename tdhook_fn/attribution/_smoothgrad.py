@@ -141,7 +141,7 @@ def smoothgrad(
         noisy = {key: inputs.get(key).unsqueeze(len(batch)) + value for key, value in noise.items()}
         if flat:  # NOTE [flat copies]
             maps = gradients(f, params, flat_copies(inputs, k, noisy), flat_target(target, batch, k), input_keys=keys,
-                             per_target=per_target, method="smoothgrad", checked=True).grads
+                             per_target=per_target, caller="smoothgrad", checked=True).grads
         else:
             copies = repeated(inputs, k)  # a new TensorDict (of views): its entries may be replaced
             for key, value in noisy.items():

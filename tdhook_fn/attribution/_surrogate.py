@@ -65,23 +65,23 @@ class Surrogate:
         return out
 
 
-def prepare(method: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
+def prepare(caller: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
             target: Target, feature_mask: FeatureMask | None, input_keys: NestedKey | Sequence[NestedKey] | None,
             chunk_size: int | None) -> Surrogate:
     """Check the arguments and resolve baselines and features, before anything runs."""
-    check_count(method, "chunk_size", chunk_size, optional=True)
-    check_call(method, f, params, inputs, (), target)
-    keys = attributed_keys(method, f, inputs, input_keys)
+    check_count(caller, "chunk_size", chunk_size, optional=True)
+    check_call(caller, f, params, inputs, (), target)
+    keys = attributed_keys(caller, f, inputs, input_keys)
     for key in keys:
         if inputs.get(key, None) is None:
-            raise KeyError(f"{method}: the inputs have no attributed key {key!r} (keys: "
+            raise KeyError(f"{caller}: the inputs have no attributed key {key!r} (keys: "
                            f"{list(inputs.keys(True, True))})")
-    starts = path_starts(inputs, baselines, keys, method)
-    masks, n_features = feature_masks(method, inputs, keys, feature_mask)
+    starts = path_starts(inputs, baselines, keys, caller)
+    masks, n_features = feature_masks(caller, inputs, keys, feature_mask)
     return Surrogate(inputs, keys, starts, masks, n_features)
 
 
-def feature_masks(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey],
+def feature_masks(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey],
                   feature_mask: FeatureMask | None) -> tuple[dict[NestedKey, torch.Tensor], int]:
     """Each key's feature indices, ``[*B, D]`` from 0, and the number of features (captum's rules).
 
@@ -98,52 +98,52 @@ def feature_masks(method: str, inputs: TensorDictBase, keys: Sequence[NestedKey]
             out[key] = (torch.arange(size, device=x.device) + offset).expand(*batch, size)
             offset += size
         return out, offset
-    given = _masks_by_key(method, keys, feature_mask)
+    given = _masks_by_key(caller, keys, feature_mask)
     out = {}
     for key in keys:
-        out[key] = _broadcast_mask(method, key, given[key], inputs.get(key), batch)
+        out[key] = _broadcast_mask(caller, key, given[key], inputs.get(key), batch)
     low = min(int(m.min()) for m in out.values() if m.numel())
     if low < 0:
-        raise ValueError(f"{method}: feature_mask holds the index {low}; feature indices are 0, 1, 2, ...")
+        raise ValueError(f"{caller}: feature_mask holds the index {low}; feature indices are 0, 1, 2, ...")
     if low > 0:
-        warnings.warn(f"{method}: the smallest index in feature_mask is {low}, not 0; shifting the indices to "
+        warnings.warn(f"{caller}: the smallest index in feature_mask is {low}, not 0; shifting the indices to "
                       "start at 0 (as captum does)", stacklevel=3)
         out = {key: m - low for key, m in out.items()}
     return out, max(int(m.max()) for m in out.values() if m.numel()) + 1
 
 
-def _masks_by_key(method: str, keys: Sequence[NestedKey], feature_mask: FeatureMask) -> dict[NestedKey, Any]:
+def _masks_by_key(caller: str, keys: Sequence[NestedKey], feature_mask: FeatureMask) -> dict[NestedKey, Any]:
     if isinstance(feature_mask, torch.Tensor):
         if len(keys) != 1:
-            raise TypeError(f"{method}: a tensor feature_mask fits one attributed input, but {len(keys)} are "
+            raise TypeError(f"{caller}: a tensor feature_mask fits one attributed input, but {len(keys)} are "
                             f"attributed {list(keys)}; pass a TensorDict (or dict) with a mask per key")
         return {keys[0]: feature_mask}
     if not isinstance(feature_mask, (TensorDictBase, Mapping)):
-        raise TypeError(f"{method}: feature_mask must be a tensor, a TensorDict or a dict of integer tensors, got "
+        raise TypeError(f"{caller}: feature_mask must be a tensor, a TensorDict or a dict of integer tensors, got "
                         f"{type(feature_mask).__name__}")
     out = {}
     for key in keys:
         mask = feature_mask.get(key, None)
         if mask is None:
-            raise KeyError(f"{method}: feature_mask has no mask for the attributed input {key!r}; give one per "
+            raise KeyError(f"{caller}: feature_mask has no mask for the attributed input {key!r}; give one per "
                            f"attributed input")
         out[key] = mask
     return out
 
 
-def _broadcast_mask(method: str, key: NestedKey, mask: Any, x: torch.Tensor, batch: torch.Size) -> torch.Tensor:
+def _broadcast_mask(caller: str, key: NestedKey, mask: Any, x: torch.Tensor, batch: torch.Size) -> torch.Tensor:
     if not isinstance(mask, torch.Tensor) or mask.is_floating_point() or mask.is_complex() or mask.dtype == torch.bool:
         kind = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"{method}: feature_mask {key!r} must hold integer feature indices, got {kind}")
+        raise TypeError(f"{caller}: feature_mask {key!r} must hold integer feature indices, got {kind}")
     try:
         full = mask.to(device=x.device, dtype=torch.long).expand(x.shape)
     except RuntimeError:
-        raise ValueError(f"{method}: feature_mask {key!r} has shape {list(mask.shape)}, which does not broadcast to "
+        raise ValueError(f"{caller}: feature_mask {key!r} has shape {list(mask.shape)}, which does not broadcast to "
                          f"the input's {list(x.shape)}; give one sample's shape or the input's") from None
     return full.reshape(*batch, -1)
 
 
-def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogate, samples: torch.Tensor,
+def evaluate(caller: str, f: PureFn, params: TensorDictBase, surrogate: Surrogate, samples: torch.Tensor,
              target: Target, per_target: bool, chunk_size: int | None,
              weigh: WeightFn | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target values ``[*B, n, T]`` of every interpretable sample, and ``weigh``'s weights ``[*B, n]``.
@@ -165,7 +165,7 @@ def evaluate(method: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
         feed = flat_copies(surrogate.inputs, k, perturbed)  # NOTE [flat copies]
         with forward_only():  # NOTE [shadow max pooling]
             outputs = target_values(f, params, feed, flat_target(target, batch, k))
-        values.append(target_columns(method, outputs, feed.batch_size,
+        values.append(target_columns(caller, outputs, feed.batch_size,
                                      per_target).reshape(*batch, k, -1))
     if len(values) == 1:  # (one chunk: no copy)
         return values[0], (weights[0] if weigh is not None else None)
@@ -185,7 +185,7 @@ def maps(surrogate: Surrogate, coefs: torch.Tensor, per_target: bool) -> TensorD
     return out
 
 
-def interpretable_samples(method: str, surrogate: Surrogate, samples: Any, n_samples: int | None,
+def interpretable_samples(caller: str, surrogate: Surrogate, samples: Any, n_samples: int | None,
                           draw: Callable[[torch.Size, int], torch.Tensor]) -> torch.Tensor:
     """The interpretable samples ``[*B, n, F]`` on the inputs' device: ``samples`` checked, else ``draw(batch, n)``.
 
@@ -193,49 +193,49 @@ def interpretable_samples(method: str, surrogate: Surrogate, samples: Any, n_sam
     """
     batch, n_features = surrogate.inputs.batch_size, surrogate.n_features
     if samples is not None:
-        samples = checked_samples(method, samples, batch, n_features)
-    n = check_n_samples(method, n_samples, samples, 25)
+        samples = checked_samples(caller, samples, batch, n_features)
+    n = check_n_samples(caller, n_samples, samples, 25)
     if samples is None:
         samples = draw(batch, n)
     return cast(torch.Tensor, samples).to(next(iter(surrogate.starts.values(True, True))).device)
 
 
-def checked_samples(method: str, samples: Any, batch: torch.Size, n_features: int) -> torch.Tensor:
+def checked_samples(caller: str, samples: Any, batch: torch.Size, n_features: int) -> torch.Tensor:
     """User-given interpretable samples, ``[n, F]`` or ``[*B, n, F]`` of zeros and ones, as bool ``[*B, n, F]``."""
     if not isinstance(samples, torch.Tensor):
-        raise TypeError(f"{method}: samples must be a tensor of zeros and ones, got {type(samples).__name__}")
+        raise TypeError(f"{caller}: samples must be a tensor of zeros and ones, got {type(samples).__name__}")
     if samples.dim() < 2 or samples.shape[-1] != n_features or samples.shape[:-2] not in (torch.Size(), batch):
-        raise ValueError(f"{method}: samples has shape {list(samples.shape)}; give [n, {n_features}] (the same for "
+        raise ValueError(f"{caller}: samples has shape {list(samples.shape)}; give [n, {n_features}] (the same for "
                          f"every input sample) or {[*batch, 'n', n_features]} ({n_features} features)")
     if samples.dtype != torch.bool and values_readable(samples) and bool(((samples != 0) & (samples != 1)).any()):
-        raise ValueError(f"{method}: samples must hold only zeros and ones (a one keeps a feature, a zero puts "
+        raise ValueError(f"{caller}: samples must hold only zeros and ones (a one keeps a feature, a zero puts "
                          "the baseline there)")
     return samples.bool().expand(*batch, *samples.shape[-2:])
 
 
-def check_n_samples(method: str, n_samples: int | None, samples: torch.Tensor | None, default: int) -> int:
+def check_n_samples(caller: str, n_samples: int | None, samples: torch.Tensor | None, default: int) -> int:
     """The number of interpretable samples: ``n_samples``, else the given samples', else ``default``.
 
     At least 2: a linear model with an intercept fitted to one sample is all zeros.
     """
-    check_count(method, "n_samples", n_samples, optional=True)
+    check_count(caller, "n_samples", n_samples, optional=True)
     if samples is not None and n_samples is not None and n_samples != samples.shape[-2]:
-        raise ValueError(f"{method}: n_samples={n_samples}, but samples holds {samples.shape[-2]} rows; give one of "
+        raise ValueError(f"{caller}: n_samples={n_samples}, but samples holds {samples.shape[-2]} rows; give one of "
                          "them")
     n = int(samples.shape[-2]) if samples is not None else default if n_samples is None else n_samples
     if n < 2:
-        raise ValueError(f"{method}: needs at least 2 interpretable samples (n_samples), got {n}: a linear model with "
+        raise ValueError(f"{caller}: needs at least 2 interpretable samples (n_samples), got {n}: a linear model with "
                          "an intercept fitted to one sample has all coefficients 0")
     return n
 
 
-def check_weights(method: str, weights: torch.Tensor) -> None:
+def check_weights(caller: str, weights: torch.Tensor) -> None:
     """Raise where every weight of an input sample is 0: its fit would be 0 / 0 (where the values can be read)."""
     if not values_readable(weights):
         return
     empty = weights.sum(-1) == 0
     if bool(empty.any()):
-        raise ValueError(f"{method}: every similarity weight of {int(empty.sum())} input sample(s) is 0 (the kernel "
+        raise ValueError(f"{caller}: every similarity weight of {int(empty.sum())} input sample(s) is 0 (the kernel "
                          "underflows: the perturbed inputs are too far for kernel_width); increase kernel_width, or "
                          "give a similarity_func with positive weights")
 

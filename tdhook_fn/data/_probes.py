@@ -35,7 +35,7 @@ from ._source import Source
 __all__ = ["fit_probes"]
 
 _JOB, _STATE = "_job.json", "_statistics.pt"
-_METHOD = "fit_probes"
+_CALLER = "fit_probes"
 Task = Literal["auto", "classification", "regression"]
 
 
@@ -112,7 +112,7 @@ def fit_probes(
     """
     _refuse_process_groups()
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise ValueError(f"{_METHOD}: checkpoint_every must be a positive int, got {checkpoint_every!r}")
+        raise ValueError(f"{_CALLER}: checkpoint_every must be a positive int, got {checkpoint_every!r}")
     source = _source(dataset, batch_size)
     classes = _classes(source, label_key, classes, task)
     job = _job(f, params, source, sites, label_key, classes, task, dtype)
@@ -121,7 +121,7 @@ def fit_probes(
     try:
         state = _claim(path, lock, job, overwrite)
         if state is not None and state["batches"] < source.n_batches and not resume:
-            raise FileExistsError(f"{_METHOD}: out_dir {str(path)!r} holds an unfinished run of this job and "
+            raise FileExistsError(f"{_CALLER}: out_dir {str(path)!r} holds an unfinished run of this job and "
                                   "resume=False; pass resume=True to finish it or overwrite=True to start again")
         stats = _run(f, params, source, sites, path, state, label_key, classes, task, dtype, checkpoint_every,
                      progress)
@@ -142,12 +142,12 @@ def _run(f: Any, params: TensorDictBase, source: Source, sites: Any, path: Path,
         for index in range(done, source.n_batches):
             batch, digest = source.read(index)
             if label_key not in batch.keys():
-                raise ValueError(f"{_METHOD}: batch {index} has no labels under label_key={label_key!r}; its keys "
+                raise ValueError(f"{_CALLER}: batch {index} has no labels under label_key={label_key!r}; its keys "
                                  f"are {sorted(map(str, batch.keys()))}")
             acts = cache(f, params, batch.exclude(label_key), sites, detach=True, dtype=dtype)
             labels = batch.get(label_key)
             if classes is None and task != "regression" and not labels.is_floating_point():
-                raise ValueError(f"{_METHOD}: a Dataset is read a batch at a time and a batch may miss a class; "
+                raise ValueError(f"{_CALLER}: a Dataset is read a batch at a time and a batch may miss a class; "
                                  "give classes= (the sorted classes of the whole dataset)")
             part = ridge_statistics(acts, labels, task=task, classes=classes)
             stats = part if stats is None else merge_ridge_statistics(stats, part)
@@ -163,7 +163,7 @@ def _run(f: Any, params: TensorDictBase, source: Source, sites: Any, path: Path,
 def _refuse_process_groups() -> None:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise ValueError(f"{_METHOD}: runs in one process; under torchrun call it on rank 0 only "
+        raise ValueError(f"{_CALLER}: runs in one process; under torchrun call it on rank 0 only "
                          "(the statistics of a batch are cheap next to the forward of the whole dataset)")
 
 
@@ -171,7 +171,7 @@ def _source(dataset: Any, batch_size: int) -> Source:
     try:
         return Source(dataset, batch_size)
     except (TypeError, ValueError) as e:
-        raise type(e)(str(e).replace("attribute:", f"{_METHOD}:", 1)) from e
+        raise type(e)(str(e).replace("attribute:", f"{_CALLER}:", 1)) from e
 
 
 def _classes(source: Source, label_key: str, classes: torch.Tensor | None, task: Task) -> torch.Tensor | None:
@@ -180,11 +180,11 @@ def _classes(source: Source, label_key: str, classes: torch.Tensor | None, task:
         return classes
     if source.lazy:
         if task == "classification":
-            raise ValueError(f"{_METHOD}: a Dataset is read a batch at a time and a batch may miss a class; give "
+            raise ValueError(f"{_CALLER}: a Dataset is read a batch at a time and a batch may miss a class; give "
                              "classes= (the sorted classes of the whole dataset)")
         return None  # "auto": checked per batch by the labels' dtype; integer labels then need classes
     if label_key not in source.dataset.keys():
-        raise ValueError(f"{_METHOD}: the dataset has no labels under label_key={label_key!r}")
+        raise ValueError(f"{_CALLER}: the dataset has no labels under label_key={label_key!r}")
     labels = source.dataset.get(label_key)
     if task == "classification" or not labels.is_floating_point():
         found: torch.Tensor = torch.unique(torch.as_tensor(labels))
@@ -195,27 +195,27 @@ def _classes(source: Source, label_key: str, classes: torch.Tensor | None, task:
 def _job(f: Any, params: TensorDictBase, source: Source, sites: Any, label_key: str,
          classes: torch.Tensor | None, task: Task, dtype: torch.dtype) -> Json:
     try:
-        job = {"method": _METHOD, "f": fingerprint(f), "params": fingerprint(params), "dataset": source.describe(),
+        job = {"method": _CALLER, "f": fingerprint(f), "params": fingerprint(params), "dataset": source.describe(),
                 "sites": fingerprint(sites), "label_key": label_key, "classes": fingerprint(classes), "task": task,
                 "batch_size": source.batch_size, "dtype": str(dtype)}
     except TypeError as e:
-        raise TypeError(f"{_METHOD}: {e}") from e
+        raise TypeError(f"{_CALLER}: {e}") from e
     return json.loads(json.dumps(job))  # as read back from _job.json
 
 
 def _claim(path: Path, lock: DirLock, job: Json, overwrite: bool) -> dict[str, Any] | None:
     """Lock ``path`` for this job; the saved state to resume from, or None to start."""
     if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"{_METHOD}: out_dir {str(path)!r} exists and is not a directory")
+        raise NotADirectoryError(f"{_CALLER}: out_dir {str(path)!r} exists and is not a directory")
     entries = set(os.listdir(path)) if path.exists() else set()
     if entries and not entries & {LOCK, _JOB}:
-        raise FileExistsError(f"{_METHOD}: out_dir {str(path)!r} is not empty and was not written by "
+        raise FileExistsError(f"{_CALLER}: out_dir {str(path)!r} is not empty and was not written by "
                               f"tdhook_fn.data.fit_probes; choose an empty or new directory")
     path.mkdir(parents=True, exist_ok=True)
     lock.acquire()
     old = _read_json(path / _JOB)
     if old is not None and old != job and not overwrite:
-        raise ValueError(f"{_METHOD}: out_dir {str(path)!r} holds another job: {differences(old, job)} differ. "
+        raise ValueError(f"{_CALLER}: out_dir {str(path)!r} holds another job: {differences(old, job)} differ. "
                          "Use another out_dir, or pass overwrite=True to delete it and start again")
     if overwrite or old != job:
         (path / _STATE).unlink(missing_ok=True)
@@ -226,7 +226,7 @@ def _claim(path: Path, lock: DirLock, job: Json, overwrite: bool) -> dict[str, A
     try:
         state: dict[str, Any] = torch.load(path / _STATE, weights_only=True)
     except Exception as e:  # a damaged checkpoint: start again rather than return wrong numbers
-        raise ValueError(f"{_METHOD}: cannot read {path / _STATE} ({type(e).__name__}); pass overwrite=True to "
+        raise ValueError(f"{_CALLER}: cannot read {path / _STATE} ({type(e).__name__}); pass overwrite=True to "
                          "start again") from e
     return state
 
@@ -238,7 +238,7 @@ def _check_recorded(source: Source, digests: list[str], path: Path) -> None:
     for index, recorded in enumerate(digests):
         if source.digest(index) != recorded:
             start, stop = source.bounds(index)
-            raise ValueError(f"{_METHOD}: batch {index} (samples {start} to {stop - 1}) of the dataset differs from "
+            raise ValueError(f"{_CALLER}: batch {index} (samples {start} to {stop - 1}) of the dataset differs from "
                              f"the one in out_dir {str(path)!r}; use a new out_dir or overwrite=True")
 
 

@@ -63,10 +63,10 @@ __all__ = ["patch", "patching_sweep"]
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _replacer(method: str, site: Site, sources: Sources, fn: Combine | None) -> Callable[[torch.Tensor], Any]:
+def _replacer(caller: str, site: Site, sources: Sources, fn: Combine | None) -> Callable[[torch.Tensor], Any]:
     def replace(current: torch.Tensor) -> torch.Tensor:
         if fn is None:
-            return sources.placed(method, site, current)
+            return sources.placed(caller, site, current)
         new = fn(current, sources[site.key])
         # a whole activation becomes the model's, which may write it in place: never the caller's tensor
         return new.clone() if not site.index else new

@@ -147,19 +147,19 @@ def fit_bilinear_probes(
         >>> bool((predict_bilinear_probes(probes, x1, x2) == same_sign).float().mean() > 0.9)
         True
     """
-    method = "fit_bilinear_probes"
+    caller = "fit_bilinear_probes"
     if rank is not None and (not isinstance(rank, int) or rank < 1):
-        raise ValueError(f"{method}: rank must be None (full) or a positive int, got {rank!r}")
+        raise ValueError(f"{caller}: rank must be None (full) or a positive int, got {rank!r}")
     if epochs < 1 or batch_size < 1 or not lr > 0:
-        raise ValueError(f"{method}: epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
-    pairs = _pairs(method, acts1, acts2)
+        raise ValueError(f"{caller}: epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
+    pairs = _pairs(caller, acts1, acts2)
     n = pairs[0][1].shape[-2]
-    read = as_labels(method, labels, n, task=task, classes=classes)
+    read = as_labels(caller, labels, n, task=task, classes=classes)
     out = TensorDict({}, batch_size=[])
-    for keys, x1, x2, lead in _stacks(method, pairs):
+    for keys, x1, x2, lead in _stacks(caller, pairs):
         names = [site_name(k) for k in keys] if keys != [()] else []
-        check_finite(method, x1, names, "acts1")
-        check_finite(method, x2, names, "acts2")
+        check_finite(caller, x1, names, "acts1")
+        check_finite(caller, x2, names, "acts2")
         k = read.classes.shape[0] if read.classes is not None else read.targets(x1.dtype).shape[-1]
         generator = torch.Generator().manual_seed(seed)  # per stack: a pair's probe is the one it gets alone
         params = _init((x1.shape[0],), k, x1.shape[-1], x2.shape[-1], rank, fit_intercept, x1, generator)
@@ -183,35 +183,35 @@ def _probe(params: Params, labels: Labels, lead: torch.Size, flat: bool) -> Tens
 Pair = tuple[NestedKey, torch.Tensor, torch.Tensor]
 
 
-def _pairs(method: str, acts1: TensorDictBase | torch.Tensor, acts2: TensorDictBase | torch.Tensor) -> list[Pair]:
+def _pairs(caller: str, acts1: TensorDictBase | torch.Tensor, acts2: TensorDictBase | torch.Tensor) -> list[Pair]:
     if isinstance(acts1, torch.Tensor) and isinstance(acts2, torch.Tensor):
-        check_tensor_acts(method, acts1, "acts1")
-        check_tensor_acts(method, acts2, "acts2")
+        check_tensor_acts(caller, acts1, "acts1")
+        check_tensor_acts(caller, acts2, "acts2")
         if acts1.shape[:-1] != acts2.shape[:-1]:
-            raise ValueError(f"{method}: acts1 is {tuple(acts1.shape)} and acts2 {tuple(acts2.shape)}; they need the "
+            raise ValueError(f"{caller}: acts1 is {tuple(acts1.shape)} and acts2 {tuple(acts2.shape)}; they need the "
                              "same leading dims and samples (..., N, D1) and (..., N, D2)")
         return [((), acts1, acts2)]
     if not (isinstance(acts1, TensorDictBase) and isinstance(acts2, TensorDictBase)):
-        raise TypeError(f"{method}: acts1 and acts2 must both be tensors or both TensorDicts of pairs, got "
+        raise TypeError(f"{caller}: acts1 and acts2 must both be tensors or both TensorDicts of pairs, got "
                         f"{type(acts1).__name__} and {type(acts2).__name__}")
     keys1 = list(acts1.keys(include_nested=True, leaves_only=True))
     if not keys1 or sorted(map(str, keys1)) != sorted(map(str, acts2.keys(include_nested=True, leaves_only=True))):
-        raise ValueError(f"{method}: acts1 and acts2 must hold the same pair keys, one (N, ...) tensor each")
+        raise ValueError(f"{caller}: acts1 and acts2 must hold the same pair keys, one (N, ...) tensor each")
     pairs: list[Pair] = []
     for key in keys1:
         a, b = acts1.get(key), acts2.get(key)
         for name, value in (("acts1", a), ("acts2", b)):
-            check_tensor_acts(method, value, f"{name}[{site_name(key)!r}]")
+            check_tensor_acts(caller, value, f"{name}[{site_name(key)!r}]")
         a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
         first = pairs[0][1].shape[0] if pairs else a.shape[0]
         if a.shape[0] != b.shape[0] or a.shape[0] != first:
-            raise ValueError(f"{method}: pair {site_name(key)!r} has N={a.shape[0]} and {b.shape[0]} samples; every "
+            raise ValueError(f"{caller}: pair {site_name(key)!r} has N={a.shape[0]} and {b.shape[0]} samples; every "
                              "pair needs the same samples")
         pairs.append((key, a, b))
     return pairs
 
 
-def _stacks(method: str, pairs: list[Pair]) -> list[tuple[list[NestedKey], torch.Tensor, torch.Tensor, torch.Size]]:
+def _stacks(caller: str, pairs: list[Pair]) -> list[tuple[list[NestedKey], torch.Tensor, torch.Tensor, torch.Size]]:
     """Pairs of one shape stacked on a new first dim; a tensor's leading dims flattened into it."""
     if pairs[0][0] == ():
         _, a, b = pairs[0]
@@ -244,14 +244,14 @@ def predict_bilinear_probes(
         >>> predict_bilinear_probes(fit_bilinear_probes(x1, x2, y, epochs=2), x1, x2).shape
         torch.Size([30])
     """
-    method = "predict_bilinear_probes"
-    pairs = _pairs(method, acts1, acts2)
+    caller = "predict_bilinear_probes"
+    pairs = _pairs(caller, acts1, acts2)
     if pairs[0][0] == ():
         return _predict(probes, pairs[0][1], pairs[0][2], probes.batch_dims)
     out = TensorDict({}, batch_size=[])
     for key, a, b in pairs:
         if key not in probes.keys(include_nested=True):
-            raise ValueError(f"{method}: probes hold no pair {site_name(key)!r}")
+            raise ValueError(f"{caller}: probes hold no pair {site_name(key)!r}")
         out.set(key, _predict(cast(TensorDictBase, probes.get(key)), a, b, 0))
     return out
 

@@ -89,30 +89,30 @@ def fit_probes(
         >>> fit_probes(stacked, labels)["weight"].shape
         torch.Size([2, 1, 4])
     """
-    method = "fit_probes"
-    fit = _fitter(method, kind, alpha=alpha, C=C, fit_intercept=fit_intercept, normalize=normalize,
+    caller = "fit_probes"
+    fit = _fitter(caller, kind, alpha=alpha, C=C, fit_intercept=fit_intercept, normalize=normalize,
                   max_iter=max_iter, tol=tol)
     min_classes = 2
     if kind in ("logistic", "mean_difference") and task == "regression":
-        raise ValueError(f"{method}: kind={kind!r} is a classifier; give class labels with task='classification'")
+        raise ValueError(f"{caller}: kind={kind!r} is a classifier; give class labels with task='classification'")
     task = "classification" if kind in ("logistic", "mean_difference") else task
-    return fit_sites(method, acts, labels, fit, task=task, classes=classes, min_classes=min_classes,
+    return fit_sites(caller, acts, labels, fit, task=task, classes=classes, min_classes=min_classes,
                      exact_classes=2 if kind == "mean_difference" else None)
 
 
-def _fitter(method: str, kind: str, *, alpha: float | torch.Tensor, C: float, fit_intercept: bool,
+def _fitter(caller: str, kind: str, *, alpha: float | torch.Tensor, C: float, fit_intercept: bool,
             normalize: bool, max_iter: int, tol: float) -> Fit:
     """The maths of ``kind`` on one stack of sites, its options checked."""
     if kind == "ridge":
         if not isinstance(alpha, torch.Tensor) and not alpha >= 0:
-            raise ValueError(f"{method}: alpha must be >= 0, got {alpha}")
+            raise ValueError(f"{caller}: alpha must be >= 0, got {alpha}")
 
         def ridge(x: torch.Tensor, labels: Labels, keys: list[str]) -> Params:
             y = labels.targets(x.dtype)
             if x.shape[-2] < x.shape[-1]:
-                weight, bias = dual_solve(method, x, y, alpha, fit_intercept, keys)
+                weight, bias = dual_solve(caller, x, y, alpha, fit_intercept, keys)
             else:
-                weight, bias = solve(method, statistics(x, y), alpha, fit_intercept, keys)
+                weight, bias = solve(caller, statistics(x, y), alpha, fit_intercept, keys)
             if labels.single_output:
                 return {"weight": weight[..., 0, :], "bias": bias[..., 0]}
             return {"weight": weight, "bias": bias}
@@ -120,13 +120,13 @@ def _fitter(method: str, kind: str, *, alpha: float | torch.Tensor, C: float, fi
         return ridge
     if kind == "logistic":
         if not C > 0 or C == float("inf"):
-            raise ValueError(f"{method}: C must be a positive finite float, got {C}")
+            raise ValueError(f"{caller}: C must be a positive finite float, got {C}")
         if max_iter < 1:
-            raise ValueError(f"{method}: max_iter must be >= 1, got {max_iter}")
+            raise ValueError(f"{caller}: max_iter must be >= 1, got {max_iter}")
 
         def fit_logistic(x: torch.Tensor, labels: Labels, keys: list[str]) -> Params:
             assert labels.classes is not None and labels.index is not None
-            weight, bias = logistic(method, x, labels.index, labels.classes.shape[0], C=C,
+            weight, bias = logistic(caller, x, labels.index, labels.classes.shape[0], C=C,
                                     fit_intercept=fit_intercept, max_iter=max_iter, tol=tol, keys=keys)
             return {"weight": weight, "bias": bias}
 
@@ -139,11 +139,11 @@ def _fitter(method: str, kind: str, *, alpha: float | torch.Tensor, C: float, fi
             return {"weight": weight, "bias": bias}
 
         return fit_mean_difference
-    raise ValueError(f"{method}: kind must be 'ridge', 'logistic' or 'mean_difference', got {kind!r}")
+    raise ValueError(f"{caller}: kind must be 'ridge', 'logistic' or 'mean_difference', got {kind!r}")
 
 
 def fit_sites(
-    method: str,
+    caller: str,
     acts: TensorDictBase | torch.Tensor,
     labels: torch.Tensor,
     fit: Fit,
@@ -155,29 +155,29 @@ def fit_sites(
 ) -> TensorDict:
     """Run ``fit`` on each stack of sites of ``acts`` (or on a tensor) and gather the probes by site."""
     if isinstance(acts, torch.Tensor):
-        check_tensor_acts(method, acts)
-        read = _labels(method, labels, acts.shape[-2], task, classes, min_classes, exact_classes)
-        check_finite(method, acts, [])
+        check_tensor_acts(caller, acts)
+        read = _labels(caller, labels, acts.shape[-2], task, classes, min_classes, exact_classes)
+        check_finite(caller, acts, [])
         return _as_td(fit(acts, read, []), read, acts.shape[:-2])
     if not isinstance(acts, TensorDictBase):
-        raise TypeError(f"{method}: acts must be a TensorDict of sites or a tensor, got {type(acts).__name__}")
-    stacks = groups(method, acts)
-    read = _labels(method, labels, stacks[0].stacked.shape[-2], task, classes, min_classes, exact_classes)
+        raise TypeError(f"{caller}: acts must be a TensorDict of sites or a tensor, got {type(acts).__name__}")
+    stacks = groups(caller, acts)
+    read = _labels(caller, labels, stacks[0].stacked.shape[-2], task, classes, min_classes, exact_classes)
     out = TensorDict({}, batch_size=[])
     for stack in stacks:
         names = [site_name(k) for k in stack.keys]
-        check_finite(method, stack.stacked, names)
+        check_finite(caller, stack.stacked, names)
         fitted = fit(stack.stacked, read, names)
         for i, key in enumerate(stack.keys):
             out.set(key, _as_td({k: v[i] for k, v in fitted.items()}, read, torch.Size([])))
     return out
 
 
-def _labels(method: str, labels: torch.Tensor, n: int, task: Task, classes: torch.Tensor | None,
+def _labels(caller: str, labels: torch.Tensor, n: int, task: Task, classes: torch.Tensor | None,
             min_classes: int, exact_classes: int | None) -> Labels:
-    read = as_labels(method, labels, n, task=task, classes=classes, min_classes=min_classes)
+    read = as_labels(caller, labels, n, task=task, classes=classes, min_classes=min_classes)
     if exact_classes is not None and read.classes is not None and read.classes.shape[0] != exact_classes:
-        raise ValueError(f"{method}: this probe takes exactly {exact_classes} classes, labels hold "
+        raise ValueError(f"{caller}: this probe takes exactly {exact_classes} classes, labels hold "
                          f"{read.classes.shape[0]}")
     return read
 

@@ -48,44 +48,44 @@ class Group:
     stacked: torch.Tensor
 
 
-def groups(method: str, acts: TensorDictBase, name: str = "acts") -> list[Group]:
+def groups(caller: str, acts: TensorDictBase, name: str = "acts") -> list[Group]:
     """The sites of ``acts`` flattened to ``(N, D)`` and stacked by shape, dtype and device."""
     keys = list(acts.keys(include_nested=True, leaves_only=True))
     if not keys:
-        raise ValueError(f"{method}: {name} has no sites; give a TensorDict with one (N, D) tensor per site")
+        raise ValueError(f"{caller}: {name} has no sites; give a TensorDict with one (N, D) tensor per site")
     by_kind: dict[tuple[torch.Size, torch.dtype, torch.device], list[tuple[NestedKey, torch.Tensor]]] = {}
     n_first: tuple[str, int] | None = None
     for key in keys:
         value = acts.get(key)
         if not isinstance(value, torch.Tensor) or value.ndim < 2:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(f"{method}: {name}[{site_name(key)!r}] is {shape}; each site must be (N, D) or (N, ...)")
-        _check_float(method, value, f"{name}[{site_name(key)!r}]")
+            raise ValueError(f"{caller}: {name}[{site_name(key)!r}] is {shape}; each site must be (N, D) or (N, ...)")
+        _check_float(caller, value, f"{name}[{site_name(key)!r}]")
         flat = value.reshape(value.shape[0], -1)
         if n_first is None:
             n_first = (site_name(key), flat.shape[0])
         elif flat.shape[0] != n_first[1]:
             raise ValueError(
-                f"{method}: {name}[{site_name(key)!r}] has N={flat.shape[0]} samples, {name}[{n_first[0]!r}] "
+                f"{caller}: {name}[{site_name(key)!r}] has N={flat.shape[0]} samples, {name}[{n_first[0]!r}] "
                 f"has {n_first[1]}; every site needs the same samples"
             )
         by_kind.setdefault((flat.shape, flat.dtype, flat.device), []).append((key, flat))
     return [Group([k for k, _ in items], torch.stack([v for _, v in items])) for items in by_kind.values()]
 
 
-def _check_float(method: str, value: torch.Tensor, what: str) -> None:
+def _check_float(caller: str, value: torch.Tensor, what: str) -> None:
     if not value.is_floating_point():
-        raise TypeError(f"{method}: {what} has dtype {value.dtype}; activations must be floating point (cast them)")
+        raise TypeError(f"{caller}: {what} has dtype {value.dtype}; activations must be floating point (cast them)")
 
 
-def check_tensor_acts(method: str, acts: torch.Tensor, name: str = "acts") -> None:
+def check_tensor_acts(caller: str, acts: torch.Tensor, name: str = "acts") -> None:
     """A plain tensor of activations is ``(..., N, D)`` and floating point."""
     if acts.ndim < 2:
-        raise ValueError(f"{method}: {name} has shape {tuple(acts.shape)}; give (..., N, D) or a TensorDict of sites")
-    _check_float(method, acts, name)
+        raise ValueError(f"{caller}: {name} has shape {tuple(acts.shape)}; give (..., N, D) or a TensorDict of sites")
+    _check_float(caller, acts, name)
 
 
-def check_finite(method: str, stacked: torch.Tensor, keys: list[str], name: str = "acts") -> None:
+def check_finite(caller: str, stacked: torch.Tensor, keys: list[str], name: str = "acts") -> None:
     """Refuse NaN or infinity, naming the first site holding one (skipped under a transform)."""
     if transformed():
         return
@@ -95,7 +95,7 @@ def check_finite(method: str, stacked: torch.Tensor, keys: list[str], name: str 
     if not bool(finite.all()):  # else a finite sum overflowed: values near the dtype's largest are still finite
         bad = int((~finite).nonzero()[0, 0])
         where = keys[bad] if len(keys) == finite.numel() else f"batch element {bad}"
-        raise ValueError(f"{method}: {name} {where!r} holds NaN or infinity; remove or impute those samples")
+        raise ValueError(f"{caller}: {name} {where!r} holds NaN or infinity; remove or impute those samples")
 
 
 @dataclass(frozen=True)
@@ -123,44 +123,44 @@ class Labels:
 
 
 def as_labels(
-    method: str, labels: torch.Tensor, n: int, *, task: Task, classes: torch.Tensor | None, min_classes: int = 2
+    caller: str, labels: torch.Tensor, n: int, *, task: Task, classes: torch.Tensor | None, min_classes: int = 2
 ) -> Labels:
     """Check ``labels`` against ``n`` samples and read their classes (sorted unique, or ``classes`` given)."""
     if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{method}: labels must be a tensor, got {type(labels).__name__}")
+        raise TypeError(f"{caller}: labels must be a tensor, got {type(labels).__name__}")
     if labels.ndim not in (1, 2) or labels.shape[0] != n:
         raise ValueError(
-            f"{method}: labels has shape {tuple(labels.shape)} but acts has N={n} samples; give labels (N,) "
+            f"{caller}: labels has shape {tuple(labels.shape)} but acts has N={n} samples; give labels (N,) "
             "(classes or one regression target) or (N, K) (regression targets)"
         )
     if task not in ("auto", "classification", "regression"):
-        raise ValueError(f"{method}: task must be 'auto', 'classification' or 'regression', got {task!r}")
+        raise ValueError(f"{caller}: task must be 'auto', 'classification' or 'regression', got {task!r}")
     classify = task == "classification" or (task == "auto" and not labels.is_floating_point())
     if not classify:
         if not labels.is_floating_point():
             labels = labels.to(torch.get_default_dtype())
         if not transformed() and not bool(torch.isfinite(labels).all()):
-            raise ValueError(f"{method}: labels hold NaN or infinity; remove those samples")
+            raise ValueError(f"{caller}: labels hold NaN or infinity; remove those samples")
         return Labels(labels, None, None)
     if labels.ndim != 1:
-        raise ValueError(f"{method}: labels for a classifier must be (N,), got {tuple(labels.shape)}")
-    return _classes(method, labels, classes, min_classes)
+        raise ValueError(f"{caller}: labels for a classifier must be (N,), got {tuple(labels.shape)}")
+    return _classes(caller, labels, classes, min_classes)
 
 
-def _classes(method: str, labels: torch.Tensor, classes: torch.Tensor | None, min_classes: int) -> Labels:
+def _classes(caller: str, labels: torch.Tensor, classes: torch.Tensor | None, min_classes: int) -> Labels:
     if classes is None:
         if transformed():
-            raise ValueError(f"{method}: under vmap the classes cannot be read from the labels; give classes=")
+            raise ValueError(f"{caller}: under vmap the classes cannot be read from the labels; give classes=")
         classes = torch.unique(labels)
     elif classes.ndim != 1 or (not transformed() and not bool((classes[1:] > classes[:-1]).all())):
-        raise ValueError(f"{method}: classes must be a 1-d tensor of sorted distinct values")
+        raise ValueError(f"{caller}: classes must be a 1-d tensor of sorted distinct values")
     if classes.shape[0] < min_classes:
         raise ValueError(
-            f"{method}: labels hold {classes.shape[0]} class(es) {classes.tolist()}; a classifier needs at least "
+            f"{caller}: labels hold {classes.shape[0]} class(es) {classes.tolist()}; a classifier needs at least "
             f"{min_classes}"
         )
     equal = labels[:, None] == classes.to(labels.dtype)
     if not transformed() and not bool(equal.any(-1).all()):
         missing = labels[~equal.any(-1)][:3].tolist()
-        raise ValueError(f"{method}: labels {missing} are not in classes {classes.tolist()}")
+        raise ValueError(f"{caller}: labels {missing} are not in classes {classes.tolist()}")
     return Labels(labels, classes, equal.to(torch.int64).argmax(-1))

@@ -100,7 +100,7 @@ def _hessian(xt: torch.Tensor, p: torch.Tensor, binary: bool) -> torch.Tensor:
 
 
 def logistic(
-    method: str,
+    caller: str,
     x: torch.Tensor,
     index: torch.Tensor,
     n_classes: int,
@@ -136,7 +136,7 @@ def logistic(
         p = torch.sigmoid(logits) if binary else torch.softmax(logits, -1)
         grad = (p - y).mT @ xt + penalty * theta
         if exact:
-            factor = cholesky(method, _hessian(xt, p, binary) + curvature, keys)
+            factor = cholesky(caller, _hessian(xt, p, binary) + curvature, keys)
             step = torch.cholesky_solve(grad.flatten(-2)[..., None], factor)[..., 0].reshape(grad.shape)
         else:
             step = _conjugate_gradient(grad, xt, p, penalty, binary, shifted=fit_intercept and not binary)
@@ -150,7 +150,7 @@ def logistic(
             converged = True
             break
     if not converged and not transformed():
-        warnings.warn(f"{method}: logistic probes did not converge in max_iter={max_iter} Newton steps", RuntimeWarning,
+        warnings.warn(f"{caller}: logistic probes did not converge in max_iter={max_iter} Newton steps", RuntimeWarning,
                       stacklevel=3)
     weight, bias = (theta[..., :-1], theta[..., -1]) if fit_intercept else (theta, torch.zeros_like(theta[..., 0]))
     return weight.to(x.dtype), bias.to(x.dtype)

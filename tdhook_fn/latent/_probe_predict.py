@@ -36,29 +36,29 @@ def _predict(probe: TensorDictBase, x: torch.Tensor, batch_dims: int) -> torch.T
 
 
 def _apply(
-    method: str, probes: TensorDictBase, acts: TensorDictBase | torch.Tensor, apply: Apply
+    caller: str, probes: TensorDictBase, acts: TensorDictBase | torch.Tensor, apply: Apply
 ) -> TensorDict | torch.Tensor:
     """``apply`` on each site, sites of one shape stacked (NOTE [probe sites in one op])."""
     if not isinstance(probes, TensorDictBase):
-        raise TypeError(f"{method}: probes must be the TensorDict fit_probes returned, got {type(probes).__name__}")
+        raise TypeError(f"{caller}: probes must be the TensorDict fit_probes returned, got {type(probes).__name__}")
     if isinstance(acts, torch.Tensor):
         if "weight" not in probes.keys():
-            raise ValueError(f"{method}: acts is a tensor but probes hold sites {list(probes.keys())}; give the "
+            raise ValueError(f"{caller}: acts is a tensor but probes hold sites {list(probes.keys())}; give the "
                              "TensorDict of activations by site")
-        check_tensor_acts(method, acts)
+        check_tensor_acts(caller, acts)
         return apply(probes, acts, probes.batch_dims)
     if not isinstance(acts, TensorDictBase):
-        raise TypeError(f"{method}: acts must be a TensorDict of sites or a tensor, got {type(acts).__name__}")
+        raise TypeError(f"{caller}: acts must be a TensorDict of sites or a tensor, got {type(acts).__name__}")
     stacks: dict[tuple[object, ...], list[tuple[NestedKey, TensorDictBase, torch.Tensor]]] = {}
     for key in _sites(probes):
         name = site_name(key)
         if key not in acts.keys(include_nested=True):
-            raise ValueError(f"{method}: acts has no site {name!r}, which probes hold")
+            raise ValueError(f"{caller}: acts has no site {name!r}, which probes hold")
         probe, value = probes.get(key), acts.get(key)
         x = value.reshape(value.shape[0], -1) if value.ndim >= 2 else value
         width = probe.get("weight").shape[-1]
         if x.ndim != 2 or x.shape[-1] != width:
-            raise ValueError(f"{method}: acts[{name!r}] is {tuple(value.shape)}; its probe takes (N, {width})")
+            raise ValueError(f"{caller}: acts[{name!r}] is {tuple(value.shape)}; its probe takes (N, {width})")
         shape = (x.shape, x.dtype, x.device, tuple(probe.shape), tuple(sorted((k, v.shape) for k, v in probe.items())))
         stacks.setdefault(shape, []).append((key, probe, x))
     out = TensorDict({}, batch_size=[])

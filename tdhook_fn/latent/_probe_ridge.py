@@ -59,7 +59,7 @@ def merge(a: Stats, b: Stats) -> Stats:
     }
 
 
-def cholesky(method: str, a: torch.Tensor, keys: list[str]) -> torch.Tensor:
+def cholesky(caller: str, a: torch.Tensor, keys: list[str]) -> torch.Tensor:
     """The lower Cholesky factor of SPD ``a (..., M, M)``; a singular one is refused by site."""
     factor: torch.Tensor
     if transformed():
@@ -71,7 +71,7 @@ def cholesky(method: str, a: torch.Tensor, keys: list[str]) -> torch.Tensor:
         first = int(bad.nonzero()[0, 0])
         where = keys[first] if len(keys) == bad.numel() else f"batch element {first}"
         raise ValueError(
-            f"{method}: the normal equations of site {where!r} are singular (constant features with alpha=0?); "
+            f"{caller}: the normal equations of site {where!r} are singular (constant features with alpha=0?); "
             "use alpha > 0"
         )
     return factor
@@ -84,7 +84,7 @@ def _ridge_term(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor
 
 
 def solve(
-    method: str, stats: Stats, alpha: float | torch.Tensor, fit_intercept: bool, keys: list[str]
+    caller: str, stats: Stats, alpha: float | torch.Tensor, fit_intercept: bool, keys: list[str]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight (..., K, D)`` and ``bias (..., K)`` from statistics: the primal system, ``D x D``."""
     cxx, cxy, mean_x, mean_y = stats["cxx"], stats["cxy"], stats["mean_x"], stats["mean_y"]
@@ -92,7 +92,7 @@ def solve(
         n = stats["count"][..., None, None]
         cxx = cxx + n * mean_x[..., :, None] * mean_x[..., None, :]
         cxy = cxy + n * mean_x[..., :, None] * mean_y[..., None, :]
-    factor = cholesky(method, cxx + _ridge_term(alpha, cxx), keys)
+    factor = cholesky(caller, cxx + _ridge_term(alpha, cxx), keys)
     weight_t = torch.cholesky_solve(cxy, factor)
     if not fit_intercept:
         return weight_t.mT, torch.zeros_like(mean_y)
@@ -100,14 +100,14 @@ def solve(
 
 
 def dual_solve(
-    method: str, x: torch.Tensor, y: torch.Tensor, alpha: float | torch.Tensor, fit_intercept: bool, keys: list[str]
+    caller: str, x: torch.Tensor, y: torch.Tensor, alpha: float | torch.Tensor, fit_intercept: bool, keys: list[str]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight (..., K, D)`` and ``bias (..., K)`` from the ``N x N`` kernel system (fewer samples than features)."""
     mean_x = x.mean(-2, keepdim=True) if fit_intercept else torch.zeros_like(x[..., :1, :])
     mean_y = y.mean(-2, keepdim=True) if fit_intercept else torch.zeros_like(y[..., :1, :])
     xc = x - mean_x
     gram = xc @ xc.mT
-    factor = cholesky(method, gram + _ridge_term(alpha, gram), keys)
+    factor = cholesky(caller, gram + _ridge_term(alpha, gram), keys)
     dual = torch.cholesky_solve((y - mean_y).expand(*x.shape[:-2], -1, -1), factor)
     weight_t = xc.mT @ dual
     bias = (mean_y - mean_x @ weight_t)[..., 0, :]

@@ -75,22 +75,22 @@ def merge_ridge_statistics(a: TensorDictBase, b: TensorDictBase) -> TensorDict:
         >>> merged["count"].item()
         10.0
     """
-    method = "merge_ridge_statistics"
+    caller = "merge_ridge_statistics"
     out = TensorDict({}, batch_size=a.batch_size)
-    b_sites = set(_sites(method, b, "b"))
-    for key in _sites(method, a, "a"):
+    b_sites = set(_sites(caller, b, "b"))
+    for key in _sites(caller, a, "a"):
         if key not in b_sites:
-            raise ValueError(f"{method}: site {site_name(key)!r} is in a but not in b")
+            raise ValueError(f"{caller}: site {site_name(key)!r} is in a but not in b")
         left, right = _site(a, key), _site(b, key)
         for field in _FIELDS:
             if left.get(field).shape != right.get(field).shape:
-                raise ValueError(f"{method}: site {site_name(key)!r}: {field} is {tuple(left.get(field).shape)} in a, "
+                raise ValueError(f"{caller}: site {site_name(key)!r}: {field} is {tuple(left.get(field).shape)} in a, "
                                  f"{tuple(right.get(field).shape)} in b; merge statistics of the same sites and labels")
         has_classes = "classes" in left.keys()
         if has_classes != ("classes" in right.keys()) or (
             has_classes and not transformed() and not torch.equal(left.get("classes"), right.get("classes"))
         ):
-            raise ValueError(f"{method}: site {site_name(key)!r}: a and b have different classes; give "
+            raise ValueError(f"{caller}: site {site_name(key)!r}: a and b have different classes; give "
                              "ridge_statistics the dataset's classes= for every batch")
         (a_fields, single), (b_fields, _) = _fields(left), _fields(right)
         merged = _squeezed(merge(a_fields, b_fields), single)
@@ -122,12 +122,12 @@ def solve_ridge(
         >>> solve_ridge(ridge_statistics(x, y), alpha=0.5)["weight"].shape
         torch.Size([2])
     """
-    method = "solve_ridge"
+    caller = "solve_ridge"
     if not isinstance(alpha, torch.Tensor) and not alpha >= 0:
-        raise ValueError(f"{method}: alpha must be >= 0, got {alpha}")
-    keys = _sites(method, stats, "stats")
+        raise ValueError(f"{caller}: alpha must be >= 0, got {alpha}")
+    keys = _sites(caller, stats, "stats")
     if keys == [()]:
-        return _solve(method, stats, alpha, fit_intercept, [], stats.batch_dims)
+        return _solve(caller, stats, alpha, fit_intercept, [], stats.batch_dims)
     stacks: dict[tuple[object, ...], list[NestedKey]] = {}
     for key in keys:
         site = _site(stats, key)
@@ -136,16 +136,16 @@ def solve_ridge(
     out = TensorDict({}, batch_size=[])
     for group in stacks.values():
         stacked = cast(TensorDictBase, torch.stack([_site(stats, k) for k in group]))
-        solved = _solve(method, stacked, alpha, fit_intercept, [site_name(k) for k in group], 1)
+        solved = _solve(caller, stacked, alpha, fit_intercept, [site_name(k) for k in group], 1)
         for key, site in zip(group, solved.unbind(0), strict=True):
             out.set(key, site)
     return out
 
 
-def _solve(method: str, stats: TensorDictBase, alpha: float | torch.Tensor, fit_intercept: bool, keys: list[str],
+def _solve(caller: str, stats: TensorDictBase, alpha: float | torch.Tensor, fit_intercept: bool, keys: list[str],
            batch_dims: int) -> TensorDict:
     fields, single = _fields(stats)
-    weight, bias = solve(method, fields, alpha, fit_intercept, keys)
+    weight, bias = solve(caller, fields, alpha, fit_intercept, keys)
     out = TensorDict({"weight": weight[..., 0, :] if single else weight, "bias": bias[..., 0] if single else bias},
                      batch_size=stats.batch_size)
     if "classes" in stats.keys():
@@ -168,10 +168,10 @@ def _squeezed(fields: Params, single: bool) -> Params:
     return fields
 
 
-def _sites(method: str, stats: TensorDictBase, name: str) -> list[NestedKey]:
+def _sites(caller: str, stats: TensorDictBase, name: str) -> list[NestedKey]:
     """The keys of the sites in ``stats`` (``[()]`` for the statistics of a tensor)."""
     if not isinstance(stats, TensorDictBase):
-        raise TypeError(f"{method}: {name} must be what ridge_statistics returned, got {type(stats).__name__}")
+        raise TypeError(f"{caller}: {name} must be what ridge_statistics returned, got {type(stats).__name__}")
     if "cxx" in stats.keys():
         return [()]
     found: list[NestedKey] = []
@@ -180,7 +180,7 @@ def _sites(method: str, stats: TensorDictBase, name: str) -> list[NestedKey]:
         if path[-1] == "cxx":
             found.append(path[0] if len(path) == 2 else path[:-1])
     if not found:
-        raise ValueError(f"{method}: {name} holds no statistics (no 'cxx'); give what ridge_statistics returned")
+        raise ValueError(f"{caller}: {name} holds no statistics (no 'cxx'); give what ridge_statistics returned")
     return found
 
 

@@ -24,11 +24,11 @@ Norm = float | str
 _MASK_HINT = "of bool keep-masks, e.g. from global_unstructured_masks or ln_structured_mask"
 
 
-def _refuse_stacked(method: str, what: str, td: TensorDictBase) -> None:
+def _refuse_stacked(caller: str, what: str, td: TensorDictBase) -> None:
     """Masks belong to one parameter set: a stacked one ``[K]`` would be pruned as one pool."""
     if td.batch_size:
         raise ValueError(
-            f"{method}: {what} have batch size {list(td.batch_size)} (a stack of parameter sets); a mask belongs to "
+            f"{caller}: {what} have batch size {list(td.batch_size)} (a stack of parameter sets); a mask belongs to "
             f"one set, and a stack would be pruned as one pool (whole members pruned). Prune each member: "
             f"[... for k in range({td.batch_size[0]})] with {what}[k]")
 

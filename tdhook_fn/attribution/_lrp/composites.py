@@ -73,7 +73,7 @@ class EpsilonPlus:
                 (_PASSED, Pass()), (_PLAIN, Ignore()), (AVG_POOLS, Epsilon(self.stabilizer)))
 
 
-def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapper:
+def _mapper(model: nn.Module, rules: Mapping[Any, Any], caller: str) -> RuleMapper:
     """A mapping as a mapper: exact paths first, then patterns (in order), then classes (in order)."""
     by_module: dict[int, Rule] = {}
     patterns: list[tuple[re.Pattern[str], Rule]] = []
@@ -84,7 +84,7 @@ def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapp
             classes.append((key, rule))
             continue
         if not isinstance(key, str):
-            raise TypeError(f"{method}: a rules key must be a path, a pattern or an nn.Module class, got {key!r}")
+            raise TypeError(f"{caller}: a rules key must be a path, a pattern or an nn.Module class, got {key!r}")
         try:
             found = resolve_path(model, key)
         except PathError:
@@ -95,9 +95,9 @@ def _mapper(model: nn.Module, rules: Mapping[Any, Any], method: str) -> RuleMapp
         try:
             pattern = re.compile(key)
         except re.error as e:
-            raise ValueError(f"{method}: rules key {key!r} is neither a submodule path nor a regex ({e})") from e
+            raise ValueError(f"{caller}: rules key {key!r} is neither a submodule path nor a regex ({e})") from e
         if not any(pattern.fullmatch(name) for name in names):
-            raise ValueError(f"{method}: rules key {key!r} names no submodule (as a path or a pattern over "
+            raise ValueError(f"{caller}: rules key {key!r} names no submodule (as a path or a pattern over "
                              f"module names such as {names[1:4]})")
         patterns.append((pattern, rule))
 
@@ -124,15 +124,15 @@ class Resolved(dict[str, Rule]):
         self.missing: list[tuple[str, str]] = []  # (name, class name) of each leaf module without a rule
 
 
-def warn_missing(resolved: Resolved, method: str, stacklevel: int) -> None:
+def warn_missing(resolved: Resolved, caller: str, stacklevel: int) -> None:
     """Warn for each leaf module without a rule (its plain gradient is used)."""
     for name, cls in resolved.missing:
-        warnings.warn(f"{method}: no rule for module {name!r} ({cls}); relevance goes through it by its plain "
+        warnings.warn(f"{caller}: no rule for module {name!r} ({cls}); relevance goes through it by its plain "
                       "gradient", stacklevel=stacklevel + 1)
 
 
 def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool = True,
-                  method: str = "lrp") -> Resolved:
+                  caller: str = "lrp") -> Resolved:
     """The rule of each submodule that has one (not `Ignore`), by path (and by module).
 
     Raises:
@@ -141,11 +141,11 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
         ValueError: a key names no submodule, or two ruled modules nest.
     """
     if isinstance(rules, Mapping):
-        mapper = _mapper(model, rules, method)
+        mapper = _mapper(model, rules, caller)
     elif callable(rules):
         mapper = rules
     else:
-        raise TypeError(f"{method}: rules must be a mapping or a callable (name, module) -> rule, got "
+        raise TypeError(f"{caller}: rules must be a mapping or a callable (name, module) -> rule, got "
                         f"{type(rules).__name__}")
     found: dict[str, Rule] = {}
     modules: dict[str, nn.Module] = {}
@@ -157,18 +157,18 @@ def resolve_rules(model: nn.Module, rules: Rules, *, warn_on_missing_rule: bool 
                 missing.append((name, type(module).__name__))
             continue
         if not callable(getattr(rule, "relevance", None)):
-            raise TypeError(f"{method}: the rule for {name!r} is a {type(rule).__name__}, which has no relevance "
+            raise TypeError(f"{caller}: the rule for {name!r} is a {type(rule).__name__}, which has no relevance "
                             "method (see tdhook_fn.attribution.Epsilon)")
         if not isinstance(rule, Ignore):
             found[name], modules[name] = rule, module
     resolved = Resolved()
     resolved.missing = missing
     if warn_on_missing_rule:
-        warn_missing(resolved, method, stacklevel=3)
+        warn_missing(resolved, caller, stacklevel=3)
     nested = [(outer, inner) for inner in found if inner for outer in _ancestors(inner) if outer in found]
     if nested:
         outer, inner = nested[0]
-        raise ValueError(f"{method}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
+        raise ValueError(f"{caller}: modules {outer or '<root>'!r} and {inner!r} both have a rule, and the second "
                          "runs inside the first; give rules to one of them only (the outer rule would hide the inner)")
     for name, rule in found.items():
         path = name_to_path(name)

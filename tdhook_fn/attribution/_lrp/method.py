@@ -344,7 +344,7 @@ def lrp(
         result = gradients(
             f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
             taps=[*taps, *_rule_taps(ruled)], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls,
-            method="lrp",
+            caller="lrp",
         )
         maps, targets = result.grads, _given(result.targets)
         refuse_level_zero_graph(maps)

@@ -25,9 +25,9 @@ class ModesChecked:
 
     modes_checked: bool = field(default=False, kw_only=True)
 
-    def check_modes(self, model: nn.Module, method: str) -> None:
+    def check_modes(self, model: nn.Module, caller: str) -> None:
         if not self.modes_checked:
-            check_attribution_modes(model, method)
+            check_attribution_modes(model, caller)
             self.modes_checked = True
 
 
