@@ -29,9 +29,9 @@ from tdhook_fn.compat.modules._virtual import module_path
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target
+from .gradient_helpers.common import inherited
 
 __all__ = ["ActivationMaximisation"]
-
 
 
 class ActivationMaximisation(GradientAttribution):
@@ -84,15 +84,8 @@ class ActivationMaximisation(GradientAttribution):
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,
     ) -> None:
-        super().__init__(
-            use_inputs=True,
-            use_outputs=False,
-            init_attr_targets=init_attr_targets,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-        )
+        super().__init__(use_inputs=True, use_outputs=False, **inherited(
+            locals(), "modules_to_maximise", "alpha", "n_steps", "min_value", "max_value"))
         if isinstance(modules_to_maximise, str):
             raise TypeError(f"ActivationMaximisation: modules_to_maximise must be a list of paths; write "
                             f"[{modules_to_maximise!r}]")

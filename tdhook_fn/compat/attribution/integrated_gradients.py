@@ -12,6 +12,7 @@ from tdhook_fn.attribution import convergence_delta, integrated_gradients
 
 from .gradient_helpers import GradientAttributionWithBaseline
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 from .gradient_helpers.helpers import approximation_parameters
 
 __all__ = ["IntegratedGradients"]
@@ -69,28 +70,10 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         method: str = "gausslegendre",
         n_steps: int = 50,
     ) -> None:
-        super().__init__(
-            use_inputs=use_inputs,
-            use_outputs=use_outputs,
-            input_modules=input_modules,
-            target_modules=target_modules,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=init_attr_inputs,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            output_grad_callbacks=output_grad_callbacks,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            cache_callback=cache_callback,
-            compute_convergence_delta=compute_convergence_delta,
-            baseline_key=baseline_key,
-            multiply_by_inputs=multiply_by_inputs,
-        )
+        super().__init__(**inherited(locals(), "method", "n_steps"))
         self._method = method
         self._n_steps = n_steps
-        step_sizes, alphas = approximation_parameters(method)
-        self._step_sizes, self._alphas = step_sizes(n_steps), alphas(n_steps)
+        approximation_parameters(method)  # tdhook's ValueError for an unknown method, now
 
     def _attribute_with_baselines(
         self, call: AttributionCall, baselines: TensorDictBase

@@ -23,6 +23,7 @@ from tdhook_fn.compat.modules._routed import RoutedModule
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]
@@ -96,21 +97,7 @@ class LRP(GradientAttribution):
         if output_grad_callbacks:
             raise NotImplementedError("LRP: output_grad_callbacks are not supported: the rules replace the "
                                       "modules' backward; give the module a custom rule instead")
-        super().__init__(
-            use_inputs=use_inputs,
-            use_outputs=use_outputs,
-            input_modules=input_modules,
-            target_modules=target_modules,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=init_attr_inputs,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            output_grad_callbacks=None,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            cache_callback=cache_callback,
-        )
+        super().__init__(**inherited(locals(), "rule_mapper", "warn_on_missing_rule", "skip_modules"))
         self._rule_mapper = rule_mapper or (lambda name, module: None)
         self._warn_on_missing_rule = warn_on_missing_rule
         self._skip_modules = skip_modules

@@ -37,9 +37,18 @@ from ._calls import (
     make_target,
 )
 
-__all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
+__all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
+
+
+def inherited(arguments: dict[str, Any], *own: str) -> dict[str, Any]:
+    """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments.
+
+    Subclasses restate tdhook's full signature (names, order, defaults) and pass the
+    parent's part on with ``super().__init__(**inherited(locals(), "my_option"))``.
+    """
+    return {name: value for name, value in arguments.items() if name not in {"self", "__class__", *own}}
 
 
 class GradientAttribution(HookingContextFactory):
