@@ -67,12 +67,9 @@ def _shift(dims: int | Sequence[int] | None, batch_dims: int) -> tuple[int, ...]
 class GradCAM(GradientAttribution):
     """Grad-CAM (Selvaraju et al. 2016) of the modules in ``modules_to_attribute``.
 
-    Results go under ``(attribution_key, path)``; computed by
-    `tdhook_fn.attribution.grad_cam`. As in tdhook, inputs are not attributed,
-    the outputs are the targets, and ``use_inputs``, ``use_outputs``, ``target_modules``,
-    ``init_attr_inputs`` and ``cache_callback`` are accepted and ignored. The other
-    arguments are those of
-    `GradientAttribution`.
+    Computed by `tdhook_fn.attribution.grad_cam`, under ``(attribution_key, path)``. As in
+    tdhook, ``use_inputs``, ``use_outputs``, ``target_modules``, ``init_attr_inputs`` and
+    ``cache_callback`` are ignored; the other arguments are those of `GradientAttribution`.
 
     Args:
         modules_to_attribute (dict[str, DimsConfig] | None): path -> dims.

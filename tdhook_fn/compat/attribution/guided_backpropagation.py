@@ -20,11 +20,8 @@ __all__ = ["GuidedBackpropagation"]
 class GuidedBackpropagation(GradientAttribution):
     """Guided backpropagation (Springenberg et al. 2014), as tdhook applies it.
 
-    Every submodule of the model except those of ``classes_to_skip`` passes back the
-    ReLU of its input gradients; computed by `tdhook_fn.attribution.guided_backprop`.
-    Unlike tdhook, no backward hook is put on the model.
-
-    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+    Computed by `tdhook_fn.attribution.guided_backprop`. Takes the arguments of
+    `GradientAttribution` (same names, defaults and meaning), and:
 
     Args:
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.

@@ -19,32 +19,13 @@ __all__ = ["IntegratedGradients"]
 
 
 class IntegratedGradients(GradientAttributionWithBaseline):
-    """Integrated gradients (Sundararajan et al. 2017), and with ``input_modules`` their
-    conditional (layer) variant (Dhamdhere et al. 2018) as tdhook computes it.
+    """Integrated gradients (and their layer variant for ``input_modules``), as tdhook computes them.
 
-    Computed by `tdhook_fn.attribution.integrated_gradients` with
-    ``interpolate="inputs"``: the inputs move from the baselines, the gradients at the
-    inputs and at ``input_modules`` are integrated, and only input attributions are
-    multiplied by ``x - baseline``. ``init_attr_targets`` and ``init_attr_grads`` see the
-    path points on a trailing batch dim (``[*B, n_steps]``), as in tdhook (and the
-    convergence delta's two ends on a trailing dim ``[*B, 2]``). The convergence delta sums
-    every attribution, module ones included, as tdhook's formula does (tdhook 0.1.3 fails
-    to compute it with ``input_modules`` or ``target_modules``).
-
-    Takes the arguments of `GradientAttributionWithBaseline` (same names, defaults and meaning), and:
-
-    Args:
-        multiply_by_inputs (bool): multiply input attributions by ``x - baseline``.
-            Default: ``False``, as in tdhook 0.1.3: the path-averaged gradient. The pure
-            `tdhook_fn.attribution.integrated_gradients` (and captum's
-            ``IntegratedGradients``) default to ``True``, the integrated gradients of the
-            paper; pass ``multiply_by_inputs=True`` here to get those.
-        method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
-            Default: ``"gausslegendre"``.
-        n_steps (int): number of path points. Default: 50.
-
-    Raises:
-        ValueError: unknown method or too few steps.
+    Computed by `tdhook_fn.attribution.integrated_gradients` with ``interpolate="inputs"``;
+    ``init_attr_targets`` and ``init_attr_grads`` see the path points on a trailing batch
+    dim (``[*B, n_steps]``), as in tdhook. Takes the arguments of
+    `GradientAttributionWithBaseline` (``multiply_by_inputs`` defaults to ``False`` as in
+    tdhook, unlike the pure function), and ``method`` and ``n_steps`` of the pure function.
     """
 
     _stepped = True

@@ -49,20 +49,14 @@ def _as_rule(rule: Any, name: str) -> attribution.Rule:
 class LRP(GradientAttribution):
     """Layer-wise relevance propagation (Bach et al. 2015) with per-module rules.
 
-    Computed by `tdhook_fn.attribution.lrp`. The relevance put in at the targets is
-    the gradient fed back (ones, or ``init_attr_grads``), and results are relevances
-    (not multiplied by the inputs again), under ``(attribution_key, key)`` and
-    ``(attribution_key, path)`` for ``input_modules``.
-
-    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+    Computed by `tdhook_fn.attribution.lrp`: the relevance put in at the targets is the
+    gradient fed back (ones, or ``init_attr_grads``). Takes the arguments of
+    `GradientAttribution` (``output_grad_callbacks`` must be empty: the rules replace the
+    backward), and:
 
     Args:
-        output_grad_callbacks (None): not supported with LRP (a rule replaces the module's
-            backward); must be ``None`` or empty.
-        rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g.
-            `EpsilonPlus`. A rule is
-            a tdhook rule class of ``lrp_helpers.rules`` or a `tdhook_fn.attribution`
-            rule. Default: no rules (plain gradients).
+        rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g. `EpsilonPlus`;
+            a rule of ``lrp_helpers.rules`` or of `tdhook_fn.attribution`. Default: no rules.
         warn_on_missing_rule (bool): warn, on entering the context, for each module
             (containers included) without a rule that ``skip_modules`` does not skip.
             Default: ``True``.

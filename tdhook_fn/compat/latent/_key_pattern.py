@@ -36,7 +36,7 @@ class KeyPatternHooks:
         self._key_pattern = key_pattern
 
     def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
-        """The modules hooks may target, under tdhook's names (see the factory's module docstring)."""
+        """The modules hooks may target, under tdhook's names (see ``relative`` of `ActivationCaching`)."""
         context = module.hooking_context
         root = getattr(context, "_module", None)
         if not isinstance(root, nn.Module):

@@ -1,14 +1,8 @@
 """``ActivationPatching`` with the public API of ``tdhook.latent.activation_patching`` (tdhook 0.1.3).
 
-A call of the hooked module on ``td`` runs the model on ``td``'s inputs (the clean run)
-and on ``td[patch_key]``'s inputs with the outputs of ``modules_to_patch`` replaced by
-their clean values (or by ``patch_fn(module_key=, output=, output_to_patch=)``), and
-writes the clean outputs into ``td`` and the patched ones under ``(patch_key, key)``.
 The clean activations come from `tdhook_fn.latent.cache`, the patched run from
-`tdhook_fn.latent.patch`; no
-hook is registered on the model.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+`tdhook_fn.latent.patch` (NOTE [latent contexts, pure] in ``_calls``). Differences from
+tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``SteeringVectors`` and ``ActivationAddition`` (``tdhook.latent.steering_vectors``, tdhook 0.1.3).
 
-`SteeringVectors` replaces the outputs of ``modules_to_steer`` by
-``steer_fn(module_key=, output=)`` in every call of the hooked module: one virtual hook
-per module (see `tdhook_fn.compat.modules`), so the model
-never carries a hook. `ActivationAddition` computes steering vectors, the mean
-over samples of ``act(positive) - act(negative)``, with
-`tdhook_fn.latent.activation_addition`.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+`SteeringVectors` registers tdhook's setting hooks as virtual hooks; `ActivationAddition`
+computes with `tdhook_fn.latent.activation_addition`. Differences from tdhook 0.1.3 are
+listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
 
-Same constructor arguments, defaults, TensorDict keys and errors as tdhook 0.1.3, with a
-different inside: a prepared module is one `FunctionModule`
-that, on each call, reads the model as a pure function (with the hooked module's active
-virtual hooks), calls a method of `tdhook_fn.attribution` and writes
-``(attribution_key, key)`` entries (and ``"convergence_delta"``) into the TensorDict.
-No hook is registered on the model and nothing is cached between calls, so a prepared
-context can be called from several threads at once (tdhook's shared caches break there).
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+A prepared module is one `FunctionModule` that, on each call, takes the model as a pure
+function and writes what a method of `tdhook_fn.attribution` returns under
+``attribution_key``. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
