@@ -24,7 +24,7 @@ from tdhook_fn.compat.hooks import (
 )
 
 from ._routed import RoutedModule
-from ._run import HookedModuleRun
+from ._run import HookedModuleRun, directed
 from ._scope import current, entered
 from ._virtual import VirtualHooks, module_path
 
@@ -207,23 +207,9 @@ class HookedModule(TensorDictModuleWrapper):
         hook = HookFactory.make_caching_hook(cache_key, cache, callback=callback, direction=direction)
         return self.register_submodule_hook(module_key, hook, direction, prepend, relative), proxy
 
-    def set_input(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
-        return self.set(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def get_input(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        return self.get(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def set_grad(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
-        return self.set(*args, **{**kwargs, "direction": "bwd"})
-
-    def get_grad(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        return self.get(*args, **{**kwargs, "direction": "bwd"})
-
-    def set_grad_output(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
-        return self.set(*args, **{**kwargs, "direction": "bwd_pre"})
-
-    def get_grad_output(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        return self.get(*args, **{**kwargs, "direction": "bwd_pre"})
+    set_input, get_input = directed("set", "fwd_pre"), directed("get", "fwd_pre")
+    set_grad, get_grad = directed("set", "bwd"), directed("get", "bwd")
+    set_grad_output, get_grad_output = directed("set", "bwd_pre"), directed("get", "bwd_pre")
 
     def stop(self, key: str) -> RemovableHandleProtocol:
         """Raise EarlyStoppingException when the module at ``key`` has run."""
