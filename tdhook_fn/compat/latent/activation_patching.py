@@ -26,7 +26,6 @@ from ._calls import check_td, site_for, tensor_guards
 __all__ = ["ActivationPatching"]
 
 
-
 class ActivationPatching(HookingContextFactory):
     """Activation patching: outputs of a run with some activations taken from another.
 

@@ -25,7 +25,6 @@ from ._calls import check_td, site_for, tensor_guards
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
 
-
 class SteeringVectors(HookingContextFactory):
     """Steering: the outputs of some modules replaced by ``steer_fn`` of them.
 
@@ -60,12 +59,10 @@ class SteeringVectors(HookingContextFactory):
 
 
 class ActivationAddition(HookingContextFactory):
-    """Steering vectors from pairs of examples: ``mean(act(positive) - act(negative))``.
+    """Steering vectors from pairs of examples, by `tdhook_fn.latent.activation_addition`.
 
-    Calling the hooked module on a TensorDict holding ``(positive_key, key)`` and
-    ``(negative_key, key)`` for its ``in_keys`` returns
-    ``TensorDict({steer_key: {module_key: vector}})``, each vector shaped like one
-    sample's activation.
+    The hooked module reads ``(positive_key, key)`` and ``(negative_key, key)`` for its
+    ``in_keys`` and returns ``TensorDict({steer_key: {module_key: vector}})``.
 
     Args:
         modules_to_steer (list[str]): module paths (relative to the model).

@@ -18,6 +18,7 @@ from tdhook_fn.compat.hooks import (
     CacheProxy,
     HookDirection,
     HookFactory,
+    MultiHookHandle,
     RemovableHandleProtocol,
     _check_hook_signature,
     resolve_submodule_path,
@@ -44,19 +45,6 @@ class HookingContext(Protocol):
     def disable(self) -> AbstractContextManager[Any]: ...
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None: ...
-
-
-class _NoHandle:
-    """The handle of a hook that can never fire (tdhook hooks such modules anyway)."""
-
-    def remove(self) -> None:
-        return None
-
-    def __enter__(self) -> _NoHandle:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
 
 
 class HookedModule(TensorDictModuleWrapper):
@@ -166,7 +154,7 @@ class HookedModule(TensorDictModuleWrapper):
         if module_path(self._model(), submodule) is None:
             if isinstance(submodule, nn.ModuleList):  # e.g. a slice: never executed anyway
                 _check_hook_signature(hook, direction)
-                return _NoHandle()
+                return MultiHookHandle()  # nothing to remove: tdhook hooks such modules anyway
             raise PathError(
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"

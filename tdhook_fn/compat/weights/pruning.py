@@ -97,13 +97,11 @@ class Pruning(HookingContextFactory):
             model's own ``nn.Parameter`` (its ``.grad`` included); ``module_key`` is the
             submodule's name from the pruning root, or in structured mode the key of
             ``modules_to_prune``.
-        amount_to_prune (float | int | None): global mode: the fraction (``round(amount *
-            n)`` entries) or number of entries of lowest ``|importance|`` to zero across all
-            scored parameters; structured mode: the amount for modules whose own is ``None``
-            (or 0).
-        modules_to_prune (dict | None): structured mode: ``{module_key: (dim, amount)}``;
-            each scored parameter of that module loses the ``amount`` slices along ``dim``
-            with the lowest L1 norm of importance.
+        amount_to_prune (float | int | None): global mode: the ``amount`` of
+            `tdhook_fn.weights.global_unstructured_masks`; structured mode: the amount for
+            modules whose own is ``None`` (or 0).
+        modules_to_prune (dict | None): structured mode: ``{module_key: (dim, amount)}``,
+            masks of `tdhook_fn.weights.ln_structured_mask` (``n=1``) of the importance.
         skip_modules (Callable | None): global mode: ``skip_modules(name, module)`` leaves a
             submodule's own parameters out. Default: none skipped (see `default_skip`).
         relative_path (str | None): path of the pruning root inside the model (for a
