@@ -23,9 +23,10 @@ class IntegratedGradients(GradientAttributionWithBaseline):
 
     Computed by `tdhook_fn.attribution.integrated_gradients` with ``interpolate="inputs"``;
     ``init_attr_targets`` and ``init_attr_grads`` see the path points on a trailing batch
-    dim (``[*B, n_steps]``), as in tdhook. Takes the arguments of
-    `GradientAttributionWithBaseline` (``multiply_by_inputs`` defaults to ``False`` as in
-    tdhook, unlike the pure function), and ``method`` and ``n_steps`` of the pure function.
+    dim (``[*B, n_steps]``; the convergence delta's two ends ``[*B, 2]``), as in tdhook.
+    Takes the arguments of `GradientAttributionWithBaseline` (``multiply_by_inputs``
+    defaults to ``False`` as in tdhook, unlike the pure function), and ``method`` and
+    ``n_steps`` of the pure function.
     """
 
     _stepped = True

@@ -31,12 +31,6 @@ __all__ = ["LRP"]
 _ByModule = dict[int, attribution.Rule]
 
 
-def _tdhook_named_modules(module: RoutedModule) -> list[tuple[str, nn.Module]]:
-    """Submodules under the names tdhook's rule mapper sees (those of the wrapping module)."""
-    root = module.td_module
-    return list(root.named_modules())
-
-
 def _as_rule(rule: Any, name: str) -> attribution.Rule:
     if isinstance(rule, Rule):
         return rule.rule()
@@ -109,7 +103,7 @@ class LRP(GradientAttribution):
         model = module.model
         inside = {id(m) for m in model.modules()}
         chosen: _ByModule = {}
-        for name, child in _tdhook_named_modules(module):
+        for name, child in module.td_module.named_modules():  # tdhook's names: those of the wrapping module
             if self._skip_modules is not None and self._skip_modules(name, child):
                 continue
             rule = self._rule_mapper(name, child)

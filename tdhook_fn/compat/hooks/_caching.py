@@ -155,9 +155,6 @@ class HookFactory:
                 ``direction``; its result is stored instead of the last hook argument.
             direction: one of `HookDirection`.
 
-        Returns:
-            The hook.
-
         Raises:
             ValueError: unknown direction or unfit callback. The hook itself raises
                 RuntimeError for a value that is not a tensor or TensorDict, and ValueError
@@ -196,9 +193,6 @@ class HookFactory:
                 ``direction``; its result is the replacement (``None`` keeps the original).
             direction: one of `HookDirection`.
 
-        Returns:
-            The hook.
-
         Raises:
             ValueError: unknown direction or unfit callback. The hook itself raises
                 RuntimeError when the replacement's type differs from the original's.
@@ -232,9 +226,6 @@ class HookFactory:
             callback: called with the hook arguments by name plus ``direction``.
             direction: one of `HookDirection`.
 
-        Returns:
-            The hook.
-
         Raises:
             ValueError: unknown direction or unfit callback.
         """
@@ -252,9 +243,6 @@ class HookFactory:
 
         Args:
             key: passed to the exception.
-
-        Returns:
-            The hook.
         """
 
         def hook(module: nn.Module, args: Any, output: Any) -> NoReturn:

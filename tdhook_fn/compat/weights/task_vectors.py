@@ -29,14 +29,7 @@ __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
 class TaskVectorsContext(HookingContext):
     """The context of `TaskVectors`: finds the best scaling of a vector.
 
-    Args:
-        *args (Any): passed on to `HookingContext`.
-        **kwargs (Any): passed on to `HookingContext`.
-        alphas (Iterable[float]): the scalings `compute_alpha` tries, in order.
-        get_test_accuracy (Callable): ``get_test_accuracy(module) -> float``, the score of
-            the hooked module running with applied vectors.
-        get_control_adequacy (Callable): ``get_control_adequacy(module) -> bool``, whether
-            that module is acceptable on the control task.
+    Takes the arguments of `HookingContext`, and those of `TaskVectors` by keyword.
     """
 
     def __init__(

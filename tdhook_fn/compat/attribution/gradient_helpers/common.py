@@ -29,6 +29,7 @@ from ._calls import (
     grad_output_fn,
     make_cotangents,
     make_target,
+    returned_td,
 )
 
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
@@ -206,10 +207,7 @@ class GradientAttribution(HookingContextFactory):
     def _attributed_inputs(self, inputs: TensorDict, additional: TensorDict) -> tuple[Any, ...]:
         if self._init_attr_inputs is None:
             return tuple(inputs.keys(True, True))
-        chosen = self._init_attr_inputs(inputs, additional)
-        if not isinstance(chosen, TensorDictBase):
-            raise ValueError("init_attr_inputs function must return a TensorDict")
-        return tuple(chosen.keys(True, True))
+        return tuple(returned_td("init_attr_inputs", self._init_attr_inputs(inputs, additional)).keys(True, True))
 
     def _attributed_layers(
         self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
@@ -221,10 +219,7 @@ class GradientAttribution(HookingContextFactory):
             if self._input_modules
             else TensorDict({}, batch_size=[])
         )
-        chosen = self._init_attr_cache_in(cache_in, additional)
-        if not isinstance(chosen, TensorDictBase):
-            raise ValueError("init_attr_cache_in function must return a TensorDict")
-        keys = set(chosen.keys(True, True))
+        keys = set(returned_td("init_attr_cache_in", self._init_attr_cache_in(cache_in, additional)).keys(True, True))
         unknown = keys - set(self._input_modules)
         if unknown:
             raise ValueError(
