@@ -19,6 +19,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn.compat._prepared_attributes import attribute_state, changes_since, put_back
+from tdhook_fn.compat._types import UnraveledKey
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
@@ -30,11 +31,6 @@ __all__ = [
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
-
-
-def _is_unraveled(key: Any) -> bool:
-    """A str, or a non-empty tuple of str (tdhook's ``UnraveledKey``)."""
-    return isinstance(key, str) or (isinstance(key, tuple) and bool(key) and all(isinstance(k, str) for k in key))
 
 
 class HookingContext:
@@ -260,7 +256,7 @@ class HookingContextFactory:
         if isinstance(module, TensorDictModuleBase):
             for name, keys, known in (("in_keys", in_keys, module.in_keys), ("out_keys", out_keys, module.out_keys)):
                 for key in keys or ():
-                    if not _is_unraveled(key):
+                    if not isinstance(key, UnraveledKey):
                         raise ValueError(f"{name} must be unraveled, got {type(key)}")
                     if key not in known:
                         raise ValueError(f"Key {key} not in module.{name}")

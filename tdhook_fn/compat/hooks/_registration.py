@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -195,6 +195,22 @@ class MultiHookHandle:
         return MultiHookHandle(self._handles + other._handles)
 
 
+def all_or_none(registering: Iterable[RemovableHandleProtocol],
+                handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
+    """One handle for ``handles`` and those ``registering`` yields as it registers hooks.
+
+    If registering one fails, every hook already registered is removed before the error goes on.
+    """
+    handles = [] if handles is None else handles
+    try:
+        for handle in registering:
+            handles.append(handle)
+    except BaseException:
+        MultiHookHandle(handles).remove()
+        raise
+    return MultiHookHandle(handles)
+
+
 class MultiHookManager:
     """Registers a hook on every submodule whose name matches a pattern.
 
@@ -262,15 +278,6 @@ class MultiHookManager:
                 ``direction``.
         """
         root: nn.Module = resolve_submodule_path(module, relative_path) if relative_path else module
-        handles: list[RemovableHandleProtocol] = []
-        try:
-            for name, submodule in root.named_modules():
-                if self._selects(name, submodule):
-                    hook = hook_factory(name)
-                    handles.append(register_hook_to_module(submodule, hook, direction, prepend))
-        except BaseException:
-            # tdhook leaves the hooks registered before the failure in place; undo them so a
-            # failed call does not leave the model half hooked.
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+        # (tdhook leaves the hooks registered before a failure in place: the model stays half hooked)
+        return all_or_none(register_hook_to_module(submodule, hook_factory(name), direction, prepend)
+                           for name, submodule in root.named_modules() if self._selects(name, submodule))

@@ -9,6 +9,7 @@ from torch import nn
 
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, MultiHookManager, RemovableHandleProtocol
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
@@ -59,13 +60,10 @@ def register_all(module: HookedModule, hooks: Iterable[tuple[nn.Module, Callable
     All or none: if making or registering one fails, every hook already registered
     (``handles`` included) is removed before the error propagates.
     """
-    handles = [] if handles is None else handles
-    try:
+    def registering() -> Iterator[RemovableHandleProtocol]:
         for submodule, hook, direction in hooks:
             path = module_path(module, submodule)
             assert path is not None
-            handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
-    except BaseException:
-        MultiHookHandle(handles).remove()
-        raise
-    return MultiHookHandle(handles)
+            yield module.register_submodule_hook(path, hook, direction, relative=False)
+
+    return all_or_none(registering(), handles)

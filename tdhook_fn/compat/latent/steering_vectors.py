@@ -16,6 +16,7 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
 from tdhook_fn.compat.modules._wrappers import under
 from tdhook_fn.latent import activation_addition
@@ -48,14 +49,8 @@ class SteeringVectors(HookingContextFactory):
 
             return callback
 
-        handles = []
-        try:
-            for path in self._modules_to_steer:
-                handles.append(module.set(module_key=path, value=None, callback=steering(path), direction="fwd"))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+        return all_or_none(module.set(module_key=path, value=None, callback=steering(path), direction="fwd")
+                           for path in self._modules_to_steer)
 
 
 class ActivationAddition(HookingContextFactory):

@@ -9,7 +9,7 @@ model's parameters. Differences from tdhook 0.1.3 are listed in ``docs/compat.md
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensordict import TensorDict
@@ -23,6 +23,7 @@ from tdhook_fn.compat.hooks import (
     MultiHookHandle,
     RemovableHandleProtocol,
 )
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import HookedModule
 
 __all__ = ["Adapters", "HookedModuleWithAdapters"]
@@ -123,19 +124,17 @@ class Adapters(HookingContextFactory):
         context = module.hooking_context
         if not isinstance(context, HookingContextWithCache):
             raise TypeError("Adapters hooks modules in a HookingContextWithCache")
-        handles: list[RemovableHandleProtocol] = []
-        try:
+        cache = context.cache
+
+        def registering() -> Iterator[RemovableHandleProtocol]:
             for direction in self._directions:
                 for adapter, in_key, out_key in self._adapters.values():
                     proxy = None
                     if in_key != out_key:
-                        handle, proxy = module.get(cache=context.cache, module_key=in_key,
-                                                   callback=self._cache_callback, direction=direction,
-                                                   relative=self._relative)
-                        handles.append(handle)
-                    handles.append(module.set(out_key, None, callback=_adapter_callback(adapter, proxy),
-                                                      direction=direction, relative=self._relative))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+                        handle, proxy = module.get(cache=cache, module_key=in_key, callback=self._cache_callback,
+                                                   direction=direction, relative=self._relative)
+                        yield handle
+                    yield module.set(out_key, None, callback=_adapter_callback(adapter, proxy), direction=direction,
+                                     relative=self._relative)
+
+        return all_or_none(registering())
