@@ -18,10 +18,10 @@ from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import under
+from tdhook_fn.compat.modules._wrappers import check_td, under
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import check_td, site_for, tensor_guards
+from ._calls import site_for, tensor_guards
 
 __all__ = ["ActivationPatching"]
 
@@ -73,9 +73,10 @@ class ActivationPatching(HookingContextFactory):
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_patch)]
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)
+        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
 
         def patching(td: TensorDict) -> TensorDict:
-            td = check_td("ActivationPatching", td, [*in_keys, *(under(self._patch_key, k) for k in in_keys)])
+            td = check_td("ActivationPatching", td, module_in)
             # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
             f = module.functional().with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
             params = module.params()
@@ -100,7 +101,6 @@ class ActivationPatching(HookingContextFactory):
                 ).reshape(batch))
             return td
 
-        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
         module_out = [*out_keys, *(under(self._patch_key, k) for k in out_keys)]
         return FunctionModule(patching, module_in, module_out)
 

@@ -18,10 +18,10 @@ from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
 from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import under
+from tdhook_fn.compat.modules._wrappers import check_td, under
 from tdhook_fn.latent import activation_addition
 
-from ._calls import check_td, site_for, tensor_guards
+from ._calls import site_for, tensor_guards
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 

@@ -18,7 +18,7 @@ from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import under
+from tdhook_fn.compat.modules._wrappers import check_td, under
 
 from ._calls import (
     AttributionCall,
@@ -162,12 +162,7 @@ class GradientAttribution(HookingContextFactory):
         )
 
         def attribute(td: TensorDict) -> TensorDict:
-            if not isinstance(td, TensorDictBase):
-                raise TypeError(
-                    f"{type(self).__name__}: call the hooked module on a TensorDict holding {list(in_keys)} (it "
-                    f"writes the attributions into it), got {type(td).__name__}; e.g. "
-                    "hooked(TensorDict(input=x, batch_size=[len(x)]))"
-                )
+            check_td(type(self).__name__, td, in_keys)
             call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
             td.set(self._attr_key, method(call, td))
             return td
