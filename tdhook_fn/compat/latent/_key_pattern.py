@@ -38,12 +38,9 @@ class KeyPatternHooks:
 
     def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
         """The modules hooks may target, under tdhook's names (see ``relative`` of `ActivationCaching`)."""
-        context = module.hooking_context
-        root = getattr(context, "_module", None)
-        if not isinstance(root, nn.Module):
-            root = module.td_module
+        root = module._model()
         if self._relative:
-            yield from resolve_path(root, getattr(context, "_extra_relative_path", "")).named_modules()
+            yield from resolve_path(root, getattr(module.hooking_context, "_extra_relative_path", "")).named_modules()
         else:
             for name, submodule in root.named_modules():
                 yield ("td_module." + name if name else "td_module"), submodule
