@@ -90,8 +90,6 @@ class ActivationAddition(HookingContextFactory):
         self._positive_key = positive_key
         self._negative_key = negative_key
         self._steer_key = steer_key
-        self._clean_intermediate_keys = clean_intermediate_keys
-        self._cache_callback = cache_callback
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(

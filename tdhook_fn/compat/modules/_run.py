@@ -93,7 +93,6 @@ class HookedModuleRun:
     ) -> None:
         self._module = module
         self._data = data
-        self._outer_cache = cache
         self._name = run_name or "run"
         self._sep = run_sep or "."
         self._cache = TensorDict() if run_cache is None else run_cache

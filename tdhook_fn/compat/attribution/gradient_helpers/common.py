@@ -113,7 +113,6 @@ class GradientAttribution(HookingContextFactory):
         self._cache_callback = cache_callback
         self._additional_init_keys: list[NestedKey] = list(additional_init_keys or [])
         self._attr_key = attribution_key
-        self._clean_intermediate_keys = clean_intermediate_keys
         if cache_callback is not None and self._input_modules:
             raise NotImplementedError(
                 "cache_callback with input_modules is not supported: layer gradients are taken at the "
