@@ -17,6 +17,7 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks._caching import cacheable
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
 from tdhook_fn.compat.modules._wrappers import check_td, under
 from tdhook_fn.latent import Site, cache, patch
@@ -108,12 +109,7 @@ class ActivationPatching(HookingContextFactory):
         """``cache_callback``'s value for ``path``, with tdhook's check."""
         assert self._cache_callback is not None
         value = self._cache_callback(module=submodule, args=(first_input,), output=output, key=path, direction="fwd")
-        if not isinstance(value, (torch.Tensor, TensorDictBase)):
-            raise RuntimeError(
-                f"{type(value).__name__} values are not supported for caching, use a `callback` to return a tensor "
-                "or a tensordict"
-            )
-        return value
+        return cacheable(value, "cache_callback")
 
     def _patched_run(
         self, f: Any, params: TensorDictBase, corrupted: TensorDictBase, sites: list[Site], sources: TensorDictBase

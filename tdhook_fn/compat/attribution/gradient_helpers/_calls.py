@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 from tdhook_fn import Functional, Tap, capture
 from tdhook_fn._functional import with_copied_inputs
 from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks._caching import cacheable
 
 __all__ = [
     "AttributionCall",
@@ -245,11 +246,6 @@ class CachedOutput(Tap):
 
         def hook(_shadow: nn.Module, args: Any, output: Any) -> None:
             value = callback(module=original, args=args, output=output, key=("_cache_out", path), direction="fwd")
-            if not isinstance(value, (torch.Tensor, TensorDictBase)):
-                raise RuntimeError(
-                    f"{type(value).__name__} values cannot be cached; cache_callback must return a tensor "
-                    "or a TensorDict"
-                )
-            captured[key] = value
+            captured[key] = cacheable(value, "cache_callback")
 
         return module.register_forward_hook(hook)
