@@ -1,23 +1,10 @@
-"""Hooking contexts with the public API of ``tdhook.contexts`` from tdhook 0.1.3.
+"""Hooking contexts with the public API of ``tdhook.contexts`` (tdhook 0.1.3).
 
-``HookingContextFactory().prepare(model)`` gives a context; entering it gives a
-`HookedModule` that runs ``model`` with hooks. Unlike
-tdhook, entering a context changes nothing on the model: hooks are virtual and every
-call runs on a private shadow of the model (see `tdhook_fn.compat.modules`).
-
-Subclasses customise the same steps as in tdhook: ``_prepare_module`` turns the working
-module into the module to run (it receives a
-`RoutedModule`, whose ``functional()`` and ``params()``
-give the model as a pure function at call time), ``_restore_module`` undoes it (it
-receives the same working module), ``_spawn_hooked_module`` wraps it and
-``_hook_module`` registers the context's own hooks on the hooked module. Public
-attributes a factory sets on the working module land on the context's
-TensorDictModule, as in tdhook, and are gone after the context, even when a step fails.
-``_hooking_context_class``, ``_hooked_module_class``,
-``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` choose the classes and their
-extra arguments.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Subclasses customise tdhook's steps (``_prepare_module``, ``_restore_module``,
+``_spawn_hooked_module``, ``_hook_module``), documented on `HookingContextFactory`.
+Entering a context changes nothing on the model: hooks are virtual and every call runs on
+a private shadow of it (see `tdhook_fn.compat.modules`). Differences from tdhook 0.1.3
+are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +19,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn.compat._prepared_attributes import attribute_state, changes_since, put_back
+from tdhook_fn.compat._types import UnraveledKey
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
@@ -43,11 +31,6 @@ __all__ = [
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
-
-
-def _is_unraveled(key: Any) -> bool:
-    """A str, or a non-empty tuple of str (tdhook's ``UnraveledKey``)."""
-    return isinstance(key, str) or (isinstance(key, tuple) and bool(key) and all(isinstance(k, str) for k in key))
 
 
 class HookingContext:
@@ -214,7 +197,11 @@ class HookingContextWithCache(HookingContext):
 
 
 class HookingContextFactory:
-    """Makes hooking contexts; subclass it to build a method on the hooked module."""
+    """Makes hooking contexts; subclass it to build a method on the hooked module.
+
+    ``_hooking_context_class`` and ``_hooked_module_class`` choose the classes made,
+    ``_hooking_context_kwargs`` and ``_hooked_module_kwargs`` their extra arguments.
+    """
 
     _hooked_module_class: type[HookedModule] = HookedModule
     _hooking_context_class: type[HookingContext] = HookingContext
@@ -269,7 +256,7 @@ class HookingContextFactory:
         if isinstance(module, TensorDictModuleBase):
             for name, keys, known in (("in_keys", in_keys, module.in_keys), ("out_keys", out_keys, module.out_keys)):
                 for key in keys or ():
-                    if not _is_unraveled(key):
+                    if not isinstance(key, UnraveledKey):
                         raise ValueError(f"{name} must be unraveled, got {type(key)}")
                     if key not in known:
                         raise ValueError(f"Key {key} not in module.{name}")

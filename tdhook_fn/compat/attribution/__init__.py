@@ -1,10 +1,7 @@
-"""Gradient attribution contexts with the API of ``tdhook.attribution`` from tdhook 0.1.3.
+"""Attribution contexts with the API of ``tdhook.attribution`` (tdhook 0.1.3).
 
-Each class is a `HookingContextFactory` whose numbers
-come from the pure methods of `tdhook_fn.attribution`; see
-`tdhook_fn.compat.attribution.gradient_helpers.common` for what differs from tdhook.
-``LRP`` computes through `tdhook_fn.attribution.lrp` (rules in ``lrp_helpers``),
-``ActivationMaximisation`` through `tdhook_fn.attribution.activation_maximisation`.
+Each class is a `HookingContextFactory` whose numbers come from `tdhook_fn.attribution`
+(see ``gradient_helpers.common``); differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 Examples:
     >>> import torch

@@ -1,14 +1,8 @@
 """``ActivationMaximisation`` (``tdhook.attribution.activation_maximisation``): gradient ascent on the inputs.
 
-**Paths of modules_to_maximise.**
-tdhook 0.1.3 runs its ``Saliency`` as a pre-factory on the ``TensorDictModule`` of the
-context, so ``modules_to_maximise`` are paths from that ``TensorDictModule``: for a
-plain ``nn.Module`` prepared by the context, ``"module[2]"`` is the model's ``[2]``
-(tdhook fails on ``"[2]"``). Here the same paths are accepted, resolved once from the
-context's module, and handed to the pure method as paths from the model; the targets
-given to ``init_attr_targets`` are keyed by the paths as written, as in tdhook.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+``modules_to_maximise`` are paths from the context's ``TensorDictModule``, as tdhook 0.1.3
+reads them (``"module[2]"`` is a plain model's ``[2]``): resolved once, handed to the pure
+method as paths from the model. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -29,36 +23,22 @@ from tdhook_fn.compat.modules._virtual import module_path
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target
+from .gradient_helpers.common import inherited
 
 __all__ = ["ActivationMaximisation"]
-
 
 
 class ActivationMaximisation(GradientAttribution):
     """Activation maximisation (Mahendran & Vedaldi 2015): inputs that excite modules most.
 
-    Computed by `tdhook_fn.attribution.activation_maximisation`: ``n_steps`` of
-    ``x <- clamp(x + alpha * grad, min_value, max_value)`` on every input, the gradient
-    being that of the summed activations of ``modules_to_maximise`` (or of
-    ``init_attr_targets``' values). The final inputs are written under
-    ``(attribution_key, in_key)``.
+    Computed by `tdhook_fn.attribution.activation_maximisation` (``alpha``, ``n_steps``,
+    ``min_value`` and ``max_value`` are its arguments); the final inputs are written under
+    ``(attribution_key, in_key)``. The other arguments are those of `GradientAttribution`
+    (``init_attr_targets`` sees the module activations by path).
 
     Args:
         modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``
             (``"module[2]"`` for a plain model, see the module's docstring).
-        alpha (float): step size. Default: ``0.1``.
-        n_steps (int): number of steps. Default: ``10``.
-        min_value (float): lower bound after each step. Default: ``-inf``.
-        max_value (float): upper bound after each step. Default: ``inf``.
-        init_attr_targets (Callable | None): ``(targets, additional) -> TensorDict`` of the
-            values to maximise; ``targets`` holds the module activations by path.
-            Default: all of them.
-        init_attr_grads (Callable | None): ``(targets, additional) -> TensorDict`` of the
-            gradients fed back from the targets. Default: ones.
-        additional_init_keys (list | None): keys of the input TensorDict passed to the
-            callables above as ``additional``.
-        attribution_key (str | tuple[str, ...]): where results go. Default: ``"attr"``.
-        clean_intermediate_keys (bool): accepted; there are no intermediate keys.
 
     Examples:
         >>> import torch
@@ -84,15 +64,8 @@ class ActivationMaximisation(GradientAttribution):
         attribution_key: Any = "attr",
         clean_intermediate_keys: bool = True,
     ) -> None:
-        super().__init__(
-            use_inputs=True,
-            use_outputs=False,
-            init_attr_targets=init_attr_targets,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-        )
+        super().__init__(use_inputs=True, use_outputs=False, **inherited(
+            locals(), "modules_to_maximise", "alpha", "n_steps", "min_value", "max_value"))
         if isinstance(modules_to_maximise, str):
             raise TypeError(f"ActivationMaximisation: modules_to_maximise must be a list of paths; write "
                             f"[{modules_to_maximise!r}]")

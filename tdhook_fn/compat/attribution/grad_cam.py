@@ -13,6 +13,7 @@ from tdhook_fn.attribution import grad_cam
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 
 __all__ = ["DimsConfig", "GradCAM"]
 
@@ -66,12 +67,9 @@ def _shift(dims: int | Sequence[int] | None, batch_dims: int) -> tuple[int, ...]
 class GradCAM(GradientAttribution):
     """Grad-CAM (Selvaraju et al. 2016) of the modules in ``modules_to_attribute``.
 
-    Results go under ``(attribution_key, path)``; computed by
-    `tdhook_fn.attribution.grad_cam`. As in tdhook, inputs are not attributed,
-    the outputs are the targets, and ``use_inputs``, ``use_outputs``, ``target_modules``,
-    ``init_attr_inputs`` and ``cache_callback`` are accepted and ignored. The other
-    arguments are those of
-    `GradientAttribution`.
+    Computed by `tdhook_fn.attribution.grad_cam`, under ``(attribution_key, path)``. As in
+    tdhook, ``use_inputs``, ``use_outputs``, ``target_modules``, ``init_attr_inputs`` and
+    ``cache_callback`` are ignored; the other arguments are those of `GradientAttribution`.
 
     Args:
         modules_to_attribute (dict[str, DimsConfig] | None): path -> dims.
@@ -99,20 +97,11 @@ class GradCAM(GradientAttribution):
         cache_callback: Callable[..., Any] | None = None,
         absolute: bool = False,
     ) -> None:
-        super().__init__(
-            use_inputs=False,
-            use_outputs=True,
-            input_modules=list(modules_to_attribute or {}),
-            target_modules=None,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=None,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            output_grad_callbacks=output_grad_callbacks,
-        )
+        super().__init__(**{
+            **inherited(locals(), "modules_to_attribute", "absolute"), "use_inputs": False, "use_outputs": True,
+            "input_modules": list(modules_to_attribute or {}), "target_modules": None, "init_attr_inputs": None,
+            "cache_callback": None,
+        })
         self._absolute = absolute
         self._dims = dict(modules_to_attribute or {})
         for dims in self._dims.values():

@@ -12,6 +12,7 @@ from tdhook_fn.attribution import guided_backprop
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 
 __all__ = ["GuidedBackpropagation"]
 
@@ -19,11 +20,8 @@ __all__ = ["GuidedBackpropagation"]
 class GuidedBackpropagation(GradientAttribution):
     """Guided backpropagation (Springenberg et al. 2014), as tdhook applies it.
 
-    Every submodule of the model except those of ``classes_to_skip`` passes back the
-    ReLU of its input gradients; computed by `tdhook_fn.attribution.guided_backprop`.
-    Unlike tdhook, no backward hook is put on the model.
-
-    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+    Computed by `tdhook_fn.attribution.guided_backprop`. Takes the arguments of
+    `GradientAttribution` (same names, defaults and meaning), and:
 
     Args:
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.
@@ -48,21 +46,7 @@ class GuidedBackpropagation(GradientAttribution):
         multiply_by_inputs: bool = False,
         classes_to_skip: tuple[type[nn.Module], ...] = (),
     ) -> None:
-        super().__init__(
-            use_inputs=use_inputs,
-            use_outputs=use_outputs,
-            input_modules=input_modules,
-            target_modules=target_modules,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=init_attr_inputs,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            output_grad_callbacks=output_grad_callbacks,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            cache_callback=cache_callback,
-        )
+        super().__init__(**inherited(locals(), "multiply_by_inputs", "classes_to_skip"))
         self._classes_to_skip = tuple(classes_to_skip)
         self._multiply_by_inputs = multiply_by_inputs
 

@@ -12,38 +12,21 @@ from tdhook_fn.attribution import convergence_delta, integrated_gradients
 
 from .gradient_helpers import GradientAttributionWithBaseline
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 from .gradient_helpers.helpers import approximation_parameters
 
 __all__ = ["IntegratedGradients"]
 
 
 class IntegratedGradients(GradientAttributionWithBaseline):
-    """Integrated gradients (Sundararajan et al. 2017), and with ``input_modules`` their
-    conditional (layer) variant (Dhamdhere et al. 2018) as tdhook computes it.
+    """Integrated gradients (and their layer variant for ``input_modules``), as tdhook computes them.
 
-    Computed by `tdhook_fn.attribution.integrated_gradients` with
-    ``interpolate="inputs"``: the inputs move from the baselines, the gradients at the
-    inputs and at ``input_modules`` are integrated, and only input attributions are
-    multiplied by ``x - baseline``. ``init_attr_targets`` and ``init_attr_grads`` see the
-    path points on a trailing batch dim (``[*B, n_steps]``), as in tdhook (and the
-    convergence delta's two ends on a trailing dim ``[*B, 2]``). The convergence delta sums
-    every attribution, module ones included, as tdhook's formula does (tdhook 0.1.3 fails
-    to compute it with ``input_modules`` or ``target_modules``).
-
-    Takes the arguments of `GradientAttributionWithBaseline` (same names, defaults and meaning), and:
-
-    Args:
-        multiply_by_inputs (bool): multiply input attributions by ``x - baseline``.
-            Default: ``False``, as in tdhook 0.1.3: the path-averaged gradient. The pure
-            `tdhook_fn.attribution.integrated_gradients` (and captum's
-            ``IntegratedGradients``) default to ``True``, the integrated gradients of the
-            paper; pass ``multiply_by_inputs=True`` here to get those.
-        method (str): ``riemann_left|right|middle|trapezoid`` or ``gausslegendre``.
-            Default: ``"gausslegendre"``.
-        n_steps (int): number of path points. Default: 50.
-
-    Raises:
-        ValueError: unknown method or too few steps.
+    Computed by `tdhook_fn.attribution.integrated_gradients` with ``interpolate="inputs"``;
+    ``init_attr_targets`` and ``init_attr_grads`` see the path points on a trailing batch
+    dim (``[*B, n_steps]``; the convergence delta's two ends ``[*B, 2]``), as in tdhook.
+    Takes the arguments of `GradientAttributionWithBaseline` (``multiply_by_inputs``
+    defaults to ``False`` as in tdhook, unlike the pure function), and ``method`` and
+    ``n_steps`` of the pure function.
     """
 
     _stepped = True
@@ -69,28 +52,10 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         method: str = "gausslegendre",
         n_steps: int = 50,
     ) -> None:
-        super().__init__(
-            use_inputs=use_inputs,
-            use_outputs=use_outputs,
-            input_modules=input_modules,
-            target_modules=target_modules,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=init_attr_inputs,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            output_grad_callbacks=output_grad_callbacks,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            cache_callback=cache_callback,
-            compute_convergence_delta=compute_convergence_delta,
-            baseline_key=baseline_key,
-            multiply_by_inputs=multiply_by_inputs,
-        )
+        super().__init__(**inherited(locals(), "method", "n_steps"))
         self._method = method
         self._n_steps = n_steps
-        step_sizes, alphas = approximation_parameters(method)
-        self._step_sizes, self._alphas = step_sizes(n_steps), alphas(n_steps)
+        approximation_parameters(method)  # tdhook's ValueError for an unknown method, now
 
     def _attribute_with_baselines(
         self, call: AttributionCall, baselines: TensorDictBase

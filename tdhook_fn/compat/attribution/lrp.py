@@ -23,17 +23,12 @@ from tdhook_fn.compat.modules._routed import RoutedModule
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]
 
 _ByModule = dict[int, attribution.Rule]
-
-
-def _tdhook_named_modules(module: RoutedModule) -> list[tuple[str, nn.Module]]:
-    """Submodules under the names tdhook's rule mapper sees (those of the wrapping module)."""
-    root = module.td_module
-    return list(root.named_modules())
 
 
 def _as_rule(rule: Any, name: str) -> attribution.Rule:
@@ -48,20 +43,14 @@ def _as_rule(rule: Any, name: str) -> attribution.Rule:
 class LRP(GradientAttribution):
     """Layer-wise relevance propagation (Bach et al. 2015) with per-module rules.
 
-    Computed by `tdhook_fn.attribution.lrp`. The relevance put in at the targets is
-    the gradient fed back (ones, or ``init_attr_grads``), and results are relevances
-    (not multiplied by the inputs again), under ``(attribution_key, key)`` and
-    ``(attribution_key, path)`` for ``input_modules``.
-
-    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+    Computed by `tdhook_fn.attribution.lrp`: the relevance put in at the targets is the
+    gradient fed back (ones, or ``init_attr_grads``). Takes the arguments of
+    `GradientAttribution` (``output_grad_callbacks`` must be empty: the rules replace the
+    backward), and:
 
     Args:
-        output_grad_callbacks (None): not supported with LRP (a rule replaces the module's
-            backward); must be ``None`` or empty.
-        rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g.
-            `EpsilonPlus`. A rule is
-            a tdhook rule class of ``lrp_helpers.rules`` or a `tdhook_fn.attribution`
-            rule. Default: no rules (plain gradients).
+        rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g. `EpsilonPlus`;
+            a rule of ``lrp_helpers.rules`` or of `tdhook_fn.attribution`. Default: no rules.
         warn_on_missing_rule (bool): warn, on entering the context, for each module
             (containers included) without a rule that ``skip_modules`` does not skip.
             Default: ``True``.
@@ -96,21 +85,7 @@ class LRP(GradientAttribution):
         if output_grad_callbacks:
             raise NotImplementedError("LRP: output_grad_callbacks are not supported: the rules replace the "
                                       "modules' backward; give the module a custom rule instead")
-        super().__init__(
-            use_inputs=use_inputs,
-            use_outputs=use_outputs,
-            input_modules=input_modules,
-            target_modules=target_modules,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=init_attr_inputs,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            output_grad_callbacks=None,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            cache_callback=cache_callback,
-        )
+        super().__init__(**inherited(locals(), "rule_mapper", "warn_on_missing_rule", "skip_modules"))
         self._rule_mapper = rule_mapper or (lambda name, module: None)
         self._warn_on_missing_rule = warn_on_missing_rule
         self._skip_modules = skip_modules
@@ -128,7 +103,7 @@ class LRP(GradientAttribution):
         model = module.model
         inside = {id(m) for m in model.modules()}
         chosen: _ByModule = {}
-        for name, child in _tdhook_named_modules(module):
+        for name, child in module.td_module.named_modules():  # tdhook's names: those of the wrapping module
             if self._skip_modules is not None and self._skip_modules(name, child):
                 continue
             rule = self._rule_mapper(name, child)

@@ -11,6 +11,7 @@ from tdhook_fn.attribution import saliency
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers._calls import AttributionCall, UserFn
+from .gradient_helpers.common import inherited
 
 __all__ = ["Saliency"]
 
@@ -46,21 +47,7 @@ class Saliency(GradientAttribution):
         absolute: bool = False,
         multiply_by_inputs: bool = False,
     ) -> None:
-        super().__init__(
-            use_inputs=use_inputs,
-            use_outputs=use_outputs,
-            input_modules=input_modules,
-            target_modules=target_modules,
-            init_attr_targets=init_attr_targets,
-            init_attr_inputs=init_attr_inputs,
-            init_attr_cache_in=init_attr_cache_in,
-            init_attr_grads=init_attr_grads,
-            additional_init_keys=additional_init_keys,
-            output_grad_callbacks=output_grad_callbacks,
-            attribution_key=attribution_key,
-            clean_intermediate_keys=clean_intermediate_keys,
-            cache_callback=cache_callback,
-        )
+        super().__init__(**inherited(locals(), "absolute", "multiply_by_inputs"))
         self._absolute = absolute
         self._multiply_by_inputs = multiply_by_inputs
 

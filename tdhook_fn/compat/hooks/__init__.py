@@ -1,12 +1,7 @@
 """Hook helpers with the public API of ``tdhook.hooks`` from tdhook 0.1.3.
 
-Names, signatures, defaults, error types and runtime behaviour follow tdhook, with one
-deliberate exception: submodule paths are never evaluated. ``resolve_submodule_path``
-walks them with `tdhook_fn.resolve_path` (which never evaluates a path), so a
-malformed or malicious path, or one calling anything but ``get_submodule``,
-``get_parameter``, ``get_buffer`` and the methods the user's own module classes define
-(such as ``"train(False)"`` or ``"checkpoint.unlink()"``), raises
-`tdhook_fn.PathError` (a ``ValueError``) before any call in it runs.
+Submodule paths are never evaluated (`tdhook_fn.resolve_path`); differences from tdhook
+0.1.3 are listed in ``docs/compat.md``.
 """
 
 from ._caching import CacheProxy, EarlyStoppingException, HookFactory, MutableWeakRef, TensorDictRef

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Generic, NoReturn
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from ._registration import DIRECTION_TO_RETURN_INDEX, HookDirection, T, _params_for, _UnraveledKey
@@ -59,6 +59,14 @@ _Cache = TensorDict | MutableWeakRef[TensorDict] | TensorDictRef
 def _by_name(params: tuple[str, ...], args: tuple[Any, ...]) -> dict[str, Any]:
     """Hook arguments keyed by their parameter names, as callbacks receive them."""
     return dict(zip(params, args, strict=False))
+
+
+def cacheable(value: Any, callback: str = "callback") -> Any:
+    """``value``, if a cache can hold it (a tensor or a TensorDict); else tdhook's RuntimeError."""
+    if not isinstance(value, (torch.Tensor, TensorDictBase)):
+        raise RuntimeError(f"{type(value).__name__} values are not supported for caching, use a `{callback}` to "
+                           "return a tensor or a tensordict")
+    return value
 
 
 def _resolve_cache(cache: _Cache) -> TensorDict:
@@ -155,9 +163,6 @@ class HookFactory:
                 ``direction``; its result is stored instead of the last hook argument.
             direction: one of `HookDirection`.
 
-        Returns:
-            The hook.
-
         Raises:
             ValueError: unknown direction or unfit callback. The hook itself raises
                 RuntimeError for a value that is not a tensor or TensorDict, and ValueError
@@ -173,14 +178,9 @@ class HookFactory:
                 value = args[value_index]
             else:
                 value = callback(**_by_name(params, args), key=key, direction=direction)
-            if not isinstance(value, (torch.Tensor, TensorDict)):
-                raise RuntimeError(
-                    f"{type(value).__name__} values cannot be cached; pass a `callback` that "
-                    "returns a tensor or a TensorDict"
-                )
             # a copy, as tdhook_fn.capture keeps: a later in-place write (ReLU(inplace=True))
             # would change a stored reference (tdhook stores the reference; docs/compat.md)
-            _resolve_cache(cache)[key] = value.clone()
+            _resolve_cache(cache)[key] = cacheable(value).clone()
 
         return hook
 
@@ -195,9 +195,6 @@ class HookFactory:
             callback: if given, called with the hook arguments by name plus ``value`` and
                 ``direction``; its result is the replacement (``None`` keeps the original).
             direction: one of `HookDirection`.
-
-        Returns:
-            The hook.
 
         Raises:
             ValueError: unknown direction or unfit callback. The hook itself raises
@@ -232,9 +229,6 @@ class HookFactory:
             callback: called with the hook arguments by name plus ``direction``.
             direction: one of `HookDirection`.
 
-        Returns:
-            The hook.
-
         Raises:
             ValueError: unknown direction or unfit callback.
         """
@@ -252,9 +246,6 @@ class HookFactory:
 
         Args:
             key: passed to the exception.
-
-        Returns:
-            The hook.
         """
 
         def hook(module: nn.Module, args: Any, output: Any) -> NoReturn:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -96,47 +96,25 @@ def merge_paths(*paths: str) -> str:
 
     Args:
         *paths: the paths, outermost first.
-
-    Returns:
-        The joined path.
     """
     return ".".join(path for path in paths if path)
 
 
 def resolve_submodule_path(root: nn.Module, path: str) -> Any:
-    """Follow a submodule path from ``root`` without evaluating it.
-
-    Accepts tdhook's forms: ``"[0]"``, ``"layers[-1]"``, ``"layers['attr']"``,
-    ``"layers.attention"``, ``"layers[1:3]"``, ``"fn(0)"``, ``"<block0/module>"`` (an
-    attribute whose name is not an identifier), ``"m1.<0>.layers"`` and ``"layers.0"``.
+    """What ``path`` names from ``root``, found by `tdhook_fn.resolve_path` (never evaluated).
 
     Args:
         root: the module the path starts from.
-        path: the path; ``""`` names ``root`` itself.
-
-    Returns:
-        The object the path names, usually a submodule.
-
-    Raises:
-        PathError: (a ``ValueError``) the path does not parse, names a dunder, calls a
-            method a path may not call (only ``get_submodule``, ``get_parameter``,
-            ``get_buffer`` and methods your own module classes define, on a module;
-            checked before any call in the path runs; see `tdhook_fn.resolve_path`), reads or
-            indexes what is not a module or a plain
-            container, or does not resolve.
+        path: the path in tdhook's syntax; ``""`` names ``root`` itself.
     """
     return resolve_path(root, path)
 
 
 def submodule_path_to_name(path: str) -> str:
-    """Turn a submodule path into a dotted name usable as a key.
+    """``path`` as a dotted name usable as a key (`tdhook_fn._paths.path_to_name`).
 
     Args:
         path: the path.
-
-    Returns:
-        The path without quotes and with brackets as dots, or the path unchanged when it
-        holds a negative index, a slice or a call.
     """
     return path_to_name(path)
 
@@ -162,14 +140,16 @@ def register_hook_to_module(
         ValueError: the direction is unknown or the hook signature does not fit it.
     """
     _check_hook_signature(hook, direction)
+    return register_checked(module, hook, direction, prepend)
+
+
+def register_checked(module: nn.Module, hook: Callable[..., Any], direction: HookDirection,
+                     prepend: bool) -> RemovableHandle:
+    """`register_hook_to_module` for a hook whose signature was checked already."""
     if direction in ("fwd", "fwd_kwargs"):
-        return module.register_forward_hook(
-            hook, prepend=prepend, with_kwargs=direction == "fwd_kwargs"
-        )
+        return module.register_forward_hook(hook, prepend=prepend, with_kwargs=direction == "fwd_kwargs")
     if direction in ("fwd_pre", "fwd_pre_kwargs"):
-        return module.register_forward_pre_hook(
-            hook, prepend=prepend, with_kwargs=direction == "fwd_pre_kwargs"
-        )
+        return module.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=direction == "fwd_pre_kwargs")
     if direction == "bwd":
         return module.register_full_backward_hook(hook, prepend=prepend)
     return module.register_full_backward_pre_hook(hook, prepend=prepend)
@@ -213,6 +193,22 @@ class MultiHookHandle:
         if not isinstance(other, MultiHookHandle):
             raise TypeError(f"MultiHookHandle cannot be added to {type(other).__name__}")
         return MultiHookHandle(self._handles + other._handles)
+
+
+def all_or_none(registering: Iterable[RemovableHandleProtocol],
+                handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
+    """One handle for ``handles`` and those ``registering`` yields as it registers hooks.
+
+    If registering one fails, every hook already registered is removed before the error goes on.
+    """
+    handles = [] if handles is None else handles
+    try:
+        for handle in registering:
+            handles.append(handle)
+    except BaseException:
+        MultiHookHandle(handles).remove()
+        raise
+    return MultiHookHandle(handles)
 
 
 class MultiHookManager:
@@ -282,15 +278,6 @@ class MultiHookManager:
                 ``direction``.
         """
         root: nn.Module = resolve_submodule_path(module, relative_path) if relative_path else module
-        handles: list[RemovableHandleProtocol] = []
-        try:
-            for name, submodule in root.named_modules():
-                if self._selects(name, submodule):
-                    hook = hook_factory(name)
-                    handles.append(register_hook_to_module(submodule, hook, direction, prepend))
-        except BaseException:
-            # tdhook leaves the hooks registered before the failure in place; undo them so a
-            # failed call does not leave the model half hooked.
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+        # (tdhook leaves the hooks registered before a failure in place: the model stays half hooked)
+        return all_or_none(register_hook_to_module(submodule, hook_factory(name), direction, prepend)
+                           for name, submodule in root.named_modules() if self._selects(name, submodule))

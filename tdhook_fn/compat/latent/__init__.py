@@ -1,27 +1,18 @@
-"""Latent methods with the public API of ``tdhook.latent`` from tdhook 0.1.3.
+"""Latent methods with the public API of ``tdhook.latent`` (tdhook 0.1.3).
 
-Also tdhook's probing, dimension estimation and representation similarity
-(``probing``, ``dimension_estimation``, ``representation_similarity``), computing with
-`tdhook_fn.latent.probing`, `tdhook_fn.latent.dimension` and `tdhook_fn.latent.similarity`.
-
-`ActivationPatching` and `ActivationAddition` compute with
-`tdhook_fn.latent.cache`, `patch` and
-`activation_addition`; `ActivationCaching` and
-`SteeringVectors` are tdhook's hooks, registered as virtual hooks (see NOTE
-[caching is hooks] in ``activation_caching.py``). None of them registers a hook on the
-model or changes it. The differences from tdhook 0.1.3 are listed in each module.
+`ActivationPatching` and `ActivationAddition` compute with `tdhook_fn.latent`;
+`ActivationCaching` and `SteeringVectors` register tdhook's hooks as virtual hooks (NOTE
+[caching is hooks] in ``activation_caching.py``); ``probing``, ``dimension_estimation`` and
+``representation_similarity`` compute with `tdhook_fn.latent.probing`,
+`tdhook_fn.latent.dimension` and `tdhook_fn.latent.similarity`. Differences from tdhook
+0.1.3 are listed in ``docs/compat.md``.
 
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    >>> td = TensorDict({"input": torch.randn(5, 3), ("patched", "input"): torch.randn(5, 3)}, batch_size=[5])
-    >>> with ActivationPatching(["[2]"]).prepare(model) as hooked:
-    ...     out = hooked(td)
-    >>> torch.equal(out["patched", "output"], out["output"])  # the last module patched: the clean output
-    True
     >>> with ActivationCaching("[0-9]").prepare(model) as hooked:
-    ...     _ = hooked(td.select("input"))
+    ...     _ = hooked(TensorDict(input=torch.randn(5, 3), batch_size=[5]))
     >>> sorted(hooked.hooking_context.cache.keys())
     ['0', '1', '2']
 """

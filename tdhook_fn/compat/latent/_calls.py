@@ -21,12 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
 
 from tdhook_fn import Tap, intervene
 from tdhook_fn.latent import Site
 
-__all__ = ["check_td", "site_for", "tensor_guards"]
+__all__ = ["site_for", "tensor_guards"]
 
 
 def site_for(index: int, path: str, site: str = "output") -> Site:
@@ -50,12 +49,3 @@ def tensor_guards(method: str, paths: Sequence[str]) -> tuple[Tap, ...]:
         return intervene(path, check)
 
     return tuple(guard(path) for path in paths)
-
-
-def check_td(method: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
-    """``td`` must be a TensorDict (the prepared module reads nested entries from it)."""
-    if not isinstance(td, TensorDictBase):
-        raise TypeError(
-            f"{method}: call the hooked module on a TensorDict holding {list(keys)}, got {type(td).__name__}"
-        )
-    return td

@@ -9,6 +9,7 @@ from torch import nn
 
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, MultiHookManager, RemovableHandleProtocol
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
@@ -36,13 +37,10 @@ class KeyPatternHooks:
         self._key_pattern = key_pattern
 
     def _named(self, module: HookedModule) -> Iterator[tuple[str, nn.Module]]:
-        """The modules hooks may target, under tdhook's names (see the factory's module docstring)."""
-        context = module.hooking_context
-        root = getattr(context, "_module", None)
-        if not isinstance(root, nn.Module):
-            root = module.td_module
+        """The modules hooks may target, under tdhook's names (see ``relative`` of `ActivationCaching`)."""
+        root = module._model()
         if self._relative:
-            yield from resolve_path(root, getattr(context, "_extra_relative_path", "")).named_modules()
+            yield from resolve_path(root, getattr(module.hooking_context, "_extra_relative_path", "")).named_modules()
         else:
             for name, submodule in root.named_modules():
                 yield ("td_module." + name if name else "td_module"), submodule
@@ -59,13 +57,10 @@ def register_all(module: HookedModule, hooks: Iterable[tuple[nn.Module, Callable
     All or none: if making or registering one fails, every hook already registered
     (``handles`` included) is removed before the error propagates.
     """
-    handles = [] if handles is None else handles
-    try:
+    def registering() -> Iterator[RemovableHandleProtocol]:
         for submodule, hook, direction in hooks:
             path = module_path(module, submodule)
             assert path is not None
-            handles.append(module.register_submodule_hook(path, hook, direction, relative=False))
-    except BaseException:
-        MultiHookHandle(handles).remove()
-        raise
-    return MultiHookHandle(handles)
+            yield module.register_submodule_hook(path, hook, direction, relative=False)
+
+    return all_or_none(registering(), handles)

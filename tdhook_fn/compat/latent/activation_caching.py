@@ -1,24 +1,15 @@
 """``ActivationCaching`` with the public API of ``tdhook.latent.activation_caching`` (tdhook 0.1.3).
 
-Every call of the hooked module stores, in the context's cache, the value each module
-whose name matches ``key_pattern`` produces in each of ``directions``, under its name
-(or ``(direction, name)``). The caching hooks are tdhook's own
-(`HookFactory.make_caching_hook`), registered as *virtual* hooks on the hooked module
-(see `tdhook_fn.compat.modules`): they fire on the private shadow each call runs on,
-and the model never carries a hook.
-
-**Caching is hooks.**
-`tdhook_fn.latent.cache` does not express tdhook's caching, in any direction:
-tdhook keeps the last run of a module that runs several times (``cache`` refuses it),
-refuses a tuple output without ``callback`` (``cache`` reads element 0), hands
-``callback`` the module and its ``args``, caches the backward directions (``bwd``,
-``bwd_pre``) and the inputs with keyword arguments (``fwd_pre_kwargs``), and leaves the
-tensors the model sees as they are (``cache`` flattens the batch dims). The cache is
-filled as a side effect of the hooked module's ordinary calls, whose outputs are the
-model's own. So every direction uses the compat virtual hooks; no number is computed.
-
 Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
+
+# NOTE [caching is hooks]
+# `tdhook_fn.latent.cache` cannot express tdhook's caching: tdhook keeps the last run of a
+# module run several times, refuses a tuple output without ``callback``, hands ``callback``
+# the module and its ``args``, caches backward directions and keeps the model's batch dims.
+# So the caching hooks are tdhook's own (`HookFactory.make_caching_hook`), registered as
+# virtual hooks of the hooked module: they fill the cache as a side effect of its ordinary
+# calls, and no number is computed here.
 
 from __future__ import annotations
 

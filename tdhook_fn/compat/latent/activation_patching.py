@@ -1,14 +1,8 @@
 """``ActivationPatching`` with the public API of ``tdhook.latent.activation_patching`` (tdhook 0.1.3).
 
-A call of the hooked module on ``td`` runs the model on ``td``'s inputs (the clean run)
-and on ``td[patch_key]``'s inputs with the outputs of ``modules_to_patch`` replaced by
-their clean values (or by ``patch_fn(module_key=, output=, output_to_patch=)``), and
-writes the clean outputs into ``td`` and the patched ones under ``(patch_key, key)``.
 The clean activations come from `tdhook_fn.latent.cache`, the patched run from
-`tdhook_fn.latent.patch`; no
-hook is registered on the model.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+`tdhook_fn.latent.patch` (NOTE [latent contexts, pure] in ``_calls``). Differences from
+tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -23,14 +17,14 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks._caching import cacheable
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import under
+from tdhook_fn.compat.modules._wrappers import check_td, under
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import check_td, site_for, tensor_guards
+from ._calls import site_for, tensor_guards
 
 __all__ = ["ActivationPatching"]
-
 
 
 class ActivationPatching(HookingContextFactory):
@@ -80,9 +74,10 @@ class ActivationPatching(HookingContextFactory):
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_patch)]
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)
+        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
 
         def patching(td: TensorDict) -> TensorDict:
-            td = check_td("ActivationPatching", td, [*in_keys, *(under(self._patch_key, k) for k in in_keys)])
+            td = check_td("ActivationPatching", td, module_in)
             # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
             f = module.functional().with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
             params = module.params()
@@ -107,7 +102,6 @@ class ActivationPatching(HookingContextFactory):
                 ).reshape(batch))
             return td
 
-        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
         module_out = [*out_keys, *(under(self._patch_key, k) for k in out_keys)]
         return FunctionModule(patching, module_in, module_out)
 
@@ -115,12 +109,7 @@ class ActivationPatching(HookingContextFactory):
         """``cache_callback``'s value for ``path``, with tdhook's check."""
         assert self._cache_callback is not None
         value = self._cache_callback(module=submodule, args=(first_input,), output=output, key=path, direction="fwd")
-        if not isinstance(value, (torch.Tensor, TensorDictBase)):
-            raise RuntimeError(
-                f"{type(value).__name__} values are not supported for caching, use a `callback` to return a tensor "
-                "or a tensordict"
-            )
-        return value
+        return cacheable(value, "cache_callback")
 
     def _patched_run(
         self, f: Any, params: TensorDictBase, corrupted: TensorDictBase, sites: list[Site], sources: TensorDictBase

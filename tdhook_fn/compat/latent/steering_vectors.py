@@ -1,13 +1,8 @@
 """``SteeringVectors`` and ``ActivationAddition`` (``tdhook.latent.steering_vectors``, tdhook 0.1.3).
 
-`SteeringVectors` replaces the outputs of ``modules_to_steer`` by
-``steer_fn(module_key=, output=)`` in every call of the hooked module: one virtual hook
-per module (see `tdhook_fn.compat.modules`), so the model
-never carries a hook. `ActivationAddition` computes steering vectors, the mean
-over samples of ``act(positive) - act(negative)``, with
-`tdhook_fn.latent.activation_addition`.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+`SteeringVectors` registers tdhook's setting hooks as virtual hooks; `ActivationAddition`
+computes with `tdhook_fn.latent.activation_addition`. Differences from tdhook 0.1.3 are
+listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -21,14 +16,14 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import under
+from tdhook_fn.compat.modules._wrappers import check_td, under
 from tdhook_fn.latent import activation_addition
 
-from ._calls import check_td, site_for, tensor_guards
+from ._calls import site_for, tensor_guards
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
-
 
 
 class SteeringVectors(HookingContextFactory):
@@ -54,23 +49,15 @@ class SteeringVectors(HookingContextFactory):
 
             return callback
 
-        handles = []
-        try:
-            for path in self._modules_to_steer:
-                handles.append(module.set(module_key=path, value=None, callback=steering(path), direction="fwd"))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+        return all_or_none(module.set(module_key=path, value=None, callback=steering(path), direction="fwd")
+                           for path in self._modules_to_steer)
 
 
 class ActivationAddition(HookingContextFactory):
-    """Steering vectors from pairs of examples: ``mean(act(positive) - act(negative))``.
+    """Steering vectors from pairs of examples, by `tdhook_fn.latent.activation_addition`.
 
-    Calling the hooked module on a TensorDict holding ``(positive_key, key)`` and
-    ``(negative_key, key)`` for its ``in_keys`` returns
-    ``TensorDict({steer_key: {module_key: vector}})``, each vector shaped like one
-    sample's activation.
+    The hooked module reads ``(positive_key, key)`` and ``(negative_key, key)`` for its
+    ``in_keys`` and returns ``TensorDict({steer_key: {module_key: vector}})``.
 
     Args:
         modules_to_steer (list[str]): module paths (relative to the model).
@@ -103,8 +90,6 @@ class ActivationAddition(HookingContextFactory):
         self._positive_key = positive_key
         self._negative_key = negative_key
         self._steer_key = steer_key
-        self._clean_intermediate_keys = clean_intermediate_keys
-        self._cache_callback = cache_callback
         self._hooked_module_kwargs["relative_path"] = "td_module.module[0]._td_module"
 
     def _prepare_module(

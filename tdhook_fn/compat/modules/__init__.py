@@ -1,14 +1,8 @@
 """Hooked modules with the public API of ``tdhook.modules`` from tdhook 0.1.3.
 
-Names, signatures, defaults, TensorDict keys and errors follow tdhook, with one change
-of architecture: **no torch hook is ever registered on the user's model**. ``set``,
-``get``, ``stop`` and their variants record *virtual hooks* on the
-`HookedModule`; every call runs the
-model on the core's private shadow (`tdhook_fn._shadow_run.run`) with those hooks
-attached there, and with the model's live parameters, so ``out.backward()`` still fills
-``model.weight.grad`` and gradient hooks fire during backward.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+No torch hook is ever registered on the user's model: ``set``, ``get``, ``stop`` and
+their variants record virtual hooks (NOTE [virtual hooks]), attached to the private
+shadow each call runs on. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receives a
 `RoutedModule`: the model, routed. At call time (inside the prepared module's

@@ -18,13 +18,14 @@ from tdhook_fn.compat.hooks import (
     CacheProxy,
     HookDirection,
     HookFactory,
+    MultiHookHandle,
     RemovableHandleProtocol,
     _check_hook_signature,
     resolve_submodule_path,
 )
 
 from ._routed import RoutedModule
-from ._run import HookedModuleRun
+from ._run import HookedModuleRun, directed
 from ._scope import current, entered
 from ._virtual import VirtualHooks, module_path
 
@@ -44,19 +45,6 @@ class HookingContext(Protocol):
     def disable(self) -> AbstractContextManager[Any]: ...
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None: ...
-
-
-class _NoHandle:
-    """The handle of a hook that can never fire (tdhook hooks such modules anyway)."""
-
-    def remove(self) -> None:
-        return None
-
-    def __enter__(self) -> _NoHandle:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
 
 
 class HookedModule(TensorDictModuleWrapper):
@@ -166,7 +154,7 @@ class HookedModule(TensorDictModuleWrapper):
         if module_path(self._model(), submodule) is None:
             if isinstance(submodule, nn.ModuleList):  # e.g. a slice: never executed anyway
                 _check_hook_signature(hook, direction)
-                return _NoHandle()
+                return MultiHookHandle()  # nothing to remove: tdhook hooks such modules anyway
             raise PathError(
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
@@ -207,23 +195,9 @@ class HookedModule(TensorDictModuleWrapper):
         hook = HookFactory.make_caching_hook(cache_key, cache, callback=callback, direction=direction)
         return self.register_submodule_hook(module_key, hook, direction, prepend, relative), proxy
 
-    def set_input(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
-        return self.set(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def get_input(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        return self.get(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def set_grad(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
-        return self.set(*args, **{**kwargs, "direction": "bwd"})
-
-    def get_grad(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        return self.get(*args, **{**kwargs, "direction": "bwd"})
-
-    def set_grad_output(self, *args: Any, **kwargs: Any) -> RemovableHandleProtocol:
-        return self.set(*args, **{**kwargs, "direction": "bwd_pre"})
-
-    def get_grad_output(self, *args: Any, **kwargs: Any) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        return self.get(*args, **{**kwargs, "direction": "bwd_pre"})
+    set_input, get_input = directed("set", "fwd_pre"), directed("get", "fwd_pre")
+    set_grad, get_grad = directed("set", "bwd"), directed("get", "bwd")
+    set_grad_output, get_grad_output = directed("set", "bwd_pre"), directed("get", "bwd_pre")
 
     def stop(self, key: str) -> RemovableHandleProtocol:
         """Raise EarlyStoppingException when the module at ``key`` has run."""

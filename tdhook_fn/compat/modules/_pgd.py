@@ -19,22 +19,16 @@ __all__ = ["PGDModule"]
 class PGDModule(TensorDictModuleBase):
     """Run ``td_module`` ``n_steps`` times, each followed by a projected gradient step.
 
-    ``td_module`` writes gradients under ``grad_key``; each key found there is then moved
-    by `tdhook_fn.attribution.pgd_step` (descent by default, on the sign of the
-    gradient with ``use_sign``, clamped to ``[min_value, max_value]``). With a
-    ``working_key`` the steps run on ``td[working_key]``, which holds the result after;
-    with ``working_key=None`` on ``td`` itself.
+    Each key ``td_module`` writes under ``grad_key`` is moved by
+    `tdhook_fn.attribution.pgd_step` (``alpha``, ``min_value``, ``max_value``, ``ascent``
+    and ``use_sign`` are its arguments; tdhook's defaults: descent on the sign).
 
     Args:
         td_module (TensorDictModuleBase): computes the gradients.
-        alpha (float): step size. Default: 0.1.
         n_steps (int): number of steps. Default: 10.
-        min_value (float): the lower end of the box the steps are clamped to. Default: unbounded.
-        max_value (float): its upper end. Default: unbounded.
         grad_key: where ``td_module`` writes the gradients. Default: ``"_grad"``.
-        working_key: the sub-TensorDict the steps work in. Default: ``"_working"``.
-        ascent (bool): maximise instead of minimise. Default: False.
-        use_sign (bool): step on the sign of the gradient (FGSM-style). Default: True.
+        working_key: the sub-TensorDict the steps work in (``None``: ``td`` itself), which
+            holds the result after. Default: ``"_working"``.
     """
 
     def __init__(

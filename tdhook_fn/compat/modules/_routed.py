@@ -14,7 +14,7 @@ from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
-from ._scope import Replacement, active_hooks, current, entered, replaced_params, route
+from ._scope import Replacement, active_hooks, current, entered, replaced_params, route, unseen
 from ._virtual import taps_for
 
 __all__ = ["RoutedModule"]
@@ -147,10 +147,7 @@ class RoutedModule(TensorDictModuleWrapper):
 
     def _all_replacements(self) -> tuple[Replacement, ...]:
         scoped = current().replacements
-        if not self._replacements:
-            return scoped
-        ids = {(id(t), id(fn)) for t, fn in scoped}
-        return (*scoped, *(pair for pair in self._replacements if (id(pair[0]), id(pair[1])) not in ids))
+        return (*scoped, *unseen(scoped, self._replacements)) if self._replacements else scoped
 
     def taps(self) -> tuple[Tap, ...]:
         """The virtual hooks active now, as taps with paths relative to `model`."""

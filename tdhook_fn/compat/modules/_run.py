@@ -20,7 +20,27 @@ from tdhook_fn.compat.hooks import (
 from ._scope import entered
 from ._virtual import VirtualHooks
 
-__all__ = ["HookedModuleRun"]
+__all__ = ["HookedModuleRun", "directed"]
+
+_SUFFIX = {"fwd_pre": "_input", "bwd": "_grad", "bwd_pre": "_grad_output"}
+
+
+def directed(method: str, direction: HookDirection, enables_grad: bool = False) -> Callable[..., Any]:
+    """tdhook's ``{method}_input``, ``_grad`` and ``_grad_output`` variants: ``method`` in ``direction``.
+
+    With ``enables_grad`` (a run's ``*_grad``), the run is checked to be in context and
+    its autograd turned on first.
+    """
+    name = method + _SUFFIX[direction]
+
+    def variant(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if enables_grad:
+            self._ensure_in_context(name)
+            self._grad_enabled = True
+        return getattr(self, method)(*args, **{**kwargs, "direction": direction})
+
+    variant.__name__ = variant.__qualname__ = name
+    return variant
 
 
 class Hookable(Protocol):
@@ -73,7 +93,6 @@ class HookedModuleRun:
     ) -> None:
         self._module = module
         self._data = data
-        self._outer_cache = cache
         self._name = run_name or "run"
         self._sep = run_sep or "."
         self._cache = TensorDict() if run_cache is None else run_cache
@@ -188,38 +207,9 @@ class HookedModuleRun:
         self._handles.append(handle)
         return cast(CacheProxy, proxy)
 
-    def set_grad(self, *args: Any, **kwargs: Any) -> None:
-        self._ensure_in_context("set_grad")
-        self._grad_enabled = True
-        self.set(*args, **{**kwargs, "direction": "bwd"})
-
-    def get_grad(self, *args: Any, **kwargs: Any) -> CacheProxy:
-        self._ensure_in_context("get_grad")
-        self._grad_enabled = True
-        return self.get(*args, **{**kwargs, "direction": "bwd"})
-
-    def save_grad(self, *args: Any, **kwargs: Any) -> CacheProxy:
-        self._ensure_in_context("save_grad")
-        self._grad_enabled = True
-        return self.save(*args, **{**kwargs, "direction": "bwd"})
-
-    def set_input(self, *args: Any, **kwargs: Any) -> None:
-        self.set(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def get_input(self, *args: Any, **kwargs: Any) -> CacheProxy:
-        return self.get(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def save_input(self, *args: Any, **kwargs: Any) -> CacheProxy:
-        return self.save(*args, **{**kwargs, "direction": "fwd_pre"})
-
-    def set_grad_output(self, *args: Any, **kwargs: Any) -> None:
-        self.set(*args, **{**kwargs, "direction": "bwd_pre"})
-
-    def get_grad_output(self, *args: Any, **kwargs: Any) -> CacheProxy:
-        return self.get(*args, **{**kwargs, "direction": "bwd_pre"})
-
-    def save_grad_output(self, *args: Any, **kwargs: Any) -> CacheProxy:
-        return self.save(*args, **{**kwargs, "direction": "bwd_pre"})
+    set_grad, get_grad, save_grad = (directed(name, "bwd", enables_grad=True) for name in ("set", "get", "save"))
+    set_input, get_input, save_input = (directed(name, "fwd_pre") for name in ("set", "get", "save"))
+    set_grad_output, get_grad_output, save_grad_output = (directed(name, "bwd_pre") for name in ("set", "get", "save"))
 
     def stop(self, key: str) -> None:
         """End the run when the module at ``key`` has run."""

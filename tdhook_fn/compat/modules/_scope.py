@@ -41,7 +41,7 @@ from tdhook_fn._types import Replace
 from ._virtual import VirtualHook, VirtualHooks, taps_for
 
 __all__ = [
-    "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
+    "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route", "unseen",
 ]
 
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
@@ -86,7 +86,7 @@ def entered(
         changes["hooks"] = (*scope.hooks, hooks)
     if recording is not None:
         changes["recording"] = recording
-    more = _new(scope.replacements, replacements) if replacements else ()
+    more = unseen(scope.replacements, replacements) if replacements else ()
     if more:
         changes["replacements"] = (*scope.replacements, *more)
     if not changes:
@@ -111,7 +111,7 @@ def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
     return entered(replacements=replacements)
 
 
-def _new(present: Sequence[Replacement], more: Iterable[Replacement]) -> tuple[Replacement, ...]:
+def unseen(present: Sequence[Replacement], more: Iterable[Replacement]) -> tuple[Replacement, ...]:
     """The pairs of ``more`` not in ``present`` (by identity of tensor and function)."""
     seen = {(id(t), id(fn)) for t, fn in present}
     return tuple(pair for pair in more if (id(pair[0]), id(pair[1])) not in seen)

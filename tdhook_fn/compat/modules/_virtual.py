@@ -41,6 +41,7 @@ from torch.utils.hooks import RemovableHandle
 from tdhook_fn._paths import name_to_path
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn.compat.hooks import HookDirection, _check_hook_signature
+from tdhook_fn.compat.hooks._registration import register_checked
 
 __all__ = ["VirtualHook", "VirtualHookHandle", "VirtualHooks", "module_path", "taps_for"]
 
@@ -129,18 +130,7 @@ class HookTap(Tap):
         def relay(_shadow: nn.Module, *args: Any) -> Any:
             return hook(original, *args)
 
-        return _register(module, relay, self.direction, self.prepend)
-
-
-def _register(module: nn.Module, hook: Callable[..., Any], direction: HookDirection, prepend: bool) -> RemovableHandle:
-    """``register_hook_to_module`` without its signature check, done at recording time."""
-    if direction in ("fwd", "fwd_kwargs"):
-        return module.register_forward_hook(hook, prepend=prepend, with_kwargs=direction == "fwd_kwargs")
-    if direction in ("fwd_pre", "fwd_pre_kwargs"):
-        return module.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=direction == "fwd_pre_kwargs")
-    if direction == "bwd":
-        return module.register_full_backward_hook(hook, prepend=prepend)
-    return module.register_full_backward_pre_hook(hook, prepend=prepend)
+        return register_checked(module, relay, self.direction, self.prepend)  # (checked when recorded)
 
 
 def module_paths(root: nn.Module) -> dict[int, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from textwrap import indent
 from typing import Any, cast
 
@@ -17,6 +17,7 @@ __all__ = [
     "IntermediateKeysCleaner",
     "ModuleCall",
     "ModuleCallWithCache",
+    "check_td",
     "flatten_select_reshape_call",
     "get_best_device",
     "prefixed",
@@ -61,6 +62,14 @@ def _module_line(module: TensorDictModuleBase) -> str:
 
 def prefixed(keys: list[Any], prefix: Any) -> list[Any]:
     return [key if prefix is None else (prefix, key) for key in keys]
+
+
+def check_td(method: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
+    """``td``, which must be a TensorDict: a prepared module reads and writes nested entries of it."""
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(f"{method}: call the hooked module on a TensorDict holding {list(keys)}, got "
+                        f"{type(td).__name__}; e.g. hooked(TensorDict(input=x, batch_size=[len(x)]))")
+    return td
 
 
 def under(prefix: Any, key: Any) -> tuple[str, ...]:

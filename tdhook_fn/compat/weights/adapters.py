@@ -1,28 +1,15 @@
-"""Adapters with the public API of ``tdhook.weights.adapters`` from tdhook 0.1.3.
+"""``Adapters`` with the public API of ``tdhook.weights.adapters`` (tdhook 0.1.3).
 
-ROME-style edits and sparse autoencoders replace an activation by ``adapter(activation)``
-(``in_key == out_key``); transcoders replace the activation at ``out_key`` by the adapter
-applied to the one cached at ``in_key``.
-
-**Adapters as hooks.**
-As in tdhook, ``_hook_module`` registers a setting hook per adapter and direction, whose
-callback runs ``adapter(value, **kwargs)``: an ordinary (virtual) hook of the hooked
-module, so nothing is registered on the model. Every call of the hooked module runs the
-model live (with its own parameters) with the adapters where their hooks act, so a loss on
-the adapted output back-propagates into the adapters' own ``nn.Parameter`` objects (train
-them with any ``torch.optim`` optimizer, as with tdhook) and into the model's, and buffers
-update as in tdhook (BatchNorm in training mode, in the model and in the adapters). For an
-adapter reading another module, the activation there is stored in the context's ``cache``
-by an ordinary ``get`` hook, under tdhook's key ``"{in_key}_{output|input}"`` and through
-``cache_callback``, and read from there, as tdhook does.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+As in tdhook, ``_hook_module`` registers a setting hook per adapter and direction (and a
+``get`` hook caching ``in_key`` for a transcoder), here as virtual hooks of the hooked
+module: nothing is registered on the model, and gradients reach the adapters' and the
+model's parameters. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensordict import TensorDict
@@ -36,6 +23,7 @@ from tdhook_fn.compat.hooks import (
     MultiHookHandle,
     RemovableHandleProtocol,
 )
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import HookedModule
 
 __all__ = ["Adapters", "HookedModuleWithAdapters"]
@@ -136,19 +124,17 @@ class Adapters(HookingContextFactory):
         context = module.hooking_context
         if not isinstance(context, HookingContextWithCache):
             raise TypeError("Adapters hooks modules in a HookingContextWithCache")
-        handles: list[RemovableHandleProtocol] = []
-        try:
+        cache = context.cache
+
+        def registering() -> Iterator[RemovableHandleProtocol]:
             for direction in self._directions:
                 for adapter, in_key, out_key in self._adapters.values():
                     proxy = None
                     if in_key != out_key:
-                        handle, proxy = module.get(cache=context.cache, module_key=in_key,
-                                                   callback=self._cache_callback, direction=direction,
-                                                   relative=self._relative)
-                        handles.append(handle)
-                    handles.append(module.set(out_key, None, callback=_adapter_callback(adapter, proxy),
-                                                      direction=direction, relative=self._relative))
-        except BaseException:
-            MultiHookHandle(handles).remove()
-            raise
-        return MultiHookHandle(handles)
+                        handle, proxy = module.get(cache=cache, module_key=in_key, callback=self._cache_callback,
+                                                   direction=direction, relative=self._relative)
+                        yield handle
+                    yield module.set(out_key, None, callback=_adapter_callback(adapter, proxy), direction=direction,
+                                     relative=self._relative)
+
+        return all_or_none(registering())

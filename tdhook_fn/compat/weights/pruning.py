@@ -1,31 +1,9 @@
-"""Pruning with the public API of ``tdhook.weights.pruning`` from tdhook 0.1.3.
+"""``Pruning`` with the public API of ``tdhook.weights.pruning`` (tdhook 0.1.3).
 
-The user's model is never pruned, not even inside the context: the hooked module the
-context yields runs the model with pruned parameters, the raw model and everything else
-holding it (other threads, ``tdhook_fn.params(model)`` taken earlier, which shares its
-storage) keep the original weights.
-
-**Pruning without writing.**
-tdhook prunes the model in place on entry and restores it on exit. Two overlapping
-contexts (two threads) then restore each other's pruned values, and every other user of
-the model sees pruned weights while a context is open. Here, on entry, the masks come from
-the pure functions of `tdhook_fn.weights` (`pruning_scores`,
-`global_unstructured_masks`,
-`ln_structured_mask`), computed from the model's values at that
-moment as in tdhook, and are kept by the prepared module, one set per entered context, as
-replacements of the model's ``nn.Parameter`` objects (NOTE [one scope] in
-``tdhook_fn.compat.modules``): each call of the hooked module runs the model on its private
-shadow with the pruned parameters, `apply_masks` of the live ones (computed at each call,
-so that any write to a parameter is seen), and the live buffers, as in a plain forward.
-Nothing is written, so contexts may overlap and exit in any order, and nothing needs
-restoring after an exception. Every method of a composite, before or after ``Pruning``,
-reads the pruned parameters from ``RoutedModule.params`` (tdhook: the pruned model).
-
-Gradients are tdhook's: its model *holds* the pruned values, so ``.backward()`` fills
-``.grad`` with the gradient at the pruned weights for every entry, pruned ones included
-(not masked). The pruned values here carry an identity gradient to the live parameters
-(`_PrunedValues`), so ``model.weight.grad`` equals tdhook's.
-
+The masks come from `tdhook_fn.weights` (`pruning_scores`, `global_unstructured_masks`,
+`ln_structured_mask`) on entry; the model is never pruned: the prepared module gives its
+parameters the masked values as replacements in the hooked module's calls (NOTE [one
+scope] in ``tdhook_fn.compat.modules``), with tdhook's ``.grad`` (`_PrunedValues`).
 Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
@@ -104,7 +82,7 @@ def _replacements(targets: Targets) -> list[Replacement]:
 class PruningContext(HookingContext):
     """The context of `Pruning`, as tdhook names it.
 
-    It restores nothing because nothing is written (see the module's docstring);
+    It restores nothing because nothing is written;
     the masks live in the prepared module of each entry.
     """
 
@@ -119,13 +97,11 @@ class Pruning(HookingContextFactory):
             model's own ``nn.Parameter`` (its ``.grad`` included); ``module_key`` is the
             submodule's name from the pruning root, or in structured mode the key of
             ``modules_to_prune``.
-        amount_to_prune (float | int | None): global mode: the fraction (``round(amount *
-            n)`` entries) or number of entries of lowest ``|importance|`` to zero across all
-            scored parameters; structured mode: the amount for modules whose own is ``None``
-            (or 0).
-        modules_to_prune (dict | None): structured mode: ``{module_key: (dim, amount)}``;
-            each scored parameter of that module loses the ``amount`` slices along ``dim``
-            with the lowest L1 norm of importance.
+        amount_to_prune (float | int | None): global mode: the ``amount`` of
+            `tdhook_fn.weights.global_unstructured_masks`; structured mode: the amount for
+            modules whose own is ``None`` (or 0).
+        modules_to_prune (dict | None): structured mode: ``{module_key: (dim, amount)}``,
+            masks of `tdhook_fn.weights.ln_structured_mask` (``n=1``) of the importance.
         skip_modules (Callable | None): global mode: ``skip_modules(name, module)`` leaves a
             submodule's own parameters out. Default: none skipped (see `default_skip`).
         relative_path (str | None): path of the pruning root inside the model (for a
@@ -133,9 +109,6 @@ class Pruning(HookingContextFactory):
 
     Raises:
         ValueError: neither ``amount_to_prune`` nor ``modules_to_prune`` is given.
-
-    The hooked module the context yields runs with pruned parameters; the model itself is
-    never pruned (see the module's docstring).
 
     Examples:
         >>> import torch

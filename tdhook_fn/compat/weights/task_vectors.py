@@ -1,24 +1,9 @@
-"""Task vectors with the public API of ``tdhook.weights.task_vectors`` from tdhook 0.1.3.
+"""``TaskVectors`` with the public API of ``tdhook.weights.task_vectors`` (tdhook 0.1.3).
 
-The numbers come from `tdhook_fn.weights` (`task_vector`,
-`forget_vector`, `apply_vectors`,
-`best_alpha`); no weight is ever written into the user's model.
-
-**Applied vectors.**
-tdhook's ``with_applied_vectors`` loads the new weights into the model itself
-(``TensorDict.to_module``) and yields the hooked module. Here it yields the hooked module
-too, but the weights are only *replacements* of the model's tensors in this thread's
-scope (NOTE [one scope] in ``tdhook_fn.compat.modules``): while the ``with`` block runs,
-routed calls of the model made in that thread (or asyncio task) run it on its private
-shadow with those weights. The model, and calls made through it directly or from other
-threads, keep the original weights.
-
-Buffers are applied too (float ones as ``base + alpha * vector``, integer ones keep the
-model's value), as tdhook loads them: an eval-mode BatchNorm uses the applied running
-statistics. A training-mode call inside the block updates the applied copies, which later
-calls of the block see, never the model's buffers; they are dropped at the end of the block.
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+The numbers come from `tdhook_fn.weights` (`task_vector`, `forget_vector`,
+`apply_vectors`, `best_alpha`). ``with_applied_vectors`` never writes the model: the
+weights are replacements of its tensors in this thread's scope (NOTE [one scope] in
+``tdhook_fn.compat.modules``). Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -44,14 +29,7 @@ __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
 class TaskVectorsContext(HookingContext):
     """The context of `TaskVectors`: finds the best scaling of a vector.
 
-    Args:
-        *args (Any): passed on to `HookingContext`.
-        **kwargs (Any): passed on to `HookingContext`.
-        alphas (Iterable[float]): the scalings `compute_alpha` tries, in order.
-        get_test_accuracy (Callable): ``get_test_accuracy(module) -> float``, the score of
-            the hooked module running with applied vectors.
-        get_control_adequacy (Callable): ``get_control_adequacy(module) -> bool``, whether
-            that module is acceptable on the control task.
+    Takes the arguments of `HookingContext`, and those of `TaskVectors` by keyword.
     """
 
     def __init__(
@@ -148,7 +126,7 @@ class TaskVectorsModule(HookedModule):
     def with_applied_vectors(self, *vectors: TensorDictBase, alpha: float | None = None) -> Iterator[TaskVectorsModule]:
         """Yield this module, whose calls run the model with `get_weights` meanwhile.
 
-        The model itself keeps its weights (see the module's docstring).
+        The model itself keeps its weights (NOTE [one scope]).
         """
         weights = self.get_weights(*vectors, alpha=alpha)
         tensors = (*self._target.named_parameters(), *self._target.named_buffers())

@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 from tdhook_fn import Functional, Tap, capture
 from tdhook_fn._functional import with_copied_inputs
 from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks._caching import cacheable
 
 __all__ = [
     "AttributionCall",
@@ -44,6 +45,7 @@ __all__ = [
     "make_cotangents",
     "make_target",
     "rebatch",
+    "returned_td",
     "steps_first",
     "steps_last",
 ]
@@ -98,6 +100,13 @@ class AttributionCall:
         """The gradient maps, then the other taps. A map at a module the forward never runs does
         nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
         return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps)
+
+
+def returned_td(name: str, result: Any) -> TensorDictBase:
+    """``result`` of the user's ``name`` callable, which must be a TensorDict (tdhook's ValueError)."""
+    if not isinstance(result, TensorDictBase):
+        raise ValueError(f"{name} function must return a TensorDict")
+    return result
 
 
 def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
@@ -167,9 +176,7 @@ def make_target(
         keys = [*(out_keys if use_outputs or not present else ()), *present]
         targets = seen.select(*keys)
         if init_attr_targets is not None:
-            targets = init_attr_targets(targets, additional)
-            if not isinstance(targets, TensorDictBase):
-                raise ValueError("init_attr_targets function must return a TensorDict")
+            targets = returned_td("init_attr_targets", init_attr_targets(targets, additional))
         return steps_first(targets, batch, like) if stepped else targets
 
     return target
@@ -181,9 +188,7 @@ def make_cotangents(init_attr_grads: UserFn, additional: TensorDict, stepped: bo
 
     def cotangents(values: TensorDictBase) -> TensorDictBase:
         targets = steps_last(values, batch) if stepped else values
-        grads = init_attr_grads(targets, additional)
-        if not isinstance(grads, TensorDictBase):
-            raise ValueError("init_attr_grads function must return a TensorDict")
+        grads = returned_td("init_attr_grads", init_attr_grads(targets, additional))
         if grads.batch_size != targets.batch_size:
             raise ValueError("init_grads should have the same batch size as targets")
         if set(grads.keys(True, True)) != set(targets.keys(True, True)):
@@ -241,11 +246,6 @@ class CachedOutput(Tap):
 
         def hook(_shadow: nn.Module, args: Any, output: Any) -> None:
             value = callback(module=original, args=args, output=output, key=("_cache_out", path), direction="fwd")
-            if not isinstance(value, (torch.Tensor, TensorDictBase)):
-                raise RuntimeError(
-                    f"{type(value).__name__} values cannot be cached; cache_callback must return a tensor "
-                    "or a TensorDict"
-                )
-            captured[key] = value
+            captured[key] = cacheable(value, "cache_callback")
 
         return module.register_forward_hook(hook)

@@ -1,14 +1,8 @@
 """``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
 
-Same constructor arguments, defaults, TensorDict keys and errors as tdhook 0.1.3, with a
-different inside: a prepared module is one `FunctionModule`
-that, on each call, reads the model as a pure function (with the hooked module's active
-virtual hooks), calls a method of `tdhook_fn.attribution` and writes
-``(attribution_key, key)`` entries (and ``"convergence_delta"``) into the TensorDict.
-No hook is registered on the model and nothing is cached between calls, so a prepared
-context can be called from several threads at once (tdhook's shared caches break there).
-
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+A prepared module is one `FunctionModule` that, on each call, takes the model as a pure
+function and writes what a method of `tdhook_fn.attribution` returns under
+``attribution_key``. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import under
+from tdhook_fn.compat.modules._wrappers import check_td, under
 
 from ._calls import (
     AttributionCall,
@@ -35,11 +29,21 @@ from ._calls import (
     grad_output_fn,
     make_cotangents,
     make_target,
+    returned_td,
 )
 
-__all__ = ["GradientAttribution", "GradientAttributionWithBaseline"]
+__all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
+
+
+def inherited(arguments: dict[str, Any], *own: str) -> dict[str, Any]:
+    """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments.
+
+    Subclasses restate tdhook's full signature (names, order, defaults) and pass the
+    parent's part on with ``super().__init__(**inherited(locals(), "my_option"))``.
+    """
+    return {name: value for name, value in arguments.items() if name not in {"self", "__class__", *own}}
 
 
 class GradientAttribution(HookingContextFactory):
@@ -109,7 +113,6 @@ class GradientAttribution(HookingContextFactory):
         self._cache_callback = cache_callback
         self._additional_init_keys: list[NestedKey] = list(additional_init_keys or [])
         self._attr_key = attribution_key
-        self._clean_intermediate_keys = clean_intermediate_keys
         if cache_callback is not None and self._input_modules:
             raise NotImplementedError(
                 "cache_callback with input_modules is not supported: layer gradients are taken at the "
@@ -158,12 +161,7 @@ class GradientAttribution(HookingContextFactory):
         )
 
         def attribute(td: TensorDict) -> TensorDict:
-            if not isinstance(td, TensorDictBase):
-                raise TypeError(
-                    f"{type(self).__name__}: call the hooked module on a TensorDict holding {list(in_keys)} (it "
-                    f"writes the attributions into it), got {type(td).__name__}; e.g. "
-                    "hooked(TensorDict(input=x, batch_size=[len(x)]))"
-                )
+            check_td(type(self).__name__, td, in_keys)
             call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
             td.set(self._attr_key, method(call, td))
             return td
@@ -203,10 +201,7 @@ class GradientAttribution(HookingContextFactory):
     def _attributed_inputs(self, inputs: TensorDict, additional: TensorDict) -> tuple[Any, ...]:
         if self._init_attr_inputs is None:
             return tuple(inputs.keys(True, True))
-        chosen = self._init_attr_inputs(inputs, additional)
-        if not isinstance(chosen, TensorDictBase):
-            raise ValueError("init_attr_inputs function must return a TensorDict")
-        return tuple(chosen.keys(True, True))
+        return tuple(returned_td("init_attr_inputs", self._init_attr_inputs(inputs, additional)).keys(True, True))
 
     def _attributed_layers(
         self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
@@ -218,10 +213,7 @@ class GradientAttribution(HookingContextFactory):
             if self._input_modules
             else TensorDict({}, batch_size=[])
         )
-        chosen = self._init_attr_cache_in(cache_in, additional)
-        if not isinstance(chosen, TensorDictBase):
-            raise ValueError("init_attr_cache_in function must return a TensorDict")
-        keys = set(chosen.keys(True, True))
+        keys = set(returned_td("init_attr_cache_in", self._init_attr_cache_in(cache_in, additional)).keys(True, True))
         unknown = keys - set(self._input_modules)
         if unknown:
             raise ValueError(

@@ -1,7 +1,6 @@
 """Integration rules of integrated gradients (``tdhook.attribution.gradient_helpers.helpers``).
 
-The numbers come from `tdhook_fn.attribution.quadrature` (captum's nodes and
-weights). Unlike tdhook, too few steps raise ``ValueError`` rather than ``AssertionError``.
+The numbers come from `tdhook_fn.attribution.quadrature` (captum's nodes and weights).
 """
 
 from __future__ import annotations
@@ -20,17 +19,11 @@ StepsFn = Callable[[int], list[float]]
 
 
 def approximation_parameters(method: str) -> tuple[StepsFn, StepsFn]:
-    """The step sizes and the alphas of ``method``, each as a function of ``n_steps``.
+    """``(step_sizes, alphas)`` of ``method`` as functions of ``n``: `tdhook_fn.attribution.quadrature`'s
+    weights and nodes.
 
     Args:
-        method (str): one of `SUPPORTED_METHODS`.
-
-    Returns:
-        tuple: ``(step_sizes, alphas)``; ``step_sizes(n)`` are the quadrature weights,
-        ``alphas(n)`` the nodes in ``[0, 1]``.
-
-    Raises:
-        ValueError: unknown method (now), too few steps (when called).
+        method (str): one of `SUPPORTED_METHODS`; ``ValueError`` now for another.
 
     Examples:
         >>> step_sizes, alphas = approximation_parameters("riemann_trapezoid")

@@ -266,10 +266,8 @@ _TDHOOK_RULE: dict[type[Any], type[Rule]] = {cls._core: cls for cls in (EpsilonR
 class BaseRuleMapper:
     """A rule mapper ``(name, module) -> rule | None`` for the layers every composite treats alike.
 
-    The rules of `tdhook_fn.attribution.EpsilonPlus` but those of its dense layers
-    (convolutions and ``nn.Linear``), as tdhook's rule objects: activations and batch norms
-    `PassRule`; max pooling, identity, dropout and flatten `IgnoreRule`; `Sum` and average
-    pooling `EpsilonRule` ``(stabilizer)``. Subclasses override `_call`.
+    The rules of `tdhook_fn.attribution.EpsilonPlus` but its dense layers', as tdhook's rule
+    objects (and `EpsilonRule` ``(stabilizer)`` at `Sum`). Subclasses override `_call`.
 
     Args:
         stabilizer (float): epsilon of the sum and average-pooling rule. Default: ``1e-6``.
@@ -306,11 +304,7 @@ class BaseRuleMapper:
 
 
 class EpsilonPlus(BaseRuleMapper):
-    """The EpsilonPlus composite of `tdhook_fn.attribution.EpsilonPlus`, plus the epsilon rule at ``Sum``.
-
-    Convolutions get z+ (``AlphaBetaRule(1, 0, stabilizer)``), ``nn.Linear``
-    ``EpsilonRule(epsilon)``, the rest as `BaseRuleMapper`; the answers are tdhook's rule
-    objects standing for the core composite's rules.
+    """The composite of `tdhook_fn.attribution.EpsilonPlus` as tdhook's rule objects, plus the epsilon rule at ``Sum``.
 
     Args:
         epsilon (float): of the linear layers' epsilon rule. Default: ``1e-6``.

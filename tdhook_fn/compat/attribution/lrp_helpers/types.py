@@ -53,49 +53,17 @@ def _frozen_batch_norm() -> tuple[type, ...]:
     return (importlib.import_module("torchvision.ops").FrozenBatchNorm2d,)
 
 
-class ConvolutionTranspose(metaclass=SubclassMeta):
-    """``nn.ConvTranspose1d``, ``2d``, ``3d``."""
-
-    __subclass__ = TRANSPOSED_CONVOLUTIONS
-
-
-class ConvolutionStandard(metaclass=SubclassMeta):
-    """``nn.Conv1d``, ``2d``, ``3d``."""
-
-    __subclass__ = CONVOLUTIONS
+def _group(name: str, members: tuple[type, ...], doc: str) -> SubclassMeta:
+    """A class ``name`` for which ``isinstance(x, it)`` means "``type(x)`` is in ``members``" (or their groups)."""
+    return SubclassMeta(name, (), {"__subclass__": members, "__doc__": doc})
 
 
-class Convolution(metaclass=SubclassMeta):
-    """Every convolution, standard or transposed."""
-
-    __subclass__ = (ConvolutionStandard, ConvolutionTranspose)
-
-
-class Linear(metaclass=SubclassMeta):
-    """``nn.Linear`` and every convolution."""
-
-    __subclass__ = (Convolution, nn.Linear)
-
-
-class BatchNorm(metaclass=SubclassMeta):
-    """``nn.BatchNorm1d``, ``2d``, ``3d`` (and torchvision's ``FrozenBatchNorm2d``)."""
-
-    __subclass__ = (*BATCH_NORMS, *_frozen_batch_norm())
-
-
-class AvgPool(metaclass=SubclassMeta):
-    """Average pooling, plain and adaptive, 1d to 3d."""
-
-    __subclass__ = AVG_POOLS
-
-
-class MaxPool(metaclass=SubclassMeta):
-    """Max pooling, plain and adaptive, 1d to 3d."""
-
-    __subclass__ = MAX_POOLS
-
-
-class Activation(metaclass=SubclassMeta):
-    """The elementwise activations of ``torch.nn`` (ReLU, Tanh, GELU, ...)."""
-
-    __subclass__ = ACTIVATIONS
+ConvolutionTranspose = _group("ConvolutionTranspose", TRANSPOSED_CONVOLUTIONS, "``nn.ConvTranspose1d``, 2d, 3d.")
+ConvolutionStandard = _group("ConvolutionStandard", CONVOLUTIONS, "``nn.Conv1d``, 2d, 3d.")
+Convolution = _group("Convolution", (ConvolutionStandard, ConvolutionTranspose), "Every convolution.")
+Linear = _group("Linear", (Convolution, nn.Linear), "``nn.Linear`` and every convolution.")
+BatchNorm = _group("BatchNorm", (*BATCH_NORMS, *_frozen_batch_norm()),
+                   "``nn.BatchNorm1d``, ``2d``, ``3d`` (and torchvision's ``FrozenBatchNorm2d``).")
+AvgPool = _group("AvgPool", AVG_POOLS, "Average pooling, plain and adaptive, 1d to 3d.")
+MaxPool = _group("MaxPool", MAX_POOLS, "Max pooling, plain and adaptive, 1d to 3d.")
+Activation = _group("Activation", ACTIVATIONS, "The elementwise activations of ``torch.nn`` (ReLU, Tanh, GELU, ...).")
