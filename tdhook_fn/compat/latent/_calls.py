@@ -33,14 +33,14 @@ def site_for(index: int, path: str, site: str = "output") -> Site:
     return Site(path, site="input" if site == "input" else "output", key=f"_tdhook_fn_{site}_{index}")
 
 
-def tensor_guards(method: str, paths: Sequence[str]) -> tuple[Tap, ...]:
+def tensor_guards(caller: str, paths: Sequence[str]) -> tuple[Tap, ...]:
     """Taps refusing a non-tensor output at ``paths``, as tdhook's caching hook does."""
 
     def guard(path: str) -> Tap:
         def check(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):
                 raise RuntimeError(
-                    f"{method}: the module {path!r} returned a {type(value).__name__}; {type(value).__name__} values "
+                    f"{caller}: the module {path!r} returned a {type(value).__name__}; {type(value).__name__} values "
                     "are not supported for caching (as in tdhook). Patch or steer a submodule returning a tensor, or "
                     f"use tdhook_fn.latent with Site({path!r}, element=0)"
                 )

@@ -64,10 +64,10 @@ def prefixed(keys: list[Any], prefix: Any) -> list[Any]:
     return [key if prefix is None else (prefix, key) for key in keys]
 
 
-def check_td(method: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
+def check_td(caller: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
     """``td``, which must be a TensorDict: a prepared module reads and writes nested entries of it."""
     if not isinstance(td, TensorDictBase):
-        raise TypeError(f"{method}: call the hooked module on a TensorDict holding {list(keys)}, got "
+        raise TypeError(f"{caller}: call the hooked module on a TensorDict holding {list(keys)}, got "
                         f"{type(td).__name__}; e.g. hooked(TensorDict(input=x, batch_size=[len(x)]))")
     return td
 
