@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .._vjp import untransformed
+
 __all__ = ["check_eps", "check_k", "check_points", "distances", "nearest"]
 
 
@@ -54,5 +56,14 @@ def distances(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def nearest(x: torch.Tensor, k: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` nearest neighbours of every point: distances and indices ``(..., N, k)``, nearest first."""
-    values, indices = torch.topk(distances(x, eps), k, dim=-1, largest=False, sorted=True)
-    return values, indices
+    if not untransformed():  # (no data-dependent branch under vmap or compile: duplicates masked always)
+        return torch.topk(distances(x, eps), k, dim=-1, largest=False, sorted=True)
+    # Duplicates are rare, and masking them is a pass over all N x N distances (a quarter of a
+    # TwoNN call): look for them in each point's nearest distance first. None there, none at
+    # all, and the distances masked would be these very ones.
+    dist = torch.cdist(x, x)
+    dist.diagonal(dim1=-2, dim2=-1).fill_(float("inf"))
+    values, indices = torch.topk(dist, k, dim=-1, largest=False, sorted=True)
+    if not bool((values[..., 0] <= eps).any()):
+        return values, indices
+    return torch.topk(dist.masked_fill_(dist <= eps, float("inf")), k, dim=-1, largest=False, sorted=True)

@@ -329,6 +329,19 @@ def test_duplicates_are_excluded_and_too_few_give_nan():
     torch.testing.assert_close(local_knn(y, 3), _t(_local_knn_loop(y, 3)), equal_nan=True)
 
 
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_duplicates_found_eagerly_as_under_vmap(name):
+    """Eager calls look for duplicates in the nearest distances before masking them all; under ``vmap`` (no
+    data-dependent branch) they are always masked: the same numbers, with duplicates in one cloud only."""
+    fn = ESTIMATORS[name]
+    x = torch.stack([_cloud(i, n=40, dim=5) for i in range(3)])
+    x[1, 7] = x[1, 20]
+    x[1, 3] = x[1, 30] + 1e-7  # within eps: a duplicate too
+    eager = torch.stack([fn(cloud) for cloud in x])
+    torch.testing.assert_close(fn(x), eager, rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(torch.vmap(fn)(x), eager, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
 @settings(max_examples=20, deadline=None)
 @given(scale=st.floats(0.1, 10), shift=st.floats(-10, 10), seed=st.integers(0, 10))
 def test_invariant_to_scale_shift_and_rotation(scale, shift, seed):
