@@ -20,13 +20,17 @@ import math
 import torch
 from torch import Tensor
 
-from ._broadcast_einsum import broadcast_einsum
-from ._similarity_inputs import batch_shape, first_true, for_both, sample_range
+from ._broadcast_einsum import broadcast, broadcast_einsum
+from ._similarity_inputs import batch_shape, first_true, for_both, same_values, sample_range, values_visible
 
 
 def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float | None,
              median_fraction: float) -> Tensor:
     """CKA of checked float ``x`` ``(..., N, Dx)`` and ``y`` ``(..., N, Dy)``."""
+    if kernel == "linear" and not debiased and not _covariances_cheaper(x, y):
+        plain = _plain_linear_cka(x, y)  # NOTE [linear CKA without the checks' passes]
+        if plain is not None:
+            return plain.clamp(0.0, 1.0)
     range_x, range_y = for_both(lambda arg, t: sample_range("cka", arg, t), x, y)
     constant_x, constant_y = _constant(range_x), _constant(range_y)
     _refuse_constant("x", constant_x)
@@ -43,6 +47,55 @@ def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float 
     nan = torch.full((), math.nan, dtype=value.dtype, device=value.device)
     value = torch.where(constant_x | constant_y, nan, value)
     return value.clamp(-1.0 if debiased else 0.0, 1.0)  # only rounding takes it out of range
+
+
+# NOTE [linear CKA without the checks' passes]
+# The checks of a CKA call (NaN or inf, a representation constant across its samples, the
+# scale that keeps the sums of fourth powers in range) read each feature's least and
+# largest value: two passes over the activations, and a third to divide by the scale,
+# against a Gram matrix that is itself a few passes' worth (a fifth of an all-pairs call
+# at 512 samples). Where the values are visible, the linear kernel first tries without
+# them: a layer is constant when every sample equals its first (`torch.equal`, which
+# stops at the first difference: microseconds for a layer that is not); the Gram of the
+# centred samples bounds every entry by its diagonal (Cauchy-Schwarz), so its largest
+# diagonal entry says whether the sums of squares stay in range unscaled (NaN or inf in
+# the inputs make it NaN or inf: out of range). Any of these failing, the call takes the
+# checked path, which raises or scales as before.
+
+
+def _plain_linear_cka(x: Tensor, y: Tensor) -> Tensor | None:
+    """Linear CKA from unscaled centred Grams, or ``None`` where the checked path must decide."""
+    if not (values_visible(x) and values_visible(y)):
+        return None
+    same = same_values(x, y)
+    if _any_constant(x) or (not same and _any_constant(y)):
+        return None
+    in_range = True
+
+    def gram(arg: str, t: Tensor) -> Tensor:
+        nonlocal in_range
+        centred = t - t.mean(-2, keepdim=True)
+        k = centred @ centred.mT
+        in_range = in_range and _sums_in_range(k.diagonal(dim1=-2, dim2=-1).amax(-1), k.shape[-1])
+        return k.flatten(-2)
+
+    kx, ky = for_both(gram, x, y)
+    return _alignment(kx, ky) if in_range else None
+
+
+def _any_constant(t: Tensor) -> bool:
+    """Whether a representation of ``t`` ``(..., N, D)`` is the same vector for every sample."""
+    for layer in t.reshape(-1, *t.shape[-2:]):
+        if torch.equal(layer, layer[:1].expand_as(layer)):
+            return True
+    return False
+
+
+def _sums_in_range(diagonal_max: Tensor, n: int) -> bool:
+    """Whether sums of squares of ``n x n`` Gram entries, each at most ``diagonal_max``, stay well in range."""
+    info = torch.finfo(diagonal_max.dtype)
+    square = diagonal_max.double() ** 2
+    return bool(((square > info.tiny * 1e6) & (square * float(n) ** 2 < info.max / 1e6)).all())
 
 
 def _constant(extremes: Tensor) -> Tensor:
@@ -80,7 +133,24 @@ def _centred(t: Tensor, extremes: Tensor | None) -> Tensor:
     if extremes is None:
         return t
     largest = torch.maximum(extremes[..., 1:, :] - mean, mean - extremes[..., :1, :]).amax(-1, keepdim=True)
-    return t / largest.clamp_min(torch.finfo(t.dtype).tiny)
+    if _in_range_unscaled(largest, t.shape[-2] * t.shape[-1]):
+        return t  # (a pass over t saved: the common case)
+    return t.div_(largest.clamp_min(torch.finfo(t.dtype).tiny))
+
+
+def _in_range_unscaled(largest: Tensor, size: int) -> bool:
+    """Whether CKA's sums of squares of Gram (or covariance) entries stay well inside the dtype's range unscaled.
+
+    A Gram entry is at most ``D * largest**2`` in magnitude (a covariance entry ``N * largest**2``), so each sum of
+    squares over the ``N**2`` (``D**2``) entries, and the inner product of two, is at most ``size**2 * largest**4``
+    (``size = N * D``); the Gram entry of the sample holding the largest entry is at least ``largest**2``. Only
+    where the values are visible (else always scaled).
+    """
+    if not values_visible(largest):
+        return False
+    info = torch.finfo(largest.dtype)
+    fourth = largest.double() ** 4
+    return bool(((fourth > info.tiny * 1e6) & (fourth * float(size) ** 2 < info.max / 1e6)).all())
 
 
 def _linear_cka_from_covariances(xc: Tensor, yc: Tensor) -> Tensor:
@@ -92,8 +162,9 @@ def _linear_cka_from_covariances(xc: Tensor, yc: Tensor) -> Tensor:
 
 def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
     """``<kx, ky> / (|kx| |ky|)`` over the last dim, the leading dims broadcast (NOTE [all pairs by broadcasting])."""
-    inner = broadcast_einsum("z", "z", "", kx, ky)
-    norm_x, norm_y = torch.linalg.vector_norm(kx, dim=-1), torch.linalg.vector_norm(ky, dim=-1)
+    inner = _inner_products(kx, ky)
+    norm_x = torch.linalg.vector_norm(kx, dim=-1)
+    norm_y = norm_x.reshape(ky.shape[:-1]) if same_values(kx, ky, core=1) else torch.linalg.vector_norm(ky, dim=-1)
     for arg, norm in (("x", norm_x), ("y", norm_y)):
         where = first_true(norm == 0)
         if where is not None:  # a non-constant representation can still have a zero U-centred Gram (tiny N)
@@ -102,6 +173,23 @@ def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
                              f"samples or debiased=False")
     value: Tensor = inner / norm_x / norm_y
     return value
+
+
+def _inner_products(kx: Tensor, ky: Tensor) -> Tensor:
+    """``<kx, ky>`` over the last dim, the leading dims broadcast.
+
+    The all-pairs call (``y`` is ``x`` with its batch dim moved, as ``acts[:, None]`` and
+    ``acts[None, :]``) is one matrix times its transpose: torch's einsum makes it a batched
+    product of one batch, a third slower than ``mm`` on the CPU.
+    """
+    batch_x, batch_y = kx.shape[:-1], ky.shape[:-1]
+    if len(batch_x) == len(batch_y) and same_values(kx, ky, core=1):
+        spread_x = [i for i, n in enumerate(batch_x) if n != 1]
+        spread_y = [i for i, n in enumerate(batch_y) if n != 1]
+        if len(spread_x) == len(spread_y) == 1 and spread_x != spread_y:
+            flat = kx.reshape(-1, kx.shape[-1])
+            return (flat @ flat.T).reshape(broadcast(batch_x, batch_y))  # (symmetric: either order of the dims)
+    return broadcast_einsum("z", "z", "", kx, ky)
 
 
 def _centred_gram(arg: str, t: Tensor, extremes: Tensor, *, kernel: str, debiased: bool, sigma: float | None,

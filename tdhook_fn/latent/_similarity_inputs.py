@@ -92,14 +92,15 @@ def for_both(fn: Callable[[str, Tensor], Tensor], x: Tensor, y: Tensor) -> tuple
     return fx, fn("y", y)
 
 
-def same_values(x: Tensor, y: Tensor) -> bool:
-    """Whether ``y`` is ``x`` (a view of the same memory) with only size-1 dims added or moved."""
+def same_values(x: Tensor, y: Tensor, core: int = 2) -> bool:
+    """Whether ``y`` is ``x`` (a view of the same memory) with only size-1 batch dims added or moved (the batch
+    dims are those before the last ``core``)."""
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     if torch.compiler.is_compiling() or wrapped(x) or wrapped(y):
         return False  # no storage to compare under torch.func transforms
     if x.dtype != y.dtype or x.device != y.device:
         return False
-    if x.data_ptr() != y.data_ptr() or x.shape[-2:] != y.shape[-2:]:
+    if x.data_ptr() != y.data_ptr() or x.shape[-core:] != y.shape[-core:]:
         return False
     layout_x = [(n, st) for n, st in zip(x.shape, x.stride(), strict=True) if n != 1]
     layout_y = [(n, st) for n, st in zip(y.shape, y.stride(), strict=True) if n != 1]

@@ -405,3 +405,52 @@ def test_fullgraph_compile_traces_both() -> None:
     torch.testing.assert_close(compiled(x, y), cka(x, y, kernel="rbf"), rtol=1e-12, atol=1e-12)
     compiled_ii = torch.compile(information_imbalance, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled_ii(x, y), information_imbalance(x, y), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- the plain linear path and its fall-backs
+
+
+def test_plain_linear_path_equals_the_checked_one() -> None:
+    """The all-pairs Gram path without the checks' passes gives the checked path's numbers (under vmap the values
+    are not visible: the checked path); a large mean and float32 included."""
+    acts = randn(4, 30, 50, seed=3) + 1e3 * randn(1, 1, 50, seed=4)
+    for dtype in (F64, torch.float32):
+        a = acts.to(dtype)
+        checked = torch.vmap(lambda u: torch.vmap(lambda v: cka(u, v))(a))(a)
+        torch.testing.assert_close(cka(a[:, None], a[None]), checked, rtol=1e-5 if dtype == torch.float32 else 1e-10,
+                                   atol=1e-6 if dtype == torch.float32 else 1e-12)
+
+
+def test_a_layer_whose_first_samples_coincide_is_not_constant() -> None:
+    x, y = related_pair(n=30, dx=40, dy=35)
+    x[1] = x[0]
+    value = cka(x, y)
+    assert bool(value.isfinite())
+    torch.testing.assert_close(value, torch.vmap(cka)(x[None], y[None])[0])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_one_bad_entry_in_one_layer_of_the_all_pairs_call_raises(bad: float) -> None:
+    acts = randn(3, 20, 40, dtype=torch.float32)
+    acts[2, 5, 7] = bad
+    with pytest.raises(ValueError, match="cka: x holds NaN or inf"):
+        cka(acts[:, None], acts[None])
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-12, 1e12, 1e30])
+def test_gram_path_in_float32_at_extreme_scales(scale: float) -> None:
+    """N < D (the Gram path): out of the unscaled range the checked path scales, and the numbers hold."""
+    acts = randn(3, 20, 40, seed=2, dtype=torch.float32)
+    torch.testing.assert_close(cka(scale * acts[:, None], scale * acts[None]), cka(acts[:, None], acts[None]),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_constant_layer_whose_mean_rounds_is_refused(dtype: torch.dtype) -> None:
+    """0.1 over 33 samples: the mean rounds, so the centred samples are not exactly 0 (a tiny, non-zero Gram); the
+    layer is refused as constant all the same, not given a CKA of rounding errors."""
+    acts = randn(3, 33, 40, dtype=dtype)
+    acts[1] = 0.1
+    assert bool((acts[1] - acts[1].mean(0)).abs().max() > 0)
+    with pytest.raises(ValueError, match=r"cka: x is constant .*batch index \(1, 0\)"):
+        cka(acts[:, None], acts[None])
