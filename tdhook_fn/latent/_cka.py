@@ -36,7 +36,7 @@ def cka_impl(x: Tensor, y: Tensor, *, kernel: str, debiased: bool, sigma: float 
     _refuse_constant("x", constant_x)
     _refuse_constant("y", constant_y)
     if kernel == "linear" and not debiased and _covariances_cheaper(x, y):
-        value = _linear_cka_from_covariances(_centred(x, range_x), _centred(y, range_y))
+        value = _linear_cka_from_covariances(x, y, {"x": range_x, "y": range_y})
     else:
         ranges = {"x": range_x, "y": range_y}
         kx, ky = for_both(lambda arg, t: _centred_gram(arg, t, ranges[arg], kernel=kernel, debiased=debiased,
@@ -115,6 +115,8 @@ def _covariances_cheaper(x: Tensor, y: Tensor) -> bool:
     n, dx, dy = x.shape[-2], x.shape[-1], y.shape[-1]
     bx, by = math.prod(x.shape[:-2]), math.prod(y.shape[:-2])
     pairs = math.prod(batch_shape(x, y))
+    if same_values(x, y):  # (the all-pairs call: one side's Grams or covariances serve both)
+        by = 0
     grams = (bx * dx + by * dy + pairs) * n * n
     covariances = pairs * n * dx * dy + (bx * dx * dx + by * dy * dy) * n
     return covariances < grams
@@ -153,10 +155,17 @@ def _in_range_unscaled(largest: Tensor, size: int) -> bool:
     return bool(((fourth > info.tiny * 1e6) & (fourth * float(size) ** 2 < info.max / 1e6)).all())
 
 
-def _linear_cka_from_covariances(xc: Tensor, yc: Tensor) -> Tensor:
+def _linear_cka_from_covariances(x: Tensor, y: Tensor, ranges: dict[str, Tensor]) -> Tensor:
+    centred: dict[str, Tensor] = {}
+
+    def own_term(arg: str, t: Tensor) -> Tensor:
+        centred[arg] = c = _centred(t, ranges[arg])
+        return (c.mT @ c).square().sum((-2, -1))
+
+    self_x, self_y = for_both(own_term, x, y)  # (once in the all-pairs call)
+    xc = centred["x"]
+    yc = centred["y"] if "y" in centred else xc.reshape(y.shape[:-2] + xc.shape[-2:])
     cross = broadcast_einsum("nd", "ne", "de", xc, yc).square().sum((-2, -1))
-    self_x = (xc.mT @ xc).square().sum((-2, -1))
-    self_y = (yc.mT @ yc).square().sum((-2, -1))
     return cross / self_x.sqrt() / self_y.sqrt()
 
 
