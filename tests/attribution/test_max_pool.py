@@ -5,26 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from zoo import pooling_planes
 
 from tdhook_fn.attribution._lrp.max_pool import max_pool_with_indices
 
 
-def _inputs() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    ties = (torch.randn(6, 3, 9, 9) * 2).round().relu()  # many equal maxima (zeros after a ReLU)
-    nans = torch.randn(6, 3, 8, 8)
-    nans[0, 0, 0, :2] = float("nan")  # two NaNs in one window
-    nans[1, 2, 2:4, 2:4] = float("nan")
-    nans[2, 1, 5, 5] = float("nan")
-    return {"ties": ties, "nans": nans, "plain": torch.randn(4, 2, 7, 7, dtype=torch.float64)}
-
-
-@pytest.mark.parametrize("name", ["ties", "nans", "plain"])
+@pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
 @pytest.mark.parametrize(("kernel", "stride", "padding", "dilation", "ceil"),
                          [(2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 1, 1, 1, True), (2, 2, 0, 2, True)])
 def test_the_same_maxima_and_indices_as_the_plain_kernel(name: str, kernel: int, stride: int, padding: int,
                                                          dilation: int, ceil: bool) -> None:
-    x = _inputs()[name]
+    x = pooling_planes()[name]
     state = {"kernel_size": kernel, "stride": stride, "padding": padding, "dilation": dilation, "ceil_mode": ceil}
     out, indices = max_pool_with_indices(F.max_pool2d, x, state)
     want, want_indices = F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode=ceil, return_indices=True)

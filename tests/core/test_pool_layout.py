@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from zoo import pooling_planes
 
 import tdhook_fn
 from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, forward_only, shadow_class
@@ -19,17 +20,6 @@ _SETTINGS = [
     dict(kernel_size=2, stride=2, dilation=2, ceil_mode=True),
     dict(kernel_size=(2, 3), stride=(1, 2)),
 ]
-
-
-def _inputs() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    ties = (torch.randn(6, 3, 9, 9) * 2).round().relu()  # many equal maxima (zeros after a ReLU)
-    nans = torch.randn(6, 3, 8, 8)
-    nans[0, 0, 0, :2] = float("nan")  # two NaNs in one window
-    nans[1, 2, 2:4, 2:4] = float("nan")
-    zeros = torch.zeros(3, 2, 6, 6)
-    zeros[:, :, ::2] = -0.0  # signed zeros tie: the sign of the one taken shows
-    return {"ties": ties, "nans": nans, "zeros": zeros, "float64": torch.randn(4, 2, 7, 7, dtype=torch.float64)}
 
 
 def _exact(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -56,7 +46,7 @@ def _layouts(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 @pytest.mark.parametrize("settings", _SETTINGS, ids=str)
 def test_a_forward_only_call_gives_the_models_own_maxima_and_indices(name: str, settings: dict[str, Any],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _inputs()[name]
+    x = pooling_planes()[name]
     model = nn.MaxPool2d(**settings, return_indices=True)
     params = tdhook_fn.params(model)
     want, want_indices = model(x)
@@ -73,7 +63,7 @@ def test_a_forward_only_call_gives_the_models_own_maxima_and_indices(name: str, 
 @pytest.mark.parametrize("name", ["ties", "zeros", "float64"])
 def test_differentiated_forwards_keep_the_plain_kernel(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(1)
-    x = _inputs()[name]
+    x = pooling_planes()[name]
     model = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Flatten(), nn.LazyLinear(3)).to(x.dtype)
     model(x)
     params = tdhook_fn.params(model)
@@ -89,7 +79,7 @@ def test_differentiated_forwards_keep_the_plain_kernel(name: str, monkeypatch: p
 
 
 def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _inputs()["ties"]
+    x = pooling_planes()["ties"]
     model = nn.MaxPool2d(3, 2, 1)
     params = tdhook_fn.params(model)
     want, last, unbatched = model(x), x.contiguous(memory_format=torch.channels_last), x[0]
