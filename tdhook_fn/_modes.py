@@ -28,10 +28,12 @@ _warned: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 def _is_stochastic(module: nn.Module) -> bool:
     if isinstance(module, nn.modules.dropout._DropoutNd):
         return module.p > 0
-    # transformers' attention modules call functional dropout with a float attribute
-    return any(
-        isinstance(v, float) and v > 0 and "dropout" in k for k, v in vars(module).items() if not k.startswith("_")
-    )
+    # transformers' attention modules call functional dropout with a float attribute (a loop, not any() of a
+    # generator: each of its steps is a Python call, per module of a model in training mode, on every call)
+    for k, v in vars(module).items():
+        if isinstance(v, float) and v > 0 and "dropout" in k and not k.startswith("_"):
+            return True
+    return False
 
 
 def _batch_dependent(module: nn.Module) -> bool:
