@@ -34,7 +34,7 @@ Shape = tuple[int, ...]
 _CALLER = "occlusion"
 _ALL_MASKS = 2**24  # window masks (bools) built at once below this; else per chunk
 _DENSE_SPREAD = 2**20  # below this many mask elements the changes are spread by one product with the masks
-_KEPT_MASKS = 2**18  # window plans of at most this many mask elements are kept between calls; NOTE [kept windows]
+_KEPT_MASKS = 2**16  # window plans of at most this many mask elements are kept between calls; NOTE [kept windows]
 
 
 @dataclass
@@ -111,11 +111,12 @@ class _Windows:
 # an occlusion call. So they are kept between calls, keyed by exactly those (a changed
 # shape, window, stride or device builds new ones), for plans of at most `_KEPT_MASKS`
 # mask elements (a few MiB in all: larger plans go with forwards that dwarf their cost).
-# What is kept is never written after it is built, only read (``torch.where``, a
-# product), so calls on several threads share it safely, and a race builds the same
-# tensors twice. Only plain tensors are kept: inside a transform (``vmap``, ``grad``),
-# Dynamo's trace, a JIT trace, a dispatch mode (fake tensors) or ``torch.inference_mode``
-# (whose tensors autograd cannot save later) the windows are built for the call alone.
+# A kept plan's tensors are each set once (every mask on first use, its float copy per
+# dtype) and never written after, only read (``torch.where``, a product): calls on several
+# threads share them safely, and a race builds the same tensors twice. Only plain
+# tensors are kept: inside a transform (``vmap``, ``grad``), Dynamo's trace, a JIT trace,
+# a dispatch mode (fake tensors) or ``torch.inference_mode`` (whose tensors autograd
+# cannot save later) the windows are built for the call alone.
 
 
 def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: torch.device) -> _Windows:
@@ -145,7 +146,7 @@ def _check_windows(key: NestedKey, size: Shape, window: Shape, stride: Shape) ->
                              "elements would never be occluded; give strides no larger than the window")
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)  # (16 plans of 2**16 masks: 5 MiB with their float32 copies)
 def _kept_windows(size: Shape, window: Shape, stride: Shape, device: torch.device) -> _Windows:
     """`_built_windows`, kept for the next call on the same shapes and device: NOTE [kept windows]."""
     return _built_windows(size, window, stride, device)
