@@ -49,7 +49,10 @@ def starts_by_key(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[N
     if isinstance(baselines, torch.Tensor) and len(keys) != 1:
         raise TypeError(f"{caller}: a tensor baseline fits one attributed input, but {len(keys)} are "
                         f"attributed {list(keys)}; pass baselines as a TensorDict with those keys, or a number")
-    return {key: _start(inputs.get(key), baselines, key, caller) for key in keys}
+    starts = {}
+    for key in keys:  # (a loop, not a comprehension: one Python call less, on every call)
+        starts[key] = _start(inputs.get(key), baselines, key, caller)
+    return starts
 
 
 def _start(x: torch.Tensor, baselines: Baselines, key: NestedKey, caller: str) -> torch.Tensor:
