@@ -4,7 +4,7 @@ Two digits CNNs (``[N, 1, 8, 8] -> 10`` classes) on the first ``N = 32`` of scik
 digits, each sample's predicted class as target: the docs pages' CNN (two 3x3 convs of 16
 and 32 channels, a 64-unit hidden layer), and a small one (one conv of 8 channels, a
 pool, a linear head; ``bench_metrics.py``'s) whose forward is so cheap that the fixed
-cost of a call (argument checks, the pure call's set-up, about 1 ms) shows. Our default
+cost of a call (argument checks, the pure call's set-up, about half a millisecond) shows. Our default
 chunks are sized by the model's widest activation (NOTE [default chunk rows]): every
 perturbation in one forward on the small CNN, forwards of 1024 samples on the docs CNN
 (rows "ours, chunk_size=... (all)" show one forward).

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from ._engine import input_keys_of
 
-__all__ = ["Baselines", "attributed_keys", "both_ends", "path_starts"]
+__all__ = ["Baselines", "attributed_keys", "both_ends", "path_starts", "starts_by_key"]
 
 Baselines = TensorDictBase | torch.Tensor | float
 
@@ -37,31 +37,43 @@ def attributed_keys(caller: str, f: Callable[..., Any], inputs: TensorDictBase,
 
 def path_starts(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], caller: str) -> TensorDict:
     """The baseline of each of ``keys``, in the input's shape: from a TensorDict, a tensor or a number."""
+    out = TensorDict({}, batch_size=inputs.batch_size)
+    for key, b in starts_by_key(inputs, baselines, keys, caller).items():
+        out.set(key, b)
+    return out
+
+
+def starts_by_key(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey],
+                  caller: str) -> dict[NestedKey, torch.Tensor]:
+    """`path_starts` as a dict by key (no TensorDict built: the perturbation methods read each key's)."""
     if isinstance(baselines, torch.Tensor) and len(keys) != 1:
         raise TypeError(f"{caller}: a tensor baseline fits one attributed input, but {len(keys)} are "
                         f"attributed {list(keys)}; pass baselines as a TensorDict with those keys, or a number")
-    out = TensorDict({}, batch_size=inputs.batch_size)
-    for key in keys:
-        x = inputs.get(key)
-        if isinstance(baselines, TensorDictBase):
-            if key not in baselines.keys(True, True):
-                raise KeyError(f"{caller}: no baseline for input {key!r}; give one, or name the inputs the baselines "
-                               "replace with input_keys=[...]")
-            b = baselines.get(key)
-            if b.shape != x.shape:
-                raise ValueError(f"{caller}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
-        elif isinstance(baselines, torch.Tensor):
-            b = _broadcast(caller, key, baselines, x)
-        elif isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
-            if not (x.is_floating_point() or x.is_complex()) and not float(baselines).is_integer():
-                raise ValueError(f"{caller}: input {key!r} is {x.dtype} (token ids) and the baseline "
-                                 f"{baselines!r} is not a whole number; give an id (a pad or mask token)")
-            b = torch.full_like(x, baselines)
-        else:
-            raise TypeError(f"{caller}: baselines must be a TensorDict, a tensor or a number, got "
-                            f"{type(baselines).__name__}")
-        out.set(key, b)
-    return out
+    starts = {}
+    for key in keys:  # (a loop, not a comprehension: one Python call less, on every call)
+        starts[key] = _start(inputs.get(key), baselines, key, caller)
+    return starts
+
+
+def _start(x: torch.Tensor, baselines: Baselines, key: NestedKey, caller: str) -> torch.Tensor:
+    """The baseline of the input ``x`` under ``key``, in its shape."""
+    if isinstance(baselines, TensorDictBase):
+        if key not in baselines.keys(True, True):
+            raise KeyError(f"{caller}: no baseline for input {key!r}; give one, or name the inputs the baselines "
+                           "replace with input_keys=[...]")
+        b = baselines.get(key)
+        if b.shape != x.shape:
+            raise ValueError(f"{caller}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
+        return cast(torch.Tensor, b)
+    if isinstance(baselines, torch.Tensor):
+        return _broadcast(caller, key, baselines, x)
+    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool):
+        if not (x.is_floating_point() or x.is_complex()) and not float(baselines).is_integer():
+            raise ValueError(f"{caller}: input {key!r} is {x.dtype} (token ids) and the baseline "
+                             f"{baselines!r} is not a whole number; give an id (a pad or mask token)")
+        return torch.full_like(x, baselines)
+    raise TypeError(f"{caller}: baselines must be a TensorDict, a tensor or a number, got "
+                    f"{type(baselines).__name__}")
 
 
 def both_ends(inputs: TensorDictBase, starts: TensorDictBase) -> TensorDictBase:

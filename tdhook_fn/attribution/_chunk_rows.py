@@ -64,10 +64,10 @@ def default_rows(f: Callable[..., Any], params: TensorDictBase, flat: TensorDict
 
 def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: TensorDictBase) -> int | None:
     """The bytes of ``f``'s widest activation for one sample of ``flat``; None where not probed."""
-    leaves = [cast(torch.Tensor, v) for v in flat.values(True, True)]
-    if not leaves or flat.batch_size[0] == 0 or any(t.device.type != "cpu" for t in leaves) or not untransformed():
+    items = [(key, cast(torch.Tensor, v)) for key, v in flat.items(True, True)]  # (one walk: on every call)
+    if not items or flat.batch_size[0] == 0 or any(v.device.type != "cpu" for _, v in items) or not untransformed():
         return None
-    signature = tuple((key, v.shape[1:], v.dtype) for key, v in zip(flat.keys(True, True), leaves, strict=True))
+    signature = tuple((key, v.shape[1:], v.dtype) for key, v in items)
     try:
         known = _widest.setdefault(f, {})
     except TypeError:  # (f cannot be weakly referenced: nowhere to keep the figure)

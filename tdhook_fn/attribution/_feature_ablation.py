@@ -13,7 +13,7 @@ from .._types import PureFn
 from ._baselines import Baselines
 from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
-from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_views
+from ._perturbation import checked_keys, evaluate, flat_baselines, flat_inputs, per_sample_views
 
 __all__ = ["feature_ablation"]
 
@@ -84,7 +84,7 @@ def feature_ablation(
     keys = checked_keys(_CALLER, f, params, inputs, target, input_keys, chunk_size)
     batch = inputs.batch_size
     starts = flat_baselines(_CALLER, inputs, baselines, keys)
-    flat = inputs.reshape(-1)
+    flat = flat_inputs(inputs)
     groups = features(_CALLER, inputs, keys, feature_mask)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
 

@@ -12,7 +12,7 @@ from .._targets import Target
 from .._types import PureFn
 from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
-from ._perturbation import checked_keys, evaluate, per_sample_views
+from ._perturbation import checked_keys, evaluate, flat_inputs, per_sample_views
 
 __all__ = ["feature_permutation"]
 
@@ -104,7 +104,7 @@ def feature_permutation(
     if n < 2:
         raise ValueError(f"{_CALLER}: the inputs hold {n} sample(s) (batch_size={list(batch)}); a feature is "
                          "permuted across the samples, so give a batch of at least two")
-    flat = inputs.reshape(-1)
+    flat = flat_inputs(inputs)
     groups = features(_CALLER, inputs, keys, feature_mask)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
     device = xs[keys[0]].device

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
+from .._vjp import untransformed
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
-from ._perturbation import as_maps, check_no_extra, checked_keys, evaluate, flat_baselines, per_sample_views
+from ._perturbation import (
+    as_maps,
+    check_no_extra,
+    checked_keys,
+    evaluate,
+    flat_baselines,
+    flat_inputs,
+    per_sample_views,
+)
 
 __all__ = ["occlusion"]
 
@@ -23,6 +34,7 @@ Shape = tuple[int, ...]
 _CALLER = "occlusion"
 _ALL_MASKS = 2**24  # window masks (bools) built at once below this; else per chunk
 _DENSE_SPREAD = 2**20  # below this many mask elements the changes are spread by one product with the masks
+_KEPT_MASKS = 2**16  # window plans of at most this many mask elements are kept between calls; NOTE [kept windows]
 
 
 @dataclass
@@ -31,6 +43,7 @@ class _Windows:
 
     covers: list[torch.Tensor]  # per dim d, [positions_d, size_d] bool
     every: torch.Tensor | None = None  # every window's mask, once built (not a cached_property: Dynamo traces this)
+    dense: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # by dtype: see spread
 
     @property
     def count(self) -> int:
@@ -70,8 +83,8 @@ class _Windows:
         """Changes ``[T, N, count]`` averaged over the windows covering each element: ``[T, N, *feature_shape]``."""
         sizes = [c.shape[1] for c in self.covers]
         if self.count * math.prod(sizes) <= _DENSE_SPREAD:  # one product with every mask
-            dense = self.every_mask().reshape(self.count, -1).to(change.dtype)
-            return (change @ dense / dense.sum(0)).reshape(*change.shape[:2], *sizes)
+            dense, covering = self._dense(change.dtype)
+            return (change @ dense / covering).reshape(*change.shape[:2], *sizes)
         out = change.reshape(*change.shape[:2], *(c.shape[0] for c in self.covers))
         weights = torch.ones((), dtype=change.dtype, device=change.device)
         for cover in self.covers:  # contract each window dim with its covers, in turn (dim 2 is the next one)
@@ -83,9 +96,44 @@ class _Windows:
             weights = weights.unsqueeze(-1) * as_float.sum(0)
         return out / weights
 
+    def _dense(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every window's mask ``[count, elements]`` in ``dtype``, and how many windows cover each element."""
+        if dtype not in self.dense:
+            dense = self.every_mask().reshape(self.count, -1).to(dtype)
+            self.dense[dtype] = dense, dense.sum(0)
+        return self.dense[dtype]
+
+
+# NOTE [kept windows]
+# The windows of an input depend only on the shape of a sample, the window, the strides
+# and the device; building them (the covers, every window's mask, the masks as floats and
+# how many windows cover each element) is a dozen small ops, on a small model a sixth of
+# an occlusion call. So they are kept between calls, keyed by exactly those (a changed
+# shape, window, stride or device builds new ones), for plans of at most `_KEPT_MASKS`
+# mask elements (a few MiB in all: larger plans go with forwards that dwarf their cost).
+# A kept plan's tensors are each set once (every mask on first use, its float copy per
+# dtype) and never written after, only read (``torch.where``, a product): calls on several
+# threads share them safely, and a race builds the same tensors twice. Only plain
+# tensors are kept: inside a transform (``vmap``, ``grad``), Dynamo's trace, a JIT trace,
+# a dispatch mode (fake tensors) or ``torch.inference_mode`` (whose tensors autograd
+# cannot save later) the windows are built for the call alone.
+
 
 def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: torch.device) -> _Windows:
-    covers = []
+    _check_windows(key, size, window, stride)
+    positions = [math.ceil((n - w) / s) + 1 for n, w, s in zip(size, window, stride, strict=True)]
+    if math.prod(positions) * math.prod(size) <= _KEPT_MASKS and _plain_tensors_now():
+        return _kept_windows(size, window, stride, device)
+    return _built_windows(size, window, stride, device)
+
+
+def _plain_tensors_now() -> bool:
+    """Whether the tensors built now are plain ones that may serve later calls; NOTE [kept windows]."""
+    return (untransformed() and not torch.is_inference_mode_enabled() and torch._C._get_tracing_state() is None
+            and _get_current_dispatch_mode() is None)
+
+
+def _check_windows(key: NestedKey, size: Shape, window: Shape, stride: Shape) -> None:
     for d, (n, w, s) in enumerate(zip(size, window, stride, strict=True)):
         if w < 1 or s < 1:
             raise ValueError(f"{_CALLER}: input {key!r}: window and stride sizes must be positive, got window "
@@ -96,6 +144,17 @@ def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: 
         if s > w and w < n:
             raise ValueError(f"{_CALLER}: input {key!r}: stride {s} is larger than the window {w} in dim {d}, so some "
                              "elements would never be occluded; give strides no larger than the window")
+
+
+@functools.lru_cache(maxsize=16)  # (16 plans of 2**16 masks: 5 MiB with their float32 copies)
+def _kept_windows(size: Shape, window: Shape, stride: Shape, device: torch.device) -> _Windows:
+    """`_built_windows`, kept for the next call on the same shapes and device: NOTE [kept windows]."""
+    return _built_windows(size, window, stride, device)
+
+
+def _built_windows(size: Shape, window: Shape, stride: Shape, device: torch.device) -> _Windows:
+    covers = []
+    for n, w, s in zip(size, window, stride, strict=True):
         starts = torch.arange(0, (math.ceil((n - w) / s) + 1) * s, s, device=device).unsqueeze(1)
         elements = torch.arange(n, device=device)
         covers.append((elements >= starts) & (elements < starts + w))
@@ -224,7 +283,7 @@ def occlusion(
         return out
 
     rows = 1 + sum(plans[k].count for k in keys)
-    values = evaluate(f, params, inputs.reshape(-1), target, rows=rows, build=build, chunk_size=chunk_size,
+    values = evaluate(f, params, flat_inputs(inputs), target, rows=rows, build=build, chunk_size=chunk_size,
                       per_target=per_target, caller=_CALLER,
                       baselines=list(starts.values()))
     change = (values[:1] - values[1:]).permute(2, 1, 0)  # [T, N, rows - 1]

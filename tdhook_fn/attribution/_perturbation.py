@@ -36,14 +36,14 @@ from .._pool_layout import forward_only
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import any_requires_grad, untransformed
-from ._baselines import Baselines, attributed_keys, path_starts
+from ._baselines import Baselines, attributed_keys, starts_by_key
 from ._checks import check_call
 from ._chunk_rows import default_rows
 from ._engine import target_values
 from ._metric_samples import check_count
 
-__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
-           "per_sample_views", "target_columns"]
+__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "flat_inputs",
+           "per_sample_view", "per_sample_views", "target_columns"]
 
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
 
@@ -69,7 +69,14 @@ def checked_keys(caller: str, f: PureFn, params: TensorDictBase, inputs: TensorD
 def flat_baselines(caller: str, inputs: TensorDictBase, baselines: Baselines,
                    keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
     """The baseline of each key, shaped like its flattened input ``[N, ...]`` (a broadcast view where possible)."""
-    return per_sample_views(path_starts(inputs, baselines, keys, caller), keys, inputs.batch_dims)
+    starts = starts_by_key(inputs, baselines, keys, caller)
+    return {key: per_sample_view(start, inputs.batch_dims) for key, start in starts.items()}
+
+
+def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
+    """``inputs`` with their batch ``[*B]`` flattened to ``[N]`` (as they are where it is one dim: a reshape builds a
+    new TensorDict)."""
+    return inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
 
 
 def per_sample_views(td: TensorDictBase, keys: Sequence[NestedKey], batch_dims: int) -> dict[NestedKey, torch.Tensor]:

@@ -14,7 +14,7 @@ from ._baselines import Baselines
 from ._feature_masks import FeatureMask, features
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count
-from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_views
+from ._perturbation import checked_keys, evaluate, flat_baselines, flat_inputs, per_sample_views
 
 __all__ = ["shapley_value_sampling"]
 
@@ -93,7 +93,7 @@ def shapley_value_sampling(
     keys = checked_keys(_CALLER, f, params, inputs, target, input_keys, chunk_size)
     batch = inputs.batch_size
     starts = flat_baselines(_CALLER, inputs, baselines, keys)
-    flat = inputs.reshape(-1)
+    flat = flat_inputs(inputs)
     groups = features(_CALLER, inputs, keys, feature_mask, dense=True)
     n_features = len(groups.ids)
     xs = per_sample_views(inputs, keys, inputs.batch_dims)
