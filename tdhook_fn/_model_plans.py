@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from itertools import chain
 from operator import call, is_, itemgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -171,7 +171,7 @@ def plan_for(model: nn.Module, key: Hashable, build: Callable[[], _T]) -> _T:
     plans = _plans.get(model)
     entry = None if plans is None else plans.get(key)
     if entry is not None and entry[0] is not None and entry[0].holds():
-        return entry[1]  # type: ignore[no-any-return]
+        return cast("_T", entry[1])
     snapshot = Snapshot.of(model)  # (before building: a plan never sees a later state than its snapshot)
     plan = build()
     with _lock:

@@ -49,13 +49,10 @@ def params(model: nn.Module, *, detach: bool = True) -> TensorDict:
 
 def leaves(params: TensorDictBase) -> dict[Key, Any]:
     """The leaf tensors of a params TensorDict by key tuple."""
-    # A plain TensorDict's own dict is read directly (items(True, True) costs twice as much), and nested ones are
-    # walked depth first with a stack of iterators, not by recursion (a Python call per TensorDict): this runs
-    # on every call.
+    # Depth first with a stack of iterators, not by recursion (a Python call per TensorDict): this runs on every
+    # call.
     out: dict[Key, Any] = {}
-    own = params.__dict__.get("_tensordict") if type(params) is TensorDict else None
-    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [
-        ((), iter(own.items()) if isinstance(own, dict) else iter(params.items(include_nested=True, leaves_only=True)))]
+    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [((), _own_items(params))]
     while stack:
         prefix, items = stack[-1]
         for key, value in items:
@@ -63,15 +60,20 @@ def leaves(params: TensorDictBase) -> dict[Key, Any]:
                 out[(*prefix, *key)] = value
             elif not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
                     value):  # (a tensor is never a TensorDict: the cheap test first)
-                own = value.__dict__.get("_tensordict") if type(value) is TensorDict else None
-                stack.append(((*prefix, key), iter(own.items()) if isinstance(own, dict) else
-                              iter(value.items(include_nested=True, leaves_only=True))))
+                stack.append(((*prefix, key), _own_items(value)))
                 break
             else:
                 out[(*prefix, key)] = value
         else:
             stack.pop()
     return out
+
+
+def _own_items(td: TensorDictBase) -> Iterator[tuple[Any, Any]]:
+    """The entries of ``td``'s own level: a plain TensorDict's dict read directly (``items(True, True)`` costs
+    twice as much), else its leaves under their nested keys."""
+    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
+    return iter(own.items()) if isinstance(own, dict) else iter(td.items(include_nested=True, leaves_only=True))
 
 
 def leaf_keys(td: TensorDictBase) -> list[str | Key]:
@@ -82,20 +84,19 @@ def leaf_keys(td: TensorDictBase) -> list[str | Key]:
 def leaf_values(td: TensorDictBase) -> list[Any]:
     """The leaf values of a TensorDict, in `leaves` order, without building their keys (cheaper, on every call)."""
     out: list[Any] = []
-    stack: list[Iterator[Any]] = []  # depth first, as `leaves`; a loop, not recursion (a Python call per level)
-    nested: Any = td
-    while nested is not None:
-        own = nested.__dict__.get("_tensordict") if type(nested) is TensorDict else None
-        stack.append(iter(own.values()) if isinstance(own, dict) else
-                     iter(nested.values(include_nested=True, leaves_only=True)))
-        nested = None
-        while stack and nested is None:
-            for value in stack[-1]:
-                if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
-                        value):
-                    nested = value  # (its values next, then the rest of this one's)
-                    break
-                out.append(value)
-            else:
-                stack.pop()
+    stack: list[Iterator[Any]] = [_own_values(td)]  # depth first, as `leaves`: a loop, not recursion
+    while stack:
+        for value in stack[-1]:
+            if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
+                stack.append(_own_values(value))  # (its values next, then the rest of this one's)
+                break
+            out.append(value)
+        else:
+            stack.pop()
     return out
+
+
+def _own_values(td: TensorDictBase) -> Iterator[Any]:
+    """The values of ``td``'s own level: a plain TensorDict's dict read directly, else its leaves."""
+    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
+    return iter(own.values()) if isinstance(own, dict) else iter(td.values(include_nested=True, leaves_only=True))

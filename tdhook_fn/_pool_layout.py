@@ -6,8 +6,9 @@
 # than half of the forward; the same kernel on a channels-last copy takes a third of
 # that, the copy included, and gives the same numbers (the first maximum of a window on
 # ties, NaN as the default kernel takes it: tests compare both on ties, NaNs and signed
-# zeros, with every setting). So the calls of the methods that only read outputs (the
-# perturbation and surrogate methods, infidelity) run in `forward_only` blocks, whose
+# zeros, with every setting). So the forwards whose outputs are only read (the engine's
+# `target_values`: the perturbation and surrogate methods, infidelity, the deltas of the
+# path methods) run in `forward_only` blocks, whose
 # shadows (a pool of their own) are made of `ChannelsLastMaxPool2d` where the model has an
 # ``nn.MaxPool2d`` (that very class, not a subclass with its own forward). It pools a batch
 # of planes that nothing differentiates on a channels-last copy and hands on its result in
@@ -56,6 +57,7 @@ def _forward_only() -> Iterator[None]:
 def in_forward_only() -> bool:
     """Whether a `forward_only` block is open (never under ``torch.compile``)."""
     return not torch.compiler.is_compiling() and _FORWARD_ONLY.get()
+
 
 _functorch = torch._C._functorch
 

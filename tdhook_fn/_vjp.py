@@ -179,10 +179,6 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
 
         return rebuild_sequence
     if isinstance(tree, dict):
-        if all(type(item) is torch.Tensor for item in tree.values()):  # (the attributed inputs: tensors by key)
-            tensors.extend(tree.values())
-            keys = tuple(tree)
-            return lambda values: dict(zip(keys, values, strict=False))  # (reads ``values`` while keys are left)
         named: dict[Any, Callable[[Any], Any]] = {}
         for key, item in tree.items():
             if isinstance(item, torch.Tensor):

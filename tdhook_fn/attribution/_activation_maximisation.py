@@ -32,8 +32,8 @@ from .._probe import on_meta
 from .._taps import Tap
 from .._targets import Target, as_target
 from ._checks import check_call, check_layers
+from ._cotangents import Cotangents
 from ._engine import (
-    Cotangents,
     GradFn,
     grad_taps,
     gradients,

@@ -27,7 +27,8 @@ from .._taps import Tap
 from .._targets import Target
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call
-from ._engine import Cotangents, target_values
+from ._cotangents import Cotangents
+from ._engine import target_values
 
 __all__ = ["convergence_delta", "delta_of"]
 

@@ -12,7 +12,7 @@ from torch import nn
 from .._functional import Functional, NestedKey
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents
+from ._cotangents import Cotangents
 from ._guided_backprop import module_paths
 from ._inputs import accepts_tensors
 from ._saliency import saliency

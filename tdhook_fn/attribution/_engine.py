@@ -26,40 +26,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
-from .._params import leaf_keys, leaves
+from .._params import leaf_keys
+from .._pool_layout import forward_only
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
 from .._vjp import vjp
 from ._checks import check_call
+from ._cotangents import Cotangents, check_per_target_or_cotangents, pull_each, seed_cotangents
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
 
 __all__ = [
-    "Cotangents",
     "GradFn",
     "Gradients",
     "TargetFn",
+    "as_functional",
     "check_target_layer_runs",
+    "flat_inputs",
     "grad_taps",
     "gradients",
     "input_keys_of",
     "offered_targets",
     "per_key",
     "scaled",
-    "seed_cotangents",
     "target_layer_taps",
     "target_values",
     "unflatten",
 ]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
-Cotangents = Callable[[TensorDictBase], TensorDictBase]
 GradFn = Callable[[torch.Tensor], torch.Tensor]
 _ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
 
@@ -126,6 +127,12 @@ def unflatten(t: torch.Tensor, lead: int, batch: torch.Size) -> torch.Tensor:
     return t.reshape((*t.shape[:lead], *batch, *t.shape[lead + 1 :]))  # a tuple: the shape may be ()
 
 
+def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
+    """``inputs`` with their batch ``[*B]`` flattened to the one dim models expect, ``[N]`` (as they are where it is
+    one dim already: a reshape to the same batch builds a new TensorDict)."""
+    return inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
+
+
 def _check_targets(values: Any) -> TensorDictBase:
     if not isinstance(values, TensorDictBase):
         raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
@@ -138,33 +145,15 @@ def _check_targets(values: Any) -> TensorDictBase:
     return values
 
 
-def _one_hots(values: TensorDictBase) -> TensorDictBase:
-    """Cotangents ``[T, *B, T]``: target ``t`` selected by a one-hot on the last dim."""
-    batch = values.batch_size
-    for key, v in values.items(True, True):
-        if v.dim() > len(batch) + 1:
-            raise ValueError(f"per_target needs target values shaped [*batch] or [*batch, T]; target {key!r} has shape "
-                             f"{tuple(v.shape)} for batch {list(batch)}: flatten its target dims in the target")
-    sizes = {v.shape[len(batch)] if v.dim() > len(batch) else 1 for v in values.values(True, True)}
-    if len(sizes) != 1:
-        raise ValueError(f"per_target needs the same number of targets in every target key, got {sizes}")
-    (n,) = sizes
-
-    def one_hot(v: torch.Tensor) -> torch.Tensor:
-        eye = torch.eye(n, dtype=v.dtype, device=v.device)
-        if v.dim() == len(batch):  # one target per sample: T = 1
-            return torch.ones_like(v).unsqueeze(0)
-        return eye.reshape(n, *([1] * len(batch)), n).expand(n, *v.shape)
-
-    return cast(TensorDictBase, values.apply(one_hot, batch_size=[n, *batch]))
+def as_functional(f: Callable[..., Any]) -> Functional:
+    """``f``, which layers and taps need to be a `Functional`."""
+    if isinstance(f, Functional):
+        return f
+    raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
 
 
 def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
-    if isinstance(f, Functional):
-        return f
-    if needs_taps:
-        raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
-    return None
+    return as_functional(f) if needs_taps or isinstance(f, Functional) else None
 
 
 def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
@@ -227,13 +216,18 @@ def _check_leading_batch(what: str, value: torch.Tensor, batch: torch.Size) -> N
 
 def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target, *,
                   target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
-    """The target values of ``f(params, inputs)``, seen as `gradients` sees them."""
+    """The target values of ``f(params, inputs)``, seen as `gradients` sees them.
+
+    The callers read these values, never differentiate them: the forward runs on the shadows for reading outputs
+    (NOTE [shadow max pooling]).
+    """
     tappable = _tappable(f, bool(target_layers or taps))
-    flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
+    flat = flat_inputs(inputs)
     runs = [0] * len(target_layers)
     run: Any = f if tappable is None or not (target_layers or taps) else tappable.with_taps(
         *target_layer_taps(target_layers, runs), *taps)
-    out = run(params, flat)
+    with forward_only():
+        out = run(params, flat)
     check_target_layer_runs("target_values", target_layers, runs)
     private = [f"{_TGT}{i}" for i in range(len(target_layers))]
     return _offer(out, private, _seen(out, target_layers), _extras(f, flat, ()), inputs.batch_size, True, target,
@@ -271,13 +265,11 @@ def gradients(
     """
     if not checked:
         check_call(caller, f, params, inputs, input_keys, target)
-    if per_target and cotangents is not None:
-        raise ValueError(f"{caller}: per_target and cotangents exclude each other (cotangents say what is put in at "
-                         "the targets, per_target puts in one one-hot per target); give one of them")
+    check_per_target_or_cotangents(caller, per_target, cotangents)
     layers = dict(layers or {})
     tappable = f if isinstance(f, Functional) else _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
-    flat = inputs if inputs.batch_dims == 1 else inputs.reshape(-1)  # (a reshape to the same batch builds a copy)
+    flat = flat_inputs(inputs)
     paths = list(layers)
     extras = _extras(f, flat, input_keys)
     private: list[str] = []  # (built where there are layers: the comprehensions cost calls on every call)
@@ -323,7 +315,7 @@ def gradients(
                                             attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
     # one pullback: the graph is freed as it goes (NOTE [eager vjp])
-    (d_inputs, d_layers) = _pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
+    (d_inputs, d_layers) = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
     for key, value in d_inputs.items():
@@ -341,36 +333,6 @@ def _seen(out: TensorDictBase, target_layers: Sequence[str]) -> TensorDict | Non
     if not target_layers:
         return None
     return TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)}, batch_size=out.batch_size)
-
-
-def seed_cotangents(values: TensorDictBase, per_target: bool, cotangents: Cotangents | None,
-                    ) -> tuple[TensorDictBase, int]:
-    """What is put in at the target values, and its number of leading (target) dims.
-
-    ``cotangents(values)``; or one-hots ``[T, *B, T]`` with ``per_target``; or ones.
-    """
-    if cotangents is not None:
-        cot = cotangents(values)
-        if not isinstance(cot, TensorDictBase):
-            raise TypeError(f"cotangents must return a TensorDict, got {type(cot).__name__}")
-        return cot, 0
-    if per_target:
-        return _one_hots(values), 1
-    return _ones_like(values), 0
-
-
-def _ones_like(values: TensorDictBase) -> TensorDictBase:
-    """``values.apply(torch.ones_like)``, built directly for a plain TensorDict (``apply`` costs more)."""
-    if type(values) is not TensorDict:
-        return cast(TensorDictBase, values.apply(torch.ones_like))
-    keyed = leaves(values)
-    nested = False
-    for key in keyed:  # (a loop, not `any` of a generator: one Python call less per key, on every call)
-        nested = nested or len(key) > 1
-    out = values.empty(recurse=nested)
-    for key, value in keyed.items():
-        out.set(key, torch.ones_like(value))
-    return out
 
 
 def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
@@ -403,15 +365,3 @@ def check_target_layer_runs(caller: str, target_layers: Sequence[str], runs: Seq
 
 def _act_key(i: int) -> str:
     return f"{_ACT}{i}"
-
-
-def _pull_each(pullback: Callable[..., Any], cot: TensorDictBase) -> Any:
-    """The pullback of every cotangent along ``cot``'s first dim, stacked (see the NOTE)."""
-    leaf = next(iter(cot.values(True, True)))
-    if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
-        return torch.func.vmap(pullback)(cot)[0]
-    last = cot.batch_size[0] - 1
-    pulled = [pullback(cot[t], retain_graph=t < last)[0] for t in range(last + 1)]  # (the last frees the graph)
-    inputs = {key: torch.stack([p[0][key] for p in pulled]) for key in pulled[0][0]}
-    layers = [torch.stack([p[1][i] for p in pulled]) for i in range(len(pulled[0][1]))]
-    return inputs, layers

@@ -11,9 +11,10 @@ from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines
+from ._engine import flat_inputs
 from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
-from ._perturbation import checked_keys, evaluate, flat_baselines, flat_inputs, per_sample_views
+from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_views
 
 __all__ = ["feature_ablation"]
 

@@ -10,9 +10,10 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
+from ._engine import flat_inputs
 from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors
-from ._perturbation import checked_keys, evaluate, flat_inputs, per_sample_views
+from ._perturbation import checked_keys, evaluate, per_sample_views
 
 __all__ = ["feature_permutation"]
 

@@ -12,7 +12,8 @@ from .._functional import Functional, NestedKey
 from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents, GradFn
+from ._cotangents import Cotangents
+from ._engine import GradFn
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 

@@ -9,7 +9,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from .._pool_layout import forward_only
 from .._targets import Target, check_target
 from .._types import PureFn
 from ._checks import check_call
@@ -147,9 +146,7 @@ def _chunk_terms(f: PureFn, params: TensorDictBase, perturb: PerturbFn, td: Tens
     feed = _feed(td, copies, moved, first)
     if not flat:  # (a callable target sees the runs' shape)
         feed = feed.reshape(runs)
-    with forward_only():  # NOTE [shadow max pooling]
-        outputs = target_values(f, params, feed, flat_target(target, batch, k + first))
-    values = _scalar(outputs, runs)
+    values = _scalar(target_values(f, params, feed, flat_target(target, batch, k + first)), runs)
     if before is None:
         before, values = values[..., 0], values[..., 1:]
     diffs = before.unsqueeze(-1) - values

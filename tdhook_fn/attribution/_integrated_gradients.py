@@ -17,9 +17,10 @@ from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call, check_layers
 from ._convergence import delta_of
+from ._cotangents import Cotangents
 from ._engine import (
-    Cotangents,
     GradFn,
+    as_functional,
     grad_taps,
     gradients,
     scaled,
@@ -160,11 +161,8 @@ def integrated_gradients(
     all_taps = grad_taps(grad_fns, taps)
     ends: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if layers and not in_layer_space:  # the inputs move, gradients read at the layers: the layer pullbacks
-        if not isinstance(f, Functional):
-            raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see "
-                            "tdhook_fn.functional)")
         total, dtypes = gradients_along_path(
-            f, params, inputs, base, path_keys, target, layers=layers, alphas=alphas, weights=steps,
+            as_functional(f), params, inputs, base, path_keys, target, layers=layers, alphas=alphas, weights=steps,
             input_keys=keys, per_target=per_target, chunk_size=chunk_size, layer_calls=layer_calls, taps=all_taps,
             target_layers=target_layers, cotangents=cotangents, caller="integrated_gradients")
     else:
@@ -207,8 +205,6 @@ def _check_interpolable(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> No
                 "and input (every path point would round to the baseline). For token ids interpolate at the "
                 "embedding layer: layers=['<embedding path>'], interpolate='layers'"
             )
-
-
 
 
 def _layer_ends(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, base: TensorDictBase,

@@ -17,6 +17,7 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines
+from ._engine import flat_inputs
 from ._inputs import accepts_tensors
 from ._perturbation import (
     as_maps,
@@ -24,7 +25,6 @@ from ._perturbation import (
     checked_keys,
     evaluate,
     flat_baselines,
-    flat_inputs,
     per_sample_views,
 )
 

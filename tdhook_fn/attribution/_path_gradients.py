@@ -16,7 +16,8 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents, seed_cotangents, unflatten
+from ._cotangents import Cotangents, check_per_target_or_cotangents, seed_cotangents
+from ._engine import unflatten
 from ._layer_pullbacks import layer_pullbacks
 from ._quadrature import fold, path_points
 
@@ -38,9 +39,7 @@ def gradients_along_path(f: Functional, params: TensorDictBase, inputs: TensorDi
     with ``per_target``; half-precision gradients summed in float32) and the gradients'
     dtypes by key, for `in_dtypes`.
     """
-    if per_target and cotangents is not None:
-        raise ValueError(f"{caller}: per_target and cotangents exclude each other (cotangents say what is put in at "
-                         "the targets, per_target puts in one one-hot per target); give one of them")
+    check_per_target_or_cotangents(caller, per_target, cotangents)
     calls = dict(layer_calls or {})
     totals: list[TensorDict | None] = []  # per target (one without per_target)
     dtypes: dict[NestedKey, torch.dtype] = {}

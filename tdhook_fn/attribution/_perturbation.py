@@ -32,7 +32,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from .._pool_layout import forward_only
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import any_requires_grad, untransformed
@@ -42,8 +41,8 @@ from ._chunk_rows import default_rows
 from ._engine import target_values
 from ._metric_samples import check_count
 
-__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "flat_inputs",
-           "per_sample_view", "per_sample_views", "target_columns"]
+__all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
+           "per_sample_views", "target_columns"]
 
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
 
@@ -73,12 +72,6 @@ def flat_baselines(caller: str, inputs: TensorDictBase, baselines: Baselines,
     return {key: per_sample_view(start, inputs.batch_dims) for key, start in starts.items()}
 
 
-def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
-    """``inputs`` with their batch ``[*B]`` flattened to ``[N]`` (as they are where it is one dim: a reshape builds a
-    new TensorDict)."""
-    return inputs if inputs.batch_dims == 1 else inputs.reshape(-1)
-
-
 def per_sample_views(td: TensorDictBase, keys: Sequence[NestedKey], batch_dims: int) -> dict[NestedKey, torch.Tensor]:
     """Each key's entry of ``td`` as `per_sample_view` gives it: ``[N, ...]``."""
     return {key: per_sample_view(td.get(key), batch_dims) for key in keys}
@@ -98,7 +91,7 @@ def evaluate(f: PureFn, params: TensorDictBase, flat: TensorDictBase, target: Ta
     """
     # nothing to differentiate (eager, no tensor asking for a gradient): skip autograd's bookkeeping
     quiet = untransformed() and not any_requires_grad((params, flat), baselines)
-    with torch.no_grad() if quiet else contextlib.nullcontext(), forward_only():  # NOTE [shadow max pooling]
+    with torch.no_grad() if quiet else contextlib.nullcontext():
         size = min(chunk_size, rows) if chunk_size else default_rows(f, params, flat, rows)
         return _chunks(f, params, flat, _repeated_target(target, size), rows, size, build, per_target, caller)
 

@@ -11,7 +11,8 @@ from .._functional import NestedKey
 from .._taps import Tap
 from .._targets import Target
 from ._checks import check_layers
-from ._engine import Cotangents, GradFn, grad_taps, gradients, input_keys_of, per_key, scaled
+from ._cotangents import Cotangents
+from ._engine import GradFn, grad_taps, gradients, input_keys_of, per_key, scaled
 from ._inputs import accepts_tensors
 
 __all__ = ["saliency"]

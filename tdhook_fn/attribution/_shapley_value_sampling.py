@@ -11,10 +11,11 @@ from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines
+from ._engine import flat_inputs
 from ._feature_masks import FeatureMask, features
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count
-from ._perturbation import checked_keys, evaluate, flat_baselines, flat_inputs, per_sample_views
+from ._perturbation import checked_keys, evaluate, flat_baselines, per_sample_views
 
 __all__ = ["shapley_value_sampling"]
 

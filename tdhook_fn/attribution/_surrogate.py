@@ -21,7 +21,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from .._pool_layout import forward_only
 from .._targets import Target, values_readable
 from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
@@ -163,8 +162,7 @@ def evaluate(caller: str, f: PureFn, params: TensorDictBase, surrogate: Surrogat
         if weigh is not None:
             weights.append(weigh(attributed, TensorDict(perturbed, batch_size=[*batch, k]), part))
         feed = flat_copies(surrogate.inputs, k, perturbed)  # NOTE [flat copies]
-        with forward_only():  # NOTE [shadow max pooling]
-            outputs = target_values(f, params, feed, flat_target(target, batch, k))
+        outputs = target_values(f, params, feed, flat_target(target, batch, k))
         values.append(target_columns(caller, outputs, feed.batch_size,
                                      per_target).reshape(*batch, k, -1))
     if len(values) == 1:  # (one chunk: no copy)

@@ -187,17 +187,18 @@ def _alignment(kx: Tensor, ky: Tensor) -> Tensor:
 def _inner_products(kx: Tensor, ky: Tensor) -> Tensor:
     """``<kx, ky>`` over the last dim, the leading dims broadcast.
 
-    The all-pairs call (``y`` is ``x`` with its batch dim moved, as ``acts[:, None]`` and
-    ``acts[None, :]``) is one matrix times its transpose: torch's einsum makes it a batched
-    product of one batch, a third slower than ``mm`` on the CPU.
+    Where ``x`` and ``y`` each spread over one batch dim, and not the same one (the all-pairs
+    call ``acts[:, None]``, ``acts[None, :]``, or two families of layers), that is one matrix
+    product: torch's einsum makes it a batched product of one batch, a third slower than
+    ``mm`` on the CPU.
     """
     batch_x, batch_y = kx.shape[:-1], ky.shape[:-1]
-    if len(batch_x) == len(batch_y) and same_values(kx, ky, core=1):
-        spread_x = [i for i, n in enumerate(batch_x) if n != 1]
-        spread_y = [i for i, n in enumerate(batch_y) if n != 1]
-        if len(spread_x) == len(spread_y) == 1 and spread_x != spread_y:
-            flat = kx.reshape(-1, kx.shape[-1])
-            return (flat @ flat.T).reshape(broadcast(batch_x, batch_y))  # (symmetric: either order of the dims)
+    spread_x = [i for i, n in enumerate(batch_x) if n != 1]
+    spread_y = [i for i, n in enumerate(batch_y) if n != 1]
+    if len(batch_x) == len(batch_y) and len(spread_x) == len(spread_y) == 1 and spread_x != spread_y:
+        a, b = kx.reshape(-1, kx.shape[-1]), ky.reshape(-1, ky.shape[-1])
+        products = a @ b.T if spread_x < spread_y else b @ a.T  # (rows along the earlier dim)
+        return products.reshape(broadcast(batch_x, batch_y))
     return broadcast_einsum("z", "z", "", kx, ky)
 
 

@@ -77,3 +77,34 @@ def test_forward_only_methods_pool_in_channels_last(name: str, monkeypatch: pyte
 @pytest.mark.parametrize("name", list(DIFFERENTIATED))
 def test_differentiated_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not any(_pooled_layouts(monkeypatch, DIFFERENTIATED[name]))
+
+
+def test_a_hugging_face_resnet_gives_its_own_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' ResNet (random init from a config; its stem has an ``nn.MaxPool2d``, its output a ModelOutput):
+    occlusion pools in channels-last and gives, bit for bit, the map of the plain kernel."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                       num_labels=5)
+    model = transformers.ResNetForImageClassification(config).eval()
+    f = tdhook_fn.functional(model, in_keys={"pixel_values": "pixel_values"}, out_keys=["logits"])
+    p = tdhook_fn.params(model)
+    x = TensorDict(pixel_values=torch.rand(2, 3, 16, 16), batch_size=[2])
+
+    def attribute() -> torch.Tensor:
+        out = occlusion(f, p, x, target=2, sliding_window_shapes=(3, 4, 4), strides=(3, 4, 4))
+        return out["pixel_values"]
+
+    layouts: list[bool] = []
+    plain = nn.functional.max_pool2d
+
+    def spy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        layouts.append(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous())
+        return plain(t, *args, **kwargs)
+
+    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    pooled = attribute()
+    assert layouts and all(layouts)
+    monkeypatch.setattr("tdhook_fn._pool_layout._undifferentiated_cpu_planes", lambda t: False)
+    layouts.clear()
+    assert torch.equal(attribute(), pooled) and layouts and not any(layouts)

@@ -310,7 +310,7 @@ def test_per_target_with_a_vmapped_pullback_equals_the_loop(monkeypatch: pytest.
     x = TensorDict(input=torch.randn(4, 1, 6, 6, dtype=torch.float64), batch_size=[4])
     rules = EpsilonPlus(rule_mapper=lambda n, m: AlphaBeta() if isinstance(m, nn.Linear) else None)
     loop = lrp(f, p, x, target=(0, 1, 2), rules=rules, per_target=True, layers=["[2]"], check_conservation=False)
-    monkeypatch.setattr(_engine, "_pull_each", lambda pullback, cot: torch.func.vmap(pullback)(cot)[0])
+    monkeypatch.setattr(_engine, "pull_each", lambda pullback, cot: torch.func.vmap(pullback)(cot)[0])
     assert_close_ulps(lrp(f, p, x, target=(0, 1, 2), rules=rules, per_target=True, layers=["[2]"]), loop)
 
 

@@ -52,7 +52,8 @@ from ..._params import Key, leaves
 from ..._targets import Target
 from ..._vjp import RandomState, reaches_other_leaves
 from .._checks import check_call
-from .._engine import Cotangents, offered_targets, seed_cotangents, unflatten
+from .._cotangents import Cotangents, seed_cotangents
+from .._engine import offered_targets, unflatten
 from .model_chain import reads_one_key, run_chain
 from .plan import LrpPlan
 from .records import NotAChain

@@ -10,7 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from ..._params import leaves
 from ..._vjp import any_requires_grad
-from .._engine import Cotangents
+from .._cotangents import Cotangents
 
 __all__ = [
     "as_values",

@@ -54,7 +54,8 @@ from ..._taps import Captured, Tap
 from ..._targets import Target
 from ..._vjp import untransformed
 from .._checks import check_layers
-from .._engine import Cotangents, gradients, input_keys_of
+from .._cotangents import Cotangents
+from .._engine import gradients, input_keys_of
 from .._inputs import accepts_tensors
 from .chain import chain_lrp
 from .checks import (
