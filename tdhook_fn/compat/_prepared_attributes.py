@@ -25,7 +25,10 @@ _State = dict[str, tuple[str, Any]]
 
 def attribute_state(module: nn.Module) -> _State:
     """Name -> (where it lives, value) for the attributes of ``module`` itself."""
-    state = {name: ("__dict__", value) for name, value in vars(module).items() if name not in _SKIPPED}
+    state = {}
+    for name, value in vars(module).items():  # (loops, not comprehensions: no call per entry point)
+        if name not in _SKIPPED:
+            state[name] = ("__dict__", value)
     for slot in _SLOTS:
         for name, value in getattr(module, slot).items():
             state[name] = (slot, value)
@@ -36,23 +39,22 @@ def _same(a: tuple[str, Any] | None, b: tuple[str, Any] | None) -> bool:
     return a is b or (a is not None and b is not None and a[0] == b[0] and a[1] is b[1])
 
 
-def _identities(state: _State) -> list[tuple[str, str, int]]:
-    return [(name, slot, id(value)) for name, (slot, value) in state.items()]
-
-
 def changes_since(module: nn.Module, before: _State) -> dict[str, tuple[str, Any] | None]:
     """The names whose state differs from ``before``, with their state before."""
     after = attribute_state(module)
-    if _identities(after) == _identities(before):
-        return {}  # (the usual case, checked without a call per name)
+    if len(after) == len(before):  # the usual case, nothing changed: checked without a call per name
+        for name, (slot, value) in after.items():
+            old = before.get(name)
+            if old is None or old[0] != slot or old[1] is not value:
+                break
+        else:
+            return {}
     names = before.keys() | after.keys()
     return {name: before.get(name) for name in names if not _same(before.get(name), after.get(name))}
 
 
 def put_back(module: nn.Module, changes: dict[str, tuple[str, Any] | None]) -> None:
     """Give each name in ``changes`` its recorded state again, where it differs now."""
-    if not changes:
-        return
     now = attribute_state(module)
     for name, old in changes.items():
         current = now.get(name)

@@ -119,7 +119,8 @@ class HookingContext:
         self._hooked_module = None
         self._handle = None
         try:
-            put_back(self._module, changes)
+            if changes:
+                put_back(self._module, changes)
         finally:
             if stack is not None:
                 stack.__exit__(exc_type, exc_value, traceback)

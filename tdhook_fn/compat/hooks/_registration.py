@@ -97,7 +97,7 @@ def merge_paths(*paths: str) -> str:
     Args:
         *paths: the paths, outermost first.
     """
-    return ".".join(path for path in paths if path)
+    return ".".join(filter(None, paths))
 
 
 def resolve_submodule_path(root: nn.Module, path: str) -> Any:

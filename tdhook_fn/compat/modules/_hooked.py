@@ -26,7 +26,7 @@ from tdhook_fn.compat.hooks import (
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun, directed
-from ._scope import current, entered
+from ._scope import SCOPE, Scope, current
 from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
@@ -207,8 +207,15 @@ class HookedModule(TensorDictModuleWrapper):
         context = self._hooking_context
         if context is not None and not context._in_context:
             raise RuntimeError("Contextual HookedModule must be called in context")
-        with entered(hooks=self._virtual_hooks):
+        # this module's hooks join the scope for the call (NOTE [one scope]), inline: a call on every forward
+        scope, hooks = SCOPE.get(), self._virtual_hooks
+        if hooks in scope.hooks:  # (an outer call of this module made them active)
             return self._runs(*args, **kwargs)
+        token = SCOPE.set(Scope((*scope.hooks, hooks), scope.recording, scope.replacements))
+        try:
+            return self._runs(*args, **kwargs)
+        finally:
+            SCOPE.reset(token)
 
     @contextmanager
     def disable_context_hooks(self) -> Iterator[None]:
