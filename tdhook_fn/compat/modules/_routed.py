@@ -81,7 +81,7 @@ class RoutedModule(TensorDictModuleWrapper):
     # as reading one already falls through to it. Private names and the wrapper's own
     # attributes stay on the wrapper. The context puts back, on exit, whatever
     # ``_prepare_module`` changed on its TensorDictModule and ``_restore_module`` left
-    # (see NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
+    # (NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
     # ``nn.Module`` inside it is never written.
 
     def _forwards(self, name: str) -> bool:
@@ -127,13 +127,8 @@ class RoutedModule(TensorDictModuleWrapper):
             return route(self.td_module, lambda root: root(*args, **kwargs))
 
     def params(self, *, detach: bool = False) -> TensorDictBase:
-        """The params calls run with: the model's tensors with the replacements active now applied.
-
-        Args:
-            detach (bool): a detached snapshot (`tdhook_fn.params`, buffers copied) for
-                the pure methods, instead of the model's own tensors, live (gradients
-                reach the model). Default: ``False``.
-        """
+        """The params calls run with: the model's tensors, live, with the replacements active now;
+        with ``detach``, a detached snapshot (`tdhook_fn.params`, buffers copied) for the pure methods."""
         params = params_of(self.model, detach=detach)
         scoped = SCOPE.get().replacements
         if not (scoped or self._replacements):

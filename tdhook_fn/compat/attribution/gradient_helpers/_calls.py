@@ -111,11 +111,8 @@ def returned_td(name: str, result: Any) -> TensorDictBase:
 
 
 def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
-    """Move batch dim ``source`` of every leaf to ``dest`` (the batch size follows).
-
-    The batch size is read from the leaves, so a TensorDict returned by a user function
-    without a batch size is moved too.
-    """
+    """Move batch dim ``source`` of every leaf to ``dest``; the batch size is read from the leaves
+    (a user function's TensorDict may have none)."""
     leaves = list(td.items(True, True))
     if not leaves:
         return TensorDict({}, batch_size=[])
@@ -160,17 +157,10 @@ def make_target(
     stepped: bool,
     renamed: Mapping[str, str] | None = None,
 ) -> TdFn:
-    """tdhook's target construction as a target callable (see NOTE [tdhook's targets, pure]).
+    """tdhook's target construction as a target callable (NOTE [tdhook's targets, pure]).
 
-    Args:
-        out_keys: the context's output keys.
-        target_modules: paths whose activations join the targets.
-        use_outputs: include the outputs.
-        init_attr_targets: tdhook's ``init_attr_targets``, or ``None`` (all targets).
-        additional: the ``additional_init_keys`` entries of the caller's TensorDict.
-        stepped: the method puts path points on a leading batch dim (integrated gradients).
-        renamed: private capture key -> path, for activations captured through
-            ``cache_callback``.
+    ``additional`` holds the caller's ``additional_init_keys`` entries; ``stepped``: the method puts
+    path points on a leading batch dim; ``renamed``: private capture key -> path (``cache_callback``).
     """
     batch = additional.batch_size
 

@@ -250,11 +250,9 @@ class GradientAttribution(HookingContextFactory):
 
 
 class _Attributing(TensorDictModuleBase):
-    """A prepared module: on each call, ``method(call, td)`` written under the factory's ``attribution_key``.
+    """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call.
 
-    The factory, the routed module and what `GradientAttribution._attributing` resolved on
-    entry are kept in ``__dict__``: no submodules of this one (the routed module is the
-    context's, and routes the user's model).
+    What it holds sits in ``__dict__``: the routed module is the context's, no submodule of this one.
     """
 
     _factory: GradientAttribution
