@@ -139,11 +139,8 @@ class HookedModule(TensorDictModuleWrapper):
     ) -> RemovableHandleProtocol:
         """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self).
 
-        Raises:
-            PathError: (a ``ValueError``) ``key`` does not resolve, is refused (see NOTE
-                [safe paths] in `tdhook_fn._paths`: checked before anything in it
-                runs), or names no module of the model.
-            ValueError: the hook does not fit ``direction``.
+        PathError (a ValueError): ``key`` does not resolve, is refused (NOTE [safe paths] in
+        `tdhook_fn._paths`) or names no module of the model; ValueError: an unfit hook.
         """
         root = self._key_root() if relative else self
         submodule = resolve_submodule_path(root, key)

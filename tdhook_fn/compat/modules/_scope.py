@@ -103,11 +103,8 @@ def entered(
 def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
     """Give tensors of the model other values in every routed call of this thread until exit.
 
-    Args:
-        *replacements (Replacement): ``(tensor, fn)``: in a call, the model's ``tensor``
-            (an ``nn.Parameter`` or a buffer, found by identity) takes the value
-            ``fn(value)``, where ``value`` is the tensor itself, live, or what the
-            replacements before gave it. The result must keep the shape.
+    For each ``(tensor, fn)``, the model's ``tensor`` (a parameter or buffer, by identity) takes
+    ``fn(value)`` in a call, ``value`` being the tensor, live, or what the pairs before gave it.
     """
     return entered(replacements=replacements)
 
@@ -193,15 +190,8 @@ def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Seque
 
 
 def route(root: nn.Module, invoke: Callable[[nn.Module], Any]) -> Any:
-    """``invoke(shadow)`` on a private shadow of ``root``, live, with the scope's hooks and replacements.
-
-    Args:
-        root (nn.Module): the module to run; it is never changed.
-        invoke (Callable): receives the shadow root and runs it.
-
-    Returns:
-        Any: what ``invoke`` returns.
-    """
+    """``invoke(shadow)`` on a private shadow of ``root`` (never changed), live, with the scope's
+    hooks and replacements."""
     scope = SCOPE.get()
     chosen = scope.replacements
     overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
