@@ -18,7 +18,6 @@ from tensordict import NestedKey, TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
-from tdhook_fn.compat._prepared_attributes import attribute_state, changes_since, put_back
 from tdhook_fn.compat._types import UnraveledKey
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
@@ -31,6 +30,65 @@ __all__ = [
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
+
+
+# NOTE [prepared attributes]
+# tdhook's ``_prepare_module`` may set attributes on the context's TensorDictModule
+# (the user's, when they passed one) for ``_restore_module`` to delete. Whatever the
+# prepare step changed there (names added, removed or rebound, in ``__dict__`` or in
+# ``_parameters``/``_buffers``/``_modules``) is recorded against the state before it, and
+# on exit any of it that the restore step did not undo is put back: after a failing
+# prepare, body or restore too. Only the prepare step's own changes are undone, so
+# contexts over one module may close in any order, and the body's changes are the
+# user's. ``training`` is left alone (``train()`` changes the whole tree).
+_SLOTS = ("_parameters", "_buffers", "_modules")
+_SKIPPED = frozenset((*_SLOTS, "training"))
+_State = dict[str, tuple[str, Any]]
+
+
+def _attribute_state(module: nn.Module) -> _State:
+    """Name -> (where it lives, value) for the attributes of ``module`` itself."""
+    state = {}
+    for name, value in vars(module).items():  # (loops, not comprehensions: no call per entry point)
+        if name not in _SKIPPED:
+            state[name] = ("__dict__", value)
+    for slot in _SLOTS:
+        for name, value in getattr(module, slot).items():
+            state[name] = (slot, value)
+    return state
+
+
+def _same(a: tuple[str, Any] | None, b: tuple[str, Any] | None) -> bool:
+    return a is b or (a is not None and b is not None and a[0] == b[0] and a[1] is b[1])
+
+
+def _changes_since(module: nn.Module, before: _State) -> dict[str, tuple[str, Any] | None]:
+    """The names whose state differs from ``before``, with their state before."""
+    after = _attribute_state(module)
+    if len(after) == len(before):  # the usual case, nothing changed: checked without a call per name
+        for name, (slot, value) in after.items():
+            old = before.get(name)
+            if old is None or old[0] != slot or old[1] is not value:
+                break
+        else:
+            return {}
+    names = before.keys() | after.keys()
+    return {name: before.get(name) for name in names if not _same(before.get(name), after.get(name))}
+
+
+def _put_back(module: nn.Module, changes: dict[str, tuple[str, Any] | None]) -> None:
+    """Give each name in ``changes`` its recorded state again, where it differs now."""
+    now = _attribute_state(module)
+    for name, old in changes.items():
+        current = now.get(name)
+        if _same(current, old):
+            continue
+        if current is not None:
+            del (vars(module) if current[0] == "__dict__" else getattr(module, current[0]))[name]
+            if current[0] == "_buffers":
+                module._non_persistent_buffers_set.discard(name)
+        if old is not None:
+            (vars(module) if old[0] == "__dict__" else getattr(module, old[0]))[name] = old[1]
 
 
 class HookingContext:
@@ -89,11 +147,11 @@ class HookingContext:
             working = RoutedModule(self._module, self._extra_relative_path)
             if pre is not self._module:  # a pre-factory's hooked module routes the model itself
                 working = working.running(pre)
-            before = attribute_state(self._module)
+            before = _attribute_state(self._module)
             try:
                 prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
             finally:
-                self._prepared_changes = changes_since(self._module, before)
+                self._prepared_changes = _changes_since(self._module, before)
             self._working = working  # prepared: restore it, from here on
             self._hooked_module = self._spawn(prepared, self, self._extra_relative_path)
             self._handle = self._hook(self._hooked_module)
@@ -119,7 +177,8 @@ class HookingContext:
         self._hooked_module = None
         self._handle = None
         try:
-            put_back(self._module, changes)
+            if changes:
+                _put_back(self._module, changes)
         finally:
             if stack is not None:
                 stack.__exit__(exc_type, exc_value, traceback)
@@ -168,14 +227,8 @@ class HookingContext:
 
 
 class HookingContextWithCache(HookingContext):
-    """A context owning a cache TensorDict, cleared on entry unless ``clear_cache=False``.
-
-    Args:
-        *args (Any): passed on to `HookingContext`.
-        **kwargs (Any): passed on to `HookingContext`.
-        cache (TensorDict | None): the cache. Default: a new TensorDict.
-        clear_cache (bool): clear it on every entry. Default: ``True``.
-    """
+    """A `HookingContext` owning ``cache`` (Default: a new TensorDict), cleared on entry unless
+    ``clear_cache=False``."""
 
     def __init__(self, *args: Any, cache: TensorDict | None = None, clear_cache: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -278,10 +331,7 @@ class HookingContextFactory:
     def _restore_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> Any:
-        """Undo `_prepare_module` on exit; ``module`` is the one it received.
-
-        Default: return ``module``.
-        """
+        """Undo `_prepare_module` on exit; ``module`` is the one it received. Default: return it."""
         return module
 
     def _spawn_hooked_module(

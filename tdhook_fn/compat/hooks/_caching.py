@@ -15,17 +15,13 @@ from ._registration import DIRECTION_TO_RETURN_INDEX, HookDirection, T, _params_
 
 
 class MutableWeakRef(Generic[T]):
-    """A weak reference whose target can be replaced.
-
-    Args:
-        referee: the object to refer to (it must support weak references).
-    """
+    """A weak reference to ``referee`` whose target can be replaced."""
 
     def __init__(self, referee: T) -> None:
         self._ref: weakref.ref[T] = weakref.ref(referee)
 
     def resolve(self) -> T | None:
-        """Return the target, or ``None`` once it has been garbage collected."""
+        """The target, or ``None`` once collected."""
         return self._ref()
 
     def set(self, referee: T) -> None:
@@ -34,11 +30,7 @@ class MutableWeakRef(Generic[T]):
 
 
 class TensorDictRef:
-    """A strong, replaceable reference to a TensorDict.
-
-    Args:
-        td: the TensorDict, or ``None`` until `set` is called.
-    """
+    """A strong, replaceable reference to a TensorDict (``None`` until `set`)."""
 
     def __init__(self, td: TensorDict | None) -> None:
         self._td = td
@@ -78,14 +70,9 @@ def _resolve_cache(cache: _Cache) -> TensorDict:
 
 
 class CacheProxy:
-    """Stands for ``cache[key]``, read only when `resolve` is called.
+    """Stands for ``cache[key]`` (``cache`` a TensorDict or a reference to one), read by `resolve`.
 
-    The cache is held weakly, so a proxy kept inside a hook does not keep a finished
-    run's cache alive.
-
-    Args:
-        key: the entry to read.
-        cache: a TensorDict, or a `MutableWeakRef` / `TensorDictRef` to one.
+    The cache is held weakly: a proxy kept inside a hook keeps no finished run's cache alive.
     """
 
     def __init__(self, key: _UnraveledKey, cache: _Cache) -> None:
@@ -93,14 +80,7 @@ class CacheProxy:
         self._cache: weakref.ref[_Cache] = weakref.ref(cache)
 
     def resolve(self) -> Any:
-        """Read the entry now.
-
-        Returns:
-            ``cache.get(key)``.
-
-        Raises:
-            ValueError: the cache, or the TensorDict a reference points to, is gone.
-        """
+        """``cache.get(key)`` now; ValueError when the cache (or what a reference points to) is gone."""
         cache = self._cache()
         if cache is None:
             raise ValueError("Dead reference to cache")
@@ -108,11 +88,7 @@ class CacheProxy:
 
 
 class EarlyStoppingException(Exception):
-    """Raised by a stopping hook to end a forward pass early.
-
-    Args:
-        key: names what triggered the stop.
-    """
+    """Raised by a stopping hook to end a forward pass early; ``key`` names what triggered it."""
 
     def __init__(self, key: str) -> None:
         self._key = key
@@ -126,15 +102,7 @@ class HookFactory:
     def _check_callback_signature(
         callback: Callable[..., Any] | None, expected_param_names: set[str]
     ) -> None:
-        """Check that ``callback`` can receive the hook arguments by keyword.
-
-        Args:
-            callback: the callback; ``None`` passes.
-            expected_param_names: names it must accept unless it has ``**kwargs``.
-
-        Raises:
-            ValueError: it has positional-only parameters or lacks an expected name.
-        """
+        """ValueError unless ``callback`` (``None`` passes) takes ``expected_param_names`` by keyword."""
         if callback is None:
             return
         params = inspect.signature(callback).parameters.values()
@@ -154,19 +122,10 @@ class HookFactory:
         callback: Callable[..., Any] | None = None,
         direction: HookDirection = "fwd",
     ) -> Callable[..., Any]:
-        """Make a hook that stores a value in ``cache[key]``.
+        """A hook storing its last argument, or ``callback(**hook arguments, key, direction)``, in ``cache[key]``.
 
-        Args:
-            key: the cache entry to write.
-            cache: a TensorDict, or a `MutableWeakRef` / `TensorDictRef` to one.
-            callback: if given, called with the hook arguments by name plus ``key`` and
-                ``direction``; its result is stored instead of the last hook argument.
-            direction: one of `HookDirection`.
-
-        Raises:
-            ValueError: unknown direction or unfit callback. The hook itself raises
-                RuntimeError for a value that is not a tensor or TensorDict, and ValueError
-                when the cache reference is dead.
+        ValueError: an unknown direction or unfit callback. The hook raises RuntimeError for a
+        value that is no tensor or TensorDict, ValueError when the cache reference is dead.
         """
         params = _params_for(direction)
         HookFactory._check_callback_signature(callback, set(params))
@@ -188,17 +147,11 @@ class HookFactory:
     def make_setting_hook(
         value: Any, *, callback: Callable[..., Any] | None = None, direction: HookDirection = "fwd"
     ) -> Callable[..., Any]:
-        """Make a hook that replaces the value torch lets a hook of ``direction`` replace.
+        """A hook replacing what torch lets a ``direction`` hook replace by ``value`` (a `CacheProxy`
+        read when it runs), or by ``callback(**hook arguments, value, direction)`` (``None`` keeps it).
 
-        Args:
-            value: the replacement; a `CacheProxy` is read when the hook runs.
-            callback: if given, called with the hook arguments by name plus ``value`` and
-                ``direction``; its result is the replacement (``None`` keeps the original).
-            direction: one of `HookDirection`.
-
-        Raises:
-            ValueError: unknown direction or unfit callback. The hook itself raises
-                RuntimeError when the replacement's type differs from the original's.
+        ValueError: an unknown direction or unfit callback. The hook raises RuntimeError when
+        the replacement's type is not the original's.
         """
         params = _params_for(direction)
         slot = DIRECTION_TO_RETURN_INDEX[direction]
@@ -223,15 +176,7 @@ class HookFactory:
     def make_reading_hook(
         *, callback: Callable[..., Any], direction: HookDirection = "fwd"
     ) -> Callable[..., Any]:
-        """Make a hook that passes its arguments to ``callback`` and changes nothing.
-
-        Args:
-            callback: called with the hook arguments by name plus ``direction``.
-            direction: one of `HookDirection`.
-
-        Raises:
-            ValueError: unknown direction or unfit callback.
-        """
+        """A hook calling ``callback(**hook arguments, direction)``, changing nothing; ValueError as above."""
         params = _params_for(direction)
         HookFactory._check_callback_signature(callback, set(params))
 
@@ -242,11 +187,7 @@ class HookFactory:
 
     @staticmethod
     def make_stopping_hook(key: str) -> Callable[..., Any]:
-        """Make a forward hook that raises `EarlyStoppingException`.
-
-        Args:
-            key: passed to the exception.
-        """
+        """A forward hook raising `EarlyStoppingException` ``(key)``."""
 
         def hook(module: nn.Module, args: Any, output: Any) -> NoReturn:
             raise EarlyStoppingException(key)

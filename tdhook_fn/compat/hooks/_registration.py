@@ -64,19 +64,8 @@ def _params_for(direction: str) -> tuple[str, ...]:
 
 
 def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) -> None:
-    """Check that torch can call ``hook`` with the arguments of ``direction``.
-
-    The check counts parameters, as tdhook does: parameters with a default and a
-    ``**kwargs`` catch-all are allowed on top of the expected ones, and with ``*args`` the
-    count is only bounded from above.
-
-    Args:
-        hook: the hook to check.
-        direction: one of `HookDirection`.
-
-    Raises:
-        ValueError: the direction is unknown or the parameter count does not fit.
-    """
+    """ValueError unless torch can call ``hook`` for ``direction``: tdhook's parameter count
+    (defaults and ``**kwargs`` on top of the expected ones; with ``*args``, an upper bound)."""
     expected = _params_for(direction)
     params = inspect.signature(hook).parameters.values()
     optional = sum(p.default is not p.empty or p.kind is p.VAR_KEYWORD for p in params)
@@ -92,30 +81,17 @@ def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) ->
 
 
 def merge_paths(*paths: str) -> str:
-    """Join submodule paths with dots, dropping empty ones.
-
-    Args:
-        *paths: the paths, outermost first.
-    """
-    return ".".join(path for path in paths if path)
+    """Join submodule paths (outermost first) with dots, dropping empty ones."""
+    return ".".join(filter(None, paths))
 
 
 def resolve_submodule_path(root: nn.Module, path: str) -> Any:
-    """What ``path`` names from ``root``, found by `tdhook_fn.resolve_path` (never evaluated).
-
-    Args:
-        root: the module the path starts from.
-        path: the path in tdhook's syntax; ``""`` names ``root`` itself.
-    """
+    """What ``path`` (tdhook's syntax; ``""``: ``root``) names from ``root``; `tdhook_fn.resolve_path`."""
     return resolve_path(root, path)
 
 
 def submodule_path_to_name(path: str) -> str:
-    """``path`` as a dotted name usable as a key (`tdhook_fn._paths.path_to_name`).
-
-    Args:
-        path: the path.
-    """
+    """``path`` as a dotted name usable as a key (`tdhook_fn._paths.path_to_name`)."""
     return path_to_name(path)
 
 
@@ -125,20 +101,8 @@ def register_hook_to_module(
     direction: HookDirection,
     prepend: bool = False,
 ) -> RemovableHandle:
-    """Register ``hook`` on ``module`` with the torch method matching ``direction``.
-
-    Args:
-        module: the module to hook.
-        hook: the hook; its signature is checked against ``direction`` first.
-        direction: one of `HookDirection`.
-        prepend: run the hook before the hooks already registered.
-
-    Returns:
-        torch's handle for the hook.
-
-    Raises:
-        ValueError: the direction is unknown or the hook signature does not fit it.
-    """
+    """Register ``hook`` on ``module`` with torch's method for ``direction`` (``prepend``: before the others);
+    torch's handle. ValueError: an unknown direction, or a hook signature that does not fit it."""
     _check_hook_signature(hook, direction)
     return register_checked(module, hook, direction, prepend)
 
@@ -164,11 +128,7 @@ class RemovableHandleProtocol(Protocol):
 
 
 class MultiHookHandle:
-    """Several hook handles removed together; also a context manager and addable.
-
-    Args:
-        handles: the handles to group.
-    """
+    """Several hook handles (``handles``) removed together; also a context manager and addable."""
 
     def __init__(self, handles: list[RemovableHandleProtocol] | None = None) -> None:
         self._handles: list[RemovableHandleProtocol] = handles or []
@@ -212,14 +172,8 @@ def all_or_none(registering: Iterable[RemovableHandleProtocol],
 
 
 class MultiHookManager:
-    """Registers a hook on every submodule whose name matches a pattern.
-
-    Args:
-        pattern: a regular expression matched (``re.match``) against the names of
-            ``named_modules()``; ``None`` matches nothing.
-        classes_to_hook: only submodules that are instances of these are hooked.
-        classes_to_skip: submodules that are instances of these are never hooked.
-    """
+    """Registers a hook on every submodule whose name ``pattern`` matches (``re.match``; ``None``: none)
+    that is one of ``classes_to_hook`` and none of ``classes_to_skip``."""
 
     def __init__(
         self,
@@ -260,23 +214,9 @@ class MultiHookManager:
         prepend: bool = False,
         relative_path: str | None = None,
     ) -> MultiHookHandle:
-        """Register ``hook_factory(name)`` on every selected submodule.
-
-        Args:
-            module: the model to hook (the root itself is never hooked).
-            hook_factory: builds the hook for a submodule from its name, relative to the
-                module that ``relative_path`` names.
-            direction: one of `HookDirection`.
-            prepend: run the hooks before those already registered.
-            relative_path: a submodule path; only modules below it are considered.
-
-        Returns:
-            A handle removing all the registered hooks.
-
-        Raises:
-            ValueError: ``relative_path`` does not resolve, or a hook does not fit
-                ``direction``.
-        """
+        """Register ``hook_factory(name)`` on every selected submodule below ``relative_path`` (names
+        relative to it; never the root); one handle removing them all. ValueError: ``relative_path``
+        does not resolve, or a hook does not fit ``direction``."""
         root: nn.Module = resolve_submodule_path(module, relative_path) if relative_path else module
         # (tdhook leaves the hooks registered before a failure in place: the model stays half hooked)
         return all_or_none(register_hook_to_module(submodule, hook_factory(name), direction, prepend)

@@ -26,7 +26,7 @@ from tdhook_fn.compat.hooks import (
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun, directed
-from ._scope import current, entered
+from ._scope import SCOPE, Scope, current
 from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
@@ -139,11 +139,8 @@ class HookedModule(TensorDictModuleWrapper):
     ) -> RemovableHandleProtocol:
         """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self).
 
-        Raises:
-            PathError: (a ``ValueError``) ``key`` does not resolve, is refused (see NOTE
-                [safe paths] in `tdhook_fn._paths`: checked before anything in it
-                runs), or names no module of the model.
-            ValueError: the hook does not fit ``direction``.
+        PathError (a ValueError): ``key`` does not resolve, is refused (NOTE [safe paths] in
+        `tdhook_fn._paths`) or names no module of the model; ValueError: an unfit hook.
         """
         root = self._key_root() if relative else self
         submodule = resolve_submodule_path(root, key)
@@ -207,8 +204,15 @@ class HookedModule(TensorDictModuleWrapper):
         context = self._hooking_context
         if context is not None and not context._in_context:
             raise RuntimeError("Contextual HookedModule must be called in context")
-        with entered(hooks=self._virtual_hooks):
+        # this module's hooks join the scope for the call (NOTE [one scope]), inline: a call on every forward
+        scope, hooks = SCOPE.get(), self._virtual_hooks
+        if hooks in scope.hooks:  # (an outer call of this module made them active)
             return self._runs(*args, **kwargs)
+        token = SCOPE.set(Scope((*scope.hooks, hooks), scope.recording, scope.replacements))
+        try:
+            return self._runs(*args, **kwargs)
+        finally:
+            SCOPE.reset(token)
 
     @contextmanager
     def disable_context_hooks(self) -> Iterator[None]:

@@ -14,21 +14,10 @@ from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
-from ._scope import Replacement, active_hooks, current, entered, replaced_params, route, unseen
+from ._scope import SCOPE, Replacement, active_hooks, entered, replaced_params, route, unseen
 from ._virtual import taps_for
 
 __all__ = ["RoutedModule"]
-
-
-def _model_in(td_module: TensorDictModuleBase, path: str) -> nn.Module:
-    """The user's model at ``path`` (``""`` or ``"module"``, as contexts give it) in ``td_module``."""
-    if path in ("", "module"):  # (the two paths contexts give: no need to parse them)
-        found = getattr(td_module, path) if path else td_module
-    else:
-        found = resolve_path(td_module, path)
-    if not isinstance(found, nn.Module):
-        raise TypeError(f"RoutedModule: {path!r} names a {type(found).__name__} in the context's module, not a module")
-    return found
 
 
 class RoutedModule(TensorDictModuleWrapper):
@@ -53,7 +42,7 @@ class RoutedModule(TensorDictModuleWrapper):
     """
 
     _extra_relative_path: str
-    _model: nn.Module
+    model: nn.Module  # the user's model: the module hook keys with ``relative=True`` start from
     _replacements: tuple[Replacement, ...]
     _runner: TensorDictModuleBase | None
 
@@ -65,10 +54,19 @@ class RoutedModule(TensorDictModuleWrapper):
         runner: TensorDictModuleBase | None = None,
     ) -> None:
         super().__init__(td_module)
-        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already)
+        path = extra_relative_path
+        if path in ("", "module"):  # (the two paths contexts give: no need to parse them)
+            model = getattr(td_module, path) if path else td_module
+        else:
+            model = resolve_path(td_module, path)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"RoutedModule: {path!r} names a {type(model).__name__} in the context's module, "
+                            "not a module")
+        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already;
+        # `model` a plain attribute, read without a call)
         self.__dict__.update(
             _extra_relative_path=extra_relative_path,
-            _model=_model_in(td_module, extra_relative_path),
+            model=model,
             _replacements=tuple(replacements),
             _runner=runner,
             _forward_attributes=True,
@@ -83,7 +81,7 @@ class RoutedModule(TensorDictModuleWrapper):
     # as reading one already falls through to it. Private names and the wrapper's own
     # attributes stay on the wrapper. The context puts back, on exit, whatever
     # ``_prepare_module`` changed on its TensorDictModule and ``_restore_module`` left
-    # (see NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
+    # (NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
     # ``nn.Module`` inside it is never written.
 
     def _forwards(self, name: str) -> bool:
@@ -94,7 +92,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return not any(name in names for names in own) and not hasattr(type(self), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if self._forwards(name):
+        if name[:1] != "_" and self.__dict__.get("_forward_attributes", False) and self._forwards(name):
             setattr(self.td_module, name, value)
         else:
             super().__setattr__(name, value)
@@ -121,11 +119,6 @@ class RoutedModule(TensorDictModuleWrapper):
             return runner
         return RoutedModule(self.td_module, self._extra_relative_path, self._replacements, runner)
 
-    @property
-    def model(self) -> nn.Module:
-        """The user's model: the module hook keys with ``relative=True`` start from."""
-        return self._model
-
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The live call: the model's own tensors (gradients reach them), replacements applied."""
         with entered(replacements=self._replacements):
@@ -134,24 +127,18 @@ class RoutedModule(TensorDictModuleWrapper):
             return route(self.td_module, lambda root: root(*args, **kwargs))
 
     def params(self, *, detach: bool = False) -> TensorDictBase:
-        """The params calls run with: the model's tensors with the replacements active now applied.
-
-        Args:
-            detach (bool): a detached snapshot (`tdhook_fn.params`, buffers copied) for
-                the pure methods, instead of the model's own tensors, live (gradients
-                reach the model). Default: ``False``.
-        """
-        replacements = self._all_replacements()
-        params = params_of(self._model, detach=detach)
-        return replaced_params(self._model, params, replacements, detach=detach) if replacements else params
-
-    def _all_replacements(self) -> tuple[Replacement, ...]:
-        scoped = current().replacements
-        return (*scoped, *unseen(scoped, self._replacements)) if self._replacements else scoped
+        """The params calls run with: the model's tensors, live, with the replacements active now;
+        with ``detach``, a detached snapshot (`tdhook_fn.params`, buffers copied) for the pure methods."""
+        params = params_of(self.model, detach=detach)
+        scoped = SCOPE.get().replacements
+        if not (scoped or self._replacements):
+            return params
+        replacements = (*scoped, *unseen(scoped, self._replacements)) if self._replacements else scoped
+        return replaced_params(self.model, params, replacements, detach=detach)
 
     def taps(self) -> tuple[Tap, ...]:
         """The virtual hooks active now, as taps with paths relative to `model`."""
-        return taps_for(self._model, active_hooks())
+        return taps_for(self.model, active_hooks())
 
     def functional(self) -> Functional:
         """The model as ``f(params, td) -> td`` with the virtual hooks active now.
@@ -173,7 +160,7 @@ class RoutedModule(TensorDictModuleWrapper):
         """
         f: Functional | None = self.__dict__.get("_functional")
         if f is None:  # (built once: the model and the keys are this module's for good)
-            model, wrapper = self._model, self.td_module
+            model, wrapper = self.model, self.td_module
             if model is wrapper:
                 f = functional(model)
             else:
@@ -181,6 +168,9 @@ class RoutedModule(TensorDictModuleWrapper):
                 in_keys = dict(zip(wrapper.in_keys, keywords, strict=True)) if keywords else list(wrapper.in_keys)
                 f = functional(model, in_keys, list(wrapper.out_keys))
             self.__dict__["_functional"] = f
-        taps = self.taps()
-        return f.with_taps(*taps) if taps else f
+        for registry in SCOPE.get().hooks:  # (no call when no hook is recorded: the usual case)
+            if registry._entries:
+                taps = self.taps()
+                return f.with_taps(*taps) if taps else f
+        return f
 

@@ -41,7 +41,8 @@ from tdhook_fn._types import Replace
 from ._virtual import VirtualHook, VirtualHooks, taps_for
 
 __all__ = [
-    "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route", "unseen",
+    "SCOPE", "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
+    "unseen",
 ]
 
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
@@ -63,12 +64,12 @@ class Scope:
     replacements: tuple[Replacement, ...] = ()
 
 
-_SCOPE: ContextVar[Scope] = ContextVar("tdhook_fn_compat_scope", default=Scope())  # noqa: B039 (frozen)
+SCOPE: ContextVar[Scope] = ContextVar("tdhook_fn_compat_scope", default=Scope())  # noqa: B039 (frozen)
 
 
 def current() -> Scope:
     """The scope of this thread now."""
-    return _SCOPE.get()
+    return SCOPE.get()
 
 
 @contextmanager
@@ -80,9 +81,9 @@ def entered(
 ) -> Iterator[Scope]:
     """Extend this thread's scope until exit: one more active registry, a recording
     registry, more replacements (those already in the scope are not added twice)."""
-    scope = _SCOPE.get()
+    scope = SCOPE.get()
     changes: dict[str, Any] = {}
-    if hooks is not None and all(registry is not hooks for registry in scope.hooks):
+    if hooks is not None and hooks not in scope.hooks:  # (by identity: a registry defines no __eq__)
         changes["hooks"] = (*scope.hooks, hooks)
     if recording is not None:
         changes["recording"] = recording
@@ -92,21 +93,18 @@ def entered(
     if not changes:
         yield scope
         return
-    token = _SCOPE.set(dataclasses.replace(scope, **changes))
+    token = SCOPE.set(dataclasses.replace(scope, **changes))
     try:
-        yield _SCOPE.get()
+        yield SCOPE.get()
     finally:
-        _SCOPE.reset(token)
+        SCOPE.reset(token)
 
 
 def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
     """Give tensors of the model other values in every routed call of this thread until exit.
 
-    Args:
-        *replacements (Replacement): ``(tensor, fn)``: in a call, the model's ``tensor``
-            (an ``nn.Parameter`` or a buffer, found by identity) takes the value
-            ``fn(value)``, where ``value`` is the tensor itself, live, or what the
-            replacements before gave it. The result must keep the shape.
+    For each ``(tensor, fn)``, the model's ``tensor`` (a parameter or buffer, by identity) takes
+    ``fn(value)`` in a call, ``value`` being the tensor, live, or what the pairs before gave it.
     """
     return entered(replacements=replacements)
 
@@ -119,7 +117,7 @@ def unseen(present: Sequence[Replacement], more: Iterable[Replacement]) -> tuple
 
 def active_hooks(scope: Scope | None = None) -> list[VirtualHook]:
     """The hooks of every active registry, in registration order."""
-    registries = (scope or _SCOPE.get()).hooks
+    registries = (scope or SCOPE.get()).hooks
     if len(registries) == 1:
         return registries[0].entries()
     return sorted((entry for registry in registries for entry in registry.entries()), key=lambda e: e.order)
@@ -192,16 +190,9 @@ def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Seque
 
 
 def route(root: nn.Module, invoke: Callable[[nn.Module], Any]) -> Any:
-    """``invoke(shadow)`` on a private shadow of ``root``, live, with the scope's hooks and replacements.
-
-    Args:
-        root (nn.Module): the module to run; it is never changed.
-        invoke (Callable): receives the shadow root and runs it.
-
-    Returns:
-        Any: what ``invoke`` returns.
-    """
-    scope = _SCOPE.get()
+    """``invoke(shadow)`` on a private shadow of ``root`` (never changed), live, with the scope's
+    hooks and replacements."""
+    scope = SCOPE.get()
     chosen = scope.replacements
     overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
     output, _ = run(root, None, taps_for(root, active_hooks(scope)), invoke, overrides=overrides or None)

@@ -37,15 +37,8 @@ def get_best_device() -> torch.device:
 def flatten_select_reshape_call(
     module: TensorDictModuleBase, td: TensorDictBase, flatten: bool = True, select: bool = True, reshape: bool = True
 ) -> TensorDictBase:
-    """Call ``module`` on ``td`` with its batch dims flattened, keep ``out_keys``, reshape back.
-
-    Args:
-        module (TensorDictModuleBase): the module to call.
-        td (TensorDict): its input.
-        flatten (bool): flatten the batch dims first. Default: ``True``.
-        select (bool): keep only ``module.out_keys``. Default: ``True``.
-        reshape (bool): give the result ``td``'s batch shape. Default: ``True``.
-    """
+    """Call ``module`` on ``td`` with its batch dims flattened, keep ``out_keys``, reshape back
+    (each step skipped when its flag is ``False``)."""
     result = module(td.flatten() if flatten else td)
     if select:
         result = result.select(*module.out_keys)

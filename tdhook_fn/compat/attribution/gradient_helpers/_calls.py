@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ class AttributionCall:
             "target": self.target,
             "target_layers": self.target_layers,
             "grad_fns": None,
-            "taps": self.all_taps(),
+            "taps": self.all_taps() if self.grad_fns else self.taps,
             "cotangents": self.cotangents,
         }
 
@@ -110,11 +111,8 @@ def returned_td(name: str, result: Any) -> TensorDictBase:
 
 
 def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
-    """Move batch dim ``source`` of every leaf to ``dest`` (the batch size follows).
-
-    The batch size is read from the leaves, so a TensorDict returned by a user function
-    without a batch size is moved too.
-    """
+    """Move batch dim ``source`` of every leaf to ``dest``; the batch size is read from the leaves
+    (a user function's TensorDict may have none)."""
     leaves = list(td.items(True, True))
     if not leaves:
         return TensorDict({}, batch_size=[])
@@ -127,16 +125,26 @@ def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
     return out
 
 
-def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDict:
+def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDictBase:
     """The method's ``[n, *B]`` (or ``[n * N]``) as tdhook's ``[*B, n]``."""
     if td.batch_size[1:] != batch:
         td = td.reshape(-1, *batch)
-    return rebatch(td, 0, len(batch))
+    size = td.batch_size
+    # (a builtin per leaf, not a lambda: no Python call per leaf)
+    out = td.apply(partial(torch.movedim, source=0, destination=len(batch)), batch_size=[*size[1:], size[0]])
+    assert out is not None  # (None only in place)
+    return out
 
 
-def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDict:
+def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDictBase:
     """tdhook's ``[*B, n]`` back to the method's batch ``like``."""
-    out = rebatch(td, len(batch), 0)
+    n, size = len(batch), td.batch_size
+    if len(size) > n:
+        moved = td.apply(partial(torch.movedim, source=n, destination=0), batch_size=[size[n], *size[:n]])
+        assert moved is not None  # (None only in place)
+        out = moved
+    else:  # a user's TensorDict made without its batch size: read it from the leaves
+        out = rebatch(td, n, 0)
     return out if out.batch_size == like else out.reshape(like)
 
 
@@ -149,17 +157,10 @@ def make_target(
     stepped: bool,
     renamed: Mapping[str, str] | None = None,
 ) -> TdFn:
-    """tdhook's target construction as a target callable (see NOTE [tdhook's targets, pure]).
+    """tdhook's target construction as a target callable (NOTE [tdhook's targets, pure]).
 
-    Args:
-        out_keys: the context's output keys.
-        target_modules: paths whose activations join the targets.
-        use_outputs: include the outputs.
-        init_attr_targets: tdhook's ``init_attr_targets``, or ``None`` (all targets).
-        additional: the ``additional_init_keys`` entries of the caller's TensorDict.
-        stepped: the method puts path points on a leading batch dim (integrated gradients).
-        renamed: private capture key -> path, for activations captured through
-            ``cache_callback``.
+    ``additional`` holds the caller's ``additional_init_keys`` entries; ``stepped``: the method puts
+    path points on a leading batch dim; ``renamed``: private capture key -> path (``cache_callback``).
     """
     batch = additional.batch_size
 
@@ -172,11 +173,17 @@ def make_target(
             for private, path in renamed.items():
                 if private in seen.keys():
                     seen.set(path, seen.get(private))
-        present = [path for path in target_modules if path in seen.keys()]
-        keys = [*(out_keys if use_outputs or not present else ()), *present]
-        targets = seen.select(*keys)
+        keys = list(out_keys) if use_outputs else []
+        present = False
+        for path in target_modules:  # (a loop: no call when there are none)
+            if path in seen.keys():
+                keys.append(path)
+                present = True
+        targets = seen.select(*(keys if present or use_outputs else out_keys))
         if init_attr_targets is not None:
-            targets = returned_td("init_attr_targets", init_attr_targets(targets, additional))
+            targets = init_attr_targets(targets, additional)
+            if not isinstance(targets, TensorDictBase):
+                returned_td("init_attr_targets", targets)  # raises
         return steps_first(targets, batch, like) if stepped else targets
 
     return target

@@ -1,6 +1,6 @@
 """``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
 
-A prepared module is one `FunctionModule` that, on each call, takes the model as a pure
+A prepared module is one ``_Attributing`` module that, on each call, takes the model as a pure
 function and writes what a method of `tdhook_fn.attribution` returns under
 ``attribution_key``. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
@@ -8,7 +8,7 @@ function and writes what a method of `tdhook_fn.attribution` returns under
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -17,8 +17,8 @@ from tdhook_fn import resolve_path
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.modules import FunctionModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import check_td, under
+from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.modules._wrappers import check_td
 
 from ._calls import (
     AttributionCall,
@@ -37,13 +37,25 @@ __all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"
 _CACHE_OUT = "_tdhook_fn_cache_out_"
 
 
+def _under(prefix: Any, keys: list[NestedKey]) -> list[NestedKey]:
+    """`under` ``(prefix, key)`` for each of ``keys``, in one call (a comprehension is one more)."""
+    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+    nested: list[NestedKey] = []
+    for key in keys:
+        nested.append((*head, *((key,) if isinstance(key, str) else key)))
+    return nested
+
+
 def inherited(arguments: dict[str, Any], *own: str) -> dict[str, Any]:
     """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments.
 
     Subclasses restate tdhook's full signature (names, order, defaults) and pass the
     parent's part on with ``super().__init__(**inherited(locals(), "my_option"))``.
     """
-    return {name: value for name, value in arguments.items() if name not in {"self", "__class__", *own}}
+    parent = dict(arguments)
+    for name in ("self", "__class__", *own):  # (a loop: a comprehension is one more call per subclass)
+        parent.pop(name, None)
+    return parent
 
 
 class GradientAttribution(HookingContextFactory):
@@ -127,7 +139,7 @@ class GradientAttribution(HookingContextFactory):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         """``in_keys`` and ``out_keys`` of the prepared module."""
-        return [*in_keys, *self._additional_init_keys], [under(self._attr_key, key) for key in in_keys]
+        return [*in_keys, *self._additional_init_keys], _under(self._attr_key, in_keys)
 
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
@@ -150,24 +162,17 @@ class GradientAttribution(HookingContextFactory):
         model = module.model
         for path in [*self._input_modules, *self._target_modules]:
             resolve_path(model, path)  # fail on entry, as tdhook's hook registration does
-        grad_fns = {
-            path: grad_output_fn(callback, resolve_path(model, path))
-            for path, callback in self._output_grad_callbacks.items()
-        }
-        cached = tuple(
-            CachedOutput(path, "custom", self._cache_callback, key=f"{_CACHE_OUT}{i}", target=resolve_path(model, path))
-            for i, path in enumerate(self._target_modules)
-            if self._cache_callback is not None
-        )
-
-        def attribute(td: TensorDict) -> TensorDict:
-            check_td(type(self).__name__, td, in_keys)
-            call = self._call(module, td, list(in_keys), list(out_keys), grad_fns, cached)
-            td.set(self._attr_key, method(call, td))
-            return td
-
-        module_in, module_out = self._module_keys(list(in_keys))
-        return FunctionModule(attribute, module_in, module_out)
+        grad_fns: dict[str, GradFn] = {}
+        for path, callback in self._output_grad_callbacks.items():
+            grad_fns[path] = grad_output_fn(callback, resolve_path(model, path))
+        cached: tuple[CachedOutput, ...] = ()
+        if self._cache_callback is not None:
+            cached = tuple(
+                CachedOutput(path, "custom", self._cache_callback, key=f"{_CACHE_OUT}{i}",
+                             target=resolve_path(model, path))
+                for i, path in enumerate(self._target_modules)
+            )
+        return _Attributing(self, module, list(in_keys), list(out_keys), method, grad_fns, cached)
 
     def _call(
         self,
@@ -183,9 +188,12 @@ class GradientAttribution(HookingContextFactory):
         f, params = module.functional(), module.params(detach=True)
         additional = td.select(*self._additional_init_keys)
         inputs = td.select(*in_keys, *self._additional_init_keys)
-        input_keys = self._attributed_inputs(td.select(*in_keys), additional)
-        layers = self._attributed_layers(f, params, inputs, additional)
-        renamed = {tap.key: tap.path for tap in cached}
+        # (the user's choices asked for only when there is a callable: no call otherwise)
+        input_keys = (tuple(td.select(*in_keys).keys(True, True)) if self._init_attr_inputs is None
+                      else self._attributed_inputs(td.select(*in_keys), additional))
+        layers = (tuple(self._input_modules) if self._init_attr_cache_in is None
+                  else self._attributed_layers(f, params, inputs, additional))
+        renamed = {tap.key: tap.path for tap in cached} if cached else None
         target = make_target(
             out_keys, self._target_modules, self._use_outputs, self._init_attr_targets, additional, self._stepped,
             renamed,
@@ -199,15 +207,13 @@ class GradientAttribution(HookingContextFactory):
         )
 
     def _attributed_inputs(self, inputs: TensorDict, additional: TensorDict) -> tuple[Any, ...]:
-        if self._init_attr_inputs is None:
-            return tuple(inputs.keys(True, True))
+        assert self._init_attr_inputs is not None
         return tuple(returned_td("init_attr_inputs", self._init_attr_inputs(inputs, additional)).keys(True, True))
 
     def _attributed_layers(
         self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
     ) -> tuple[str, ...]:
-        if self._init_attr_cache_in is None:
-            return tuple(self._input_modules)
+        assert self._init_attr_cache_in is not None
         cache_in = (
             activations(f, params, inputs, self._input_modules)
             if self._input_modules
@@ -243,6 +249,38 @@ class GradientAttribution(HookingContextFactory):
         raise NotImplementedError(f"{type(self).__name__} must implement _attribute or _grad_attr")
 
 
+class _Attributing(TensorDictModuleBase):
+    """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call.
+
+    What it holds sits in ``__dict__``: the routed module is the context's, no submodule of this one.
+    """
+
+    _factory: GradientAttribution
+    _routed: RoutedModule
+    _context_keys: tuple[list[NestedKey], list[NestedKey]]
+    _method: Callable[[AttributionCall, TensorDict], TensorDictBase]
+    _grad_fns: dict[str, GradFn]
+    _cached: tuple[CachedOutput, ...]
+
+    def __init__(
+        self, factory: GradientAttribution, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey],
+        method: Callable[[AttributionCall, TensorDict], TensorDictBase], grad_fns: dict[str, GradFn],
+        cached: tuple[CachedOutput, ...],
+    ) -> None:
+        super().__init__()
+        self.in_keys, self.out_keys = cast(Any, factory._module_keys(in_keys))  # (tensordict types them narrower)
+        self.__dict__.update(_factory=factory, _routed=module, _context_keys=(in_keys, out_keys), _method=method,
+                             _grad_fns=grad_fns, _cached=cached)
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        factory, (in_keys, out_keys) = self._factory, self._context_keys
+        if not isinstance(td, TensorDictBase):
+            check_td(type(factory).__name__, td, in_keys)  # raises
+        call = factory._call(self._routed, td, list(in_keys), list(out_keys), self._grad_fns, self._cached)
+        td.set(factory._attr_key, self._method(call, td))
+        return td
+
+
 class GradientAttributionWithBaseline(GradientAttribution):
     """A gradient attribution against baselines, read from ``(baseline_key, key)``.
 
@@ -274,7 +312,7 @@ class GradientAttributionWithBaseline(GradientAttribution):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         module_in, module_out = super()._module_keys(in_keys)
-        module_in += [under(self._baseline_key, key) for key in in_keys]
+        module_in += _under(self._baseline_key, in_keys)
         return module_in, module_out + (["convergence_delta"] if self._compute_convergence_delta else [])
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:

@@ -1,13 +1,10 @@
 """``tdhook.attribution.lrp_helpers.rules``: tdhook's rule classes and composites, as tdhook_fn rules.
 
-Each tdhook rule class takes tdhook's arguments with tdhook's defaults and stands for a
-rule of `tdhook_fn.attribution` (its `Rule.rule`), which computes the
-relevance. A rule mapper (``rule_mapper`` of
-`LRP`, or `EpsilonPlus`) may return these or
-tdhook_fn rules directly; a custom rule is an object with a ``relevance(call, grad)``
-method (see `tdhook_fn.attribution.Rule`), not a subclass of `Rule`. `Rule.register`
-puts a rule on a module the user gives (tdhook's rule API, NOTE [registered rules]
-in ``_registration``); `LRP`'s contexts never register anything.
+Each rule class takes tdhook's arguments and defaults and stands for a rule of
+`tdhook_fn.attribution` (`Rule.rule`), which computes the relevance. A rule mapper may
+return these or tdhook_fn rules (a custom rule has a ``relevance(call, grad)`` method, see
+`tdhook_fn.attribution.Rule`). `Rule.register` puts a rule on a module the user gives
+(NOTE [registered rules] in ``_registration``); `LRP`'s contexts never register anything.
 
 Examples:
     >>> import torch
@@ -56,10 +53,7 @@ RuleMapper = Callable[[str, nn.Module], Any]
 
 
 def stabilize(tensor: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
-    """``tensor`` moved ``epsilon`` away from zero, zero counting as positive.
-
-    Computed by `tdhook_fn.attribution.stabilize`.
-    """
+    """``tensor`` moved ``epsilon`` away from zero, zero counting as positive (`tdhook_fn.attribution.stabilize`)."""
     return attribution.stabilize(tensor, epsilon)
 
 
@@ -82,33 +76,16 @@ class Rule:
     _one_input: ClassVar[bool] = False  # tdhook raises NotImplementedError for a module called with more
 
     def register(self, module: nn.Module) -> RemovableRuleHandle:
-        """Put this rule on ``module``: its backward hands relevance back by the rule, until removed.
+        """Put this rule on ``module`` (one at a time) until the handle is removed (NOTE [registered rules]).
 
-        Hooks on ``module`` (NOTE [registered rules]) put this rule's modified VJP, the
-        core's (`tdhook_fn.attribution.rule_taps`), at its output; its parameters are
-        constants under the rule. The rule's settings are read at each backward.
-
-        Args:
-            module (nn.Module): the module; one rule at a time.
-
-        Returns:
-            RemovableRuleHandle: ``remove()`` it, or use it as a context manager.
-
-        Raises:
-            TypeError: ``module`` is not an ``nn.Module``, or this rule stands for no tdhook_fn rule.
-            ValueError: ``module`` already has a rule.
+        Its backward then hands relevance back by the core's modified VJP
+        (`tdhook_fn.attribution.rule_taps`), the settings read at each backward. TypeError: no
+        ``nn.Module``, or no tdhook_fn rule; ValueError: ``module`` already has a rule.
         """
         return register_rule(self, module)
 
     def unregister(self, module: nn.Module) -> None:
-        """Take this rule off ``module``.
-
-        Args:
-            module (nn.Module): the module it was registered on.
-
-        Raises:
-            ValueError: this rule is not registered on ``module``.
-        """
+        """Take this rule off ``module``; ValueError when it is not registered there."""
         unregister_rule(self, module)
 
     def _check_call(self, args: tuple[Any, ...], output: Any) -> None:
@@ -175,19 +152,11 @@ class IgnoreRule(Rule):
     _core = attribution.Ignore
 
     def register(self, module: nn.Module) -> RemovableRuleHandle:
-        """Nothing to put on ``module`` (its plain gradient is the rule); a handle all the same.
-
-        Args:
-            module (nn.Module): the module.
-        """
+        """Nothing to put on ``module`` (its plain gradient is the rule); a handle all the same."""
         return RemovableRuleHandle(self, module)
 
     def unregister(self, module: nn.Module) -> None:
-        """Nothing to take off ``module``.
-
-        Args:
-            module (nn.Module): the module.
-        """
+        """Nothing to take off ``module``."""
 
 
 class StopRule(Rule):
