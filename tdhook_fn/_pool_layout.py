@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ChannelsLastMaxPool2d", "forward_only", "in_forward_only", "shadow_class"]
+__all__ = ["FORWARD_ONLY", "ChannelsLastMaxPool2d", "forward_only", "shadow_class"]
 
-_FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
+# whether a `forward_only` block is open (read directly by `run`, never under torch.compile)
+FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
 
 
 def forward_only() -> AbstractContextManager[None]:
@@ -47,16 +48,11 @@ def forward_only() -> AbstractContextManager[None]:
 
 @contextmanager
 def _forward_only() -> Iterator[None]:
-    token = _FORWARD_ONLY.set(True)
+    token = FORWARD_ONLY.set(True)
     try:
         yield
     finally:
-        _FORWARD_ONLY.reset(token)
-
-
-def in_forward_only() -> bool:
-    """Whether a `forward_only` block is open (never under ``torch.compile``)."""
-    return not torch.compiler.is_compiling() and _FORWARD_ONLY.get()
+        FORWARD_ONLY.reset(token)
 
 
 _functorch = torch._C._functorch
