@@ -23,9 +23,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 import torch
@@ -37,22 +35,22 @@ __all__ = ["FORWARD_ONLY", "ChannelsLastMaxPool2d", "forward_only", "shadow_clas
 FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
 
 
-def forward_only() -> AbstractContextManager[None]:
+class forward_only:  # (a context manager read as a function; a class, not a generator: it runs on every call)
     """Calls in this block run on shadows for reading outputs only (NOTE [shadow max pooling]).
 
     Nothing under ``torch.compile``: Dynamo cannot trace a ``ContextVar`` being set, and a
     compiled call keeps the plain kernel anyway.
     """
-    return nullcontext() if torch.compiler.is_compiling() else _forward_only()
 
+    __slots__ = ("token",)
+    token: Token[bool] | None
 
-@contextmanager
-def _forward_only() -> Iterator[None]:
-    token = FORWARD_ONLY.set(True)
-    try:
-        yield
-    finally:
-        FORWARD_ONLY.reset(token)
+    def __enter__(self) -> None:
+        self.token = None if torch.compiler.is_compiling() else FORWARD_ONLY.set(True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            FORWARD_ONLY.reset(self.token)
 
 
 _functorch = torch._C._functorch

@@ -221,17 +221,21 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     The callers read these values, never differentiate them: the forward runs on the shadows for reading outputs
     (NOTE [shadow max pooling]).
     """
-    tappable = _tappable(f, bool(target_layers or taps))
     flat = flat_inputs(inputs)
-    runs = [0] * len(target_layers)
-    run: Any = f if tappable is None or not (target_layers or taps) else tappable.with_taps(
-        *target_layer_taps(target_layers, runs), *taps)
+    run: Any = f
+    runs: list[int] = []
+    private: list[str] = []
+    if target_layers or taps:  # (built only where there are some: this runs on every perturbation call)
+        runs = [0] * len(target_layers)
+        run = as_functional(f).with_taps(*target_layer_taps(target_layers, runs), *taps)
+        private = [f"{_TGT}{i}" for i in range(len(target_layers))]
     with forward_only():
         out = run(params, flat)
-    check_target_layer_runs("target_values", target_layers, runs)
-    private = [f"{_TGT}{i}" for i in range(len(target_layers))]
-    return _offer(out, private, _seen(out, target_layers), _extras(f, flat, ()), inputs.batch_size, True, target,
-                  check=False)
+    seen = None
+    if target_layers:
+        check_target_layer_runs("target_values", target_layers, runs)
+        seen = _seen(out, target_layers)
+    return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
 
 
 def gradients(
