@@ -62,18 +62,21 @@ class Functional:
         keywords: Mapping[NestedKey, str] | None = None,
     ):
         self.model = model
-        self.in_keys = tuple(one_key_as_list(in_keys))
+        self.in_keys = (in_keys,) if isinstance(in_keys, str) else tuple(in_keys)  # (one_key_as_list, inline)
         self.keywords = dict(keywords or {})
-        self.out_keys = tuple(one_key_as_list(out_keys))
+        self.out_keys = (out_keys,) if isinstance(out_keys, str) else tuple(out_keys)
         self.taps = tuple(taps)
-        check_tap_keys(self.taps, self.out_keys, "functional")  # NOTE [taps that never fire]
+        if self.taps:
+            check_tap_keys(self.taps, self.out_keys, "functional")  # NOTE [taps that never fire]
 
     def with_taps(self, *taps: Tap) -> Functional:
         """A new function with ``taps`` added after this one's."""
         return Functional(self.model, self.in_keys, self.out_keys, self.taps + taps, self.keywords)
 
     def __call__(self, params: TensorDictBase, td: TensorDictBase) -> TensorDict:
-        return self.call_with(params, td)
+        if params is None:  # (`require_params` raises: only called then, as this runs on every call)
+            require_params(params, "functional")
+        return self._run(params, td, {})
 
     def call_with(self, params: TensorDictBase, td: TensorDictBase, **extra: Any) -> TensorDict:
         """``self(params, td)``, passing the forward ``extra`` keyword arguments as well.
@@ -103,8 +106,16 @@ class Functional:
             leaves = [output.get(k) for k in self.out_keys]
         else:
             names = self.keywords
-            args = [get_input(td, key) for key in self.in_keys if key not in names]
-            kwargs = {names[key]: get_input(td, key) for key in self.in_keys if key in names}
+            args: list[Any] = []
+            kwargs: dict[str, Any] = {}
+            for key in self.in_keys:  # (a loop, a tensor read inline: comprehensions and calls cost, on every call)
+                value = td.get(key, _MISSING)
+                if type(value) is not torch.Tensor:  # missing, a non-tensor entry (a kwarg), a TensorDict
+                    value = get_input(td, key)
+                if key in names:
+                    kwargs[names[key]] = value
+                else:
+                    args.append(value)
             kwargs.update(extra)
             output, captured = run(self.model, params, self.taps, lambda root: root(*args, **kwargs))
             leaves = _output_leaves(output, self.out_keys)

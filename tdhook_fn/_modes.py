@@ -25,42 +25,6 @@ __all__ = ["check_attribution_modes"]
 _warned: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
-def _is_stochastic(module: nn.Module) -> bool:
-    if isinstance(module, nn.modules.dropout._DropoutNd):
-        return module.p > 0
-    # transformers' attention modules call functional dropout with a float attribute (a loop, not any() of a
-    # generator: each of its steps is a Python call, per module of a model in training mode, on every call)
-    for k, v in vars(module).items():
-        if isinstance(v, float) and v > 0 and "dropout" in k and not k.startswith("_"):
-            return True
-    return False
-
-
-def _batch_dependent(module: nn.Module) -> bool:
-    """A batch norm that normalises with the batch's statistics: in training mode, or without running stats."""
-    if not isinstance(module, nn.modules.batchnorm._BatchNorm):
-        return False
-    return module.training or module.running_mean is None
-
-
-def _to_report(model: nn.Module, batch_norms: bool, dropout: str) -> bool:
-    """Whether `check_attribution_modes` has a module to name: its test, by a plain walk of the module tree."""
-    stack, seen = [model], set()
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        if batch_norms and isinstance(module, nn.modules.batchnorm._BatchNorm) and _batch_dependent(module):
-            return True
-        if module.training and _is_stochastic(module) and (dropout == "raise" or module not in _warned):
-            return True
-        for child in module._modules.values():
-            if child is not None:
-                stack.append(child)
-    return False
-
-
 def check_attribution_modes(model: nn.Module, caller: str, *, batch_norms: bool = True,
                             dropout: Literal["warn", "raise"] = "warn", why: str = "") -> None:
     """Raise for batch-dependent batch norms, warn once (or raise) for modules that draw at random.
@@ -74,28 +38,50 @@ def check_attribution_modes(model: nn.Module, caller: str, *, batch_norms: bool 
         ValueError: such a batch norm, or dropout with ``dropout="raise"``; the message
             names the modules.
     """
-    if not _to_report(model, batch_norms, dropout):  # (the common case, on every call: no names built)
-        return
-    batch_dependent, stochastic, drawing = [], [], []
-    for name, module in model.named_modules():
-        if batch_norms and _batch_dependent(module):
-            batch_dependent.append(name or "<root>")
-        elif module.training and _is_stochastic(module) and (dropout == "raise" or module not in _warned):
-            stochastic.append(name or "<root>")
-            drawing.append(module)
+    # One plain walk of the module tree with the tests inline, names built only for a module to report: this
+    # runs on every call, and a call per module (or an any() of a generator: a call per step) costs more than it.
+    batch_dependent: set[int] = set()
+    drawing: list[nn.Module] = []
+    stack, seen = [model], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if batch_norms and isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if module.training or module.running_mean is None:  # normalises with the batch's statistics
+                batch_dependent.add(id(module))
+        elif module.training and (dropout == "raise" or module not in _warned):
+            if isinstance(module, nn.modules.dropout._DropoutNd):
+                draws = module.p > 0
+            else:  # transformers' attention modules call functional dropout with a float attribute
+                draws = False
+                for k, v in vars(module).items():
+                    if isinstance(v, float) and v > 0 and "dropout" in k and not k.startswith("_"):
+                        draws = True
+                        break
+            if draws:
+                drawing.append(module)
+        for child in module._modules.values():
+            if child is not None:
+                stack.append(child)
     if batch_dependent:
+        names = [name or "<root>" for name, module in model.named_modules() if id(module) in batch_dependent]
         raise ValueError(
-            f"{caller}: modules {batch_dependent} are batch norms that normalise with the statistics of the batch "
+            f"{caller}: modules {names} are batch norms that normalise with the statistics of the batch "
             "(training mode, or track_running_stats=False); the batch this method runs holds path points, runs or "
             "reshaped samples, so the result would be wrong. Call model.eval() first (with running statistics)"
         )
-    if stochastic and dropout == "raise":
+    if not drawing:
+        return
+    draw = set(map(id, drawing))
+    stochastic = [name or "<root>" for name, module in model.named_modules() if id(module) in draw]
+    if dropout == "raise":
         raise ValueError(f"{caller}: modules {stochastic} apply dropout in training mode{why}; call model.eval()")
-    if stochastic:
-        _warned.update(drawing)
-        warnings.warn(
-            f"{caller}: modules {stochastic} apply dropout in training mode, so two identical calls give different "
-            "results; call model.eval() for deterministic results",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    _warned.update(drawing)
+    warnings.warn(
+        f"{caller}: modules {stochastic} apply dropout in training mode, so two identical calls give different "
+        "results; call model.eval() for deterministic results",
+        RuntimeWarning,
+        stacklevel=3,
+    )

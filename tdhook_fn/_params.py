@@ -49,54 +49,58 @@ def params(model: nn.Module, *, detach: bool = True) -> TensorDict:
 
 def leaves(params: TensorDictBase) -> dict[Key, Any]:
     """The leaf tensors of a params TensorDict by key tuple."""
-    # Depth first with a stack of iterators, not by recursion (a Python call per TensorDict): this runs on every
-    # call.
+    # Depth first with a stack of iterators, not by recursion (a Python call per TensorDict), and each level's
+    # entries read in the loop (a plain TensorDict's dict directly: ``items(True, True)`` costs twice as much;
+    # any other TensorDict's leaves under their nested keys): this runs on every call.
     out: dict[Key, Any] = {}
-    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = [((), _own_items(params))]
-    while stack:
-        prefix, items = stack[-1]
-        for key, value in items:
-            if isinstance(key, tuple):  # (a leaf of a TensorDict that is not a plain one, under its nested key)
-                out[(*prefix, *key)] = value
-            elif not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
-                    value):  # (a tensor is never a TensorDict: the cheap test first)
-                stack.append(((*prefix, key), _own_items(value)))
-                break
+    stack: list[tuple[Key, Iterator[tuple[Any, Any]]]] = []
+    td: TensorDictBase | None = params
+    prefix: Key = ()
+    while td is not None:  # (a TensorDict whose entries are to read: the params, then each nested one met)
+        own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
+        stack.append((prefix, iter(own.items()) if isinstance(own, dict) else iter(td.items(True, True))))
+        td = None
+        while stack and td is None:
+            prefix, items = stack[-1]
+            for key, value in items:
+                if isinstance(key, tuple):  # (a leaf of a TensorDict that is not a plain one, under its nested key)
+                    out[(*prefix, *key)] = value
+                elif not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
+                        value):  # (a tensor is never a TensorDict: the cheap test first)
+                    td, prefix = value, (*prefix, key)  # its entries next, then the rest of this level's
+                    break
+                else:
+                    out[(*prefix, key)] = value
             else:
-                out[(*prefix, key)] = value
-        else:
-            stack.pop()
+                stack.pop()
     return out
-
-
-def _own_items(td: TensorDictBase) -> Iterator[tuple[Any, Any]]:
-    """The entries of ``td``'s own level: a plain TensorDict's dict read directly (``items(True, True)`` costs
-    twice as much), else its leaves under their nested keys."""
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    return iter(own.items()) if isinstance(own, dict) else iter(td.items(include_nested=True, leaves_only=True))
 
 
 def leaf_keys(td: TensorDictBase) -> list[str | Key]:
     """``list(td.keys(True, True))`` (a one-part key as its str), from `leaves`: a seventh of the calls."""
-    return [key[0] if len(key) == 1 else key for key, value in leaves(td).items() if isinstance(value, torch.Tensor)]
+    keys: list[str | Key] = []
+    for key, value in leaves(td).items():  # (a loop, not a comprehension: one Python call less, on every call)
+        if isinstance(value, torch.Tensor):
+            keys.append(key[0] if len(key) == 1 else key)
+    return keys
 
 
 def leaf_values(td: TensorDictBase) -> list[Any]:
     """The leaf values of a TensorDict, in `leaves` order, without building their keys (cheaper, on every call)."""
     out: list[Any] = []
-    stack: list[Iterator[Any]] = [_own_values(td)]  # depth first, as `leaves`: a loop, not recursion
-    while stack:
-        for value in stack[-1]:
-            if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(value):
-                stack.append(_own_values(value))  # (its values next, then the rest of this one's)
-                break
-            out.append(value)
-        else:
-            stack.pop()
+    stack: list[Iterator[Any]] = []
+    level: TensorDictBase | None = td
+    while level is not None:  # depth first, as `leaves`: a loop, not recursion, each level read in it
+        own = level.__dict__.get("_tensordict") if type(level) is TensorDict else None
+        stack.append(iter(own.values()) if isinstance(own, dict) else iter(level.values(True, True)))
+        level = None
+        while stack and level is None:
+            for value in stack[-1]:
+                if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
+                        value):
+                    level = value  # (its values next, then the rest of this one's)
+                    break
+                out.append(value)
+            else:
+                stack.pop()
     return out
-
-
-def _own_values(td: TensorDictBase) -> Iterator[Any]:
-    """The values of ``td``'s own level: a plain TensorDict's dict read directly, else its leaves."""
-    own = td.__dict__.get("_tensordict") if type(td) is TensorDict else None
-    return iter(own.values()) if isinstance(own, dict) else iter(td.values(include_nested=True, leaves_only=True))

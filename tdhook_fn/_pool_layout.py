@@ -23,40 +23,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["ChannelsLastMaxPool2d", "forward_only", "in_forward_only", "shadow_class"]
+__all__ = ["FORWARD_ONLY", "ChannelsLastMaxPool2d", "forward_only", "shadow_class"]
 
-_FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
+# whether a `forward_only` block is open (read directly by `run`, never under torch.compile)
+FORWARD_ONLY: ContextVar[bool] = ContextVar("tdhook_fn_forward_only", default=False)
 
 
-def forward_only() -> AbstractContextManager[None]:
+class forward_only:  # (a context manager read as a function; a class, not a generator: it runs on every call)
     """Calls in this block run on shadows for reading outputs only (NOTE [shadow max pooling]).
 
     Nothing under ``torch.compile``: Dynamo cannot trace a ``ContextVar`` being set, and a
     compiled call keeps the plain kernel anyway.
     """
-    return nullcontext() if torch.compiler.is_compiling() else _forward_only()
 
+    __slots__ = ("token",)
+    token: Token[bool] | None
 
-@contextmanager
-def _forward_only() -> Iterator[None]:
-    token = _FORWARD_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _FORWARD_ONLY.reset(token)
+    def __enter__(self) -> None:
+        self.token = None if torch.compiler.is_compiling() else FORWARD_ONLY.set(True)
 
-
-def in_forward_only() -> bool:
-    """Whether a `forward_only` block is open (never under ``torch.compile``)."""
-    return not torch.compiler.is_compiling() and _FORWARD_ONLY.get()
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            FORWARD_ONLY.reset(self.token)
 
 
 _functorch = torch._C._functorch

@@ -42,8 +42,8 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -54,8 +54,9 @@ from torch import nn
 from ._params import Key
 from ._paths import PathError
 from ._pool_layout import shadow_class
+from ._reach import SCALARS
 from ._rebind import Rebinder, RebindError, storage_start
-from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS, Node, Slot, shape_of, signature_of
+from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS, Node, Slot, shape_of
 
 __all__ = [
     "GLOBAL_HOOK_DICTS",
@@ -66,11 +67,10 @@ __all__ = [
     "raise_key_mismatch",
     "raise_shape_mismatch",
     "shadow_lock",
-    "shadow_of",
     "shape_mismatch",
 ]
 
-_POOL_SIZE = 16
+_ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
 
 
 class Shadow:
@@ -129,16 +129,52 @@ class Shadow:
         return shadow
 
     def is_current(self) -> bool:
-        for node in self.nodes:
+        """Whether the model's structure is the one this shadow was built from (`signature_of` of every module)."""
+        for node in self.nodes:  # (signature_of inline: this runs per module on every call)
             module = node.module()
-            if module is None or signature_of(module) != node.signature:
+            if module is None:
+                return False
+            state = module.__dict__
+            mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
+            if node.signature != (type(module), *mods, *map(id, mods.values()), None, *params,
+                                  *map(id, params.values()), None, *bufs, *map(id, bufs.values())):
                 return False
         return True
 
     def refresh(self) -> None:
+        """Fill every shadow module from its original for one call (NOTE [shadow modules]).
+
+        One loop over the modules, not a call per module: on a small model that call costs as much as the work.
+        """
         seen: dict[int, Any] = {}  # objects walked by this refresh's checks without reaching the model
         rebinder = self.rebinder
-        self.pending = [node for node in self.nodes if node.refresh(rebinder, seen)]
+        suspects = rebinder.suspects
+        self.pending = []
+        for node in self.nodes:
+            module = node.module()
+            assert module is not None  # the caller holds the model
+            original = module.__dict__
+            state = node.shadow.__dict__
+            state.clear()
+            state.update(original)
+            if any(map(original.get, HOOK_DICTS)):  # (mostly none: one pass in C)
+                node.copy_hooks(rebinder, original, seen)
+            state.update(node.own)
+            if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
+                state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])
+            if not suspects.isdisjoint(map(type, original.values())):
+                rebinder.rebind_all(state, original, node.path, "attribute ")  # own slots are dicts: never rebound
+            if "gradient_checkpointing" in original or "_hf_hook" in original:
+                node.refuse_unrunnable(original)
+            if (len(original) != node.size  # NOTE [checked attributes]: checked again where anything changed
+                    or (node.watch and tuple(map(id, map(original.get, node.watch))) != node.watched)
+                    or not SCALARS.issuperset(map(type, map(original.get, node.scalars, _ABSENT)))
+                    or (node.refs and not all(ref() is not None for ref in node.refs))):
+                node.check(rebinder, original, state, seen)
+            if node.containers:
+                node.copy_containers(rebinder, original, state)
+            if node.containers or node.tensor_holders:  # filled after the load (NOTE [held tensors])
+                self.pending.append(node)
 
     def _fill_held(self) -> None:
         """Point attributes holding the model's tensors at the call's tensors (NOTE [held tensors])."""
@@ -243,7 +279,7 @@ class Shadow:
                 )
         for key, mark in marks.items():
             value = values[key]
-            if _mark(value) != mark:
+            if (value._version, value.data_ptr()) != mark:
                 raise RuntimeError(
                     f"module {'.'.join(key[:-1]) or '<root>'!r} wrote its parameter {key[-1]!r} while it ran (a "
                     "forward that clamps or renormalises its weights in place, or assigns to .data): the params you "
@@ -253,12 +289,22 @@ class Shadow:
                 )
 
     def unload(self) -> None:
+        """Empty the slots, and drop what each module copied from the original or the forward registered
+        (NOTE [registered while running]); keep the shadow's own (emptied) slots."""
         for slots, name, _, _ in self.param_slots:
             slots[name] = None
         for slots, name, _, _ in self.buffer_slots:
             slots[name] = None
-        for node in self.nodes:
-            node.release()
+        for node in self.nodes:  # (one loop, not a call per module: this runs on every call)
+            state = node.shadow.__dict__
+            state.clear()
+            if any(node.hooks):
+                for hooks in node.hooks:
+                    hooks.clear()
+            params, buffers, modules = node.slots
+            if len(params) + len(buffers) != node.size_slots or modules != node.children:
+                node.restore_slots()
+            state.update(node.own)
 
     def module_for(self, original: Any, path: str) -> nn.Module:
         shadow = self.by_id.get(id(original))
@@ -270,21 +316,24 @@ class Shadow:
         return shadow
 
 
-def _mark(t: torch.Tensor) -> tuple[int, int]:
-    return t._version, t.data_ptr()
-
-
 def param_marks(values: dict[Key, Any], keys: Sequence[Key]) -> dict[Key, tuple[int, int]]:
     """The version and storage of each given parameter among ``keys``, to see a forward writing it.
 
     Not for tensors a functorch transform wraps (they have no storage of their own; the
     params are constants of the methods' transforms, so those are seen).
     """
+    marks: dict[Key, tuple[int, int]] = {}
     if torch._C._functorch.peek_interpreter_stack() is None:  # (no transform: nothing is wrapped)
-        return {key: _mark(values[key]) for key in keys}
+        for key in keys:  # (a loop, the mark inline: a comprehension or a call per tensor costs, on every call)
+            value = values[key]
+            marks[key] = value._version, value.data_ptr()
+        return marks
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return {key: _mark(values[key]) for key in keys
-            if isinstance(values[key], torch.Tensor) and not wrapped(values[key])}
+    for key in keys:
+        value = values[key]
+        if isinstance(value, torch.Tensor) and not wrapped(value):
+            marks[key] = value._version, value.data_ptr()
+    return marks
 
 
 def shape_mismatch(key: Key, value: Any, shape: torch.Size | None) -> list[str]:
@@ -313,54 +362,4 @@ def raise_key_mismatch(expected: set[Key], given: set[Key]) -> None:
     raise ValueError(f"params do not match the model: missing {missing}, unexpected {extra}")
 
 
-# the shadows of each model, and those for forward-only calls (NOTE [shadow max pooling])
-_pools: tuple[weakref.WeakKeyDictionary[nn.Module, list[Shadow]], ...] = (weakref.WeakKeyDictionary(),
-                                                                          weakref.WeakKeyDictionary())
-shadow_lock = threading.Lock()
-
-
-def shadow_of(model: nn.Module, forward_only: bool = False) -> _Borrowed:
-    """Borrow a refreshed shadow of ``model`` for one call (a context manager); it is cleared on return.
-
-    ``forward_only``: for a call that nothing differentiates (NOTE [shadow max pooling]).
-    """
-    return _Borrowed(model, forward_only)
-
-
-class _Borrowed:
-    """What `shadow_of` returns: a class, not a generator, as it runs on every call."""
-
-    __slots__ = ("forward_only", "model", "pool", "shadow")
-
-    def __init__(self, model: nn.Module, forward_only: bool):
-        self.model = model
-        self.forward_only = forward_only
-
-    def __enter__(self) -> Shadow:
-        model = self.model
-        pools = _pools[self.forward_only]
-        with shadow_lock:
-            pool = pools.get(model)
-            if pool is None:
-                pool = pools[model] = []
-            shadow = pool.pop() if pool else None
-        self.pool = pool
-        if shadow is None or not shadow.is_current():
-            shadow = Shadow(model, self.forward_only)
-        self.shadow = shadow
-        try:
-            shadow.refresh()
-        except BaseException:
-            self._give_back()
-            raise
-        return shadow
-
-    def __exit__(self, *exc: object) -> None:
-        self._give_back()
-
-    def _give_back(self) -> None:
-        shadow = self.shadow
-        shadow.unload()
-        with shadow_lock:
-            if len(self.pool) < _POOL_SIZE:
-                self.pool.append(shadow)
+shadow_lock = threading.Lock()  # guards the pools of shadows (`shadow_of`) and of traced plans

@@ -1,4 +1,5 @@
-"""One module of a shadow (NOTE [shadow modules] in ``_shadow``): its private state, refreshed for each call."""
+"""One module of a shadow (NOTE [shadow modules] in ``_shadow``): what it keeps between calls, and the checks run
+when its module changes (`Shadow.refresh` fills every module for a call, in one loop)."""
 
 # NOTE [registered while running]
 # What a forward registers on its shadow (``register_buffer`` in a lazy cache, a parameter,
@@ -21,7 +22,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import weakref
 from typing import Any
 
@@ -32,7 +32,7 @@ from ._params import Key
 from ._reach import SCALARS
 from ._rebind import Rebinder
 
-__all__ = ["GLOBAL_HOOK_DICTS", "HOOK_DICTS", "Node", "Slot", "shape_of", "signature_of"]
+__all__ = ["GLOBAL_HOOK_DICTS", "HOOK_DICTS", "Node", "Slot", "shape_of"]
 
 # Hook dictionaries a forward consults; the shadow gets its own copies.
 HOOK_DICTS = (
@@ -60,7 +60,6 @@ _MUTABLE = frozenset({list, dict, set})
 # or replaced by a new one at the same id, is seen, and the modules and tensors of the
 # model in it point at the shadows and the call's tensors (NOTE [held tensors]). A tuple
 # of numbers (``normalized_shape``) cannot be filled: it is left shared.
-_ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
 
 # (the shadow's slot dict, the name in it, the params key, the expected shape or None)
 Slot = tuple[dict[str, Any], str, Key, "torch.Size | None"]
@@ -119,28 +118,15 @@ class Node:
         module = self.module()
         return None if module is None else module.__dict__
 
-    def is_current(self) -> bool:
-        module = self.module()
-        return module is not None and signature_of(module) == self.signature
+    def copy_hooks(self, rebinder: Rebinder, original: dict[str, Any], seen: dict[int, Any]) -> None:
+        """The model's own hooks on this module, on the shadow's private copies (they still run)."""
+        for name in HOOK_DICTS:
+            theirs = original.get(name)
+            if theirs:
+                self._copy_hooks(rebinder, name, theirs, self.own[name], seen)
 
-    def refresh(self, rebinder: Rebinder, seen: dict[int, Any]) -> bool:
-        """Fill the shadow from the original; whether it holds tensors of the model to fill after the load."""
-        original = self.original()
-        assert original is not None  # the caller holds the model
-        state = self.shadow.__dict__
-        state.clear()
-        state.update(original)
-        own = self.own
-        if any(map(original.get, HOOK_DICTS)):  # (mostly none: one pass in C)
-            for name in HOOK_DICTS:  # the model's own hooks still run, on a private copy
-                theirs = original.get(name)
-                if theirs:
-                    self._copy_hooks(rebinder, name, theirs, own[name], seen)
-        state.update(own)
-        if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
-            state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])
-        if not rebinder.suspects.isdisjoint(map(type, original.values())):
-            rebinder.rebind_all(state, original, self.path, "attribute ")  # own slots are dicts: never rebound
+    def refuse_unrunnable(self, original: dict[str, Any]) -> None:
+        """Raise where the module recomputes or reloads its weights behind the call's back."""
         if original.get("gradient_checkpointing") is True and original.get("training") is True:
             raise RuntimeError(
                 f"module {self.path or '<root>'!r} uses activation checkpointing (gradient_checkpointing=True in "
@@ -153,16 +139,14 @@ class Node:
                 "from its own store while the module runs, so the call would not compute with the params you "
                 "gave. Remove the hook (accelerate.hooks.remove_hook_from_module) or load the model without "
                 "offloading")
-        if (len(original) != self.size or (self.watch and tuple(map(id, map(original.get, self.watch))) != self.watched)
-                or not SCALARS.issuperset(map(type, map(original.get, self.scalars, _ABSENT)))
-                or (self.refs and not all(ref() is not None for ref in self.refs))):
-            self._check(rebinder, original, state, seen)
-        for name in self.containers:  # private copies, from what they hold now (NOTE [private containers])
+
+    def copy_containers(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any]) -> None:
+        """Private copies of the plain containers, from what they hold now (NOTE [private containers])."""
+        for name in self.containers:
             value = original[name]
             state[name] = set(value) if type(value) is set else rebinder.held_copy(value, self.path, name)
-        return bool(self.containers or self.tensor_holders)
 
-    def _check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any],
+    def check(self, rebinder: Rebinder, original: dict[str, Any], state: dict[str, Any],
                seen: dict[int, Any]) -> None:
         """Refuse what reaches the model after rebinding; find the containers to copy (NOTE [checked attributes])."""
         self.size = -1  # (checked again at the next call if this raises)
@@ -212,20 +196,7 @@ class Node:
                 rebinder.check_reach(hook, self.path, f"{name} entry", seen)
             self.hooks_checked[name] = handles
 
-    def release(self) -> None:
-        """Drop everything copied from the original, and what the forward registered on the shadow
-        (NOTE [registered while running]); keep the shadow's own (emptied) slots."""
-        state = self.shadow.__dict__
-        state.clear()
-        if any(self.hooks):
-            for hooks in self.hooks:
-                hooks.clear()
-        params, buffers, modules = self.slots
-        if len(params) + len(buffers) != self.size_slots or modules != self.children:
-            self._restore_slots()
-        state.update(self.own)
-
-    def _restore_slots(self) -> None:
+    def restore_slots(self) -> None:
         """The shadow's own slots with the names they had when it was built (a slot the forward deleted is back
         already: unload set it to None); its children as they were."""
         for slots, names in zip(self.slots, self.names, strict=False):

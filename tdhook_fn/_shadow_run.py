@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,12 +12,14 @@ from torch import nn
 
 from ._params import Key, leaves
 from ._paths import resolve_path
-from ._pool_layout import in_forward_only
-from ._shadow import param_marks, shadow_of
+from ._pool_layout import FORWARD_ONLY
+from ._shadow import Shadow, param_marks, shadow_lock
 from ._taps import Captured, Tap, attached
 from ._traced import run_traced
 
-__all__ = ["call", "call_with_taps", "require_params", "run"]
+__all__ = ["call", "call_with_taps", "require_params", "run", "shadow_of"]
+
+_POOL_SIZE = 16
 
 
 def require_params(params: Any, where: str) -> None:
@@ -50,12 +53,13 @@ def run(
         raise ValueError("run: overrides replace the model's own tensors; pass params=None with them")
     if params is not None and not isinstance(params, TensorDictBase):
         raise TypeError(f"params must be a TensorDict (see tdhook_fn.params), got {type(params).__name__}")
-    if torch.compiler.is_compiling() and params is not None and isinstance(params, TensorDictBase):
+    compiling = torch.compiler.is_compiling()
+    if compiling and params is not None and isinstance(params, TensorDictBase):
         return run_traced(model, leaves(params), taps, invoke)
     values = None if params is None else leaves(params)
-    targets = [resolve_path(model, tap.path) for tap in taps]
+    targets = [resolve_path(model, tap.path) for tap in taps] if taps else []
     captured: Captured = {}
-    with shadow_of(model, in_forward_only()) as shadow:
+    with shadow_of(model, not compiling and FORWARD_ONLY.get()) as shadow:
         if values is None:
             shadow.load_own()
             if overrides:
@@ -128,3 +132,48 @@ def call_with_taps(
     """
     require_params(params, "call_with_taps")
     return run(model, params, taps, lambda root: root(*args, **kwargs))
+
+
+# the shadows of each model, and those for forward-only calls (NOTE [shadow max pooling])
+_pools: tuple[weakref.WeakKeyDictionary[nn.Module, list[Shadow]], ...] = (weakref.WeakKeyDictionary(),
+                                                                          weakref.WeakKeyDictionary())
+
+
+class shadow_of:  # (a context manager read as a function; a class, not a generator: it runs on every call)
+    """Borrow a refreshed shadow of ``model`` for one call (``with shadow_of(model) as shadow:``); it is cleared
+    on return.
+
+    ``forward_only``: for a call that nothing differentiates (NOTE [shadow max pooling]).
+    """
+
+    __slots__ = ("forward_only", "model", "pool", "shadow")
+
+    def __init__(self, model: nn.Module, forward_only: bool = False):
+        self.model = model
+        self.forward_only = forward_only
+
+    def __enter__(self) -> Shadow:
+        model = self.model
+        pools = _pools[self.forward_only]
+        with shadow_lock:
+            pool = pools.get(model)
+            if pool is None:
+                pool = pools[model] = []
+            shadow = pool.pop() if pool else None
+        self.pool = pool
+        if shadow is None or not shadow.is_current():
+            shadow = Shadow(model, self.forward_only)
+        self.shadow = shadow
+        try:
+            shadow.refresh()
+        except BaseException:
+            self.__exit__()
+            raise
+        return shadow
+
+    def __exit__(self, *exc: object) -> None:
+        shadow = self.shadow
+        shadow.unload()
+        with shadow_lock:
+            if len(self.pool) < _POOL_SIZE:
+                self.pool.append(shadow)

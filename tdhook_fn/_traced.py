@@ -158,8 +158,7 @@ def traced_plan(model: nn.Module, paths: tuple[str, ...]
         shadow = _traced.get(model)
         if shadow is None or not shadow.is_current():
             shadow = _traced[model] = Shadow(model)
-        for node in shadow.nodes:
-            node.release()
+        shadow.unload()  # (what the last plan's refresh filled)
         shadow.refresh()
         shadow.refuse_held()
     targets = tuple(shadow.module_for(resolve_path(model, path), path) for path in paths)

@@ -28,7 +28,10 @@ def attributed_keys(caller: str, f: Callable[..., Any], inputs: TensorDictBase,
     if input_keys is None:
         return keys
     present = inputs.keys(True, True)
-    missing = [key for key in keys if key not in present]
+    missing = []
+    for key in keys:  # (a loop, not a comprehension: one Python call less, on every compat call)
+        if key not in present:
+            missing.append(key)
     if missing:
         raise KeyError(f"{caller}: input_keys names {missing}, which the inputs do not hold; they hold "
                        f"{sorted(map(str, present))}")

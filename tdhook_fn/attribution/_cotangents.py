@@ -80,6 +80,4 @@ def pull_each(pullback: Callable[..., Any], cot: TensorDictBase) -> Any:
         return torch.func.vmap(pullback)(cot)[0]
     last = cot.batch_size[0] - 1
     pulled = [pullback(cot[t], retain_graph=t < last)[0] for t in range(last + 1)]  # (the last frees the graph)
-    inputs = {key: torch.stack([p[0][key] for p in pulled]) for key in pulled[0][0]}
-    layers = [torch.stack([p[1][i] for p in pulled]) for i in range(len(pulled[0][1]))]
-    return inputs, layers
+    return [torch.stack([p[i] for p in pulled]) for i in range(len(pulled[0]))]  # (the primals are a flat list)

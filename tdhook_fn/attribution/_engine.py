@@ -221,17 +221,21 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     The callers read these values, never differentiate them: the forward runs on the shadows for reading outputs
     (NOTE [shadow max pooling]).
     """
-    tappable = _tappable(f, bool(target_layers or taps))
     flat = flat_inputs(inputs)
-    runs = [0] * len(target_layers)
-    run: Any = f if tappable is None or not (target_layers or taps) else tappable.with_taps(
-        *target_layer_taps(target_layers, runs), *taps)
+    run: Any = f
+    runs: list[int] = []
+    private: list[str] = []
+    if target_layers or taps:  # (built only where there are some: this runs on every perturbation call)
+        runs = [0] * len(target_layers)
+        run = as_functional(f).with_taps(*target_layer_taps(target_layers, runs), *taps)
+        private = [f"{_TGT}{i}" for i in range(len(target_layers))]
     with forward_only():
         out = run(params, flat)
-    check_target_layer_runs("target_values", target_layers, runs)
-    private = [f"{_TGT}{i}" for i in range(len(target_layers))]
-    return _offer(out, private, _seen(out, target_layers), _extras(f, flat, ()), inputs.batch_size, True, target,
-                  check=False)
+    seen = None
+    if target_layers:
+        check_target_layer_runs("target_values", target_layers, runs)
+        seen = _seen(out, target_layers)
+    return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
 
 
 def gradients(
@@ -275,7 +279,8 @@ def gradients(
     private: list[str] = []  # (built where there are layers: the comprehensions cost calls on every call)
     if paths or target_layers:
         private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
-    attributed = set(input_keys)
+    attributed = tuple(dict.fromkeys(input_keys))  # (each key once: its tensor is one primal)
+    n_inputs = len(attributed)
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
         deltas: list[torch.Tensor] = []
@@ -283,15 +288,14 @@ def gradients(
             device = next(iter(flat.values(True, True))).device if not flat.is_empty() else None
             deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
 
-        def forward(diff: tuple[dict[NestedKey, torch.Tensor], list[torch.Tensor]],
-                    ) -> tuple[TensorDictBase, list[torch.Tensor]]:
+        def forward(diff: list[torch.Tensor]) -> tuple[TensorDictBase, list[torch.Tensor]]:
             feed = with_copied_inputs(flat, attributed)
-            for key, value in diff[0].items():
+            for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
                 feed.set(key, value)
             tapped: Any = f
             runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
-                tapped = tappable.with_taps(*checked_taps(paths, layers, diff[1], specs, _act_key, runs),
+                tapped = tappable.with_taps(*checked_taps(paths, layers, diff[n_inputs:], specs, _act_key, runs),
                                             *target_layer_taps(target_layers, target_runs), *taps)
             out = tapped(params, feed)
             if not paths and not target_layers:  # (input maps only: nothing to count or read, on every call)
@@ -301,10 +305,12 @@ def gradients(
             acts = [out.get(_act_key(i)) for i in range(len(paths))]
             return _offer(out, private, _seen(out, target_layers), extras, batch, use_outputs, target, check=True), acts
 
-        # the attributed inputs as a plain dict: `vjp` rebuilds a dict for nothing, a TensorDict at a cost
-        primals: tuple[dict[NestedKey, torch.Tensor], list[torch.Tensor]] = ({}, deltas)
-        for key in input_keys:
-            primals[0][key] = flat.get(key)
+        # one flat list, the attributed inputs' tensors then the deltas: what `vjp` flattens and rebuilds in one
+        # step (a TensorDict or nested containers cost a step each, on every call)
+        primals: list[torch.Tensor] = []
+        for key in attributed:
+            primals.append(flat.get(key))
+        primals += deltas
         result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params, flat))
         return result
 
@@ -315,12 +321,12 @@ def gradients(
                                             attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
     # one pullback: the graph is freed as it goes (NOTE [eager vjp])
-    (d_inputs, d_layers) = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
+    pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
-    for key, value in d_inputs.items():
+    for key, value in zip(attributed, pulled, strict=False):
         grads.set(key, value if one_dim else unflatten(value, lead, batch))
-    for path, value in zip(paths, d_layers, strict=True):
+    for path, value in zip(paths, pulled[n_inputs:], strict=True):
         grads.set(path, value if one_dim else unflatten(value, lead, batch))
     activations = TensorDict({}, batch_size=batch)
     for path, value in zip(paths, acts, strict=True):

@@ -147,6 +147,27 @@ def test_mode_flags_and_structure_changes_are_seen():
     assert torch.equal(tdhook_fn.call(model, tdhook_fn.params(model), x), model(x))
 
 
+def test_a_class_or_parameter_replaced_between_calls_is_seen():
+    """The shadow's structure check (one loop over the modules, `Shadow.is_current`) sees a module's class assigned
+    anew and a parameter replaced, also once the shadow was pooled by earlier calls."""
+
+    class Doubled(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    p = tdhook_fn.params(model)
+    for _ in range(2):
+        assert torch.equal(tdhook_fn.call(model, p, x), model(x))
+    model[2].__class__ = Doubled
+    assert torch.equal(tdhook_fn.call(model, p, x), model(x))
+    model[2].weight = model[0].weight  # tied: its key is now the first name's only
+    with pytest.raises(ValueError, match=r"unexpected \['2.weight'\]"):
+        tdhook_fn.call(model, p, x)
+    assert torch.equal(tdhook_fn.call(model, tdhook_fn.params(model), x), model(x))
+
+
 def test_missing_or_extra_params_are_named():
     model, (x,) = MODELS["mlp"]
     p = tdhook_fn.params(model)

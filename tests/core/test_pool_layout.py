@@ -11,7 +11,7 @@ from zoo import pooling_planes
 
 import tdhook_fn
 from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, forward_only, shadow_class
-from tdhook_fn._shadow import shadow_of
+from tdhook_fn._shadow_run import shadow_of
 
 _SETTINGS = [
     dict(kernel_size=2),
