@@ -35,7 +35,7 @@ def gradients_along_path(f: Functional, params: TensorDictBase, inputs: TensorDi
 
     The inputs ``path_keys`` move from ``base`` to ``inputs``; each chunk of points is one
     forward, pulled back once per target (NOTE [two pullbacks of one forward]) and folded
-    in order (NOTE [chunk-invariant sums]). Returns the sums (batch ``[*B]``, or ``[T, *B]``
+    by weight (NOTE [weighted sums of the steps]). Returns the sums (batch ``[*B]``, or ``[T, *B]``
     with ``per_target``; half-precision gradients summed in float32) and the gradients'
     dtypes by key, for `in_dtypes`.
     """
@@ -66,6 +66,6 @@ def gradients_along_path(f: Functional, params: TensorDictBase, inputs: TensorDi
             for path, grad in zip(layers, at_layers, strict=True):
                 dtypes[path] = grad.dtype
                 grads.set(path, unflatten(grad, 0, points.batch_size))
-            totals[t] = fold(totals[t], grads, weights[chunk], lead=0)  # NOTE [chunk-invariant sums]
+            totals[t] = fold(totals[t], grads, weights[chunk], lead=0)  # NOTE [weighted sums of the steps]
     sums = [cast(TensorDict, total) for total in totals]
     return (cast(TensorDict, torch.stack(cast(Any, sums))) if per_target else sums[0]), dtypes

@@ -1,4 +1,4 @@
-"""chunk_size changes memory, not the result beyond a few ulps (NOTE [chunk-invariant sums]).
+"""chunk_size changes memory, not the result beyond a few ulps (NOTE [weighted sums of the steps]).
 
 The fold adds the path points in the same order whatever the chunk, but each chunk's
 gradients come from a forward with another batch size, which CPU kernels need not round
