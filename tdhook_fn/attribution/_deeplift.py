@@ -179,8 +179,12 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     elif starts is None:
         assert b is not None
         starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
-    # (unchecked: one new map whose leading dims are that batch; a third of the checked TensorDict's cost)
-    return TensorDict._new_unsafe({key: walked}, batch_size=torch.Size([*walked.shape[:first], *batch])), starts, None
+    size = torch.Size([*walked.shape[:first], *batch])
+    # (unchecked where the key is one name: one new map whose leading dims are that batch; a third of the checked
+    # TensorDict's cost. The unchecked one would store a nested key as one name)
+    maps = TensorDict._new_unsafe({key: walked}, batch_size=size) if isinstance(key, str) else TensorDict(
+        {key: walked}, batch_size=size)
+    return maps, starts, None
 
 
 @accepts_tensors

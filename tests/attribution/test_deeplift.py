@@ -401,3 +401,14 @@ def test_seed_rows_equal_the_general_path_and_alias_nothing(head: str) -> None:
     before = p.clone()
     deeplift(f, p, x, target=1, multiply_by_inputs=False).add_(1.0)
     assert (p == before).all()
+
+
+def test_a_nested_input_key_on_the_walk() -> None:
+    # the walk's maps under a nested key ("a", "b"): the same TensorDict as the general path's (a callable target)
+    model = _mlp()
+    f, p = tdhook_fn.functional(model, in_keys=[("a", "b")], out_keys=["out"]), tdhook_fn.params(model)
+    x = TensorDict({"a": {"b": torch.randn(5, 5, dtype=D)}}, batch_size=[5])
+    walked = deeplift(f, p, x, 0.3, target=1)
+    general = deeplift(f, p, x, 0.3, target=lambda td: td["out"][..., 1])
+    assert walked.get(("a", "b")).shape == (5, 5)
+    torch.testing.assert_close(walked.get(("a", "b")), general.get(("a", "b")), rtol=1e-10, atol=1e-13)
