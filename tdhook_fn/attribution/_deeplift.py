@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
+from .._params import leaves
 from .._taps import capture
 from .._targets import Target, as_target
 from .._types import PureFn
@@ -106,6 +107,11 @@ def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.
     return unflatten(t.narrow(lead, 0, n), lead, batch)
 
 
+def _holds_only(inputs: TensorDictBase, key: NestedKey) -> bool:
+    """Whether ``key`` is the inputs' one leaf (read from `leaves`: a third of ``set(inputs.keys(True, True))``)."""
+    return list(leaves(inputs)) == [key if isinstance(key, tuple) else (key,)]
+
+
 def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
                  target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
                  multiply: bool = False) -> tuple[TensorDict, TensorDictBase | None, TensorDictBase | None]:
@@ -119,7 +125,7 @@ def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDict
     batch = inputs.batch_size
     n = batch.numel()
     lead = 1 if per_target else 0
-    if not layers and len(keys) == 1 and untransformed() and set(inputs.keys(True, True)) == set(keys):
+    if not layers and len(keys) == 1 and untransformed() and _holds_only(inputs, keys[0]):
         walked = _walked(caller, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
         if walked is not None:
             return walked
@@ -149,10 +155,12 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
         return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
     starts: TensorDictBase | None = None
+    b: torch.Tensor | None  # the references, broadcasting to the inputs; None: zeros, not read
     if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
         # one number for every sample: no tensor of the input's size is made for it, one reference row
-        b = x.new_full((), float(baselines))
-        reference = b.expand((1, *x.shape[lead:]))
+        zero = float(baselines) == 0.0
+        reference = x.new_zeros((1, *x.shape[lead:])) if zero else x.new_full((1, *x.shape[lead:]), float(baselines))
+        b = None if zero and multiply else reference[0]  # (a zero reference: the inputs are their own change)
     else:
         starts = path_starts(inputs, baselines, (key,), caller)
         b = starts.get(key)
@@ -166,11 +174,17 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     first = 1 if per_target else 0
     if lead != 1:
         walked = unflatten(walked, first, batch)
-    if multiply:
-        walked, starts = walked * (x - b), None
+    if multiply:  # (in place: the walk's maps are its own new tensor)
+        walked, starts = walked.mul_(x if b is None else x - b), None
     elif starts is None:
+        assert b is not None
         starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
-    return TensorDict({key: walked}, batch_size=[*walked.shape[:first], *batch]), starts, None
+    size = torch.Size([*walked.shape[:first], *batch])
+    # (unchecked where the key is one name: one new map whose leading dims are that batch; a third of the checked
+    # TensorDict's cost. The unchecked one would store a nested key as one name)
+    maps = TensorDict._new_unsafe({key: walked}, batch_size=size) if isinstance(key, str) else TensorDict(
+        {key: walked}, batch_size=size)
+    return maps, starts, None
 
 
 @accepts_tensors

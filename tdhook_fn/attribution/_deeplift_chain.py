@@ -13,6 +13,16 @@
 # Anything else (other modules, buffers, a callable target, layers, a transform) takes
 # the general path of `deeplift`, which gives the same maps.
 
+# NOTE [seed rows]
+# A target class ``i`` puts in a one-hot at the output; where the last module is a linear
+# layer, its pullback ``onehot @ W`` is row ``i`` of ``W`` for every sample (the same
+# numbers where ``W`` is finite: each is ``1 * w`` plus zeros; a non-finite weight of
+# another class would put its NaN there, which the row leaves out). So the walk starts
+# from the row, a view broadcast over the batch, and skips the one-hot, its writes and a
+# matrix product. The row is the weight's own memory, so only where the next pullback
+# other than a reshape (a view) makes a new tensor of it (an activation's product):
+# nothing of the walk writes to it, and no map aliases it.
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,10 +63,13 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     return dy / dx
 
 
-def _flat(dx: torch.Tensor, eps: float) -> torch.Tensor | None:
+def _flat(dx: torch.Tensor, eps: float, *, owned: bool = False) -> torch.Tensor | None:
     """Where ``|dx| < eps``; ``None`` where nowhere, the usual case, told by a reduction (the mask's full op is
-    saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact."""
-    size = dx.abs()
+    saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact.
+
+    ``owned``: ``dx`` is the caller's and read no more, so its sizes are taken in place (no new tensor).
+    """
+    size = dx.abs_() if owned else dx.abs()
     # the smallest size compared as a Python number: one op fewer than a 0-d comparison and its bool
     return None if size.numel() == 0 or size.amin().item() >= eps else size < eps
 
@@ -67,7 +80,9 @@ def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> t
     rows = (n, both.shape[0] - n)
     (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
     dx = h - r
-    flat, ratio = _flat(dx, eps), _ratio(y - y_ref, dx)
+    # both made here and read by nothing else: the ratio divides in place, then dx becomes its sizes in place
+    ratio = (y - y_ref).div_(dx)
+    flat = _flat(dx, eps, owned=True)
     # where no |dx| is below eps the multiplier is the ratio itself: the derivative and the select are skipped
     multiplier = ratio if flat is None else torch.where(flat, derivative(module, h, y), ratio)
     return out, lambda g: g * multiplier
@@ -202,6 +217,20 @@ def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor]
     return indices
 
 
+def _seed_rows(links: list[_Link], own: list[tuple[torch.Tensor, ...]]) -> torch.Tensor | None:
+    """The last linear layer's weight, whose rows are its pullbacks of one-hots (NOTE [seed rows]); ``None`` where
+    the chain does not end in one, or no activation's product comes before a pullback other than a reshape."""
+    affine = links[-1].affine
+    if affine is None or affine.conv is not None:
+        return None
+    for link in reversed(links[:-1]):
+        if link.kind == "activation":
+            return own[-1][0]
+        if link.kind != "reshape":
+            return None
+    return None
+
+
 def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
                    target: Target, eps: float, per_target: bool) -> torch.Tensor | None:
     """DeepLift's multipliers of ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by NOTE [deeplift on a chain].
@@ -232,14 +261,20 @@ def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, 
         if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
                    for i in seeds):
             return None  # (the general path says what is wrong)
+        weight = _seed_rows(links, own) if h.dim() == 2 else None
         maps = []
         for i in seeds:
-            g = torch.zeros_like(h)
-            if isinstance(i, int):
-                g[:, i] = 1.0
+            pulls = backs
+            if weight is not None:
+                g = weight[i].expand(n, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
+                pulls = backs[:-1]
             else:
-                g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
-            for back in reversed(backs):
+                g = torch.zeros_like(h)
+                if isinstance(i, int):
+                    g[:, i] = 1.0
+                else:
+                    g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
+            for back in reversed(pulls):
                 g = back(g)
             maps.append(g)
     return torch.stack(maps) if per_target else maps[0]

@@ -128,12 +128,12 @@ def gradient_shap(
         drawn = (_draw(inputs, keys, refs.batch_size[0], sigma, k, generator) if draws is None
                  else draws[(..., slice(start, start + k))])
         start += k
-        ends, starts, points = _path(inputs, refs, keys, drawn, k)
+        ends, starts, changes, points = _path(inputs, refs, keys, drawn, k, return_convergence_delta)
         # the maps are [*T, N * k] (NOTE [flat copies])
         grads = gradients(f, params, flat_copies(inputs, k, points), flat_target(target, batch, k), input_keys=keys,
                           per_target=per_target, caller="gradient_shap", checked=True).grads
         if multiply_by_inputs:  # by x + e - b, the copies' own difference
-            grads = scaled(grads, {key: _flat(ends[key] - starts[key], len(batch)) for key in keys})
+            grads = scaled(grads, {key: _flat(changes[key], len(batch)) for key in keys})
         lead = list(grads.batch_size[:-1])  # [T] with per_target
         total = fold_copies(total, grads, batch, k, flat=True)
         if return_convergence_delta:
@@ -150,16 +150,22 @@ def gradient_shap(
     return (attrs, torch.cat(deltas, -1)) if return_convergence_delta else attrs
 
 
-def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey], drawn: Any,
-          k: int) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
-    """By key: the chunk's (noisy) inputs ``[*B, k or 1, ...]``, drawn baselines and the points between them.
+_Paths = dict[NestedKey, torch.Tensor]
+
+
+def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey], drawn: Any, k: int,
+          keep_starts: bool) -> tuple[_Paths, _Paths, _Paths, _Paths]:
+    """By key: the chunk's (noisy) inputs ``[*B, k or 1, ...]``, drawn baselines, the changes from these to those
+    (``[*B, k, ...]``) and the points between them.
 
     ``drawn``: the chunk's draws, a TensorDict (given) or a dict (`_draw`) with the same keys.
+    Unless ``keep_starts``, the points are made in the baselines' memory (the starts are
+    then not returned: an empty dict).
     """
     batch = inputs.batch_size
     index, alpha, noise = drawn.get("index"), drawn.get("alpha"), drawn.get("noise", None)
     noised = () if noise is None else noise.keys(True, True)
-    ends, starts, points = {}, {}, {}
+    ends, starts, changes, points = {}, {}, {}, {}
     for key in keys:
         pool = refs.get(key)
         x = inputs.get(key).unsqueeze(len(batch))  # every copy the sample: broadcast, not repeated
@@ -167,9 +173,16 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
         if key in noised:
             x = x + noise.get(key).to(x.device)
         a = alpha.to(x).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))  # (draws given on the CPU too)
-        ends[key], starts[key] = x, b
-        points[key] = a * x + (1.0 - a) * b  # captum's rand * input + (1 - rand) * baseline
-    return ends, starts, points
+        ends[key], changes[key] = x, x - b
+        # captum's rand * input + (1 - rand) * baseline; in the baselines' memory where they are read no more
+        # (a new tensor of the pool's rows: indexing copies), the same numbers in the other order (eagerly: under
+        # vmap the draws may be unbatched where the inputs are batched)
+        if keep_starts or b.shape != changes[key].shape or not untransformed():
+            starts[key] = b
+            points[key] = a * x + (1.0 - a) * b
+        else:
+            points[key] = b.mul_(1.0 - a).add_(a * x)
+    return ends, starts, changes, points
 
 
 def _flat(t: torch.Tensor, dims: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
+from .._vjp import untransformed
 
 __all__ = [
     "Stdevs",
@@ -30,6 +31,7 @@ __all__ = [
     "fold_copies",
     "mean_maps",
     "noise_draws",
+    "noised",
     "stdevs_by_key",
 ]
 
@@ -86,6 +88,21 @@ def noise_draws(inputs: TensorDictBase, stdevs: Mapping[NestedKey, float], k: in
         x = inputs.get(key)
         shape = (*batch, k, *x.shape[len(batch):])
         out[key] = torch.randn(shape, dtype=dtype or x.dtype, device=x.device, generator=generator).mul_(stdev)
+    return out
+
+
+def noised(inputs: TensorDictBase, noise: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+    """The noisy copies ``[*B, k, ...]`` by key: each input plus its noise (`noise_draws`', which this may reuse).
+
+    Eagerly, where the sum has the noise's dtype, it is added in the noise's own memory (a
+    new tensor the draws made; the same numbers: ``x + e == e + x``), not a new tensor.
+    """
+    dims = inputs.batch_dims
+    eager = untransformed()
+    out = {}
+    for key, value in noise.items():
+        x = inputs.get(key).unsqueeze(dims)  # every copy the sample: broadcast, not repeated
+        out[key] = value.add_(x) if eager and torch.result_type(x, value) == value.dtype else x + value
     return out
 
 

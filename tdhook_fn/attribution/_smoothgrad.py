@@ -24,6 +24,7 @@ from ._noise import (
     fold_copies,
     mean_maps,
     noise_draws,
+    noised,
     stdevs_by_key,
 )
 from ._saliency import saliency
@@ -138,7 +139,7 @@ def smoothgrad(
     for k in chunks(nt_samples, chunk_size):
         # (none drawn without noise: a call without noise runs under vmap as it is)
         noise = noise_draws(inputs, sigma, k, generator, noise_dtype) if any(sigma.values()) else {}
-        noisy = {key: inputs.get(key).unsqueeze(len(batch)) + value for key, value in noise.items()}
+        noisy = noised(inputs, noise)
         if flat:  # NOTE [flat copies]
             maps = gradients(f, params, flat_copies(inputs, k, noisy), flat_target(target, batch, k), input_keys=keys,
                              per_target=per_target, caller="smoothgrad", checked=True).grads

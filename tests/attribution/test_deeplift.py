@@ -378,3 +378,37 @@ def test_max_pool_with_and_without_near_references_equals_the_general_path(eps: 
     if eps < 1e-6:
         theirs = _captum(DeepLift, _captum_safe(model), True, eps, inputs=x, baselines=b, target=2)
         torch.testing.assert_close(walked, theirs, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("head", ["mlp", "flatten"])
+def test_seed_rows_equal_the_general_path_and_alias_nothing(head: str) -> None:
+    # a last linear layer after an activation (through a flatten): the walk starts from the weight's rows
+    # (NOTE [seed rows]); the maps equal the general path's, and writing one leaves the params alone
+    torch.manual_seed(9)
+    model = (nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4)) if head == "mlp" else
+             nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8, 4))).to(D).eval()
+    f, p = _pure(model)
+    x = torch.randn(5, *((5,) if head == "mlp" else (1, 4, 4)), dtype=D)
+    labels = torch.tensor([0, 3, 2, 2, 1])
+    for target in (1, -1, labels):
+        walked = deeplift(f, p, x, 0.3, target=target, multiply_by_inputs=False)
+        general = deeplift(f, p, x, 0.3, multiply_by_inputs=False,
+                           target=lambda td, t=target: td["output"][torch.arange(5), t])
+        torch.testing.assert_close(walked, general, rtol=1e-10, atol=1e-13)
+    per_target = deeplift(f, p, x, target=(0, -1), per_target=True)
+    ones = [deeplift(f, p, x, target=lambda td, t=t: td["output"][..., t]) for t in (0, -1)]
+    torch.testing.assert_close(per_target, torch.stack(ones), rtol=1e-10, atol=1e-13)
+    before = p.clone()
+    deeplift(f, p, x, target=1, multiply_by_inputs=False).add_(1.0)
+    assert (p == before).all()
+
+
+def test_a_nested_input_key_on_the_walk() -> None:
+    # the walk's maps under a nested key ("a", "b"): the same TensorDict as the general path's (a callable target)
+    model = _mlp()
+    f, p = tdhook_fn.functional(model, in_keys=[("a", "b")], out_keys=["out"]), tdhook_fn.params(model)
+    x = TensorDict({"a": {"b": torch.randn(5, 5, dtype=D)}}, batch_size=[5])
+    walked = deeplift(f, p, x, 0.3, target=1)
+    general = deeplift(f, p, x, 0.3, target=lambda td: td["out"][..., 1])
+    assert walked.get(("a", "b")).shape == (5, 5)
+    torch.testing.assert_close(walked.get(("a", "b")), general.get(("a", "b")), rtol=1e-10, atol=1e-13)

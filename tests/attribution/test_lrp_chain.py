@@ -446,3 +446,13 @@ def test_alpha_beta_on_a_grouped_convolution_without_a_shadow_is_the_rules(monke
     both(monkeypatch, walks, model, torch.randn(2, 4, 4, 4, dtype=torch.float64), target=1,
          rules={"0": rule, nn.ReLU: Pass(), nn.Linear: Epsilon()})
     assert borrowed == []
+
+
+def test_a_nested_input_key_on_the_walk(monkeypatch: pytest.MonkeyPatch, walks: Walks) -> None:
+    # the walk's maps under a nested key ("a", "b"): the same TensorDict as the general path's
+    model = mlp()
+    f, p = tdhook_fn.functional(model, in_keys=[("a", "b")], out_keys=["output"]), tdhook_fn.params(model)
+    td = TensorDict({"a": {"b": torch.randn(5, 6, dtype=torch.float64)}}, batch_size=[5])
+    ours = lrp(f, p, td, target=1, rules=EpsilonPlus())
+    assert walks.taken == [True]
+    assert_close_ulps(ours, general(monkeypatch, f, p, td, target=1, rules=EpsilonPlus()), ulps=64)

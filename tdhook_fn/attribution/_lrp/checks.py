@@ -85,10 +85,13 @@ def _requires_grad(params: Any, values: Mapping[Any, Any] | None) -> bool:
     if values is None:
         return any_requires_grad([params])
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
-    if any(map(wrapped, tensors)):
-        return any_requires_grad([params])
-    return any(t.requires_grad for t in tensors)
+    found = False
+    for value in values.values():  # (a plain loop: a comprehension and a generator cost calls, on every call)
+        if isinstance(value, torch.Tensor):
+            if wrapped(value):
+                return any_requires_grad([params])
+            found = found or value.requires_grad
+    return found
 
 
 def refuse_level_zero_graph(maps: TensorDictBase) -> None:
