@@ -8,9 +8,15 @@
 # both at once. Without a mask every element is its own feature, numbered in key order
 # (captum's default). Each element's id is kept as a *position* into the sorted features
 # ``ids``, so a per-feature value ``[T, N, P]`` spreads onto the elements by one ``gather``.
+#
+# The default features depend only on the keys, each sample's shape and the device: they
+# are kept between calls under the rules of NOTE [kept windows] (at most `_KEPT_FEATURES`
+# of them; their tensors are only read), and their values spread by slicing, each key's
+# features being one run ``offset .. offset + size``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,11 +24,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import NestedKey
-from ._perturbation import as_maps, check_no_extra, per_sample_view
+from ._perturbation import as_maps, check_no_extra, per_sample_view, plain_tensors_now
 
 __all__ = ["FeatureMask", "Features", "features", "selected", "spread"]
 
 FeatureMask = torch.Tensor | TensorDictBase | Mapping[NestedKey, torch.Tensor] | None
+_KEPT_FEATURES = 2**16  # default features kept between calls up to this many; NOTE [feature masks]
 
 
 @dataclass
@@ -32,16 +39,27 @@ class Features:
     Attributes:
         ids (Tensor): the feature ids, sorted, ``[P]``.
         positions (dict): per key, each element's index into ``ids``, ``[N or 1, *feature_shape]``.
+        offsets (dict | None): for the default features, per key, its first feature (its
+            elements are the features ``offset ..`` in order); else None.
     """
 
     ids: torch.Tensor
     positions: dict[NestedKey, torch.Tensor]
+    offsets: dict[NestedKey, int] | None = None
 
     def maps(self, values: torch.Tensor, keys: Sequence[NestedKey], batch: torch.Size,
              per_target: bool) -> TensorDict:
         """Per-feature values ``[T, N, P]`` spread on each key's elements, as the result (see `as_maps`)."""
-        n = values.shape[1]
-        return as_maps({key: spread(values, self.positions[key], n) for key in keys}, batch, per_target)
+        n, out = values.shape[1], {}
+        for key in keys:
+            positions = self.positions[key]
+            if self.offsets is None:
+                out[key] = spread(values, positions, n)
+            else:  # (the default features: each element its own, in order)
+                start = self.offsets[key]
+                out[key] = values[..., start: start + positions.numel()].reshape(*values.shape[:2],
+                                                                                 *positions.shape[1:])
+        return as_maps(out, batch, per_target)
 
 
 def features(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey], feature_mask: FeatureMask, *,
@@ -66,15 +84,27 @@ def features(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey], fea
 
 
 def _default(inputs: TensorDictBase, keys: Sequence[NestedKey]) -> Features:
-    positions, offset = {}, 0
-    for key in keys:
-        shape = inputs.get(key).shape[inputs.batch_dims:]
+    xs = [inputs.get(key) for key in keys]
+    shapes = tuple((key, x.shape[inputs.batch_dims:], x.device) for key, x in zip(keys, xs, strict=True))
+    if sum(shape.numel() for _, shape, _ in shapes) <= _KEPT_FEATURES and plain_tensors_now():
+        return _kept_default(shapes)
+    return _built_default(shapes)
+
+
+@functools.lru_cache(maxsize=16)  # (16 sets of 2**16 features: 8 MiB of positions at most)
+def _kept_default(shapes: tuple[tuple[NestedKey, torch.Size, torch.device], ...]) -> Features:
+    """`_built_default`, kept for the next call on the same keys, shapes and devices: NOTE [feature masks]."""
+    return _built_default(shapes)
+
+
+def _built_default(shapes: tuple[tuple[NestedKey, torch.Size, torch.device], ...]) -> Features:
+    positions, offsets, offset = {}, {}, 0
+    for key, shape, device in shapes:
         n = shape.numel()
-        device = inputs.get(key).device
         positions[key] = (torch.arange(n, device=device) + offset).reshape(1, *shape)
+        offsets[key] = offset
         offset += n
-    device = inputs.get(keys[0]).device if keys else None
-    return Features(torch.arange(offset, device=device), positions)
+    return Features(torch.arange(offset, device=shapes[0][2] if shapes else None), positions, offsets)
 
 
 def _per_key(caller: str, feature_mask: FeatureMask, keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:

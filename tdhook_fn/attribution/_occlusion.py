@@ -10,12 +10,10 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
-from .._vjp import untransformed
 from ._baselines import Baselines
 from ._engine import flat_inputs
 from ._inputs import accepts_tensors
@@ -26,6 +24,7 @@ from ._perturbation import (
     evaluate,
     flat_baselines,
     per_sample_views,
+    plain_tensors_now,
 )
 
 __all__ = ["occlusion"]
@@ -122,15 +121,9 @@ class _Windows:
 def _windows(key: NestedKey, size: Shape, window: Shape, stride: Shape, device: torch.device) -> _Windows:
     _check_windows(key, size, window, stride)
     positions = [math.ceil((n - w) / s) + 1 for n, w, s in zip(size, window, stride, strict=True)]
-    if math.prod(positions) * math.prod(size) <= _KEPT_MASKS and _plain_tensors_now():
+    if math.prod(positions) * math.prod(size) <= _KEPT_MASKS and plain_tensors_now():
         return _kept_windows(size, window, stride, device)
     return _built_windows(size, window, stride, device)
-
-
-def _plain_tensors_now() -> bool:
-    """Whether the tensors built now are plain ones that may serve later calls; NOTE [kept windows]."""
-    return (untransformed() and not torch.is_inference_mode_enabled() and torch._C._get_tracing_state() is None
-            and _get_current_dispatch_mode() is None)
 
 
 def _check_windows(key: NestedKey, size: Shape, window: Shape, stride: Shape) -> None:

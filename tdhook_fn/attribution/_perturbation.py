@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .._functional import NestedKey
 from .._targets import Target
@@ -42,7 +43,7 @@ from ._engine import target_values
 from ._metric_samples import check_count
 
 __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
-           "per_sample_views", "target_columns"]
+           "per_sample_views", "plain_tensors_now", "target_columns"]
 
 Build = Callable[[int, int], dict[NestedKey, torch.Tensor]]
 
@@ -63,6 +64,12 @@ def checked_keys(caller: str, f: PureFn, params: TensorDictBase, inputs: TensorD
     if missing:
         raise KeyError(f"{caller}: the inputs have no key {missing[0]!r} to perturb (keys: {list(present)})")
     return keys
+
+
+def plain_tensors_now() -> bool:
+    """Whether the tensors built now are plain ones that may serve later calls; NOTE [kept windows]."""
+    return (untransformed() and not torch.is_inference_mode_enabled() and torch._C._get_tracing_state() is None
+            and _get_current_dispatch_mode() is None)
 
 
 def flat_baselines(caller: str, inputs: TensorDictBase, baselines: Baselines,
@@ -135,6 +142,8 @@ def target_columns(caller: str, values: TensorDictBase, batch: torch.Size, per_t
                                  f"{key!r} has shape {tuple(value.shape[len(batch):])} per sample: flatten its target "
                                  "dims in the target")
             one = value if value.dim() == len(batch) + 1 else value.unsqueeze(-1)
+        elif value.dim() == len(batch):  # (one value per sample: nothing to sum)
+            one = value.unsqueeze(-1)
         else:
             one = value.reshape(*batch, -1).sum(-1, keepdim=True)
         if total is not None and total.shape != one.shape:

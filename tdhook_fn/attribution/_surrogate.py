@@ -23,7 +23,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target, values_readable
 from .._types import PureFn
-from ._baselines import Baselines, attributed_keys, path_starts
+from ._baselines import Baselines, attributed_keys, starts_by_key
 from ._checks import check_call
 from ._engine import target_values
 from ._flat_copies import flat_copies, flat_target
@@ -43,12 +43,12 @@ class Surrogate:
     Attributes:
         inputs (TensorDict): the inputs, batch ``[*B]``.
         keys (tuple): the attributed (perturbed) keys.
-        starts (TensorDict): the baseline of each attributed key, in its shape.
+        starts (dict): the baseline of each attributed key, in its shape.
         masks (dict): key -> feature index of every element, ``[*B, D]`` (one sample flattened).
         n_features (int): ``F``.
     """
 
-    def __init__(self, inputs: TensorDictBase, keys: tuple[NestedKey, ...], starts: TensorDictBase,
+    def __init__(self, inputs: TensorDictBase, keys: tuple[NestedKey, ...], starts: dict[NestedKey, torch.Tensor],
                  masks: dict[NestedKey, torch.Tensor], n_features: int) -> None:
         self.inputs, self.keys, self.starts, self.masks, self.n_features = inputs, keys, starts, masks, n_features
 
@@ -57,7 +57,7 @@ class Surrogate:
         batch, k = self.inputs.batch_size, samples.shape[-2]
         out = {}
         for key in self.keys:
-            x, b, mask = self.inputs.get(key), self.starts.get(key), self.masks[key]
+            x, b, mask = self.inputs.get(key), self.starts[key], self.masks[key]
             index = mask.unsqueeze(-2).expand(*batch, k, mask.shape[-1])
             kept = samples.gather(-1, index).reshape(*batch, k, *x.shape[len(batch):])
             out[key] = torch.where(kept, x.unsqueeze(len(batch)), b.unsqueeze(len(batch)))
@@ -75,7 +75,7 @@ def prepare(caller: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBa
         if inputs.get(key, None) is None:
             raise KeyError(f"{caller}: the inputs have no attributed key {key!r} (keys: "
                            f"{list(inputs.keys(True, True))})")
-    starts = path_starts(inputs, baselines, keys, caller)
+    starts = starts_by_key(inputs, baselines, keys, caller)  # (a dict: only read by key)
     masks, n_features = feature_masks(caller, inputs, keys, feature_mask)
     return Surrogate(inputs, keys, starts, masks, n_features)
 
@@ -101,14 +101,15 @@ def feature_masks(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey]
     out = {}
     for key in keys:
         out[key] = _broadcast_mask(caller, key, given[key], inputs.get(key), batch)
-    low = min(int(m.min()) for m in out.values() if m.numel())
+    bounds = [[int(b) for b in torch.aminmax(m)] for m in out.values() if m.numel()]  # (one op a key)
+    low, high = min(b[0] for b in bounds), max(b[1] for b in bounds)
     if low < 0:
         raise ValueError(f"{caller}: feature_mask holds the index {low}; feature indices are 0, 1, 2, ...")
     if low > 0:
         warnings.warn(f"{caller}: the smallest index in feature_mask is {low}, not 0; shifting the indices to "
                       "start at 0 (as captum does)", stacklevel=3)
         out = {key: m - low for key, m in out.items()}
-    return out, max(int(m.max()) for m in out.values() if m.numel()) + 1
+    return out, high - low + 1
 
 
 def _masks_by_key(caller: str, keys: Sequence[NestedKey], feature_mask: FeatureMask) -> dict[NestedKey, Any]:
@@ -195,7 +196,7 @@ def interpretable_samples(caller: str, surrogate: Surrogate, samples: Any, n_sam
     n = check_n_samples(caller, n_samples, samples, 25)
     if samples is None:
         samples = draw(batch, n)
-    return cast(torch.Tensor, samples).to(next(iter(surrogate.starts.values(True, True))).device)
+    return cast(torch.Tensor, samples).to(surrogate.starts[surrogate.keys[0]].device)
 
 
 def checked_samples(caller: str, samples: Any, batch: torch.Size, n_features: int) -> torch.Tensor:
