@@ -9,8 +9,9 @@
 # tensors they were built from, and serves them again only where the given tensors have
 # the same dtype, device and shape and the same bits (one integer comparison per
 # tensor: NaNs and signed zeros compare as what they are, so the stacked weights are
-# exactly those a rebuild would give). Only small weights are kept: for large ones the
-# rebuild costs little beside the module's own op, and a copy would hold their memory.
+# exactly those a rebuild would give). Only small weights on the CPU are kept: for large
+# ones the rebuild costs little beside the module's own op, and a copy would hold their
+# memory; on an accelerator the comparison waits for the device (not measured there).
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def _same_bits(given: torch.Tensor | None, kept: torch.Tensor | None) -> bool:
     return torch.equal(given.view(bits), kept.view(bits))
 
 
+def _keepable(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """A plain CPU tensor of a floating dtype ``dtype`` that requires no grad: compared by its bits."""
+    return t.device.type == "cpu" and t.dtype == dtype and dtype in _FLOATS and t.layout == torch.strided and (
+        not t.requires_grad)
+
+
 class StackCache:
     """The last stacked weights of one link per input sign (``signed``), with the tensors they were built from."""
 
@@ -45,9 +52,8 @@ class StackCache:
 
     def get(self, weight: torch.Tensor, bias: torch.Tensor | None, signed: bool, build: Callable[[], Any]) -> Any:
         """``build()``'s stacked weights for ``weight`` and ``bias``, served again while their bits are the same."""
-        if weight.dtype not in _FLOATS or weight.layout != torch.strided or weight.numel() > _KEPT_ELEMENTS or (
-                weight.requires_grad or (bias is not None and (bias.dtype != weight.dtype
-                                                               or bias.layout != torch.strided or bias.requires_grad))):
+        if not (_keepable(weight, weight.dtype) and (bias is None or _keepable(bias, weight.dtype))) or (
+                weight.numel() > _KEPT_ELEMENTS):
             return build()
         entry = self._entries.get(signed)  # (one read: another thread may replace it meanwhile)
         if entry is not None and _same_bits(weight, entry[0]) and _same_bits(bias, entry[1]):
