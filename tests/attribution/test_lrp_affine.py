@@ -259,3 +259,30 @@ def test_the_stacked_weights_follow_the_params_and_keep_nothing_alive(monkeypatc
     del other
     gc.collect()
     assert dead() is None
+
+
+def test_the_kept_stacked_weights_are_served_only_for_the_same_bits() -> None:
+    """NOTE [stacked weights kept]: the same bits serve the kept stack; a signed zero, a NaN, a .data write do not."""
+    from tdhook_fn.attribution._lrp.stack_cache import StackCache
+
+    stacks, built = StackCache(), []
+
+    def build() -> object:
+        built.append(object())
+        return built[-1]
+
+    w, b = torch.randn(3, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    first = stacks.get(w, b, False, build)
+    assert stacks.get(w.clone(), b.clone(), False, build) is first  # other tensors, the same bits
+    assert stacks.get(w, b, True, build) is not first  # the other input sign has its own
+    b.data[0] = -0.0  # equal to 0.0, other bits, and no new version
+    assert stacks.get(w, b, False, build) is not first
+    w2 = w.clone()
+    w2[0, 0] = float("nan")
+    nan_stack = stacks.get(w2, b, False, build)
+    assert stacks.get(w2.clone(), b, False, build) is nan_stack  # a NaN's bits are its own: served again
+    assert stacks.get(w2, None, False, build) is not nan_stack
+    assert stacks.get(w2.float(), b.float(), False, build) is not nan_stack
+    big = torch.randn(1 << 9, 1 << 8)
+    assert stacks.get(big, None, False, build) is not stacks.get(big, None, False, build)  # large: never kept
+    assert len(built) == 8

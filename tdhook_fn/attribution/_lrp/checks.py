@@ -77,7 +77,16 @@ def as_values(params: Any, inputs: TensorDictBase, values: Mapping[Any, Any] | N
             "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
             "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
             "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
-    return inputs.detach() if _requires_grad(inputs, leaves(inputs)) else inputs
+    return inputs.detach() if _inputs_require_grad(inputs) else inputs
+
+
+def _inputs_require_grad(inputs: TensorDictBase) -> bool:
+    """`_requires_grad` of the inputs: a plain TensorDict of tensors read from its own dict (its leaves cost a
+    third of this check's time, on every call)."""
+    own = inputs.__dict__.get("_tensordict") if type(inputs) is TensorDict else None
+    if not isinstance(own, dict) or not all(type(v) is torch.Tensor for v in own.values()):
+        return _requires_grad(inputs, leaves(inputs))
+    return _requires_grad(inputs, own)
 
 
 def _requires_grad(params: Any, values: Mapping[Any, Any] | None) -> bool:

@@ -28,6 +28,7 @@ import torch
 from . import rules as _lrp_rules
 from .affine import Adjoint, Affine
 from .rules import AlphaBeta, Rule, stabilize
+from .stack_cache import StackCache
 
 __all__ = ["Pullback", "fused"]
 
@@ -68,14 +69,20 @@ def _stack(rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Te
     return _Stacked(stacked, biases, affine.adjoint(back, fast=True), tuple(c for c, *_ in halves))
 
 
-def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor,
-          bias: torch.Tensor | None) -> tuple[torch.Tensor, Pullback] | None:
-    """The module's output and the rule's pullback by NOTE [fused alpha-beta]; ``None`` where it does not apply."""
+def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+          stacks: StackCache | None = None) -> tuple[torch.Tensor, Pullback] | None:
+    """The module's output and the rule's pullback by NOTE [fused alpha-beta]; ``None`` where it does not apply.
+
+    ``stacks``: the planned link's stacked weights of earlier calls (NOTE [stacked weights kept]).
+    """
     dim, rows = affine.channel_dim, weight.shape[0]
     if type(rule) is not AlphaBeta or affine.groups != 1 or x.dim() < -dim or x.shape[dim] != weight.shape[1]:
         return None  # (an input that does not fit: the module's own op names it, not the stacked weights)
     signed = not _lrp_rules._no_negative_entry(x)  # (the rules' own check, one reduction)
-    stacked = _stack(rule, affine, weight, bias, signed)
+    if stacks is None:
+        stacked = _stack(rule, affine, weight, bias, signed)
+    else:
+        stacked = stacks.get(weight, bias, signed, lambda: _stack(rule, affine, weight, bias, signed))
     if signed:
         pos, neg = x.clamp(min=0), x.clamp(max=0)
         inputs = torch.cat([pos, neg], dim)

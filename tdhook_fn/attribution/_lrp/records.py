@@ -17,6 +17,7 @@ from .fused import Pullback, fused
 from .gradient_form import GradientForm
 from .module_call import ModuleCall
 from .rules import Rule
+from .stack_cache import StackCache
 
 __all__ = ["AffineLocal", "Fused", "Local", "NotAChain", "Passed", "Pooled", "Record", "Reshaped", "Ruled",
            "affine_record"]
@@ -152,11 +153,13 @@ Record = Local | AffineLocal | Passed | Ruled | Fused | Reshaped | Pooled
 
 
 def affine_record(affine: Affine, form: GradientForm | None, rule: Rule | None, path: str, x: torch.Tensor,
-                  weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, Record] | None:
+                  weight: torch.Tensor, bias: torch.Tensor | None, stacks: StackCache | None = None,
+                  ) -> tuple[torch.Tensor, Record] | None:
     """A linear layer's or a convolution's output and record, without a graph: a gradient-form rule (``form``;
-    `NO_RULE` for none) or fused alpha-beta; ``None`` where neither applies (the rule's own step)."""
+    `NO_RULE` for none) or fused alpha-beta; ``None`` where neither applies (the rule's own step). ``stacks``: see
+    `fused`."""
     if form is None:
-        done = None if rule is None else fused(rule, affine, x, weight, bias)
+        done = None if rule is None else fused(rule, affine, x, weight, bias, stacks)
         if done is None:
             return None
         y, pull = done

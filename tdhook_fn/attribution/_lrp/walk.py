@@ -26,6 +26,7 @@ from .gradient_form import GradientForm
 from .max_pool import max_pool_with_indices
 from .records import NotAChain, Passed, Pooled, Reshaped, affine_record
 from .rules import Rule
+from .stack_cache import StackCache
 
 __all__ = ["ACTIVATION_OPS", "RESHAPES", "Back", "Planned", "Slotted", "own_values", "run_planned", "slots_of"]
 
@@ -44,8 +45,8 @@ class Planned:
 
     ``kind``: ``"affine"``, ``"pass"``, ``"pool"``, ``"reshape"``; ``"general"``: by the
     general steps. ``slots``: ``(slot, key)`` of each of its tensors in the params;
-    ``form``: an affine link's gradient-form rule (``None``: fused alpha-beta); ``op``: a
-    Pass activation's forward.
+    ``form``: an affine link's gradient-form rule (``None``: fused alpha-beta, its stacked
+    weights kept in ``stacks``); ``op``: a Pass activation's forward.
     """
 
     kind: str
@@ -57,6 +58,7 @@ class Planned:
     form: GradientForm | None = None
     op: Callable[[torch.Tensor], torch.Tensor] | None = None
     pool: tuple[int, Callable[..., Any]] | None = None
+    stacks: StackCache | None = None  # a fused link's stacked weights of earlier calls (NOTE [stacked weights kept])
 
     @property
     def module(self) -> torch.nn.Module:
@@ -118,7 +120,7 @@ def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[tor
             assert step.affine is not None
             x = h.detach() if h.requires_grad else h  # (an op saved where it can be)
             done = affine_record(step.affine, step.form, step.rule, step.path, x, own[0],
-                                 own[1] if len(own) > 1 else None)
+                                 own[1] if len(own) > 1 else None, step.stacks)
             if done is None:  # (fused alpha-beta that does not fit the input: the general steps')
                 h, back = general(step, h, own)
             else:

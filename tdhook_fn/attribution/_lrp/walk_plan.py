@@ -13,6 +13,7 @@ from .affine import Affine
 from .gradient_form import gradient_form
 from .model_chain import Link
 from .rules import AlphaBeta, Rule
+from .stack_cache import StackCache
 from .steps import GRAPH, PASS, Kind, kind_of
 from .walk import ACTIVATION_OPS, Planned, slots_of
 
@@ -59,7 +60,7 @@ def _plan_affine(link: Link, path: str, rule: Rule | None, affine: Affine,
     form = gradient_form(rule)
     if form is None and not (type(rule) is AlphaBeta and affine.groups == 1):
         return Planned("general", link, path, rule, slots)
-    return Planned("affine", link, path, rule, slots, affine, form)
+    return Planned("affine", link, path, rule, slots, affine, form, stacks=StackCache() if form is None else None)
 
 
 def _containers(model: nn.Module) -> list[nn.Module]:
