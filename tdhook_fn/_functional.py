@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import optree
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 from ._params import params as params_of
 from ._shadow_run import require_params, run
 from ._taps import Captured, Tap, check_tap_keys
+from ._unchecked import unchecked_td
 
 __all__ = [
     "Functional",
@@ -312,14 +313,19 @@ def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:
 def pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:
     values: dict[NestedKey, Any] = {**outputs}
     values.update(captured)
+    plain = True  # str keys and plain tensors only: built unchecked (NOTE [unchecked TensorDicts])
     for key, value in values.items():
-        if not isinstance(value, (torch.Tensor, TensorDictBase)):
-            raise TypeError(
-                f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
-                "TensorDict (give the tap an fn that selects one)"
-            )
+        if type(value) is not torch.Tensor or type(key) is not str:
+            plain = False
+            if not isinstance(value, (torch.Tensor, TensorDictBase)):
+                raise TypeError(
+                    f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
+                    "TensorDict (give the tap an fn that selects one)"
+                )
         while value.shape[: len(batch)] != batch:  # keep the batch dims the outputs share
             batch = batch[:-1]
+    if plain:
+        return unchecked_td(cast(dict[str, Any], values), batch)
     result = TensorDict({}, batch_size=batch)
     for key, value in values.items():
         result.set(key, value)

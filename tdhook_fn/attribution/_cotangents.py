@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._params import leaves
+from .._unchecked import unchecked_td
 
 __all__ = ["Cotangents", "check_per_target_or_cotangents", "pull_each", "seed_cotangents"]
 
@@ -43,13 +44,15 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
     if type(values) is not TensorDict:
         return cast(TensorDictBase, values.apply(torch.ones_like))
     keyed = leaves(values)
-    nested = False
-    for key in keyed:  # (a loop, not `any` of a generator: one Python call less per key, on every call)
-        nested = nested or len(key) > 1
-    out = values.empty(recurse=nested)
-    for key, value in keyed.items():
-        out.set(key, torch.ones_like(value))
-    return out
+    ones: dict[str, torch.Tensor] = {}
+    for key, value in keyed.items():  # (a loop, not a comprehension: one Python call less, on every call)
+        if len(key) > 1:  # a nested key: its levels made by set
+            out = values.empty(recurse=True)
+            for nested_key, leaf in keyed.items():
+                out.set(nested_key, torch.ones_like(leaf))
+            return out
+        ones[key[0]] = torch.ones_like(value)
+    return unchecked_td(ones, values.batch_size, values.device)  # NOTE [unchecked TensorDicts]: shaped as values
 
 
 def _one_hots(values: TensorDictBase) -> TensorDictBase:

@@ -37,6 +37,7 @@ from .._pool_layout import forward_only
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
+from .._unchecked import unchecked_td
 from .._vjp import vjp
 from ._checks import check_call
 from ._cotangents import Cotangents, check_per_target_or_cotangents, pull_each, seed_cotangents
@@ -193,7 +194,7 @@ def _as_target_values(values: Any, batch: torch.Size) -> Any:
     """
     if isinstance(values, torch.Tensor):
         _check_leading_batch("a tensor", values, batch)
-        return TensorDict({"target": values}, batch_size=batch)
+        return unchecked_td({"target": values}, batch)
     if not isinstance(values, TensorDictBase) or values.batch_size == batch:
         return values
     for key, value in values.items(True, True):
@@ -322,13 +323,20 @@ def gradients(
     cot, lead = seed_cotangents(values, per_target, cotangents)
     # one pullback: the graph is freed as it goes (NOTE [eager vjp])
     pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
-    grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
-    for key, value in zip(attributed, pulled, strict=False):
-        grads.set(key, value if one_dim else unflatten(value, lead, batch))
-    for path, value in zip(paths, pulled[n_inputs:], strict=True):
-        grads.set(path, value if one_dim else unflatten(value, lead, batch))
-    activations = TensorDict({}, batch_size=batch)
+    maps: dict[Any, torch.Tensor] = {}
+    one_name = True
+    for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')
+        maps[key] = value if one_dim else unflatten(value, lead, batch)
+        one_name = one_name and type(key) is str
+    grad_batch = torch.Size([*cot.batch_size[:1], *batch]) if lead else batch
+    if one_name:
+        grads = unchecked_td(maps, grad_batch)
+    else:  # (a nested key: set, which makes its levels)
+        grads = TensorDict({}, batch_size=grad_batch)
+        for key, value in maps.items():
+            grads.set(key, value)
+    activations = unchecked_td({}, batch)  # NOTE [unchecked TensorDicts]: the gradients of the inputs are theirs
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
