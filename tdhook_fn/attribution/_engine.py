@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
-from .._params import leaf_keys
+from .._params import leaf_keys, leaf_values, leaves
 from .._pool_layout import forward_only
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
@@ -137,8 +137,11 @@ def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
 def _check_targets(values: Any) -> TensorDictBase:
     if not isinstance(values, TensorDictBase):
         raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
-    for key, value in values.items(True, True):
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
+    for value in leaf_values(values):  # (the keys read only to name one that fails: on every call)
+        if not isinstance(value, torch.Tensor):  # a non-tensor entry: not a target value (items() leaves it out)
+            continue
+        if not (value.is_floating_point() and value.requires_grad):
+            key = next(k for k, v in values.items(True, True) if v is value)
             raise ValueError(
                 f"target {key!r} does not depend differentiably on the attributed inputs or layers"
                 f"{autograd_off_note()}"
@@ -282,6 +285,8 @@ def gradients(
         private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
     attributed = tuple(dict.fromkeys(input_keys))  # (each key once: its tensor is one primal)
     n_inputs = len(attributed)
+    only_attributed = _holds_only(flat, attributed)
+    names = cast(tuple[str, ...], attributed)  # (one-name keys where only_attributed)
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
         deltas: list[torch.Tensor] = []
@@ -290,9 +295,12 @@ def gradients(
             deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
 
         def forward(diff: list[torch.Tensor]) -> tuple[TensorDictBase, list[torch.Tensor]]:
-            feed = with_copied_inputs(flat, attributed)
-            for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
-                feed.set(key, value)
+            if only_attributed:  # the primals are all the model reads: no copy to write them in
+                feed: TensorDictBase = unchecked_td(dict(zip(names, diff, strict=False)), flat.batch_size, flat.device)
+            else:
+                feed = with_copied_inputs(flat, attributed)
+                for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
+                    feed.set(key, value)
             tapped: Any = f
             runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
@@ -340,6 +348,20 @@ def gradients(
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
+
+
+def _holds_only(flat: TensorDictBase, keys: tuple[NestedKey, ...]) -> bool:
+    """Whether ``flat`` is a plain TensorDict of tensors under the one-name ``keys`` and no other: the primals
+    of those keys, shaped as its entries, then make the model's inputs unchecked (NOTE [unchecked TensorDicts])."""
+    if type(flat) is not TensorDict:
+        return False
+    held = leaves(flat)
+    if len(held) != len(keys):
+        return False
+    for key in keys:  # (a loop: one Python call less than a generator, on every call)
+        if type(key) is not str or not isinstance(held.get((key,)), torch.Tensor):
+            return False
+    return True
 
 
 def _seen(out: TensorDictBase, target_layers: Sequence[str]) -> TensorDict | None:
