@@ -17,7 +17,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ._functional import NestedKey
-from ._unchecked import unchecked_td
 
 __all__ = ["Target", "as_target", "autograd_off_note", "check_target", "label", "values_readable"]
 
@@ -75,7 +74,7 @@ def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Call
                 "batch_size=[len(x)])); to read a multi-dim output (tokens, pixels), pass a callable target"
             )
         if type(key) is str:  # NOTE [unchecked TensorDicts]: a column of an entry of td
-            return unchecked_td({key: picked}, td.batch_size)
+            return TensorDict._new_unsafe({key: picked}, batch_size=td.batch_size)
         return TensorDict({key: picked}, batch_size=td.batch_size)
 
     return select
@@ -136,7 +135,7 @@ def _select_per_sample(index: torch.Tensor,
         picked_index = picked_index.expand(batch)
         picked = value.gather(-1, picked_index.unsqueeze(-1)).squeeze(-1)
         if type(key) is str:  # NOTE [unchecked TensorDicts]: a column of an entry of td
-            return unchecked_td({key: picked}, batch)
+            return TensorDict._new_unsafe({key: picked}, batch_size=batch)
         return TensorDict({key: picked}, batch_size=batch)
 
     return select

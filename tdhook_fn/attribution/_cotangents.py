@@ -9,7 +9,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._params import leaves
-from .._unchecked import unchecked_td
 
 __all__ = ["Cotangents", "check_per_target_or_cotangents", "pull_each", "seed_cotangents"]
 
@@ -44,7 +43,7 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
     if type(values) is not TensorDict:
         return cast(TensorDictBase, values.apply(torch.ones_like))
     keyed = leaves(values)
-    ones: dict[str, torch.Tensor] = {}
+    ones: dict[Any, Any] = {}  # (Any: the type _new_unsafe takes)
     for key, value in keyed.items():  # (a loop, not a comprehension: one Python call less, on every call)
         if len(key) > 1:  # a nested key: its levels made by set
             out = values.empty(recurse=True)
@@ -52,7 +51,8 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
                 out.set(nested_key, torch.ones_like(leaf))
             return out
         ones[key[0]] = torch.ones_like(value)
-    return unchecked_td(ones, values.batch_size, values.device)  # NOTE [unchecked TensorDicts]: shaped as values
+    # NOTE [unchecked TensorDicts]: shaped as the values
+    return TensorDict._new_unsafe(ones, batch_size=values.batch_size, device=values.device)
 
 
 def _one_hots(values: TensorDictBase) -> TensorDictBase:

@@ -26,18 +26,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
-from .._params import leaf_keys, leaf_values, leaves
+from .._params import leaf_keys
 from .._pool_layout import forward_only
 from .._taps import Tap, capture, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
-from .._unchecked import unchecked_td
 from .._vjp import vjp
 from ._checks import check_call
 from ._cotangents import Cotangents, check_per_target_or_cotangents, pull_each, seed_cotangents
@@ -137,11 +136,8 @@ def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
 def _check_targets(values: Any) -> TensorDictBase:
     if not isinstance(values, TensorDictBase):
         raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
-    for value in leaf_values(values):  # (the keys read only to name one that fails: on every call)
-        if not isinstance(value, torch.Tensor):  # a non-tensor entry: not a target value (items() leaves it out)
-            continue
-        if not (value.is_floating_point() and value.requires_grad):
-            key = next(k for k, v in values.items(True, True) if v is value)
+    for key, value in values.items(True, True):
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
             raise ValueError(
                 f"target {key!r} does not depend differentiably on the attributed inputs or layers"
                 f"{autograd_off_note()}"
@@ -197,7 +193,7 @@ def _as_target_values(values: Any, batch: torch.Size) -> Any:
     """
     if isinstance(values, torch.Tensor):
         _check_leading_batch("a tensor", values, batch)
-        return unchecked_td({"target": values}, batch)
+        return TensorDict._new_unsafe({"target": values}, batch_size=batch)  # NOTE [unchecked TensorDicts]
     if not isinstance(values, TensorDictBase) or values.batch_size == batch:
         return values
     for key, value in values.items(True, True):
@@ -285,8 +281,13 @@ def gradients(
         private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
     attributed = tuple(dict.fromkeys(input_keys))  # (each key once: its tensor is one primal)
     n_inputs = len(attributed)
-    only_attributed = _holds_only(flat, attributed)
-    names = cast(tuple[str, ...], attributed)  # (one-name keys where only_attributed)
+    # the inputs are the attributed tensors alone (the common call): the model's inputs are then the primals, built
+    # unchecked (NOTE [unchecked TensorDicts]), not a copy written over (a loop inline: this runs on every call)
+    held: Any = flat.__dict__.get("_tensordict") if type(flat) is TensorDict else None  # (its own dict, as `leaves`)
+    only_attributed = isinstance(held, dict) and len(held) == n_inputs
+    for key in attributed if only_attributed else ():
+        if type(key) is not str or not isinstance(held.get(key), torch.Tensor):
+            only_attributed = False
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
         deltas: list[torch.Tensor] = []
@@ -296,7 +297,8 @@ def gradients(
 
         def forward(diff: list[torch.Tensor]) -> tuple[TensorDictBase, list[torch.Tensor]]:
             if only_attributed:  # the primals are all the model reads: no copy to write them in
-                feed: TensorDictBase = unchecked_td(dict(zip(names, diff, strict=False)), flat.batch_size, flat.device)
+                feed: TensorDictBase = TensorDict._new_unsafe(dict(zip(attributed, diff, strict=False)),
+                                                              batch_size=flat.batch_size, device=flat.device)
             else:
                 feed = with_copied_inputs(flat, attributed)
                 for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
@@ -332,36 +334,22 @@ def gradients(
     # one pullback: the graph is freed as it goes (NOTE [eager vjp])
     pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
-    maps: dict[Any, torch.Tensor] = {}
+    maps: dict[Any, Any] = {}
     one_name = True
     for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')
         maps[key] = value if one_dim else unflatten(value, lead, batch)
         one_name = one_name and type(key) is str
     grad_batch = torch.Size([*cot.batch_size[:1], *batch]) if lead else batch
     if one_name:
-        grads = unchecked_td(maps, grad_batch)
+        grads = TensorDict._new_unsafe(maps, batch_size=grad_batch)
     else:  # (a nested key: set, which makes its levels)
         grads = TensorDict({}, batch_size=grad_batch)
         for key, value in maps.items():
             grads.set(key, value)
-    activations = unchecked_td({}, batch)  # NOTE [unchecked TensorDicts]: the gradients of the inputs are theirs
+    activations = TensorDict._new_unsafe(batch_size=batch)  # NOTE [unchecked TensorDicts]
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
-
-
-def _holds_only(flat: TensorDictBase, keys: tuple[NestedKey, ...]) -> bool:
-    """Whether ``flat`` is a plain TensorDict of tensors under the one-name ``keys`` and no other: the primals
-    of those keys, shaped as its entries, then make the model's inputs unchecked (NOTE [unchecked TensorDicts])."""
-    if type(flat) is not TensorDict:
-        return False
-    held = leaves(flat)
-    if len(held) != len(keys):
-        return False
-    for key in keys:  # (a loop: one Python call less than a generator, on every call)
-        if type(key) is not str or not isinstance(held.get((key,)), torch.Tensor):
-            return False
-    return True
 
 
 def _seen(out: TensorDictBase, target_layers: Sequence[str]) -> TensorDict | None:

@@ -11,7 +11,6 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
-from .._unchecked import unchecked_td
 from .._vjp import untransformed
 from ._baselines import attributed_keys, both_ends
 from ._checks import check_call
@@ -200,7 +199,7 @@ def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey
         if baselines.dim() == 0:
             raise ValueError("gradient_shap: baselines are reference samples [R, ...], got a 0-d tensor")
         key = keys[0]  # (one name: NOTE [unchecked TensorDicts], the samples' batch is their first dim)
-        baselines = (unchecked_td({key: baselines}, baselines.shape[:1]) if isinstance(key, str)
+        baselines = (TensorDict._new_unsafe({key: baselines}, batch_size=baselines.shape[:1]) if isinstance(key, str)
                      else TensorDict({key: baselines}, batch_size=baselines.shape[:1]))
     if not isinstance(baselines, TensorDictBase):
         raise TypeError(f"gradient_shap: baselines must be reference samples, a TensorDict of batch [R] or a tensor "

@@ -22,7 +22,6 @@ from tensordict import TensorDict, TensorDictBase
 from .._params import leaves
 from .._targets import check_target
 from .._types import PureFn
-from .._unchecked import unchecked_td
 
 __all__ = ["accepts_tensors", "tensor_inputs"]
 
@@ -73,7 +72,7 @@ def tensor_inputs(caller: str, f: Any, x: torch.Tensor) -> TensorDict:
         raise ValueError(f"{caller}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
                          "got a 0-d tensor; for one sample pass x.unsqueeze(0)")
     if type(keys[0]) is str:  # NOTE [unchecked TensorDicts]: x's first dim is the batch
-        return unchecked_td({keys[0]: x}, x.shape[:1])
+        return TensorDict._new_unsafe({keys[0]: x}, batch_size=x.shape[:1])
     return TensorDict({keys[0]: x}, batch_size=x.shape[:1])
 
 
