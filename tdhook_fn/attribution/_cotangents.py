@@ -51,7 +51,7 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
                 out.set(nested_key, torch.ones_like(leaf))
             return out
         ones[key[0]] = torch.ones_like(value)
-    # NOTE [unchecked TensorDicts]: shaped as the values
+    # (shaped as the values: NOTE [unchecked TensorDicts])
     return TensorDict._new_unsafe(ones, batch_size=values.batch_size, device=values.device)
 
 
