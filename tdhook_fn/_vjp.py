@@ -217,10 +217,10 @@ def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) 
     wrapped = functorch.is_functorch_wrapped_tensor
     values = [*tensors]
     for td in tds:
-        if isinstance(td, TensorDictBase):
+        if type(td) is TensorDict or isinstance(td, TensorDictBase):  # (the identity test first: on every call)
             values += leaf_values(td)
     for value in values:
-        if not isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and not isinstance(value, torch.Tensor):
             continue
         while wrapped(value):
             value = functorch.get_unwrapped(value)

@@ -42,15 +42,14 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
     """``values.apply(torch.ones_like)``, built directly for a plain TensorDict (``apply`` costs more)."""
     if type(values) is not TensorDict:
         return cast(TensorDictBase, values.apply(torch.ones_like))
-    keyed = leaves(values)
     ones: dict[Any, Any] = {}  # (Any: the type _new_unsafe takes)
-    for key, value in keyed.items():  # (a loop, not a comprehension: one Python call less, on every call)
-        if len(key) > 1:  # a nested key: its levels made by set
+    for name, value in values.__dict__["_tensordict"].items():  # its own entries, read as `leaves` reads them
+        if type(value) is not torch.Tensor:  # a nested TensorDict (or a tensor subclass): by key, levels made by set
             out = values.empty(recurse=True)
-            for nested_key, leaf in keyed.items():
-                out.set(nested_key, torch.ones_like(leaf))
+            for key, leaf in leaves(values).items():
+                out.set(key, torch.ones_like(leaf))
             return out
-        ones[key[0]] = torch.ones_like(value)
+        ones[name] = torch.ones_like(value)
     # (shaped as the values: NOTE [unchecked TensorDicts])
     return TensorDict._new_unsafe(ones, batch_size=values.batch_size, device=values.device)
 

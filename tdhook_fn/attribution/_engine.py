@@ -170,7 +170,15 @@ def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None,
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
-        select = as_target(target, outputs=leaf_keys(out))
+        names: list[Any] | None = None  # a plain TensorDict's names where it holds tensors only (as `leaf_keys`)
+        if type(out) is TensorDict:
+            names = []
+            for name, value in out.__dict__["_tensordict"].items():  # (a loop inline: on every call)
+                if type(value) is not torch.Tensor:
+                    names = None
+                    break
+                names.append(name)
+        select = as_target(target, outputs=leaf_keys(out) if names is None else names)
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
         select = as_target(target, outputs=list(offered.keys(True, True)))
@@ -319,8 +327,8 @@ def gradients(
         # one flat list, the attributed inputs' tensors then the deltas: what `vjp` flattens and rebuilds in one
         # step (a TensorDict or nested containers cost a step each, on every call)
         primals: list[torch.Tensor] = []
-        for key in attributed:
-            primals.append(flat.get(key))
+        for key in attributed:  # (read from its own dict where that holds them all: `get` costs a few calls)
+            primals.append(held[key] if only_attributed else flat.get(key))
         primals += deltas
         result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params, flat))
         return result
