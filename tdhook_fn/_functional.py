@@ -309,17 +309,34 @@ def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:
     return value
 
 
+# NOTE [unchecked TensorDicts]
+# ``TensorDict(entries, batch_size=b)`` checks every entry's leading dims against ``b`` and
+# parses the batch size: about twice what ``TensorDict._new_unsafe`` costs, and one
+# gradient call builds several (the model's inputs and outputs, the target values, the
+# cotangents, the maps). Where the entries were just made with that batch in front (an
+# output's column, a gradient of an input, a ``ones_like``, the primals of the inputs' own
+# entries), the check cannot fail, so those are built with ``_new_unsafe``. Only under
+# one-name (str) keys: ``_new_unsafe`` stores a tuple key as one name (a nested key would
+# come back missing); anything else takes the checked constructor and ``set``. Under
+# torch.compile ``_new_unsafe`` builds the checked one itself.
+
+
 def pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:
-    values: dict[NestedKey, Any] = {**outputs}
+    values: dict[Any, Any] = {**outputs}
     values.update(captured)
+    plain = True  # str keys and plain tensors only: built unchecked (NOTE [unchecked TensorDicts])
     for key, value in values.items():
-        if not isinstance(value, (torch.Tensor, TensorDictBase)):
-            raise TypeError(
-                f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
-                "TensorDict (give the tap an fn that selects one)"
-            )
+        if type(value) is not torch.Tensor or type(key) is not str:
+            plain = False
+            if not isinstance(value, (torch.Tensor, TensorDictBase)):
+                raise TypeError(
+                    f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
+                    "TensorDict (give the tap an fn that selects one)"
+                )
         while value.shape[: len(batch)] != batch:  # keep the batch dims the outputs share
             batch = batch[:-1]
+    if plain:
+        return TensorDict._new_unsafe(values, batch_size=batch)  # NOTE [unchecked TensorDicts]
     result = TensorDict({}, batch_size=batch)
     for key, value in values.items():
         result.set(key, value)

@@ -63,10 +63,12 @@ def leaves(params: TensorDictBase) -> dict[Key, Any]:
         while stack and td is None:
             prefix, items = stack[-1]
             for key, value in items:
-                if isinstance(key, tuple):  # (a leaf of a TensorDict that is not a plain one, under its nested key)
+                if type(value) is torch.Tensor and type(key) is str:  # (the common leaf: two identity tests)
+                    out[(*prefix, key)] = value
+                elif isinstance(key, tuple):  # (a leaf of a TensorDict that is not a plain one, under its nested key)
                     out[(*prefix, *key)] = value
-                elif not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
-                        value):  # (a tensor is never a TensorDict: the cheap test first)
+                elif type(value) is TensorDict or (not isinstance(value, torch.Tensor) and isinstance(
+                        value, TensorDictBase) and not is_non_tensor(value)):  # (a plain nested one: never non-tensor)
                     td, prefix = value, (*prefix, key)  # its entries next, then the rest of this level's
                     break
                 else:
@@ -96,11 +98,14 @@ def leaf_values(td: TensorDictBase) -> list[Any]:
         level = None
         while stack and level is None:
             for value in stack[-1]:
-                if not isinstance(value, torch.Tensor) and isinstance(value, TensorDictBase) and not is_non_tensor(
-                        value):
+                if type(value) is torch.Tensor:  # (the common leaf: one identity test)
+                    out.append(value)
+                elif type(value) is TensorDict or (not isinstance(value, torch.Tensor) and isinstance(
+                        value, TensorDictBase) and not is_non_tensor(value)):
                     level = value  # (its values next, then the rest of this one's)
                     break
-                out.append(value)
+                else:
+                    out.append(value)
             else:
                 stack.pop()
     return out

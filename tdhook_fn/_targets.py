@@ -73,6 +73,8 @@ def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Call
                 "If the inputs hold a batch, give their TensorDict that batch_size (TensorDict(..., "
                 "batch_size=[len(x)])); to read a multi-dim output (tokens, pixels), pass a callable target"
             )
+        if type(key) is str:  # NOTE [unchecked TensorDicts]: a column of an entry of td
+            return TensorDict._new_unsafe({key: picked}, batch_size=td.batch_size)
         return TensorDict({key: picked}, batch_size=td.batch_size)
 
     return select
@@ -132,6 +134,8 @@ def _select_per_sample(index: torch.Tensor,
             picked_index = torch.where(picked_index < 0, picked_index + classes, picked_index)
         picked_index = picked_index.expand(batch)
         picked = value.gather(-1, picked_index.unsqueeze(-1)).squeeze(-1)
+        if type(key) is str:  # NOTE [unchecked TensorDicts]: a column of an entry of td
+            return TensorDict._new_unsafe({key: picked}, batch_size=batch)
         return TensorDict({key: picked}, batch_size=batch)
 
     return select

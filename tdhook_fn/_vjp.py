@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from ._params import leaf_values
 from ._params import leaves as td_leaves
@@ -120,8 +120,10 @@ def _flatten_like(template: Any, tree: Any, tensors: list[torch.Tensor]) -> None
     values handed out (whose nested keys may come in another order) pairs by key.
     """
     if isinstance(template, TensorDictBase) and isinstance(tree, TensorDictBase):
+        # (a plain TensorDict's own dict read for a one-name key: ``get`` costs a few calls, on every call)
+        own = tree.__dict__.get("_tensordict") if type(tree) is TensorDict else None
         for key in td_leaves(template):
-            value = tree.get(key, None)
+            value = own.get(key[0]) if own is not None and len(key) == 1 else tree.get(key, None)
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"vjp: the cotangent has no tensor at {key!r}")
             tensors.append(value)
@@ -215,10 +217,10 @@ def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) 
     wrapped = functorch.is_functorch_wrapped_tensor
     values = [*tensors]
     for td in tds:
-        if isinstance(td, TensorDictBase):
+        if type(td) is TensorDict or isinstance(td, TensorDictBase):  # (the identity test first: on every call)
             values += leaf_values(td)
     for value in values:
-        if not isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and not isinstance(value, torch.Tensor):
             continue
         while wrapped(value):
             value = functorch.get_unwrapped(value)

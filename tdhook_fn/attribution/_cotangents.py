@@ -42,14 +42,16 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
     """``values.apply(torch.ones_like)``, built directly for a plain TensorDict (``apply`` costs more)."""
     if type(values) is not TensorDict:
         return cast(TensorDictBase, values.apply(torch.ones_like))
-    keyed = leaves(values)
-    nested = False
-    for key in keyed:  # (a loop, not `any` of a generator: one Python call less per key, on every call)
-        nested = nested or len(key) > 1
-    out = values.empty(recurse=nested)
-    for key, value in keyed.items():
-        out.set(key, torch.ones_like(value))
-    return out
+    ones: dict[Any, Any] = {}  # (Any: the type _new_unsafe takes)
+    for name, value in values.__dict__["_tensordict"].items():  # its own entries, read as `leaves` reads them
+        if type(value) is not torch.Tensor:  # a nested TensorDict (or a tensor subclass): by key, levels made by set
+            out = values.empty(recurse=True)
+            for key, leaf in leaves(values).items():
+                out.set(key, torch.ones_like(leaf))
+            return out
+        ones[name] = torch.ones_like(value)
+    # (shaped as the values: NOTE [unchecked TensorDicts])
+    return TensorDict._new_unsafe(ones, batch_size=values.batch_size, device=values.device)
 
 
 def _one_hots(values: TensorDictBase) -> TensorDictBase:

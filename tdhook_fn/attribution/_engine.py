@@ -170,7 +170,15 @@ def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None,
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
-        select = as_target(target, outputs=leaf_keys(out))
+        names: list[Any] | None = None  # a plain TensorDict's names where it holds tensors only (as `leaf_keys`)
+        if type(out) is TensorDict:
+            names = []
+            for name, value in out.__dict__["_tensordict"].items():  # (a loop inline: on every call)
+                if type(value) is not torch.Tensor:
+                    names = None
+                    break
+                names.append(name)
+        select = as_target(target, outputs=leaf_keys(out) if names is None else names)
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
         select = as_target(target, outputs=list(offered.keys(True, True)))
@@ -193,7 +201,7 @@ def _as_target_values(values: Any, batch: torch.Size) -> Any:
     """
     if isinstance(values, torch.Tensor):
         _check_leading_batch("a tensor", values, batch)
-        return TensorDict({"target": values}, batch_size=batch)
+        return TensorDict._new_unsafe({"target": values}, batch_size=batch)  # NOTE [unchecked TensorDicts]
     if not isinstance(values, TensorDictBase) or values.batch_size == batch:
         return values
     for key, value in values.items(True, True):
@@ -281,6 +289,13 @@ def gradients(
         private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
     attributed = tuple(dict.fromkeys(input_keys))  # (each key once: its tensor is one primal)
     n_inputs = len(attributed)
+    # the inputs are the attributed tensors alone (the common call): the model's inputs are then the primals, built
+    # unchecked (NOTE [unchecked TensorDicts]), not a copy written over (a loop inline: this runs on every call)
+    held: Any = flat.__dict__.get("_tensordict") if type(flat) is TensorDict else None  # (its own dict, as `leaves`)
+    only_attributed = isinstance(held, dict) and len(held) == n_inputs
+    for key in attributed if only_attributed else ():
+        if type(key) is not str or not isinstance(held.get(key), torch.Tensor):
+            only_attributed = False
 
     def attempt(specs: list[LayerSpec]) -> tuple[Any, Any, Any]:
         deltas: list[torch.Tensor] = []
@@ -289,9 +304,13 @@ def gradients(
             deltas = [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in specs]
 
         def forward(diff: list[torch.Tensor]) -> tuple[TensorDictBase, list[torch.Tensor]]:
-            feed = with_copied_inputs(flat, attributed)
-            for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
-                feed.set(key, value)
+            if only_attributed:  # the primals are all the model reads: no copy to write them in
+                feed: TensorDictBase = TensorDict._new_unsafe(dict(zip(attributed, diff, strict=False)),
+                                                              batch_size=flat.batch_size, device=flat.device)
+            else:
+                feed = with_copied_inputs(flat, attributed)
+                for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
+                    feed.set(key, value)
             tapped: Any = f
             runs, target_runs = [0] * len(paths), [0] * len(target_layers)
             if tappable is not None and (paths or target_layers or taps):
@@ -308,8 +327,8 @@ def gradients(
         # one flat list, the attributed inputs' tensors then the deltas: what `vjp` flattens and rebuilds in one
         # step (a TensorDict or nested containers cost a step each, on every call)
         primals: list[torch.Tensor] = []
-        for key in attributed:
-            primals.append(flat.get(key))
+        for key in attributed:  # (read from its own dict where that holds them all: `get` costs a few calls)
+            primals.append(held[key] if only_attributed else flat.get(key))
         primals += deltas
         result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params, flat))
         return result
@@ -322,13 +341,20 @@ def gradients(
     cot, lead = seed_cotangents(values, per_target, cotangents)
     # one pullback: the graph is freed as it goes (NOTE [eager vjp])
     pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
-    grads = TensorDict({}, batch_size=[*cot.batch_size[:1], *batch] if lead else batch)
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
-    for key, value in zip(attributed, pulled, strict=False):
-        grads.set(key, value if one_dim else unflatten(value, lead, batch))
-    for path, value in zip(paths, pulled[n_inputs:], strict=True):
-        grads.set(path, value if one_dim else unflatten(value, lead, batch))
-    activations = TensorDict({}, batch_size=batch)
+    maps: dict[Any, Any] = {}
+    one_name = True
+    for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')
+        maps[key] = value if one_dim else unflatten(value, lead, batch)
+        one_name = one_name and type(key) is str
+    grad_batch = torch.Size([*cot.batch_size[:1], *batch]) if lead else batch
+    if one_name:
+        grads = TensorDict._new_unsafe(maps, batch_size=grad_batch)
+    else:  # (a nested key: set, which makes its levels)
+        grads = TensorDict({}, batch_size=grad_batch)
+        for key, value in maps.items():
+            grads.set(key, value)
+    activations = TensorDict._new_unsafe(batch_size=batch)  # NOTE [unchecked TensorDicts]
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)

@@ -198,7 +198,9 @@ def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey
                             f"attributed {list(keys)}; pass a TensorDict of batch [R] with those keys")
         if baselines.dim() == 0:
             raise ValueError("gradient_shap: baselines are reference samples [R, ...], got a 0-d tensor")
-        baselines = TensorDict({keys[0]: baselines}, batch_size=baselines.shape[:1])
+        key = keys[0]  # (one name: NOTE [unchecked TensorDicts], the samples' batch is their first dim)
+        baselines = (TensorDict._new_unsafe({key: baselines}, batch_size=baselines.shape[:1]) if isinstance(key, str)
+                     else TensorDict({key: baselines}, batch_size=baselines.shape[:1]))
     if not isinstance(baselines, TensorDictBase):
         raise TypeError(f"gradient_shap: baselines must be reference samples, a TensorDict of batch [R] or a tensor "
                         f"[R, ...], got {type(baselines).__name__}")

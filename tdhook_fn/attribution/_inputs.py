@@ -71,6 +71,8 @@ def tensor_inputs(caller: str, f: Any, x: torch.Tensor) -> TensorDict:
     if x.dim() == 0:
         raise ValueError(f"{caller}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
                          "got a 0-d tensor; for one sample pass x.unsqueeze(0)")
+    if type(keys[0]) is str:  # NOTE [unchecked TensorDicts]: x's first dim is the batch
+        return TensorDict._new_unsafe({keys[0]: x}, batch_size=x.shape[:1])
     return TensorDict({keys[0]: x}, batch_size=x.shape[:1])
 
 

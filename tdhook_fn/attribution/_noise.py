@@ -126,12 +126,19 @@ def fold_copies(total: dict[NestedKey, torch.Tensor] | None, maps: TensorDictBas
 def mean_maps(total: Mapping[NestedKey, torch.Tensor], squares: Mapping[NestedKey, torch.Tensor] | None, n: int,
               nt_type: str, batch_size: Sequence[int]) -> TensorDict:
     """The maps of ``nt_type`` from the sums over ``n`` copies (and of their squares), batch ``batch_size``."""
-    out = TensorDict({}, batch_size=batch_size)
+    maps: dict[Any, Any] = {}
+    one_name = True
     for key, t in total.items():
+        one_name = one_name and type(key) is str
         if nt_type == "smoothgrad":
-            out.set(key, t / n)
+            maps[key] = t / n
         else:
             assert squares is not None
             sq = squares[key] / n
-            out.set(key, sq if nt_type == "smoothgrad_sq" else sq - (t / n) * (t / n))
+            maps[key] = sq if nt_type == "smoothgrad_sq" else sq - (t / n) * (t / n)
+    if one_name:  # NOTE [unchecked TensorDicts]: sums over the copies of maps of batch batch_size
+        return TensorDict._new_unsafe(maps, batch_size=torch.Size(batch_size))
+    out = TensorDict({}, batch_size=batch_size)
+    for key, value in maps.items():
+        out.set(key, value)
     return out
