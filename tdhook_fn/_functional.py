@@ -20,6 +20,7 @@ from ._taps import Captured, Tap, check_tap_keys
 __all__ = [
     "Functional",
     "NestedKey",
+    "fresh_tensordict",
     "functional",
     "get_input",
     "one_key_as_list",
@@ -321,23 +322,28 @@ def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:
 # torch.compile ``_new_unsafe`` builds the checked one itself.
 
 
+def fresh_tensordict(entries: Any, batch_size: Sequence[int], device: Any = None) -> TensorDict:
+    """``entries`` (a dict of tensors just made with ``batch_size`` in front) as a TensorDict, built unchecked
+    where every key is one name and every value a plain tensor (NOTE [unchecked TensorDicts]); otherwise by
+    ``set``, which makes a nested key's levels."""
+    for key, value in entries.items():
+        if type(key) is not str or type(value) is not torch.Tensor:
+            out = TensorDict({}, batch_size=batch_size, device=device)
+            for name, value in entries.items():
+                out.set(name, value)
+            return out
+    return TensorDict._new_unsafe(entries, batch_size=torch.Size(batch_size), device=device)
+
+
 def pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:
     values: dict[Any, Any] = {**outputs}
     values.update(captured)
-    plain = True  # str keys and plain tensors only: built unchecked (NOTE [unchecked TensorDicts])
     for key, value in values.items():
-        if type(value) is not torch.Tensor or type(key) is not str:
-            plain = False
-            if not isinstance(value, (torch.Tensor, TensorDictBase)):
-                raise TypeError(
-                    f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
-                    "TensorDict (give the tap an fn that selects one)"
-                )
+        if type(value) is not torch.Tensor and not isinstance(value, (torch.Tensor, TensorDictBase)):
+            raise TypeError(
+                f"functional: {key!r} is a {type(value).__name__}; only tensors fit a "
+                "TensorDict (give the tap an fn that selects one)"
+            )
         while value.shape[: len(batch)] != batch:  # keep the batch dims the outputs share
             batch = batch[:-1]
-    if plain:
-        return TensorDict._new_unsafe(values, batch_size=batch)  # NOTE [unchecked TensorDicts]
-    result = TensorDict({}, batch_size=batch)
-    for key, value in values.items():
-        result.set(key, value)
-    return result
+    return fresh_tensordict(values, batch)

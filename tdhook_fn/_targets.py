@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._functional import NestedKey
+from ._functional import NestedKey, fresh_tensordict
 
 __all__ = ["Target", "as_target", "autograd_off_note", "check_target", "label", "values_readable"]
 
@@ -73,9 +73,7 @@ def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Call
                 "If the inputs hold a batch, give their TensorDict that batch_size (TensorDict(..., "
                 "batch_size=[len(x)])); to read a multi-dim output (tokens, pixels), pass a callable target"
             )
-        if type(key) is str:  # NOTE [unchecked TensorDicts]: a column of an entry of td
-            return TensorDict._new_unsafe({key: picked}, batch_size=td.batch_size)
-        return TensorDict({key: picked}, batch_size=td.batch_size)
+        return fresh_tensordict({key: picked}, td.batch_size)  # (a column of an entry of td)
 
     return select
 
@@ -134,9 +132,7 @@ def _select_per_sample(index: torch.Tensor,
             picked_index = torch.where(picked_index < 0, picked_index + classes, picked_index)
         picked_index = picked_index.expand(batch)
         picked = value.gather(-1, picked_index.unsqueeze(-1)).squeeze(-1)
-        if type(key) is str:  # NOTE [unchecked TensorDicts]: a column of an entry of td
-            return TensorDict._new_unsafe({key: picked}, batch_size=batch)
-        return TensorDict({key: picked}, batch_size=batch)
+        return fresh_tensordict({key: picked}, batch)  # (a column of an entry of td)
 
     return select
 

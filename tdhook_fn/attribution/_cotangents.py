@@ -8,6 +8,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._functional import fresh_tensordict
 from .._params import leaves
 
 __all__ = ["Cotangents", "check_per_target_or_cotangents", "pull_each", "seed_cotangents"]
@@ -42,7 +43,7 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
     """``values.apply(torch.ones_like)``, built directly for a plain TensorDict (``apply`` costs more)."""
     if type(values) is not TensorDict:
         return cast(TensorDictBase, values.apply(torch.ones_like))
-    ones: dict[Any, Any] = {}  # (Any: the type _new_unsafe takes)
+    ones: dict[Any, Any] = {}
     for name, value in values.__dict__["_tensordict"].items():  # its own entries, read as `leaves` reads them
         if type(value) is not torch.Tensor:  # a nested TensorDict (or a tensor subclass): by key, levels made by set
             out = values.empty(recurse=True)
@@ -50,8 +51,7 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
                 out.set(key, torch.ones_like(leaf))
             return out
         ones[name] = torch.ones_like(value)
-    # (shaped as the values: NOTE [unchecked TensorDicts])
-    return TensorDict._new_unsafe(ones, batch_size=values.batch_size, device=values.device)
+    return fresh_tensordict(ones, values.batch_size, values.device)  # (shaped as the values)
 
 
 def _one_hots(values: TensorDictBase) -> TensorDictBase:

@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional, NestedKey, fresh_tensordict
 from .._params import leaves
 from .._taps import capture
 from .._targets import Target, as_target
@@ -180,10 +180,7 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
         assert b is not None
         starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
     size = torch.Size([*walked.shape[:first], *batch])
-    # (unchecked where the key is one name: one new map whose leading dims are that batch; a third of the checked
-    # TensorDict's cost. The unchecked one would store a nested key as one name)
-    maps = TensorDict._new_unsafe({key: walked}, batch_size=size) if isinstance(key, str) else TensorDict(
-        {key: walked}, batch_size=size)
+    maps = fresh_tensordict({key: walked}, size)  # (one new map whose leading dims are that batch)
     return maps, starts, None
 
 

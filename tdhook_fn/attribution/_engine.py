@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey, one_key_as_list, with_copied_inputs
+from .._functional import Functional, NestedKey, fresh_tensordict, one_key_as_list, with_copied_inputs
 from .._params import leaf_keys
 from .._pool_layout import forward_only
 from .._taps import Tap, capture, map_grad
@@ -305,8 +305,8 @@ def gradients(
 
         def forward(diff: list[torch.Tensor]) -> tuple[TensorDictBase, list[torch.Tensor]]:
             if only_attributed:  # the primals are all the model reads: no copy to write them in
-                feed: TensorDictBase = TensorDict._new_unsafe(dict(zip(attributed, diff, strict=False)),
-                                                              batch_size=flat.batch_size, device=flat.device)
+                feed: TensorDictBase = fresh_tensordict(dict(zip(attributed, diff, strict=False)), flat.batch_size,
+                                                        flat.device)
             else:
                 feed = with_copied_inputs(flat, attributed)
                 for key, value in zip(attributed, diff, strict=False):  # (the inputs' primals first, then the deltas)
@@ -343,17 +343,9 @@ def gradients(
     pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
     maps: dict[Any, Any] = {}
-    one_name = True
     for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')
         maps[key] = value if one_dim else unflatten(value, lead, batch)
-        one_name = one_name and type(key) is str
-    grad_batch = torch.Size([*cot.batch_size[:1], *batch]) if lead else batch
-    if one_name:
-        grads = TensorDict._new_unsafe(maps, batch_size=grad_batch)
-    else:  # (a nested key: set, which makes its levels)
-        grads = TensorDict({}, batch_size=grad_batch)
-        for key, value in maps.items():
-            grads.set(key, value)
+    grads = fresh_tensordict(maps, torch.Size([*cot.batch_size[:1], *batch]) if lead else batch)
     activations = TensorDict._new_unsafe(batch_size=batch)  # NOTE [unchecked TensorDicts]
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._functional import NestedKey, fresh_tensordict
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
@@ -198,9 +198,7 @@ def _references(inputs: TensorDictBase, baselines: Any, keys: Sequence[NestedKey
                             f"attributed {list(keys)}; pass a TensorDict of batch [R] with those keys")
         if baselines.dim() == 0:
             raise ValueError("gradient_shap: baselines are reference samples [R, ...], got a 0-d tensor")
-        key = keys[0]  # (one name: NOTE [unchecked TensorDicts], the samples' batch is their first dim)
-        baselines = (TensorDict._new_unsafe({key: baselines}, batch_size=baselines.shape[:1]) if isinstance(key, str)
-                     else TensorDict({key: baselines}, batch_size=baselines.shape[:1]))
+        baselines = fresh_tensordict({keys[0]: baselines}, baselines.shape[:1])  # (the samples' batch: first dim)
     if not isinstance(baselines, TensorDictBase):
         raise TypeError(f"gradient_shap: baselines must be reference samples, a TensorDict of batch [R] or a tensor "
                         f"[R, ...], got {type(baselines).__name__}")

@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._functional import fresh_tensordict
 from .._params import leaves
 from .._targets import check_target
 from .._types import PureFn
@@ -71,9 +72,7 @@ def tensor_inputs(caller: str, f: Any, x: torch.Tensor) -> TensorDict:
     if x.dim() == 0:
         raise ValueError(f"{caller}: a tensor as inputs is a batch, its first dim the samples (as in captum), "
                          "got a 0-d tensor; for one sample pass x.unsqueeze(0)")
-    if type(keys[0]) is str:  # NOTE [unchecked TensorDicts]: x's first dim is the batch
-        return TensorDict._new_unsafe({keys[0]: x}, batch_size=x.shape[:1])
-    return TensorDict({keys[0]: x}, batch_size=x.shape[:1])
+    return fresh_tensordict({keys[0]: x}, x.shape[:1])  # (x's first dim is the batch)
 
 
 def _only_map(caller: str, result: Any) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._functional import NestedKey, fresh_tensordict
 from .._vjp import untransformed
 
 __all__ = [
@@ -127,18 +127,11 @@ def mean_maps(total: Mapping[NestedKey, torch.Tensor], squares: Mapping[NestedKe
               nt_type: str, batch_size: Sequence[int]) -> TensorDict:
     """The maps of ``nt_type`` from the sums over ``n`` copies (and of their squares), batch ``batch_size``."""
     maps: dict[Any, Any] = {}
-    one_name = True
     for key, t in total.items():
-        one_name = one_name and type(key) is str
         if nt_type == "smoothgrad":
             maps[key] = t / n
         else:
             assert squares is not None
             sq = squares[key] / n
             maps[key] = sq if nt_type == "smoothgrad_sq" else sq - (t / n) * (t / n)
-    if one_name:  # NOTE [unchecked TensorDicts]: sums over the copies of maps of batch batch_size
-        return TensorDict._new_unsafe(maps, batch_size=torch.Size(batch_size))
-    out = TensorDict({}, batch_size=batch_size)
-    for key, value in maps.items():
-        out.set(key, value)
-    return out
+    return fresh_tensordict(maps, batch_size)  # (sums over the copies of maps of batch batch_size)

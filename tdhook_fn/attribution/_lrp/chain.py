@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ..._functional import Functional, NestedKey
+from ..._functional import Functional, NestedKey, fresh_tensordict
 from ..._params import Key, leaves
 from ..._targets import Target
 from ..._vjp import RandomState, reaches_other_leaves
@@ -153,8 +153,4 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
             rng.restore()
         return None
     maps = relevance if len(batch) == 1 else unflatten(relevance, 0, batch)
-    # (unchecked where the key is one name: one map of the inputs' batch; a third of the checked TensorDict's cost.
-    # The unchecked one would store a nested key as one name)
-    if isinstance(key, str):
-        return TensorDict._new_unsafe({key: maps}, batch_size=batch), targets
-    return TensorDict({key: maps}, batch_size=batch), targets
+    return fresh_tensordict({key: maps}, batch), targets  # (one map of the inputs' batch)
