@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -225,3 +227,33 @@ def test_params_none_is_refused_and_the_model_is_not_run(entry):
         calls[entry]().sum().backward()
     assert same(before, snapshot(model))  # no running statistics updated
     assert model[0].weight.grad is None
+
+
+def test_shadow_structure_check_is_signature_of():
+    """`Shadow.is_current` writes `signature_of` inline (it runs per module on every call): the two agree on an
+    unchanged model (any field one has and the other lacks makes every shadow stale) and both see each change."""
+    from tdhook_fn._shadow import Shadow
+    from tdhook_fn._shadow_node import signature_of
+
+    def build() -> nn.Module:
+        model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+        model.register_buffer("scale", torch.ones(1))
+        return model
+
+    def changes(model: nn.Module) -> list[Callable[[], None]]:
+        return [lambda: model.add_module("extra", nn.ReLU()),
+                lambda: model[2].__setitem__(1, nn.Linear(4, 2)),
+                lambda: setattr(model[0], "weight", nn.Parameter(torch.zeros(4, 4))),
+                lambda: model[0].register_parameter("extra", nn.Parameter(torch.zeros(1))),
+                lambda: setattr(model, "scale", torch.zeros(1)),
+                lambda: model[1].register_buffer("extra", torch.zeros(1)),
+                lambda: setattr(model[2][0], "__class__", nn.GELU)]
+
+    for i in range(len(changes(build()))):
+        model = build()
+        shadow = Shadow(model, False)
+        assert shadow.is_current()
+        before = [signature_of(m) for m in model.modules()]
+        changes(model)[i]()
+        assert [signature_of(m) for m in model.modules()] != before, i
+        assert not shadow.is_current(), i
