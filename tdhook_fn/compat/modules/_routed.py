@@ -92,7 +92,7 @@ class RoutedModule(TensorDictModuleWrapper):
         return not any(name in names for names in own) and not hasattr(type(self), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name[:1] != "_" and self.__dict__.get("_forward_attributes", False) and self._forwards(name):
+        if self._forwards(name):
             setattr(self.td_module, name, value)
         else:
             super().__setattr__(name, value)
@@ -169,7 +169,7 @@ class RoutedModule(TensorDictModuleWrapper):
                 f = functional(model, in_keys, list(wrapper.out_keys))
             self.__dict__["_functional"] = f
         for registry in SCOPE.get().hooks:  # (no call when no hook is recorded: the usual case)
-            if registry._entries:
+            if registry.recorded:  # (its dict read without the lock: emptiness is one atomic read)
                 taps = self.taps()
                 return f.with_taps(*taps) if taps else f
         return f

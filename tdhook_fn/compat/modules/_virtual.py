@@ -80,7 +80,7 @@ class VirtualHooks:
     """A thread-safe registry of virtual hooks: recorded here, attached only to each call's private shadow."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, VirtualHook] = {}
+        self.recorded: dict[int, VirtualHook] = {}  # by order; written under the lock
         self._lock = threading.Lock()
 
     def add(
@@ -90,23 +90,23 @@ class VirtualHooks:
         _check_hook_signature(hook, direction)
         entry = VirtualHook(next(_ORDER), target, direction, hook, prepend)
         with self._lock:
-            self._entries[entry.order] = entry
+            self.recorded[entry.order] = entry
         return VirtualHookHandle(self, entry.order)
 
     def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle: a lock cannot be copied
-        return {"_entries": self.entries()}
+        return {"recorded": self.entries()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._entries = {entry.order: entry for entry in state["_entries"]}
+        self.recorded = {entry.order: entry for entry in state["recorded"]}
         self._lock = threading.Lock()
 
     def discard(self, order: int) -> None:
         with self._lock:
-            self._entries.pop(order, None)
+            self.recorded.pop(order, None)
 
     def entries(self) -> list[VirtualHook]:
         with self._lock:
-            return list(self._entries.values())
+            return list(self.recorded.values())
 
 
 @dataclass(frozen=True)
