@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 import statistics
 import sys
 import time
@@ -74,15 +75,22 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
     On a shared machine the speed drifts over seconds; timing the implementations one
     after the other in every round exposes them all to the same drift. Each sample
     averages ``number`` calls in a row (one call of a millisecond moves by 20% from one
-    sample to the next on this machine; ten in a row, by a few percent). ``clock``: wall
-    time by default; ``time.thread_time`` (the CPU time of this thread) for single-threaded
-    code on a machine shared with other jobs, where wall time counts their turns too.
+    sample to the next on this machine; ten in a row, by a few percent). The rows run in a
+    new order each round (drawn from a fixed seed): where a row sits in a round moves its
+    time, by up to 7-9% right after the plain gradient or a large floor (measured on
+    ``bench_lrp``, rows swapped, three runs each); shuffled, each row takes each place.
+    ``clock``: wall time by default; ``time.thread_time`` (the CPU time of this thread)
+    for single-threaded code on a machine shared with other jobs, where wall time counts
+    their turns too.
     """
     for fn in impls.values():
         fn()  # warm up
     samples: dict[str, list[float]] = {name: [] for name in impls}
+    order, draw = list(impls), random.Random(0)
     for _ in range(rounds):
-        for name, fn in impls.items():
+        draw.shuffle(order)
+        for name in order:
+            fn = impls[name]
             start = clock()
             for _ in range(number):
                 fn()

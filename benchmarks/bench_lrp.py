@@ -17,8 +17,6 @@ Both give the same maps (checked after the timing). Run:
 from __future__ import annotations
 
 import copy
-import random
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -75,41 +73,18 @@ def _weight_gradient(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     return gradient
 
 
-def _shuffled_medians(impls: dict[str, Callable[[], object]], *, rounds: int, number: int) -> dict[str, float]:
-    """`interleaved_medians` (CPU time of this thread) with the rows in a new order each round.
-
-    Where a row runs in a round's order matters: timed in the same rounds, our map and the
-    earlier code's each ran up to ~7% slower as the row right after the plain gradient than
-    as the next one (swapped, three runs each). In one fixed order that lands on one row only;
-    shuffled (a fixed seed), each row takes each place.
-    """
-    for fn in impls.values():
-        fn()  # warm up
-    order, draw = list(impls), random.Random(0)
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        draw.shuffle(order)
-        for name in order:
-            fn = impls[name]
-            start = time.thread_time()
-            for _ in range(number):
-                fn()
-            samples[name].append((time.thread_time() - start) / number)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def _time_ours(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
     td = TensorDict(input=x, batch_size=x.shape[:1])
-    # 31 rounds in shuffled orders: the one map's ratio is the goal's, and at 15 rounds in one order its median
-    # moved by 0.1x between runs on the shared machine
-    return _shuffled_medians({
+    # 31 rounds (each in a shuffled order, as in every benchmark): the one map's ratio is the goal's, and at 15
+    # rounds in one order its median moved by 0.1x between runs on the shared machine
+    return interleaved_medians({
         GRADIENT: input_gradient(model, x, TARGETS[0]),
         "ours, one target": lambda: lrp(f, p, td, target=TARGETS[0], rules=EpsilonPlus(), warn_on_missing_rule=False),
         WEIGHT_GRADIENT: _weight_gradient(copy.deepcopy(model), x),
         f"ours, per_target x{len(TARGETS)}": lambda: lrp(f, p, td, target=tuple(TARGETS), rules=EpsilonPlus(),
                                                          per_target=True, warn_on_missing_rule=False),
-    }, rounds=31, number=8)
+    }, rounds=31, number=8, clock=time.thread_time)
 
 
 def _time_tdhook(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
