@@ -68,8 +68,8 @@ def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
-def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9,
-                        number: int = 1, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9, number: int = 1,
+                        clock: Callable[[], float] = time.perf_counter, shuffle: bool = True) -> dict[str, float]:
     """Median seconds per call of each implementation, measured in alternating rounds.
 
     On a shared machine the speed drifts over seconds; timing the implementations one
@@ -79,6 +79,7 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
     new order each round (drawn from a fixed seed): where a row sits in a round moves its
     time, by up to 7-9% right after the plain gradient or a large floor (measured on
     ``bench_lrp``, rows swapped, three runs each); shuffled, each row takes each place.
+    ``shuffle=False`` keeps the given order, for a benchmark that chose it (``bench_perturbation``).
     ``clock``: wall time by default; ``time.thread_time`` (the CPU time of this thread)
     for single-threaded code on a machine shared with other jobs, where wall time counts
     their turns too.
@@ -88,7 +89,8 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
     samples: dict[str, list[float]] = {name: [] for name in impls}
     order, draw = list(impls), random.Random(0)
     for _ in range(rounds):
-        draw.shuffle(order)
+        if shuffle:
+            draw.shuffle(order)
         for name in order:
             fn = impls[name]
             start = clock()
@@ -98,12 +100,13 @@ def interleaved_medians(impls: dict[str, Callable[[], object]], *, rounds: int =
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def cpu_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9, number: int = 1) -> dict[str, float]:
+def cpu_medians(impls: dict[str, Callable[[], object]], *, rounds: int = 9, number: int = 1,
+                shuffle: bool = True) -> dict[str, float]:
     """`interleaved_medians` in CPU seconds of this process (``time.process_time``).
 
     For one-thread runs: their wall time on an idle machine, and steadier on a shared one.
     """
-    return interleaved_medians(impls, rounds=rounds, number=number, clock=time.process_time)
+    return interleaved_medians(impls, rounds=rounds, number=number, clock=time.process_time, shuffle=shuffle)
 
 
 def in_our_units(mine: dict[str, float], theirs: dict[str, float], unit: str) -> dict[str, float]:

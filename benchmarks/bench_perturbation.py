@@ -61,7 +61,7 @@ def report(title: str, impls: dict[str, Callable[[], torch.Tensor]]) -> None:
     reference = impls["floor, one forward"]()
     for name, fn in impls.items():
         torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-5, msg=f"{name} differs")
-    measured = cpu_medians(_fair_order(impls))
+    measured = cpu_medians(_fair_order(impls), shuffle=False)  # (the order matters here: see _fair_order)
     times = {name: measured[name] for name in impls}
     best = min(v for k, v in times.items() if k.startswith("captum") and "default" not in k)
     floor = min(v for k, v in times.items() if k.startswith("floor"))
