@@ -94,15 +94,21 @@ def noise_draws(inputs: TensorDictBase, stdevs: Mapping[NestedKey, float], k: in
 def noised(inputs: TensorDictBase, noise: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
     """The noisy copies ``[*B, k, ...]`` by key: each input plus its noise (`noise_draws`', which this may reuse).
 
-    Eagerly, where the sum has the noise's dtype, it is added in the noise's own memory (a
-    new tensor the draws made; the same numbers: ``x + e == e + x``), not a new tensor.
+    Eagerly, where the sum has the noise's dtype and the input is contiguous, it is added in
+    the noise's own memory (a new tensor the draws made; the same numbers: ``x + e == e + x``).
+    Otherwise ``x + e`` writes a new tensor in the input's memory order: the copies of a
+    channels_last input are channels_last (a convolution then reads them without converting
+    them, and its input gradient comes back in that order too), while the noise is still
+    drawn in captum's order.
     """
     dims = inputs.batch_dims
     eager = untransformed()
     out = {}
     for key, value in noise.items():
-        x = inputs.get(key).unsqueeze(dims)  # every copy the sample: broadcast, not repeated
-        out[key] = value.add_(x) if eager and torch.result_type(x, value) == value.dtype else x + value
+        x = inputs.get(key)
+        in_place = eager and x.is_contiguous() and torch.result_type(x, value) == value.dtype
+        x = x.unsqueeze(dims)  # every copy the sample: broadcast, not repeated
+        out[key] = value.add_(x) if in_place else x + value
     return out
 
 
