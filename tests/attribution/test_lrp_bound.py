@@ -18,6 +18,7 @@ from torch import nn
 
 import tdhook_fn
 from tdhook_fn.attribution import AHQKV, Epsilon, EpsilonPlus, Pass, UniformEpsilon, lrp
+from tdhook_fn.attribution._lrp.rules import divide_stabilized, stabilize
 
 chain_module = importlib.import_module("tdhook_fn.attribution._lrp.chain")
 lrp_plan_module = importlib.import_module("tdhook_fn.attribution._lrp.plan")
@@ -91,3 +92,23 @@ def test_the_composites_plan_key_holds_each_of_its_fields() -> None:
     assert key(EpsilonPlus()) == key(EpsilonPlus(1e-6, 1e-6))
     assert len({key(EpsilonPlus()), key(EpsilonPlus(epsilon=0.5)), key(EpsilonPlus(stabilizer=0.5))}) == 3
     assert key(EpsilonPlus(rule_mapper=lambda _name, _module: None)) is None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal, NaNs in the same places and every sign the same (signed zeros included)."""
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(a.signbit(), b.signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_stabilised_division_in_place_is_the_plain_ones(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    t = torch.tensor([-2.0, -0.0, 0.0, 3.0, 1e-7, -1e-7, float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    t = torch.cat([t, torch.randn(55, dtype=dtype)]).reshape(8, 8)
+    relevance = torch.randn(8, 8, dtype=dtype)
+    relevance[0, :3] = 0.0
+    for view in (t, t.t()):  # (a non-contiguous t too: the walk's fused z are narrowed views)
+        _same_bits(divide_stabilized(relevance, view, 1e-6), relevance / stabilize(view, 1e-6))
+    _same_bits(divide_stabilized(relevance[:1], t, 0.5), relevance[:1] / stabilize(t, 0.5))  # (a broadcast)
+    other = relevance.to(torch.float32 if dtype == torch.float64 else torch.float64)
+    _same_bits(divide_stabilized(other, t, 0.5), other / stabilize(t, 0.5))  # (another dtype)
