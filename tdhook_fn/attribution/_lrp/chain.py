@@ -22,8 +22,8 @@
 # These are the taps' numbers (NOTE [lrp as modified vjps]) without what carries them
 # through one autograd graph: no zero-valued carriers, no Function per rule, no taps.
 # Measured on the benchmarks at batch 64 (EpsilonPlus, warm, one target, CPU time, input-only
-# gradient as the unit): 1.24x-1.32x on the MLP and 1.25x-1.31x on the CNN (2026-12-02,
-# planned, NOTE [a planned walk]), where the taps take 2.5x and 2.4x. With
+# gradient as the unit): 1.16x-1.28x on the MLP and 1.06x-1.27x on the CNN in nine runs
+# (2026-12-03, bound, NOTE [a bound walk]), where the taps take 2.5x and 2.4x. With
 # ``per_target`` the taps are faster (one pullback per target, where the walk would take
 # one per module). An int target puts in its one-hot directly, without a graph.
 # Every other module runs on a fresh leaf that requires grad, as on the taps' graph, so an
