@@ -22,8 +22,8 @@
 # These are the taps' numbers (NOTE [lrp as modified vjps]) without what carries them
 # through one autograd graph: no zero-valued carriers, no Function per rule, no taps.
 # Measured on the benchmarks at batch 64 (EpsilonPlus, warm, one target, CPU time, input-only
-# gradient as the unit): 1.24x-1.32x on the MLP and 1.25x-1.31x on the CNN (2026-12-02,
-# planned, NOTE [a planned walk]), where the taps take 2.5x and 2.4x. With
+# gradient as the unit): 1.16x-1.28x on the MLP and 1.06x-1.27x on the CNN in nine runs
+# (2026-12-03, bound, NOTE [a bound walk]), where the taps take 2.5x and 2.4x. With
 # ``per_target`` the taps are faster (one pullback per target, where the walk would take
 # one per module). An int target puts in its one-hot directly, without a graph.
 # Every other module runs on a fresh leaf that requires grad, as on the taps' graph, so an
@@ -54,6 +54,7 @@ from ..._vjp import RandomState, reaches_other_leaves
 from .._checks import check_call
 from .._cotangents import Cotangents, seed_cotangents
 from .._engine import offered_targets, unflatten
+from .bound import run_bound
 from .model_chain import reads_one_key, run_chain
 from .plan import LrpPlan
 from .records import NotAChain
@@ -66,16 +67,19 @@ __all__ = ["chain_lrp"]
 
 
 def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, walk: Walk,
-             by_module: dict[int, tuple[str, Rule]], backs: list[Back],
-             values: Mapping[Key, Any] | None) -> torch.Tensor:
-    """The chain's output, each link's pullback put in ``backs``: from the params directly where it can, else on a
-    shadow."""
-    steps = Steps(by_module)
+             by_module: dict[int, tuple[str, Rule]], backs: list[Back], values: Mapping[Key, Any] | None,
+             one_hot: bool) -> torch.Tensor:
+    """The chain's output, each link's pullback put in ``backs``: from the params directly where it can (bound where
+    the target is ``one_hot``, NOTE [a bound walk]), else on a shadow."""
     own = None if walk.planned is None else own_values(leaves(params) if values is None else values, walk.planned)
     if own is None or walk.planned is None:
+        steps = Steps(by_module)
         h = run_chain(f, params, flat, walk.links, steps).get(f.out_keys[0])
         backs.extend(record.back for record in steps.records)
+    elif one_hot and walk.bound is not None:
+        h = run_bound(walk.bound, flat.get(key), own, backs)
     else:
+        steps = Steps(by_module)
 
         def general(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Back]:
             own = dict(zip((slot for slot, _ in step.slots), tensors, strict=True))
@@ -86,6 +90,12 @@ def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: N
     if not (isinstance(h, torch.Tensor) and h.shape[:1] == flat.batch_size):
         raise NotAChain  # (an output without the batch: the general path says what is wrong)
     return h
+
+
+def _one_hot(target: Target, cotangents: Cotangents | None) -> bool:
+    """Whether an int ``target`` puts in a one-hot (where it selects a class: `_put_in`), running no code of the
+    caller's."""
+    return isinstance(target, int) and not isinstance(target, bool) and cotangents is None
 
 
 def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey, batch: torch.Size,
@@ -138,19 +148,22 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     flat = inputs if len(batch) == 1 else inputs.reshape(-1)
     rng = RandomState() if walk.random else None
     backs: list[Back] = []
+    # (the steps that need a graph turn it on for their module, and so does a target that needs one; the rules run
+    # as in a backward. Grad mode set and put back by two calls: ``no_grad()`` as a context costs seven)
+    grad_mode = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
     try:
-        # (the steps that need a graph turn it on for their module, and so does a target that needs one;
-        # the rules run as in a backward)
-        with torch.no_grad():
-            y = _forward(f, params, flat, key, walk, by_module, backs, values)
-            relevance, targets = _put_in(f, y, flat, key, batch, target, cotangents)
-            for back in reversed(backs):
-                relevance = back(relevance)
+        y = _forward(f, params, flat, key, walk, by_module, backs, values, _one_hot(target, cotangents))
+        relevance, targets = _put_in(f, y, flat, key, batch, target, cotangents)
+        for back in reversed(backs):
+            relevance = back(relevance)
         if relevance.requires_grad:  # (never: the walk runs without a graph; the general path says what is wrong)
             raise NotAChain
     except NotAChain:
         if rng is not None:
             rng.restore()
         return None
+    finally:
+        torch.set_grad_enabled(grad_mode)
     maps = relevance if len(batch) == 1 else unflatten(relevance, 0, batch)
     return fresh_tensordict({key: maps}, batch), targets  # (one map of the inputs' batch)

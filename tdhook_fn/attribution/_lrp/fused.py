@@ -27,7 +27,7 @@ import torch
 
 from . import rules as _lrp_rules
 from .affine import Adjoint, Affine
-from .rules import AlphaBeta, Rule, stabilize
+from .rules import AlphaBeta, Rule, divide_stabilized
 from .stack_cache import StackCache
 
 __all__ = ["Pullback", "fused"]
@@ -92,11 +92,12 @@ def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor, bia
     y, *zs = (both.narrow(dim, i * rows, rows) for i in range(len(stacked.coefficients) + 1))
 
     def pull(relevance: torch.Tensor) -> torch.Tensor:
-        shares = [relevance / stabilize(z, rule.stabilizer) for z in zs]
-        shares = [s if c == 1 else s * c for c, s in zip(stacked.coefficients, shares, strict=True)]
+        # (each share and the adjoint's product are tensors of their own: scaled in place, the same bits)
+        shares = [divide_stabilized(relevance, z, rule.stabilizer) for z in zs]
+        shares = [s if c == 1 else s.mul_(c) for c, s in zip(stacked.coefficients, shares, strict=True)]
         g = stacked.adjoint(torch.cat(shares, dim) if len(shares) > 1 else shares[0], inputs.shape)
         if not signed:
-            return x * g
+            return g.mul_(x) if g.shape == x.shape else x * g
         n = x.shape[dim]
         return pos * g.narrow(dim, 0, n) + neg * g.narrow(dim, n, n)
 

@@ -61,8 +61,11 @@ def _rules_key(rules: Rules) -> Hashable | None:
     (without a ``rule_mapper``): their answers depend on the model alone. Any other
     callable may answer differently at each call, and is asked at each call.
     """
-    if type(rules) is EpsilonPlus:
-        return ("composite", rules) if _scalar_fields(rules) else None
+    if type(rules) is EpsilonPlus:  # (its fields' numbers as the key: a tuple of them hashes and compares in C)
+        epsilon, stabilizer = rules.epsilon, rules.stabilizer
+        if rules.rule_mapper is None and isinstance(epsilon, (int, float)) and isinstance(stabilizer, (int, float)):
+            return ("composite", epsilon, stabilizer)
+        return None
     if isinstance(rules, Mapping):
         items = tuple(rules.items())
         if all(isinstance(k, (str, type)) and _scalar_fields(r) for k, r in items):

@@ -10,7 +10,8 @@
 # (`records`, as the general steps do). The hot kinds run inline here (linear layers and
 # convolutions with a gradient-form rule or no rule, fused z+/alpha-beta, Pass on torch's
 # activations, max pooling, reshapes); any other link is run by the general steps of
-# `steps`, with the same numbers.
+# `steps`, with the same numbers. Where no link needs those, an int target takes the
+# walk bound once instead (NOTE [a bound walk]): the same ops with fewer Python calls.
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..._params import Key
 from .affine import Affine
+from .bound import BoundStep, bind
 from .gradient_form import gradient_form
 from .model_chain import Link
 from .rules import AlphaBeta, Rule
@@ -73,15 +74,18 @@ def _containers(model: nn.Module) -> list[nn.Module]:
 
 @dataclass(frozen=True)
 class Walk:
-    """The walk's plan of a chain: each link's kind, whether it draws at random, and the walk from the params."""
+    """The walk's plan of a chain: each link's kind, whether it draws at random, and the walk from the params
+    (planned, and bound where it can be)."""
 
     links: list[Link]
     kinds: list[Kind]
     random: bool  # a walk given up gives the taps the random state it found (dropout); known modules draw none
     planned: list[Planned] | None  # None: on a shadow
+    bound: list[BoundStep] | None  # the planned walk bound (NOTE [a bound walk]); None: a link needs the steps
 
 
 def walk_of(model: nn.Module, links: list[Link], by_module: dict[int, tuple[str, Rule]]) -> Walk:
     kinds = [kind_of(module, by_module.get(id(module), ("", None))[1]) for _, module in links]
     random = any(kind is GRAPH or isinstance(link[1], nn.RReLU) for link, kind in zip(links, kinds, strict=True))
-    return Walk(links, kinds, random, _planned(model, links, kinds, by_module))
+    planned = _planned(model, links, kinds, by_module)
+    return Walk(links, kinds, random, planned, None if planned is None else bind(planned))
