@@ -81,12 +81,16 @@ def test_the_noisy_copies_reach_the_model_in_the_inputs_memory_format(method, ba
     assert all(seen) if memory_format is not torch.contiguous_format else not any(seen)
 
 
+def _seeded_smoothgrad(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    f, p = tdhook_fn.pure(model)
+    torch.manual_seed(3)
+    return smoothgrad(f, p, x, target=2, nt_samples=6, stdevs=0.3)
+
+
 @pytest.mark.parametrize("memory_format", [CL, CL3D], ids=str)
 def test_smoothgrad_of_a_channels_last_input_equals_captum_bitwise(memory_format):
     model, x = _net(memory_format), _images((4,), memory_format)
-    f, p = tdhook_fn.pure(model)
-    torch.manual_seed(3)
-    ours = smoothgrad(f, p, x, target=2, nt_samples=6, stdevs=0.3)
+    ours = _seeded_smoothgrad(model, x)
     torch.manual_seed(3)
     theirs = ca.NoiseTunnel(ca.Saliency(model)).attribute(x.clone(), nt_samples=6, stdevs=0.3, target=2, abs=False)
     assert torch.equal(ours, theirs)
@@ -95,12 +99,8 @@ def test_smoothgrad_of_a_channels_last_input_equals_captum_bitwise(memory_format
 @pytest.mark.parametrize("memory_format", [CL, CL3D], ids=str)
 def test_smoothgrad_maps_do_not_depend_on_the_memory_format(memory_format):
     model, x = _net(memory_format), _images((4,), memory_format)
-    f, p = tdhook_fn.pure(model)
-    torch.manual_seed(3)
-    ours = smoothgrad(f, p, x, target=2, nt_samples=6, stdevs=0.3)
-    f, p = tdhook_fn.pure(copy.deepcopy(model).to(memory_format=torch.contiguous_format))
-    torch.manual_seed(3)
-    plain = smoothgrad(f, p, x.contiguous(), target=2, nt_samples=6, stdevs=0.3)
+    ours = _seeded_smoothgrad(model, x)
+    plain = _seeded_smoothgrad(copy.deepcopy(model).to(memory_format=torch.contiguous_format), x.contiguous())
     assert x.contiguous().data_ptr() != x.data_ptr()
     torch.testing.assert_close(ours, plain)  # (other kernels for each layout: close, not bitwise)
 
