@@ -132,9 +132,12 @@ def gradient_shap(
         # the maps are [*T, N * k] (NOTE [flat copies])
         grads = gradients(f, params, flat_copies(inputs, k, points), flat_target(target, batch, k), input_keys=keys,
                           per_target=per_target, caller="gradient_shap", checked=True).grads
+        lead = list(grads.batch_size[:-1])  # [T] with per_target
+        if not return_convergence_delta:  # multiplied by x + e - b (the copies' own difference) as they are summed
+            total = fold_copies(total, grads, batch, k, flat=True, factors=changes if multiply_by_inputs else None)
+            continue
         if multiply_by_inputs:  # by x + e - b, the copies' own difference
             grads = scaled(grads, {key: _flat(changes[key], len(batch)) for key in keys})
-        lead = list(grads.batch_size[:-1])  # [T] with per_target
         total = fold_copies(total, grads, batch, k, flat=True)
         if return_convergence_delta:
             copies = repeated(inputs, k)
@@ -181,7 +184,7 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
             starts[key] = b
             points[key] = a * x + (1.0 - a) * b
         else:
-            points[key] = b.mul_(1.0 - a).add_(a * x)
+            points[key] = b.mul_(1.0 - a).addcmul_(a, x)  # (b (1 - a) + a x in one pass, as captum's numbers)
     return ends, starts, changes, points
 
 
