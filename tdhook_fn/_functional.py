@@ -109,8 +109,9 @@ class Functional:
             names = self.keywords
             args: list[Any] = []
             kwargs: dict[str, Any] = {}
+            own = td.__dict__["_tensordict"] if type(td) is TensorDict else None  # (`get` costs a few calls)
             for key in self.in_keys:  # (a loop, a tensor read inline: comprehensions and calls cost, on every call)
-                value = td.get(key, _MISSING)
+                value = own.get(key, _MISSING) if own is not None and type(key) is str else td.get(key, _MISSING)
                 if type(value) is not torch.Tensor:  # missing, a non-tensor entry (a kwarg), a TensorDict
                     value = get_input(td, key)
                 if key in names:

@@ -88,7 +88,7 @@ class Node:
 
     __slots__ = ("buffers", "children", "containers", "holders", "hooks", "hooks_checked", "module", "names", "own",
                  "params", "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots",
-                 "tensor_holders", "watch", "watched")
+                 "suspect", "tensor_holders", "watch", "watched")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -108,7 +108,8 @@ class Node:
         self.watch: tuple[str, ...] = ()  # the names of those that are not scalars,
         self.watched: tuple[int, ...] = ()  # their ids,
         self.refs: tuple[weakref.ref[Any], ...] = ()  # weak references to those that have them,
-        self.scalars: tuple[str, ...] = ()  # and the names of the scalars (bool, int, float, str, None)
+        self.scalars: tuple[str, ...] = ()  # and the names of the scalars (bool, int, float, str, None);
+        self.suspect = True  # whether one of them may refer back to the model (`Rebinder.suspects`' types)
         self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
         self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
@@ -183,6 +184,7 @@ class Node:
         self.watch, self.refs = tuple(watch), tuple(refs)
         self.watched = tuple(map(id, map(original.get, self.watch)))
         self.scalars = tuple(name for name, value in original.items() if type(value) in SCALARS)
+        self.suspect = not rebinder.suspects.isdisjoint(map(type, original.values()))
         self.size = len(original)
 
     def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any],

@@ -161,9 +161,16 @@ class shadow_of:  # (a context manager read as a function; a class, not a genera
                 pool = pools[model] = []
             shadow = pool.pop() if pool else None
         self.pool = pool
-        if shadow is None or not shadow.is_current():
-            shadow = Shadow(model, self.forward_only)
-        self.shadow = shadow
+        if shadow is not None:
+            self.shadow = shadow
+            try:
+                current = shadow.refresh(check=True)  # (False, and left empty, where the model changed)
+            except BaseException:
+                self.__exit__()
+                raise
+            if current:
+                return shadow
+        self.shadow = shadow = Shadow(model, self.forward_only)
         try:
             shadow.refresh()
         except BaseException:

@@ -81,8 +81,12 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         mine = []
         for t in tensors:  # (loops here and below: a comprehension costs a Python call, on every call)
             mine.append(t.detach().requires_grad_())
-        with torch.enable_grad():
+        enabled = torch.is_grad_enabled()  # (torch.enable_grad(), without its context manager's calls)
+        torch._C._set_grad_enabled(True)
+        try:
             out, aux = forward(rebuild(iter(mine)))
+        finally:
+            torch._C._set_grad_enabled(enabled)
         rebuild_out, rebuild_aux = _flatten(out, outs), _flatten(aux, aux_tensors)
     except _Unsupported:  # a structure of something else than tensors: functorch knows those
         drawn.restore()  # (where the forward ran)

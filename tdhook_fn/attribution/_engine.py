@@ -136,13 +136,22 @@ def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
 def _check_targets(values: Any) -> TensorDictBase:
     if not isinstance(values, TensorDictBase):
         raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
-    for key, value in values.items(True, True):
+    checked: TensorDictBase = values
+    entries: Any = None
+    if type(values) is TensorDict:  # its own dict where it holds tensors only (`items` costs calls, on every call)
+        own = values.__dict__["_tensordict"]
+        entries = own.items()
+        for value in own.values():
+            if type(value) is not torch.Tensor:
+                entries = None
+                break
+    for key, value in values.items(True, True) if entries is None else entries:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
             raise ValueError(
                 f"target {key!r} does not depend differentiably on the attributed inputs or layers"
                 f"{autograd_off_note()}"
             )
-    return values
+    return checked
 
 
 def as_functional(f: Callable[..., Any]) -> Functional:
