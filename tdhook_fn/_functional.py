@@ -94,7 +94,7 @@ class Functional:
     def _run(self, params: TensorDictBase | None, td: TensorDictBase, extra: dict[str, Any]) -> TensorDict:
         if extra and isinstance(self.model, TensorDictModuleBase):
             raise TypeError(f"functional: a TensorDictModule takes no extra keyword arguments, got {sorted(extra)}")
-        if not isinstance(td, TensorDictBase):
+        if type(td) is not TensorDict and not isinstance(td, TensorDictBase):  # (the identity test first)
             raise TypeError(
                 f"functional: f(params, td) takes the inputs as a TensorDict, got {type(td).__name__}; wrap a batch "
                 f"x as TensorDict({self.in_keys[0] if self.in_keys else 'input'}=x, batch_size=[len(x)])"

@@ -305,7 +305,7 @@ class RandomState:
     __slots__ = ("cpu", "cuda")
 
     def __init__(self) -> None:
-        self.cpu = torch.get_rng_state()
+        self.cpu = torch.default_generator.get_state()  # (torch.get_rng_state, without its Python call)
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
 
     def restore(self) -> None:
