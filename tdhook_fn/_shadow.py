@@ -47,6 +47,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import torch
@@ -162,10 +163,10 @@ class Shadow:
                 self.unload()
                 return False
             original = module.__dict__
-            if check:  # (signature_of, inline, as in is_current)
+            if check:  # (signature_of, inline, as in is_current: its class, names, then ids, in two tuples)
                 mods, params, bufs = original["_modules"], original["_parameters"], original["_buffers"]
-                if node.signature != (type(module), *mods, *map(id, mods.values()), None, *params,
-                                      *map(id, params.values()), None, *bufs, *map(id, bufs.values())):
+                if (type(module) is not node.kind or node.names_seen != (*mods, None, *params, None, *bufs)
+                        or node.ids_seen != tuple(map(id, chain(mods.values(), params.values(), bufs.values())))):
                     self.unload()
                     return False
             state = node.shadow.__dict__

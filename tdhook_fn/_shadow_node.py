@@ -86,7 +86,8 @@ def shape_of(tensor: torch.Tensor) -> torch.Size | None:
 class Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "children", "containers", "holders", "hooks", "hooks_checked", "module", "names", "own",
+    __slots__ = ("buffers", "children", "containers", "holders", "hooks", "hooks_checked", "ids_seen", "kind", "module",
+                 "names", "names_seen", "own",
                  "params", "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots",
                  "suspect", "tensor_holders", "watch", "watched")
 
@@ -96,6 +97,11 @@ class Node:
         self.own = own
         self.path = path
         self.signature = signature_of(module)
+        state = module.__dict__  # the signature's parts, as `Shadow.refresh` compares them
+        mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
+        self.kind = type(module)
+        self.names_seen = (*mods, None, *params, None, *bufs)
+        self.ids_seen = (*map(id, mods.values()), *map(id, params.values()), *map(id, bufs.values()))
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []
         self.hooks = tuple(own[name] for name in HOOK_DICTS)
