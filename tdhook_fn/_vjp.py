@@ -157,7 +157,14 @@ def _flatten_like(template: Any, tree: Any, tensors: list[torch.Tensor]) -> None
     A TensorDict's leaves are taken by ``template``'s keys: a cotangent built from the
     values handed out (whose nested keys may come in another order) pairs by key.
     """
-    if isinstance(template, TensorDictBase) and isinstance(tree, TensorDictBase):
+    if type(template) is TensorDict and type(tree) is TensorDict and _tensors_only(template):
+        own = tree.__dict__["_tensordict"]  # (both plain: their own dicts, by the template's names, on every call)
+        for name in template.__dict__["_tensordict"]:
+            value = own.get(name)
+            if type(value) is not torch.Tensor and not isinstance(value, torch.Tensor):
+                raise ValueError(f"vjp: the cotangent has no tensor at {(name,)!r}")
+            tensors.append(value)
+    elif isinstance(template, TensorDictBase) and isinstance(tree, TensorDictBase):
         # (a plain TensorDict's own dict read for a one-name key: ``get`` costs a few calls, on every call)
         own = tree.__dict__.get("_tensordict") if type(tree) is TensorDict else None
         for key in td_leaves(template):
@@ -183,6 +190,10 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
     if isinstance(tree, torch.Tensor):
         tensors.append(tree)
         return next
+    if type(tree) is TensorDict and _tensors_only(tree):  # (its own dict, as `leaves` reads it: on every call)
+        own = tree.__dict__["_tensordict"]
+        tensors.extend(own.values())
+        return _rebuild_plain(tree, list(own))
     if isinstance(tree, TensorDictBase):
         keyed = td_leaves(tree)
         flat = True  # (plain loops: generators in ``all`` cost a call per item, on every call)
@@ -192,16 +203,7 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
             flat = flat and len(key) == 1
         tensors.extend(keyed.values())
         if flat and type(tree) is TensorDict:  # one-name keys: built unchecked (NOTE [unchecked TensorDicts])
-            names = [key[0] for key in keyed]
-
-            def rebuild_plain(values: Any) -> Any:
-                entries: dict[Any, Any] = {}
-                for name in names:
-                    entries[name] = next(values)
-                return TensorDict._new_unsafe(entries, batch_size=tree.batch_size, device=tree.device,
-                                              names=tree._maybe_names())
-
-            return rebuild_plain
+            return _rebuild_plain(tree, [key[0] for key in keyed])
 
         def rebuild_td(values: Any) -> Any:
             out = tree.empty(recurse=not flat)  # the nested structure only where there is one: 4x faster
@@ -246,6 +248,28 @@ def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Callable[[Any], Any]:
 
         return rebuild_dict
     raise _Unsupported
+
+
+def _tensors_only(td: TensorDict) -> bool:
+    """Whether a plain TensorDict holds plain tensors only (no nested TensorDict), read from its own dict."""
+    for value in td.__dict__["_tensordict"].values():
+        if type(value) is not torch.Tensor:
+            return False
+    return True
+
+
+def _rebuild_plain(tree: TensorDict, names: list[str]) -> Callable[[Any], Any]:
+    """What rebuilds a plain TensorDict of one-name keys ``names``, built unchecked: the tensors are shaped as its
+    own (NOTE [unchecked TensorDicts])."""
+
+    def rebuild_plain(values: Any) -> Any:
+        entries: dict[Any, Any] = {}
+        for name in names:
+            entries[name] = next(values)
+        return TensorDict._new_unsafe(entries, batch_size=tree.batch_size, device=tree.device,
+                                      names=tree._maybe_names())
+
+    return rebuild_plain
 
 
 def untransformed() -> bool:
