@@ -181,7 +181,7 @@ class Shadow:
             state.update(node.own)
             if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
                 state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])
-            # NOTE [checked attributes]: checked again where anything changed; where nothing did, what the last check
+            # checked again where anything changed (NOTE [checked attributes]); where nothing did, what the last check
             # saw of the attributes' types (whether any may refer back to the model) still holds
             changed = (len(original) != node.size
                        or (node.watch and tuple(map(id, map(original.get, node.watch))) != node.watched)

@@ -28,6 +28,7 @@ __all__ = [
     "Stdevs",
     "check_noisable",
     "check_nt_type",
+    "entry",
     "fold_copies",
     "mean_maps",
     "noise_draws",
@@ -50,7 +51,7 @@ def check_nt_type(caller: str, nt_type: Any) -> None:
 def check_noisable(caller: str, inputs: TensorDictBase, keys: Sequence[NestedKey]) -> None:
     """Every noised input must be present and floating point (token ids take no Gaussian noise)."""
     for key in keys:
-        value = _get(inputs, key)
+        value = entry(inputs, key)
         if not isinstance(value, torch.Tensor):
             keys_held = list(inputs.keys(True, True))
             raise KeyError(f"{caller}: the inputs have no attributed key {key!r} (keys: {keys_held})")
@@ -85,7 +86,7 @@ def noise_draws(inputs: TensorDictBase, stdevs: Mapping[NestedKey, float], k: in
     batch = inputs.batch_size
     out = {}
     for key, stdev in stdevs.items():
-        x = _get(inputs, key)
+        x = entry(inputs, key)
         shape = (*batch, k, *x.shape[len(batch):])
         out[key] = torch.randn(shape, dtype=dtype or x.dtype, device=x.device, generator=generator).mul_(stdev)
     return out
@@ -127,7 +128,7 @@ def fold_copies(total: dict[NestedKey, torch.Tensor] | None, maps: TensorDictBas
     return out
 
 
-def _get(td: TensorDictBase, key: NestedKey) -> Any:
+def entry(td: TensorDictBase, key: NestedKey) -> Any:
     """``td.get(key, None)``; a plain TensorDict's one-name entry read from its own dict (`get` costs a few calls)."""
     if type(td) is TensorDict and type(key) is str:
         return td.__dict__["_tensordict"].get(key)
