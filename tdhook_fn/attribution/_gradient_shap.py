@@ -189,7 +189,9 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
             starts[key] = b
             points[key] = a * x + (1.0 - a) * b
         else:
-            points[key] = b.mul_(1.0 - a).addcmul_(a, x)  # (b (1 - a) + a x in one pass, as captum's numbers)
+            # (b (1 - a) + a x in one pass, as captum's numbers; torch.rsub is what ``1.0 - a`` runs, without
+            # the Python wrapper of Tensor.__rsub__)
+            points[key] = b.mul_(torch.rsub(a, 1.0)).addcmul_(a, x)
     return ends, starts, changes, points
 
 
