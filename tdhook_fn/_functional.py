@@ -94,7 +94,7 @@ class Functional:
     def _run(self, params: TensorDictBase | None, td: TensorDictBase, extra: dict[str, Any]) -> TensorDict:
         if extra and isinstance(self.model, TensorDictModuleBase):
             raise TypeError(f"functional: a TensorDictModule takes no extra keyword arguments, got {sorted(extra)}")
-        if not isinstance(td, TensorDictBase):
+        if type(td) is not TensorDict and not isinstance(td, TensorDictBase):  # (the identity test first)
             raise TypeError(
                 f"functional: f(params, td) takes the inputs as a TensorDict, got {type(td).__name__}; wrap a batch "
                 f"x as TensorDict({self.in_keys[0] if self.in_keys else 'input'}=x, batch_size=[len(x)])"
@@ -109,8 +109,9 @@ class Functional:
             names = self.keywords
             args: list[Any] = []
             kwargs: dict[str, Any] = {}
+            own = td.__dict__["_tensordict"] if type(td) is TensorDict else None  # (`get` costs a few calls)
             for key in self.in_keys:  # (a loop, a tensor read inline: comprehensions and calls cost, on every call)
-                value = td.get(key, _MISSING)
+                value = own.get(key, _MISSING) if own is not None and type(key) is str else td.get(key, _MISSING)
                 if type(value) is not torch.Tensor:  # missing, a non-tensor entry (a kwarg), a TensorDict
                     value = get_input(td, key)
                 if key in names:

@@ -43,9 +43,11 @@
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import torch
@@ -71,6 +73,7 @@ __all__ = [
 ]
 
 _ABSENT = itertools.repeat(object())  # the default of a missing attribute: no scalar
+_hook_dicts = operator.itemgetter(*HOOK_DICTS)
 
 
 class Shadow:
@@ -141,10 +144,13 @@ class Shadow:
                 return False
         return True
 
-    def refresh(self) -> None:
+    def refresh(self, check: bool = False) -> bool:
         """Fill every shadow module from its original for one call (NOTE [shadow modules]).
 
-        One loop over the modules, not a call per module: on a small model that call costs as much as the work.
+        ``check``: first see, module by module, that the model's structure is the one this
+        shadow was built from (`is_current`, in the same loop); where it is not, nothing is
+        left filled and this returns False (build a new shadow). One loop over the modules,
+        not a call per module: on a small model that call costs as much as the work.
         """
         seen: dict[int, Any] = {}  # objects walked by this refresh's checks without reaching the model
         rebinder = self.rebinder
@@ -152,29 +158,47 @@ class Shadow:
         self.pending = []
         for node in self.nodes:
             module = node.module()
-            assert module is not None  # the caller holds the model
+            if module is None:
+                assert check, "the caller holds the model"
+                self.unload()
+                return False
             original = module.__dict__
+            if check:  # (signature_of, inline, as in is_current: its class, names, then ids, in two tuples)
+                mods, params, bufs = original["_modules"], original["_parameters"], original["_buffers"]
+                if (type(module) is not node.kind or node.names_seen != (*mods, None, *params, None, *bufs)
+                        or node.ids_seen != tuple(map(id, chain(mods.values(), params.values(), bufs.values())))):
+                    self.unload()
+                    return False
             state = node.shadow.__dict__
             state.clear()
             state.update(original)
-            if any(map(original.get, HOOK_DICTS)):  # (mostly none: one pass in C)
+            try:
+                hooked = any(_hook_dicts(original))  # (mostly none: one pass in C)
+            except KeyError:  # (a module missing one of them)
+                hooked = any(map(original.get, HOOK_DICTS))
+            if hooked:
                 node.copy_hooks(rebinder, original, seen)
             state.update(node.own)
             if "_non_persistent_buffers_set" in original:  # register_buffer writes it (NOTE [registered while running])
                 state["_non_persistent_buffers_set"] = set(original["_non_persistent_buffers_set"])
-            if not suspects.isdisjoint(map(type, original.values())):
-                rebinder.rebind_all(state, original, node.path, "attribute ")  # own slots are dicts: never rebound
+            # checked again where anything changed (NOTE [checked attributes]); where nothing did, what the last check
+            # saw of the attributes' types (whether any may refer back to the model) still holds
+            changed = (len(original) != node.size
+                       or (node.watch and tuple(map(id, map(original.get, node.watch))) != node.watched)
+                       or not SCALARS.issuperset(map(type, map(original.get, node.scalars, _ABSENT)))
+                       or (node.refs and not all(ref() is not None for ref in node.refs)))
+            if changed or node.suspect:
+                if not suspects.isdisjoint(map(type, original.values())):
+                    rebinder.rebind_all(state, original, node.path, "attribute ")  # own slots are dicts: never rebound
             if "gradient_checkpointing" in original or "_hf_hook" in original:
                 node.refuse_unrunnable(original)
-            if (len(original) != node.size  # NOTE [checked attributes]: checked again where anything changed
-                    or (node.watch and tuple(map(id, map(original.get, node.watch))) != node.watched)
-                    or not SCALARS.issuperset(map(type, map(original.get, node.scalars, _ABSENT)))
-                    or (node.refs and not all(ref() is not None for ref in node.refs))):
+            if changed:
                 node.check(rebinder, original, state, seen)
             if node.containers:
                 node.copy_containers(rebinder, original, state)
             if node.containers or node.tensor_holders:  # filled after the load (NOTE [held tensors])
                 self.pending.append(node)
+        return True
 
     def _fill_held(self) -> None:
         """Point attributes holding the model's tensors at the call's tensors (NOTE [held tensors])."""

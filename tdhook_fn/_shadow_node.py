@@ -86,9 +86,10 @@ def shape_of(tensor: torch.Tensor) -> torch.Size | None:
 class Node:
     """One original module (held weakly), its shadow and the shadow's own state."""
 
-    __slots__ = ("buffers", "children", "containers", "holders", "hooks", "hooks_checked", "module", "names", "own",
+    __slots__ = ("buffers", "children", "containers", "holders", "hooks", "hooks_checked", "ids_seen", "kind", "module",
+                 "names", "names_seen", "own",
                  "params", "path", "refs", "scalars", "shadow", "signature", "size", "size_slots", "slots",
-                 "tensor_holders", "watch", "watched")
+                 "suspect", "tensor_holders", "watch", "watched")
 
     def __init__(self, module: nn.Module, shadow: nn.Module, own: dict[str, Any], path: str):
         self.module = weakref.ref(module)
@@ -96,6 +97,11 @@ class Node:
         self.own = own
         self.path = path
         self.signature = signature_of(module)
+        state = module.__dict__  # the signature's parts, as `Shadow.refresh` compares them
+        mods, params, bufs = state["_modules"], state["_parameters"], state["_buffers"]
+        self.kind = type(module)
+        self.names_seen = (*mods, None, *params, None, *bufs)
+        self.ids_seen = (*map(id, mods.values()), *map(id, params.values()), *map(id, bufs.values()))
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []
         self.hooks = tuple(own[name] for name in HOOK_DICTS)
@@ -108,7 +114,8 @@ class Node:
         self.watch: tuple[str, ...] = ()  # the names of those that are not scalars,
         self.watched: tuple[int, ...] = ()  # their ids,
         self.refs: tuple[weakref.ref[Any], ...] = ()  # weak references to those that have them,
-        self.scalars: tuple[str, ...] = ()  # and the names of the scalars (bool, int, float, str, None)
+        self.scalars: tuple[str, ...] = ()  # and the names of the scalars (bool, int, float, str, None);
+        self.suspect = True  # whether one of them may refer back to the model (`Rebinder.suspects`' types)
         self.hooks_checked: dict[str, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         self.holders: tuple[str, ...] = ()  # plain containers and tensors copied for each call
         self.tensor_holders: tuple[str, ...] = ()  # those holding the model's tensors (NOTE [held tensors])
@@ -183,6 +190,7 @@ class Node:
         self.watch, self.refs = tuple(watch), tuple(refs)
         self.watched = tuple(map(id, map(original.get, self.watch)))
         self.scalars = tuple(name for name, value in original.items() if type(value) in SCALARS)
+        self.suspect = not rebinder.suspects.isdisjoint(map(type, original.values()))
         self.size = len(original)
 
     def _copy_hooks(self, rebinder: Rebinder, name: str, theirs: dict[Any, Any], ours: dict[Any, Any],

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from ._params import Key, leaves
@@ -51,10 +51,10 @@ def run(
     """
     if overrides and params is not None:
         raise ValueError("run: overrides replace the model's own tensors; pass params=None with them")
-    if params is not None and not isinstance(params, TensorDictBase):
+    if params is not None and type(params) is not TensorDict and not isinstance(params, TensorDictBase):
         raise TypeError(f"params must be a TensorDict (see tdhook_fn.params), got {type(params).__name__}")
     compiling = torch.compiler.is_compiling()
-    if compiling and params is not None and isinstance(params, TensorDictBase):
+    if compiling and params is not None:  # (a TensorDict: checked above)
         return run_traced(model, leaves(params), taps, invoke)
     values = None if params is None else leaves(params)
     targets = [resolve_path(model, tap.path) for tap in taps] if taps else []
@@ -161,9 +161,16 @@ class shadow_of:  # (a context manager read as a function; a class, not a genera
                 pool = pools[model] = []
             shadow = pool.pop() if pool else None
         self.pool = pool
-        if shadow is None or not shadow.is_current():
-            shadow = Shadow(model, self.forward_only)
-        self.shadow = shadow
+        if shadow is not None:
+            self.shadow = shadow
+            try:
+                current = shadow.refresh(check=True)  # (False, and left empty, where the model changed)
+            except BaseException:
+                self.__exit__()
+                raise
+            if current:
+                return shadow
+        self.shadow = shadow = Shadow(model, self.forward_only)
         try:
             shadow.refresh()
         except BaseException:

@@ -49,7 +49,9 @@ def _single_output(td: TensorDictBase) -> tuple[NestedKey, Any]:
 def _only_output(td: TensorDictBase, outputs: Sequence[NestedKey] | None) -> tuple[NestedKey, Any]:
     """The single output among ``outputs`` (all of ``td``'s entries if None); one named output is read directly."""
     if outputs is not None and len(outputs) == 1:
-        value = td.get(outputs[0], None)
+        name = outputs[0]  # (a plain TensorDict's own dict read for a one-name key: `get` costs a few calls)
+        value = td.__dict__["_tensordict"].get(name) if type(td) is TensorDict and type(name) is str else td.get(
+            name, None)
         if isinstance(value, torch.Tensor):
             return outputs[0], value
     return _single_output(td if outputs is None else td.select(*outputs))

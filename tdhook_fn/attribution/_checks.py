@@ -48,9 +48,9 @@ def check_call(caller: str, f: Any, params: Any, inputs: Any, input_keys: Sequen
                         f"in one call), then {caller}(f, params, inputs, ...)")
     if not callable(f):
         raise TypeError(f"{caller}: f must be a pure function f(params, td) -> td, got {type(f).__name__}")
-    if not isinstance(params, TensorDictBase):
+    if type(params) is not TensorDict and not isinstance(params, TensorDictBase):  # (the identity test first)
         raise TypeError(f"{caller}: params must be a TensorDict (tdhook_fn.params(model)), got {type(params).__name__}")
-    if not isinstance(inputs, TensorDictBase):
+    if type(inputs) is not TensorDict and not isinstance(inputs, TensorDictBase):
         raise TypeError(f"{caller}: inputs must be a TensorDict, or a tensor whose first dim is the batch, got "
                         f"{type(inputs).__name__}; wrap a batch x as TensorDict(input=x, batch_size=[len(x)])")
     for key in input_keys:

@@ -136,13 +136,22 @@ def flat_inputs(inputs: TensorDictBase) -> TensorDictBase:
 def _check_targets(values: Any) -> TensorDictBase:
     if not isinstance(values, TensorDictBase):
         raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
-    for key, value in values.items(True, True):
+    checked: TensorDictBase = values
+    entries: Any = None
+    if type(values) is TensorDict:  # its own dict where it holds tensors only (`items` costs calls, on every call)
+        own = values.__dict__["_tensordict"]
+        entries = own.items()
+        for value in own.values():
+            if type(value) is not torch.Tensor:
+                entries = None
+                break
+    for key, value in values.items(True, True) if entries is None else entries:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad):
             raise ValueError(
                 f"target {key!r} does not depend differentiably on the attributed inputs or layers"
                 f"{autograd_off_note()}"
             )
-    return values
+    return checked
 
 
 def as_functional(f: Callable[..., Any]) -> Functional:
@@ -159,7 +168,8 @@ def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
 def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
     """Inputs the model does not read (labels, weights): offered to the target; None where there are none."""
     read = {*input_keys, *getattr(f, "in_keys", ())}
-    for key in flat.keys():  # (a loop, not a generator: one Python call less per key, on every call)
+    # (a loop, not a generator: one Python call less per key; a plain TensorDict's own dict: on every call)
+    for key in flat.__dict__["_tensordict"] if type(flat) is TensorDict else flat.keys():
         if key not in read:
             return flat.exclude(*read)
     return None  # (the common case: no TensorDict built)
@@ -330,7 +340,8 @@ def gradients(
         for key in attributed:  # (read from its own dict where that holds them all: `get` costs a few calls)
             primals.append(held[key] if only_attributed else flat.get(key))
         primals += deltas
-        result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params, flat))
+        # (the inputs are constants where they hold more than the primals, which `vjp` looks at anyway)
+        result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params,) if only_attributed else (params, flat))
         return result
 
     if tappable is None or not paths:

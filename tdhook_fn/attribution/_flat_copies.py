@@ -16,7 +16,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._functional import NestedKey, fresh_tensordict
 
 __all__ = ["flat_copies", "flat_target"]
 
@@ -28,6 +28,15 @@ def flat_copies(inputs: TensorDictBase, k: int, replaced: Mapping[NestedKey, tor
     to it); every other entry is repeated.
     """
     batch = inputs.batch_size
+    if type(inputs) is TensorDict:  # every entry a tensor under a one-name key: built unchecked (on every call)
+        entries: dict[Any, Any] = {}
+        for key, value in inputs.__dict__["_tensordict"].items():
+            if type(value) is not torch.Tensor:
+                break
+            entries[key] = _flattened(replaced[key] if key in replaced else value.unsqueeze(len(batch)), batch, k)
+        else:
+            if replaced.keys() <= entries.keys():  # (else a key spelled otherwise, ("input",) for "input")
+                return fresh_tensordict(entries, [batch.numel() * k])
     out = TensorDict({}, batch_size=[batch.numel() * k])
     used = set()
     for key, leaf in inputs.items(True, True):

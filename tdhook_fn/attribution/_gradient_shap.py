@@ -19,7 +19,7 @@ from ._engine import gradients, scaled, target_values
 from ._flat_copies import flat_copies, flat_target
 from ._inputs import accepts_tensors
 from ._metric_samples import check_count, chunks, repeated, repeated_target
-from ._noise import Stdevs, check_noisable, fold_copies, mean_maps, noise_draws, stdevs_by_key
+from ._noise import Stdevs, check_noisable, entry, fold_copies, mean_maps, noise_draws, stdevs_by_key
 
 __all__ = ["gradient_shap"]
 
@@ -132,9 +132,12 @@ def gradient_shap(
         # the maps are [*T, N * k] (NOTE [flat copies])
         grads = gradients(f, params, flat_copies(inputs, k, points), flat_target(target, batch, k), input_keys=keys,
                           per_target=per_target, caller="gradient_shap", checked=True).grads
+        lead = list(grads.batch_size[:-1])  # [T] with per_target
+        if not return_convergence_delta:  # multiplied by x + e - b (the copies' own difference) as they are summed
+            total = fold_copies(total, grads, batch, k, flat=True, factors=changes if multiply_by_inputs else None)
+            continue
         if multiply_by_inputs:  # by x + e - b, the copies' own difference
             grads = scaled(grads, {key: _flat(changes[key], len(batch)) for key in keys})
-        lead = list(grads.batch_size[:-1])  # [T] with per_target
         total = fold_copies(total, grads, batch, k, flat=True)
         if return_convergence_delta:
             copies = repeated(inputs, k)
@@ -167,12 +170,17 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
     noised = () if noise is None else noise.keys(True, True)
     ends, starts, changes, points = {}, {}, {}, {}
     for key in keys:
-        pool = refs.get(key)
-        x = inputs.get(key).unsqueeze(len(batch))  # every copy the sample: broadcast, not repeated
-        b = pool[(index.get(key) if isinstance(index, TensorDictBase) else index).to(pool.device)].to(x.dtype)
+        pool = entry(refs, key)
+        x = entry(inputs, key).unsqueeze(len(batch))  # every copy the sample: broadcast, not repeated
+        # (each `.to` only where it changes something: a call that returns its tensor still costs one, on every call)
+        picks = index.get(key) if isinstance(index, TensorDictBase) else index
+        b = pool[picks if picks.device == pool.device else picks.to(pool.device)]
+        if b.dtype != x.dtype:
+            b = b.to(x.dtype)
         if key in noised:
             x = x + noise.get(key).to(x.device)
-        a = alpha.to(x).reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))  # (draws given on the CPU too)
+        a = alpha if alpha.dtype == x.dtype and alpha.device == x.device else alpha.to(x)  # (draws given on the CPU)
+        a = a.reshape(*batch, k, *[1] * (x.dim() - len(batch) - 1))
         ends[key], changes[key] = x, x - b
         # captum's rand * input + (1 - rand) * baseline; in the baselines' memory where they are read no more
         # (a new tensor of the pool's rows: indexing copies), the same numbers in the other order (eagerly: under
@@ -181,7 +189,9 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
             starts[key] = b
             points[key] = a * x + (1.0 - a) * b
         else:
-            points[key] = b.mul_(1.0 - a).add_(a * x)
+            # (b (1 - a) + a x in one pass, as captum's numbers; torch.rsub is what ``1.0 - a`` runs, without
+            # the Python wrapper of Tensor.__rsub__)
+            points[key] = b.mul_(torch.rsub(a, 1.0)).addcmul_(a, x)
     return ends, starts, changes, points
 
 
@@ -222,14 +232,15 @@ def _draw(inputs: TensorDictBase, keys: Sequence[NestedKey], n_refs: int, sigma:
     """One chunk's draws, in the order the docstring of `gradient_shap` gives, keyed as ``draws`` (a plain dict: `_path`
     reads it as it reads them, and it is built on every call)."""
     batch = inputs.batch_size
-    device = inputs.get(keys[0]).device
+    first = entry(inputs, keys[0])
+    device = first.device
     drawn: dict[str, Any] = {"index": torch.randint(n_refs, (*batch, k), generator=generator, device=device)}
     if sigma:
         noise = TensorDict({}, batch_size=[*batch, k])
         for key, value in noise_draws(inputs, sigma, k, generator, None).items():
             noise.set(key, value)
         drawn["noise"] = noise
-    drawn["alpha"] = torch.rand((*batch, k), generator=generator, device=device, dtype=inputs.get(keys[0]).dtype)
+    drawn["alpha"] = torch.rand((*batch, k), generator=generator, device=device, dtype=first.dtype)
     return drawn
 
 
