@@ -189,9 +189,10 @@ def _path(inputs: TensorDictBase, refs: TensorDictBase, keys: Sequence[NestedKey
             starts[key] = b
             points[key] = a * x + (1.0 - a) * b
         else:
-            # (b (1 - a) + a x in one pass, as captum's numbers; torch.rsub is what ``1.0 - a`` runs, without
-            # the Python wrapper of Tensor.__rsub__)
-            points[key] = b.mul_(torch.rsub(a, 1.0)).addcmul_(a, x)
+            # (b (1 - a) + a x, each product rounded as captum's: addcmul's vector kernels fuse the multiply-add
+            # and round once, which moves points by an ulp; torch.rsub is what ``1.0 - a`` runs, without the
+            # Python wrapper of Tensor.__rsub__)
+            points[key] = b.mul_(torch.rsub(a, 1.0)).add_(a * x)
     return ends, starts, changes, points
 
 

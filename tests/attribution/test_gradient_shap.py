@@ -231,3 +231,23 @@ def test_a_non_tensor_input_reaches_the_forward_of_every_draw():
     theirs = gradient_shap(g, q, td.select("input"), refs, target=0, n_samples=6, stdevs=0.1,
                            generator=torch.Generator().manual_seed(1))["input"]
     assert_close_ulps(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_path_points_of_a_large_call_are_captums_bitwise(dtype):
+    # (20,480 points, a smooth model: the vectorised kernels, where a fused multiply-add would round the points
+    # differently from captum's ``a * x + (1 - a) * b``; the zoo's small calls run the scalar tail only)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10)).to(dtype)
+    x, refs, n, k = torch.randn(16, 64, dtype=dtype), torch.randn(6, 64, dtype=dtype), 16, 20
+    np.random.seed(2)
+    torch.manual_seed(2)
+    index = torch.tensor(np.random.choice(len(refs), k * n)).view(n, k)
+    torch.randn(n * k, 64)  # (captum's zero noise)
+    alpha = torch.tensor(np.random.uniform(0.0, 1.0, n * k)).view(n, k)
+    ours = gradient_shap(functional(model), params(model), x, refs, target=3, n_samples=k,
+                         draws=TensorDict(index=index, alpha=alpha, batch_size=[n, k]))
+    np.random.seed(2)
+    torch.manual_seed(2)
+    theirs = ca.GradientShap(model).attribute(x.clone(), refs, n_samples=k, target=3)
+    assert torch.equal(ours, theirs)
