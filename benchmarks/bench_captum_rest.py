@@ -27,7 +27,9 @@ plain torch a capable engineer writes for the same numbers, everything it needs 
 Every variant is timed in the same shuffled, interleaved rounds; times are CPU seconds of this
 one-thread process. After the timing each variant's maps are checked against the floor's (the
 permutations drawn from the same seed; captum's DeepLift on the copy ``bench_deeplift.py`` makes for
-it). Run: ``python benchmarks/bench_captum_rest.py``.
+it). Last, the peak memory a feature-permutation call adds (256 inputs) by default, with every copy in
+one forward, and with ``chunk_size`` 8 and 1: bounded by the chunks. Run:
+``python benchmarks/bench_captum_rest.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _digits import fastest_forward
-from _timing import cpu_medians, print_table
+from _timing import cpu_medians, peak_rss_growth_mib, print_table
 from bench_deeplift import Back, _captum_safe, _conv_adjoint, _Copy, _floor_step, _rescaled
 from bench_lrp import cnn, mlp
 from captum.attr import Deconvolution, DeepLiftShap, FeaturePermutation, GuidedGradCam, LayerDeepLift
@@ -210,6 +212,19 @@ def bench_feature_permutation(title: str, model: nn.Module, x: torch.Tensor) -> 
     }, rounds=9, number=2, atol=1e-5)
 
 
+def permutation_memory(title: str, model: nn.Module, x: torch.Tensor) -> None:
+    """Peak resident memory a feature-permutation call adds, by ``chunk_size`` (each run once after a warm-up)."""
+    f, p = tdhook_fn.pure(model)
+    copies = x[0].numel() + 1
+    print(f"\nfeature permutation, {title}, batch {len(x)}: peak memory added ({copies} copies of the batch)")
+    for label, chunk_size in (("ours (default)", None), (f"ours, chunk_size={copies} (all)", copies),
+                              ("ours, chunk_size=8", 8), ("ours, chunk_size=1", 1)):
+        def run(chunk_size: int | None = chunk_size) -> torch.Tensor:
+            return feature_permutation(f, p, x, target=TARGET, chunk_size=chunk_size)
+        run()
+        print(f"  {label:<34}{peak_rss_growth_mib(run):>10.1f} MiB")
+
+
 def floor_layer_deeplift(model: nn.Sequential, x: torch.Tensor, layer: int) -> Callable[[], torch.Tensor]:
     """DeepLift (zero reference) of the output of ``model[layer]``: the walk of ``bench_deeplift.py`` stopped there."""
     frozen = copy.deepcopy(model).requires_grad_(False)
@@ -359,6 +374,8 @@ def main() -> None:
         bench_layer_deeplift(title, model, inputs, 2 if model is net else 3)
         bench_deeplift_shap(title, model, inputs)
     bench_guided_grad_cam("CNN 2 conv 8x8 (max pool)", conv, images, 3)
+    for title, model, inputs in (("MLP 128-256x2-10", net, x), ("CNN 2 conv 8x8 (max pool)", conv, images)):
+        permutation_memory(title, model, inputs.repeat(4, *(1,) * (inputs.dim() - 1)))  # 256 inputs
 
 
 if __name__ == "__main__":
