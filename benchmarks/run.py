@@ -17,7 +17,8 @@ import torch
 
 BENCHMARKS = ("bench_call", "bench_ig", "bench_weights", "bench_lrp", "bench_latent", "bench_metrics",
               "bench_dimension", "bench_similarity", "bench_probing", "bench_compat_probing", "bench_conductance",
-              "bench_noise", "bench_surrogate", "bench_perturbation", "bench_deeplift", "bench_data", "bench_compile")
+              "bench_noise", "bench_surrogate", "bench_perturbation", "bench_deeplift", "bench_captum_rest",
+              "bench_data", "bench_compile")
 
 
 def main() -> None:
