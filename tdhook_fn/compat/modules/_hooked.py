@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -30,6 +31,15 @@ from ._scope import SCOPE, Scope, current
 from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
+
+# NOTE [a registry on demand]
+# Most hooked modules never get a hook (an attribution context's is called, then closed),
+# so a hooked module makes its `VirtualHooks` registry when the first hook is registered
+# through it, and until then its calls add nothing to the scope (NOTE [one scope]). The
+# registry is made under one lock, so two threads registering the first hooks at once
+# share it. A hook registered during a call, on a hooked module that had none, applies
+# from the next call of that module (an active registry's new hooks apply at once).
+_MAKING = threading.Lock()
 
 
 class HookingContext(Protocol):
@@ -65,6 +75,9 @@ class HookedModule(TensorDictModuleWrapper):
     """
 
     _runs: TensorDictModuleBase
+    _hooking_context: HookingContext | None
+    _relative_path: str
+    _virtual_hooks: VirtualHooks | None
 
     def __init__(
         self,
@@ -73,12 +86,25 @@ class HookedModule(TensorDictModuleWrapper):
         relative_path: str = "td_module",
     ) -> None:
         super().__init__(td_module)
-        self._hooking_context = hooking_context
-        self._relative_path = relative_path
-        self._virtual_hooks = VirtualHooks()
-        # a context's prepared module routes the model; a module of one's own is routed here
-        # (kept out of the module tree: it is td_module again)
-        self.__dict__["_runs"] = td_module if hooking_context is not None else RoutedModule.of(td_module)
+        # (in __dict__, as nn.Module would put them, without its checks per name; `_runs`, a context's
+        # prepared module, routes the model, a module of one's own is routed here: kept out of the module
+        # tree, it is td_module again; the registry is made on demand, NOTE [a registry on demand])
+        self.__dict__.update(
+            _hooking_context=hooking_context,
+            _relative_path=relative_path,
+            _virtual_hooks=None,
+            _runs=td_module if hooking_context is not None else RoutedModule.of(td_module),
+        )
+
+    def _registry(self) -> VirtualHooks:
+        """This module's registry of virtual hooks, made now if it has none (NOTE [a registry on demand])."""
+        hooks: VirtualHooks | None = self._virtual_hooks
+        if hooks is None:
+            with _MAKING:
+                hooks = self.__dict__["_virtual_hooks"]
+                if hooks is None:
+                    hooks = self.__dict__["_virtual_hooks"] = VirtualHooks()
+        return hooks
 
     @property
     def relative_path(self) -> str:
@@ -156,7 +182,7 @@ class HookedModule(TensorDictModuleWrapper):
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
-        registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
+        registry = current().recording or self._registry()  # a HookedModuleRun records into its own
         return registry.add(submodule, hook, direction, prepend)
 
     def set(
@@ -206,7 +232,7 @@ class HookedModule(TensorDictModuleWrapper):
             raise RuntimeError("Contextual HookedModule must be called in context")
         # this module's hooks join the scope for the call (NOTE [one scope]), inline: a call on every forward
         scope, hooks = SCOPE.get(), self._virtual_hooks
-        if hooks in scope.hooks:  # (an outer call of this module made them active)
+        if hooks is None or hooks in scope.hooks:  # (none yet, or an outer call of this module made them active)
             return self._runs(*args, **kwargs)
         token = SCOPE.set(Scope((*scope.hooks, hooks), scope.recording, scope.replacements))
         try:

@@ -125,13 +125,47 @@ def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
     return out
 
 
+# NOTE [moved steps]
+# The two moves of the path-point dim run on every call of a stepped method, on a few
+# leaves (the outputs, the user's targets). A TensorDict of tensors only is moved leaf by
+# leaf into one new TensorDict (one constructor call, no per-leaf Python call); anything
+# else (nested TensorDicts, non-tensor leaves, a user's TensorDict without its batch
+# size) goes through ``apply``/`rebatch`. Both give the same keys, shapes and values.
+
+
+def _moved(td: TensorDictBase, split: torch.Size | None, source: int, dest: int, flat: bool,
+           batch_size: list[int]) -> TensorDict | None:
+    """``td``'s tensors with their batch dims first split to ``split`` (if given), dim ``source`` moved to
+    ``dest``, then all flattened into one (``flat``); ``None`` when ``td`` holds anything but tensors
+    (NOTE [moved steps])."""
+    leaves: dict[Any, torch.Tensor] = {}
+    dims = td.batch_dims
+    for key, value in td.items():
+        if not isinstance(value, torch.Tensor):
+            return None
+        if split is not None:
+            value = value.reshape(*split, *value.shape[dims:])
+        value = value.movedim(source, dest)
+        leaves[key] = value.flatten(0, dims - 1) if flat else value
+    device = td.device
+    if device is None:
+        return TensorDict(leaves, batch_size=batch_size)
+    return TensorDict(leaves, batch_size=batch_size, device=device)
+
+
 def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDictBase:
     """The method's ``[n, *B]`` (or ``[n * N]``) as tdhook's ``[*B, n]``."""
-    if td.batch_size[1:] != batch:
+    size, dims = td.batch_size, len(batch)
+    split = None if size[1:] == batch else torch.Size((size.numel() // max(batch.numel(), 1), *batch))
+    if split is None or split.numel() == size.numel():
+        moved = _moved(td, split, 0, dims, False, [*batch, (split or size)[0]])
+        if moved is not None:
+            return moved
+    if split is not None:
         td = td.reshape(-1, *batch)
     size = td.batch_size
     # (a builtin per leaf, not a lambda: no Python call per leaf)
-    out = td.apply(partial(torch.movedim, source=0, destination=len(batch)), batch_size=[*size[1:], size[0]])
+    out = td.apply(partial(torch.movedim, source=0, destination=dims), batch_size=[*size[1:], size[0]])
     assert out is not None  # (None only in place)
     return out
 
@@ -139,6 +173,10 @@ def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDictBase:
 def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDictBase:
     """tdhook's ``[*B, n]`` back to the method's batch ``like``."""
     n, size = len(batch), td.batch_size
+    if len(size) == n + 1 and like in (torch.Size((size[n], *size[:n])), torch.Size((size.numel(),))):
+        out = _moved(td, None, n, 0, len(like) == 1 and n > 0, list(like))
+        if out is not None:
+            return out
     if len(size) > n:
         moved = td.apply(partial(torch.movedim, source=n, destination=0), batch_size=[size[n], *size[:n]])
         assert moved is not None  # (None only in place)
