@@ -31,8 +31,7 @@ __all__ = [
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
-# what the default ``_hook_module`` registers: nothing, one shared handle a context does not remove
-_NO_HOOKS = MultiHookHandle()
+_NO_HOOKS = MultiHookHandle()  # the default ``_hook_module``'s: one shared empty handle, never removed
 
 
 # NOTE [prepared attributes]
@@ -348,8 +347,7 @@ class HookingContextFactory:
     ) -> HookedModule:
         """Wrap the prepared module in ``_hooked_module_class``."""
         base = self._hooked_module_kwargs.get("relative_path", "td_module")
-        path = ".".join(filter(None, (base, extra_relative_path)))  # (merge_paths, without a call)
-        kwargs = {**self._hooked_module_kwargs, "relative_path": path}
+        kwargs = {**self._hooked_module_kwargs, "relative_path": ".".join(filter(None, (base, extra_relative_path)))}
         return self._hooked_module_class(prep_module, hooking_context=hooking_context, **kwargs)
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:

@@ -33,12 +33,10 @@ from ._virtual import VirtualHooks, module_path
 __all__ = ["HookedModule"]
 
 # NOTE [a registry on demand]
-# Most hooked modules never get a hook (an attribution context's is called, then closed),
-# so a hooked module makes its `VirtualHooks` registry when the first hook is registered
-# through it, and until then its calls add nothing to the scope (NOTE [one scope]). The
-# registry is made under one lock, so two threads registering the first hooks at once
-# share it. A hook registered during a call, on a hooked module that had none, applies
-# from the next call of that module (an active registry's new hooks apply at once).
+# Most hooked modules never get a hook, so a hooked module makes its `VirtualHooks` registry
+# (under one lock: threads registering first hooks at once share it) when a first hook is
+# registered through it; until then its calls add nothing to the scope (NOTE [one scope]).
+# So a first hook registered during a call of its module applies from the next call.
 _MAKING = threading.Lock()
 
 
@@ -86,15 +84,11 @@ class HookedModule(TensorDictModuleWrapper):
         relative_path: str = "td_module",
     ) -> None:
         super().__init__(td_module)
-        # (in __dict__, as nn.Module would put them, without its checks per name; `_runs`, a context's
-        # prepared module, routes the model, a module of one's own is routed here: kept out of the module
-        # tree, it is td_module again; the registry is made on demand, NOTE [a registry on demand])
-        self.__dict__.update(
-            _hooking_context=hooking_context,
-            _relative_path=relative_path,
-            _virtual_hooks=None,
-            _runs=td_module if hooking_context is not None else RoutedModule.of(td_module),
-        )
+        # (in __dict__ as nn.Module puts them, without its checks; `_runs` out of the module tree: a context's
+        # prepared module routes the model, a module of one's own is routed here; NOTE [a registry on demand])
+        runs = td_module if hooking_context is not None else RoutedModule.of(td_module)
+        self.__dict__.update(_hooking_context=hooking_context, _relative_path=relative_path, _virtual_hooks=None,
+                             _runs=runs)
 
     def _registry(self) -> VirtualHooks:
         """This module's registry of virtual hooks, made now if it has none (NOTE [a registry on demand])."""

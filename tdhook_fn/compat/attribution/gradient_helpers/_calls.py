@@ -126,63 +126,42 @@ def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
 
 
 # NOTE [moved steps]
-# The two moves of the path-point dim run on every call of a stepped method, on a few
-# leaves (the outputs, the user's targets). A TensorDict of tensors only is moved leaf by
-# leaf into one new TensorDict (one constructor call, no per-leaf Python call); anything
-# else (nested TensorDicts, non-tensor leaves, a user's TensorDict without its batch
-# size) goes through ``apply``/`rebatch`. Both give the same keys, shapes and values.
+# The path-point dim is moved twice on every call of a stepped method, on a few leaves. A
+# TensorDict of tensors is moved leaf by leaf into one new TensorDict (no Python call per
+# leaf, no ``apply``); other contents go through ``apply``, a user's TensorDict without its
+# batch size through `rebatch`: the same keys, shapes and values either way.
 
 
-def _moved(td: TensorDictBase, split: torch.Size | None, source: int, dest: int, flat: bool,
-           batch_size: list[int]) -> TensorDict | None:
-    """``td``'s tensors with their batch dims first split to ``split`` (if given), dim ``source`` moved to
-    ``dest``, then all flattened into one (``flat``); ``None`` when ``td`` holds anything but tensors
-    (NOTE [moved steps])."""
+def _moved(td: TensorDictBase, source: int, dest: int, size: list[int], split: tuple[int, ...] = ()) -> TensorDict:
+    """``td``'s batch (first reshaped to ``split``, if given) with dim ``source`` moved to ``dest``, then
+    reshaped to ``size`` (NOTE [moved steps])."""
     leaves: dict[Any, torch.Tensor] = {}
-    dims = td.batch_dims
     for key, value in td.items():
         if not isinstance(value, torch.Tensor):
-            return None
-        if split is not None:
-            value = value.reshape(*split, *value.shape[dims:])
-        value = value.movedim(source, dest)
-        leaves[key] = value.flatten(0, dims - 1) if flat else value
-    device = td.device
-    if device is None:
-        return TensorDict(leaves, batch_size=batch_size)
-    return TensorDict(leaves, batch_size=batch_size, device=device)
+            td = td.reshape(split) if split else td
+            dims = list(td.batch_size)
+            dims.insert(dest, dims.pop(source))
+            moved = td.apply(partial(torch.movedim, source=source, destination=dest), batch_size=dims)
+            assert moved is not None  # (None only in place)
+            return moved.reshape(size)
+        value = value.reshape(*split, *value.shape[td.batch_dims:]) if split else value
+        leaves[key] = value.movedim(source, dest).reshape(*size, *value.shape[len(split) or td.batch_dims:])
+    return TensorDict(leaves, batch_size=size, device=td.device)
 
 
 def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDictBase:
     """The method's ``[n, *B]`` (or ``[n * N]``) as tdhook's ``[*B, n]``."""
-    size, dims = td.batch_size, len(batch)
-    split = None if size[1:] == batch else torch.Size((size.numel() // max(batch.numel(), 1), *batch))
-    if split is None or split.numel() == size.numel():
-        moved = _moved(td, split, 0, dims, False, [*batch, (split or size)[0]])
-        if moved is not None:
-            return moved
-    if split is not None:
-        td = td.reshape(-1, *batch)
     size = td.batch_size
-    # (a builtin per leaf, not a lambda: no Python call per leaf)
-    out = td.apply(partial(torch.movedim, source=0, destination=dims), batch_size=[*size[1:], size[0]])
-    assert out is not None  # (None only in place)
-    return out
+    split = () if size[1:] == batch else (size.numel() // max(batch.numel(), 1), *batch)
+    return _moved(td, 0, len(batch), [*batch, (split or size)[0]], split)
 
 
 def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDictBase:
     """tdhook's ``[*B, n]`` back to the method's batch ``like``."""
     n, size = len(batch), td.batch_size
-    if len(size) == n + 1 and like in (torch.Size((size[n], *size[:n])), torch.Size((size.numel(),))):
-        out = _moved(td, None, n, 0, len(like) == 1 and n > 0, list(like))
-        if out is not None:
-            return out
     if len(size) > n:
-        moved = td.apply(partial(torch.movedim, source=n, destination=0), batch_size=[size[n], *size[:n]])
-        assert moved is not None  # (None only in place)
-        out = moved
-    else:  # a user's TensorDict made without its batch size: read it from the leaves
-        out = rebatch(td, n, 0)
+        return _moved(td, n, 0, list(like))
+    out = rebatch(td, n, 0)  # a user's TensorDict made without its batch size: read it from the leaves
     return out if out.batch_size == like else out.reshape(like)
 
 
