@@ -132,7 +132,7 @@ def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
 # batch size through `rebatch`: the same keys, shapes and values either way.
 
 
-def _moved(td: TensorDictBase, source: int, dest: int, size: list[int], split: tuple[int, ...] = ()) -> TensorDict:
+def _moved(td: TensorDictBase, source: int, dest: int, size: torch.Size, split: tuple[int, ...] = ()) -> TensorDict:
     """``td``'s batch (first reshaped to ``split``, if given) with dim ``source`` moved to ``dest``, then
     reshaped to ``size`` (NOTE [moved steps])."""
     leaves: dict[Any, torch.Tensor] = {}
@@ -141,11 +141,13 @@ def _moved(td: TensorDictBase, source: int, dest: int, size: list[int], split: t
             td = td.reshape(split) if split else td
             dims = list(td.batch_size)
             dims.insert(dest, dims.pop(source))
-            moved = td.apply(partial(torch.movedim, source=source, destination=dest), batch_size=dims)
-            assert moved is not None  # (None only in place)
-            return moved.reshape(size)
+            applied = td.apply(partial(torch.movedim, source=source, destination=dest), batch_size=dims)
+            assert applied is not None  # (None only in place)
+            return applied.reshape(size)
         value = value.reshape(*split, *value.shape[td.batch_dims:]) if split else value
-        leaves[key] = value.movedim(source, dest).reshape(*size, *value.shape[len(split) or td.batch_dims:])
+        moved = value.movedim(source, dest)  # (reshaped only when it must be: a view is one more autograd node)
+        leaves[key] = moved if moved.shape[:len(size)] == size else moved.reshape(
+            *size, *value.shape[len(split) or td.batch_dims:])
     return TensorDict(leaves, batch_size=size, device=td.device)
 
 
@@ -153,14 +155,14 @@ def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDictBase:
     """The method's ``[n, *B]`` (or ``[n * N]``) as tdhook's ``[*B, n]``."""
     size = td.batch_size
     split = () if size[1:] == batch else (size.numel() // max(batch.numel(), 1), *batch)
-    return _moved(td, 0, len(batch), [*batch, (split or size)[0]], split)
+    return _moved(td, 0, len(batch), torch.Size((*batch, (split or size)[0])), split)
 
 
 def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDictBase:
     """tdhook's ``[*B, n]`` back to the method's batch ``like``."""
     n, size = len(batch), td.batch_size
     if len(size) > n:
-        return _moved(td, n, 0, list(like))
+        return _moved(td, n, 0, like)
     out = rebatch(td, n, 0)  # a user's TensorDict made without its batch size: read it from the leaves
     return out if out.batch_size == like else out.reshape(like)
 
