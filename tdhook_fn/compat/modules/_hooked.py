@@ -90,16 +90,6 @@ class HookedModule(TensorDictModuleWrapper):
         self.__dict__.update(_hooking_context=hooking_context, _relative_path=relative_path, _virtual_hooks=None,
                              _runs=runs)
 
-    def _registry(self) -> VirtualHooks:
-        """This module's registry of virtual hooks, made now if it has none (NOTE [a registry on demand])."""
-        hooks: VirtualHooks | None = self._virtual_hooks
-        if hooks is None:
-            with _MAKING:
-                hooks = self.__dict__["_virtual_hooks"]
-                if hooks is None:
-                    hooks = self.__dict__["_virtual_hooks"] = VirtualHooks()
-        return hooks
-
     @property
     def relative_path(self) -> str:
         return self._relative_path
@@ -176,7 +166,10 @@ class HookedModule(TensorDictModuleWrapper):
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
-        registry = current().recording or self._registry()  # a HookedModuleRun records into its own
+        registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
+        if registry is None:  # a first hook: its registry now (NOTE [a registry on demand])
+            with _MAKING:
+                registry = self.__dict__["_virtual_hooks"] = self._virtual_hooks or VirtualHooks()
         return registry.add(submodule, hook, direction, prepend)
 
     def set(
