@@ -9,7 +9,7 @@ are listed in ``docs/compat.md``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -19,10 +19,11 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn.compat._types import UnraveledKey
-from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
+from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
 __all__ = [
+    "UNTOUCHING_PREPARES",
     "CompositeHookingContextFactory",
     "HookingContext",
     "HookingContextFactory",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
+_NO_HOOKS = MultiHookHandle()  # the default ``_hook_module``'s: one shared empty handle, never removed
 
 
 # NOTE [prepared attributes]
@@ -41,6 +43,9 @@ InKeys = list[NestedKey] | dict[NestedKey, str]
 # prepare, body or restore too. Only the prepare step's own changes are undone, so
 # contexts over one module may close in any order, and the body's changes are the
 # user's. ``training`` is left alone (``train()`` changes the whole tree).
+# A prepare step of compat's own that sets no attribute (`UNTOUCHING_PREPARES`, by function)
+# runs without the snapshots; a subclass overriding it is snapshotted again.
+UNTOUCHING_PREPARES: set[Callable[..., Any]] = set()
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _SKIPPED = frozenset((*_SLOTS, "training"))
 _State = dict[str, tuple[str, Any]]
@@ -147,11 +152,14 @@ class HookingContext:
             working = RoutedModule(self._module, self._extra_relative_path)
             if pre is not self._module:  # a pre-factory's hooked module routes the model itself
                 working = working.running(pre)
-            before = _attribute_state(self._module)
-            try:
+            if getattr(self._prepare, "__func__", None) in UNTOUCHING_PREPARES:
                 prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
-            finally:
-                self._prepared_changes = _changes_since(self._module, before)
+            else:
+                before = _attribute_state(self._module)
+                try:
+                    prepared = self._prepare(working, self._in_keys, self._out_keys, self._extra_relative_path)
+                finally:
+                    self._prepared_changes = _changes_since(self._module, before)
             self._working = working  # prepared: restore it, from here on
             self._hooked_module = self._spawn(prepared, self, self._extra_relative_path)
             self._handle = self._hook(self._hooked_module)
@@ -195,7 +203,7 @@ class HookingContext:
         if not self._in_context:
             raise RuntimeError("Cannot exit a context that was not entered")
         try:
-            if self._handle is not None:
+            if self._handle is not None and self._handle is not _NO_HOOKS:
                 self._handle.remove()
             if self._working is not None:
                 self._restore(self._working, self._in_keys, self._out_keys, self._extra_relative_path)
@@ -339,12 +347,15 @@ class HookingContextFactory:
     ) -> HookedModule:
         """Wrap the prepared module in ``_hooked_module_class``."""
         base = self._hooked_module_kwargs.get("relative_path", "td_module")
-        kwargs = {**self._hooked_module_kwargs, "relative_path": merge_paths(base, extra_relative_path)}
+        kwargs = {**self._hooked_module_kwargs, "relative_path": ".".join(filter(None, (base, extra_relative_path)))}
         return self._hooked_module_class(prep_module, hooking_context=hooking_context, **kwargs)
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
-        """Register the context's own hooks on ``module``. Default: none."""
-        return MultiHookHandle()
+        """Register the context's own hooks on ``module``. Default: none (an empty handle)."""
+        return _NO_HOOKS
+
+
+UNTOUCHING_PREPARES.add(HookingContextFactory._prepare_module)
 
 
 class CompositeHookingContextFactory(HookingContextFactory):

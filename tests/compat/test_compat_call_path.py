@@ -1,9 +1,10 @@
 """The compat integrated-gradients context call stays a short walk (benchmarks/count_calls.py measures it).
 
 Python calls are counted with ``sys.setprofile`` (deterministic: no timing). What compat adds
-to the pure `integrated_gradients` call it makes is bounded: at most 60 calls, in at most
-8 files of compat's own (issue 24: the whole walk was 335 calls across 28 files; its goal
-120 calls and 12 files; today 53 calls, 43 of them compat's own, in 8 files).
+to the pure `integrated_gradients` call it makes is bounded: at most 43 calls, in at most
+6 files of compat's own (issue 24: the whole walk was 335 calls across 28 files; its goal
+120 calls and 12 files; today 113 calls, 43 more than the pure call's 70, 38 of them compat's
+own, in 6 files: a hooked module without hooks makes no registry, NOTE [a registry on demand]).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _first(outputs: TensorDict, additional: Any = None) -> TensorDict:
     return outputs.apply(lambda value: value[..., 0])
 
 
-def test_the_compat_ig_call_adds_at_most_60_calls_in_8_compat_files() -> None:
+def test_the_compat_ig_call_adds_at_most_43_calls_in_6_compat_files() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     x = torch.randn(2, 4)
@@ -66,5 +67,5 @@ def test_the_compat_ig_call_adds_at_most_60_calls_in_8_compat_files() -> None:
     compat_calls, compat_files = _walk(compat)
     pure_calls, _ = _walk(pure)
     own_files = sorted(name for name in compat_files if name.startswith("compat" + os.sep))
-    assert compat_calls - pure_calls <= 60, (compat_calls, pure_calls)
-    assert len(own_files) <= 8, own_files
+    assert compat_calls - pure_calls <= 43, (compat_calls, pure_calls)
+    assert len(own_files) <= 6, own_files

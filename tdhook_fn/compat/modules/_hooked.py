@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -30,6 +31,13 @@ from ._scope import SCOPE, Scope, current
 from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
+
+# NOTE [a registry on demand]
+# Most hooked modules never get a hook, so a hooked module makes its `VirtualHooks` registry
+# (under one lock: threads registering first hooks at once share it) when a first hook is
+# registered through it; until then its calls add nothing to the scope (NOTE [one scope]).
+# So a first hook registered during a call of its module applies from the next call.
+_MAKING = threading.Lock()
 
 
 class HookingContext(Protocol):
@@ -65,6 +73,9 @@ class HookedModule(TensorDictModuleWrapper):
     """
 
     _runs: TensorDictModuleBase
+    _hooking_context: HookingContext | None
+    _relative_path: str
+    _virtual_hooks: VirtualHooks | None
 
     def __init__(
         self,
@@ -73,12 +84,11 @@ class HookedModule(TensorDictModuleWrapper):
         relative_path: str = "td_module",
     ) -> None:
         super().__init__(td_module)
-        self._hooking_context = hooking_context
-        self._relative_path = relative_path
-        self._virtual_hooks = VirtualHooks()
-        # a context's prepared module routes the model; a module of one's own is routed here
-        # (kept out of the module tree: it is td_module again)
-        self.__dict__["_runs"] = td_module if hooking_context is not None else RoutedModule.of(td_module)
+        # (in __dict__ as nn.Module puts them, without its checks; `_runs` out of the module tree: a context's
+        # prepared module routes the model, a module of one's own is routed here; NOTE [a registry on demand])
+        runs = td_module if hooking_context is not None else RoutedModule.of(td_module)
+        self.__dict__.update(_hooking_context=hooking_context, _relative_path=relative_path, _virtual_hooks=None,
+                             _runs=runs)
 
     @property
     def relative_path(self) -> str:
@@ -157,6 +167,9 @@ class HookedModule(TensorDictModuleWrapper):
                 "only the model's own submodules can be hooked"
             )
         registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
+        if registry is None:  # a first hook: its registry now (NOTE [a registry on demand])
+            with _MAKING:
+                registry = self.__dict__["_virtual_hooks"] = self._virtual_hooks or VirtualHooks()
         return registry.add(submodule, hook, direction, prepend)
 
     def set(
@@ -206,7 +219,7 @@ class HookedModule(TensorDictModuleWrapper):
             raise RuntimeError("Contextual HookedModule must be called in context")
         # this module's hooks join the scope for the call (NOTE [one scope]), inline: a call on every forward
         scope, hooks = SCOPE.get(), self._virtual_hooks
-        if hooks in scope.hooks:  # (an outer call of this module made them active)
+        if hooks is None or hooks in scope.hooks:  # (none yet, or an outer call of this module made them active)
             return self._runs(*args, **kwargs)
         token = SCOPE.set(Scope((*scope.hooks, hooks), scope.recording, scope.replacements))
         try:

@@ -92,7 +92,8 @@ class RoutedModule(TensorDictModuleWrapper):
         return not any(name in names for names in own) and not hasattr(type(self), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if self._forwards(name):
+        # (`_forwards`' first test inline: no call for the wrapper's own ``td_module`` on construction)
+        if "_forward_attributes" in self.__dict__ and self._forwards(name):
             setattr(self.td_module, name, value)
         else:
             super().__setattr__(name, value)

@@ -8,14 +8,15 @@ function and writes what a method of `tdhook_fn.attribution` returns under
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-from tensordict import NestedKey, TensorDict, TensorDictBase
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key_list
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
 from tdhook_fn.attribution import saliency
-from tdhook_fn.compat.contexts import HookingContextFactory
+from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._wrappers import check_td
@@ -35,6 +36,7 @@ from ._calls import (
 __all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
+_unravel: Callable[[list[NestedKey]], list[NestedKey]] = unravel_key_list  # (tensordict's, untyped)
 
 
 def _under(prefix: Any, keys: list[NestedKey]) -> list[NestedKey]:
@@ -189,8 +191,17 @@ class GradientAttribution(HookingContextFactory):
         additional = td.select(*self._additional_init_keys)
         inputs = td.select(*in_keys, *self._additional_init_keys)
         # (the user's choices asked for only when there is a callable: no call otherwise)
-        input_keys = (tuple(td.select(*in_keys).keys(True, True)) if self._init_attr_inputs is None
-                      else self._attributed_inputs(td.select(*in_keys), additional))
+        input_keys: tuple[Any, ...]
+        if self._init_attr_inputs is None:
+            # the leaves under in_keys: in_keys themselves when each is a str naming a tensor (in select's order)
+            for key in in_keys:  # (a loop, inline: no call per key)
+                if not isinstance(key, str) or not isinstance(inputs.get(key), torch.Tensor):
+                    input_keys = tuple(td.select(*in_keys).keys(True, True))
+                    break
+            else:
+                input_keys = tuple(in_keys)
+        else:
+            input_keys = self._attributed_inputs(td.select(*in_keys), additional)
         layers = (tuple(self._input_modules) if self._init_attr_cache_in is None
                   else self._attributed_layers(f, params, inputs, additional))
         renamed = {tap.key: tap.path for tap in cached} if cached else None
@@ -249,6 +260,9 @@ class GradientAttribution(HookingContextFactory):
         raise NotImplementedError(f"{type(self).__name__} must implement _attribute or _grad_attr")
 
 
+UNTOUCHING_PREPARES.add(GradientAttribution._prepare_module)  # (it builds a module, sets nothing)
+
+
 class _Attributing(TensorDictModuleBase):
     """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call.
 
@@ -268,9 +282,12 @@ class _Attributing(TensorDictModuleBase):
         cached: tuple[CachedOutput, ...],
     ) -> None:
         super().__init__()
-        self.in_keys, self.out_keys = cast(Any, factory._module_keys(in_keys))  # (tensordict types them narrower)
-        self.__dict__.update(_factory=factory, _routed=module, _context_keys=(in_keys, out_keys), _method=method,
-                             _grad_fns=grad_fns, _cached=cached)
+        module_in, module_out = factory._module_keys(in_keys)
+        module_out = _unravel(module_out)
+        # (what tensordict's in_keys/out_keys setters store, stored without nn.Module's checks per name)
+        self.__dict__.update(_in_keys=_unravel(module_in), _out_keys=module_out,
+                             _out_keys_apparent=module_out, _factory=factory, _routed=module,
+                             _context_keys=(in_keys, out_keys), _method=method, _grad_fns=grad_fns, _cached=cached)
 
     def forward(self, td: TensorDict) -> TensorDict:
         factory, (in_keys, out_keys) = self._factory, self._context_keys
