@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -32,12 +31,6 @@ from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
 
-# NOTE [a registry on demand]
-# Most hooked modules never get a hook, so a hooked module makes its `VirtualHooks` registry
-# (under one lock: threads registering first hooks at once share it) when a first hook is
-# registered through it; until then its calls add nothing to the scope (NOTE [one scope]).
-# So a first hook registered during a call of its module applies from the next call.
-_MAKING = threading.Lock()
 
 
 class HookingContext(Protocol):
@@ -75,7 +68,7 @@ class HookedModule(TensorDictModuleWrapper):
     _runs: TensorDictModuleBase
     _hooking_context: HookingContext | None
     _relative_path: str
-    _virtual_hooks: VirtualHooks | None
+    _virtual_hooks: VirtualHooks
 
     def __init__(
         self,
@@ -85,10 +78,10 @@ class HookedModule(TensorDictModuleWrapper):
     ) -> None:
         super().__init__(td_module)
         # (in __dict__ as nn.Module puts them, without its checks; `_runs` out of the module tree: a context's
-        # prepared module routes the model, a module of one's own is routed here; NOTE [a registry on demand])
+        # prepared module routes the model, a module of one's own is routed here)
         runs = td_module if hooking_context is not None else RoutedModule.of(td_module)
-        self.__dict__.update(_hooking_context=hooking_context, _relative_path=relative_path, _virtual_hooks=None,
-                             _runs=runs)
+        self.__dict__.update(_hooking_context=hooking_context, _relative_path=relative_path,
+                             _virtual_hooks=VirtualHooks(), _runs=runs)
 
     @property
     def relative_path(self) -> str:
@@ -167,9 +160,6 @@ class HookedModule(TensorDictModuleWrapper):
                 "only the model's own submodules can be hooked"
             )
         registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
-        if registry is None:  # a first hook: its registry now (NOTE [a registry on demand])
-            with _MAKING:
-                registry = self.__dict__["_virtual_hooks"] = self._virtual_hooks or VirtualHooks()
         return registry.add(submodule, hook, direction, prepend)
 
     def set(
@@ -219,7 +209,7 @@ class HookedModule(TensorDictModuleWrapper):
             raise RuntimeError("Contextual HookedModule must be called in context")
         # this module's hooks join the scope for the call (NOTE [one scope]), inline: a call on every forward
         scope, hooks = SCOPE.get(), self._virtual_hooks
-        if hooks is None or hooks in scope.hooks:  # (none yet, or an outer call of this module made them active)
+        if hooks in scope.hooks:  # (an outer call of this module made them active)
             return self._runs(*args, **kwargs)
         token = SCOPE.set(Scope((*scope.hooks, hooks), scope.recording, scope.replacements))
         try:

@@ -1,4 +1,4 @@
-"""A hooked module's registry of virtual hooks is made by its first hook (NOTE [a registry on demand])."""
+"""Hooks registered on a hooked module between its calls, and from two threads at once, all apply."""
 
 from __future__ import annotations
 
