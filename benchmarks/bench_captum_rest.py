@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from _digits import fastest_forward
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
-from bench_deeplift import Back, _captum_safe, _conv_adjoint, _Copy, _floor_step, _rescaled
+from bench_deeplift import Back, _captum_safe, _conv_adjoint, _Copy, _floor_step, _rescaled, walk_to_target
 from bench_lrp import cnn, mlp
 from captum.attr import Deconvolution, DeepLiftShap, FeaturePermutation, GuidedGradCam, LayerDeepLift
 from torch import nn
@@ -236,15 +236,7 @@ def floor_layer_deeplift(model: nn.Sequential, x: torch.Tensor, layer: int) -> C
             h = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
             for module in fast[:layer + 1]:
                 h = module(h)
-            change, backs = h[:n] - h[n:], []
-            for module in frozen[layer + 1:]:
-                h, back = _floor_step(module, h, n, EPS)
-                backs.append(back)
-            g = h.new_zeros((n, h.shape[1]))
-            g[:, TARGET] = 1.0
-            for back in reversed(backs):
-                g = back(g)
-            return g * change
+            return walk_to_target(frozen[layer + 1:], h, n, TARGET, EPS) * (h[:n] - h[n:])
 
     return run
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import torch
@@ -119,18 +119,22 @@ def _floor_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[
 def floor_deeplift(model: nn.Sequential, x: torch.Tensor, target: int, eps: float = 1e-10) -> torch.Tensor:
     """DeepLift (rescale rule, zero reference, one target, times the input change) of a chain of linear layers,
     2-d convolutions, ReLUs, 2-d max pooling and flattens, written out in plain torch (captum's numbers)."""
-    n = len(x)
-    backs = []
     with torch.no_grad():
         h = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])  # the inputs' rows, then the one reference row
-        for layer in model:
-            h, back = _floor_step(layer, h, n, eps)
-            backs.append(back)
-        g = h.new_zeros((n, h.shape[1]))
-        g[:, target] = 1.0
-        for back in reversed(backs):
-            g = back(g)
-    return g * x
+        return walk_to_target(model, h, len(x), target, eps) * x
+
+
+def walk_to_target(layers: Iterable[nn.Module], h: torch.Tensor, n: int, target: int, eps: float) -> torch.Tensor:
+    """The multipliers at ``h`` (``n`` rows, then the reference row) of the ``target`` output of ``layers``."""
+    backs = []
+    for layer in layers:
+        h, back = _floor_step(layer, h, n, eps)
+        backs.append(back)
+    g = h.new_zeros((n, h.shape[1]))
+    g[:, target] = 1.0
+    for back in reversed(backs):
+        g = back(g)
+    return g
 
 
 def _refs(x: torch.Tensor) -> torch.Tensor:
