@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from _digits import fastest_forward
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
-from bench_deeplift import Back, _captum_safe, _conv_adjoint, _Copy, _floor_step, _rescaled, walk_to_target
+from bench_deeplift import Back, _captum_safe, _Copy, _floor_step, _rescaled, affine_step, max_pool_back, walk_to_target
 from bench_lrp import cnn, mlp
 from captum.attr import Deconvolution, DeepLiftShap, FeaturePermutation, GuidedGradCam, LayerDeepLift
 from torch import nn
@@ -288,11 +288,9 @@ def _pair_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[t
     """One layer's forward on ``n`` inputs then ``k`` references (``n + k`` rows), and its DeepLift backward on the
     ``n * k`` pairs (multipliers by broadcasting)."""
     k = h.shape[0] - n
-    if isinstance(layer, nn.Linear):
-        w = layer.weight
-        return F.linear(h, w, layer.bias), lambda g: g @ w
-    if isinstance(layer, nn.Conv2d):
-        return layer(h), _conv_adjoint(layer)
+    affine = affine_step(layer, h)
+    if affine is not None:
+        return affine
     if isinstance(layer, nn.ReLU):
         y = torch.relu(h)
         dx = _pairs(h, n)
@@ -308,14 +306,7 @@ def _pair_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[t
         at_x = _each_pair(idx[:n], k).flatten(2)
         at_ref = idx[None, n:].expand(n, *idx[n:].shape).flatten(0, 1).flatten(2)
         dx, shape = _pairs(h, n), (n * k, *h.shape[1:])
-
-        def back(g: torch.Tensor) -> torch.Tensor:
-            moved = g.new_zeros(shape).flatten(2)
-            moved.scatter_add_(2, at_x, (g * up).flatten(2)).scatter_add_(2, at_ref, (g * down).flatten(2))
-            return _rescaled(dx, moved.view(shape) / dx,
-                             lambda: g.new_zeros(shape).flatten(2).scatter_add_(2, at_x, g.flatten(2)).view(shape), eps)
-
-        return y, back
+        return y, max_pool_back(shape, at_x, at_ref, up, down, dx, eps)
     if isinstance(layer, nn.Flatten):
         return h.flatten(1), lambda g: g.reshape(g.shape[0], *h.shape[1:])
     raise TypeError(f"floor_deeplift_shap: no rule for {type(layer).__name__}")

@@ -86,24 +86,38 @@ def _floor_max_pool(layer: nn.MaxPool2d, h: torch.Tensor, n: int, eps: float) ->
     top = torch.maximum(y[:n], y[n:])
     up, down, dx, shape = top - y[n:], y[:n] - top, h[:n] - h[n:], h[:n].shape
     at_x, at_ref = idx[:n].flatten(2), idx[n:].expand(n, -1, -1, -1).flatten(2)
+    return y, max_pool_back(shape, at_x, at_ref, up, down, dx, eps)
 
+
+def max_pool_back(shape: tuple[int, ...], at_x: torch.Tensor, at_ref: torch.Tensor, up: torch.Tensor,
+                  down: torch.Tensor, dx: torch.Tensor, eps: float) -> Back:
+    """Max pooling's DeepLift backward: the multipliers sent to the input's and the reference's maxima
+    (``at_x``, ``at_ref``: flat indices), weighted by how far each moved (``up``, ``down``), rescaled by ``dx``."""
     def back(g: torch.Tensor) -> torch.Tensor:
         moved = g.new_zeros(shape).flatten(2)
         moved.scatter_add_(2, at_x, (g * up).flatten(2)).scatter_add_(2, at_ref, (g * down).flatten(2))
         return _rescaled(dx, moved.view(shape) / dx,
                          lambda: g.new_zeros(shape).flatten(2).scatter_add_(2, at_x, g.flatten(2)).view(shape), eps)
 
-    return y, back
+    return back
 
 
-def _floor_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
-    """One layer's forward on the stacked rows (``n`` inputs, then the reference) and its DeepLift backward."""
-    shape = h[:n].shape
+def affine_step(layer: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+    """A linear layer's or a convolution's forward on ``h`` and its adjoint (the multipliers pass through), or None."""
     if isinstance(layer, nn.Linear):
         w = layer.weight
         return F.linear(h, w, layer.bias), lambda g: g @ w
     if isinstance(layer, nn.Conv2d):
         return layer(h), _conv_adjoint(layer)
+    return None
+
+
+def _floor_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+    """One layer's forward on the stacked rows (``n`` inputs, then the reference) and its DeepLift backward."""
+    shape = h[:n].shape
+    affine = affine_step(layer, h)
+    if affine is not None:
+        return affine
     if isinstance(layer, nn.ReLU):
         y = torch.relu(h)
         dx = h[:n] - h[n:]
