@@ -21,7 +21,7 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call, check_layers
-from ._deeplift_chain import chain_deeplift, deeplift_plan
+from ._deeplift_chain import chain_deeplift, chain_layer_deeplift, chain_links, deeplift_plan
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors
@@ -321,12 +321,56 @@ def layer_deeplift(
         raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
                          "(layers=['<path>']), or use deeplift for the inputs")
     keys = attributed_keys("layer_deeplift", f, inputs, input_keys)
+    if len(keys) == 1 and untransformed() and _holds_only(inputs, keys[0]):
+        walked = _layers_walked(f, params, inputs, baselines, target, eps, per_target, keys[0], layers,
+                                multiply_by_inputs)
+        if walked is not None:
+            return walked
     grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
                                      layers)
     if not multiply_by_inputs:
         return grads
     assert stacked is not None  # (layers take the general path)
     return _times_layer_change(f, params, stacked, grads, layers, inputs.batch_size)
+
+
+def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines, target: Target,
+                   eps: float, per_target: bool, key: NestedKey, layers: Sequence[str],
+                   multiply: bool) -> TensorDict | None:
+    """`layer_deeplift` by the chain walk stopped at the layers (NOTE [layers on the chain]); ``None``: not a chain
+    whose links the layers are."""
+    caller = "layer_deeplift"
+    fn = _check(caller, f, eps)
+    plan = deeplift_plan(fn)
+    if plan is None or plan.links is None:
+        return None
+    stops = chain_links(plan, fn.model, layers)
+    if stops is None:
+        return None
+    check_call(caller, fn, params, inputs, (key,), target, modes=False)
+    plan.check_modes(fn.model, caller)
+    x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
+    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
+        reference = x.new_full((1, *x.shape[lead:]), float(baselines))  # (one row for every sample)
+    else:
+        b = path_starts(inputs, baselines, (key,), caller).get(key)
+        reference = b.reshape(-1, *b.shape[lead:])
+        if all(s == 0 for s in b.stride()[:lead]):
+            reference = reference[:1]
+    n = batch.numel()
+    walked = chain_layer_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference,
+                                  target, eps, per_target, stops)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    out = {}
+    for path, (grads, act) in zip(layers, walked, strict=True):
+        if multiply:
+            grads = grads * (act[:n] - act[n:])
+        elif len(walked) > 1:
+            grads = grads.clone()  # (a reshape's pullback is a view: one map must not alias another)
+        out[path] = grads if lead == 1 else unflatten(grads, first, batch)
+    return fresh_tensordict(out, [*grads.shape[:first], *batch])
 
 
 def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,

@@ -10,7 +10,7 @@
 # The walk runs the inputs (``n`` rows) and the references (one row when shared, NOTE
 # [deeplift as lrp rules]) as one batch, without a graph, and pulls back one-hot seeds: the
 # numbers of the rules on LRP's walk, without the stacked batch, the taps or autograd.
-# Anything else (other modules, buffers, a callable target, layers, a transform) takes
+# Anything else (other modules, buffers, a callable target, a transform) takes
 # the general path of `deeplift`, which gives the same maps.
 
 # NOTE [seed rows]
@@ -23,10 +23,18 @@
 # other than a reshape (a view) makes a new tensor of it (an activation's product):
 # nothing of the walk writes to it, and no map aliases it.
 
+# NOTE [layers on the chain]
+# A layer of `layer_deeplift` that is one link's output on such a chain (named by its path,
+# the module in the chain once) takes the same walk: the whole forward (the links after the
+# layer need their multipliers too), the walk back stopped at the layer's output, and the
+# layer's change read off the forward's rows there: no second forward for the activations.
+# A path that names no link, a module in the chain twice, or anything the walk refuses
+# takes the general path, which names what is wrong or gives the same maps.
+
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -36,6 +44,7 @@ from torch import nn
 
 from .._model_plans import plan_for
 from .._params import Key, leaves
+from .._paths import path_to_name, resolve_path
 from .._targets import Target
 from ._lrp.affine import Affine, affine_of
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
@@ -43,7 +52,7 @@ from ._lrp.model_chain import model_chain, reads_one_key
 from ._lrp.plan import ModesChecked
 from ._lrp.walk import RESHAPES, own_values, slots_of
 
-__all__ = ["DeepLiftPlan", "chain_deeplift", "deeplift_plan"]
+__all__ = ["DeepLiftPlan", "chain_deeplift", "chain_layer_deeplift", "chain_links", "deeplift_plan"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # the multiplier's gradient at a module's output -> at its input
 
@@ -166,12 +175,15 @@ class DeepLiftPlan(ModesChecked):
     """The walk's links (``None``: not a chain the walk knows), planned once per model (NOTE [plans per model])."""
 
     links: list[_Link] | None
+    names: list[str]  # each link's name in the model (its path as `path_to_name` writes it)
+    stops: dict[str, int | None] = field(default_factory=dict)  # the link each layer path names, as found
 
 
 def _plan(model: nn.Module) -> DeepLiftPlan:
     chain = model_chain(model)
     links = None if chain is None else [_link(name, module) for name, module in chain]
-    return DeepLiftPlan(None if links is None or None in links else cast(list[_Link], links))
+    return DeepLiftPlan(None if links is None or None in links else cast(list[_Link], links),
+                        [] if chain is None else [name for name, _ in chain])
 
 
 def deeplift_plan(f: Any) -> DeepLiftPlan | None:
@@ -203,6 +215,25 @@ def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int
     return module(both), lambda g: g.reshape(in_shape)
 
 
+def _unused(_g: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("the walk stops above this link")
+
+
+def _forward(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+    """One module's forward alone, by the ops of `_step` (the same numbers); ``None``: as `_step`'s."""
+    kind, module = link.kind, link.module
+    if kind == "affine":
+        assert link.affine is not None
+        return link.affine.run(both, own[0], own[1] if len(own) > 1 else None), _unused
+    if kind == "activation":
+        return _ACTIVATIONS[type(module)][0](module, both), _unused
+    if kind == "pool":
+        return max_pool_with_indices(MAX_POOLS[type(module)][1], both, module.__dict__)[0], _unused
+    if kind == "softmax" and module.__dict__.get("dim") not in (-1, both.dim() - 1):
+        return None
+    return module(both), _unused
+
+
 def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor] | None:
     """What each map puts in at the output: a class index, or one class per row; ``None``: the general path's."""
     if isinstance(target, torch.Tensor):
@@ -217,13 +248,15 @@ def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor]
     return indices
 
 
-def _seed_rows(links: list[_Link], own: list[tuple[torch.Tensor, ...]]) -> torch.Tensor | None:
+def _seed_rows(links: list[_Link], own: list[tuple[torch.Tensor, ...]], stop: int) -> torch.Tensor | None:
     """The last linear layer's weight, whose rows are its pullbacks of one-hots (NOTE [seed rows]); ``None`` where
-    the chain does not end in one, or no activation's product comes before a pullback other than a reshape."""
+    the chain does not end in one, or no activation's product comes before a pullback other than a reshape, after
+    the link ``stop`` (the last the walk reads a map at; ``-1``: the input)."""
     affine = links[-1].affine
     if affine is None or affine.conv is not None:
         return None
-    for link in reversed(links[:-1]):
+    for index in range(len(links) - 2, stop, -1):
+        link = links[index]
         if link.kind == "activation":
             return own[-1][0]
         if link.kind != "reshape":
@@ -237,6 +270,57 @@ def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, 
 
     ``reference`` has ``n`` rows or one. ``None`` where the walk does not apply.
     """
+    walked = _walk(plan, params, x, reference, target, eps, per_target, (-1,))
+    return None if walked is None else walked[0][0]
+
+
+def chain_links(plan: DeepLiftPlan, model: nn.Module, paths: Sequence[str]) -> tuple[int, ...] | None:
+    """The index of the link each path names (NOTE [layers on the chain]); ``None`` where one names none, or a
+    module in the chain twice (the general path says what is wrong)."""
+    found = []
+    for path in paths:
+        if path not in plan.stops:
+            if len(plan.stops) >= _PATHS_KEPT:
+                plan.stops.clear()
+            plan.stops[path] = _link_named(plan, model, path)
+        index = plan.stops[path]
+        if index is None:
+            return None
+        found.append(index)
+    return tuple(found)
+
+
+_PATHS_KEPT = 64  # (paths a plan remembers: a loop over many layers starts over rather than grow)
+
+
+def _link_named(plan: DeepLiftPlan, model: nn.Module, path: str) -> int | None:
+    links, name = plan.links, path_to_name(path)
+    if links is None or "(" in path or name not in plan.names:  # (a path that calls a method: the general path's)
+        return None
+    index = plan.names.index(name)
+    try:
+        named = resolve_path(model, path)  # (a name's path: no call runs; the plan's snapshot holds the model)
+    except Exception:  # (the general path resolves it again and names the error)
+        return None
+    if named is not links[index].module or sum(link.module is named for link in links) != 1:
+        return None
+    return index
+
+
+def chain_layer_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
+                         target: Target, eps: float, per_target: bool, stops: tuple[int, ...],
+                         ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """DeepLift's multipliers at the output of each link in ``stops`` (``[n, ...]``; ``[T, n, ...]`` per target),
+    each with that output at the inputs' and the references' rows (``n`` rows, then one or ``n``), by NOTE
+    [layers on the chain]. ``None`` where the walk does not apply.
+    """
+    return _walk(plan, params, x, reference, target, eps, per_target, stops)
+
+
+def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
+          target: Target, eps: float, per_target: bool, stops: tuple[int, ...],
+          ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The multipliers at each stop (a link's output; ``-1``: the input), with the stacked activation there."""
     links = plan.links
     n = x.shape[0]
     seeds = _seeds(target, n, per_target)
@@ -247,34 +331,43 @@ def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, 
     if own is None:
         return None
     backs: list[Back] = []
+    seen: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         # one op per module for both (the references' rows after the inputs'): half the calls of two runs
         both = torch.cat([x, reference])
-        for link, tensors in zip(links, own, strict=True):
-            step = _step(link, tensors, both, n, eps)
+        seen[-1] = both
+        lowest, wanted = min(stops), set(stops)
+        for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
+            # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
+            step = _step(link, tensors, both, n, eps) if index > lowest else _forward(link, tensors, both)
             if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
                 return None  # (a module that moves the batch from the first dim: the general path refuses it)
             both, back = step
+            seen[index] = both
             backs.append(back)
         h = both[:n]
         classes = h.shape[1] if h.dim() == 2 else 0
         if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
                    for i in seeds):
             return None  # (the general path says what is wrong)
-        weight = _seed_rows(links, own) if h.dim() == 2 else None
-        maps = []
+        weight = _seed_rows(links, own, max(stops)) if h.dim() == 2 else None
+        maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in wanted}
         for i in seeds:
-            pulls = backs
             if weight is not None:
                 g = weight[i].expand(n, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
-                pulls = backs[:-1]
+                at = len(links) - 2  # (g is at the output of the link before the last)
             else:
                 g = torch.zeros_like(h)
                 if isinstance(i, int):
                     g[:, i] = 1.0
                 else:
                     g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
-            for back in reversed(pulls):
-                g = back(g)
-            maps.append(g)
-    return torch.stack(maps) if per_target else maps[0]
+                at = len(links) - 1
+            while True:
+                if at in wanted:
+                    maps[at].append(g)
+                if at == lowest:
+                    break
+                g = backs[at](g)
+                at -= 1
+    return [(torch.stack(maps[stop]) if per_target else maps[stop][0], seen[stop]) for stop in stops]
