@@ -94,7 +94,7 @@ def _guide(x: torch.Tensor) -> torch.Tensor:
 # Only for a plain ``nn.ReLU`` (a subclass's forward may need a real input) where
 # nothing else sees that ReLU's input or output: no hook of the model's on the module
 # (a hooked model gets no cached plan, so this is checked at every call), no global
-# module hook, no tap of ``f``'s at that path.
+# module hook, no tap of ``f``'s.
 
 
 def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
@@ -151,10 +151,8 @@ def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
                                                                               lambda: _relu_plan(model))
     if guided:
         return [Tap(site.path, "intervene", _guide, "input", site.path) for site in plan if site.guided]
-    tapped = {tap.path for tap in f.taps}
-    free = not _global_hooks()
-    return [tap for site in plan
-            for tap in _deconv_taps(site, free and site.exact and not site.hooked and site.path not in tapped)]
+    free = not f.taps and not _global_hooks()  # (f's taps: any, since one path has several spellings)
+    return [tap for site in plan for tap in _deconv_taps(site, free and site.exact and not site.hooked)]
 
 
 def relu_paths(model: nn.Module) -> list[str]:
