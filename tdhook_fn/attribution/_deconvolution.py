@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
+from torch.nn.modules import module as module_globals
 
 from .._functional import Functional, NestedKey
+from .._model_plans import plan_for
+from .._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS
 from .._taps import Tap
 from .._targets import Target
 from ._cotangents import Cotangents
@@ -17,52 +20,139 @@ from ._guided_backprop import module_paths
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 
-__all__ = ["deconvolution", "relu_paths"]
+__all__ = ["deconvolution", "relu_paths", "relu_rule_taps"]
 
 # NOTE [deconvolution as taps]
 # A ReLU's own backward masks the gradient by where its input was positive; the
 # deconvnet ignores that mask and passes back the positive part of the gradient that
 # arrives. Two taps per ReLU module put that VJP in place without touching the
-# module: an intervention at its input keeps the input (and hands an ``inplace=True``
-# ReLU a copy to write), one at its output replaces the output by `_PositiveGradReLU` of
-# that input: the same values, ``relu`` of the gradient on the way back, the module's own
-# backward left out of the graph. Plain taps and an autograd.Function, so it runs under
-# vmap, grad and torch.compile(fullgraph=True) alike.
+# module: an intervention at its input keeps the input (and hands the module a stand-in:
+# NOTE [a stand-in for the replaced ReLU]), one at its output replaces the output by
+# `_RectifiedGrad` of that input: the same values, ``relu`` of the gradient on the way
+# back, the module's own backward left out of the graph. Guided backprop keeps the
+# module's backward and rectifies what leaves it: one tap at its input, a copy forward,
+# ``relu`` of the gradient backward. Plain taps and an autograd.Function, so it runs
+# under vmap, grad and torch.compile(fullgraph=True) alike.
 
 
-class _PositiveGradReLU(torch.autograd.Function):
-    """``relu`` forward; ``relu`` of the arriving gradient backward (no mask)."""
+class _RectifiedGrad(torch.autograd.Function):
+    """``relu`` forward (a copy where ``copy``); ``relu`` of the arriving gradient backward."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x)
+    def forward(x: torch.Tensor, copy: bool) -> torch.Tensor:
+        # a copy, not a view: the module reading it may write it in place (ReLU(inplace=True))
+        return x.clone() if copy else torch.relu(x)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         pass
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return torch.relu(grad)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.relu(grad), None
 
 
-def _deconv_taps(path: str, relu: nn.Module) -> list[Tap]:
-    """The deconvnet's backward at the ReLU ``relu`` at ``path`` (NOTE [deconvolution as taps])."""
-    inplace = getattr(relu, "inplace", False) is True
+class _PlainRectifiedGrad(torch.autograd.Function):
+    """`_RectifiedGrad` in the plain style (NOTE [plain-style Function outside transforms])."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, copy: bool) -> torch.Tensor:
+        return x.clone() if copy else torch.relu(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.relu(grad), None
+
+
+# NOTE [plain-style Function outside transforms]
+# A Function with a ``setup_context`` (what vmap and grad need) binds its arguments
+# through ``inspect.signature`` at every apply, about as long again as the Function
+# itself; outside functorch transforms and torch.compile, the plain-style twin with the
+# same forward and backward runs instead.
+
+
+def _rectified(x: torch.Tensor, copy: bool) -> torch.Tensor:
+    """``relu(x)`` (``x`` where ``copy``) with ``relu`` of the gradient backward (NOTE [deconvolution as taps])."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        # through a view, as `_taps._map_grad` (a Function on a torch.func.grad primal under torch.compile)
+        out: torch.Tensor = _RectifiedGrad.apply(x.view_as(x), copy)  # type: ignore[no-untyped-call]
+        return out
+    plain: torch.Tensor = _PlainRectifiedGrad.apply(x, copy)  # type: ignore[no-untyped-call]
+    return plain
+
+
+def _guide(x: torch.Tensor) -> torch.Tensor:
+    return _rectified(x, True)
+
+
+# NOTE [a stand-in for the replaced ReLU]
+# The deconvnet's tap at a ReLU's output throws the module's own result away, so the
+# module is handed a one-element stand-in to run on instead of its input (no ReLU
+# forward wasted, and an ``inplace=True`` ReLU writes the stand-in, not the kept input).
+# Only for a plain ``nn.ReLU`` (a subclass's forward may need a real input) where
+# nothing else sees that ReLU's input or output: no hook of the model's on the module
+# (a hooked model gets no cached plan, so this is checked at every call), no global
+# module hook, no tap of ``f``'s.
+
+
+def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
+    """The deconvnet's backward at the ReLU ``site`` (NOTE [deconvolution as taps])."""
     inputs: list[torch.Tensor] = []  # this call's own stack: a module may run more than once in a forward
+    inplace = site.inplace
 
     def keep(x: torch.Tensor) -> torch.Tensor:
         inputs.append(x)
+        if stand_in:  # NOTE [a stand-in for the replaced ReLU]
+            return x.new_zeros(())
         return x.clone() if inplace else x
 
     def replace(_output: torch.Tensor) -> torch.Tensor:
-        x = inputs.pop()
-        out: torch.Tensor = _PositiveGradReLU.apply(x.view_as(x))  # type: ignore[no-untyped-call]  # (see _map_grad)
-        return out
+        return _rectified(inputs.pop(), False)
 
-    return [Tap(path, "intervene", keep, "input"), Tap(path, "intervene", replace, "output")]
+    # (the key given: no capture reads it, and deriving it costs as much as the tap)
+    return [Tap(site.path, "intervene", keep, "input", site.path), Tap(site.path, "intervene", replace, "output",
+                                                                         site.path)]
+
+
+class _ReLUSite(NamedTuple):
+    path: str
+    exact: bool  # an nn.ReLU itself, not a subclass: it may run on a stand-in
+    hooked: bool  # hooks of the model's own on the module
+    inplace: bool
+    guided: bool  # one guided Grad-CAM guides: no instance of another class of module in the model
+
+
+def _relu_plan(model: nn.Module) -> tuple[_ReLUSite, ...]:
+    """The model's ReLU modules, as the taps need them (built once per model: NOTE [plans per model])."""
+    others = tuple({type(m) for m in model.modules() if not isinstance(m, nn.ReLU)})
+    return tuple(_ReLUSite(path, type(relu) is nn.ReLU, _hooked(relu), getattr(relu, "inplace", False) is True,
+                           not isinstance(relu, others)) for path, relu in _relus(model))
+
+
+def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
+    """Taps giving ``f.model``'s ReLU modules the deconvnet's backward, or (``guided``) guided backprop's.
+
+    Guided: the ReLUs that guided Grad-CAM guides (those of no other module class found in the
+    model), each with ``relu`` applied to the gradient leaving it, as `guided_backprop` does.
+    Unchecked taps (NOTE [taps that never fire]): an unused ReLU is fine.
+
+    Args:
+        f (Functional): the function whose model's ReLUs are tapped.
+        guided (bool): guided backprop's backward (``relu`` of the ReLU's own), else the deconvnet's.
+
+    Returns:
+        list[Tap]: the taps, for one call.
+    """
+    model = f.model
+    # NOTE [plans per model] (Dynamo traces no cache: compiled, the plan is built, once per compile)
+    plan = _relu_plan(model) if torch.compiler.is_compiling() else plan_for(model, "relu sites",
+                                                                              lambda: _relu_plan(model))
+    if guided:
+        return [Tap(site.path, "intervene", _guide, "input", site.path) for site in plan if site.guided]
+    free = not f.taps and not _global_hooks()  # (f's taps: any, since one path has several spellings)
+    return [tap for site in plan for tap in _deconv_taps(site, free and site.exact and not site.hooked)]
 
 
 def relu_paths(model: nn.Module) -> list[str]:
@@ -81,6 +171,14 @@ def relu_paths(model: nn.Module) -> list[str]:
 def _relus(model: nn.Module) -> list[tuple[str, nn.Module]]:
     modules = [module for name, module in model.named_modules() if name]  # module_paths' order
     return [(path, m) for path, m in zip(module_paths(model), modules, strict=True) if isinstance(m, nn.ReLU)]
+
+
+def _hooked(module: nn.Module) -> bool:
+    return any(getattr(module, name, None) for name in HOOK_DICTS)
+
+
+def _global_hooks() -> bool:
+    return any(getattr(module_globals, name, None) for name in GLOBAL_HOOK_DICTS)
 
 
 @accepts_tensors
@@ -123,8 +221,7 @@ def deconvolution(
     if not isinstance(f, Functional):
         raise TypeError("deconvolution needs f to be a tdhook_fn.Functional (it taps the model's ReLU modules); "
                         "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
-    # NOTE [deconvolution as taps]; unchecked (NOTE [taps that never fire]): an unused ReLU is fine here
-    taps = [tap for path, relu in _relus(f.model) for tap in _deconv_taps(path, relu)]
+    taps = relu_rule_taps(f, guided=False)  # NOTE [deconvolution as taps]
     return saliency(f, params, inputs, target=target, per_target=per_target, input_keys=input_keys, taps=taps,
                     cotangents=cotangents)
 

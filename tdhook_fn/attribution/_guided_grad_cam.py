@@ -7,15 +7,15 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
-from torch import nn
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
 from ._checks import check_call
+from ._deconvolution import relu_rule_taps
 from ._engine import input_keys_of
 from ._grad_cam import DimsConfig, grad_cam
-from ._guided_backprop import guided_backprop
 from ._inputs import accepts_tensors
+from ._saliency import saliency
 
 __all__ = ["guided_grad_cam"]
 
@@ -95,9 +95,9 @@ def guided_grad_cam(
         raise ValueError(f"guided_grad_cam: layer {layer!r} has fewer dims per sample than the inputs' [C, *spatial] "
                          f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank") from None
     cam = torch.relu(cams.get(layer))
-    skip = tuple({type(m) for m in f.model.modules() if not isinstance(m, nn.ReLU)})
-    guided = guided_backprop(f, params, inputs, target=target, classes_to_skip=skip, per_target=per_target,
-                             input_keys=input_keys)
+    # guided backprop on the ReLUs only (every other class of module skipped, as captum)
+    guided = saliency(f, params, inputs, target=target, per_target=per_target, input_keys=input_keys,
+                      taps=relu_rule_taps(f, guided=True))
     lead = guided.batch_dims
     out = TensorDict({}, batch_size=guided.batch_size)
     for key, value in guided.items(True, True):
