@@ -46,7 +46,7 @@ from torch.nn.modules import module as module_globals
 
 from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS
 
-__all__ = ["Snapshot", "plan_for"]
+__all__ = ["Snapshot", "global_hooks", "plan_for"]
 
 # NOTE [one flat check]
 # `Snapshot.holds` runs at every call, inside a call whose tensors have just pushed the
@@ -94,7 +94,8 @@ def _held(value: Any) -> bool:
     return isinstance(value, _SCALARS) or (type(value) in (tuple, torch.Size) and all(_held(v) for v in value))
 
 
-def _global_hooks() -> bool:
+def global_hooks() -> bool:
+    """Whether any global module hook (``torch.nn.modules.module.register_module_*_hook``) is registered."""
     return any(map(_torch_globals.get, GLOBAL_HOOK_DICTS))  # (an empty dict is false)
 
 
@@ -127,7 +128,7 @@ class Snapshot:
     @staticmethod
     def of(model: nn.Module) -> Snapshot | None:
         """The model's snapshot; ``None`` where it holds what a snapshot cannot follow, or hooks."""
-        if _global_hooks():
+        if global_hooks():
             return None
         modules = list(model.modules())
         for module in modules:
@@ -146,7 +147,7 @@ class Snapshot:
 
     def holds(self) -> bool:
         """Whether the model is as it was when the snapshot was taken (as far as a plan can see)."""
-        if _global_hooks():
+        if global_hooks():
             return False
         modules = (self.model(), *self.children)
         if tuple(map(type, modules)) != self.types:  # (the model gone reads NoneType)

@@ -8,11 +8,10 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
-from torch.nn.modules import module as module_globals
 
 from .._functional import Functional, NestedKey
-from .._model_plans import plan_for
-from .._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS
+from .._model_plans import global_hooks, plan_for
+from .._shadow_node import HOOK_DICTS
 from .._taps import Tap
 from .._targets import Target
 from ._cotangents import Cotangents
@@ -151,7 +150,7 @@ def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
                                                                               lambda: _relu_plan(model))
     if guided:
         return [Tap(site.path, "intervene", _guide, "input", site.path) for site in plan if site.guided]
-    free = not f.taps and not _global_hooks()  # (f's taps: any, since one path has several spellings)
+    free = not f.taps and not global_hooks()  # (f's taps: any, since one path has several spellings)
     return [tap for site in plan for tap in _deconv_taps(site, free and site.exact and not site.hooked)]
 
 
@@ -175,10 +174,6 @@ def _relus(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _hooked(module: nn.Module) -> bool:
     return any(getattr(module, name, None) for name in HOOK_DICTS)
-
-
-def _global_hooks() -> bool:
-    return any(getattr(module_globals, name, None) for name in GLOBAL_HOOK_DICTS)
 
 
 @accepts_tensors

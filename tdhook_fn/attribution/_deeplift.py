@@ -140,6 +140,22 @@ def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDict
     return out, starts, stacked
 
 
+def _reference_rows(caller: str, inputs: TensorDictBase, baselines: Baselines,
+                    key: NestedKey) -> tuple[torch.Tensor, TensorDictBase | None]:
+    """The chain walk's reference rows for ``key``, and the path starts they come from (``None`` for a number).
+
+    One number for every sample makes one row and no tensor of the input's size; references
+    broadcast over the batch (held by this key only: the caller checked) make one row too.
+    """
+    x, lead = inputs.get(key), inputs.batch_dims
+    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
+        return x.new_full((1, *x.shape[lead:]), float(baselines)), None
+    starts = path_starts(inputs, baselines, (key,), caller)
+    b = starts.get(key)
+    reference = b.reshape(-1, *b.shape[lead:])
+    return (reference[:1] if all(s == 0 for s in b.stride()[:lead]) else reference), starts
+
+
 def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
             target: Target, eps: float, per_target: bool, key: NestedKey, multiply: bool,
             ) -> tuple[TensorDict, TensorDictBase | None, None] | None:
@@ -154,19 +170,12 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     if plan is None or plan.links is None:
         return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
-    starts: TensorDictBase | None = None
+    reference, starts = _reference_rows(caller, inputs, baselines, key)
     b: torch.Tensor | None  # the references, broadcasting to the inputs; None: zeros, not read
-    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
-        # one number for every sample: no tensor of the input's size is made for it, one reference row
-        zero = float(baselines) == 0.0
-        reference = x.new_zeros((1, *x.shape[lead:])) if zero else x.new_full((1, *x.shape[lead:]), float(baselines))
-        b = None if zero and multiply else reference[0]  # (a zero reference: the inputs are their own change)
+    if starts is None:  # (a zero reference: the inputs are their own change)
+        b = None if multiply and float(cast(float, baselines)) == 0.0 else reference[0]
     else:
-        starts = path_starts(inputs, baselines, (key,), caller)
         b = starts.get(key)
-        reference = b.reshape(-1, *b.shape[lead:])
-        if all(s == 0 for s in b.stride()[:lead]):  # (the inputs hold this key only: the caller checked)
-            reference = reference[:1]
     walked = chain_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target,
                             eps, per_target)
     if walked is None:
@@ -350,13 +359,7 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
     check_call(caller, fn, params, inputs, (key,), target, modes=False)
     plan.check_modes(fn.model, caller)
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
-    if isinstance(baselines, (int, float)) and not isinstance(baselines, bool) and x.is_floating_point():
-        reference = x.new_full((1, *x.shape[lead:]), float(baselines))  # (one row for every sample)
-    else:
-        b = path_starts(inputs, baselines, (key,), caller).get(key)
-        reference = b.reshape(-1, *b.shape[lead:])
-        if all(s == 0 for s in b.stride()[:lead]):
-            reference = reference[:1]
+    reference, _ = _reference_rows(caller, inputs, baselines, key)
     n = batch.numel()
     walked = chain_layer_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference,
                                   target, eps, per_target, stops)

@@ -18,10 +18,10 @@ from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
-from torch.nn.modules import module as module_globals
 
 from ..._functional import Functional, get_input, pack
-from ..._shadow import GLOBAL_HOOK_DICTS, HOOK_DICTS
+from ..._model_plans import global_hooks
+from ..._shadow import HOOK_DICTS
 from ..._shadow_run import run
 
 __all__ = ["Link", "chain_of", "model_chain", "reads_one_key", "run_chain"]
@@ -34,7 +34,7 @@ def _is_sequential(module: nn.Module) -> bool:
 
 
 def _hook_free(model: nn.Module) -> bool:
-    if any(getattr(module_globals, name, None) for name in GLOBAL_HOOK_DICTS):
+    if global_hooks():
         return False
     return all("forward" not in m.__dict__ and not any(m.__dict__.get(h) for h in HOOK_DICTS) for m in model.modules())
 
