@@ -323,17 +323,17 @@ def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:
 # torch.compile ``_new_unsafe`` builds the checked one itself.
 
 
-def fresh_tensordict(entries: Any, batch_size: Sequence[int], device: Any = None) -> TensorDict:
+def fresh_tensordict(entries: Any, batch_size: Sequence[int], device: Any = None, names: Any = None) -> TensorDict:
     """``entries`` (a dict of tensors just made with ``batch_size`` in front) as a TensorDict, built unchecked
     where every key is one name and every value a plain tensor (NOTE [unchecked TensorDicts]); otherwise by
-    ``set``, which makes a nested key's levels."""
+    ``set``, which makes a nested key's levels. ``names``: the batch dims' names, if any."""
     for key, value in entries.items():
         if type(key) is not str or type(value) is not torch.Tensor:
-            out = TensorDict({}, batch_size=batch_size, device=device)
+            out = TensorDict({}, batch_size=batch_size, device=device, names=names)
             for name, value in entries.items():
                 out.set(name, value)
             return out
-    return TensorDict._new_unsafe(entries, batch_size=torch.Size(batch_size), device=device)
+    return TensorDict._new_unsafe(entries, batch_size=torch.Size(batch_size), device=device, names=names)
 
 
 def pack(batch: torch.Size, outputs: dict[NestedKey, Any], captured: Captured) -> TensorDict:

@@ -46,6 +46,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch.autograd.graph import _engine_run_backward
 
+from ._functional import fresh_tensordict
 from ._params import leaf_values
 from ._params import leaves as td_leaves
 
@@ -266,8 +267,7 @@ def _rebuild_plain(tree: TensorDict, names: list[str]) -> Callable[[Any], Any]:
         entries: dict[Any, Any] = {}
         for name in names:
             entries[name] = next(values)
-        return TensorDict._new_unsafe(entries, batch_size=tree.batch_size, device=tree.device,
-                                      names=tree._maybe_names())
+        return fresh_tensordict(entries, tree.batch_size, tree.device, tree._maybe_names())
 
     return rebuild_plain
 

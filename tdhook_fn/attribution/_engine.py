@@ -211,7 +211,7 @@ def _as_target_values(values: Any, batch: torch.Size) -> Any:
     """
     if isinstance(values, torch.Tensor):
         _check_leading_batch("a tensor", values, batch)
-        return TensorDict._new_unsafe({"target": values}, batch_size=batch)  # NOTE [unchecked TensorDicts]
+        return fresh_tensordict({"target": values}, batch)
     if not isinstance(values, TensorDictBase) or values.batch_size == batch:
         return values
     for key, value in values.items(True, True):
@@ -357,7 +357,7 @@ def gradients(
     for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')
         maps[key] = value if one_dim else unflatten(value, lead, batch)
     grads = fresh_tensordict(maps, torch.Size([*cot.batch_size[:1], *batch]) if lead else batch)
-    activations = TensorDict._new_unsafe(batch_size=batch)  # NOTE [unchecked TensorDicts]
+    activations = fresh_tensordict({}, batch)
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
