@@ -1,8 +1,6 @@
 """``ActivationMaximisation`` (``tdhook.attribution.activation_maximisation``): gradient ascent on the inputs.
 
-``modules_to_maximise`` are paths from the context's ``TensorDictModule``, as tdhook 0.1.3
-reads them (``"module[2]"`` is a plain model's ``[2]``): resolved once, handed to the pure
-method as paths from the model. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

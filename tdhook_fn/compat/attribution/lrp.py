@@ -1,9 +1,6 @@
 """``LRP`` (``tdhook.attribution.lrp``): layer-wise relevance propagation by a rule mapper.
 
-The rule mapper is asked once per module on entering the context, with tdhook's names
-(those of the wrapping ``TensorDictModule``: ``"module.0"``); each call computes the
-relevance with `tdhook_fn.attribution.lrp`, the chosen rules run as modified VJPs
-on a pure forward (nothing is registered on the model, no ``forward`` is swapped).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

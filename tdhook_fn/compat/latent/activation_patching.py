@@ -1,8 +1,6 @@
 """``ActivationPatching`` with the public API of ``tdhook.latent.activation_patching`` (tdhook 0.1.3).
 
-The clean activations come from `tdhook_fn.latent.cache`, the patched run from
-`tdhook_fn.latent.patch` (NOTE [latent contexts, pure] in ``_calls``). Differences from
-tdhook 0.1.3 are listed in ``docs/compat.md``.
+NOTE [latent contexts, pure] in ``_calls``; differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``SteeringVectors`` and ``ActivationAddition`` (``tdhook.latent.steering_vectors``, tdhook 0.1.3).
 
-`SteeringVectors` registers tdhook's setting hooks as virtual hooks; `ActivationAddition`
-computes with `tdhook_fn.latent.activation_addition`. Differences from tdhook 0.1.3 are
-listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -26,11 +26,10 @@ from tdhook_fn.compat.hooks import (
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun, directed
-from ._scope import SCOPE, Scope, current
+from ._scope import SCOPE, Scope
 from ._virtual import VirtualHooks, module_path
 
 __all__ = ["HookedModule"]
-
 
 
 class HookingContext(Protocol):
@@ -159,7 +158,7 @@ class HookedModule(TensorDictModuleWrapper):
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
-        registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
+        registry = SCOPE.get().recording or self._virtual_hooks  # a HookedModuleRun records into its own
         return registry.add(submodule, hook, direction, prepend)
 
     def set(

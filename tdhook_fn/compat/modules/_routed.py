@@ -73,16 +73,11 @@ class RoutedModule(TensorDictModuleWrapper):
         )
 
     # NOTE [working module attributes]
-    # In tdhook a factory's ``_prepare_module`` and ``_restore_module`` both receive the
-    # context's TensorDictModule, so ``setattr(module, "flag", 1)`` in one and
-    # ``delattr(module, "flag")`` in the other act on that module, and the flag is visible
-    # on it while the context is open. Here they receive this wrapper, so a public
-    # attribute the wrapper does not own is written to (and deleted from) ``td_module``,
-    # as reading one already falls through to it. Private names and the wrapper's own
-    # attributes stay on the wrapper. The context puts back, on exit, whatever
-    # ``_prepare_module`` changed on its TensorDictModule and ``_restore_module`` left
-    # (NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
-    # ``nn.Module`` inside it is never written.
+    # tdhook's ``_prepare_module`` and ``_restore_module`` both receive the context's
+    # TensorDictModule and may set an attribute in one and delete it in the other. Here they
+    # receive this wrapper, so a public attribute it does not own is written to (deleted
+    # from) ``td_module``, as reading one falls through to it; the context puts back what
+    # the prepare step left (NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``).
 
     def _forwards(self, name: str) -> bool:
         """Whether setting or deleting ``name`` acts on ``td_module`` (NOTE above)."""
@@ -145,19 +140,10 @@ class RoutedModule(TensorDictModuleWrapper):
         """The model as ``f(params, td) -> td`` with the virtual hooks active now.
 
         Call it while the hooked module runs (inside a prepared module's forward): the
-        hooks registered on the hooked module at that moment become ``f``'s taps.
-        ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys``
-        and the result holds its ``out_keys``.
-
-        The taps run the recorded tdhook hooks as they are, side effects included: a
-        caching hook writes to its cache on every call of ``f``, and inside
-        ``torch.func`` transforms it would store transformed (batched) tensors. Hooks
-        that only replace values (``set``) compose with transforms; backward hooks
-        (``*_grad``) fire under ``torch.autograd`` only.
-
-        ``in_keys`` given as a dict (keyword inputs, e.g. a Hugging Face model's
-        ``attention_mask``) pass each key as the keyword the context's TensorDictModule
-        passes it as.
+        hooks registered on the hooked module at that moment become ``f``'s taps, run as
+        they are, side effects included (a caching hook writes on every call of ``f``).
+        ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys`` (a dict
+        of them passes keywords, as the context's TensorDictModule does).
         """
         f: Functional | None = self.__dict__.get("_functional")
         if f is None:  # (built once: the model and the keys are this module's for good)

@@ -1,9 +1,6 @@
 """``Adapters`` with the public API of ``tdhook.weights.adapters`` (tdhook 0.1.3).
 
-As in tdhook, ``_hook_module`` registers a setting hook per adapter and direction (and a
-``get`` hook caching ``in_key`` for a transcoder), here as virtual hooks of the hooked
-module: nothing is registered on the model, and gradients reach the adapters' and the
-model's parameters. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

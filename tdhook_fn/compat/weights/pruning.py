@@ -1,10 +1,7 @@
 """``Pruning`` with the public API of ``tdhook.weights.pruning`` (tdhook 0.1.3).
 
-The masks come from `tdhook_fn.weights` (`pruning_scores`, `global_unstructured_masks`,
-`ln_structured_mask`) on entry; the model is never pruned: the prepared module gives its
-parameters the masked values as replacements in the hooked module's calls (NOTE [one
-scope] in ``tdhook_fn.compat.modules``), with tdhook's ``.grad`` (`_PrunedValues`).
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+The model is never pruned: its parameters take the masked values as replacements in the hooked
+module's calls (NOTE [one scope]). Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """``TaskVectors`` with the public API of ``tdhook.weights.task_vectors`` (tdhook 0.1.3).
 
-The numbers come from `tdhook_fn.weights` (`task_vector`, `forget_vector`,
-`apply_vectors`, `best_alpha`). ``with_applied_vectors`` never writes the model: the
-weights are replacements of its tensors in this thread's scope (NOTE [one scope] in
-``tdhook_fn.compat.modules``). Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

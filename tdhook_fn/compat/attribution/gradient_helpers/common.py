@@ -1,8 +1,6 @@
 """``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
 
-A prepared module is one ``_Attributing`` module that, on each call, takes the model as a pure
-function and writes what a method of `tdhook_fn.attribution` returns under
-``attribution_key``. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``tdhook.attribution.lrp_helpers.rules``: tdhook's rule classes and composites, as tdhook_fn rules.
 
 Each rule class takes tdhook's arguments and defaults and stands for a rule of
-`tdhook_fn.attribution` (`Rule.rule`), which computes the relevance. A rule mapper may
-return these or tdhook_fn rules (a custom rule has a ``relevance(call, grad)`` method, see
-`tdhook_fn.attribution.Rule`). `Rule.register` puts a rule on a module the user gives
-(NOTE [registered rules] in ``_registration``); `LRP`'s contexts never register anything.
+`tdhook_fn.attribution` (`Rule.rule`); differences are listed in ``docs/compat.md``.
 
 Examples:
     >>> import torch
