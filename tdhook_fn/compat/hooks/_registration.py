@@ -44,14 +44,9 @@ DIRECTION_TO_RETURN_INDEX: dict[str, int] = {
     for direction, params in DIRECTION_TO_PARAMS.items()
 }
 
-# What a hook of each direction sees, in tdhook's vocabulary.
+# What a hook of each direction sees, in tdhook's vocabulary: what it replaces, ``args`` called ``input``.
 DIRECTION_TO_TYPE: dict[str, str] = {
-    "fwd": "output",
-    "bwd": "grad_input",
-    "fwd_pre": "input",
-    "bwd_pre": "grad_output",
-    "fwd_kwargs": "output",
-    "fwd_pre_kwargs": "input",
+    direction: "input" if returned == "args" else returned for direction, returned in DIRECTION_TO_RETURN.items()
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from textwrap import indent
 from typing import Any, Protocol
 
 from tensordict import TensorDict
@@ -28,6 +27,7 @@ from ._routed import RoutedModule
 from ._run import HookedModuleRun, directed
 from ._scope import SCOPE, Scope
 from ._virtual import VirtualHooks, module_path
+from ._wrappers import layout
 
 __all__ = ["HookedModule"]
 
@@ -91,8 +91,7 @@ class HookedModule(TensorDictModuleWrapper):
         return self._hooking_context
 
     def __repr__(self) -> str:
-        fields = indent(f"td_module={self.td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}", 4 * " ")
-        return f"{type(self).__name__}(\n{fields})"
+        return layout(self, f"td_module={self.td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}")
 
     @classmethod
     def from_module(

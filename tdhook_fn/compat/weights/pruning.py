@@ -71,17 +71,8 @@ def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
     return pruned
 
 
-def _replacements(targets: Targets) -> list[Replacement]:
-    """One replacement per target (a parameter listed twice gets both masks, one after the other)."""
-    return [(param, _masking(param, keep)) for param, keep in targets]
-
-
 class PruningContext(HookingContext):
-    """The context of `Pruning`, as tdhook names it.
-
-    It restores nothing because nothing is written;
-    the masks live in the prepared module of each entry.
-    """
+    """The context of `Pruning`, as tdhook names it; it restores nothing because nothing is written."""
 
 
 class Pruning(HookingContextFactory):
@@ -143,15 +134,14 @@ class Pruning(HookingContextFactory):
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """``module`` running with pruned parameters (replacements: NOTE [one scope]).
-
-        The masks are computed now, from the model's current values; the model is not written.
-        """
+        """``module`` running with pruned parameters, masks computed now (replacements: NOTE [one scope])."""
         root = resolve_submodule_path(module.model, self._relative_path)
         if not isinstance(root, nn.Module):
             raise ValueError(f"Pruning: relative_path {self._relative_path!r} names a {type(root).__name__}")
         targets = self._global_targets(root) if self._modules_to_prune is None else self._structured_targets(root)
-        return module.replacing(_replacements(targets))
+        # (one replacement per target: a parameter listed twice gets both masks, one after the other)
+        replacements: list[Replacement] = [(param, _masking(param, keep)) for param, keep in targets]
+        return module.replacing(replacements)
 
     def _global_targets(self, root: nn.Module) -> Targets:
         live = params_of(root, detach=False)  # the model's own Parameters: callbacks may read .grad
@@ -186,12 +176,8 @@ class Pruning(HookingContextFactory):
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:
-        """tdhook's skip rule: the roots (``""``, ``"td_module"``, ``"module"``) and containers.
-
-        Containers are ``ModuleList``, ``Sequential`` and ``TensorDictModule``, as in tdhook;
-        `tdhook_fn.weights.default_skip` lists ``ModuleDict`` instead. None of them
-        has parameters of its own, so both rules prune the same parameters.
-        """
+        """tdhook's skip rule: the roots (``""``, ``"td_module"``, ``"module"``) and ``ModuleList``,
+        ``Sequential`` and ``TensorDictModule`` containers (parameter-free, as `tdhook_fn.weights.default_skip`'s)."""
         if isinstance(module, nn.ModuleDict):
             return name in _ROOT_NAMES
         return isinstance(module, TensorDictModule) or default_skip(name, module)

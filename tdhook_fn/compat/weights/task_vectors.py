@@ -43,11 +43,7 @@ class TaskVectorsContext(HookingContext):
         self.get_control_adequacy = get_control_adequacy
 
     def compute_alpha(self, vector: TensorDictBase) -> float:
-        """The alpha of highest test accuracy among those with adequate control, as tdhook.
-
-        Each alpha is tried on the hooked module with ``vector`` applied (see
-        `TaskVectorsModule.with_applied_vectors`); the accuracy is only asked for
-        adequate ones. Ties go to the earliest alpha.
+        """The alpha of highest test accuracy among those with adequate control (ties: the earliest), as tdhook.
 
         Raises:
             RuntimeError: outside the context, or no alpha is adequate.
@@ -69,11 +65,7 @@ class TaskVectorsContext(HookingContext):
 
 
 class TaskVectorsModule(HookedModule):
-    """The hooked module of `TaskVectors`: task vectors of the model and their use.
-
-    The model's weights (`tdhook_fn.params`) are taken when the context is entered
-    and are the base of every vector and of `get_weights`.
-    """
+    """The hooked module of `TaskVectors`; the model's weights taken on entry are the base of every vector."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,11 +76,7 @@ class TaskVectorsModule(HookedModule):
         self._weights = params_of(target)
 
     def get_task_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
-        """``params(finetuned_module) - params(model)``.
-
-        Raises:
-            ValueError: the two modules' parameters differ in keys or shapes.
-        """
+        """``params(finetuned_module) - params(model)``; ValueError when their keys or shapes differ."""
         return task_vector(self._weights, params_of(finetuned_module))
 
     def get_forget_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
@@ -121,10 +109,7 @@ class TaskVectorsModule(HookedModule):
 
     @contextmanager
     def with_applied_vectors(self, *vectors: TensorDictBase, alpha: float | None = None) -> Iterator[TaskVectorsModule]:
-        """Yield this module, whose calls run the model with `get_weights` meanwhile.
-
-        The model itself keeps its weights (NOTE [one scope]).
-        """
+        """Yield this module, whose calls run the model with `get_weights` meanwhile (NOTE [one scope])."""
         weights = self.get_weights(*vectors, alpha=alpha)
         tensors = (*self._target.named_parameters(), *self._target.named_buffers())
         values = [(tensor, weights.get(tuple(name.split(".")), None)) for name, tensor in tensors]

@@ -45,10 +45,7 @@ __all__ = [
     "grad_output_fn",
     "make_cotangents",
     "make_target",
-    "rebatch",
     "returned_td",
-    "steps_first",
-    "steps_last",
 ]
 
 UserFn = Callable[[TensorDict, TensorDict], TensorDict]
@@ -59,21 +56,10 @@ _CACHE_IN = "_tdhook_fn_cache_in_"
 
 @dataclass(frozen=True)
 class AttributionCall:
-    """What one call of a prepared module passes to a pure method.
-
-    Attributes:
-        f (Functional): the model with the hooked module's active virtual hooks.
-        params (TensorDict): the model's parameters and buffers, detached.
-        inputs (TensorDict): the ``in_keys`` and ``additional_init_keys`` entries, ``[*B]``.
-        input_keys (tuple): the attributed (for integrated gradients, interpolated) inputs.
-        use_inputs (bool): attribute the inputs.
-        layers (tuple[str, ...]): attributed module paths (``input_modules``).
-        target_layers (tuple[str, ...]): paths whose activations the target sees.
-        target (Callable): the target callable, see `make_target`.
-        cotangents (Callable | None): ``init_attr_grads`` for the method, or ``None``.
-        grad_fns (Mapping[str, Callable]): ``output_grad_callbacks`` as gradient maps.
-        taps (tuple[Tap, ...]): extra taps (``cache_callback`` captures).
-    """
+    """What one call of a prepared module passes to a pure method: ``f`` with the hooked module's
+    active virtual hooks, detached ``params``, the ``in_keys`` and ``additional_init_keys`` entries
+    (``[*B]``), the pure methods' options, ``output_grad_callbacks`` as gradient maps (``grad_fns``)
+    and extra ``taps`` (``cache_callback`` captures)."""
 
     f: Functional
     params: TensorDictBase
@@ -237,12 +223,8 @@ def activations(f: Functional, params: TensorDictBase, inputs: TensorDictBase, p
 
 
 def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn:
-    """An ``output_grad_callbacks`` entry as a gradient map (`tdhook_fn.map_grad`).
-
-    The callback is called as tdhook's ``set_grad_output`` hook calls it: with
-    ``module`` (the user's submodule), ``grad_output`` (a one-tuple), ``value=None`` and
-    ``direction="bwd_pre"``; it returns a tuple or ``None`` (keep the gradient).
-    """
+    """An ``output_grad_callbacks`` entry as a gradient map (`tdhook_fn.map_grad`), the callback
+    called as tdhook's ``set_grad_output`` hook calls it on ``submodule``."""
     hook = HookFactory.make_setting_hook(None, callback=callback, direction="bwd_pre")
 
     def fn(grad: torch.Tensor) -> torch.Tensor:
@@ -254,14 +236,8 @@ def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn
 
 @dataclass(frozen=True)
 class CachedOutput(Tap):
-    """A custom tap storing ``cache_callback``'s result for a target module under ``key``.
-
-    The callback is called as tdhook's caching hook calls it: ``module`` (the user's
-    submodule), ``args``, ``output``, ``key=("_cache_out", path)`` and ``direction="fwd"``.
-
-    Attributes:
-        target (nn.Module): the user's submodule at ``path``.
-    """
+    """A custom tap storing ``cache_callback``'s result for the user's submodule ``target`` under ``key``,
+    the callback called as tdhook's caching hook calls it."""
 
     target: Any = field(default=None, compare=False, repr=False)
 
