@@ -148,7 +148,7 @@ def _hooked_model(metric: str, module: Any) -> _Model:
 
 
 def _attributions(metric: str, data: TensorDictBase, key: Any) -> torch.Tensor:
-    value = data.get(under(_ATTR, key), None)
+    value = data.get(under(_ATTR, [key])[0], None)
     if not isinstance(value, torch.Tensor):
         raise KeyError(f"{metric}: the data hold no attributions of input {key!r} under ('attr', {key!r}); call the "
                        "hooked module on the data first (hooked(data)), with the default attribution_key 'attr'")

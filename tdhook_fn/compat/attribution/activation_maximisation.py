@@ -30,13 +30,12 @@ class ActivationMaximisation(GradientAttribution):
     """Activation maximisation (Mahendran & Vedaldi 2015): inputs that excite modules most.
 
     Computed by `tdhook_fn.attribution.activation_maximisation` (``alpha``, ``n_steps``,
-    ``min_value`` and ``max_value`` are its arguments); the final inputs are written under
-    ``(attribution_key, in_key)``. The other arguments are those of `GradientAttribution`
-    (``init_attr_targets`` sees the module activations by path).
+    ``min_value`` and ``max_value`` are its arguments), the final inputs under ``(attribution_key,
+    in_key)``. The other arguments are those of `GradientAttribution`.
 
     Args:
         modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``
-            (``"module[2]"`` for a plain model, see the module's docstring).
+            (``"module[2]"`` for a plain model).
 
     Examples:
         >>> import torch
@@ -100,7 +99,6 @@ class ActivationMaximisation(GradientAttribution):
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """As `GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
         self._model_paths(module)
         return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
 

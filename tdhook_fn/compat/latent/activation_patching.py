@@ -72,7 +72,7 @@ class ActivationPatching(HookingContextFactory):
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_patch)]
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)
-        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
+        module_in = [*in_keys, *under(self._patch_key, in_keys)]
 
         def patching(td: TensorDict) -> TensorDict:
             td = check_td("ActivationPatching", td, module_in)
@@ -100,7 +100,7 @@ class ActivationPatching(HookingContextFactory):
                 ).reshape(batch))
             return td
 
-        module_out = [*out_keys, *(under(self._patch_key, k) for k in out_keys)]
+        module_out = [*out_keys, *under(self._patch_key, out_keys)]
         return FunctionModule(patching, module_in, module_out)
 
     def _cached(self, submodule: Any, path: str, first_input: Any, output: torch.Tensor) -> Any:

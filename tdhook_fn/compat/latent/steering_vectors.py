@@ -99,7 +99,8 @@ class ActivationAddition(HookingContextFactory):
             resolve_path(model, path)  # fail on entry
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_steer)]
         in_keys = list(in_keys)
-        module_in = [under(key, k) for key in (self._positive_key, self._negative_key) for k in in_keys]
+        module_in = [*under(self._positive_key, in_keys), *under(self._negative_key, in_keys)]
+        module_out = under(self._steer_key, self._modules_to_steer)
 
         def vectors(td: TensorDict) -> TensorDict:
             td = check_td("ActivationAddition", td, module_in)
@@ -110,9 +111,8 @@ class ActivationAddition(HookingContextFactory):
             negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
             steer = activation_addition(f, params, positive, negative, sites)
             result = TensorDict({}, batch_size=[], device=td.device)
-            for site, path in zip(sites, self._modules_to_steer, strict=True):
-                result.set(under(self._steer_key, path), steer.get(site.key))
+            for site, key in zip(sites, module_out, strict=True):
+                result.set(key, steer.get(site.key))
             return result
 
-        module_out = [under(self._steer_key, path) for path in self._modules_to_steer]
         return FunctionModule(vectors, module_in, module_out)

@@ -48,11 +48,7 @@ class HookingContext(Protocol):
 
 
 class HookedModule(TensorDictModuleWrapper):
-    """A TensorDictModule whose submodules can be hooked without touching them.
-
-    ``set``/``get``/``stop`` and their variants record *virtual* hooks (see NOTE
-    [virtual hooks]) and return handles whose ``remove()`` drops them; calls of this
-    module run the model on a private shadow with those hooks attached there.
+    """A TensorDictModule whose submodules can be hooked without touching them (virtual hooks).
 
     Args:
         td_module (TensorDictModuleBase): the module to run.
@@ -138,11 +134,8 @@ class HookedModule(TensorDictModuleWrapper):
         prepend: bool = False,
         relative: bool = True,
     ) -> RemovableHandleProtocol:
-        """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self).
-
-        PathError (a ValueError): ``key`` does not resolve, is refused (NOTE [safe paths] in
-        `tdhook_fn._paths`) or names no module of the model; ValueError: an unfit hook.
-        """
+        """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self); PathError (a
+        ValueError): ``key`` does not resolve, is refused or names no module of the model."""
         root = self._key_root() if relative else self
         submodule = resolve_submodule_path(root, key)
         if isinstance(submodule, nn.ModuleList):

@@ -23,11 +23,9 @@ __all__ = ["RoutedModule"]
 class RoutedModule(TensorDictModuleWrapper):
     """Runs a context's TensorDictModule on the core, with the scope's hooks and replacements.
 
-    Behaves like the wrapped module (same ``in_keys``, ``out_keys``, attributes, and
-    ``forward`` writing into the given TensorDict), but every call runs on a private
-    shadow of it with the model's live tensors, so the model never carries a hook
-    (NOTE [one scope]). Every factory's ``_prepare_module`` receives one; `model`,
-    `functional` and `params` give a method the model as a pure function at call time.
+    Behaves like the wrapped module, but every call runs on a private shadow of it with the
+    model's live tensors (NOTE [one scope]). Every factory's ``_prepare_module`` receives one;
+    `model`, `functional` and `params` give a method the model as a pure function at call time.
 
     Args:
         td_module (TensorDictModuleBase): the context's module: the user's
@@ -62,8 +60,7 @@ class RoutedModule(TensorDictModuleWrapper):
         if not isinstance(model, nn.Module):
             raise TypeError(f"RoutedModule: {path!r} names a {type(model).__name__} in the context's module, "
                             "not a module")
-        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already;
-        # `model` a plain attribute, read without a call)
+        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already)
         self.__dict__.update(
             _extra_relative_path=extra_relative_path,
             model=model,
@@ -123,8 +120,7 @@ class RoutedModule(TensorDictModuleWrapper):
             return route(self.td_module, lambda root: root(*args, **kwargs))
 
     def params(self, *, detach: bool = False) -> TensorDictBase:
-        """The params calls run with: the model's tensors, live, with the replacements active now;
-        with ``detach``, a detached snapshot (`tdhook_fn.params`, buffers copied) for the pure methods."""
+        """The model's tensors, live, with the replacements active now (``detach``: a detached snapshot)."""
         params = params_of(self.model, detach=detach)
         scoped = SCOPE.get().replacements
         if not (scoped or self._replacements):

@@ -45,14 +45,9 @@ Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function 
 
 @dataclass(frozen=True)
 class Scope:
-    """What routed calls in this thread run with now (NOTE [one scope]).
-
-    Attributes:
-        hooks (tuple[VirtualHooks, ...]): the registries whose hooks apply.
-        recording (VirtualHooks | None): where hooks registered through a hooked module go
-            (a ``HookedModuleRun``'s registry), or ``None``: the hooked module's own.
-        replacements (tuple[Replacement, ...]): ``(tensor, fn)`` pairs, outermost first.
-    """
+    """What routed calls in this thread run with now (NOTE [one scope]): the active registries, the one
+    hooks registered through a hooked module go to (a ``HookedModuleRun``'s; ``None``: the hooked
+    module's own), and the replacements, outermost first."""
 
     hooks: tuple[VirtualHooks, ...] = ()
     recording: VirtualHooks | None = None
@@ -91,11 +86,8 @@ def entered(
 
 
 def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
-    """Give tensors of the model other values in every routed call of this thread until exit.
-
-    For each ``(tensor, fn)``, the model's ``tensor`` (a parameter or buffer, by identity) takes
-    ``fn(value)`` in a call, ``value`` being the tensor, live, or what the pairs before gave it.
-    """
+    """Give each model ``tensor`` (by identity) the value ``fn(value)`` in every routed call of this thread
+    until exit, ``value`` being the tensor, live, or what the pairs before gave it."""
     return entered(replacements=replacements)
 
 
@@ -169,10 +161,8 @@ def _values(root: nn.Module, replacements: Sequence[Replacement], start: Callabl
 
 def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Sequence[Replacement], *,
                     detach: bool) -> TensorDictBase:
-    """``params`` of ``root`` (from `tdhook_fn.params`) with ``replacements`` set in it.
-
-    With ``detach`` the replaced values start from detached tensors and are detached.
-    """
+    """``params`` of ``root`` (from `tdhook_fn.params`) with ``replacements`` set in it (``detach``: from
+    detached tensors, detached)."""
     start: Callable[[torch.Tensor], torch.Tensor] = (lambda t: t.detach()) if detach else (lambda t: t)
     for key, value in _values(root, replacements, start).items():
         params.set(key, value.detach() if detach else value)

@@ -95,13 +95,8 @@ class VirtualHooks:
 
 @dataclass(frozen=True)
 class HookTap(Tap):
-    """A custom tap registering a tdhook-style hook on the call's shadow submodule.
-
-    Attributes:
-        direction (str): one of ``HookDirection``.
-        prepend (bool): run before the hooks already on the module.
-        target (nn.Module): the user's submodule, passed to ``fn`` as its ``module``.
-    """
+    """A custom tap registering a tdhook-style hook (``direction``, ``prepend``) on the call's shadow
+    submodule, which receives the user's submodule ``target`` as its ``module``."""
 
     direction: HookDirection = "fwd"
     prepend: bool = False

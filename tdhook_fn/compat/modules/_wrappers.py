@@ -63,9 +63,13 @@ def check_td(caller: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
     return td
 
 
-def under(prefix: Any, key: Any) -> tuple[str, ...]:
-    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
-    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
+def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
+    """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str)."""
+    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+    nested = []
+    for key in keys:  # (a loop: a comprehension is one more call)
+        nested.append((*head, *((key,) if isinstance(key, str) else key)))
+    return nested
 
 
 class FunctionModule(TensorDictModuleBase):

@@ -17,7 +17,7 @@ from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules import RoutedModule
-from tdhook_fn.compat.modules._wrappers import check_td
+from tdhook_fn.compat.modules._wrappers import check_td, under
 
 from ._calls import (
     AttributionCall,
@@ -37,21 +37,9 @@ _CACHE_OUT = "_tdhook_fn_cache_out_"
 _unravel: Callable[[list[NestedKey]], list[NestedKey]] = unravel_key_list  # (tensordict's, untyped)
 
 
-def _under(prefix: Any, keys: list[NestedKey]) -> list[NestedKey]:
-    """`under` ``(prefix, key)`` for each of ``keys``, in one call (a comprehension is one more)."""
-    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
-    nested: list[NestedKey] = []
-    for key in keys:
-        nested.append((*head, *((key,) if isinstance(key, str) else key)))
-    return nested
-
-
 def inherited(arguments: dict[str, Any], *own: str) -> dict[str, Any]:
-    """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments.
-
-    Subclasses restate tdhook's full signature (names, order, defaults) and pass the
-    parent's part on with ``super().__init__(**inherited(locals(), "my_option"))``.
-    """
+    """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments
+    (subclasses restate tdhook's signature and call ``super().__init__(**inherited(locals(), "my_option"))``)."""
     parent = dict(arguments)
     for name in ("self", "__class__", *own):  # (a loop: a comprehension is one more call per subclass)
         parent.pop(name, None)
@@ -139,7 +127,7 @@ class GradientAttribution(HookingContextFactory):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         """``in_keys`` and ``out_keys`` of the prepared module."""
-        return [*in_keys, *self._additional_init_keys], _under(self._attr_key, in_keys)
+        return [*in_keys, *self._additional_init_keys], under(self._attr_key, in_keys)
 
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
@@ -151,12 +139,8 @@ class GradientAttribution(HookingContextFactory):
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey],
         method: Callable[[AttributionCall, TensorDict], TensorDictBase],
     ) -> TensorDictModuleBase:
-        """A module writing ``method(call, td)`` under ``attribution_key`` on each call.
-
-        Raises:
-            ValueError: ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``; a
-                module path does not resolve.
-        """
+        """A module writing ``method(call, td)`` under ``attribution_key`` on each call; ValueError (now):
+        ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``, or a module path does not resolve."""
         if set(self._additional_init_keys) & (set(in_keys) | set(out_keys)):
             raise ValueError("Additional init keys must not be in the in_keys or out_keys")
         model = module.model
@@ -199,7 +183,8 @@ class GradientAttribution(HookingContextFactory):
             else:
                 input_keys = tuple(in_keys)
         else:
-            input_keys = self._attributed_inputs(td.select(*in_keys), additional)
+            chosen = self._init_attr_inputs(td.select(*in_keys), additional)
+            input_keys = tuple(returned_td("init_attr_inputs", chosen).keys(True, True))
         layers = (tuple(self._input_modules) if self._init_attr_cache_in is None
                   else self._attributed_layers(f, params, inputs, additional))
         renamed = {tap.key: tap.path for tap in cached} if cached else None
@@ -215,19 +200,11 @@ class GradientAttribution(HookingContextFactory):
             () if cached else tuple(self._target_modules), target, cotangents, grad_fns, cached,
         )
 
-    def _attributed_inputs(self, inputs: TensorDict, additional: TensorDict) -> tuple[Any, ...]:
-        assert self._init_attr_inputs is not None
-        return tuple(returned_td("init_attr_inputs", self._init_attr_inputs(inputs, additional)).keys(True, True))
-
     def _attributed_layers(
         self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
     ) -> tuple[str, ...]:
         assert self._init_attr_cache_in is not None
-        cache_in = (
-            activations(f, params, inputs, self._input_modules)
-            if self._input_modules
-            else TensorDict({}, batch_size=[])
-        )
+        cache_in = activations(f, params, inputs, self._input_modules) if self._input_modules else TensorDict()
         keys = set(returned_td("init_attr_cache_in", self._init_attr_cache_in(cache_in, additional)).keys(True, True))
         unknown = keys - set(self._input_modules)
         if unknown:
@@ -239,11 +216,8 @@ class GradientAttribution(HookingContextFactory):
     # -- the method ----------------------------------------------------------------------
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
-        """The attributions for one call, keyed by input key and module path, batch ``[*B]``.
-
-        Default: plain gradients (`tdhook_fn.attribution.saliency`) given to
-        `_grad_attr` with the attributed inputs and module activations.
-        """
+        """The attributions for one call, keyed by input key and module path, batch ``[*B]``. Default:
+        `_grad_attr` of the plain gradients and the attributed inputs and module activations."""
         grads = saliency(
             call.f, call.params, call.inputs, layers=call.layers, use_inputs=call.use_inputs,
             input_keys=call.input_keys, **call.options(),
@@ -262,10 +236,8 @@ UNTOUCHING_PREPARES.add(GradientAttribution._prepare_module)  # (it builds a mod
 
 
 class _Attributing(TensorDictModuleBase):
-    """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call.
-
-    What it holds sits in ``__dict__``: the routed module is the context's, no submodule of this one.
-    """
+    """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call
+    (the routed module, the context's, sits in ``__dict__``, no submodule of this one)."""
 
     _factory: GradientAttribution
     _routed: RoutedModule
@@ -327,7 +299,7 @@ class GradientAttributionWithBaseline(GradientAttribution):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         module_in, module_out = super()._module_keys(in_keys)
-        module_in += _under(self._baseline_key, in_keys)
+        module_in += under(self._baseline_key, in_keys)
         return module_in, module_out + (["convergence_delta"] if self._compute_convergence_delta else [])
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
