@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -75,6 +75,15 @@ def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) ->
         raise ValueError(f"Hook ({direction}) must take the parameters {expected}")
 
 
+def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
+    """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str)."""
+    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+    nested = []
+    for key in keys:  # (a loop: a comprehension is one more call)
+        nested.append((*head, *((key,) if isinstance(key, str) else key)))
+    return nested
+
+
 def merge_paths(*paths: str) -> str:
     """Join submodule paths (outermost first) with dots, dropping empty ones."""
     return ".".join(filter(None, paths))
@@ -117,9 +126,7 @@ def register_checked(module: nn.Module, hook: Callable[..., Any], direction: Hoo
 class RemovableHandleProtocol(Protocol):
     """Anything with a ``remove()`` method, such as torch's ``RemovableHandle``."""
 
-    def remove(self) -> object:
-        """Undo the registration."""
-        ...
+    def remove(self) -> object: ...
 
 
 class MultiHookHandle:
@@ -152,10 +159,8 @@ class MultiHookHandle:
 
 def all_or_none(registering: Iterable[RemovableHandleProtocol],
                 handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
-    """One handle for ``handles`` and those ``registering`` yields as it registers hooks.
-
-    If registering one fails, every hook already registered is removed before the error goes on.
-    """
+    """One handle for ``handles`` and those ``registering`` yields as it registers hooks; if registering
+    one fails, every hook already registered is removed before the error goes on."""
     handles = [] if handles is None else handles
     try:
         for handle in registering:

@@ -14,12 +14,12 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
-from tdhook_fn.compat.hooks._registration import all_or_none
+from tdhook_fn.compat.hooks._registration import all_or_none, under
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import check_td, under
+from tdhook_fn.compat.modules._wrappers import check_td
 from tdhook_fn.latent import activation_addition
 
-from ._calls import site_for, tensor_guards
+from ._calls import guarded_model, site_for
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
@@ -104,9 +104,7 @@ class ActivationAddition(HookingContextFactory):
 
         def vectors(td: TensorDict) -> TensorDict:
             td = check_td("ActivationAddition", td, module_in)
-            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
-            f = module.functional().with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
-            params = module.params()
+            f, params = guarded_model(module, "ActivationAddition", self._modules_to_steer)
             positive = td.get(self._positive_key).select(*in_keys).reshape(-1)
             negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
             steer = activation_addition(f, params, positive, negative, sites)

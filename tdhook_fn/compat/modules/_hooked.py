@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol
+from contextlib import contextmanager
+from typing import Any
 
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
@@ -31,20 +31,7 @@ from ._wrappers import layout
 
 __all__ = ["HookedModule"]
 
-
-class HookingContext(Protocol):
-    """What a hooked module needs of its context (``contexts.HookingContext``, which imports this module)."""
-
-    _in_context: bool
-    _managed_by_context_manager: bool
-    _module: TensorDictModuleBase
-    _extra_relative_path: str
-
-    def disable_hooks(self) -> AbstractContextManager[None]: ...
-
-    def disable(self) -> AbstractContextManager[Any]: ...
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None: ...
+HookingContext = Any  # a `tdhook_fn.compat.contexts.HookingContext` (whose module imports this one)
 
 
 class HookedModule(TensorDictModuleWrapper):

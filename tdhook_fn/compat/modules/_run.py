@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -40,21 +40,6 @@ def directed(method: str, direction: HookDirection, enables_grad: bool = False) 
     return variant
 
 
-class Hookable(Protocol):
-    """What a run needs of the module it runs (``_hooked.HookedModule``, which imports this module)."""
-
-    def set(self, module_key: str, value: Any, callback: Callable[..., Any] | None = None,
-            direction: HookDirection = "fwd", prepend: bool = False, relative: bool = True) -> RemovableHandleProtocol:
-        ...
-
-    def get(self, cache: Any, module_key: str, cache_key: Any = None, callback: Callable[..., Any] | None = None,
-            direction: HookDirection = "fwd", prepend: bool = False,
-            relative: bool = True) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        ...
-
-    def stop(self, key: str) -> RemovableHandleProtocol: ...
-
-
 class HookedModuleRun:
     """A context manager that runs a hooked module once, when it exits.
 
@@ -63,7 +48,7 @@ class HookedModuleRun:
     the run quietly.
 
     Args:
-        module (Hookable): the module to run (a `HookedModule`).
+        module (HookedModule): the module to run.
         data (TensorDict): its input.
         cache (TensorDict | None): where `save` stores. Default: the run cache.
         run_name (str | None): prefix of `save`'s keys. Default: ``"run"``.
@@ -77,7 +62,7 @@ class HookedModuleRun:
 
     def __init__(
         self,
-        module: Hookable,
+        module: Any,  # a HookedModule (``_hooked`` imports this module)
         data: TensorDict,
         cache: TensorDict | None = None,
         run_name: str | None = None,

@@ -22,7 +22,6 @@ __all__ = [
     "get_best_device",
     "layout",
     "prefixed",
-    "under",
 ]
 
 
@@ -61,15 +60,6 @@ def check_td(caller: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
         raise TypeError(f"{caller}: call the hooked module on a TensorDict holding {list(keys)}, got "
                         f"{type(td).__name__}; e.g. hooked(TensorDict(input=x, batch_size=[len(x)]))")
     return td
-
-
-def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
-    """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str)."""
-    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
-    nested = []
-    for key in keys:  # (a loop: a comprehension is one more call)
-        nested.append((*head, *((key,) if isinstance(key, str) else key)))
-    return nested
 
 
 class FunctionModule(TensorDictModuleBase):

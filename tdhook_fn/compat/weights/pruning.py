@@ -53,12 +53,9 @@ class _PrunedValues(torch.autograd.Function):
 
 
 def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
-    """The replacement of one parameter: its value at each call (never kept: a write through
-    ``.data`` moves no version counter), masked, with an identity gradient to it.
-
-    `apply_masks` checks the mask now, on entry (a wrong shape or dtype raises here); each
-    call then multiplies as it does (``value * keep``), without building TensorDicts.
-    """
+    """The replacement of one parameter: its value at each call (never kept: a write through ``.data``
+    moves no version counter), masked as `apply_masks` does (which checks the mask now, on entry),
+    with an identity gradient to it."""
     apply_masks(TensorDict({"p": param.detach()}, batch_size=[]), TensorDict({"p": keep}, batch_size=[]))
     factor = keep.to(param.dtype)
 

@@ -24,10 +24,7 @@ __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
 
 
 class TaskVectorsContext(HookingContext):
-    """The context of `TaskVectors`: finds the best scaling of a vector.
-
-    Takes the arguments of `HookingContext`, and those of `TaskVectors` by keyword.
-    """
+    """The context of `TaskVectors` (its arguments by keyword after `HookingContext`'s): finds the best alpha."""
 
     def __init__(
         self,

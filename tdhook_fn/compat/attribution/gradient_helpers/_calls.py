@@ -1,23 +1,18 @@
 """One call of a prepared attribution module, phrased in the terms of the pure methods."""
 
 # NOTE [tdhook's targets, pure]
-# tdhook builds its targets from a TensorDict of the model outputs (``use_outputs``) updated
-# with the activations of ``target_modules`` (keyed by their path), and hands it with the
-# ``additional_init_keys`` entries to ``init_attr_targets(targets, additional)``. The pure
-# methods give their target callable the outputs, the ``target_layers`` activations under
-# their path and the inputs' extra keys: `make_target` rebuilds tdhook's call from
-# that, with ``additional`` taken from the caller's TensorDict, exactly as tdhook takes it.
-#
-# Two details keep user callables seeing what tdhook shows them:
+# tdhook hands ``init_attr_targets(targets, additional)`` the model outputs (``use_outputs``)
+# and the ``target_modules`` activations keyed by path; the pure methods give their target
+# callable the outputs and the ``target_layers`` activations under their path, from which
+# `make_target` rebuilds tdhook's call. Two details keep user callables seeing what tdhook
+# shows them:
 #
 # - Layout. tdhook's integrated gradients put the path points on a *trailing* batch dim
-#   (``[*B, n]``); the pure method puts them first (``[n, *B]``, or flattened, ``[n * N]``,
-#   for the two ends of the convergence delta). With ``stepped`` the wrappers give user
-#   callables ``[*B, n]`` and turn their results back.
+#   (``[*B, n]``); the pure method puts them first (``[n, *B]``, or ``[n * N]`` for the two
+#   ends of the convergence delta). With ``stepped`` the callables get ``[*B, n]``.
 # - Convergence delta. tdhook evaluates ``init_attr_targets`` on the plain model outputs at
-#   the baselines and at the inputs (no target-module activation, whatever ``use_outputs``
-#   says). So a target TensorDict holding no target-layer key takes the outputs: that is
-#   what the pure method's delta offers when it does not capture the target layers.
+#   the baselines and the inputs, so a target TensorDict holding no target-layer key takes
+#   the outputs, which is what the pure method's delta offers without target layers.
 
 from __future__ import annotations
 
@@ -112,10 +107,9 @@ def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
 
 
 # NOTE [moved steps]
-# The path-point dim is moved twice on every call of a stepped method, on a few leaves. A
-# TensorDict of tensors is moved leaf by leaf into one new TensorDict (no Python call per
-# leaf, no ``apply``); other contents go through ``apply``, a user's TensorDict without its
-# batch size through `rebatch`: the same keys, shapes and values either way.
+# The path-point dim is moved twice on every call of a stepped method: a TensorDict of tensors
+# leaf by leaf into one new TensorDict (no Python call per leaf, no ``apply``), other contents
+# by ``apply``, a user's TensorDict without its batch size by `rebatch`, with the same result.
 
 
 def _moved(td: TensorDictBase, source: int, dest: int, size: torch.Size, split: tuple[int, ...] = ()) -> TensorDict:

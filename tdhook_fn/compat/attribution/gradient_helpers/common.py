@@ -16,8 +16,9 @@ from tdhook_fn import resolve_path
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import RoutedModule
-from tdhook_fn.compat.modules._wrappers import check_td, under
+from tdhook_fn.compat.modules._wrappers import check_td
 
 from ._calls import (
     AttributionCall,
@@ -271,9 +272,9 @@ class _Attributing(TensorDictModuleBase):
 class GradientAttributionWithBaseline(GradientAttribution):
     """A gradient attribution against baselines, read from ``(baseline_key, key)``.
 
+    Takes the arguments of `GradientAttribution` (``*args``, ``**kwargs``), and:
+
     Args:
-        *args (Any): passed on to `GradientAttribution`.
-        **kwargs (Any): passed on to `GradientAttribution`.
         compute_convergence_delta (bool): also write ``"convergence_delta"``:
             ``sum(attr) - (F(x) - F(baseline))`` per sample. Default: ``False``.
         baseline_key (str | tuple[str, ...]): where the baselines are. Default: ``"baseline"``.
