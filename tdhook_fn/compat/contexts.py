@@ -237,7 +237,6 @@ class HookingContextWithCache(HookingContext):
         return self._cache
 
     def clear(self) -> None:
-        """Empty the cache."""
         self._cache.clear()
 
     def _enter(self, managed_by_context_manager: bool = True) -> HookedModule:

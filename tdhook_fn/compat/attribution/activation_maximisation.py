@@ -20,8 +20,8 @@ from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target
-from .gradient_helpers.common import inherited
+from .gradient_helpers._calls import AttributionCall, UserFn, make_target
+from .gradient_helpers.common import Attributing, inherited
 
 __all__ = ["ActivationMaximisation"]
 
@@ -102,18 +102,11 @@ class ActivationMaximisation(GradientAttribution):
         self._model_paths(module)
         return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
 
-    def _call(
-        self,
-        module: RoutedModule,
-        td: TensorDict,
-        in_keys: list[NestedKey],
-        out_keys: list[NestedKey],
-        grad_fns: dict[str, GradFn],
-        cached: tuple[CachedOutput, ...],
-    ) -> AttributionCall:
+    def _call(self, prepared: Attributing, td: TensorDict) -> AttributionCall:
         """The shared call, whose targets are the modules to maximise under the paths as written."""
-        call = super()._call(module, td, in_keys, out_keys, grad_fns, cached)
-        paths = self._model_paths(module)
+        call = super()._call(prepared, td)
+        paths = self._model_paths(prepared._routed)
+        out_keys = prepared._context_keys[1]
         additional = td.select(*self._additional_init_keys)
         target = make_target(out_keys, list(paths), False, self._init_attr_targets, additional, False,
                              {inside: path for path, inside in paths.items()})

@@ -25,7 +25,6 @@ class MutableWeakRef(Generic[T]):
         return self._ref()
 
     def set(self, referee: T) -> None:
-        """Refer to ``referee`` from now on."""
         self._ref = weakref.ref(referee)
 
 
@@ -36,11 +35,9 @@ class TensorDictRef:
         self._td = td
 
     def resolve(self) -> TensorDict | None:
-        """Return the TensorDict (``None`` if none was set)."""
         return self._td
 
     def set(self, td: TensorDict) -> None:
-        """Refer to ``td`` from now on."""
         self._td = td
 
 

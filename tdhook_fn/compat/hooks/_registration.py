@@ -189,7 +189,6 @@ class MultiHookManager:
 
     @property
     def pattern(self) -> str:
-        """The regular expression module names are matched against."""
         return self._pattern
 
     @pattern.setter

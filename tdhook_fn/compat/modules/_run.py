@@ -84,8 +84,7 @@ class HookedModuleRun:
         self._hooks = VirtualHooks()
 
     @property
-    def cache(self) -> TensorDict:
-        """The run cache, where `get` stores."""
+    def cache(self) -> TensorDict:  # the run cache, where `get` stores
         return self._cache
 
     @cache.setter

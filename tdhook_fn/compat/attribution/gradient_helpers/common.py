@@ -32,7 +32,7 @@ from ._calls import (
     returned_td,
 )
 
-__all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
+__all__ = ["Attributing", "GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
 _unravel: Callable[[list[NestedKey]], list[NestedKey]] = unravel_key_list  # (tensordict's, untyped)
@@ -157,18 +157,12 @@ class GradientAttribution(HookingContextFactory):
                              target=resolve_path(model, path))
                 for i, path in enumerate(self._target_modules)
             )
-        return _Attributing(self, module, list(in_keys), list(out_keys), method, grad_fns, cached)
+        return Attributing(self, module, list(in_keys), list(out_keys), method, grad_fns, cached)
 
-    def _call(
-        self,
-        module: RoutedModule,
-        td: TensorDict,
-        in_keys: list[NestedKey],
-        out_keys: list[NestedKey],
-        grad_fns: dict[str, GradFn],
-        cached: tuple[CachedOutput, ...],
-    ) -> AttributionCall:
-        """Everything the pure method needs for ``td``."""
+    def _call(self, prepared: Attributing, td: TensorDict) -> AttributionCall:
+        """Everything the pure method needs for ``td`` in a call of ``prepared``."""
+        module, grad_fns, cached = prepared._routed, prepared._grad_fns, prepared._cached
+        in_keys, out_keys = list(prepared._context_keys[0]), list(prepared._context_keys[1])
         # the params the routed calls run with (a Pruning composed before gives pruned ones: NOTE [one scope])
         f, params = module.functional(), module.params(detach=True)
         additional = td.select(*self._additional_init_keys)
@@ -236,7 +230,7 @@ class GradientAttribution(HookingContextFactory):
 UNTOUCHING_PREPARES.add(GradientAttribution._prepare_module)  # (it builds a module, sets nothing)
 
 
-class _Attributing(TensorDictModuleBase):
+class Attributing(TensorDictModuleBase):
     """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call
     (the routed module, the context's, sits in ``__dict__``, no submodule of this one)."""
 
@@ -261,10 +255,10 @@ class _Attributing(TensorDictModuleBase):
                              _context_keys=(in_keys, out_keys), _method=method, _grad_fns=grad_fns, _cached=cached)
 
     def forward(self, td: TensorDict) -> TensorDict:
-        factory, (in_keys, out_keys) = self._factory, self._context_keys
+        factory = self._factory
         if not isinstance(td, TensorDictBase):
-            check_td(type(factory).__name__, td, in_keys)  # raises
-        call = factory._call(self._routed, td, list(in_keys), list(out_keys), self._grad_fns, self._cached)
+            check_td(type(factory).__name__, td, self._context_keys[0])  # raises
+        call = factory._call(self, td)
         td.set(factory._attr_key, self._method(call, td))
         return td
 
