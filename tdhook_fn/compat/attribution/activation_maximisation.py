@@ -31,7 +31,8 @@ class ActivationMaximisation(GradientAttribution):
 
     Computed by `tdhook_fn.attribution.activation_maximisation` (``alpha``, ``n_steps``,
     ``min_value`` and ``max_value`` are its arguments), the final inputs under ``(attribution_key,
-    in_key)``. The other arguments are those of `GradientAttribution`.
+    in_key)``. The other arguments are those of `GradientAttribution` (``init_attr_targets`` sees the
+    module activations by path).
 
     Args:
         modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``

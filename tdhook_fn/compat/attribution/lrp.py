@@ -87,7 +87,8 @@ class LRP(GradientAttribution):
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:
-        """Skip the wrappers (``""``, ``"td_module"``, ``"module"``) and containers."""
+        """Skip the wrappers (``""``, ``"td_module"``, ``"module"``) and containers (``ModuleList``,
+        ``Sequential``, ``TensorDictModule``)."""
         return name in ("", "td_module", "module") or isinstance(module, (nn.ModuleList, nn.Sequential,
                                                                           TensorDictModule))
 

@@ -68,8 +68,7 @@ class ActivationPatching(HookingContextFactory):
         """A module computing the clean and the patched run of ``module``'s model on each call."""
         model = module.model
         submodules = {path: resolve_path(model, path) for path in self._modules_to_patch}  # fail on entry
-        if self._cache_callback is not None:
-            HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})
+        HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})  # (None passes)
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_patch)]
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)

@@ -122,7 +122,7 @@ class HookedModule(TensorDictModuleWrapper):
         relative: bool = True,
     ) -> RemovableHandleProtocol:
         """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self); PathError (a
-        ValueError): ``key`` does not resolve, is refused or names no module of the model."""
+        ValueError): ``key`` does not resolve, is refused or names no module of the model; ValueError: an unfit hook."""
         root = self._key_root() if relative else self
         submodule = resolve_submodule_path(root, key)
         if isinstance(submodule, nn.ModuleList):

@@ -55,7 +55,8 @@ class Adapters(HookingContextFactory):
         adapters (dict[str, tuple[nn.Module, str, str]]): ``name -> (adapter, in_key,
             out_key)``: the output (``fwd``) or the positional inputs (``fwd_pre``) of the
             module at ``out_key`` are replaced by ``adapter(x, **kwargs)``, where ``x`` is
-            that value when ``in_key == out_key``, else the value cached at ``in_key``.
+            that value when ``in_key == out_key``, else the value cached at ``in_key`` (``kwargs``: the
+            hook arguments its signature names, as in tdhook).
         cache_callback (Callable | None): transforms what is cached at ``in_key`` (a
             ``get`` hook callback). Default: the raw value.
         relative (bool): keys start at the model; else at the hooked module. Default: ``True``.
