@@ -1,8 +1,5 @@
 """``tdhook._types``: the key type tdhook's signatures name.
 
-``UnraveledKey`` is a str or a non-empty tuple of str (a TensorDict key written out), and
-``isinstance(key, UnraveledKey)`` checks exactly that, as in tdhook 0.1.3.
-
 Examples:
     >>> isinstance(("attr", "input"), UnraveledKey), isinstance(("attr", 0), UnraveledKey)
     (True, False)

@@ -1,10 +1,7 @@
 """Hooking contexts with the public API of ``tdhook.contexts`` (tdhook 0.1.3).
 
-Subclasses customise tdhook's steps (``_prepare_module``, ``_restore_module``,
-``_spawn_hooked_module``, ``_hook_module``), documented on `HookingContextFactory`.
-Entering a context changes nothing on the model: hooks are virtual and every call runs on
-a private shadow of it (see `tdhook_fn.compat.modules`). Differences from tdhook 0.1.3
-are listed in ``docs/compat.md``.
+Entering a context changes nothing on the model (see `tdhook_fn.compat.modules`).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -35,16 +32,11 @@ _NO_HOOKS = MultiHookHandle()  # the default ``_hook_module``'s: one shared empt
 
 
 # NOTE [prepared attributes]
-# tdhook's ``_prepare_module`` may set attributes on the context's TensorDictModule
-# (the user's, when they passed one) for ``_restore_module`` to delete. Whatever the
-# prepare step changed there (names added, removed or rebound, in ``__dict__`` or in
-# ``_parameters``/``_buffers``/``_modules``) is recorded against the state before it, and
-# on exit any of it that the restore step did not undo is put back: after a failing
-# prepare, body or restore too. Only the prepare step's own changes are undone, so
-# contexts over one module may close in any order, and the body's changes are the
-# user's. ``training`` is left alone (``train()`` changes the whole tree).
-# A prepare step of compat's own that sets no attribute (`UNTOUCHING_PREPARES`, by function)
-# runs without the snapshots; a subclass overriding it is snapshotted again.
+# What a ``_prepare_module`` changed on the context's TensorDictModule (names in
+# ``__dict__``, ``_parameters``, ``_buffers``, ``_modules``; not ``training``) is diffed
+# against a snapshot taken before it, and what ``_restore_module`` left is put back on exit
+# (the behaviour: docs/compat.md). Prepare steps of compat's own that set nothing
+# (`UNTOUCHING_PREPARES`, by function) skip the snapshots; an override is snapshotted.
 UNTOUCHING_PREPARES: set[Callable[..., Any]] = set()
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _SKIPPED = frozenset((*_SLOTS, "training"))
@@ -224,10 +216,7 @@ class HookingContext:
 
     @contextmanager
     def disable(self) -> Iterator[Any]:
-        """Yield the restored raw module (the user's model) with the context's hooks off.
-
-        The model runs plainly when called directly: no virtual hook fires on it.
-        """
+        """Yield the restored raw module (the user's model) with the context's hooks off."""
         if not self._in_context or self._hooked_module is None:
             raise RuntimeError("Cannot disable context outside of context")
         with self.disable_hooks():
@@ -248,7 +237,6 @@ class HookingContextWithCache(HookingContext):
         return self._cache
 
     def clear(self) -> None:
-        """Empty the cache."""
         self._cache.clear()
 
     def _enter(self, managed_by_context_manager: bool = True) -> HookedModule:
@@ -329,11 +317,7 @@ class HookingContextFactory:
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself.
-
-        Public attributes set on ``module`` are set on the context's TensorDictModule
-        (NOTE [working module attributes] in `tdhook_fn.compat.modules`).
-        """
+        """The module the hooked module runs. Default: ``module`` (a RoutedModule) itself."""
         return module
 
     def _restore_module(

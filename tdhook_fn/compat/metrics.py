@@ -30,9 +30,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import Functional
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
+from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._scope import entered
-from tdhook_fn.compat.modules._wrappers import under
 
 __all__ = ["InfidelityMetric", "SensitivityMetric"]
 
@@ -148,7 +148,7 @@ def _hooked_model(metric: str, module: Any) -> _Model:
 
 
 def _attributions(metric: str, data: TensorDictBase, key: Any) -> torch.Tensor:
-    value = data.get(under(_ATTR, key), None)
+    value = data.get(under(_ATTR, [key])[0], None)
     if not isinstance(value, torch.Tensor):
         raise KeyError(f"{metric}: the data hold no attributions of input {key!r} under ('attr', {key!r}); call the "
                        "hooked module on the data first (hooked(data)), with the default attribution_key 'attr'")

@@ -1,8 +1,6 @@
 """``ActivationMaximisation`` (``tdhook.attribution.activation_maximisation``): gradient ascent on the inputs.
 
-``modules_to_maximise`` are paths from the context's ``TensorDictModule``, as tdhook 0.1.3
-reads them (``"module[2]"`` is a plain model's ``[2]``): resolved once, handed to the pure
-method as paths from the model. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._virtual import module_path
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, CachedOutput, GradFn, UserFn, make_target
-from .gradient_helpers.common import inherited
+from .gradient_helpers._calls import AttributionCall, UserFn, make_target
+from .gradient_helpers.common import Attributing, inherited
 
 __all__ = ["ActivationMaximisation"]
 
@@ -32,13 +30,13 @@ class ActivationMaximisation(GradientAttribution):
     """Activation maximisation (Mahendran & Vedaldi 2015): inputs that excite modules most.
 
     Computed by `tdhook_fn.attribution.activation_maximisation` (``alpha``, ``n_steps``,
-    ``min_value`` and ``max_value`` are its arguments); the final inputs are written under
-    ``(attribution_key, in_key)``. The other arguments are those of `GradientAttribution`
-    (``init_attr_targets`` sees the module activations by path).
+    ``min_value`` and ``max_value`` are its arguments), the final inputs under ``(attribution_key,
+    in_key)``. The other arguments are those of `GradientAttribution` (``init_attr_targets`` sees the
+    module activations by path).
 
     Args:
         modules_to_maximise (list[str]): paths from the context's ``TensorDictModule``
-            (``"module[2]"`` for a plain model, see the module's docstring).
+            (``"module[2]"`` for a plain model).
 
     Examples:
         >>> import torch
@@ -102,22 +100,14 @@ class ActivationMaximisation(GradientAttribution):
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """As `GradientAttribution`'s, with ``modules_to_maximise`` checked on entry."""
         self._model_paths(module)
         return super()._prepare_module(module, in_keys, out_keys, extra_relative_path)
 
-    def _call(
-        self,
-        module: RoutedModule,
-        td: TensorDict,
-        in_keys: list[NestedKey],
-        out_keys: list[NestedKey],
-        grad_fns: dict[str, GradFn],
-        cached: tuple[CachedOutput, ...],
-    ) -> AttributionCall:
+    def _call(self, prepared: Attributing, td: TensorDict) -> AttributionCall:
         """The shared call, whose targets are the modules to maximise under the paths as written."""
-        call = super()._call(module, td, in_keys, out_keys, grad_fns, cached)
-        paths = self._model_paths(module)
+        call = super()._call(prepared, td)
+        paths = self._model_paths(prepared._routed)
+        out_keys = prepared._context_keys[1]
         additional = td.select(*self._additional_init_keys)
         target = make_target(out_keys, list(paths), False, self._init_attr_targets, additional, False,
                              {inside: path for path, inside in paths.items()})

@@ -27,19 +27,14 @@ class DimsConfig:
             dims to give the weights; ``None`` uses the gradient itself.
         feature_sum_dims (tuple[int, ...] | None): ``weights * activation`` is summed over
             these dims; ``None`` sums nothing.
-
-    For a conv activation ``[N, C, H, W]``, ``DimsConfig((2, 3), (1,))`` is classic Grad-CAM.
     """
 
     weight_pooling_dims: tuple[int, ...] | None = None
     feature_sum_dims: tuple[int, ...] | None = None
 
     def per_sample(self, batch_dims: int = 1) -> attribution.DimsConfig:
-        """The same dims for one sample (`tdhook_fn.attribution.DimsConfig`).
-
-        Positive dims shift down by the ``batch_dims`` leading batch dims and negative ones
-        are kept. Raises ``ValueError`` for a batch dim: pooling or summing over it mixes
-        samples.
+        """The same dims for one sample (`tdhook_fn.attribution.DimsConfig`): positive dims shift down by
+        ``batch_dims``; ``ValueError`` for a batch dim (pooling or summing over it mixes samples).
 
         Examples:
             >>> DimsConfig((2, 3), (1,)).per_sample()

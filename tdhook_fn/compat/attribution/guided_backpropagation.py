@@ -20,8 +20,7 @@ __all__ = ["GuidedBackpropagation"]
 class GuidedBackpropagation(GradientAttribution):
     """Guided backpropagation (Springenberg et al. 2014), as tdhook applies it.
 
-    Computed by `tdhook_fn.attribution.guided_backprop`. Takes the arguments of
-    `GradientAttribution` (same names, defaults and meaning), and:
+    Computed by `tdhook_fn.attribution.guided_backprop`. Takes the arguments of `GradientAttribution`, and:
 
     Args:
         multiply_by_inputs (bool): multiply by the inputs. Default: ``False``.

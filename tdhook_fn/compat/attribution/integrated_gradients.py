@@ -21,12 +21,9 @@ __all__ = ["IntegratedGradients"]
 class IntegratedGradients(GradientAttributionWithBaseline):
     """Integrated gradients (and their layer variant for ``input_modules``), as tdhook computes them.
 
-    Computed by `tdhook_fn.attribution.integrated_gradients` with ``interpolate="inputs"``;
-    ``init_attr_targets`` and ``init_attr_grads`` see the path points on a trailing batch
-    dim (``[*B, n_steps]``; the convergence delta's two ends ``[*B, 2]``), as in tdhook.
-    Takes the arguments of `GradientAttributionWithBaseline` (``multiply_by_inputs``
-    defaults to ``False`` as in tdhook, unlike the pure function), and ``method`` and
-    ``n_steps`` of the pure function.
+    Computed by `tdhook_fn.attribution.integrated_gradients` with ``interpolate="inputs"``. Takes
+    the arguments of `GradientAttributionWithBaseline` (``multiply_by_inputs`` defaults to ``False``,
+    as in tdhook), and ``method`` and ``n_steps`` of the pure function.
     """
 
     _stepped = True
@@ -84,10 +81,8 @@ class IntegratedGradients(GradientAttributionWithBaseline):
         """A target: for each of ``selected_out_keys``, the class ``label_key`` names.
 
         Use as ``init_attr_targets=functools.partial(IntegratedGradients.init_attr_targets_with_labels,
-        selected_out_keys=["output"])`` with ``additional_init_keys=["label"]``. The labels
-        are a TensorDict keyed like the outputs (as tdhook needs) or one tensor for all
-        (which tdhook 0.1.3 rejects), with the batch shape ``[*B]``; they are broadcast
-        over the trailing path-point dim.
+        selected_out_keys=["output"])`` with ``additional_init_keys=["label"]``; the labels (``[*B]``) are
+        broadcast over the trailing path-point dim.
 
         Raises:
             ValueError: an output has more than one dim after the batch dims.

@@ -1,9 +1,6 @@
 """``LRP`` (``tdhook.attribution.lrp``): layer-wise relevance propagation by a rule mapper.
 
-The rule mapper is asked once per module on entering the context, with tdhook's names
-(those of the wrapping ``TensorDictModule``: ``"module.0"``); each call computes the
-relevance with `tdhook_fn.attribution.lrp`, the chosen rules run as modified VJPs
-on a pure forward (nothing is registered on the model, no ``forward`` is swapped).
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -43,10 +40,8 @@ def _as_rule(rule: Any, name: str) -> attribution.Rule:
 class LRP(GradientAttribution):
     """Layer-wise relevance propagation (Bach et al. 2015) with per-module rules.
 
-    Computed by `tdhook_fn.attribution.lrp`: the relevance put in at the targets is the
-    gradient fed back (ones, or ``init_attr_grads``). Takes the arguments of
-    `GradientAttribution` (``output_grad_callbacks`` must be empty: the rules replace the
-    backward), and:
+    Computed by `tdhook_fn.attribution.lrp` (the relevance put in at the targets is ones, or
+    ``init_attr_grads``). Takes the arguments of `GradientAttribution`, and:
 
     Args:
         rule_mapper (Callable | None): ``(name, module) -> rule | None``, e.g. `EpsilonPlus`;
@@ -92,8 +87,8 @@ class LRP(GradientAttribution):
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:
-        """Skip the wrappers and containers: names ``""``, ``"td_module"``, ``"module"``,
-        and ``nn.ModuleList``, ``nn.Sequential``, ``TensorDictModule`` instances."""
+        """Skip the wrappers (``""``, ``"td_module"``, ``"module"``) and containers (``ModuleList``,
+        ``Sequential``, ``TensorDictModule``)."""
         return name in ("", "td_module", "module") or isinstance(module, (nn.ModuleList, nn.Sequential,
                                                                           TensorDictModule))
 

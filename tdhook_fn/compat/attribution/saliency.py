@@ -19,9 +19,7 @@ __all__ = ["Saliency"]
 class Saliency(GradientAttribution):
     """Saliency maps (Simonyan et al. 2013) and gradient x input (Shrikumar et al. 2016).
 
-    Computed by `tdhook_fn.attribution.saliency`.
-
-    Takes the arguments of `GradientAttribution` (same names, defaults and meaning), and:
+    Computed by `tdhook_fn.attribution.saliency`. Takes the arguments of `GradientAttribution`, and:
 
     Args:
         absolute (bool): absolute value of the gradients. Default: ``False``.

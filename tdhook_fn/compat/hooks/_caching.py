@@ -25,7 +25,6 @@ class MutableWeakRef(Generic[T]):
         return self._ref()
 
     def set(self, referee: T) -> None:
-        """Refer to ``referee`` from now on."""
         self._ref = weakref.ref(referee)
 
 
@@ -36,11 +35,9 @@ class TensorDictRef:
         self._td = td
 
     def resolve(self) -> TensorDict | None:
-        """Return the TensorDict (``None`` if none was set)."""
         return self._td
 
     def set(self, td: TensorDict) -> None:
-        """Refer to ``td`` from now on."""
         self._td = td
 
 
@@ -61,6 +58,14 @@ def cacheable(value: Any, callback: str = "callback") -> Any:
     return value
 
 
+def same_type(new: Any, original: Any) -> Any:
+    """``new``, which must have ``original``'s exact type (torch accepts many replacements silently)."""
+    if type(new) is not type(original):
+        raise RuntimeError(f"Callback returned a value of type {type(new).__name__} but the original value was of "
+                           f"type {type(original).__name__}")
+    return new
+
+
 def _resolve_cache(cache: _Cache) -> TensorDict:
     """The TensorDict behind ``cache``; ValueError when a reference has nothing behind it."""
     target = cache.resolve() if isinstance(cache, (MutableWeakRef, TensorDictRef)) else cache
@@ -70,10 +75,7 @@ def _resolve_cache(cache: _Cache) -> TensorDict:
 
 
 class CacheProxy:
-    """Stands for ``cache[key]`` (``cache`` a TensorDict or a reference to one), read by `resolve`.
-
-    The cache is held weakly: a proxy kept inside a hook keeps no finished run's cache alive.
-    """
+    """Stands for ``cache[key]`` (``cache`` a TensorDict or a reference to one, held weakly), read by `resolve`."""
 
     def __init__(self, key: _UnraveledKey, cache: _Cache) -> None:
         self._key = key
@@ -137,8 +139,7 @@ class HookFactory:
                 value = args[value_index]
             else:
                 value = callback(**_by_name(params, args), key=key, direction=direction)
-            # a copy, as tdhook_fn.capture keeps: a later in-place write (ReLU(inplace=True))
-            # would change a stored reference (tdhook stores the reference; docs/compat.md)
+            # a copy, as tdhook_fn.capture keeps: a later in-place write would change a reference (docs/compat.md)
             _resolve_cache(cache)[key] = cacheable(value).clone()
 
         return hook
@@ -158,17 +159,10 @@ class HookFactory:
         HookFactory._check_callback_signature(callback, set(params))
 
         def hook(*args: Any) -> Any:
-            original_type = type(args[slot])
             new = value.resolve() if isinstance(value, CacheProxy) else value
             if callback is not None:
                 new = callback(**_by_name(params, args), value=new, direction=direction)
-            # torch accepts many replacements silently; insist on the exact original type.
-            if new is not None and type(new) is not original_type:
-                raise RuntimeError(
-                    f"Callback returned a value of type {type(new).__name__} but the original value was of type "
-                    f"{original_type.__name__}"
-                )
-            return new
+            return new if new is None else same_type(new, args[slot])
 
         return hook
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -44,14 +44,9 @@ DIRECTION_TO_RETURN_INDEX: dict[str, int] = {
     for direction, params in DIRECTION_TO_PARAMS.items()
 }
 
-# What a hook of each direction sees, in tdhook's vocabulary.
+# What a hook of each direction sees, in tdhook's vocabulary: what it replaces, ``args`` called ``input``.
 DIRECTION_TO_TYPE: dict[str, str] = {
-    "fwd": "output",
-    "bwd": "grad_input",
-    "fwd_pre": "input",
-    "bwd_pre": "grad_output",
-    "fwd_kwargs": "output",
-    "fwd_pre_kwargs": "input",
+    direction: "input" if returned == "args" else returned for direction, returned in DIRECTION_TO_RETURN.items()
 }
 
 
@@ -78,6 +73,15 @@ def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) ->
         return
     if len(params) != len(expected) + optional:
         raise ValueError(f"Hook ({direction}) must take the parameters {expected}")
+
+
+def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
+    """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str)."""
+    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+    nested = []
+    for key in keys:  # (a loop: a comprehension is one more call)
+        nested.append((*head, *((key,) if isinstance(key, str) else key)))
+    return nested
 
 
 def merge_paths(*paths: str) -> str:
@@ -122,9 +126,7 @@ def register_checked(module: nn.Module, hook: Callable[..., Any], direction: Hoo
 class RemovableHandleProtocol(Protocol):
     """Anything with a ``remove()`` method, such as torch's ``RemovableHandle``."""
 
-    def remove(self) -> object:
-        """Undo the registration."""
-        ...
+    def remove(self) -> object: ...
 
 
 class MultiHookHandle:
@@ -157,10 +159,8 @@ class MultiHookHandle:
 
 def all_or_none(registering: Iterable[RemovableHandleProtocol],
                 handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
-    """One handle for ``handles`` and those ``registering`` yields as it registers hooks.
-
-    If registering one fails, every hook already registered is removed before the error goes on.
-    """
+    """One handle for ``handles`` and those ``registering`` yields as it registers hooks; if registering
+    one fails, every hook already registered is removed before the error goes on."""
     handles = [] if handles is None else handles
     try:
         for handle in registering:
@@ -189,7 +189,6 @@ class MultiHookManager:
 
     @property
     def pattern(self) -> str:
-        """The regular expression module names are matched against."""
         return self._pattern
 
     @pattern.setter

@@ -1,11 +1,6 @@
 """Latent methods with the public API of ``tdhook.latent`` (tdhook 0.1.3).
 
-`ActivationPatching` and `ActivationAddition` compute with `tdhook_fn.latent`;
-`ActivationCaching` and `SteeringVectors` register tdhook's hooks as virtual hooks (NOTE
-[caching is hooks] in ``activation_caching.py``); ``probing``, ``dimension_estimation`` and
-``representation_similarity`` compute with `tdhook_fn.latent.probing`,
-`tdhook_fn.latent.dimension` and `tdhook_fn.latent.similarity`. Differences from tdhook
-0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 Examples:
     >>> import torch

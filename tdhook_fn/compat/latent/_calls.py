@@ -2,17 +2,15 @@
 
 # NOTE [latent contexts, pure]
 # ``ActivationPatching`` and ``ActivationAddition`` run no hook of their own: a prepared
-# module is one `FunctionModule` that, on each call,
-# takes the model as a pure function (with the hooked module's active virtual hooks, so
-# hooks a user registers on the hooked module still fire) and calls
-# `tdhook_fn.latent.cache`, `patch` or
-# `activation_addition`. As tdhook's ``ModuleCallWithCache``
-# does, the batch is flattened to one dim for the model and restored after.
+# module is one `FunctionModule` that, on each call, takes the model as a pure function
+# (with the hooked module's active virtual hooks) and calls `tdhook_fn.latent.cache`,
+# `patch` or `activation_addition`, on the batch flattened to one dim (as tdhook's
+# ``ModuleCallWithCache``).
 #
 # tdhook caches a module's output with a hook that refuses anything but a tensor (a tuple
 # output needs a ``cache_callback``, whose result must then be patched back as a tuple).
 # The pure methods read a tuple at element 0 instead, so a patch function written for
-# tdhook would see another value: `tensor_guards` keeps tdhook's refusal, naming the
+# tdhook would see another value: `guarded_model` keeps tdhook's refusal, naming the
 # module, rather than give a different number.
 
 from __future__ import annotations
@@ -21,11 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
-from tdhook_fn import Tap, intervene
+from tdhook_fn import Functional, Tap, intervene
+from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.latent import Site
 
-__all__ = ["site_for", "tensor_guards"]
+__all__ = ["guarded_model", "site_for"]
 
 
 def site_for(index: int, path: str, site: str = "output") -> Site:
@@ -33,8 +33,9 @@ def site_for(index: int, path: str, site: str = "output") -> Site:
     return Site(path, site="input" if site == "input" else "output", key=f"_tdhook_fn_{site}_{index}")
 
 
-def tensor_guards(caller: str, paths: Sequence[str]) -> tuple[Tap, ...]:
-    """Taps refusing a non-tensor output at ``paths``, as tdhook's caching hook does."""
+def guarded_model(module: RoutedModule, caller: str, paths: Sequence[str]) -> tuple[Functional, TensorDictBase]:
+    """The model as a pure function refusing a non-tensor output at ``paths`` (as tdhook's caching hook
+    does), and its own tensors, live, as a tdhook forward (gradients reach ``model.weight.grad``)."""
 
     def guard(path: str) -> Tap:
         def check(value: Any) -> Any:
@@ -48,4 +49,4 @@ def tensor_guards(caller: str, paths: Sequence[str]) -> tuple[Tap, ...]:
 
         return intervene(path, check)
 
-    return tuple(guard(path) for path in paths)
+    return module.functional().with_taps(*(guard(path) for path in paths)), module.params()

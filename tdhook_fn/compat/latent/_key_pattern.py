@@ -17,11 +17,8 @@ __all__ = ["KeyPatternHooks", "register_all"]
 
 
 class KeyPatternHooks:
-    """A settable ``key_pattern`` kept in step with the hook manager, the modules it selects, and their hooks.
-
-    The factory sets ``_key_pattern``, ``_hook_manager`` (which holds the compiled
-    pattern) and ``_relative``.
-    """
+    """A settable ``key_pattern`` kept in step with the hook manager (set by the factory, with ``_relative``),
+    and the modules it selects."""
 
     _key_pattern: str
     _hook_manager: MultiHookManager
@@ -52,11 +49,8 @@ class KeyPatternHooks:
 
 def register_all(module: HookedModule, hooks: Iterable[tuple[nn.Module, Callable[..., Any], HookDirection]],
                  handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
-    """Registers each ``(submodule, hook, direction)`` as a virtual hook of ``module``, with ``handles``.
-
-    All or none: if making or registering one fails, every hook already registered
-    (``handles`` included) is removed before the error propagates.
-    """
+    """Registers each ``(submodule, hook, direction)`` as a virtual hook of ``module``, with ``handles``:
+    all or none (`all_or_none`)."""
     def registering() -> Iterator[RemovableHandleProtocol]:
         for submodule, hook, direction in hooks:
             path = module_path(module, submodule)

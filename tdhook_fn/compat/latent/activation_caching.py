@@ -4,12 +4,10 @@ Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 # NOTE [caching is hooks]
-# `tdhook_fn.latent.cache` cannot express tdhook's caching: tdhook keeps the last run of a
-# module run several times, refuses a tuple output without ``callback``, hands ``callback``
-# the module and its ``args``, caches backward directions and keeps the model's batch dims.
-# So the caching hooks are tdhook's own (`HookFactory.make_caching_hook`), registered as
-# virtual hooks of the hooked module: they fill the cache as a side effect of its ordinary
-# calls, and no number is computed here.
+# `tdhook_fn.latent.cache` cannot express tdhook's caching (the last run of a module run
+# several times, ``callback`` with the module and its ``args``, backward directions, the
+# model's batch dims), so the caching hooks are tdhook's own, registered as virtual hooks of
+# the hooked module: they fill the cache as a side effect of its calls.
 
 from __future__ import annotations
 

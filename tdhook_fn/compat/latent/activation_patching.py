@@ -1,14 +1,12 @@
 """``ActivationPatching`` with the public API of ``tdhook.latent.activation_patching`` (tdhook 0.1.3).
 
-The clean activations come from `tdhook_fn.latent.cache`, the patched run from
-`tdhook_fn.latent.patch` (NOTE [latent contexts, pure] in ``_calls``). Differences from
-tdhook 0.1.3 are listed in ``docs/compat.md``.
+NOTE [latent contexts, pure] in ``_calls``; differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
@@ -17,12 +15,13 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.hooks._caching import cacheable
+from tdhook_fn.compat.hooks._caching import cacheable, same_type
+from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import FunctionModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import check_td, under
+from tdhook_fn.compat.modules._wrappers import check_td
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import site_for, tensor_guards
+from ._calls import guarded_model, site_for
 
 __all__ = ["ActivationPatching"]
 
@@ -69,18 +68,15 @@ class ActivationPatching(HookingContextFactory):
         """A module computing the clean and the patched run of ``module``'s model on each call."""
         model = module.model
         submodules = {path: resolve_path(model, path) for path in self._modules_to_patch}  # fail on entry
-        if self._cache_callback is not None:
-            HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})
+        HookFactory._check_callback_signature(self._cache_callback, {"module", "args", "output"})  # (None passes)
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_patch)]
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)
-        module_in = [*in_keys, *(under(self._patch_key, k) for k in in_keys)]
+        module_in = [*in_keys, *under(self._patch_key, in_keys)]
 
         def patching(td: TensorDict) -> TensorDict:
             td = check_td("ActivationPatching", td, module_in)
-            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
-            f = module.functional().with_taps(*tensor_guards("ActivationPatching", self._modules_to_patch))
-            params = module.params()
+            f, params = guarded_model(module, "ActivationPatching", self._modules_to_patch)
             batch = td.batch_size
             clean = td.select(*in_keys).reshape(-1)
             corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)
@@ -102,11 +98,10 @@ class ActivationPatching(HookingContextFactory):
                 ).reshape(batch))
             return td
 
-        module_out = [*out_keys, *(under(self._patch_key, k) for k in out_keys)]
+        module_out = [*out_keys, *under(self._patch_key, out_keys)]
         return FunctionModule(patching, module_in, module_out)
 
     def _cached(self, submodule: Any, path: str, first_input: Any, output: torch.Tensor) -> Any:
-        """``cache_callback``'s value for ``path``, with tdhook's check."""
         assert self._cache_callback is not None
         value = self._cache_callback(module=submodule, args=(first_input,), output=output, key=path, direction="fwd")
         return cacheable(value, "cache_callback")
@@ -124,12 +119,7 @@ class ActivationPatching(HookingContextFactory):
                 value = source if value is None else value
                 if value is source:  # the model may write its activation in place: never the cached tensor
                     value = source.clone()
-                if type(value) is not type(output):
-                    raise RuntimeError(
-                        f"Callback returned a value of type {type(value).__name__} but the original value was of "
-                        f"type {type(output).__name__}"
-                    )
-                return value
+                return cast(torch.Tensor, same_type(value, output))
 
             return new
 
@@ -139,7 +129,6 @@ class ActivationPatching(HookingContextFactory):
         return result
 
     def _put(self, td: TensorDictBase, outputs: TensorDictBase) -> None:
-        """Write ``outputs`` under ``patch_key``, updating a sub-TensorDict there (as tdhook)."""
         previous = td.get(self._patch_key, None)
         if isinstance(previous, TensorDictBase):
             previous.update(outputs)

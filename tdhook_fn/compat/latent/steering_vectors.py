@@ -1,8 +1,6 @@
 """``SteeringVectors`` and ``ActivationAddition`` (``tdhook.latent.steering_vectors``, tdhook 0.1.3).
 
-`SteeringVectors` registers tdhook's setting hooks as virtual hooks; `ActivationAddition`
-computes with `tdhook_fn.latent.activation_addition`. Differences from tdhook 0.1.3 are
-listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -16,12 +14,12 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
-from tdhook_fn.compat.hooks._registration import all_or_none
+from tdhook_fn.compat.hooks._registration import all_or_none, under
 from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
-from tdhook_fn.compat.modules._wrappers import check_td, under
+from tdhook_fn.compat.modules._wrappers import check_td
 from tdhook_fn.latent import activation_addition
 
-from ._calls import site_for, tensor_guards
+from ._calls import guarded_model, site_for
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
@@ -101,20 +99,18 @@ class ActivationAddition(HookingContextFactory):
             resolve_path(model, path)  # fail on entry
         sites = [site_for(i, path) for i, path in enumerate(self._modules_to_steer)]
         in_keys = list(in_keys)
-        module_in = [under(key, k) for key in (self._positive_key, self._negative_key) for k in in_keys]
+        module_in = [*under(self._positive_key, in_keys), *under(self._negative_key, in_keys)]
+        module_out = under(self._steer_key, self._modules_to_steer)
 
         def vectors(td: TensorDict) -> TensorDict:
             td = check_td("ActivationAddition", td, module_in)
-            # the model's own tensors, live, as a tdhook forward (gradients reach model.weight.grad)
-            f = module.functional().with_taps(*tensor_guards("ActivationAddition", self._modules_to_steer))
-            params = module.params()
+            f, params = guarded_model(module, "ActivationAddition", self._modules_to_steer)
             positive = td.get(self._positive_key).select(*in_keys).reshape(-1)
             negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
             steer = activation_addition(f, params, positive, negative, sites)
             result = TensorDict({}, batch_size=[], device=td.device)
-            for site, path in zip(sites, self._modules_to_steer, strict=True):
-                result.set(under(self._steer_key, path), steer.get(site.key))
+            for site, key in zip(sites, module_out, strict=True):
+                result.set(key, steer.get(site.key))
             return result
 
-        module_out = [under(self._steer_key, path) for path in self._modules_to_steer]
         return FunctionModule(vectors, module_in, module_out)

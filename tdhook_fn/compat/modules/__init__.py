@@ -1,18 +1,8 @@
 """Hooked modules with the public API of ``tdhook.modules`` from tdhook 0.1.3.
 
-No torch hook is ever registered on the user's model: ``set``, ``get``, ``stop`` and
-their variants record virtual hooks (NOTE [virtual hooks]), attached to the private
-shadow each call runs on. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
-
-Hand-off to method classes. A factory's ``_prepare_module(module, ...)`` receives a
-`RoutedModule`: the model, routed. At call time (inside the prepared module's
-forward, while the hooked module runs) ``module.functional()`` is the model as a pure
-`tdhook_fn.Functional` ``f(params, td)`` whose taps are the virtual hooks
-registered at that moment, ``module.params()`` its live parameters (``params(detach=True)``
-a detached snapshot), and ``module.model`` the user's model that hook keys and ``f``'s
-paths are relative to. A method that runs the model with other weights gives them to the
-hooked module's calls, never to the model, as replacements of the model's tensors:
-``module.replacing([(parameter, fn), ...])`` (NOTE [one scope]).
+No torch hook is ever registered on the user's model (NOTE [virtual hooks]). A factory's
+``_prepare_module`` receives a `RoutedModule`, which gives a method the model as a pure
+function at call time. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 Examples:
     >>> import torch

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from textwrap import indent
-from typing import Any, Protocol
+from contextlib import contextmanager
+from typing import Any
 
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
@@ -26,34 +25,17 @@ from tdhook_fn.compat.hooks import (
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun, directed
-from ._scope import SCOPE, Scope, current
+from ._scope import SCOPE, Scope
 from ._virtual import VirtualHooks, module_path
+from ._wrappers import layout
 
 __all__ = ["HookedModule"]
 
-
-
-class HookingContext(Protocol):
-    """What a hooked module needs of its context (``contexts.HookingContext``, which imports this module)."""
-
-    _in_context: bool
-    _managed_by_context_manager: bool
-    _module: TensorDictModuleBase
-    _extra_relative_path: str
-
-    def disable_hooks(self) -> AbstractContextManager[None]: ...
-
-    def disable(self) -> AbstractContextManager[Any]: ...
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None: ...
+HookingContext = Any  # a `tdhook_fn.compat.contexts.HookingContext` (whose module imports this one)
 
 
 class HookedModule(TensorDictModuleWrapper):
-    """A TensorDictModule whose submodules can be hooked without touching them.
-
-    ``set``/``get``/``stop`` and their variants record *virtual* hooks (see NOTE
-    [virtual hooks]) and return handles whose ``remove()`` drops them; calls of this
-    module run the model on a private shadow with those hooks attached there.
+    """A TensorDictModule whose submodules can be hooked without touching them (virtual hooks).
 
     Args:
         td_module (TensorDictModuleBase): the module to run.
@@ -92,8 +74,7 @@ class HookedModule(TensorDictModuleWrapper):
         return self._hooking_context
 
     def __repr__(self) -> str:
-        fields = indent(f"td_module={self.td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}", 4 * " ")
-        return f"{type(self).__name__}(\n{fields})"
+        return layout(self, f"td_module={self.td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}")
 
     @classmethod
     def from_module(
@@ -140,11 +121,8 @@ class HookedModule(TensorDictModuleWrapper):
         prepend: bool = False,
         relative: bool = True,
     ) -> RemovableHandleProtocol:
-        """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self).
-
-        PathError (a ValueError): ``key`` does not resolve, is refused (NOTE [safe paths] in
-        `tdhook_fn._paths`) or names no module of the model; ValueError: an unfit hook.
-        """
+        """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self); PathError (a
+        ValueError): ``key`` does not resolve, is refused or names no module of the model; ValueError: an unfit hook."""
         root = self._key_root() if relative else self
         submodule = resolve_submodule_path(root, key)
         if isinstance(submodule, nn.ModuleList):
@@ -159,7 +137,7 @@ class HookedModule(TensorDictModuleWrapper):
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
             )
-        registry = current().recording or self._virtual_hooks  # a HookedModuleRun records into its own
+        registry = SCOPE.get().recording or self._virtual_hooks  # a HookedModuleRun records into its own
         return registry.add(submodule, hook, direction, prepend)
 
     def set(

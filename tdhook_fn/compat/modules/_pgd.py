@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from textwrap import indent
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
@@ -11,7 +10,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn.attribution import pgd_step
 
-from ._wrappers import prefixed
+from ._wrappers import layout, prefixed
 
 __all__ = ["PGDModule"]
 
@@ -67,5 +66,5 @@ class PGDModule(TensorDictModuleBase):
         return td
 
     def __repr__(self) -> str:
-        fields = f"td_module={self._td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys},\n"
-        return f"{type(self).__name__}(\n{indent(fields, 4 * ' ')})"  # tdhook's layout, trailing comma included
+        # (tdhook's layout, trailing comma included)
+        return layout(self, f"td_module={self._td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys},\n")

@@ -23,11 +23,9 @@ __all__ = ["RoutedModule"]
 class RoutedModule(TensorDictModuleWrapper):
     """Runs a context's TensorDictModule on the core, with the scope's hooks and replacements.
 
-    Behaves like the wrapped module (same ``in_keys``, ``out_keys``, attributes, and
-    ``forward`` writing into the given TensorDict), but every call runs on a private
-    shadow of it with the model's live tensors, so the model never carries a hook
-    (NOTE [one scope]). Every factory's ``_prepare_module`` receives one; `model`,
-    `functional` and `params` give a method the model as a pure function at call time.
+    Behaves like the wrapped module, but every call runs on a private shadow of it with the
+    model's live tensors (NOTE [one scope]). Every factory's ``_prepare_module`` receives one;
+    `model`, `functional` and `params` give a method the model as a pure function at call time.
 
     Args:
         td_module (TensorDictModuleBase): the context's module: the user's
@@ -62,8 +60,7 @@ class RoutedModule(TensorDictModuleWrapper):
         if not isinstance(model, nn.Module):
             raise TypeError(f"RoutedModule: {path!r} names a {type(model).__name__} in the context's module, "
                             "not a module")
-        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already;
-        # `model` a plain attribute, read without a call)
+        # (in __dict__: the model and the runner are no submodules of this wrapper, which holds them already)
         self.__dict__.update(
             _extra_relative_path=extra_relative_path,
             model=model,
@@ -73,16 +70,11 @@ class RoutedModule(TensorDictModuleWrapper):
         )
 
     # NOTE [working module attributes]
-    # In tdhook a factory's ``_prepare_module`` and ``_restore_module`` both receive the
-    # context's TensorDictModule, so ``setattr(module, "flag", 1)`` in one and
-    # ``delattr(module, "flag")`` in the other act on that module, and the flag is visible
-    # on it while the context is open. Here they receive this wrapper, so a public
-    # attribute the wrapper does not own is written to (and deleted from) ``td_module``,
-    # as reading one already falls through to it. Private names and the wrapper's own
-    # attributes stay on the wrapper. The context puts back, on exit, whatever
-    # ``_prepare_module`` changed on its TensorDictModule and ``_restore_module`` left
-    # (NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``); the user's
-    # ``nn.Module`` inside it is never written.
+    # tdhook's ``_prepare_module`` and ``_restore_module`` both receive the context's
+    # TensorDictModule and may set an attribute in one and delete it in the other. Here they
+    # receive this wrapper, so a public attribute it does not own is written to (deleted
+    # from) ``td_module``, as reading one falls through to it; the context puts back what
+    # the prepare step left (NOTE [prepared attributes] in ``tdhook_fn.compat.contexts``).
 
     def _forwards(self, name: str) -> bool:
         """Whether setting or deleting ``name`` acts on ``td_module`` (NOTE above)."""
@@ -128,8 +120,7 @@ class RoutedModule(TensorDictModuleWrapper):
             return route(self.td_module, lambda root: root(*args, **kwargs))
 
     def params(self, *, detach: bool = False) -> TensorDictBase:
-        """The params calls run with: the model's tensors, live, with the replacements active now;
-        with ``detach``, a detached snapshot (`tdhook_fn.params`, buffers copied) for the pure methods."""
+        """The model's tensors, live, with the replacements active now (``detach``: a detached snapshot)."""
         params = params_of(self.model, detach=detach)
         scoped = SCOPE.get().replacements
         if not (scoped or self._replacements):
@@ -145,19 +136,10 @@ class RoutedModule(TensorDictModuleWrapper):
         """The model as ``f(params, td) -> td`` with the virtual hooks active now.
 
         Call it while the hooked module runs (inside a prepared module's forward): the
-        hooks registered on the hooked module at that moment become ``f``'s taps.
-        ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys``
-        and the result holds its ``out_keys``.
-
-        The taps run the recorded tdhook hooks as they are, side effects included: a
-        caching hook writes to its cache on every call of ``f``, and inside
-        ``torch.func`` transforms it would store transformed (batched) tensors. Hooks
-        that only replace values (``set``) compose with transforms; backward hooks
-        (``*_grad``) fire under ``torch.autograd`` only.
-
-        ``in_keys`` given as a dict (keyword inputs, e.g. a Hugging Face model's
-        ``attention_mask``) pass each key as the keyword the context's TensorDictModule
-        passes it as.
+        hooks registered on the hooked module at that moment become ``f``'s taps, run as
+        they are, side effects included (a caching hook writes on every call of ``f``).
+        ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys`` (a dict
+        of them passes keywords, as the context's TensorDictModule does).
         """
         f: Functional | None = self.__dict__.get("_functional")
         if f is None:  # (built once: the model and the keys are this module's for good)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -26,11 +26,8 @@ _SUFFIX = {"fwd_pre": "_input", "bwd": "_grad", "bwd_pre": "_grad_output"}
 
 
 def directed(method: str, direction: HookDirection, enables_grad: bool = False) -> Callable[..., Any]:
-    """tdhook's ``{method}_input``, ``_grad`` and ``_grad_output`` variants: ``method`` in ``direction``.
-
-    With ``enables_grad`` (a run's ``*_grad``), the run is checked to be in context and
-    its autograd turned on first.
-    """
+    """tdhook's ``{method}_input``, ``_grad`` and ``_grad_output`` variants: ``method`` in ``direction``
+    (``enables_grad``: a run's ``*_grad``, which checks the run is in context and turns its autograd on)."""
     name = method + _SUFFIX[direction]
 
     def variant(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -43,32 +40,15 @@ def directed(method: str, direction: HookDirection, enables_grad: bool = False) 
     return variant
 
 
-class Hookable(Protocol):
-    """What a run needs of the module it runs (``_hooked.HookedModule``, which imports this module)."""
-
-    def set(self, module_key: str, value: Any, callback: Callable[..., Any] | None = None,
-            direction: HookDirection = "fwd", prepend: bool = False, relative: bool = True) -> RemovableHandleProtocol:
-        ...
-
-    def get(self, cache: Any, module_key: str, cache_key: Any = None, callback: Callable[..., Any] | None = None,
-            direction: HookDirection = "fwd", prepend: bool = False,
-            relative: bool = True) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        ...
-
-    def stop(self, key: str) -> RemovableHandleProtocol: ...
-
-
 class HookedModuleRun:
     """A context manager that runs a hooked module once, when it exits.
 
-    Hooks registered through the run (``get``, ``save``, ``set``, ``stop`` and their
-    ``_input``, ``_grad``, ``_grad_output`` variants) apply to that run only and are
-    removed afterwards. They live in a registry of the run's own, active in the thread
-    that exits the run, so runs in different threads do not see each other's hooks.
-    An `EarlyStoppingException` ends the run quietly.
+    Hooks registered through the run apply to that run only (a registry of its own, active in
+    the thread that exits the run) and are removed afterwards. An `EarlyStoppingException` ends
+    the run quietly.
 
     Args:
-        module (Hookable): the module to run (a `HookedModule`).
+        module (HookedModule): the module to run.
         data (TensorDict): its input.
         cache (TensorDict | None): where `save` stores. Default: the run cache.
         run_name (str | None): prefix of `save`'s keys. Default: ``"run"``.
@@ -82,7 +62,7 @@ class HookedModuleRun:
 
     def __init__(
         self,
-        module: Hookable,
+        module: Any,  # a HookedModule (``_hooked`` imports this module)
         data: TensorDict,
         cache: TensorDict | None = None,
         run_name: str | None = None,
@@ -104,8 +84,7 @@ class HookedModuleRun:
         self._hooks = VirtualHooks()
 
     @property
-    def cache(self) -> TensorDict:
-        """The run cache, where `get` stores."""
+    def cache(self) -> TensorDict:  # the run cache, where `get` stores
         return self._cache
 
     @cache.setter
@@ -137,9 +116,9 @@ class HookedModuleRun:
         if not self._in_context:
             raise RuntimeError(f"Not in context, method {method} must be called in context or directly on the module")
 
-    def _record(self, register: Callable[[], Any]) -> Any:
+    def _record(self, register: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with entered(recording=self._hooks):
-            return register()
+            return register(*args, **kwargs)
 
     def set(
         self,
@@ -153,12 +132,8 @@ class HookedModuleRun:
     ) -> None:
         """Replace the value at ``key`` during the run (see `HookedModule.set`)."""
         self._ensure_in_context("set")
-        handle = self._record(
-            lambda: self._module.set(
-                key, value, callback=callback, direction=direction, prepend=prepend, relative=relative
-            )
-        )
-        self._handles.append(handle)
+        self._handles.append(self._record(self._module.set, key, value, callback=callback, direction=direction,
+                                          prepend=prepend, relative=relative))
 
     def get(
         self,
@@ -199,11 +174,8 @@ class HookedModuleRun:
         prepend: bool,
         relative: bool,
     ) -> CacheProxy:
-        handle, proxy = self._record(
-            lambda: self._module.get(
-                cache, key, cache_key, callback=callback, direction=direction, prepend=prepend, relative=relative
-            )
-        )
+        handle, proxy = self._record(self._module.get, cache, key, cache_key, callback=callback, direction=direction,
+                                     prepend=prepend, relative=relative)
         self._handles.append(handle)
         return cast(CacheProxy, proxy)
 
@@ -214,4 +186,4 @@ class HookedModuleRun:
     def stop(self, key: str) -> None:
         """End the run when the module at ``key`` has run."""
         self._ensure_in_context("stop")
-        self._handles.append(self._record(lambda: self._module.stop(key)))
+        self._handles.append(self._record(self._module.stop, key))

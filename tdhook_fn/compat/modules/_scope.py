@@ -1,23 +1,18 @@
 """The one scope of compat: with which hooks and which tensors a routed call runs (NOTE [one scope])."""
 
 # NOTE [one scope]
-# Every effect compat has on a call of the user's model is one of two kinds:
-#
-# - a *tap keyed by module identity*: a tdhook hook recorded in a `VirtualHooks` registry
-#   against the user's submodule (NOTE [virtual hooks]). Adapters are such hooks too, as in
-#   tdhook.
-# - a *replacement keyed by tensor identity*: ``fn(value) -> tensor`` giving one of the
-#   model's ``nn.Parameter`` objects (or buffers) another value for the call, without
-#   writing it. Pruning's masks and TaskVectors' applied weights are replacements.
-#
-# Both are held in one context variable, a frozen `Scope`: the registries active now (the
-# hooked modules and runs being called), the registry new hooks are recorded into (a
-# ``HookedModuleRun``'s own), and the replacements, outermost first. Context variables are
-# per thread and asyncio task, so a call sees the scope of the calls it runs inside, never
-# another thread's. At call time the targets are found by identity in whatever root is
-# routed (the user's model, or a TensorDictModule around it): hooks become the call's
-# taps, replacements the core's ``overrides`` (`route`), or entries of a detached params
-# TensorDict (`replaced_params`). Replacements of one tensor compose in order, each
+# Every effect compat has on a call of the user's model is a *tap keyed by module identity*
+# (a tdhook hook recorded in a `VirtualHooks` registry: NOTE [virtual hooks]; adapters too)
+# or a *replacement keyed by tensor identity* (``fn(value) -> tensor`` giving one of the
+# model's parameters or buffers another value for the call without writing it: Pruning's
+# masks, TaskVectors' weights). Both are held in one context variable, a frozen `Scope`: the
+# registries active now (the hooked modules and runs being called), the registry new hooks
+# are recorded into (a ``HookedModuleRun``'s own), and the replacements, outermost first.
+# Context variables are per thread and asyncio task, so a call sees the scope of the calls
+# it runs inside, never another thread's. At call time the targets are found by identity in
+# whatever root is routed (the user's model, or a TensorDictModule around it): hooks become
+# the call's taps, replacements the core's ``overrides`` (`route`), or entries of a detached
+# params TensorDict (`replaced_params`). Replacements of one tensor compose in order, each
 # receiving the value the previous one gave (a composite of two Prunings masks twice).
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ from tdhook_fn._types import Replace
 from ._virtual import VirtualHook, VirtualHooks, taps_for
 
 __all__ = [
-    "SCOPE", "Replacement", "Scope", "active_hooks", "current", "entered", "replaced_params", "replacing", "route",
+    "SCOPE", "Replacement", "Scope", "active_hooks", "entered", "replaced_params", "replacing", "route",
     "unseen",
 ]
 
@@ -50,14 +45,9 @@ Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function 
 
 @dataclass(frozen=True)
 class Scope:
-    """What routed calls in this thread run with now (NOTE [one scope]).
-
-    Attributes:
-        hooks (tuple[VirtualHooks, ...]): the registries whose hooks apply.
-        recording (VirtualHooks | None): where hooks registered through a hooked module go
-            (a ``HookedModuleRun``'s registry), or ``None``: the hooked module's own.
-        replacements (tuple[Replacement, ...]): ``(tensor, fn)`` pairs, outermost first.
-    """
+    """What routed calls in this thread run with now (NOTE [one scope]): the active registries, the one
+    hooks registered through a hooked module go to (a ``HookedModuleRun``'s; ``None``: the hooked
+    module's own), and the replacements, outermost first."""
 
     hooks: tuple[VirtualHooks, ...] = ()
     recording: VirtualHooks | None = None
@@ -65,11 +55,6 @@ class Scope:
 
 
 SCOPE: ContextVar[Scope] = ContextVar("tdhook_fn_compat_scope", default=Scope())  # noqa: B039 (frozen)
-
-
-def current() -> Scope:
-    """The scope of this thread now."""
-    return SCOPE.get()
 
 
 @contextmanager
@@ -101,11 +86,8 @@ def entered(
 
 
 def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
-    """Give tensors of the model other values in every routed call of this thread until exit.
-
-    For each ``(tensor, fn)``, the model's ``tensor`` (a parameter or buffer, by identity) takes
-    ``fn(value)`` in a call, ``value`` being the tensor, live, or what the pairs before gave it.
-    """
+    """Give each model ``tensor`` (by identity) the value ``fn(value)`` in every routed call of this thread
+    until exit, ``value`` being the tensor, live, or what the pairs before gave it."""
     return entered(replacements=replacements)
 
 
@@ -179,10 +161,8 @@ def _values(root: nn.Module, replacements: Sequence[Replacement], start: Callabl
 
 def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Sequence[Replacement], *,
                     detach: bool) -> TensorDictBase:
-    """``params`` of ``root`` (from `tdhook_fn.params`) with ``replacements`` set in it.
-
-    With ``detach`` the replaced values start from detached tensors and are detached.
-    """
+    """``params`` of ``root`` (from `tdhook_fn.params`) with ``replacements`` set in it (``detach``: from
+    detached tensors, detached)."""
     start: Callable[[torch.Tensor], torch.Tensor] = (lambda t: t.detach()) if detach else (lambda t: t)
     for key, value in _values(root, replacements, start).items():
         params.set(key, value.detach() if detach else value)

@@ -1,31 +1,15 @@
 """Virtual hooks: recorded off the model, attached to each call's private shadow."""
 
 # NOTE [virtual hooks]
-# tdhook 0.1.3 registers torch hooks on the user's model while a context is open, so the
-# model changes under every thread that shares it and keeps any hook nobody removed. Here
-# a hook is only *recorded*: a `VirtualHooks` registry holds entries (target
-# submodule, direction, hook, prepend). Every execution of the model goes through
-# ``_scope.route``, which runs it on the core's private shadow (`tdhook_fn._shadow_run.run`)
-# with the entries of the registries *active* at that moment turned into custom taps.
-#
-# A registry is active while its owner runs: ``HookedModule.forward`` and a
-# ``HookedModuleRun`` add theirs to the thread's scope (NOTE [one scope]), so a call sees
-# the hooks of the hooked modules it runs inside, including outer ones (a context's
-# pre-factories), and never another thread's.
-#
-# Entries name their target by identity, as torch hooks do: a hook on ``model.layers[0]``
-# fires wherever that submodule runs inside the routed model, and is mapped to a path of
-# the routed root at call time. Hook functions receive the user's own submodule as their
-# ``module`` argument, never the shadow, so callbacks see what tdhook shows them.
-#
-# NOTE [live parameters]
-# Routed calls run with the model's own tensors (``named_parameters`` and
-# ``named_buffers``, not detached): ``loss.backward()`` after a hooked call fills
-# ``model.weight.grad`` and backward hooks fire, as tdhook users expect. Buffers are the
-# model's own too, so a module in training mode updates them in place exactly as a plain
-# forward would (BatchNorm's running statistics and ``num_batches_tracked``). A forward
-# that *rebinds* a buffer attribute (``self.buf = new``) instead of updating it in place
-# writes to the shadow, and the new value is dropped after the call.
+# A hook is only *recorded*: a `VirtualHooks` registry holds entries (target submodule,
+# direction, hook, prepend). Every execution of the model goes through ``_scope.route``,
+# which runs it on the core's private shadow (`tdhook_fn._shadow_run.run`) with the entries
+# of the registries *active* at that moment turned into custom taps. A registry is active
+# while its owner runs: ``HookedModule.forward`` and a ``HookedModuleRun`` add theirs to
+# the thread's scope (NOTE [one scope]), so a call sees the hooks of the hooked modules it
+# runs inside, outer ones included, and never another thread's. Entries name their target
+# by identity, as torch hooks do, mapped to a path of the routed root at call time; hook
+# functions receive the user's own submodule as ``module``, never the shadow.
 
 from __future__ import annotations
 
@@ -111,13 +95,8 @@ class VirtualHooks:
 
 @dataclass(frozen=True)
 class HookTap(Tap):
-    """A custom tap registering a tdhook-style hook on the call's shadow submodule.
-
-    Attributes:
-        direction (str): one of ``HookDirection``.
-        prepend (bool): run before the hooks already on the module.
-        target (nn.Module): the user's submodule, passed to ``fn`` as its ``module``.
-    """
+    """A custom tap registering a tdhook-style hook (``direction``, ``prepend``) on the call's shadow
+    submodule, which receives the user's submodule ``target`` as its ``module``."""
 
     direction: HookDirection = "fwd"
     prepend: bool = False

@@ -20,8 +20,8 @@ __all__ = [
     "check_td",
     "flatten_select_reshape_call",
     "get_best_device",
+    "layout",
     "prefixed",
-    "under",
 ]
 
 
@@ -45,12 +45,9 @@ def flatten_select_reshape_call(
     return cast(TensorDictBase, result.reshape(td.shape) if reshape else result)
 
 
-def _fields(module: TensorDictModuleBase, extra: str) -> str:
-    return indent(f"{extra}in_keys={module.in_keys},\nout_keys={module.out_keys}", 4 * " ")
-
-
-def _module_line(module: TensorDictModuleBase) -> str:
-    return f"td_module={module},\n"
+def layout(module: Any, fields: str) -> str:
+    """tdhook's repr: the class name, then ``fields`` (one a line) indented."""
+    return f"{type(module).__name__}(\n{indent(fields, 4 * ' ')})"
 
 
 def prefixed(keys: list[Any], prefix: Any) -> list[Any]:
@@ -63,11 +60,6 @@ def check_td(caller: str, td: Any, keys: Sequence[Any]) -> TensorDictBase:
         raise TypeError(f"{caller}: call the hooked module on a TensorDict holding {list(keys)}, got "
                         f"{type(td).__name__}; e.g. hooked(TensorDict(input=x, batch_size=[len(x)]))")
     return td
-
-
-def under(prefix: Any, key: Any) -> tuple[str, ...]:
-    """The flat nested key ``prefix`` + ``key`` (each a str or a tuple of str)."""
-    return (*((prefix,) if isinstance(prefix, str) else prefix), *((key,) if isinstance(key, str) else key))
 
 
 class FunctionModule(TensorDictModuleBase):
@@ -89,8 +81,7 @@ class FunctionModule(TensorDictModuleBase):
         return self._td_fn(td)
 
     def __repr__(self) -> str:
-        fields = indent(f"in_keys={self.in_keys},\nout_keys={self.out_keys},\ntd_fn={self._td_fn}", 4 * " ")
-        return f"{type(self).__name__}(\n{fields})"
+        return layout(self, f"in_keys={self.in_keys},\nout_keys={self.out_keys},\ntd_fn={self._td_fn}")
 
 
 class ModuleCall(TensorDictModuleBase):
@@ -127,7 +118,7 @@ class ModuleCall(TensorDictModuleBase):
         return td
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(\n{_fields(self, _module_line(self._td_module))})"
+        return layout(self, f"td_module={self._td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}")
 
 
 class ModuleCallWithCache(TensorDictModuleBase):
@@ -194,7 +185,7 @@ class ModuleCallWithCache(TensorDictModuleBase):
         return td
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(\n{_fields(self, _module_line(self._td_module))})"
+        return layout(self, f"td_module={self._td_module},\nin_keys={self.in_keys},\nout_keys={self.out_keys}")
 
 
 class IntermediateKeysCleaner(TensorDictModuleBase):
@@ -214,4 +205,4 @@ class IntermediateKeysCleaner(TensorDictModuleBase):
         return td.exclude(*self._intermediate_keys)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(\n{_fields(self, '')})"
+        return layout(self, f"in_keys={self.in_keys},\nout_keys={self.out_keys}")

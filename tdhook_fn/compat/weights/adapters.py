@@ -1,9 +1,6 @@
 """``Adapters`` with the public API of ``tdhook.weights.adapters`` (tdhook 0.1.3).
 
-As in tdhook, ``_hook_module`` registers a setting hook per adapter and direction (and a
-``get`` hook caching ``in_key`` for a transcoder), here as virtual hooks of the hooked
-module: nothing is registered on the model, and gradients reach the adapters' and the
-model's parameters. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -32,13 +29,7 @@ _DIRECTIONS = ("fwd", "fwd_pre")
 
 
 class HookedModuleWithAdapters(HookedModule):
-    """A hooked module holding the adapters as ``self.adapters`` (an ``nn.ModuleDict``).
-
-    Args:
-        *args (Any): passed on to `HookedModule`.
-        **kwargs (Any): passed on to `HookedModule`.
-        adapters (dict[str, nn.Module]): the adapter modules by name.
-    """
+    """A `HookedModule` (``*args``, ``**kwargs``) holding the ``adapters`` (name -> module) as an ``nn.ModuleDict``."""
 
     def __init__(self, *args: Any, adapters: dict[str, nn.Module], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -64,9 +55,8 @@ class Adapters(HookingContextFactory):
         adapters (dict[str, tuple[nn.Module, str, str]]): ``name -> (adapter, in_key,
             out_key)``: the output (``fwd``) or the positional inputs (``fwd_pre``) of the
             module at ``out_key`` are replaced by ``adapter(x, **kwargs)``, where ``x`` is
-            that value when ``in_key == out_key``, else the value cached at ``in_key``;
-            ``kwargs`` as tdhook (a
-            ``fwd`` adapter receives ``args=``).
+            that value when ``in_key == out_key``, else the value cached at ``in_key`` (``kwargs``: the
+            hook arguments its signature names, as in tdhook).
         cache_callback (Callable | None): transforms what is cached at ``in_key`` (a
             ``get`` hook callback). Default: the raw value.
         relative (bool): keys start at the model; else at the hooked module. Default: ``True``.

@@ -1,10 +1,7 @@
 """``Pruning`` with the public API of ``tdhook.weights.pruning`` (tdhook 0.1.3).
 
-The masks come from `tdhook_fn.weights` (`pruning_scores`, `global_unstructured_masks`,
-`ln_structured_mask`) on entry; the model is never pruned: the prepared module gives its
-parameters the masked values as replacements in the hooked module's calls (NOTE [one
-scope] in ``tdhook_fn.compat.modules``), with tdhook's ``.grad`` (`_PrunedValues`).
-Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+The model is never pruned: its parameters take the masked values as replacements in the hooked
+module's calls (NOTE [one scope]). Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -56,12 +53,9 @@ class _PrunedValues(torch.autograd.Function):
 
 
 def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
-    """The replacement of one parameter: its value at each call (never kept: a write through
-    ``.data`` moves no version counter), masked, with an identity gradient to it.
-
-    `apply_masks` checks the mask now, on entry (a wrong shape or dtype raises here); each
-    call then multiplies as it does (``value * keep``), without building TensorDicts.
-    """
+    """The replacement of one parameter: its value at each call (never kept: a write through ``.data``
+    moves no version counter), masked as `apply_masks` does (which checks the mask now, on entry),
+    with an identity gradient to it."""
     apply_masks(TensorDict({"p": param.detach()}, batch_size=[]), TensorDict({"p": keep}, batch_size=[]))
     factor = keep.to(param.dtype)
 
@@ -74,17 +68,8 @@ def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
     return pruned
 
 
-def _replacements(targets: Targets) -> list[Replacement]:
-    """One replacement per target (a parameter listed twice gets both masks, one after the other)."""
-    return [(param, _masking(param, keep)) for param, keep in targets]
-
-
 class PruningContext(HookingContext):
-    """The context of `Pruning`, as tdhook names it.
-
-    It restores nothing because nothing is written;
-    the masks live in the prepared module of each entry.
-    """
+    """The context of `Pruning`, as tdhook names it; it restores nothing because nothing is written."""
 
 
 class Pruning(HookingContextFactory):
@@ -146,15 +131,14 @@ class Pruning(HookingContextFactory):
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
-        """``module`` running with pruned parameters (replacements: NOTE [one scope]).
-
-        The masks are computed now, from the model's current values; the model is not written.
-        """
+        """``module`` running with pruned parameters, masks computed now (replacements: NOTE [one scope])."""
         root = resolve_submodule_path(module.model, self._relative_path)
         if not isinstance(root, nn.Module):
             raise ValueError(f"Pruning: relative_path {self._relative_path!r} names a {type(root).__name__}")
         targets = self._global_targets(root) if self._modules_to_prune is None else self._structured_targets(root)
-        return module.replacing(_replacements(targets))
+        # (one replacement per target: a parameter listed twice gets both masks, one after the other)
+        replacements: list[Replacement] = [(param, _masking(param, keep)) for param, keep in targets]
+        return module.replacing(replacements)
 
     def _global_targets(self, root: nn.Module) -> Targets:
         live = params_of(root, detach=False)  # the model's own Parameters: callbacks may read .grad
@@ -189,12 +173,8 @@ class Pruning(HookingContextFactory):
 
     @staticmethod
     def default_skip(name: str, module: nn.Module) -> bool:
-        """tdhook's skip rule: the roots (``""``, ``"td_module"``, ``"module"``) and containers.
-
-        Containers are ``ModuleList``, ``Sequential`` and ``TensorDictModule``, as in tdhook;
-        `tdhook_fn.weights.default_skip` lists ``ModuleDict`` instead. None of them
-        has parameters of its own, so both rules prune the same parameters.
-        """
+        """tdhook's skip rule: the roots (``""``, ``"td_module"``, ``"module"``) and ``ModuleList``,
+        ``Sequential`` and ``TensorDictModule`` containers (parameter-free, as `tdhook_fn.weights.default_skip`'s)."""
         if isinstance(module, nn.ModuleDict):
             return name in _ROOT_NAMES
         return isinstance(module, TensorDictModule) or default_skip(name, module)

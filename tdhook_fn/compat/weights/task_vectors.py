@@ -1,9 +1,6 @@
 """``TaskVectors`` with the public API of ``tdhook.weights.task_vectors`` (tdhook 0.1.3).
 
-The numbers come from `tdhook_fn.weights` (`task_vector`, `forget_vector`,
-`apply_vectors`, `best_alpha`). ``with_applied_vectors`` never writes the model: the
-weights are replacements of its tensors in this thread's scope (NOTE [one scope] in
-``tdhook_fn.compat.modules``). Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -27,10 +24,7 @@ __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
 
 
 class TaskVectorsContext(HookingContext):
-    """The context of `TaskVectors`: finds the best scaling of a vector.
-
-    Takes the arguments of `HookingContext`, and those of `TaskVectors` by keyword.
-    """
+    """The context of `TaskVectors` (its arguments by keyword after `HookingContext`'s): finds the best alpha."""
 
     def __init__(
         self,
@@ -46,11 +40,7 @@ class TaskVectorsContext(HookingContext):
         self.get_control_adequacy = get_control_adequacy
 
     def compute_alpha(self, vector: TensorDictBase) -> float:
-        """The alpha of highest test accuracy among those with adequate control, as tdhook.
-
-        Each alpha is tried on the hooked module with ``vector`` applied (see
-        `TaskVectorsModule.with_applied_vectors`); the accuracy is only asked for
-        adequate ones. Ties go to the earliest alpha.
+        """The alpha of highest test accuracy among those with adequate control (ties: the earliest), as tdhook.
 
         Raises:
             RuntimeError: outside the context, or no alpha is adequate.
@@ -72,11 +62,7 @@ class TaskVectorsContext(HookingContext):
 
 
 class TaskVectorsModule(HookedModule):
-    """The hooked module of `TaskVectors`: task vectors of the model and their use.
-
-    The model's weights (`tdhook_fn.params`) are taken when the context is entered
-    and are the base of every vector and of `get_weights`.
-    """
+    """The hooked module of `TaskVectors`; the model's weights taken on entry are the base of every vector."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -87,11 +73,7 @@ class TaskVectorsModule(HookedModule):
         self._weights = params_of(target)
 
     def get_task_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
-        """``params(finetuned_module) - params(model)``.
-
-        Raises:
-            ValueError: the two modules' parameters differ in keys or shapes.
-        """
+        """``params(finetuned_module) - params(model)``; ValueError when their keys or shapes differ."""
         return task_vector(self._weights, params_of(finetuned_module))
 
     def get_forget_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
@@ -124,10 +106,7 @@ class TaskVectorsModule(HookedModule):
 
     @contextmanager
     def with_applied_vectors(self, *vectors: TensorDictBase, alpha: float | None = None) -> Iterator[TaskVectorsModule]:
-        """Yield this module, whose calls run the model with `get_weights` meanwhile.
-
-        The model itself keeps its weights (NOTE [one scope]).
-        """
+        """Yield this module, whose calls run the model with `get_weights` meanwhile (NOTE [one scope])."""
         weights = self.get_weights(*vectors, alpha=alpha)
         tensors = (*self._target.named_parameters(), *self._target.named_buffers())
         values = [(tensor, weights.get(tuple(name.split(".")), None)) for name, tensor in tensors]

@@ -1,23 +1,18 @@
 """One call of a prepared attribution module, phrased in the terms of the pure methods."""
 
 # NOTE [tdhook's targets, pure]
-# tdhook builds its targets from a TensorDict of the model outputs (``use_outputs``) updated
-# with the activations of ``target_modules`` (keyed by their path), and hands it with the
-# ``additional_init_keys`` entries to ``init_attr_targets(targets, additional)``. The pure
-# methods give their target callable the outputs, the ``target_layers`` activations under
-# their path and the inputs' extra keys: `make_target` rebuilds tdhook's call from
-# that, with ``additional`` taken from the caller's TensorDict, exactly as tdhook takes it.
-#
-# Two details keep user callables seeing what tdhook shows them:
+# tdhook hands ``init_attr_targets(targets, additional)`` the model outputs (``use_outputs``)
+# and the ``target_modules`` activations keyed by path; the pure methods give their target
+# callable the outputs and the ``target_layers`` activations under their path, from which
+# `make_target` rebuilds tdhook's call. Two details keep user callables seeing what tdhook
+# shows them:
 #
 # - Layout. tdhook's integrated gradients put the path points on a *trailing* batch dim
-#   (``[*B, n]``); the pure method puts them first (``[n, *B]``, or flattened, ``[n * N]``,
-#   for the two ends of the convergence delta). With ``stepped`` the wrappers give user
-#   callables ``[*B, n]`` and turn their results back.
+#   (``[*B, n]``); the pure method puts them first (``[n, *B]``, or ``[n * N]`` for the two
+#   ends of the convergence delta). With ``stepped`` the callables get ``[*B, n]``.
 # - Convergence delta. tdhook evaluates ``init_attr_targets`` on the plain model outputs at
-#   the baselines and at the inputs (no target-module activation, whatever ``use_outputs``
-#   says). So a target TensorDict holding no target-layer key takes the outputs: that is
-#   what the pure method's delta offers when it does not capture the target layers.
+#   the baselines and the inputs, so a target TensorDict holding no target-layer key takes
+#   the outputs, which is what the pure method's delta offers without target layers.
 
 from __future__ import annotations
 
@@ -45,10 +40,7 @@ __all__ = [
     "grad_output_fn",
     "make_cotangents",
     "make_target",
-    "rebatch",
     "returned_td",
-    "steps_first",
-    "steps_last",
 ]
 
 UserFn = Callable[[TensorDict, TensorDict], TensorDict]
@@ -59,21 +51,10 @@ _CACHE_IN = "_tdhook_fn_cache_in_"
 
 @dataclass(frozen=True)
 class AttributionCall:
-    """What one call of a prepared module passes to a pure method.
-
-    Attributes:
-        f (Functional): the model with the hooked module's active virtual hooks.
-        params (TensorDict): the model's parameters and buffers, detached.
-        inputs (TensorDict): the ``in_keys`` and ``additional_init_keys`` entries, ``[*B]``.
-        input_keys (tuple): the attributed (for integrated gradients, interpolated) inputs.
-        use_inputs (bool): attribute the inputs.
-        layers (tuple[str, ...]): attributed module paths (``input_modules``).
-        target_layers (tuple[str, ...]): paths whose activations the target sees.
-        target (Callable): the target callable, see `make_target`.
-        cotangents (Callable | None): ``init_attr_grads`` for the method, or ``None``.
-        grad_fns (Mapping[str, Callable]): ``output_grad_callbacks`` as gradient maps.
-        taps (tuple[Tap, ...]): extra taps (``cache_callback`` captures).
-    """
+    """What one call of a prepared module passes to a pure method: ``f`` with the hooked module's
+    active virtual hooks, detached ``params``, the ``in_keys`` and ``additional_init_keys`` entries
+    (``[*B]``), the pure methods' options, ``output_grad_callbacks`` as gradient maps (``grad_fns``)
+    and extra ``taps`` (``cache_callback`` captures)."""
 
     f: Functional
     params: TensorDictBase
@@ -126,10 +107,9 @@ def rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
 
 
 # NOTE [moved steps]
-# The path-point dim is moved twice on every call of a stepped method, on a few leaves. A
-# TensorDict of tensors is moved leaf by leaf into one new TensorDict (no Python call per
-# leaf, no ``apply``); other contents go through ``apply``, a user's TensorDict without its
-# batch size through `rebatch`: the same keys, shapes and values either way.
+# The path-point dim is moved twice on every call of a stepped method: a TensorDict of tensors
+# leaf by leaf into one new TensorDict (no Python call per leaf, no ``apply``), other contents
+# by ``apply``, a user's TensorDict without its batch size by `rebatch`, with the same result.
 
 
 def _moved(td: TensorDictBase, source: int, dest: int, size: torch.Size, split: tuple[int, ...] = ()) -> TensorDict:
@@ -237,12 +217,8 @@ def activations(f: Functional, params: TensorDictBase, inputs: TensorDictBase, p
 
 
 def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn:
-    """An ``output_grad_callbacks`` entry as a gradient map (`tdhook_fn.map_grad`).
-
-    The callback is called as tdhook's ``set_grad_output`` hook calls it: with
-    ``module`` (the user's submodule), ``grad_output`` (a one-tuple), ``value=None`` and
-    ``direction="bwd_pre"``; it returns a tuple or ``None`` (keep the gradient).
-    """
+    """An ``output_grad_callbacks`` entry as a gradient map (`tdhook_fn.map_grad`), the callback
+    called as tdhook's ``set_grad_output`` hook calls it on ``submodule``."""
     hook = HookFactory.make_setting_hook(None, callback=callback, direction="bwd_pre")
 
     def fn(grad: torch.Tensor) -> torch.Tensor:
@@ -254,14 +230,8 @@ def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn
 
 @dataclass(frozen=True)
 class CachedOutput(Tap):
-    """A custom tap storing ``cache_callback``'s result for a target module under ``key``.
-
-    The callback is called as tdhook's caching hook calls it: ``module`` (the user's
-    submodule), ``args``, ``output``, ``key=("_cache_out", path)`` and ``direction="fwd"``.
-
-    Attributes:
-        target (nn.Module): the user's submodule at ``path``.
-    """
+    """A custom tap storing ``cache_callback``'s result for the user's submodule ``target`` under ``key``,
+    the callback called as tdhook's caching hook calls it."""
 
     target: Any = field(default=None, compare=False, repr=False)
 

@@ -1,8 +1,6 @@
 """``GradientAttribution`` and ``GradientAttributionWithBaseline`` (``tdhook.attribution.gradient_helpers``).
 
-A prepared module is one ``_Attributing`` module that, on each call, takes the model as a pure
-function and writes what a method of `tdhook_fn.attribution` returns under
-``attribution_key``. Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
+Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from tdhook_fn import resolve_path
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._wrappers import check_td
 
@@ -33,27 +32,15 @@ from ._calls import (
     returned_td,
 )
 
-__all__ = ["GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
+__all__ = ["Attributing", "GradientAttribution", "GradientAttributionWithBaseline", "inherited"]
 
 _CACHE_OUT = "_tdhook_fn_cache_out_"
 _unravel: Callable[[list[NestedKey]], list[NestedKey]] = unravel_key_list  # (tensordict's, untyped)
 
 
-def _under(prefix: Any, keys: list[NestedKey]) -> list[NestedKey]:
-    """`under` ``(prefix, key)`` for each of ``keys``, in one call (a comprehension is one more)."""
-    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
-    nested: list[NestedKey] = []
-    for key in keys:
-        nested.append((*head, *((key,) if isinstance(key, str) else key)))
-    return nested
-
-
 def inherited(arguments: dict[str, Any], *own: str) -> dict[str, Any]:
-    """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments.
-
-    Subclasses restate tdhook's full signature (names, order, defaults) and pass the
-    parent's part on with ``super().__init__(**inherited(locals(), "my_option"))``.
-    """
+    """A subclass ``__init__``'s ``locals()`` less ``self`` and its ``own`` parameters: its parent's arguments
+    (subclasses restate tdhook's signature and call ``super().__init__(**inherited(locals(), "my_option"))``)."""
     parent = dict(arguments)
     for name in ("self", "__class__", *own):  # (a loop: a comprehension is one more call per subclass)
         parent.pop(name, None)
@@ -141,7 +128,7 @@ class GradientAttribution(HookingContextFactory):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         """``in_keys`` and ``out_keys`` of the prepared module."""
-        return [*in_keys, *self._additional_init_keys], _under(self._attr_key, in_keys)
+        return [*in_keys, *self._additional_init_keys], under(self._attr_key, in_keys)
 
     def _prepare_module(
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
@@ -153,12 +140,8 @@ class GradientAttribution(HookingContextFactory):
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey],
         method: Callable[[AttributionCall, TensorDict], TensorDictBase],
     ) -> TensorDictModuleBase:
-        """A module writing ``method(call, td)`` under ``attribution_key`` on each call.
-
-        Raises:
-            ValueError: ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``; a
-                module path does not resolve.
-        """
+        """A module writing ``method(call, td)`` under ``attribution_key`` on each call; ValueError (now):
+        ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``, or a module path does not resolve."""
         if set(self._additional_init_keys) & (set(in_keys) | set(out_keys)):
             raise ValueError("Additional init keys must not be in the in_keys or out_keys")
         model = module.model
@@ -174,18 +157,12 @@ class GradientAttribution(HookingContextFactory):
                              target=resolve_path(model, path))
                 for i, path in enumerate(self._target_modules)
             )
-        return _Attributing(self, module, list(in_keys), list(out_keys), method, grad_fns, cached)
+        return Attributing(self, module, list(in_keys), list(out_keys), method, grad_fns, cached)
 
-    def _call(
-        self,
-        module: RoutedModule,
-        td: TensorDict,
-        in_keys: list[NestedKey],
-        out_keys: list[NestedKey],
-        grad_fns: dict[str, GradFn],
-        cached: tuple[CachedOutput, ...],
-    ) -> AttributionCall:
-        """Everything the pure method needs for ``td``."""
+    def _call(self, prepared: Attributing, td: TensorDict) -> AttributionCall:
+        """Everything the pure method needs for ``td`` in a call of ``prepared``."""
+        module, grad_fns, cached = prepared._routed, prepared._grad_fns, prepared._cached
+        in_keys, out_keys = list(prepared._context_keys[0]), list(prepared._context_keys[1])
         # the params the routed calls run with (a Pruning composed before gives pruned ones: NOTE [one scope])
         f, params = module.functional(), module.params(detach=True)
         additional = td.select(*self._additional_init_keys)
@@ -201,7 +178,8 @@ class GradientAttribution(HookingContextFactory):
             else:
                 input_keys = tuple(in_keys)
         else:
-            input_keys = self._attributed_inputs(td.select(*in_keys), additional)
+            chosen = self._init_attr_inputs(td.select(*in_keys), additional)
+            input_keys = tuple(returned_td("init_attr_inputs", chosen).keys(True, True))
         layers = (tuple(self._input_modules) if self._init_attr_cache_in is None
                   else self._attributed_layers(f, params, inputs, additional))
         renamed = {tap.key: tap.path for tap in cached} if cached else None
@@ -217,19 +195,11 @@ class GradientAttribution(HookingContextFactory):
             () if cached else tuple(self._target_modules), target, cotangents, grad_fns, cached,
         )
 
-    def _attributed_inputs(self, inputs: TensorDict, additional: TensorDict) -> tuple[Any, ...]:
-        assert self._init_attr_inputs is not None
-        return tuple(returned_td("init_attr_inputs", self._init_attr_inputs(inputs, additional)).keys(True, True))
-
     def _attributed_layers(
         self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
     ) -> tuple[str, ...]:
         assert self._init_attr_cache_in is not None
-        cache_in = (
-            activations(f, params, inputs, self._input_modules)
-            if self._input_modules
-            else TensorDict({}, batch_size=[])
-        )
+        cache_in = activations(f, params, inputs, self._input_modules) if self._input_modules else TensorDict()
         keys = set(returned_td("init_attr_cache_in", self._init_attr_cache_in(cache_in, additional)).keys(True, True))
         unknown = keys - set(self._input_modules)
         if unknown:
@@ -241,11 +211,8 @@ class GradientAttribution(HookingContextFactory):
     # -- the method ----------------------------------------------------------------------
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
-        """The attributions for one call, keyed by input key and module path, batch ``[*B]``.
-
-        Default: plain gradients (`tdhook_fn.attribution.saliency`) given to
-        `_grad_attr` with the attributed inputs and module activations.
-        """
+        """The attributions for one call, keyed by input key and module path, batch ``[*B]``. Default:
+        `_grad_attr` of the plain gradients and the attributed inputs and module activations."""
         grads = saliency(
             call.f, call.params, call.inputs, layers=call.layers, use_inputs=call.use_inputs,
             input_keys=call.input_keys, **call.options(),
@@ -263,11 +230,9 @@ class GradientAttribution(HookingContextFactory):
 UNTOUCHING_PREPARES.add(GradientAttribution._prepare_module)  # (it builds a module, sets nothing)
 
 
-class _Attributing(TensorDictModuleBase):
-    """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call.
-
-    What it holds sits in ``__dict__``: the routed module is the context's, no submodule of this one.
-    """
+class Attributing(TensorDictModuleBase):
+    """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call
+    (the routed module, the context's, sits in ``__dict__``, no submodule of this one)."""
 
     _factory: GradientAttribution
     _routed: RoutedModule
@@ -290,10 +255,10 @@ class _Attributing(TensorDictModuleBase):
                              _context_keys=(in_keys, out_keys), _method=method, _grad_fns=grad_fns, _cached=cached)
 
     def forward(self, td: TensorDict) -> TensorDict:
-        factory, (in_keys, out_keys) = self._factory, self._context_keys
+        factory = self._factory
         if not isinstance(td, TensorDictBase):
-            check_td(type(factory).__name__, td, in_keys)  # raises
-        call = factory._call(self._routed, td, list(in_keys), list(out_keys), self._grad_fns, self._cached)
+            check_td(type(factory).__name__, td, self._context_keys[0])  # raises
+        call = factory._call(self, td)
         td.set(factory._attr_key, self._method(call, td))
         return td
 
@@ -301,9 +266,9 @@ class _Attributing(TensorDictModuleBase):
 class GradientAttributionWithBaseline(GradientAttribution):
     """A gradient attribution against baselines, read from ``(baseline_key, key)``.
 
+    Takes the arguments of `GradientAttribution` (``*args``, ``**kwargs``), and:
+
     Args:
-        *args (Any): passed on to `GradientAttribution`.
-        **kwargs (Any): passed on to `GradientAttribution`.
         compute_convergence_delta (bool): also write ``"convergence_delta"``:
             ``sum(attr) - (F(x) - F(baseline))`` per sample. Default: ``False``.
         baseline_key (str | tuple[str, ...]): where the baselines are. Default: ``"baseline"``.
@@ -329,7 +294,7 @@ class GradientAttributionWithBaseline(GradientAttribution):
 
     def _module_keys(self, in_keys: list[NestedKey]) -> tuple[list[NestedKey], list[NestedKey]]:
         module_in, module_out = super()._module_keys(in_keys)
-        module_in += _under(self._baseline_key, in_keys)
+        module_in += under(self._baseline_key, in_keys)
         return module_in, module_out + (["convergence_delta"] if self._compute_convergence_delta else [])
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:

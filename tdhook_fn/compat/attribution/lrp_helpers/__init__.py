@@ -1,8 +1,4 @@
-"""``tdhook.attribution.lrp_helpers``: tdhook's LRP rule classes, the ``Sum`` layer and module types.
-
-The rule classes stand for the rules of `tdhook_fn.attribution` (``EpsilonRule()``
-is `tdhook_fn.attribution.Epsilon`); see `.rules`.
-"""
+"""``tdhook.attribution.lrp_helpers``: tdhook's LRP rule classes, the ``Sum`` layer and module types."""
 
 from . import layers, rules, types
 

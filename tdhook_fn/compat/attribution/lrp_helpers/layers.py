@@ -11,9 +11,6 @@ __all__ = ["Sum"]
 class Sum(nn.Module):
     """``torch.sum(input, dim)`` as a module, so that a composite can give it a rule.
 
-    `EpsilonPlus` gives it the
-    epsilon rule with its ``stabilizer``.
-
     Args:
         dim (int): the dimension summed over. Default: ``-1``.
     """

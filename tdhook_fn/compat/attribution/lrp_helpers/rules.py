@@ -1,10 +1,7 @@
 """``tdhook.attribution.lrp_helpers.rules``: tdhook's rule classes and composites, as tdhook_fn rules.
 
 Each rule class takes tdhook's arguments and defaults and stands for a rule of
-`tdhook_fn.attribution` (`Rule.rule`), which computes the relevance. A rule mapper may
-return these or tdhook_fn rules (a custom rule has a ``relevance(call, grad)`` method, see
-`tdhook_fn.attribution.Rule`). `Rule.register` puts a rule on a module the user gives
-(NOTE [registered rules] in ``_registration``); `LRP`'s contexts never register anything.
+`tdhook_fn.attribution` (`Rule.rule`); differences are listed in ``docs/compat.md``.
 
 Examples:
     >>> import torch
@@ -76,12 +73,8 @@ class Rule:
     _one_input: ClassVar[bool] = False  # tdhook raises NotImplementedError for a module called with more
 
     def register(self, module: nn.Module) -> RemovableRuleHandle:
-        """Put this rule on ``module`` (one at a time) until the handle is removed (NOTE [registered rules]).
-
-        Its backward then hands relevance back by the core's modified VJP
-        (`tdhook_fn.attribution.rule_taps`), the settings read at each backward. TypeError: no
-        ``nn.Module``, or no tdhook_fn rule; ValueError: ``module`` already has a rule.
-        """
+        """Put this rule on ``module`` (one at a time) until the handle is removed (NOTE [registered rules]);
+        TypeError: no ``nn.Module``, or no tdhook_fn rule; ValueError: ``module`` already has a rule."""
         return register_rule(self, module)
 
     def unregister(self, module: nn.Module) -> None:
@@ -233,10 +226,8 @@ _TDHOOK_RULE: dict[type[Any], type[Rule]] = {cls._core: cls for cls in (EpsilonR
 
 
 class BaseRuleMapper:
-    """A rule mapper ``(name, module) -> rule | None`` for the layers every composite treats alike.
-
-    The rules of `tdhook_fn.attribution.EpsilonPlus` but its dense layers', as tdhook's rule
-    objects (and `EpsilonRule` ``(stabilizer)`` at `Sum`). Subclasses override `_call`.
+    """A rule mapper ``(name, module) -> rule | None``: the rules of `tdhook_fn.attribution.EpsilonPlus`
+    but its dense layers', as tdhook's rule objects (and `EpsilonRule` ``(stabilizer)`` at `Sum`).
 
     Args:
         stabilizer (float): epsilon of the sum and average-pooling rule. Default: ``1e-6``.

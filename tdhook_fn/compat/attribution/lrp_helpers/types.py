@@ -1,9 +1,7 @@
 """``tdhook.attribution.lrp_helpers.types``: groups of ``torch.nn`` classes for ``isinstance``.
 
-``isinstance(module, Convolution)`` is true for any ``nn.Conv*d`` or ``nn.ConvTranspose*d``:
-each group is a class whose metaclass checks membership in its ``__subclass__`` tuple
-(which may hold other groups). ``BatchNorm`` includes torchvision's ``FrozenBatchNorm2d``
-when torchvision is installed.
+``isinstance(module, Convolution)`` is true for any ``nn.Conv*d`` or ``nn.ConvTranspose*d``
+(each group's metaclass checks membership in its ``__subclass__`` tuple).
 """
 
 from __future__ import annotations
