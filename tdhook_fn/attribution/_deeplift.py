@@ -336,8 +336,13 @@ def layer_deeplift(
                                 multiply_by_inputs)
         if walked is not None:
             return walked
-    grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
-                                     layers)
+    fn = checked_functional("layer_deeplift", f, eps)  # (before the try: its ValueError is about eps)
+    try:
+        grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target,
+                                         keys, layers)
+    except ValueError as error:
+        _refuse_layers_run_twice(fn, params, inputs, layers, error)
+        raise
     if not multiply_by_inputs:
         return grads
     assert stacked is not None  # (layers take the general path)
@@ -375,6 +380,37 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
             grads = grads.clone()  # (a reshape's pullback is a view: one map must not alias another)
         out[path] = grads if lead == 1 else unflatten(grads, first, batch)
     return fresh_tensordict(out, [*grads.shape[:first], *batch])
+
+
+def _refuse_layers_run_twice(f: Functional, params: TensorDictBase, inputs: TensorDictBase, layers: Sequence[str],
+                             error: ValueError) -> None:
+    """Raise, naming `layer_deeplift`, where ``error`` came of a layer whose module runs more than once.
+
+    LRP's walk refuses such a layer naming ``lrp`` and its ``layer_calls``, which
+    `layer_deeplift` does not take; the runs are counted here, only once the call has failed.
+    """
+    runs = dict.fromkeys(layers, 0)
+
+    def counter(path: str) -> Callable[[Any], Any]:
+        def count(value: Any) -> Any:
+            runs[path] += 1
+            return value
+
+        return count
+
+    try:
+        with torch.no_grad():
+            f.with_taps(*(capture(path, key=f"_tdhook_fn_runs_{i}", fn=counter(path))
+                          for i, path in enumerate(layers)))(params, inputs)
+    except Exception:
+        return  # (the forward itself fails: the first error says why)
+    for path, count in runs.items():
+        if count > 1:
+            raise ValueError(
+                f"layer_deeplift: layer {path!r} runs {count} times in one forward; DeepLift attributes a layer "
+                "whose module runs once: give each call its own module (a copy of the shared one, with the same "
+                "weights) and attribute the one you mean, or attribute the inputs with deeplift"
+            ) from error
 
 
 def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,

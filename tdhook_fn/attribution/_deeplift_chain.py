@@ -71,7 +71,8 @@ _ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], to
                                           Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]]] = {
     nn.ReLU: (lambda _m, x: torch.relu(x), lambda _m, _x, y: y > 0),  # (a bool: where promotes it)
     nn.LeakyReLU: (lambda m, x: F.leaky_relu(x, m.__dict__["negative_slope"]),
-                   lambda m, x, _y: torch.where(x > 0, 1.0, float(m.__dict__["negative_slope"])).to(x.dtype)),
+                   # (the slope in x's dtype: a Python float in torch.where would round it to the default dtype)
+                   lambda m, x, _y: torch.full_like(x, m.__dict__["negative_slope"]).masked_fill_(x > 0, 1.0)),
     nn.Sigmoid: (lambda _m, x: torch.sigmoid(x), lambda _m, _x, y: y * (1 - y)),
     nn.Tanh: (lambda _m, x: torch.tanh(x), lambda _m, _x, y: 1 - y * y),
 }
