@@ -21,7 +21,9 @@
 # from the row, a view broadcast over the batch, and skips the one-hot, its writes and a
 # matrix product. The row is the weight's own memory, so only where the next pullback
 # other than a reshape (a view) makes a new tensor of it (an activation's product):
-# nothing of the walk writes to it, and no map aliases it.
+# nothing of the walk writes to it, and no map aliases it. The last layer's output is then
+# never read, so its forward is skipped too (where its input fits its weight: else it runs,
+# and its own error says what is wrong).
 
 # NOTE [layers on the chain]
 # A layer of `layer_deeplift` that is one link's output on such a chain (named by its path,
@@ -366,8 +368,11 @@ def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference
         # one op per module for both (the references' rows after the inputs'): half the calls of two runs
         both = torch.cat([x, reference])
         seen[-1] = both
-        lowest, wanted = min(stops), set(stops)
+        lowest, wanted, last = min(stops), set(stops), len(links) - 1
+        weight = _seed_rows(links, own, max(stops))
         for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
+            if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1]:
+                break  # (the last linear layer's output is never read: NOTE [seed rows])
             # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
             step = _step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
             if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
@@ -375,19 +380,21 @@ def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference
             both, back = step
             seen[index] = both
             backs.append(back)
-        h = both[:n]
-        classes = h.shape[1] if h.dim() == 2 else 0
+        if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
+            assert weight is not None
+            classes = weight.shape[0]
+        else:  # (the last module ran: from a one-hot at its output)
+            weight, classes = None, (both.shape[1] if both.dim() == 2 else 0)
         if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
                    for i in seeds):
             return None  # (the general path says what is wrong)
-        weight = _seed_rows(links, own, max(stops)) if h.dim() == 2 else None
         maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in wanted}
         for i in seeds:
             if weight is not None:
                 g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
                 at = len(links) - 2  # (g is at the output of the link before the last)
             else:
-                g = h.new_zeros((rows, classes))
+                g = both.new_zeros((rows, classes))
                 if isinstance(i, int):
                     g[:, i] = 1.0
                 else:

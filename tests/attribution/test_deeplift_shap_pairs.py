@@ -163,3 +163,15 @@ def test_leaky_relu_plain_gradient_on_the_walk_keeps_its_slope_exact() -> None:
     walked = deeplift(f, p, x, b, target=1, eps=10.0)  # (every |dx| below eps: the plain gradient everywhere)
     general = _general(model, lambda: deeplift(f, p, x, b, target=1, eps=10.0))
     torch.testing.assert_close(walked, general, rtol=1e-13, atol=1e-15)
+
+
+def test_a_last_layer_that_does_not_fit_raises_not_broadcasts() -> None:
+    """The walk skips the last linear layer's forward (NOTE [seed rows]) only where its input fits its weight: a
+    weight of one input feature after eight must not broadcast over them."""
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(1, 3)).to(D).eval()
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(4, 5, dtype=D)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        deeplift(f, p, x, target=0)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        deeplift_shap(f, p, x, torch.randn(3, 5, dtype=D), target=0)
