@@ -98,10 +98,8 @@ def _flat(dx: torch.Tensor, eps: float, *, owned: bool = False) -> torch.Tensor 
 def _halves(t: torch.Tensor, n: int, pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The inputs' rows and the references' of a link's tensor; with ``pairs``, ``[n, 1, ...]`` and ``[1, k, ...]``,
     which broadcast to every pair (NOTE [pairs on the chain])."""
-    if pairs:
-        return t[:n].unsqueeze(1), t[n:].unsqueeze(0)
     inputs, references = t.split_with_sizes((n, t.shape[0] - n))  # (one op for both)
-    return inputs, references
+    return (inputs.unsqueeze(1), references.unsqueeze(0)) if pairs else (inputs, references)
 
 
 def _rows(t: torch.Tensor, pairs: bool) -> torch.Tensor:

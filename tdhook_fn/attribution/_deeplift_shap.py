@@ -153,7 +153,7 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     n, k = flat.shape[0], references.shape[0]
     each = walked.view(*walked.shape[:first], n, k, *flat.shape[1:])  # (pair (i, j) at row i k + j)
     if multiply:  # (in place: the walk's maps are its own new tensor)
-        each = each.mul_(flat[:, None] - references)
+        each = each.mul_(flat.unsqueeze(1) - references)
     maps = each.mean(first + 1)
     return fresh_tensordict({key: maps if lead == 1 else unflatten(maps, first, batch)},
                             torch.Size([*walked.shape[:first], *batch]))

@@ -123,9 +123,7 @@ def test_a_callable_target_sees_the_pairs_batch() -> None:
 
 
 def test_vmap_takes_the_expanded_pairs_and_gives_the_same_maps() -> None:
-    torch.manual_seed(1)  # (no LeakyReLU: its rescale rule on the general path does not compose with vmap yet)
-    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.Sigmoid(),
-                          nn.Flatten(), nn.Linear(24, 5)).to(D).eval()
+    model = _cnn()
     f, p = tdhook_fn.pure(model)
     torch.manual_seed(5)
     x = TensorDict(input=torch.randn(3, 1, 8, 8, dtype=D), batch_size=[3])
@@ -175,3 +173,23 @@ def test_a_last_layer_that_does_not_fit_raises_not_broadcasts() -> None:
         deeplift(f, p, x, target=0)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         deeplift_shap(f, p, x, torch.randn(3, 5, dtype=D), target=0)
+
+
+@pytest.mark.parametrize("act", [nn.LeakyReLU(0.1), nn.ELU(0.7), nn.Softplus(2.0, 1.5),
+                                 nn.LeakyReLU(0.2, inplace=True)], ids=["leaky", "elu", "softplus", "leaky in place"])
+@pytest.mark.parametrize("eps", [1e-10, 10.0], ids=["rescaled", "plain gradient"])
+def test_rescale_rules_without_a_closed_form_before_compose_with_vmap(act: nn.Module, eps: float) -> None:
+    """Their plain gradient on the general path is in closed form (a module's own vjp in the rules' backward made
+    functorch assert under vmap), and equals the module's own (captum's fallback)."""
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(5, 6), act, nn.Linear(6, 3)).to(D).eval()
+    f, p = tdhook_fn.pure(model)
+    x = TensorDict(input=torch.randn(4, 5, dtype=D) * 3, batch_size=[4])
+    b = TensorDict(input=torch.randn(4, 5, dtype=D), batch_size=[4])
+    batched = _general(model, lambda: deeplift(f, p, x, b, target=1, eps=eps))
+    per_sample = torch.func.vmap(lambda xi, bi: deeplift(f, p, xi, bi, target=1, eps=eps))(x, b)
+    torch.testing.assert_close(per_sample, batched, rtol=1e-10, atol=1e-13)
+    if eps > 1:  # (every |dx| below eps: the plain gradient, which autograd gives at the inputs)
+        inputs = x["input"].clone().requires_grad_()
+        (grad,) = torch.autograd.grad(model(inputs)[:, 1].sum(), inputs)
+        torch.testing.assert_close(batched["input"], grad * (x["input"] - b["input"]), rtol=1e-12, atol=1e-14)
