@@ -193,3 +193,13 @@ def test_rescale_rules_without_a_closed_form_before_compose_with_vmap(act: nn.Mo
         inputs = x["input"].clone().requires_grad_()
         (grad,) = torch.autograd.grad(model(inputs)[:, 1].sum(), inputs)
         torch.testing.assert_close(batched["input"], grad * (x["input"] - b["input"]), rtol=1e-12, atol=1e-14)
+
+
+def test_one_reference_is_deeplift_against_it() -> None:
+    """``K = 1``: the walk's pairs are its rows with one shared reference, `deeplift`'s own."""
+    model = _cnn()
+    f, p = tdhook_fn.pure(model)
+    torch.manual_seed(8)
+    x, ref = torch.randn(3, 1, 8, 8, dtype=D), torch.randn(1, 1, 8, 8, dtype=D)
+    torch.testing.assert_close(deeplift_shap(f, p, x, ref, target=1), deeplift(f, p, x, ref, target=1),
+                               rtol=1e-12, atol=1e-15)
