@@ -17,7 +17,6 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
-from ._checks import check_call
 from ._deeplift import checked_functional, deeplift, holds_only
 from ._deeplift_chain import chain_deeplift, deeplift_plan
 from ._engine import unflatten
@@ -141,9 +140,9 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
     if isinstance(target, torch.Tensor) and target.dim() and target.shape != batch:
         return None  # (a label tensor of another shape: the expanded pairs' path reads or refuses it)
-    if references.dtype != x.dtype or references.device != x.device:
-        return None
-    check_call(caller, fn, params, inputs, (key,), target, modes=False)
+    if not isinstance(x, torch.Tensor) or references.dtype != x.dtype or references.device != x.device \
+            or not isinstance(params, TensorDictBase):
+        return None  # (what `check_call` would refuse, or the walk not read: the expanded pairs' path says so)
     plan.check_modes(fn.model, caller)
     flat = x if lead == 1 else x.reshape(-1, *x.shape[lead:])
     walked = chain_deeplift(plan, params, flat, references, target, eps, per_target, pairs=True)
