@@ -71,9 +71,11 @@ def deeplift_shap(
 ) -> TensorDict:
     """DeepLift of every input against every reference of a distribution, averaged: captum 0.9's ``DeepLiftShap``.
 
-    The ``N`` inputs and ``K`` references make ``N K`` pairs that go through `deeplift`
-    as one batch (one forward, one modified backward), and the maps are averaged over
-    the references. With ``multiply_by_inputs`` the map of one sample sums to
+    The ``N`` inputs and ``K`` references make ``N K`` pairs, and the maps are averaged
+    over the references. Where `deeplift` takes its chain walk (a chain of the modules it
+    knows, an index target), the ``N + K`` rows go forward once and the modified backward
+    runs on the pairs; elsewhere the pairs go through `deeplift` as one batch (one
+    forward of ``2 N K`` rows, one modified backward). With ``multiply_by_inputs`` the map of one sample sums to
     ``F(x) - mean_k F(b_k)`` on the models where `deeplift` is complete.
 
     Args:
