@@ -29,12 +29,13 @@ one-thread process. After the timing each variant's maps are checked against the
 permutations drawn from the same seed; captum's DeepLift on the copy ``bench_deeplift.py`` makes for
 it). Last, the peak memory a feature-permutation call adds (256 inputs) by default, with every copy in
 one forward, and with ``chunk_size`` 8 and 1: bounded by the chunks. Run:
-``python benchmarks/bench_captum_rest.py``.
+``python benchmarks/bench_captum_rest.py`` (or name sections to run only those, e.g. ``deeplift_shap``).
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -349,16 +350,27 @@ def bench_deeplift_shap(title: str, model: nn.Sequential, x: torch.Tensor) -> No
 
 def main() -> None:
     torch.set_num_threads(1)
+    only = set(sys.argv[1:])  # sections named on the command line: only those run
+
+    def runs(section: str) -> bool:
+        return not only or section in only
+
     (net, x), (conv, images) = mlp(), cnn()
     assert isinstance(net, nn.Sequential) and isinstance(conv, nn.Sequential)
     for title, model, inputs in (("MLP 128-256x2-10", net, x), ("CNN 2 conv 8x8 (max pool)", conv, images)):
-        bench_deconvolution(title, model, inputs)
-        bench_feature_permutation(title, model, inputs)
-        bench_layer_deeplift(title, model, inputs, 2 if model is net else 3)
-        bench_deeplift_shap(title, model, inputs)
-    bench_guided_grad_cam("CNN 2 conv 8x8 (max pool)", conv, images, 3)
+        if runs("deconvolution"):
+            bench_deconvolution(title, model, inputs)
+        if runs("feature_permutation"):
+            bench_feature_permutation(title, model, inputs)
+        if runs("layer_deeplift"):
+            bench_layer_deeplift(title, model, inputs, 2 if model is net else 3)
+        if runs("deeplift_shap"):
+            bench_deeplift_shap(title, model, inputs)
+    if runs("guided_grad_cam"):
+        bench_guided_grad_cam("CNN 2 conv 8x8 (max pool)", conv, images, 3)
     for title, model, inputs in (("MLP 128-256x2-10", net, x), ("CNN 2 conv 8x8 (max pool)", conv, images)):
-        permutation_memory(title, model, inputs.repeat(4, *(1,) * (inputs.dim() - 1)))  # 256 inputs
+        if runs("permutation_memory"):
+            permutation_memory(title, model, inputs.repeat(4, *(1,) * (inputs.dim() - 1)))  # 256 inputs
 
 
 if __name__ == "__main__":

@@ -27,11 +27,12 @@ from ._engine import unflatten
 from ._inputs import accepts_tensors
 from ._lrp.method import lrp
 
-__all__ = ["deeplift", "layer_deeplift"]
+__all__ = ["checked_functional", "deeplift", "holds_only", "layer_deeplift"]
 
 
 
-def _check(caller: str, f: Any, eps: float) -> Functional:
+def checked_functional(caller: str, f: Any, eps: float) -> Functional:
+    """``f`` as the Functional DeepLift needs, once ``f`` and ``eps`` are checked (named by ``caller``)."""
     if not isinstance(f, Functional):
         raise TypeError(f"{caller} needs f to be a tdhook_fn.Functional (it puts the rescale rule on f.model's "
                         "nonlinearities); build it with tdhook_fn.functional(model)")
@@ -107,7 +108,7 @@ def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.
     return unflatten(t.narrow(lead, 0, n), lead, batch)
 
 
-def _holds_only(inputs: TensorDictBase, key: NestedKey) -> bool:
+def holds_only(inputs: TensorDictBase, key: NestedKey) -> bool:
     """Whether ``key`` is the inputs' one leaf (read from `leaves`: a third of ``set(inputs.keys(True, True))``)."""
     return list(leaves(inputs)) == [key if isinstance(key, tuple) else (key,)]
 
@@ -121,11 +122,11 @@ def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDict
     ``multiply``: the walk may hand back the multipliers times ``inputs - references``
     already, in one step; then the references are ``None``.
     """
-    fn = _check(caller, f, eps)
+    fn = checked_functional(caller, f, eps)
     batch = inputs.batch_size
     n = batch.numel()
     lead = 1 if per_target else 0
-    if not layers and len(keys) == 1 and untransformed() and _holds_only(inputs, keys[0]):
+    if not layers and len(keys) == 1 and untransformed() and holds_only(inputs, keys[0]):
         walked = _walked(caller, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
         if walked is not None:
             return walked
@@ -330,13 +331,18 @@ def layer_deeplift(
         raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
                          "(layers=['<path>']), or use deeplift for the inputs")
     keys = attributed_keys("layer_deeplift", f, inputs, input_keys)
-    if len(keys) == 1 and untransformed() and _holds_only(inputs, keys[0]):
+    if len(keys) == 1 and untransformed() and holds_only(inputs, keys[0]):
         walked = _layers_walked(f, params, inputs, baselines, target, eps, per_target, keys[0], layers,
                                 multiply_by_inputs)
         if walked is not None:
             return walked
-    grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target, keys,
-                                     layers)
+    fn = checked_functional("layer_deeplift", f, eps)  # (before the try: its ValueError is about eps)
+    try:
+        grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target,
+                                         keys, layers)
+    except ValueError as error:
+        _refuse_layers_run_twice(fn, params, inputs, layers, error)
+        raise
     if not multiply_by_inputs:
         return grads
     assert stacked is not None  # (layers take the general path)
@@ -349,7 +355,7 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
     """`layer_deeplift` by the chain walk stopped at the layers (NOTE [layers on the chain]); ``None``: not a chain
     whose links the layers are."""
     caller = "layer_deeplift"
-    fn = _check(caller, f, eps)
+    fn = checked_functional(caller, f, eps)
     plan = deeplift_plan(fn)
     if plan is None or plan.links is None:
         return None
@@ -374,6 +380,37 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
             grads = grads.clone()  # (a reshape's pullback is a view: one map must not alias another)
         out[path] = grads if lead == 1 else unflatten(grads, first, batch)
     return fresh_tensordict(out, [*grads.shape[:first], *batch])
+
+
+def _refuse_layers_run_twice(f: Functional, params: TensorDictBase, inputs: TensorDictBase, layers: Sequence[str],
+                             error: ValueError) -> None:
+    """Raise, naming `layer_deeplift`, where ``error`` came of a layer whose module runs more than once.
+
+    LRP's walk refuses such a layer naming ``lrp`` and its ``layer_calls``, which
+    `layer_deeplift` does not take; the runs are counted here, only once the call has failed.
+    """
+    runs = dict.fromkeys(layers, 0)
+
+    def counter(path: str) -> Callable[[Any], Any]:
+        def count(value: Any) -> Any:
+            runs[path] += 1
+            return value
+
+        return count
+
+    try:
+        with torch.no_grad():
+            f.with_taps(*(capture(path, key=f"_tdhook_fn_runs_{i}", fn=counter(path))
+                          for i, path in enumerate(layers)))(params, inputs)
+    except Exception:
+        return  # (the forward itself fails: the first error says why)
+    for path, count in runs.items():
+        if count > 1:
+            raise ValueError(
+                f"layer_deeplift: layer {path!r} runs {count} times in one forward; DeepLift attributes a layer "
+                "whose module runs once: give each call its own module (a copy of the shared one, with the same "
+                "weights) and attribute the one you mean, or attribute the inputs with deeplift"
+            ) from error
 
 
 def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,

@@ -21,7 +21,9 @@
 # from the row, a view broadcast over the batch, and skips the one-hot, its writes and a
 # matrix product. The row is the weight's own memory, so only where the next pullback
 # other than a reshape (a view) makes a new tensor of it (an activation's product):
-# nothing of the walk writes to it, and no map aliases it.
+# nothing of the walk writes to it, and no map aliases it. The last layer's output is then
+# never read, so its forward is skipped too (where its input fits its weight: else it runs,
+# and its own error says what is wrong).
 
 # NOTE [layers on the chain]
 # A layer of `layer_deeplift` that is one link's output on such a chain (named by its path,
@@ -30,6 +32,15 @@
 # layer's change read off the forward's rows there: no second forward for the activations.
 # A path that names no link, a module in the chain twice, or anything the walk refuses
 # takes the general path, which names what is wrong or gives the same maps.
+
+# NOTE [pairs on the chain]
+# DeepLiftShap pairs each of ``n`` inputs with each of ``k`` references. The walk's forward
+# runs the ``n + k`` rows once (not ``2 n k``: a pair's rows at a link are those of its
+# input and its reference), and each rule takes its pairs' differences by broadcasting
+# (``h[:n, None] - h[None, n:]``, pairs input-major): the backward runs on ``n k`` rows,
+# pair ``(i, j)`` at row ``i k + j``, with the numbers of each pair walked on its own.
+# Where a rule reads the inputs' rows alone (a derivative, a softmax's output, a pool's
+# maxima), they broadcast along the pairs of each input.
 
 from __future__ import annotations
 
@@ -62,7 +73,8 @@ _ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], to
                                           Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]]] = {
     nn.ReLU: (lambda _m, x: torch.relu(x), lambda _m, _x, y: y > 0),  # (a bool: where promotes it)
     nn.LeakyReLU: (lambda m, x: F.leaky_relu(x, m.__dict__["negative_slope"]),
-                   lambda m, x, _y: torch.where(x > 0, 1.0, float(m.__dict__["negative_slope"])).to(x.dtype)),
+                   # (the slope in x's dtype: a Python float in torch.where would round it to the default dtype)
+                   lambda m, x, _y: torch.full_like(x, m.__dict__["negative_slope"]).masked_fill_(x > 0, 1.0)),
     nn.Sigmoid: (lambda _m, x: torch.sigmoid(x), lambda _m, _x, y: y * (1 - y)),
     nn.Tanh: (lambda _m, x: torch.tanh(x), lambda _m, _x, y: 1 - y * y),
 }
@@ -83,57 +95,68 @@ def _flat(dx: torch.Tensor, eps: float, *, owned: bool = False) -> torch.Tensor 
     return None if size.numel() == 0 or size.amin().item() >= eps else size < eps
 
 
-def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+def _halves(t: torch.Tensor, n: int, pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs' rows and the references' of a link's tensor; with ``pairs``, ``[n, 1, ...]`` and ``[1, k, ...]``,
+    which broadcast to every pair (NOTE [pairs on the chain])."""
+    inputs, references = t.split_with_sizes((n, t.shape[0] - n))  # (one op for both)
+    return (inputs.unsqueeze(1), references.unsqueeze(0)) if pairs else (inputs, references)
+
+
+def _rows(t: torch.Tensor, pairs: bool) -> torch.Tensor:
+    """A backward's tensor of the pairs ``[n, k, ...]`` as the walk's rows ``[n k, ...]`` (a view: made here)."""
+    return t.flatten(0, 1) if pairs else t
+
+
+def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float,
+                 pairs: bool) -> tuple[torch.Tensor, Back]:
     function, derivative = _ACTIVATIONS[type(module)]
     out = function(module, both)
-    rows = (n, both.shape[0] - n)
-    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
+    (h, r), (y, y_ref) = _halves(both, n, pairs), _halves(out, n, pairs)
     dx = h - r
     # both made here and read by nothing else: the ratio divides in place, then dx becomes its sizes in place
     ratio = (y - y_ref).div_(dx)
     flat = _flat(dx, eps, owned=True)
     # where no |dx| is below eps the multiplier is the ratio itself: the derivative and the select are skipped
-    multiplier = ratio if flat is None else torch.where(flat, derivative(module, h, y), ratio)
+    multiplier = _rows(ratio if flat is None else torch.where(flat, derivative(module, h, y), ratio), pairs)
     return out, lambda g: g * multiplier
 
 
-def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Back]:
     out = module(both)
-    rows = (n, both.shape[0] - n)
-    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
+    (h, r), (y, y_ref) = _halves(both, n, pairs), _halves(out, n, pairs)
     dx = h - r
     flat = dx.abs() < eps
     ratio = _ratio(y - y_ref, dx)
 
     def back(g: torch.Tensor) -> torch.Tensor:
+        g = g.view(ratio.shape)
         plain = y * (g - (g * y).sum(-1, keepdim=True))
-        multiplied = torch.where(flat, plain, g * ratio)
-        return multiplied - multiplied.flatten(1).mean(1).reshape((-1, *[1] * (h.dim() - 1)))
+        multiplied = _rows(torch.where(flat, plain, g * ratio), pairs)
+        return multiplied - multiplied.flatten(1).mean(1).reshape((-1, *[1] * (multiplied.dim() - 1)))
 
     return out, back
 
 
-def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
+def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Back]:
     dims, pool = MAX_POOLS[type(module)]
     out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
-    rows = (n, both.shape[0] - n)
-    (h, r), (y, y_ref) = both.split_with_sizes(rows), out.split_with_sizes(rows)
-    at_x, at_ref = indices[:n], indices[n:].expand_as(y)
+    (h, r), (y, y_ref), (at_x, at_ref) = _halves(both, n, pairs), _halves(out, n, pairs), _halves(indices, n, pairs)
     dx = h - r
     flat = _flat(dx, eps)
     top = torch.maximum(y, y_ref)
     up, down = top - y_ref, y - top
-
-    flat_x, flat_ref = at_x.flatten(-dims), at_ref.flatten(-dims)
+    # (broadcast views: the plane of each input, or reference, read by all its pairs)
+    flat_x, flat_ref = at_x.expand_as(top).flatten(-dims), at_ref.expand_as(top).flatten(-dims)
 
     def back(g: torch.Tensor) -> torch.Tensor:
+        g = g.view(top.shape)
         # both halves' changes scattered into one plane: where the inputs' and the references' maxima are
-        moved = g.new_zeros(h.shape).flatten(-dims)
+        moved = g.new_zeros(dx.shape).flatten(-dims)
         moved.scatter_add_(-1, flat_x, (g * up).flatten(-dims)).scatter_add_(-1, flat_ref, (g * down).flatten(-dims))
         if flat is None:  # (no |dx| below eps: the plain gradient and the select are skipped)
-            return _ratio(moved.view(h.shape), dx)
-        plain = g.new_zeros(h.shape).flatten(-dims).scatter_add_(-1, flat_x, g.flatten(-dims))
-        return torch.where(flat, plain.view(h.shape), _ratio(moved.view(h.shape), dx))
+            return _rows(_ratio(moved.view(dx.shape), dx), pairs)
+        plain = g.new_zeros(dx.shape).flatten(-dims).scatter_add_(-1, flat_x, g.flatten(-dims))
+        return _rows(torch.where(flat, plain.view(dx.shape), _ratio(moved.view(dx.shape), dx)), pairs)
 
     return out, back
 
@@ -193,25 +216,26 @@ def deeplift_plan(f: Any) -> DeepLiftPlan | None:
     return plan_for(f.model, "deeplift", lambda: _plan(f.model))
 
 
-def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int,
-          eps: float) -> tuple[torch.Tensor, Back] | None:
-    """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward.
+def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int, eps: float,
+          rows: int) -> tuple[torch.Tensor, Back] | None:
+    """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward
+    on ``rows`` rows (``n``; ``n k``: every pair, NOTE [pairs on the chain]).
 
     ``None``: not a module the walk knows.
     """
-    kind, module = link.kind, link.module
+    kind, module, pairs = link.kind, link.module, rows != n
     if kind == "affine":
         assert link.affine is not None
         weight, bias = own[0], (own[1] if len(own) > 1 else None)
-        adjoint, shape = link.affine.adjoint(weight, fast=True), torch.Size((n, *both.shape[1:]))
+        adjoint, shape = link.affine.adjoint(weight, fast=True), torch.Size((rows, *both.shape[1:]))
         return link.affine.run(both, weight, bias), lambda g: adjoint(g, shape)
     if kind == "activation":
-        return _elementwise(module, both, n, eps)
+        return _elementwise(module, both, n, eps, pairs)
     if kind == "pool":
-        return _max_pool(module, both, n, eps)
+        return _max_pool(module, both, n, eps, pairs)
     if kind == "softmax":
-        return _softmax(module, both, n, eps) if module.__dict__.get("dim") in (-1, both.dim() - 1) else None
-    in_shape = torch.Size((n, *both.shape[1:]))
+        return _softmax(module, both, n, eps, pairs) if module.__dict__.get("dim") in (-1, both.dim() - 1) else None
+    in_shape = torch.Size((rows, *both.shape[1:]))
     return module(both), lambda g: g.reshape(in_shape)
 
 
@@ -265,12 +289,14 @@ def _seed_rows(links: list[_Link], own: list[tuple[torch.Tensor, ...]], stop: in
 
 
 def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
-                   target: Target, eps: float, per_target: bool) -> torch.Tensor | None:
+                   target: Target, eps: float, per_target: bool, *, pairs: bool = False) -> torch.Tensor | None:
     """DeepLift's multipliers of ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by NOTE [deeplift on a chain].
 
-    ``reference`` has ``n`` rows or one. ``None`` where the walk does not apply.
+    ``reference`` has ``n`` rows or one; with ``pairs``, ``k`` rows, each the reference of
+    every input: the multipliers of every pair, ``[n k, ...]`` (NOTE [pairs on the chain]).
+    ``None`` where the walk does not apply.
     """
-    walked = _walk(plan, params, x, reference, target, eps, per_target, (-1,))
+    walked = _walk(plan, params, x, reference, target, eps, per_target, (-1,), pairs)
     return None if walked is None else walked[0][0]
 
 
@@ -318,14 +344,18 @@ def chain_layer_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Te
 
 
 def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
-          target: Target, eps: float, per_target: bool, stops: tuple[int, ...],
+          target: Target, eps: float, per_target: bool, stops: tuple[int, ...], pairs: bool = False,
           ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """The multipliers at each stop (a link's output; ``-1``: the input), with the stacked activation there."""
+    """The multipliers at each stop (a link's output; ``-1``: the input), with the stacked activation there; of
+    every pair with ``pairs`` (NOTE [pairs on the chain])."""
     links = plan.links
     n = x.shape[0]
+    rows = n * reference.shape[0] if pairs else n  # (the backward's rows)
     seeds = _seeds(target, n, per_target)
     if links is None or not x.is_floating_point() or seeds is None:
         return None
+    if rows != n:  # (each input's label for each of its pairs)
+        seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]
     # (where they do not fit, the general path names the mismatch; it refuses params that require grad)
     own = own_values(leaves(params), links, frozen=True)
     if own is None:
@@ -336,28 +366,33 @@ def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference
         # one op per module for both (the references' rows after the inputs'): half the calls of two runs
         both = torch.cat([x, reference])
         seen[-1] = both
-        lowest, wanted = min(stops), set(stops)
+        lowest, wanted, last = min(stops), set(stops), len(links) - 1
+        weight = _seed_rows(links, own, max(stops))
         for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
+            if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1]:
+                break  # (the last linear layer's output is never read: NOTE [seed rows])
             # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
-            step = _step(link, tensors, both, n, eps) if index > lowest else _forward(link, tensors, both)
+            step = _step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
             if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
                 return None  # (a module that moves the batch from the first dim: the general path refuses it)
             both, back = step
             seen[index] = both
             backs.append(back)
-        h = both[:n]
-        classes = h.shape[1] if h.dim() == 2 else 0
+        if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
+            assert weight is not None
+            classes = weight.shape[0]
+        else:  # (the last module ran: from a one-hot at its output)
+            weight, classes = None, (both.shape[1] if both.dim() == 2 else 0)
         if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
                    for i in seeds):
             return None  # (the general path says what is wrong)
-        weight = _seed_rows(links, own, max(stops)) if h.dim() == 2 else None
         maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in wanted}
         for i in seeds:
             if weight is not None:
-                g = weight[i].expand(n, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
+                g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
                 at = len(links) - 2  # (g is at the output of the link before the last)
             else:
-                g = torch.zeros_like(h)
+                g = both.new_zeros((rows, classes))
                 if isinstance(i, int):
                     g[:, i] = 1.0
                 else:

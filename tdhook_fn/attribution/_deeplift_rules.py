@@ -66,10 +66,23 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor, flat: torch.Tensor) -> torch.Tens
     return dy / torch.where(flat, torch.ones_like(dx), dx)
 
 
-_DERIVATIVES: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: lambda y: (y > 0).to(y.dtype),
-    nn.Sigmoid: lambda y: y * (1 - y),
-    nn.Tanh: lambda y: 1 - y * y,
+def _softplus(state: dict[str, Any], x: torch.Tensor, _y: torch.Tensor) -> torch.Tensor:
+    z = (x * state["beta"]).exp()
+    return torch.where(x * state["beta"] > state["threshold"], 1.0, z / (z + 1))
+
+
+# each derivative from the module's state, its input and its output, in closed form: a module's own vjp inside
+# the rules' backward does not compose with vmap (functorch asserts); the numbers (settings) they read
+_DERIVATIVES: dict[type[nn.Module], tuple[Callable[[dict[str, Any], torch.Tensor, torch.Tensor], torch.Tensor],
+                                          tuple[str, ...]]] = {
+    nn.ReLU: (lambda _s, _x, y: (y > 0).to(y.dtype), ()),
+    nn.Sigmoid: (lambda _s, _x, y: y * (1 - y), ()),
+    nn.Tanh: (lambda _s, _x, y: 1 - y * y, ()),
+    # from the output (an in-place module's input is its output): y > 0 where x > 0, and ELU's alpha e^x is y + alpha
+    nn.LeakyReLU: (lambda s, _x, y: torch.full_like(y, s["negative_slope"]).masked_fill_(y > 0, 1.0),
+                   ("negative_slope",)),
+    nn.ELU: (lambda s, _x, y: torch.where(y > 0, 1.0, y + s["alpha"]), ("alpha",)),
+    nn.Softplus: (_softplus, ("beta", "threshold")),  # (no in-place form: its input is its own)
 }
 
 
@@ -118,10 +131,15 @@ class Rescale(_RescaleRule):
     """
 
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
-        derivative = _DERIVATIVES.get(call.template.cls)
+        derivative, settings = _DERIVATIVES.get(call.template.cls, (None, ()))
+        state = call.template.state
+        if not all(type(state.get(name)) in (int, float) for name in settings):
+            derivative = None  # (a setting that is not a number: the module's own vjp)
 
         def plain() -> torch.Tensor:
-            return grad * derivative(call.output) if derivative is not None else call.vjp(call.inputs, grad)[0]
+            if derivative is None:
+                return call.vjp(call.inputs, grad)[0]
+            return grad * derivative(state, call.inputs[0], call.output)
 
         x_ref, at_inputs, at_references = self._rescaled(call, grad, "an elementwise nonlinearity", plain)
         return [_rows(at_inputs, at_references, x_ref)]

@@ -1,4 +1,9 @@
-"""DeepLiftShap: DeepLift averaged over a distribution of references, every pair in one batch."""
+"""DeepLiftShap: DeepLift averaged over a distribution of references, every pair in one batch.
+
+On a chain the walk knows, the inputs and the references go forward once and the
+backward runs on every pair (NOTE [pairs on the chain]); elsewhere every pair is
+expanded into its own rows of `deeplift`.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,14 @@ from collections.abc import Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._functional import NestedKey, fresh_tensordict
 from .._targets import Target
 from .._types import PureFn
+from .._vjp import untransformed
 from ._baselines import attributed_keys
-from ._deeplift import deeplift
+from ._deeplift import checked_functional, deeplift, holds_only
+from ._deeplift_chain import chain_deeplift, deeplift_plan
+from ._engine import unflatten
 from ._inputs import accepts_tensors
 
 __all__ = ["deeplift_shap"]
@@ -19,25 +27,33 @@ __all__ = ["deeplift_shap"]
 
 
 def _distribution(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tensor,
-                  keys: Sequence[NestedKey]) -> TensorDictBase:
-    """The references as a TensorDict of batch ``[K]``, each key shaped like one sample of its input."""
-    lead = inputs.batch_dims
+                  keys: Sequence[NestedKey]) -> TensorDictBase | torch.Tensor:
+    """The references: a TensorDict of batch ``[K]``, or as given, a tensor ``[K, ...]`` of the one attributed key;
+    each key shaped like one sample of its input."""
+    distribution = "deeplift_shap: baselines must be a distribution of K >= 1 references: a tensor [K, ...] " \
+                   "shaped like one sample of the input, or a TensorDict of batch [K]"
     if isinstance(baselines, torch.Tensor):
         if len(keys) != 1:
             raise TypeError(f"deeplift_shap: a tensor of baselines fits one attributed input, but {len(keys)} are "
                             f"attributed {list(keys)}; pass a TensorDict of batch [K] holding each of them")
-        baselines = TensorDict({keys[0]: baselines}, batch_size=baselines.shape[:1])
+        if baselines.dim() == 0 or baselines.shape[0] < 1:
+            raise TypeError(distribution)
+        _check_shape(inputs, keys[0], baselines)
+        return baselines
     if not isinstance(baselines, TensorDictBase) or baselines.batch_dims != 1 or baselines.batch_size[0] < 1:
-        raise TypeError("deeplift_shap: baselines must be a distribution of K >= 1 references: a tensor [K, ...] "
-                        "shaped like one sample of the input, or a TensorDict of batch [K]")
+        raise TypeError(distribution)
     for key in keys:
         if key not in baselines.keys(True, True):
             raise KeyError(f"deeplift_shap: the baselines hold no {key!r}; give one reference of each attributed input")
-        want = inputs.get(key).shape[lead:]
-        if baselines.get(key).shape[1:] != want:
-            raise ValueError(f"deeplift_shap: baselines {key!r} has shape {list(baselines.get(key).shape)}; each of "
-                             f"its K references must have one sample's shape {list(want)}, i.e. [K, *{list(want)}]")
+        _check_shape(inputs, key, baselines.get(key))
     return baselines
+
+
+def _check_shape(inputs: TensorDictBase, key: NestedKey, references: torch.Tensor) -> None:
+    want = inputs.get(key).shape[inputs.batch_dims:]
+    if references.shape[1:] != want:
+        raise ValueError(f"deeplift_shap: baselines {key!r} has shape {list(references.shape)}; each of "
+                         f"its K references must have one sample's shape {list(want)}, i.e. [K, *{list(want)}]")
 
 
 @accepts_tensors
@@ -55,9 +71,11 @@ def deeplift_shap(
 ) -> TensorDict:
     """DeepLift of every input against every reference of a distribution, averaged: captum 0.9's ``DeepLiftShap``.
 
-    The ``N`` inputs and ``K`` references make ``N K`` pairs that go through `deeplift`
-    as one batch (one forward, one modified backward), and the maps are averaged over
-    the references. With ``multiply_by_inputs`` the map of one sample sums to
+    The ``N`` inputs and ``K`` references make ``N K`` pairs, and the maps are averaged
+    over the references. Where `deeplift` takes its chain walk (a chain of the modules it
+    knows, an index target), the ``N + K`` rows go forward once and the modified backward
+    runs on the pairs; elsewhere the pairs go through `deeplift` as one batch (one
+    forward of ``2 N K`` rows, one modified backward). With ``multiply_by_inputs`` the map of one sample sums to
     ``F(x) - mean_k F(b_k)`` on the models where `deeplift` is complete.
 
     Args:
@@ -93,6 +111,13 @@ def deeplift_shap(
     """
     keys = attributed_keys("deeplift_shap", f, inputs, input_keys)
     distribution = _distribution(inputs, baselines, keys)
+    if len(keys) == 1 and inputs.batch_dims and untransformed() and holds_only(inputs, keys[0]):
+        references = distribution if isinstance(distribution, torch.Tensor) else distribution.get(keys[0])
+        walked = _pairs_walked(f, params, inputs, references, keys[0], target, multiply_by_inputs, eps, per_target)
+        if walked is not None:
+            return walked
+    if isinstance(distribution, torch.Tensor):
+        distribution = TensorDict({keys[0]: distribution}, batch_size=distribution.shape[:1])
     batch, k = inputs.batch_size, distribution.batch_size[0]
     pairs = inputs.unsqueeze(-1).expand(*batch, k)
     references = distribution.select(*keys).expand(*batch, k)
@@ -103,3 +128,33 @@ def deeplift_shap(
     lead = 1 if per_target else 0
     return TensorDict({key: value.mean(lead + len(batch)) for key, value in maps.items(True, True)},
                       batch_size=maps.batch_size[: lead + len(batch)])
+
+
+def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, references: torch.Tensor,
+                  key: NestedKey, target: Target, multiply: bool, eps: float, per_target: bool) -> TensorDict | None:
+    """The maps by the chain walk on every pair (NOTE [pairs on the chain]); ``None``: not a chain the walk knows,
+    or a target it does not read as the expanded pairs' path does (that path then decides)."""
+    caller = "deeplift_shap"
+    fn = checked_functional(caller, f, eps)
+    plan = deeplift_plan(fn)
+    if plan is None or plan.links is None:
+        return None
+    x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
+    if isinstance(target, torch.Tensor) and target.dim() and target.shape != batch:
+        return None  # (a label tensor of another shape: the expanded pairs' path reads or refuses it)
+    if not isinstance(x, torch.Tensor) or references.dtype != x.dtype or references.device != x.device \
+            or not isinstance(params, TensorDictBase):
+        return None  # (what `check_call` would refuse, or the walk not read: the expanded pairs' path says so)
+    plan.check_modes(fn.model, caller)
+    flat = x if lead == 1 else x.reshape(-1, *x.shape[lead:])
+    walked = chain_deeplift(plan, params, flat, references, target, eps, per_target, pairs=True)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    n, k = flat.shape[0], references.shape[0]
+    each = walked.view(*walked.shape[:first], n, k, *flat.shape[1:])  # (pair (i, j) at row i k + j)
+    if multiply:  # (in place: the walk's maps are its own new tensor)
+        each = each.mul_(flat.unsqueeze(1) - references)
+    maps = each.mean(first + 1)
+    return fresh_tensordict({key: maps if lead == 1 else unflatten(maps, first, batch)},
+                            torch.Size([*walked.shape[:first], *batch]))
