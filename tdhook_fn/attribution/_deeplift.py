@@ -184,8 +184,9 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     first = 1 if per_target else 0
     if lead != 1:
         walked = unflatten(walked, first, batch)
-    if multiply:  # (in place: the walk's maps are its own new tensor)
-        walked, starts = walked.mul_(x if b is None else x - b), None
+    if multiply:  # (in place: the walk's maps are its own new tensor; no graph, as in `deeplift`)
+        with torch.no_grad():
+            walked, starts = walked.mul_(x if b is None else x - b), None
     elif starts is None:
         assert b is not None
         starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
@@ -268,8 +269,9 @@ def deeplift(
     if not multiply_by_inputs or starts is None:  # (None: the walk multiplied)
         return grads
     out = TensorDict({}, batch_size=grads.batch_size)
-    for key in keys:
-        out.set(key, grads.get(key) * (inputs.get(key) - starts.get(key)))
+    with torch.no_grad():  # (not differentiable: a graph through the inputs' factor alone would be a wrong one)
+        for key in keys:
+            out.set(key, grads.get(key) * (inputs.get(key) - starts.get(key)))
     return out
 
 

@@ -153,8 +153,9 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     first = 1 if per_target else 0
     n, k = flat.shape[0], references.shape[0]
     each = walked.view(*walked.shape[:first], n, k, *flat.shape[1:])  # (pair (i, j) at row i k + j)
-    if multiply:  # (in place: the walk's maps are its own new tensor)
-        each = each.mul_(flat.unsqueeze(1) - references)
-    maps = each.mean(first + 1)
+    with torch.no_grad():  # (not differentiable, as `deeplift`'s maps)
+        if multiply:  # (in place: the walk's maps are its own new tensor)
+            each = each.mul_(flat.unsqueeze(1) - references)
+        maps = each.mean(first + 1)
     return fresh_tensordict({key: maps if lead == 1 else unflatten(maps, first, batch)},
                             torch.Size([*walked.shape[:first], *batch]))
