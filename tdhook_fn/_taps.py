@@ -66,6 +66,11 @@ class Tap:
             ran it ``call`` times or fewer), since the tap then did nothing. `capture`,
             `intervene`, `perturb` and `map_grad` set it. Default: ``False`` (the methods' own taps, which check
             their runs themselves or tap every submodule, such as guided backpropagation's).
+        replaces_derivative (bool): the tap stands in for the module's derivative (a `map_grad`,
+            a method's backward rule), so the maps of a call using it are not differentiable
+            (NOTE [replaced derivatives are not differentiated] in
+            ``tdhook_fn.attribution._replaced_derivatives``). Default: ``True`` for ``map_grad``
+            taps, else ``False``.
     """
 
     path: str
@@ -75,8 +80,11 @@ class Tap:
     key: str = field(default="")
     call: int | None = None
     must_run: bool = False
+    replaces_derivative: bool = False
 
     def __post_init__(self) -> None:
+        if self.kind == "map_grad":
+            object.__setattr__(self, "replaces_derivative", True)
         if self.site not in ("output", "input"):
             raise ValueError(f"tap site must be 'output' or 'input', got {self.site!r}")
         if self.call is not None and (isinstance(self.call, bool) or not isinstance(self.call, int) or self.call < 0):

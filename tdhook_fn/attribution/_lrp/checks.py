@@ -1,24 +1,21 @@
-"""What lrp refuses and checks: differentiation of its maps, tracing, conservation."""
+"""What lrp refuses and checks: tracing, a rule's module call, conservation (its maps' differentiation: in
+`.._replaced_derivatives`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ..._params import leaves
-from ..._vjp import any_requires_grad
 from .._cotangents import Cotangents
 
 __all__ = [
-    "as_values",
     "check_module_call",
     "check_pass",
     "never_traced",
     "raise_unless_conserved",
-    "refuse_level_zero_graph",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -33,83 +30,6 @@ def never_traced(fn: _F) -> _F:
     # excluded from tracing: inside a compiled function it runs eagerly and gives the
     # eager maps; ``fullgraph=True`` reports the excluded call.
     return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # (reason= needs torch 2.8)
-
-
-def _tracked(t: Any) -> bool:
-    functorch = torch._C._functorch
-    while isinstance(t, torch.Tensor) and functorch.is_functorch_wrapped_tensor(t):
-        if functorch.is_gradtrackingtensor(t):
-            return True
-        t = functorch.get_unwrapped(t)
-    return False
-
-
-def _refuse_outer_differentiation(params: Any, inputs: Any) -> None:
-    """Raise under a ``grad``/``vjp``/``jvp`` of lrp itself (``vmap`` is fine); see the NOTE."""
-    # NOTE [lrp maps are not differentiable]
-    # A rule's backward stands in for the module's derivative at *every* level of
-    # differentiation, so an outer ``torch.func.grad`` of an LRP map would differentiate
-    # through the rules as if they were the modules' derivatives: a plausible, wrong number.
-    if torch._C._functorch.peek_interpreter_stack() is None:
-        return  # no functorch level is active: nothing can be tracked by one
-    for td in (params, inputs):
-        if isinstance(td, TensorDictBase) and any(_tracked(v) for v in td.values(True, True)):
-            raise NotImplementedError(
-                "lrp: its maps cannot be differentiated (called under torch.func.grad, vjp, jvp or jacrev of "
-                "params or inputs): the rules replace the modules' derivatives at every level, so the result "
-                "would be wrong. vmap is fine; differentiate a gradient method instead")
-
-
-def as_values(params: Any, inputs: TensorDictBase, values: Mapping[Any, Any] | None = None) -> TensorDictBase:
-    """``inputs``, detached if they require grad; a refusal where the maps could be differentiated.
-
-    Raises under a functorch ``grad``/``vjp``/``jvp`` of lrp (`_refuse_outer_differentiation`)
-    and, under regular autograd, for params that require grad: the maps would carry a
-    gradient in them, and a wrong one. Inputs that require grad are read as values.
-    ``values``: the params' leaves, where the caller has them.
-    """
-    _refuse_outer_differentiation(params, inputs)
-    if not torch.is_grad_enabled():
-        return inputs
-    if _requires_grad(params, values):
-        raise NotImplementedError(
-            "lrp: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
-            "the maps would carry a gradient in them, and it would be wrong: the rules replace the modules' "
-            "derivatives (NOTE [lrp maps are not differentiable]). Pass detached params "
-            "(tdhook_fn.params(model) gives them), or call lrp under torch.no_grad()")
-    return inputs.detach() if _inputs_require_grad(inputs) else inputs
-
-
-def _inputs_require_grad(inputs: TensorDictBase) -> bool:
-    """`_requires_grad` of the inputs: a plain TensorDict of tensors read from its own dict (its leaves cost a
-    third of this check's time, on every call)."""
-    own = inputs.__dict__.get("_tensordict") if type(inputs) is TensorDict else None
-    if not isinstance(own, dict) or not all(type(v) is torch.Tensor for v in own.values()):
-        return _requires_grad(inputs, leaves(inputs))
-    return _requires_grad(inputs, own)
-
-
-def _requires_grad(params: Any, values: Mapping[Any, Any] | None) -> bool:
-    """`any_requires_grad` of ``params``; from their ``values`` where none is a functorch wrapper (one pass)."""
-    if values is None:
-        return any_requires_grad([params])
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    found = False
-    for value in values.values():  # (a plain loop: a comprehension and a generator cost calls, on every call)
-        if isinstance(value, torch.Tensor):
-            if wrapped(value):
-                return any_requires_grad([params])
-            found = found or value.requires_grad
-    return found
-
-
-def refuse_level_zero_graph(maps: TensorDictBase) -> None:
-    """Raise when a map carries a regular-autograd graph all the same (a closed-over tensor that requires grad)."""
-    if any(t.requires_grad for t in maps.values(True, True)):
-        raise NotImplementedError(
-            "lrp: the maps require grad: a tensor that requires grad reached them through the target, the "
-            "cotangents or a tap (a closed-over tensor), and their gradient would be wrong (NOTE [lrp maps are "
-            "not differentiable]). Detach it, or call lrp under torch.no_grad()")
 
 
 def raise_unless_conserved(relevance: TensorDict, targets: TensorDictBase, per_target: bool,

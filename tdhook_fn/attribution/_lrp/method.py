@@ -57,15 +57,9 @@ from .._checks import check_layers
 from .._cotangents import Cotangents
 from .._engine import gradients, input_keys_of
 from .._inputs import accepts_tensors
+from .._replaced_derivatives import as_values, refuse_level_zero_graph
 from .chain import chain_lrp
-from .checks import (
-    as_values,
-    check_module_call,
-    check_pass,
-    never_traced,
-    raise_unless_conserved,
-    refuse_level_zero_graph,
-)
+from .checks import check_module_call, check_pass, never_traced, raise_unless_conserved
 from .composites import Rules, resolve_rules
 from .module_call import ModuleCall, Template
 from .plan import lrp_plan
@@ -332,7 +326,7 @@ def lrp(
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
     values = leaves(params) if isinstance(params, TensorDictBase) else None  # (read once: checks and the walk)
-    inputs = as_values(params, inputs, values)
+    inputs = as_values("lrp", params, inputs, values)
     keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
     check_layers("lrp", layers)
     check_layers("lrp", target_layers, "target_layers")
@@ -348,7 +342,7 @@ def lrp(
             caller="lrp",
         )
         maps, targets = result.grads, _given(result.targets)
-        refuse_level_zero_graph(maps)
+        refuse_level_zero_graph("lrp", maps)
     else:
         maps, targets = walked  # (the walk's maps never require grad: it runs without a graph, NOTE [lrp on a chain])
     if check_conservation:
