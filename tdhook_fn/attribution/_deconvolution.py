@@ -14,7 +14,7 @@ from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
 from ._cotangents import Cotangents
-from ._guided_backprop import module_paths
+from ._guided_backprop import Guide, guide_taps, module_paths
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 
@@ -33,40 +33,38 @@ __all__ = ["deconvolution", "relu_paths", "relu_rule_taps"]
 # parameters only (captum's hook replaces the gradient of the inputs alone). A plain
 # ``nn.ReLU`` that nothing else sees runs on a stand-in instead (NOTE [a stand-in for
 # the replaced ReLU]) and its output is ``relu`` of the kept input, by `_RectifiedGrad`.
-# Guided backprop keeps the module's backward and rectifies what leaves it: one tap at
-# its input, a copy forward, ``relu`` of the gradient backward. Plain taps and
-# autograd.Functions, so it runs under vmap, grad and torch.compile(fullgraph=True) alike.
+# (Guided backprop keeps the module's backward: NOTE [guided backprop as taps].) Plain
+# taps and autograd.Functions, so it runs under vmap, grad and torch.compile(fullgraph=True) alike.
 
 
 class _RectifiedGrad(torch.autograd.Function):
-    """``relu`` forward (a copy where ``copy``); ``relu`` of the arriving gradient backward."""
+    """``relu`` forward; ``relu`` of the arriving gradient backward."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, copy: bool) -> torch.Tensor:
-        # a copy, not a view: the module reading it may write it in place (ReLU(inplace=True))
-        return x.clone() if copy else torch.relu(x)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         pass
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.relu(grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return torch.relu(grad)
 
 
 class _PlainRectifiedGrad(torch.autograd.Function):
     """`_RectifiedGrad` in the plain style (NOTE [plain-style Function outside transforms])."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, copy: bool) -> torch.Tensor:
-        return x.clone() if copy else torch.relu(x)
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.relu(grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return torch.relu(grad)
 
 
 class _Rerouted(torch.autograd.Function):
@@ -106,13 +104,13 @@ class _PlainRerouted(torch.autograd.Function):
 # same forward and backward runs instead.
 
 
-def _rectified(x: torch.Tensor, copy: bool) -> torch.Tensor:
-    """``relu(x)`` (``x`` where ``copy``) with ``relu`` of the gradient backward (NOTE [deconvolution as taps])."""
+def _rectified(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)`` with ``relu`` of the gradient backward (NOTE [deconvolution as taps])."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         # through a view, as `_taps._map_grad` (a Function on a torch.func.grad primal under torch.compile)
-        out: torch.Tensor = _RectifiedGrad.apply(x.view_as(x), copy)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = _RectifiedGrad.apply(x.view_as(x))  # type: ignore[no-untyped-call]
         return out
-    plain: torch.Tensor = _PlainRectifiedGrad.apply(x, copy)  # type: ignore[no-untyped-call]
+    plain: torch.Tensor = _PlainRectifiedGrad.apply(x)  # type: ignore[no-untyped-call]
     return plain
 
 
@@ -129,10 +127,6 @@ def _rerouted(site: _ReLUSite, x: torch.Tensor, out: Any) -> torch.Tensor:
         return rerouted
     plain: torch.Tensor = _PlainRerouted.apply(x, out)  # type: ignore[no-untyped-call]
     return plain
-
-
-def _guide(x: torch.Tensor) -> torch.Tensor:
-    return _rectified(x, True)
 
 
 # NOTE [a stand-in for the replaced ReLU]
@@ -159,7 +153,7 @@ def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
 
     def replace(output: Any) -> torch.Tensor:
         if stand_in:
-            return _rectified(inputs.pop(), False)
+            return _rectified(inputs.pop())
         return _rerouted(site, inputs.pop(), output)
 
     # (the key given: no capture reads it, and deriving it costs as much as the tap)
@@ -184,16 +178,17 @@ def _relu_plan(model: nn.Module) -> tuple[_ReLUSite, ...]:
                  for path, relu in _relus(model))
 
 
-def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
+def relu_rule_taps(f: Functional, *, guided: bool, guide: Guide | None = None) -> list[Tap]:
     """Taps giving ``f.model``'s ReLU modules the deconvnet's backward, or (``guided``) guided backprop's.
 
     Guided: the ReLUs that guided Grad-CAM guides (those of no other module class found in the
-    model), each with ``relu`` applied to the gradient leaving it, as `guided_backprop` does.
+    model), with `guided_backprop`'s taps (NOTE [guided backprop as taps]).
     Unchecked taps (NOTE [taps that never fire]): an unused ReLU is fine.
 
     Args:
         f (Functional): the function whose model's ReLUs are tapped.
         guided (bool): guided backprop's backward (``relu`` of the ReLU's own), else the deconvnet's.
+        guide (Guide | None): with ``guided``, switches the backward between passes. Default: always guided.
 
     Returns:
         list[Tap]: the taps, for one call.
@@ -203,7 +198,7 @@ def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
     plan = _relu_plan(model) if torch.compiler.is_compiling() else plan_for(model, "relu sites",
                                                                               lambda: _relu_plan(model))
     if guided:
-        return [Tap(site.path, "intervene", _guide, "input", site.path) for site in plan if site.guided]
+        return guide_taps((site.path for site in plan if site.guided), guide)
     free = not f.taps and not global_hooks()  # (f's taps: any, since one path has several spellings)
     return [tap for site in plan for tap in _deconv_taps(site, free and site.exact and not site.hooked)]
 
