@@ -10,10 +10,10 @@ from tensordict import TensorDict, TensorDictBase
 from .._taps import Tap
 from .._targets import Target
 from ._cotangents import Cotangents
-from ._engine import GradFn, Gradients, grad_taps, gradients
+from ._engine import GradFn, grad_taps, gradients
 from ._inputs import accepts_tensors
 
-__all__ = ["DimsConfig", "cam_maps", "grad_cam"]
+__all__ = ["DimsConfig", "grad_cam"]
 
 
 @dataclass(frozen=True)
@@ -124,17 +124,11 @@ def grad_cam(
         target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
         layer_calls=layer_calls, caller="grad_cam",
     )
-    return cam_maps(result, layers, inputs.batch_dims, absolute=absolute)
-
-
-def cam_maps(result: Gradients, layers: Mapping[str, DimsConfig], batch_dims: int, *,
-             absolute: bool = False) -> TensorDict:
-    """`grad_cam`'s maps from `gradients`' result for ``layers`` (inputs of ``batch_dims`` batch dims)."""
-    lead = len(result.grads.batch_size) - batch_dims
+    lead = len(result.grads.batch_size) - len(inputs.batch_size)
     offset = len(result.grads.batch_size)
     maps = TensorDict({}, batch_size=result.grads.batch_size)
     for path, dims in layers.items():
-        _check_rank(path, dims, result.activations.get(path).shape[batch_dims:])
+        _check_rank(path, dims, result.activations.get(path).shape[len(inputs.batch_size):])
         grad = result.grads.get(path)
         grad = grad.abs() if absolute else grad
         act = result.activations.get(path).reshape((*[1] * lead, *result.activations.get(path).shape))

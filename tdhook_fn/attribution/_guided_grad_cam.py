@@ -14,8 +14,7 @@ from .._targets import Target
 from ._checks import check_call
 from ._cotangents import Pass
 from ._deconvolution import relu_rule_taps
-from ._engine import Gradients, gradients, input_keys_of
-from ._grad_cam import DimsConfig, cam_maps
+from ._engine import gradients, input_keys_of
 from ._guided_backprop import Guide
 from ._inputs import accepts_tensors
 
@@ -96,42 +95,16 @@ def guided_grad_cam(
         raise ValueError(f"guided_grad_cam: the inputs {list(keys)} need a channel dim and spatial dims per sample "
                          f"([C, *spatial]); got per-sample ranks {rank}")
     r = next(iter(rank.values()))
-    config = {layer: DimsConfig(tuple(range(1, r)), (0,))}
-    grads, cam = _guided_and_cam(f, params, inputs, target, keys, layer, per_target, layer_calls)
-    try:
-        cams = cam_maps(cam, config, dims)
-    except ValueError as error:  # (cam_maps names its DimsConfig, which the caller here never wrote)
-        if f"layers[{layer!r}]" not in str(error):
-            raise
+    guided, layer_grad, act = _guided_and_cam(f, params, inputs, target, keys, layer, per_target, layer_calls)
+    if act.dim() - dims < r:
         raise ValueError(f"guided_grad_cam: layer {layer!r} has fewer dims per sample than the inputs' [C, *spatial] "
-                         f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank") from None
-    return _times_cam(grads, torch.relu(cams.get(layer)), layer, interpolate_mode)
-
-
-def _guided_and_cam(f: Functional, params: TensorDictBase, inputs: TensorDictBase, target: Target,
-                    keys: tuple[NestedKey, ...], layer: str, per_target: bool,
-                    layer_calls: Mapping[str, int] | None) -> tuple[TensorDict, Gradients]:
-    """The inputs' guided-backprop maps, and the layer's plain gradient and activation (NOTE [guided Grad-CAM in
-    one forward])."""
-    common: dict[str, Any] = {"per_target": per_target, "layer_calls": layer_calls, "caller": "guided_grad_cam",
-                              "checked": True}
-    if torch.compiler.is_compiling():  # (a switched rule is not for Dynamo: NOTE [guided backprop as taps])
-        cam = gradients(f, params, inputs, target, input_keys=(), layers={layer: None}, **common)
-        guided = gradients(f, params, inputs, target, input_keys=keys, taps=relu_rule_taps(f, guided=True),
-                           **common)
-        return guided.grads, cam
-    guide = Guide(on=False)
-    both = gradients(f, params, inputs, target, input_keys=keys, layers={layer: None},
-                     taps=relu_rule_taps(f, guided=True, guide=guide), **common,
-                     passes=(Pass((layer,), guide.setter(False)), Pass(keys, guide.setter(True))))
-    return both.grads.select(*keys), both
-
-
-def _times_cam(guided: TensorDict, cam: torch.Tensor, layer: str, interpolate_mode: str) -> TensorDict:
-    """Each guided map times ``cam`` (``[*lead, *spatial]``) resized to its spatial dims, on every channel."""
-    lead = guided.batch_dims
-    out = TensorDict({}, batch_size=guided.batch_size)
-    for key, value in guided.items(True, True):
+                         f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank")
+    lead = layer_grad.dim() - act.dim() + dims  # (the target dim, then the batch dims)
+    # captum's LayerGradCam: the channels weighted by their gradient's mean over the spatial dims, summed
+    weights = layer_grad.mean(tuple(range(lead + 1, lead + r)), keepdim=True)
+    cam = torch.relu((weights * act).sum(lead))
+    out: dict[NestedKey, torch.Tensor] = {}
+    for key, value in zip(keys, guided, strict=True):
         spatial = value.shape[lead + 1:]
         if cam.dim() - lead != len(spatial):
             raise ValueError(f"guided_grad_cam: the Grad-CAM map of layer {layer!r} has {cam.dim() - lead} spatial "
@@ -140,5 +113,28 @@ def _times_cam(guided: TensorDict, cam: torch.Tensor, layer: str, interpolate_mo
                              "the input's spatial rank")
         flat = cam.reshape(-1, 1, *cam.shape[lead:])
         resized = F.interpolate(flat, size=tuple(spatial), mode=interpolate_mode)
-        out.set(key, value * resized.reshape(*cam.shape[:lead], 1, *spatial))
-    return out
+        out[key] = value * resized.reshape(*cam.shape[:lead], 1, *spatial)
+    batch = torch.Size([*layer_grad.shape[:lead - dims], *inputs.batch_size])  # ([T, *B] or [*B])
+    result = TensorDict({}, batch_size=batch)
+    for key, value in out.items():
+        result.set(key, value)
+    return result
+
+
+def _guided_and_cam(f: Functional, params: TensorDictBase, inputs: TensorDictBase, target: Target,
+                    keys: tuple[NestedKey, ...], layer: str, per_target: bool,
+                    layer_calls: Mapping[str, int] | None) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The inputs' guided-backprop maps, and the layer's plain gradient and activation (NOTE [guided Grad-CAM in
+    one forward])."""
+    common: dict[str, Any] = {"per_target": per_target, "layer_calls": layer_calls, "caller": "guided_grad_cam",
+                              "checked": True}
+    if torch.compiler.is_compiling():  # (a switched rule is not for Dynamo: NOTE [guided backprop as taps])
+        cam = gradients(f, params, inputs, target, input_keys=(), layers={layer: None}, **common)
+        guided = gradients(f, params, inputs, target, input_keys=keys, taps=relu_rule_taps(f, guided=True),
+                           **common).grads
+        return [guided.get(k) for k in keys], cam.grads.get(layer), cam.activations.get(layer)
+    guide = Guide(on=False)
+    both = gradients(f, params, inputs, target, input_keys=keys, layers={layer: None},
+                     taps=relu_rule_taps(f, guided=True, guide=guide), **common,
+                     passes=(Pass((layer,), guide.setter(False)), Pass(keys, guide.setter(True))))
+    return [both.grads.get(k) for k in keys], both.grads.get(layer), both.activations.get(layer)
