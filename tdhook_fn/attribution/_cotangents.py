@@ -13,7 +13,8 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import fresh_tensordict
 from .._params import leaves
 
-__all__ = ["Cotangents", "Pass", "check_per_target_or_cotangents", "pull_each", "pull_passes", "seed_cotangents"]
+__all__ = ["Cotangents", "Pass", "check_per_target_or_cotangents", "pull_each", "pull_passes", "pull_vmapped",
+           "seed_cotangents"]
 
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
 
@@ -100,19 +101,24 @@ def pull_each(pullback: Callable[..., Any], cot: TensorDictBase, *, retain_graph
     """
     leaf = next(iter(cot.values(True, True)))
     if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
-        if wanted is None:
-            return torch.func.vmap(pullback)(cot)[0]
-        chosen = list(wanted)  # (vmap returns tensors only: the wanted ones, put back in place after)
-        some = torch.func.vmap(lambda c: [pullback(c, wanted=chosen)[0][i] for i in chosen])(cot)
-        out: list[Any] = [None] * (max(chosen) + 1)
-        for i, g in zip(chosen, some, strict=True):
-            out[i] = g
-        return out
+        return pull_vmapped(pullback, cot, wanted)
     last = cot.batch_size[0] - 1
     # (the last frees the graph, unless another pass follows)
     pulled = [pullback(cot[t], retain_graph=retain_graph or t < last, wanted=wanted)[0] for t in range(last + 1)]
     return [None if pulled[0][i] is None else torch.stack([p[i] for p in pulled])  # (the primals are a flat list)
             for i in range(len(pulled[0]))]
+
+
+def pull_vmapped(pullback: Callable[..., Any], cot: TensorDictBase, wanted: Sequence[int] | None = None) -> Any:
+    """`pull_each` on accelerators: the pullback ``vmap``-ed over ``cot``'s first dim (NOTE [attribution engine])."""
+    if wanted is None:
+        return torch.func.vmap(pullback)(cot)[0]
+    chosen = list(wanted)  # (vmap returns tensors only: the wanted ones, put back in place after)
+    some = torch.func.vmap(lambda c: [pullback(c, wanted=chosen)[0][i] for i in chosen])(cot)
+    out: list[Any] = [None] * (max(chosen) + 1)
+    for i, g in zip(chosen, some, strict=True):
+        out[i] = g
+    return out
 
 
 def pull_passes(pullback: Callable[..., Any], cot: TensorDictBase, lead: int, passes: Sequence[Pass],

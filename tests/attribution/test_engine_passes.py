@@ -8,6 +8,7 @@ import pytest
 import torch
 from _tolerance import assert_close_ulps
 from attr_zoo import assert_same, build
+from tensordict import TensorDict
 from torch import nn
 
 from tdhook_fn import functional, params
@@ -129,3 +130,23 @@ def test_guided_backprop_paths_follow_the_model():
             assert_same(guided_backprop(functional(net), params(net), x, target=1,
                                         classes_to_skip=(nn.Linear, nn.Tanh)),
                         ca.GuidedBackprop(net).attribute(x.clone(), target=1), exact=True)
+
+
+@pytest.mark.parametrize("wanted", (None, [1], [0, 1]))
+def test_the_vmapped_pullback_accelerators_take_equals_one_pullback_per_target(wanted):
+    """`pull_vmapped` (the per-target pullback on accelerators), run here on the CPU, against `pull_each`'s loop."""
+    from tdhook_fn._vjp import vjp
+    from tdhook_fn.attribution._cotangents import pull_each, pull_vmapped
+
+    torch.manual_seed(0)
+    w = torch.randn(3, 4, dtype=torch.float64)
+    x, h = torch.randn(5, 3, dtype=torch.float64), torch.zeros(5, 4, dtype=torch.float64)
+    values, pullback, _ = vjp(lambda p: ({"y": torch.tanh(p[0] @ w + p[1])}, []), [x, h])
+    cot = TensorDict(y=torch.eye(4, dtype=torch.float64)[:, None].expand(4, 5, 4), batch_size=[4, 5])
+    looped = pull_each(pullback, cot, retain_graph=True, wanted=wanted)
+    vmapped = pull_vmapped(pullback, cot, wanted)
+    for i in range(2):
+        if wanted is not None and i not in wanted:
+            assert looped[i] is None and (i >= len(vmapped) or vmapped[i] is None)
+        else:
+            assert_close_ulps(vmapped[i], looped[i])
