@@ -29,7 +29,8 @@ one-thread process. After the timing each variant's maps are checked against the
 permutations drawn from the same seed; captum's DeepLift on the copy ``bench_deeplift.py`` makes for
 it). Last, the peak memory a feature-permutation call adds (256 inputs) by default, with every copy in
 one forward, and with ``chunk_size`` 8 and 1: bounded by the chunks. Run:
-``python benchmarks/bench_captum_rest.py`` (or name sections to run only those, e.g. ``deeplift_shap``).
+``python benchmarks/bench_captum_rest.py [part ...]`` (parts: ``deconvolution``, ``feature_permutation``,
+``layer_deeplift``, ``deeplift_shap``, ``guided_grad_cam``, ``memory``; none: all).
 """
 
 from __future__ import annotations
@@ -348,30 +349,31 @@ def bench_deeplift_shap(title: str, model: nn.Sequential, x: torch.Tensor) -> No
     }, rounds=15, number=8)
 
 
-def main() -> None:
+PARTS = ("deconvolution", "feature_permutation", "layer_deeplift", "deeplift_shap", "guided_grad_cam", "memory")
+
+
+def main(parts: tuple[str, ...] = PARTS) -> None:
     torch.set_num_threads(1)
-    only = set(sys.argv[1:])  # sections named on the command line: only those run
-
-    def runs(section: str) -> bool:
-        return not only or section in only
-
     (net, x), (conv, images) = mlp(), cnn()
     assert isinstance(net, nn.Sequential) and isinstance(conv, nn.Sequential)
     for title, model, inputs in (("MLP 128-256x2-10", net, x), ("CNN 2 conv 8x8 (max pool)", conv, images)):
-        if runs("deconvolution"):
+        if "deconvolution" in parts:
             bench_deconvolution(title, model, inputs)
-        if runs("feature_permutation"):
+        if "feature_permutation" in parts:
             bench_feature_permutation(title, model, inputs)
-        if runs("layer_deeplift"):
+        if "layer_deeplift" in parts:
             bench_layer_deeplift(title, model, inputs, 2 if model is net else 3)
-        if runs("deeplift_shap"):
+        if "deeplift_shap" in parts:
             bench_deeplift_shap(title, model, inputs)
-    if runs("guided_grad_cam"):
+    if "guided_grad_cam" in parts:
         bench_guided_grad_cam("CNN 2 conv 8x8 (max pool)", conv, images, 3)
     for title, model, inputs in (("MLP 128-256x2-10", net, x), ("CNN 2 conv 8x8 (max pool)", conv, images)):
-        if runs("permutation_memory"):
+        if "memory" in parts:
             permutation_memory(title, model, inputs.repeat(4, *(1,) * (inputs.dim() - 1)))  # 256 inputs
 
 
 if __name__ == "__main__":
-    main()
+    unknown = set(sys.argv[1:]) - set(PARTS)
+    if unknown:
+        sys.exit(f"bench_captum_rest: unknown parts {sorted(unknown)}; choose among {list(PARTS)} (none: all)")
+    main(tuple(sys.argv[1:]) or PARTS)

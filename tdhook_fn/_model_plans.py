@@ -46,7 +46,7 @@ from torch.nn.modules import module as module_globals
 
 from ._shadow_node import GLOBAL_HOOK_DICTS, HOOK_DICTS
 
-__all__ = ["Snapshot", "global_hooks", "plan_for"]
+__all__ = ["Snapshot", "global_hooks", "hooked", "plan_for"]
 
 # NOTE [one flat check]
 # `Snapshot.holds` runs at every call, inside a call whose tensors have just pushed the
@@ -99,6 +99,12 @@ def global_hooks() -> bool:
     return any(map(_torch_globals.get, GLOBAL_HOOK_DICTS))  # (an empty dict is false)
 
 
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` holds hooks of its own (any of torch's hook dicts on it not empty)."""
+    state = vars(module)
+    return any(state.get(name) for name in HOOK_DICTS)
+
+
 def _flat(dicts: Iterable[dict[Any, Any]]) -> Iterator[Any]:
     return chain.from_iterable(map(dict.values, dicts))
 
@@ -137,7 +143,7 @@ class Snapshot:
                 return None  # (not a module as nn.Module builds it, or an instance forward)
             if not all(type(state[name]) in _DICTS for name in _SLOTS):
                 return None  # (a slot replaced by a mapping of another kind: its contents are not followed)
-            if any(state[name] for name in HOOK_DICTS) or any(child is model for child in state["_modules"].values()):
+            if hooked(module) or any(child is model for child in state["_modules"].values()):
                 return None  # (hooks; or a cycle: its plan would keep the model alive)
             if any(state[name] for name in _UNREAD_HOOKS):
                 return None  # (a state-dict hook may refer to the model: held, it would keep the model alive)

@@ -156,6 +156,8 @@ def kept(value: Any) -> Any:
     conv, ``out += identity`` in a ResNet block); a reference would then show the written
     values, silently. Under ``torch.compile`` the copies that nothing writes are free.
     """
+    if type(value) is torch.Tensor:  # (the common capture, one tensor: no tree to walk, on every call)
+        return value.clone()
     return optree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value, none_is_leaf=True)
 
 

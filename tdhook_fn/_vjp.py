@@ -22,7 +22,10 @@ state that a forward run again replays."""
 # called again). A caller that pulls back once passes ``False``: the forward's saved
 # activations are then freed as the backward goes, and their memory is reused for the
 # gradients it allocates, as in a plain ``backward()`` (measured: a few percent of a
-# SmoothGrad call on an MLP, where the activations are larger than the cache).
+# SmoothGrad call on an MLP, where the activations are larger than the cache). It takes
+# ``wanted`` too, the positions of the flat primals whose gradients are needed: by
+# autograd the others come back ``None`` and the backward stops where none is reached
+# (a pull to a layer alone runs no backward below it); ``func.vjp`` computes them all.
 
 # NOTE [a forward run again draws the same numbers]
 # Some calls run a forward a second time on the same inputs: the layer pullbacks after a
@@ -53,7 +56,7 @@ from ._params import leaves as td_leaves
 __all__ = ["RandomState", "any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
 
 _ACCUMULATE: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
-Pullback = Callable[..., tuple[Any]]  # (cotangent, retain_graph=True)
+Pullback = Callable[..., tuple[Any]]  # (cotangent, retain_graph=True, wanted=None)
 
 
 def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: Iterable[TensorDictBase] = ()) -> tuple[
@@ -67,7 +70,13 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
 
     def by_functorch() -> tuple[Any, Pullback, Any]:
         result: Any = torch.func.vjp(forward, primals, has_aux=True)
-        return result[0], result[1], result[2]
+        pull = result[1]
+
+        def pullback(cotangent: Any, retain_graph: bool = True, wanted: Sequence[int] | None = None) -> tuple[Any]:
+            out: tuple[Any] = pull(cotangent, retain_graph=retain_graph)  # (every primal's: see the NOTE)
+            return out
+
+        return result[0], pullback, result[2]
 
     if not untransformed():  # functorch's vjp composes with the transform (and is what Dynamo traces)
         return by_functorch()
@@ -96,7 +105,7 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
         drawn.restore()
         return by_functorch()
 
-    def pullback(cotangent: Any, retain_graph: bool = True) -> tuple[Any]:
+    def pullback(cotangent: Any, retain_graph: bool = True, wanted: Sequence[int] | None = None) -> tuple[Any]:
         cots: list[torch.Tensor] = []
         _flatten_like(out, cotangent, cots)
         if len(cots) != len(outs):
@@ -108,7 +117,12 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
                 fed.append(c)
         if not roots:
             return (rebuild(map(torch.zeros_like, mine)),)
-        return (rebuild(iter(_grads(roots, mine, fed, retain_graph))),)
+        if wanted is None:
+            return (rebuild(iter(_grads(roots, mine, fed, retain_graph))),)
+        grads: list[Any] = [None] * len(mine)
+        for i, g in zip(wanted, _grads(roots, [mine[i] for i in wanted], fed, retain_graph), strict=True):
+            grads[i] = g
+        return (rebuild(iter(grads)),)
 
     return rebuild_out(map(torch.Tensor.detach, outs)), pullback, rebuild_aux(map(torch.Tensor.detach, aux_tensors))
 

@@ -10,12 +10,11 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional, NestedKey
-from .._model_plans import global_hooks, plan_for
-from .._shadow_node import HOOK_DICTS
+from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
 from ._cotangents import Cotangents
-from ._guided_backprop import module_paths
+from ._guided_backprop import Guide, guide_taps, module_paths
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 
@@ -25,44 +24,77 @@ __all__ = ["deconvolution", "relu_paths", "relu_rule_taps"]
 # A ReLU's own backward masks the gradient by where its input was positive; the
 # deconvnet ignores that mask and passes back the positive part of the gradient that
 # arrives. Two taps per ReLU module put that VJP in place without touching the
-# module: an intervention at its input keeps the input (and hands the module a stand-in:
-# NOTE [a stand-in for the replaced ReLU]), one at its output replaces the output by
-# `_RectifiedGrad` of that input: the same values, ``relu`` of the gradient on the way
-# back, the module's own backward left out of the graph. Guided backprop keeps the
-# module's backward and rectifies what leaves it: one tap at its input, a copy forward,
-# ``relu`` of the gradient backward. Plain taps and an autograd.Function, so it runs
-# under vmap, grad and torch.compile(fullgraph=True) alike.
+# module: an intervention at its input keeps the input, one at its output puts a
+# Function between the output and what reads it: the module's output forward, ``relu``
+# of the gradient straight to the kept input backward. As captum's backward hook, only
+# the backward changes: a subclass of ``nn.ReLU`` with a forward of its own (a shift, a
+# leak), or a hook of the model's that changes the module's input or output, keeps its
+# values. The module runs on a detached input, so its own backward reaches its
+# parameters only (captum's hook replaces the gradient of the inputs alone). A plain
+# ``nn.ReLU`` that nothing else sees runs on a stand-in instead (NOTE [a stand-in for
+# the replaced ReLU]) and its output is ``relu`` of the kept input, by `_RectifiedGrad`.
+# (Guided backprop keeps the module's backward: NOTE [guided backprop as taps].) Plain
+# taps and autograd.Functions, so it runs under vmap, grad and torch.compile(fullgraph=True) alike.
 
 
 class _RectifiedGrad(torch.autograd.Function):
-    """``relu`` forward (a copy where ``copy``); ``relu`` of the arriving gradient backward."""
+    """``relu`` forward; ``relu`` of the arriving gradient backward."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, copy: bool) -> torch.Tensor:
-        # a copy, not a view: the module reading it may write it in place (ReLU(inplace=True))
-        return x.clone() if copy else torch.relu(x)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         pass
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.relu(grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return torch.relu(grad)
 
 
 class _PlainRectifiedGrad(torch.autograd.Function):
     """`_RectifiedGrad` in the plain style (NOTE [plain-style Function outside transforms])."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, copy: bool) -> torch.Tensor:
-        return x.clone() if copy else torch.relu(x)
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.relu(grad), None
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return torch.relu(grad)
+
+
+class _Rerouted(torch.autograd.Function):
+    """``out`` (a copy) forward; ``relu`` of the arriving gradient to ``x``, and the gradient itself to ``out``."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.clone()  # (a copy: what reads it may write it in place)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(grad), grad
+
+
+class _PlainRerouted(torch.autograd.Function):
+    """`_Rerouted` in the plain style (NOTE [plain-style Function outside transforms])."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(grad), grad
 
 
 # NOTE [plain-style Function outside transforms]
@@ -72,28 +104,39 @@ class _PlainRectifiedGrad(torch.autograd.Function):
 # same forward and backward runs instead.
 
 
-def _rectified(x: torch.Tensor, copy: bool) -> torch.Tensor:
-    """``relu(x)`` (``x`` where ``copy``) with ``relu`` of the gradient backward (NOTE [deconvolution as taps])."""
+def _rectified(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)`` with ``relu`` of the gradient backward (NOTE [deconvolution as taps])."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         # through a view, as `_taps._map_grad` (a Function on a torch.func.grad primal under torch.compile)
-        out: torch.Tensor = _RectifiedGrad.apply(x.view_as(x), copy)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = _RectifiedGrad.apply(x.view_as(x))  # type: ignore[no-untyped-call]
         return out
-    plain: torch.Tensor = _PlainRectifiedGrad.apply(x, copy)  # type: ignore[no-untyped-call]
+    plain: torch.Tensor = _PlainRectifiedGrad.apply(x)  # type: ignore[no-untyped-call]
     return plain
 
 
-def _guide(x: torch.Tensor) -> torch.Tensor:
-    return _rectified(x, True)
+def _rerouted(site: _ReLUSite, x: torch.Tensor, out: Any) -> torch.Tensor:
+    """``out`` forward, ``relu`` of its gradient to ``x`` backward (NOTE [deconvolution as taps])."""
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        got = f"shape {list(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise ValueError(f"deconvolution: ReLU module {site.path!r} ({site.kind}) returns {got} from an input of shape "
+                         f"{list(x.shape)}; the deconvnet passes relu(gradient at its output) back to its input, "
+                         "which needs one output tensor shaped as the input (captum fails here too): give the module "
+                         "a forward that keeps the shape, or make it a subclass of nn.Module rather than nn.ReLU")
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        rerouted: torch.Tensor = _Rerouted.apply(x.view_as(x), out)  # type: ignore[no-untyped-call]
+        return rerouted
+    plain: torch.Tensor = _PlainRerouted.apply(x, out)  # type: ignore[no-untyped-call]
+    return plain
 
 
 # NOTE [a stand-in for the replaced ReLU]
-# The deconvnet's tap at a ReLU's output throws the module's own result away, so the
-# module is handed a one-element stand-in to run on instead of its input (no ReLU
-# forward wasted, and an ``inplace=True`` ReLU writes the stand-in, not the kept input).
-# Only for a plain ``nn.ReLU`` (a subclass's forward may need a real input) where
-# nothing else sees that ReLU's input or output: no hook of the model's on the module
-# (a hooked model gets no cached plan, so this is checked at every call), no global
-# module hook, no tap of ``f``'s.
+# For a plain ``nn.ReLU`` the output is ``relu`` of the kept input, so the module's own
+# result is not needed: it is handed a one-element stand-in to run on instead of its
+# input (no ReLU forward wasted, and an ``inplace=True`` ReLU writes the stand-in, not the
+# kept input). Only where nothing else sees that ReLU's input or output: no hook of the
+# model's on the module (a hooked model gets no cached plan, so this is checked at every
+# call), no global module hook, no tap of ``f``'s. Elsewhere the module runs on the
+# detached input and its output is kept (NOTE [deconvolution as taps]).
 
 
 def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
@@ -105,10 +148,13 @@ def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
         inputs.append(x)
         if stand_in:  # NOTE [a stand-in for the replaced ReLU]
             return x.new_zeros(())
-        return x.clone() if inplace else x
+        held = x.detach()  # (its own backward reaches the module's parameters only)
+        return held.clone() if inplace else held
 
-    def replace(_output: torch.Tensor) -> torch.Tensor:
-        return _rectified(inputs.pop(), False)
+    def replace(output: Any) -> torch.Tensor:
+        if stand_in:
+            return _rectified(inputs.pop())
+        return _rerouted(site, inputs.pop(), output)
 
     # (the key given: no capture reads it, and deriving it costs as much as the tap)
     return [Tap(site.path, "intervene", keep, "input", site.path), Tap(site.path, "intervene", replace, "output",
@@ -117,7 +163,8 @@ def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
 
 class _ReLUSite(NamedTuple):
     path: str
-    exact: bool  # an nn.ReLU itself, not a subclass: it may run on a stand-in
+    kind: str  # its class, for messages
+    exact: bool  # an nn.ReLU itself (no subclass, no instance forward): its output is relu of its input
     hooked: bool  # hooks of the model's own on the module
     inplace: bool
     guided: bool  # one guided Grad-CAM guides: no instance of another class of module in the model
@@ -126,20 +173,22 @@ class _ReLUSite(NamedTuple):
 def _relu_plan(model: nn.Module) -> tuple[_ReLUSite, ...]:
     """The model's ReLU modules, as the taps need them (built once per model: NOTE [plans per model])."""
     others = tuple({type(m) for m in model.modules() if not isinstance(m, nn.ReLU)})
-    return tuple(_ReLUSite(path, type(relu) is nn.ReLU, _hooked(relu), getattr(relu, "inplace", False) is True,
-                           not isinstance(relu, others)) for path, relu in _relus(model))
+    return tuple(_ReLUSite(path, type(relu).__qualname__, type(relu) is nn.ReLU and "forward" not in vars(relu),
+                           hooked(relu), getattr(relu, "inplace", False) is True, not isinstance(relu, others))
+                 for path, relu in _relus(model))
 
 
-def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
+def relu_rule_taps(f: Functional, *, guided: bool, guide: Guide | None = None) -> list[Tap]:
     """Taps giving ``f.model``'s ReLU modules the deconvnet's backward, or (``guided``) guided backprop's.
 
     Guided: the ReLUs that guided Grad-CAM guides (those of no other module class found in the
-    model), each with ``relu`` applied to the gradient leaving it, as `guided_backprop` does.
+    model), with `guided_backprop`'s taps (NOTE [guided backprop as taps]).
     Unchecked taps (NOTE [taps that never fire]): an unused ReLU is fine.
 
     Args:
         f (Functional): the function whose model's ReLUs are tapped.
         guided (bool): guided backprop's backward (``relu`` of the ReLU's own), else the deconvnet's.
+        guide (Guide | None): with ``guided``, switches the backward between passes. Default: always guided.
 
     Returns:
         list[Tap]: the taps, for one call.
@@ -149,7 +198,7 @@ def relu_rule_taps(f: Functional, *, guided: bool) -> list[Tap]:
     plan = _relu_plan(model) if torch.compiler.is_compiling() else plan_for(model, "relu sites",
                                                                               lambda: _relu_plan(model))
     if guided:
-        return [Tap(site.path, "intervene", _guide, "input", site.path) for site in plan if site.guided]
+        return guide_taps((site.path for site in plan if site.guided), guide)
     free = not f.taps and not global_hooks()  # (f's taps: any, since one path has several spellings)
     return [tap for site in plan for tap in _deconv_taps(site, free and site.exact and not site.hooked)]
 
@@ -170,10 +219,6 @@ def relu_paths(model: nn.Module) -> list[str]:
 def _relus(model: nn.Module) -> list[tuple[str, nn.Module]]:
     modules = [module for name, module in model.named_modules() if name]  # module_paths' order
     return [(path, m) for path, m in zip(module_paths(model), modules, strict=True) if isinstance(m, nn.ReLU)]
-
-
-def _hooked(module: nn.Module) -> bool:
-    return any(getattr(module, name, None) for name in HOOK_DICTS)
 
 
 @accepts_tensors

@@ -17,6 +17,13 @@
 #   same maps up to a few ulps (a vmapped backward runs batched kernels, which may round
 #   differently).
 #
+# ``passes`` pull back from the one forward more than once, each pass to some of the
+# attributed tensors after its own setup: a rule whose backward a pass switches (guided
+# Grad-CAM: the layer's gradient by the plain backward, then the inputs' by guided
+# backprop's), where two calls would run the forward twice. Each pass pulls back to its
+# keys only (a pass to a layer runs no backward below it: NOTE [eager vjp]); the graph is
+# kept until the last.
+#
 # TensorDict batch dims are flattened to exactly one before the model runs (models expect
 # one batch dim: ``[]`` becomes ``[1]``, ``[2, 3]`` becomes ``[6]``) and restored after, so
 # methods accept any batch size, and work per sample under ``vmap`` even for models that
@@ -39,7 +46,7 @@ from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
 from .._vjp import vjp
 from ._checks import check_call
-from ._cotangents import Cotangents, check_per_target_or_cotangents, pull_each, seed_cotangents
+from ._cotangents import Cotangents, Pass, check_per_target_or_cotangents, pull_each, pull_passes, seed_cotangents
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
 
 __all__ = [
@@ -272,6 +279,7 @@ def gradients(
     layer_calls: Mapping[str, int] | None = None,
     caller: str = "attribution",
     checked: bool = False,
+    passes: Sequence[Pass] = (),
 ) -> Gradients:
     """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].
 
@@ -283,7 +291,8 @@ def gradients(
     [modules that run more than once]); ``caller``, the public function's name, starts its
     errors. ``checked``: the caller ran `check_call` on its own arguments and checked the
     attributed keys (methods calling this once per chunk of points or copies), so it is not
-    run again.
+    run again. ``passes``: several pullbacks from the one forward, each giving the gradients of
+    its keys (every input key and layer in one of them); default, one giving all.
     """
     if not checked:
         check_call(caller, f, params, inputs, input_keys, target)
@@ -350,8 +359,10 @@ def gradients(
         values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, caller,
                                             attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
-    # one pullback: the graph is freed as it goes (NOTE [eager vjp])
-    pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
+    if passes:
+        pulled = pull_passes(pullback, cot, lead, passes, (*attributed, *paths))
+    else:  # one pullback: the graph is freed as it goes (NOTE [eager vjp])
+        pulled = pull_each(pullback, cot) if lead else pullback(cot, retain_graph=False)[0]
     one_dim = inputs.batch_dims == 1  # (the model's batch: nothing to restore)
     maps: dict[Any, Any] = {}
     for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')

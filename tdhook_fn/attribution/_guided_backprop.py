@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
+import optree
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional, NestedKey
+from .._model_plans import plan_for
 from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
@@ -17,7 +20,101 @@ from ._engine import GradFn
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 
-__all__ = ["guided_backprop", "module_paths"]
+__all__ = ["Guide", "guide_taps", "guided_backprop", "module_paths"]
+
+# NOTE [guided backprop as taps]
+# Guided backprop keeps a module's own backward and passes back ``relu`` of the gradient
+# leaving it through its inputs: a tap at the module's input, a copy of each tensor
+# argument forward, ``relu`` of its gradient backward. One rule for `guided_backprop`
+# (every submodule not skipped, as tdhook) and for guided Grad-CAM (the ReLU modules, as
+# captum), whose one forward pulls back twice (NOTE [attribution engine]): its taps carry
+# a `Guide`, switched off for the plain pull back to the layer. Dynamo would trace the
+# backward once, with the switch as it was, so a switched rule is not for torch.compile.
+
+
+class Guide:
+    """Whether one call's guided taps rectify the gradient, switched between the pullbacks of one forward.
+
+    Attributes:
+        on (bool): ``relu`` of the gradient (guided backprop), else the gradient as it is.
+    """
+
+    __slots__ = ("on",)
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+
+    def setter(self, on: bool) -> Callable[[], None]:
+        """What switches the guide to ``on`` (a pass's ``before``)."""
+        def switch() -> None:
+            self.on = on
+
+        return switch
+
+
+class _Guided(torch.autograd.Function):
+    """A copy forward; ``relu`` of the arriving gradient backward (the gradient itself where ``guide`` is off)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, guide: Guide | None) -> torch.Tensor:
+        # a copy, not a view: the module reading it may write it in place (ReLU(inplace=True))
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.guide = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return (grad if ctx.guide is not None and not ctx.guide.on else torch.relu(grad)), None
+
+
+class _PlainGuided(torch.autograd.Function):
+    """`_Guided` in the plain style (NOTE [plain-style Function outside transforms])."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, guide: Guide | None) -> torch.Tensor:
+        ctx.guide = guide
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return (grad if ctx.guide is not None and not ctx.guide.on else torch.relu(grad)), None
+
+
+def _guided(x: Any, guide: Guide | None) -> Any:
+    """``x`` with guided backprop's backward (NOTE [guided backprop as taps]); what is no tensor as it is."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        # through a view, as `_taps._map_grad` (a Function on a torch.func.grad primal under torch.compile)
+        out: torch.Tensor = _Guided.apply(x.view_as(x), guide)  # type: ignore[no-untyped-call]
+        return out
+    plain: torch.Tensor = _PlainGuided.apply(x, guide)  # type: ignore[no-untyped-call]
+    return plain
+
+
+def guide_taps(paths: Iterable[str], guide: Guide | None = None) -> list[Tap]:
+    """Guided backprop's taps at the inputs of the modules at ``paths`` (NOTE [guided backprop as taps]).
+
+    Unchecked taps (NOTE [taps that never fire]): a module the forward never calls is fine.
+
+    Args:
+        paths (Iterable[str]): the modules' paths.
+        guide (Guide | None): switches the taps' backward between passes. Default: ``None``, always guided.
+
+    Returns:
+        list[Tap]: the taps, for one call.
+    """
+    def guided(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):  # (the common case, one tensor argument)
+            return _guided(value, guide)
+        return optree.tree_map(lambda t: _guided(t, guide), value)  # (several arguments: each tensor)
+
+    # (the key given: no capture reads it, and deriving it costs as much as the tap)
+    return [Tap(path, "intervene", guided, "input", path) for path in paths]
 
 
 def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] = ()) -> list[str]:
@@ -33,6 +130,13 @@ def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] 
     """
     return [name_to_path(name) for name, module in model.named_modules()
             if name and not isinstance(module, classes_to_skip)]
+
+
+def _planned_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> list[str]:
+    """`module_paths`, built once per model and classes (NOTE [plans per model]; Dynamo traces no cache)."""
+    if torch.compiler.is_compiling():
+        return module_paths(model, classes_to_skip)
+    return plan_for(model, ("guided paths", classes_to_skip), lambda: module_paths(model, classes_to_skip))
 
 
 @accepts_tensors
@@ -97,8 +201,7 @@ def guided_backprop(
     """
     if not isinstance(f, Functional):
         raise TypeError("guided_backprop needs f to be a tdhook_fn.Functional (it taps every submodule)")
-    # unchecked taps (NOTE [taps that never fire]): a submodule the forward never calls is fine here
-    guides = [Tap(path, "map_grad", torch.relu, "input") for path in module_paths(f.model, classes_to_skip)]
+    guides = guide_taps(_planned_paths(f.model, tuple(classes_to_skip)))  # NOTE [guided backprop as taps]
     return saliency(
         f, params, inputs, target=target, multiply_by_inputs=multiply_by_inputs, per_target=per_target,
         layers=layers, target_layers=target_layers, use_inputs=use_inputs, input_keys=input_keys, grad_fns=grad_fns,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,13 +12,20 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._targets import Target
 from ._checks import check_call
+from ._cotangents import Pass
 from ._deconvolution import relu_rule_taps
-from ._engine import input_keys_of
-from ._grad_cam import DimsConfig, grad_cam
+from ._engine import gradients, input_keys_of
+from ._guided_backprop import Guide
 from ._inputs import accepts_tensors
-from ._saliency import saliency
 
 __all__ = ["guided_grad_cam"]
+
+# NOTE [guided Grad-CAM in one forward]
+# The Grad-CAM map needs the layer's gradient by the model's own backward, the guided map
+# the inputs' by guided backprop's: two rules, one forward. The ReLUs' guided taps carry a
+# `Guide` that the engine's two passes switch (NOTE [attribution engine]): off for the pull
+# back to the layer (which stops there), on for the pull back to the inputs. Under
+# torch.compile, where a switch would be traced once, two forwards instead.
 
 
 @accepts_tensors
@@ -40,7 +48,8 @@ def guided_grad_cam(
     which are summed) goes through a ReLU, is resized to each input's spatial dims
     (``torch.nn.functional.interpolate`` with ``interpolate_mode``) and multiplies the
     input's guided-backpropagation map (a ReLU on the gradient leaving every ``nn.ReLU``
-    module) on every channel. Two forwards: one per backward rule.
+    module) on every channel. One forward, pulled back twice: to the layer by the plain
+    backward, to the inputs by guided backprop's.
 
     Args:
         f (Functional): pure function of a model (`tdhook_fn.functional`).
@@ -78,29 +87,24 @@ def guided_grad_cam(
                         "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
     if not isinstance(layer, str):
         raise TypeError(f"guided_grad_cam: layer must be one submodule path (str), got {layer!r}")
-    check_call("guided_grad_cam", f, params, inputs, target=target)
-    keys = input_keys_of(f, inputs, input_keys)
+    keys = tuple(dict.fromkeys(input_keys_of(f, inputs, input_keys)))
+    check_call("guided_grad_cam", f, params, inputs, keys, target)
     dims = inputs.batch_dims
     rank = {k: inputs.get(k).dim() - dims for k in keys if isinstance(inputs.get(k, None), torch.Tensor)}
     if not rank or min(rank.values()) < 2:
         raise ValueError(f"guided_grad_cam: the inputs {list(keys)} need a channel dim and spatial dims per sample "
                          f"([C, *spatial]); got per-sample ranks {rank}")
     r = next(iter(rank.values()))
-    try:
-        cams = grad_cam(f, params, inputs, target=target, layers={layer: DimsConfig(tuple(range(1, r)), (0,))},
-                        per_target=per_target, layer_calls=layer_calls)
-    except ValueError as error:  # (grad_cam names its DimsConfig, which the caller here never wrote)
-        if f"layers[{layer!r}]" not in str(error):
-            raise
+    guided, layer_grad, act = _guided_and_cam(f, params, inputs, target, keys, layer, per_target, layer_calls)
+    if act.dim() - dims < r:
         raise ValueError(f"guided_grad_cam: layer {layer!r} has fewer dims per sample than the inputs' [C, *spatial] "
-                         f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank") from None
-    cam = torch.relu(cams.get(layer))
-    # guided backprop on the ReLUs only (every other class of module skipped, as captum)
-    guided = saliency(f, params, inputs, target=target, per_target=per_target, input_keys=input_keys,
-                      taps=relu_rule_taps(f, guided=True))
-    lead = guided.batch_dims
-    out = TensorDict({}, batch_size=guided.batch_size)
-    for key, value in guided.items(True, True):
+                         f"({r}); pick a layer with a [C, *spatial] activation of the input's spatial rank")
+    lead = layer_grad.dim() - act.dim() + dims  # (the target dim, then the batch dims)
+    # captum's LayerGradCam: the channels weighted by their gradient's mean over the spatial dims, summed
+    weights = layer_grad.mean(tuple(range(lead + 1, lead + r)), keepdim=True)
+    cam = torch.relu((weights * act).sum(lead))
+    out: dict[NestedKey, torch.Tensor] = {}
+    for key, value in zip(keys, guided, strict=True):
         spatial = value.shape[lead + 1:]
         if cam.dim() - lead != len(spatial):
             raise ValueError(f"guided_grad_cam: the Grad-CAM map of layer {layer!r} has {cam.dim() - lead} spatial "
@@ -109,5 +113,28 @@ def guided_grad_cam(
                              "the input's spatial rank")
         flat = cam.reshape(-1, 1, *cam.shape[lead:])
         resized = F.interpolate(flat, size=tuple(spatial), mode=interpolate_mode)
-        out.set(key, value * resized.reshape(*cam.shape[:lead], 1, *spatial))
-    return out
+        out[key] = value * resized.reshape(*cam.shape[:lead], 1, *spatial)
+    batch = torch.Size([*layer_grad.shape[:lead - dims], *inputs.batch_size])  # ([T, *B] or [*B])
+    result = TensorDict({}, batch_size=batch)
+    for key, value in out.items():
+        result.set(key, value)
+    return result
+
+
+def _guided_and_cam(f: Functional, params: TensorDictBase, inputs: TensorDictBase, target: Target,
+                    keys: tuple[NestedKey, ...], layer: str, per_target: bool,
+                    layer_calls: Mapping[str, int] | None) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The inputs' guided-backprop maps, and the layer's plain gradient and activation (NOTE [guided Grad-CAM in
+    one forward])."""
+    common: dict[str, Any] = {"per_target": per_target, "layer_calls": layer_calls, "caller": "guided_grad_cam",
+                              "checked": True}
+    if torch.compiler.is_compiling():  # (a switched rule is not for Dynamo: NOTE [guided backprop as taps])
+        cam = gradients(f, params, inputs, target, input_keys=(), layers={layer: None}, **common)
+        guided = gradients(f, params, inputs, target, input_keys=keys, taps=relu_rule_taps(f, guided=True),
+                           **common).grads
+        return [guided.get(k) for k in keys], cam.grads.get(layer), cam.activations.get(layer)
+    guide = Guide(on=False)
+    both = gradients(f, params, inputs, target, input_keys=keys, layers={layer: None},
+                     taps=relu_rule_taps(f, guided=True, guide=guide), **common,
+                     passes=(Pass((layer,), guide.setter(False)), Pass(keys, guide.setter(True))))
+    return [both.grads.get(k) for k in keys], both.grads.get(layer), both.activations.get(layer)

@@ -150,7 +150,8 @@ def run_counters(paths: Sequence[str], runs: list[int]) -> list[Tap]:
     """Taps counting in ``runs[i]`` the runs of ``paths[i]``'s module, for `check_runs`."""
     if torch.compiler.is_compiling():
         return []
-    return [Tap(path, "intervene", _counter(runs, i)) for i, path in enumerate(paths)]
+    # (the key given: no capture reads it, and deriving it from the path costs as much as the tap)
+    return [Tap(path, "intervene", _counter(runs, i), "output", path) for i, path in enumerate(paths)]
 
 
 def checked_taps(paths: Sequence[str], layers: Mapping[str, Replace | None], deltas: Sequence[torch.Tensor],
@@ -162,7 +163,7 @@ def checked_taps(paths: Sequence[str], layers: Mapping[str, Replace | None], del
     """
     taps = []
     for i, (path, delta, spec) in enumerate(zip(paths, deltas, specs, strict=True)):
-        taps.append(Tap(path, "intervene", _plus(path, layers[path], delta), call=spec.call))
+        taps.append(Tap(path, "intervene", _plus(path, layers[path], delta), "output", path, spec.call))
         taps.append(capture(path, key=act_key(i), call=spec.call))
     return [*taps, *run_counters(paths, runs)]
 

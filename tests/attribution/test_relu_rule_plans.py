@@ -3,13 +3,14 @@
 import captum.attr as ca
 import pytest
 import torch
+from _tolerance import assert_close_ulps
 from attr_zoo import assert_same
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
 from tdhook_fn import functional, params
 from tdhook_fn._taps import Tap
-from tdhook_fn.attribution import deconvolution, guided_grad_cam
+from tdhook_fn.attribution import deconvolution, guided_backprop, guided_grad_cam
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Input Tensor .* did not already require gradients:UserWarning"),
@@ -96,3 +97,82 @@ def test_a_relu_subclass_keeps_its_forward():
     ours = guided_grad_cam(functional(net), params(net), x, target=2, layer="[2]")
     theirs = ca.GuidedGradCam(net, net[2]).attribute(x.clone(), target=2)
     assert_same(ours, theirs, exact=True)
+
+
+class _Shifted(nn.ReLU):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2.0 + 1.0
+
+
+class _Leaky(nn.ReLU):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.leaky_relu(x, 0.1, inplace=self.inplace)
+
+
+class _Scaled(nn.ReLU):
+    """A ReLU subclass with a parameter of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([0.5, 1.5]).view(2, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * self.scale
+
+
+def _net_with(relu: nn.Module) -> nn.Sequential:
+    """``_net`` with ``relu`` as its second ReLU, a Tanh after it: the ReLU's output values reach the gradient."""
+    net = _net()
+    net[3] = relu
+    net.insert(4, nn.Tanh())
+    return net
+
+
+@pytest.mark.parametrize("relu", (_Shifted(), _Leaky(), _Leaky(inplace=True), _Scaled()), ids=lambda r: repr(r))
+def test_a_relu_subclass_keeps_its_forward_under_every_relu_rule(relu):
+    """captum swaps only the backward of an nn.ReLU subclass: its own forward gives the values."""
+    net, x = _net_with(relu), torch.randn(4, 1, 5, 5)
+    f, p = functional(net), params(net)
+    _check(net, x)
+    plain = _net_with(nn.ReLU())  # (the same weights: _net is seeded)
+    assert not torch.equal(deconvolution(f, p, x, target=2), deconvolution(functional(plain), params(plain), x,
+                                                                             target=2))  # (the forward counts)
+    skip = tuple({type(m) for m in net.modules() if not isinstance(m, nn.ReLU)})
+    assert_same(guided_backprop(f, p, x, target=2, classes_to_skip=skip),
+                ca.GuidedBackprop(net).attribute(x.clone(), target=2), exact=True)
+
+
+@pytest.mark.parametrize("site", ("output", "input"))
+def test_a_models_hook_that_changes_a_relu_keeps_its_values(site):
+    """A hook of the model's on a ReLU changes its values; the rule changes only the backward, as captum's."""
+    net, x = _net_with(nn.ReLU()), torch.randn(4, 1, 5, 5)
+    if site == "output":
+        handle = net[3].register_forward_hook(lambda _m, _args, out: out * 3.0 - 0.5)
+    else:
+        handle = net[3].register_forward_pre_hook(lambda _m, args: (args[0] * 3.0 - 0.5,))
+    try:
+        _check(net, x)
+    finally:
+        handle.remove()
+
+
+def test_a_relu_subclass_composes_with_vmap_and_grad():
+    net, x = _net_with(_Scaled()), torch.randn(4, 1, 5, 5, dtype=torch.float64)
+    net = net.double()
+    f, p = functional(net), params(net)
+    batched = deconvolution(f, p, x, target=2)
+    per_sample = torch.func.vmap(lambda s: deconvolution(f, p, s[None], target=2)[0])(x)
+    assert_close_ulps(per_sample, batched)
+    grads = torch.func.grad(lambda q: deconvolution(f, q, x, target=2).square().sum())(p)
+    assert grads["3", "scale"].abs().sum() > 0  # (the subclass's own parameter, reached by its own backward)
+
+
+def test_deconvolution_refuses_a_relu_subclass_that_changes_the_shape():
+    class Pooled(nn.ReLU):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x)[..., :-1]
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), Pooled(), nn.Flatten(), nn.Linear(40, 3))
+    with pytest.raises(ValueError, match=r"ReLU module '1' \(.*Pooled\) returns shape \[4, 2, 5, 4\] from an input"):
+        deconvolution(functional(net), params(net), torch.randn(4, 1, 5, 5), target=0)
