@@ -260,7 +260,11 @@ def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Sid
     With ``site="output"`` this changes the gradient arriving at the module's output
     (tdhook's ``bwd_pre`` direction); with ``site="input"`` the gradient leaving the module
     through its input (tdhook's ``bwd``). The forward value is unchanged. ``fn`` must be a
-    pure tensor function (it runs under ``vmap`` inside transforms).
+    pure tensor function (it runs under ``vmap`` inside transforms). A first derivative
+    through it is the modified one; a second is not the derivative of the modified
+    gradient (``fn`` stands in on the value path too), so the attribution methods refuse
+    to differentiate maps computed with it (NOTE [replaced derivatives are not
+    differentiated]).
 
     Args:
         path (str): submodule path (see `tdhook_fn.resolve_path`).

@@ -157,8 +157,8 @@ def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
         return _rerouted(site, inputs.pop(), output)
 
     # (the key given: no capture reads it, and deriving it costs as much as the tap)
-    return [Tap(site.path, "intervene", keep, "input", site.path), Tap(site.path, "intervene", replace, "output",
-                                                                         site.path)]
+    return [Tap(site.path, "intervene", keep, "input", site.path),
+            Tap(site.path, "intervene", replace, "output", site.path, replaces_derivative=True)]
 
 
 class _ReLUSite(NamedTuple):

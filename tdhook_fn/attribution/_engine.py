@@ -48,6 +48,7 @@ from .._vjp import vjp
 from ._checks import check_call
 from ._cotangents import Cotangents, Pass, check_per_target_or_cotangents, pull_each, pull_passes, seed_cotangents
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
+from ._replaced_derivatives import as_values, refuse_level_zero_graph
 
 __all__ = [
     "GradFn",
@@ -297,6 +298,11 @@ def gradients(
     if not checked:
         check_call(caller, f, params, inputs, input_keys, target)
     check_per_target_or_cotangents(caller, per_target, cotangents)
+    replaced = False  # a tap stands in for a module's derivative: the maps are values (a loop: on every call)
+    for tap in taps:
+        replaced = replaced or tap.replaces_derivative
+    if replaced:  # NOTE [replaced derivatives are not differentiated]
+        inputs = as_values(caller, params, inputs)
     layers = dict(layers or {})
     tappable = f if isinstance(f, Functional) else _tappable(f, bool(layers or target_layers or taps))
     batch = inputs.batch_size
@@ -368,6 +374,8 @@ def gradients(
     for key, value in zip((*attributed, *paths), pulled, strict=True):  # (the inputs' primals, then the layers')
         maps[key] = value if one_dim else unflatten(value, lead, batch)
     grads = fresh_tensordict(maps, torch.Size([*cot.batch_size[:1], *batch]) if lead else batch)
+    if replaced:
+        refuse_level_zero_graph(caller, grads)
     activations = fresh_tensordict({}, batch)
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))

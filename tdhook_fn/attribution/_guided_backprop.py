@@ -114,7 +114,7 @@ def guide_taps(paths: Iterable[str], guide: Guide | None = None) -> list[Tap]:
         return optree.tree_map(lambda t: _guided(t, guide), value)  # (several arguments: each tensor)
 
     # (the key given: no capture reads it, and deriving it costs as much as the tap)
-    return [Tap(path, "intervene", guided, "input", path) for path in paths]
+    return [Tap(path, "intervene", guided, "input", path, replaces_derivative=True) for path in paths]
 
 
 def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] = ()) -> list[str]:

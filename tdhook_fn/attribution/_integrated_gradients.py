@@ -30,6 +30,7 @@ from ._inputs import accepts_tensors
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
 from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
+from ._replaced_derivatives import values_where_replaced
 
 __all__ = ["integrated_gradients"]
 
@@ -156,9 +157,12 @@ def integrated_gradients(
     base_keys = attributed_keys("integrated_gradients", f, inputs, input_keys)
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
     _check_interpolable(inputs, path_keys)
-    base = path_starts(inputs, baselines, base_keys, "integrated_gradients")
-    keys = () if in_layer_space or not use_inputs else base_keys
     all_taps = grad_taps(grad_fns, taps)
+    inputs = values_where_replaced("integrated_gradients", params, inputs, all_taps)
+    base = path_starts(inputs, baselines, base_keys, "integrated_gradients")
+    if any(tap.replaces_derivative for tap in all_taps):  # the baselines are values too (NOTE [replaced derivatives
+        base = base.detach()  # are not differentiated])
+    keys = () if in_layer_space or not use_inputs else base_keys
     ends: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if layers and not in_layer_space:  # the inputs move, gradients read at the layers: the layer pullbacks
         total, dtypes = gradients_along_path(

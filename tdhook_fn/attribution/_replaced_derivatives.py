@@ -18,16 +18,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._params import leaves
+from .._taps import Tap
 from .._vjp import any_requires_grad
 
-__all__ = ["as_values", "refuse_level_zero_graph"]
+__all__ = ["as_values", "refuse_level_zero_graph", "values_where_replaced"]
 
 
 def _tracked(t: Any) -> bool:
@@ -63,16 +64,25 @@ def as_values(caller: str, params: Any, inputs: TensorDictBase,
             params that require grad while grad mode is on (NOTE [replaced derivatives are
             not differentiated]).
     """
-    _refuse_outer_differentiation(caller, params, inputs)
+    compiling = torch.compiler.is_compiling()  # (tracing: no functorch level to inspect, plain flags read)
+    if not compiling:
+        _refuse_outer_differentiation(caller, params, inputs)
     if not torch.is_grad_enabled():
         return inputs
-    if _requires_grad(params, values):
+    if _traced_requires_grad(params) if compiling else _requires_grad(params, values):
         raise NotImplementedError(
             f"{caller}: params require grad (e.g. TensorDict.from_module(model) holds the model's Parameters), so "
             "the maps would carry a gradient in them, and it would be wrong: the backward replaces modules' "
             "derivatives (NOTE [replaced derivatives are not differentiated]). Pass detached params "
             f"(tdhook_fn.params(model) gives them), or call {caller} under torch.no_grad()")
-    return inputs.detach() if _inputs_require_grad(inputs) else inputs
+    needs_grad = _traced_requires_grad(inputs) if compiling else _inputs_require_grad(inputs)
+    return inputs.detach() if needs_grad else inputs
+
+
+def _traced_requires_grad(td: Any) -> bool:
+    """Whether a tensor of ``td`` requires grad, read as torch.compile traces it (no functorch wrapper test)."""
+    return isinstance(td, TensorDictBase) and any(
+        isinstance(v, torch.Tensor) and v.requires_grad for v in td.values(True, True))
 
 
 def _inputs_require_grad(inputs: TensorDictBase) -> bool:
@@ -105,3 +115,15 @@ def refuse_level_zero_graph(caller: str, maps: TensorDictBase) -> None:
             f"{caller}: the maps require grad: a tensor that requires grad reached them through the target, the "
             "cotangents or a tap (a closed-over tensor), and their gradient would be wrong (NOTE [replaced "
             f"derivatives are not differentiated]). Detach it, or call {caller} under torch.no_grad()")
+
+
+def values_where_replaced(caller: str, params: Any, inputs: TensorDictBase, taps: Sequence[Tap]) -> TensorDictBase:
+    """``inputs`` as `as_values` gives them where one of ``taps`` replaces a derivative; as they are elsewhere.
+
+    For a method that multiplies its maps by the inputs after the engine: the product must
+    carry no graph either (NOTE [replaced derivatives are not differentiated]).
+    """
+    for tap in taps:  # (a loop: on every call)
+        if tap.replaces_derivative:
+            return as_values(caller, params, inputs)
+    return inputs

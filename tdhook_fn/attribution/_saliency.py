@@ -14,6 +14,7 @@ from ._checks import check_layers
 from ._cotangents import Cotangents
 from ._engine import GradFn, grad_taps, gradients, input_keys_of, per_key, scaled
 from ._inputs import accepts_tensors
+from ._replaced_derivatives import values_where_replaced
 
 __all__ = ["saliency"]
 
@@ -99,9 +100,11 @@ def saliency(
     caller = "input_x_gradient" if multiply_by_inputs else "saliency"
     keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
     check_layers(caller, layers)
+    all_taps = grad_taps(grad_fns, taps)
+    inputs = values_where_replaced(caller, params, inputs, all_taps)  # (the product below: no graph either)
     result = gradients(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers),
-        target_layers=target_layers, taps=grad_taps(grad_fns, taps), per_target=per_target, cotangents=cotangents,
+        target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents,
         layer_calls=layer_calls, caller=caller,
     )
     grads = result.grads

@@ -50,6 +50,10 @@ def _calls(e, td, base):
     }
 
 
+# the calls whose backward replaces modules' derivatives (NOTE [replaced derivatives are not differentiated])
+_REPLACED_DERIVATIVES = {"grad_fns", "guided_backprop", "guided_backprop_relu_only"}
+
+
 def _first_leaf(result):
     result = result[0] if isinstance(result, tuple) else result
     return next(iter(result.values(True, True)))
@@ -77,7 +81,11 @@ def test_methods_under_vmap_and_grad_leave_the_model_untouched(name):
     before = snapshot(e.model)
     for method, call in _calls(e, td, base).items():
         vmap(lambda p, call=call: _first_leaf(call(p)))(torch.stack([e.params, e.params]))
-        grad(lambda p, call=call: _first_leaf(call(p)).square().sum())(e.params)
+        if method in _REPLACED_DERIVATIVES:  # (maps of values: an outer grad raises, the model kept all the same)
+            with pytest.raises(NotImplementedError, match="cannot be differentiated"):
+                grad(lambda p, call=call: _first_leaf(call(p)).square().sum())(e.params)
+        else:
+            grad(lambda p, call=call: _first_leaf(call(p)).square().sum())(e.params)
         assert same(before, snapshot(e.model)), method
 
 
