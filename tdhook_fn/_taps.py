@@ -67,10 +67,9 @@ class Tap:
             `intervene`, `perturb` and `map_grad` set it. Default: ``False`` (the methods' own taps, which check
             their runs themselves or tap every submodule, such as guided backpropagation's).
         replaces_derivative (bool): the tap stands in for the module's derivative (a `map_grad`,
-            a method's backward rule), so the maps of a call using it are not differentiable
-            (NOTE [replaced derivatives are not differentiated] in
-            ``tdhook_fn.attribution._replaced_derivatives``). Default: ``True`` for ``map_grad``
-            taps, else ``False``.
+            a method's backward rule), so the attribution maps of a call using it are not
+            differentiable (see the guided backpropagation page). Default: ``True`` for
+            ``map_grad`` taps, else ``False``.
     """
 
     path: str
@@ -263,8 +262,7 @@ def map_grad(path: str, fn: Callable[[torch.Tensor], torch.Tensor], *, site: Sid
     pure tensor function (it runs under ``vmap`` inside transforms). A first derivative
     through it is the modified one; a second is not the derivative of the modified
     gradient (``fn`` stands in on the value path too), so the attribution methods refuse
-    to differentiate maps computed with it (NOTE [replaced derivatives are not
-    differentiated]).
+    to differentiate maps computed with it.
 
     Args:
         path (str): submodule path (see `tdhook_fn.resolve_path`).
