@@ -30,7 +30,7 @@ from ._inputs import accepts_tensors
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
 from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
-from ._replaced_derivatives import values_where_replaced
+from ._replaced_derivatives import as_values
 
 __all__ = ["integrated_gradients"]
 
@@ -158,10 +158,14 @@ def integrated_gradients(
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
     _check_interpolable(inputs, path_keys)
     all_taps = grad_taps(grad_fns, taps)
-    inputs = values_where_replaced("integrated_gradients", params, inputs, all_taps)
+    replaced = False  # (a loop inline, not a call into another file: on every call)
+    for tap in all_taps:
+        replaced = replaced or tap.replaces_derivative
+    if replaced:  # the inputs and baselines are values (NOTE [replaced derivatives are not differentiated])
+        inputs = as_values("integrated_gradients", params, inputs)
     base = path_starts(inputs, baselines, base_keys, "integrated_gradients")
-    if any(tap.replaces_derivative for tap in all_taps):  # the baselines are values too (NOTE [replaced derivatives
-        base = base.detach()  # are not differentiated])
+    if replaced:
+        base = base.detach()
     keys = () if in_layer_space or not use_inputs else base_keys
     ends: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if layers and not in_layer_space:  # the inputs move, gradients read at the layers: the layer pullbacks
