@@ -24,10 +24,11 @@ from ._checks import check_call, check_layers
 from ._deeplift_chain import DeepLiftPlan, chain_deeplift, chain_layer_deeplift, chain_links, deeplift_plan
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
-from ._inputs import accepts_tensors_via
+from ._inputs import accepts_tensors_via, one_tensor
 from ._lrp.method import lrp
 
-__all__ = ["EPS", "UNSET", "checked_functional", "deeplift", "holds_only", "layer_deeplift", "tensor_plan"]
+__all__ = ["EPS", "UNSET", "checked_functional", "deeplift", "holds_only", "in_tensordict", "layer_deeplift",
+           "tensor_plan"]
 
 EPS = 1e-10  # (captum's default eps, the methods' and their tensor paths')
 UNSET: Any = object()  # (a tensor path's required argument not given: the method's signature says so)
@@ -227,6 +228,11 @@ def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, inp
     return plan
 
 
+def in_tensordict(key: str, walked: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:
+    """A tensor path's map as the TensorDict's way gives it: under ``key``, batch ``[*B]`` or ``[T, *B]``."""
+    return fresh_tensordict({key: walked}, torch.Size([*walked.shape[:1 if per_target else 0], *batch]))
+
+
 def _number(baselines: Any) -> bool:
     return isinstance(baselines, (int, float)) and not isinstance(baselines, bool)
 
@@ -314,6 +320,13 @@ def deeplift(
         >>> torch.allclose(per_sample["input"], attr["input"])
         True
     """
+    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
+    if one is not None:
+        walked = _deeplift_of_tensor(f, params, one[0], one[1], baselines, target=target,
+                                     multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
+                                     input_keys=input_keys)
+        if walked is not None:
+            return in_tensordict(one[0], walked, inputs.batch_size, per_target)
     keys = attributed_keys("deeplift", f, inputs, input_keys)
     grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, (),
                                     multiply_by_inputs)
@@ -421,6 +434,13 @@ def layer_deeplift(
         True
     """
     check_layers("layer_deeplift", layers)
+    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
+    if one is not None and len(layers) == 1:
+        walked = _layer_deeplift_of_tensor(f, params, one[0], one[1], baselines, target=target, layers=layers,
+                                           multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
+                                           input_keys=input_keys)
+        if walked is not None:
+            return in_tensordict(layers[0], walked, inputs.batch_size, per_target)
     if not layers:
         raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
                          "(layers=['<path>']), or use deeplift for the inputs")

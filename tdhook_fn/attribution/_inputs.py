@@ -14,7 +14,9 @@
 # (its key and the target checked as above), it gives the one map as a tensor, or ``None``
 # where it does not apply; then the call takes the TensorDict's way. A chain walk reads
 # the tensor anyway, so it skips wrapping the input and unwrapping the result, which
-# cost a few microseconds each on a call of a few hundred.
+# cost a few microseconds each on a call of a few hundred. A plain TensorDict of one batch
+# dim holding only ``f``'s one input may take that path too (`one_tensor`), its map put
+# back under its key.
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from .._params import leaves
 from .._targets import check_target
 from .._types import PureFn
 
-__all__ = ["accepts_tensors", "accepts_tensors_via", "tensor_inputs"]
+__all__ = ["accepts_tensors", "accepts_tensors_via", "one_tensor", "tensor_inputs"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -88,6 +90,18 @@ def _accepting(method: Callable[Concatenate[PureFn, TensorDictBase, TensorDictBa
         return _only_map(name, result)
 
     return wrapper
+
+
+def one_tensor(f: Any, inputs: Any) -> tuple[str, torch.Tensor] | None:
+    """The key and tensor of ``inputs`` where it is a plain TensorDict of one batch dim holding only a plain
+    tensor under ``f``'s one in_key (a str); else ``None``."""
+    if type(inputs) is not TensorDict or len(inputs.batch_size) != 1:
+        return None
+    entries, keys = inputs.__dict__.get("_tensordict"), getattr(f, "in_keys", None)
+    if not isinstance(entries, dict) or len(entries) != 1 or not isinstance(keys, (list, tuple)) or len(keys) != 1:
+        return None
+    ((key, x),) = entries.items()
+    return (key, x) if type(key) is str and key == keys[0] and type(x) is torch.Tensor else None
 
 
 def tensor_key(caller: str, f: Any, x: torch.Tensor) -> Any:

@@ -1,7 +1,7 @@
-"""deeplift, layer_deeplift and deeplift_shap given a plain tensor take the chain walk on it directly (NOTE
-[captum-style calls]: no TensorDict round trip): the maps of the same call on a TensorDict, and every check of
-that call still fires (a wrong dtype, params that do not fit, a model changed between calls, a bad target or
-argument)."""
+"""deeplift, layer_deeplift and deeplift_shap given a plain tensor, or a TensorDict of that one tensor, take the
+chain walk on it directly (NOTE [captum-style calls]: no TensorDict round trip): the maps of the TensorDict's way
+(inputs of two batch dims take it), and every check of that way still fires (a wrong dtype, params that do not
+fit, a model changed between calls, a bad target or argument)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from tdhook_fn.attribution import _inputs, deeplift, deeplift_shap, layer_deeplift
+from tdhook_fn.attribution import _deeplift, _deeplift_shap, _inputs, deeplift, deeplift_shap, layer_deeplift
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 D = torch.float64
@@ -36,11 +36,14 @@ _MODELS = {"mlp": (_mlp, (5,), "[2]"), "cnn": (_cnn, (1, 8, 8), "[3]")}
 
 
 @pytest.fixture
-def wrapped(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """How many tensor inputs were wrapped into a TensorDict (the TensorDict's way)."""
-    seen: list[int] = []
+def wrapped(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The TensorDict's way taken: a tensor wrapped into a TensorDict, or a TensorDict walked as one."""
+    seen: list[str] = []
     fresh = _inputs.fresh_tensordict
-    monkeypatch.setattr(_inputs, "fresh_tensordict", lambda *a, **k: seen.append(1) or fresh(*a, **k))
+    monkeypatch.setattr(_inputs, "fresh_tensordict", lambda *a, **k: seen.append("wrapped") or fresh(*a, **k))
+    for module, name in ((_deeplift, "_walked"), (_deeplift, "_layers_walked"), (_deeplift_shap, "_pairs_walked")):
+        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), _n=name, **k: seen.append(_n) or _f(
+            *a, **k))
     yield seen
 
 
@@ -62,28 +65,38 @@ def _calls(path: str, refs: torch.Tensor) -> dict[str, Callable[..., Any]]:
 @pytest.mark.parametrize("kwargs", [{}, {"baselines": 0.5}, {"multiply_by_inputs": False}, {"per_target": True},
                                     {"labels": True}, {"eps": 0.3}],
                          ids=["default", "baseline 0.5", "multipliers", "per target", "labels", "eps"])
-def test_a_tensor_takes_the_walk_and_gives_the_tensordict_maps(wrapped: list[int], model_name: str, method: str,
+def test_a_tensor_takes_the_walk_and_gives_the_tensordict_maps(wrapped: list[str], model_name: str, method: str,
                                                                kwargs: dict[str, Any]) -> None:
     make, shape, path = _MODELS[model_name]
     f, p = tdhook_fn.pure(make())
     torch.manual_seed(2)
     x, refs = torch.randn(4, *shape, dtype=D), torch.randn(3, *shape, dtype=D)
     kwargs = dict(kwargs)
-    target: Any = torch.tensor([0, 2, 1, 2]) if kwargs.pop("labels", False) else ((0, 2) if "per_target" in kwargs
-                                                                                   else 1)
+    labels = torch.tensor([0, 2, 1, 2]) if kwargs.pop("labels", False) else None
+    target: Any = labels if labels is not None else ((0, 2) if "per_target" in kwargs else 1)
     call = _calls(path, refs)[method]
     ours = call(f, p, x, target=target, **kwargs)
-    assert not wrapped  # (the tensor path: nothing wrapped)
-    expected = call(f, p, TensorDict(input=x, batch_size=[4]), target=target, **kwargs)
+    one = call(f, p, TensorDict(input=x, batch_size=[4]), target=target, **kwargs)
+    assert not wrapped  # (the tensor path, for both: nothing wrapped, nothing walked as a TensorDict)
+    two_dims = TensorDict(input=x.unsqueeze(0), batch_size=[1, 4])  # (the TensorDict's way)
+    expected = call(f, p, two_dims, target=target if labels is None else labels.unsqueeze(0), **kwargs)
+    assert wrapped
     assert isinstance(ours, torch.Tensor)
+    expected = expected[:, 0] if "per_target" in kwargs else expected[0]
     torch.testing.assert_close(ours, expected)
+    torch.testing.assert_close(one, expected)
 
 
 @pytest.mark.parametrize("method", ["deeplift", "layer_deeplift", "deeplift_shap"])
-def test_the_checks_fire_on_the_tensor_path(method: str) -> None:
+@pytest.mark.parametrize("as_tensordict", [False, True], ids=["tensor", "TensorDict of one tensor"])
+def test_the_checks_fire_on_the_tensor_path(method: str, as_tensordict: bool) -> None:
     f, p = tdhook_fn.pure(_mlp())
     x, refs = torch.randn(4, 5, dtype=D), torch.randn(3, 5, dtype=D)
-    call = _calls("[2]", refs)[method]
+    given = _calls("[2]", refs)[method]
+
+    def call(f: Any, p: Any, x: torch.Tensor, **kwargs: Any) -> Any:
+        return given(f, p, TensorDict(input=x, batch_size=x.shape[:1]) if as_tensordict and x.dim() else x, **kwargs)
+
     with pytest.raises(TypeError, match="floating-point"):
         call(f, p, torch.ones(4, 5, dtype=torch.long), target=0)  # (integer inputs)
     wrong = p.clone()
