@@ -73,12 +73,14 @@ def _accepting(method: Callable[Concatenate[PureFn, TensorDictBase, TensorDictBa
     @functools.wraps(method)
     def wrapper(f: PureFn, params: TensorDictBase, inputs: TensorDictBase | torch.Tensor, /,
                 *args: _P.args, **kwargs: _P.kwargs) -> Any:
+        # (an int target, the common one, is valid for any batch: `check_target` is left out for it)
+        checked = "target" in kwargs and type(kwargs["target"]) is not int
         if not isinstance(inputs, torch.Tensor):
-            if isinstance(inputs, TensorDictBase) and "target" in kwargs:  # (anything else: checked there)
+            if checked and isinstance(inputs, TensorDictBase):  # (anything else: checked there)
                 check_target(kwargs["target"], inputs.batch_size, name)
             return method(f, params, inputs, *args, **kwargs)
         key = tensor_key(name, f, inputs)
-        if "target" in kwargs:
+        if checked:
             check_target(kwargs["target"], inputs.shape[:1], name)
         if tensor_path is not None:
             walked = tensor_path(f, params, key, inputs, *args, **kwargs)
