@@ -21,14 +21,17 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._checks import check_call, check_layers
-from ._deeplift_chain import chain_deeplift, chain_layer_deeplift, chain_links, deeplift_plan
+from ._deeplift_chain import DeepLiftPlan, chain_deeplift, chain_layer_deeplift, chain_links, deeplift_plan
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
-from ._inputs import accepts_tensors
+from ._inputs import accepts_tensors_via, one_tensor
 from ._lrp.method import lrp
 
-__all__ = ["checked_functional", "deeplift", "holds_only", "layer_deeplift"]
+__all__ = ["EPS", "UNSET", "checked_functional", "deeplift", "holds_only", "in_tensordict", "layer_deeplift",
+           "tensor_plan"]
 
+EPS = 1e-10  # (captum's default eps, the methods' and their tensor paths')
+UNSET: Any = object()  # (a tensor path's required argument not given: the method's signature says so)
 
 
 def checked_functional(caller: str, f: Any, eps: float) -> Functional:
@@ -177,16 +180,12 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
         b = None if multiply and float(cast(float, baselines)) == 0.0 else reference[0]
     else:
         b = starts.get(key)
-    walked = chain_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target,
-                            eps, per_target)
+    walked = _walked_maps(plan, params, x, lead, batch, reference, b, target, eps, per_target, multiply)
     if walked is None:
         return None
     first = 1 if per_target else 0
-    if lead != 1:
-        walked = unflatten(walked, first, batch)
-    if multiply:  # (in place: the walk's maps are its own new tensor; no graph, as in `deeplift`)
-        with torch.no_grad():
-            walked, starts = walked.mul_(x if b is None else x - b), None
+    if multiply:
+        starts = None
     elif starts is None:
         assert b is not None
         starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
@@ -195,7 +194,65 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     return maps, starts, None
 
 
-@accepts_tensors
+def _walked_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
+                 reference: torch.Tensor, b: torch.Tensor | None, target: Target, eps: float, per_target: bool,
+                 multiply: bool) -> torch.Tensor | None:
+    """The chain walk's maps of ``x`` (``lead`` batch dims ``batch``), times ``x - b`` with ``multiply`` (``b``
+    ``None``: zeros); ``None``: the walk does not apply."""
+    walked = chain_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference, target,
+                            eps, per_target)
+    if walked is None:
+        return None
+    if lead != 1:
+        walked = unflatten(walked, 1 if per_target else 0, batch)
+    if multiply:  # (in place: the walk's maps are its own new tensor; no graph, as in `deeplift`)
+        with torch.no_grad():
+            walked.mul_(x if b is None else x - b)
+    return walked
+
+
+def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, input_keys: Any) -> DeepLiftPlan | None:
+    """The chain walk's plan for a call on the tensor ``x`` (NOTE [captum-style calls]), its modes checked; ``None``
+    where anything is not as the walk takes it (the TensorDict's way then checks it all, and says what is wrong).
+
+    What `check_call` and `checked_functional` ask, asked here: ``f`` a Functional (of a chain: the plan),
+    the params a TensorDict, ``x`` floating point, ``eps`` a number >= 0; and no transform, no ``input_keys``.
+    """
+    if input_keys is not None or isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
+            or not isinstance(params, TensorDictBase) or not x.is_floating_point() or not untransformed():
+        return None
+    plan = deeplift_plan(f)
+    if plan is None or plan.links is None:
+        return None
+    plan.check_modes(f.model, caller)
+    return plan
+
+
+def in_tensordict(key: str, walked: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:
+    """A tensor path's map as the TensorDict's way gives it: under ``key``, batch ``[*B]`` or ``[T, *B]``."""
+    return fresh_tensordict({key: walked}, torch.Size([*walked.shape[:1 if per_target else 0], *batch]))
+
+
+def _number(baselines: Any) -> bool:
+    return isinstance(baselines, (int, float)) and not isinstance(baselines, bool)
+
+
+def _deeplift_of_tensor(f: PureFn, params: TensorDictBase, key: NestedKey, x: torch.Tensor, baselines: Baselines = 0.0,
+                        *unknown: Any, target: Target = UNSET, multiply_by_inputs: bool = True, eps: float = EPS,
+                        per_target: bool = False, input_keys: NestedKey | Sequence[NestedKey] | None = None,
+                        **unknown_keywords: Any) -> torch.Tensor | None:
+    """`deeplift`'s map of the tensor ``x`` by the chain walk, a number as baselines; ``None``: the TensorDict's way
+    (also where the arguments do not fit `deeplift`'s signature: it says how)."""
+    fits = not unknown and not unknown_keywords and target is not UNSET and _number(baselines)
+    plan = tensor_plan("deeplift", f, params, x, eps, input_keys) if fits else None
+    if plan is None:
+        return None
+    reference = x.new_full((1, *x.shape[1:]), float(cast(float, baselines)))
+    b = None if float(cast(float, baselines)) == 0.0 else reference[0]
+    return _walked_maps(plan, params, x, 1, x.shape[:1], reference, b, target, eps, per_target, multiply_by_inputs)
+
+
+@accepts_tensors_via(_deeplift_of_tensor)
 def deeplift(
     f: PureFn,
     params: TensorDictBase,
@@ -204,7 +261,7 @@ def deeplift(
     *,
     target: Target,
     multiply_by_inputs: bool = True,
-    eps: float = 1e-10,
+    eps: float = EPS,
     per_target: bool = False,
     input_keys: NestedKey | Sequence[NestedKey] | None = None,
 ) -> TensorDict:
@@ -263,6 +320,13 @@ def deeplift(
         >>> torch.allclose(per_sample["input"], attr["input"])
         True
     """
+    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
+    if one is not None:
+        walked = _deeplift_of_tensor(f, params, one[0], one[1], baselines, target=target,
+                                     multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
+                                     input_keys=input_keys)
+        if walked is not None:
+            return in_tensordict(one[0], walked, inputs.batch_size, per_target)
     keys = attributed_keys("deeplift", f, inputs, input_keys)
     grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, (),
                                     multiply_by_inputs)
@@ -275,7 +339,48 @@ def deeplift(
     return out
 
 
-@accepts_tensors
+def _layer_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
+                reference: torch.Tensor, target: Target, eps: float, per_target: bool, layers: Sequence[str],
+                stops: tuple[int, ...], multiply: bool) -> dict[str, torch.Tensor] | None:
+    """The chain walk's map of each layer (by path) of ``x`` (``lead`` batch dims ``batch``); ``None``: the walk
+    does not apply."""
+    n = batch.numel()
+    walked = chain_layer_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference,
+                                  target, eps, per_target, stops)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    out = {}
+    for path, (grads, act) in zip(layers, walked, strict=True):
+        if multiply:
+            grads = grads * (act[:n] - act[n:])
+        elif len(walked) > 1:
+            grads = grads.clone()  # (a reshape's pullback is a view: one map must not alias another)
+        out[path] = grads if lead == 1 else unflatten(grads, first, batch)
+    return out
+
+
+def _layer_deeplift_of_tensor(f: PureFn, params: TensorDictBase, key: NestedKey, x: torch.Tensor,
+                              baselines: Baselines = 0.0, *unknown: Any, target: Target = UNSET,
+                              layers: Sequence[str] = (), multiply_by_inputs: bool = True, eps: float = EPS,
+                              per_target: bool = False, input_keys: NestedKey | Sequence[NestedKey] | None = None,
+                              **unknown_keywords: Any) -> torch.Tensor | None:
+    """`layer_deeplift`'s map of the tensor ``x`` at its one layer by the chain walk (NOTE [layers on the chain]),
+    a number as baselines; ``None``: the TensorDict's way (which checks the layers, and says what is wrong)."""
+    if unknown or unknown_keywords or target is UNSET or not _number(baselines) or type(layers) not in (list, tuple) \
+            or len(layers) != 1 or type(layers[0]) is not str:
+        return None
+    plan = tensor_plan("layer_deeplift", f, params, x, eps, input_keys)
+    stops = None if plan is None else chain_links(plan, cast(Functional, f).model, layers)
+    if plan is None or stops is None:
+        return None
+    reference = x.new_full((1, *x.shape[1:]), float(cast(float, baselines)))
+    out = _layer_maps(plan, params, x, 1, x.shape[:1], reference, target, eps, per_target, layers, stops,
+                      multiply_by_inputs)
+    return None if out is None else out[layers[0]]
+
+
+@accepts_tensors_via(_layer_deeplift_of_tensor)
 def layer_deeplift(
     f: PureFn,
     params: TensorDictBase,
@@ -285,7 +390,7 @@ def layer_deeplift(
     target: Target,
     layers: Sequence[str],
     multiply_by_inputs: bool = True,
-    eps: float = 1e-10,
+    eps: float = EPS,
     per_target: bool = False,
     input_keys: NestedKey | Sequence[NestedKey] | None = None,
 ) -> TensorDict:
@@ -329,6 +434,13 @@ def layer_deeplift(
         True
     """
     check_layers("layer_deeplift", layers)
+    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
+    if one is not None and len(layers) == 1:
+        walked = _layer_deeplift_of_tensor(f, params, one[0], one[1], baselines, target=target, layers=layers,
+                                           multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
+                                           input_keys=input_keys)
+        if walked is not None:
+            return in_tensordict(layers[0], walked, inputs.batch_size, per_target)
     if not layers:
         raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
                          "(layers=['<path>']), or use deeplift for the inputs")
@@ -368,20 +480,10 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
     plan.check_modes(fn.model, caller)
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
     reference, _ = _reference_rows(caller, inputs, baselines, key)
-    n = batch.numel()
-    walked = chain_layer_deeplift(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), reference,
-                                  target, eps, per_target, stops)
-    if walked is None:
+    out = _layer_maps(plan, params, x, lead, batch, reference, target, eps, per_target, layers, stops, multiply)
+    if out is None:
         return None
-    first = 1 if per_target else 0
-    out = {}
-    for path, (grads, act) in zip(layers, walked, strict=True):
-        if multiply:
-            grads = grads * (act[:n] - act[n:])
-        elif len(walked) > 1:
-            grads = grads.clone()  # (a reshape's pullback is a view: one map must not alias another)
-        out[path] = grads if lead == 1 else unflatten(grads, first, batch)
-    return fresh_tensordict(out, [*grads.shape[:first], *batch])
+    return fresh_tensordict(out, [*next(iter(out.values())).shape[:1 if per_target else 0], *batch])
 
 
 def _refuse_layers_run_twice(f: Functional, params: TensorDictBase, inputs: TensorDictBase, layers: Sequence[str],

@@ -8,6 +8,7 @@ expanded into its own rows of `deeplift`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -17,10 +18,10 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
-from ._deeplift import checked_functional, deeplift, holds_only
-from ._deeplift_chain import chain_deeplift, deeplift_plan
+from ._deeplift import EPS, UNSET, checked_functional, deeplift, holds_only, in_tensordict, tensor_plan
+from ._deeplift_chain import DeepLiftPlan, chain_deeplift, deeplift_plan
 from ._engine import unflatten
-from ._inputs import accepts_tensors
+from ._inputs import accepts_tensors_via, one_tensor
 
 __all__ = ["deeplift_shap"]
 
@@ -38,25 +39,42 @@ def _distribution(inputs: TensorDictBase, baselines: TensorDictBase | torch.Tens
                             f"attributed {list(keys)}; pass a TensorDict of batch [K] holding each of them")
         if baselines.dim() == 0 or baselines.shape[0] < 1:
             raise TypeError(distribution)
-        _check_shape(inputs, keys[0], baselines)
+        _check_shape(inputs.get(keys[0]).shape[inputs.batch_dims:], keys[0], baselines)
         return baselines
     if not isinstance(baselines, TensorDictBase) or baselines.batch_dims != 1 or baselines.batch_size[0] < 1:
         raise TypeError(distribution)
     for key in keys:
         if key not in baselines.keys(True, True):
             raise KeyError(f"deeplift_shap: the baselines hold no {key!r}; give one reference of each attributed input")
-        _check_shape(inputs, key, baselines.get(key))
+        _check_shape(inputs.get(key).shape[inputs.batch_dims:], key, baselines.get(key))
     return baselines
 
 
-def _check_shape(inputs: TensorDictBase, key: NestedKey, references: torch.Tensor) -> None:
-    want = inputs.get(key).shape[inputs.batch_dims:]
+def _check_shape(want: torch.Size, key: NestedKey, references: torch.Tensor) -> None:
+    """``references`` must be ``[K, *want]``, ``want`` one sample's shape of the input ``key``."""
     if references.shape[1:] != want:
         raise ValueError(f"deeplift_shap: baselines {key!r} has shape {list(references.shape)}; each of "
                          f"its K references must have one sample's shape {list(want)}, i.e. [K, *{list(want)}]")
 
 
-@accepts_tensors
+def _deeplift_shap_of_tensor(f: PureFn, params: TensorDictBase, key: NestedKey, x: torch.Tensor,
+                             baselines: TensorDictBase | torch.Tensor | None = None, *unknown: Any,
+                             target: Target = UNSET, multiply_by_inputs: bool = True, eps: float = EPS,
+                             per_target: bool = False, input_keys: NestedKey | Sequence[NestedKey] | None = None,
+                             **unknown_keywords: Any) -> torch.Tensor | None:
+    """`deeplift_shap`'s map of the tensor ``x`` against a tensor of references, by the chain walk on the pairs
+    (NOTE [pairs on the chain]); ``None``: the TensorDict's way (which checks what is not as taken here)."""
+    if unknown or unknown_keywords or target is UNSET or input_keys is not None \
+            or not isinstance(baselines, torch.Tensor) or baselines.dim() == 0 or baselines.shape[0] < 1:
+        return None
+    _check_shape(x.shape[1:], key, baselines)
+    plan = tensor_plan("deeplift_shap", f, params, x, eps, input_keys)
+    if plan is None:
+        return None
+    return _pairs_maps(plan, params, x, 1, x.shape[:1], baselines, target, multiply_by_inputs, eps, per_target)
+
+
+@accepts_tensors_via(_deeplift_shap_of_tensor)
 def deeplift_shap(
     f: PureFn,
     params: TensorDictBase,
@@ -65,7 +83,7 @@ def deeplift_shap(
     *,
     target: Target,
     multiply_by_inputs: bool = True,
-    eps: float = 1e-10,
+    eps: float = EPS,
     per_target: bool = False,
     input_keys: NestedKey | Sequence[NestedKey] | None = None,
 ) -> TensorDict:
@@ -109,6 +127,13 @@ def deeplift_shap(
         >>> torch.allclose(attr.sum(-1), gap)
         True
     """
+    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
+    if one is not None:
+        walked = _deeplift_shap_of_tensor(f, params, one[0], one[1], baselines, target=target,
+                                          multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
+                                          input_keys=input_keys)
+        if walked is not None:
+            return in_tensordict(one[0], walked, inputs.batch_size, per_target)
     keys = attributed_keys("deeplift_shap", f, inputs, input_keys)
     distribution = _distribution(inputs, baselines, keys)
     if len(keys) == 1 and inputs.batch_dims and untransformed() and holds_only(inputs, keys[0]):
@@ -140,12 +165,24 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     if plan is None or plan.links is None:
         return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
-    if isinstance(target, torch.Tensor) and target.dim() and target.shape != batch:
-        return None  # (a label tensor of another shape: the expanded pairs' path reads or refuses it)
-    if not isinstance(x, torch.Tensor) or references.dtype != x.dtype or references.device != x.device \
-            or not isinstance(params, TensorDictBase):
+    if not isinstance(x, torch.Tensor) or not isinstance(params, TensorDictBase):
         return None  # (what `check_call` would refuse, or the walk not read: the expanded pairs' path says so)
     plan.check_modes(fn.model, caller)
+    maps = _pairs_maps(plan, params, x, lead, batch, references, target, multiply, eps, per_target)
+    if maps is None:
+        return None
+    return fresh_tensordict({key: maps}, torch.Size([*maps.shape[:1 if per_target else 0], *batch]))
+
+
+def _pairs_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
+                references: torch.Tensor, target: Target, multiply: bool, eps: float,
+                per_target: bool) -> torch.Tensor | None:
+    """The maps of ``x`` (``lead`` batch dims ``batch``) by the walk on the pairs, averaged over the references;
+    ``None``: the walk does not apply, or a target it does not read as the expanded pairs' path does."""
+    if isinstance(target, torch.Tensor) and target.dim() and target.shape != batch:
+        return None  # (a label tensor of another shape: the expanded pairs' path reads or refuses it)
+    if references.dtype != x.dtype or references.device != x.device:
+        return None  # (what `check_call` would refuse, or the walk not read: the expanded pairs' path says so)
     flat = x if lead == 1 else x.reshape(-1, *x.shape[lead:])
     walked = chain_deeplift(plan, params, flat, references, target, eps, per_target, pairs=True)
     if walked is None:
@@ -157,5 +194,4 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
         if multiply:  # (in place: the walk's maps are its own new tensor)
             each = each.mul_(flat.unsqueeze(1) - references)
         maps = each.mean(first + 1)
-    return fresh_tensordict({key: maps if lead == 1 else unflatten(maps, first, batch)},
-                            torch.Size([*walked.shape[:first], *batch]))
+    return maps if lead == 1 else unflatten(maps, first, batch)
