@@ -27,7 +27,7 @@ from ._engine import unflatten
 from ._inputs import accepts_tensors_via, one_tensor
 from ._lrp.method import lrp
 
-__all__ = ["EPS", "UNSET", "checked_functional", "deeplift", "holds_only", "in_tensordict", "layer_deeplift",
+__all__ = ["EPS", "UNSET", "by_tensor_path", "checked_functional", "deeplift", "holds_only", "layer_deeplift",
            "tensor_plan"]
 
 EPS = 1e-10  # (captum's default eps, the methods' and their tensor paths')
@@ -228,9 +228,21 @@ def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, inp
     return plan
 
 
-def in_tensordict(key: str, walked: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:
+def _in_tensordict(key: str, walked: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:
     """A tensor path's map as the TensorDict's way gives it: under ``key``, batch ``[*B]`` or ``[T, *B]``."""
     return fresh_tensordict({key: walked}, torch.Size([*walked.shape[:1 if per_target else 0], *batch]))
+
+
+def by_tensor_path(path: Callable[..., torch.Tensor | None], f: PureFn, params: TensorDictBase, inputs: Any,
+                   baselines: Any, *, per_target: bool, key: str | None = None,
+                   **options: Any) -> TensorDict | None:
+    """The maps of a TensorDict of one tensor by the tensor ``path``, under ``key`` (default: the input's); ``None``
+    where ``inputs`` is not one or the path declines (NOTE [captum-style calls])."""
+    one = one_tensor(f, inputs)
+    if one is None:
+        return None
+    walked = path(f, params, one[0], one[1], baselines, per_target=per_target, **options)
+    return None if walked is None else _in_tensordict(key or one[0], walked, inputs.batch_size, per_target)
 
 
 def _number(baselines: Any) -> bool:
@@ -320,13 +332,10 @@ def deeplift(
         >>> torch.allclose(per_sample["input"], attr["input"])
         True
     """
-    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
-    if one is not None:
-        walked = _deeplift_of_tensor(f, params, one[0], one[1], baselines, target=target,
-                                     multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
-                                     input_keys=input_keys)
-        if walked is not None:
-            return in_tensordict(one[0], walked, inputs.batch_size, per_target)
+    walked = by_tensor_path(_deeplift_of_tensor, f, params, inputs, baselines, target=target, per_target=per_target,
+                            multiply_by_inputs=multiply_by_inputs, eps=eps, input_keys=input_keys)
+    if walked is not None:
+        return walked
     keys = attributed_keys("deeplift", f, inputs, input_keys)
     grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, (),
                                     multiply_by_inputs)
@@ -434,13 +443,11 @@ def layer_deeplift(
         True
     """
     check_layers("layer_deeplift", layers)
-    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
-    if one is not None and len(layers) == 1:
-        walked = _layer_deeplift_of_tensor(f, params, one[0], one[1], baselines, target=target, layers=layers,
-                                           multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
-                                           input_keys=input_keys)
-        if walked is not None:
-            return in_tensordict(layers[0], walked, inputs.batch_size, per_target)
+    walked = None if len(layers) != 1 else by_tensor_path(
+        _layer_deeplift_of_tensor, f, params, inputs, baselines, target=target, per_target=per_target, key=layers[0],
+        layers=layers, multiply_by_inputs=multiply_by_inputs, eps=eps, input_keys=input_keys)
+    if walked is not None:
+        return walked
     if not layers:
         raise ValueError("layer_deeplift: layers is empty; name the modules whose outputs are attributed "
                          "(layers=['<path>']), or use deeplift for the inputs")

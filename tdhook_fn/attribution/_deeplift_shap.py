@@ -18,10 +18,10 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
-from ._deeplift import EPS, UNSET, checked_functional, deeplift, holds_only, in_tensordict, tensor_plan
+from ._deeplift import EPS, UNSET, by_tensor_path, checked_functional, deeplift, holds_only, tensor_plan
 from ._deeplift_chain import DeepLiftPlan, chain_deeplift, deeplift_plan
 from ._engine import unflatten
-from ._inputs import accepts_tensors_via, one_tensor
+from ._inputs import accepts_tensors_via
 
 __all__ = ["deeplift_shap"]
 
@@ -127,13 +127,11 @@ def deeplift_shap(
         >>> torch.allclose(attr.sum(-1), gap)
         True
     """
-    one = one_tensor(f, inputs)  # (a TensorDict of one tensor: the tensor's path, NOTE [captum-style calls])
-    if one is not None:
-        walked = _deeplift_shap_of_tensor(f, params, one[0], one[1], baselines, target=target,
-                                          multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target,
-                                          input_keys=input_keys)
-        if walked is not None:
-            return in_tensordict(one[0], walked, inputs.batch_size, per_target)
+    walked = by_tensor_path(_deeplift_shap_of_tensor, f, params, inputs, baselines, target=target,
+                            per_target=per_target, multiply_by_inputs=multiply_by_inputs, eps=eps,
+                            input_keys=input_keys)
+    if walked is not None:
+        return walked
     keys = attributed_keys("deeplift_shap", f, inputs, input_keys)
     distribution = _distribution(inputs, baselines, keys)
     if len(keys) == 1 and inputs.batch_dims and untransformed() and holds_only(inputs, keys[0]):

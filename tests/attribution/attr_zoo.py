@@ -7,8 +7,9 @@ captum needs for the same layer).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from _tolerance import assert_close_ulps
@@ -16,6 +17,8 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
+
+T = TypeVar("T")
 
 DTYPES = (torch.float32, torch.float64)
 
@@ -195,3 +198,13 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def on_general_path(model: nn.Module, call: Callable[[], T]) -> T:
+    """``call()`` with the model off the chain walks (DeepLift's, LRP's): a forward hook on its first module, which
+    changes nothing, sends the call the general way."""
+    handle = next(iter(model.children())).register_forward_hook(lambda _m, _a, out: out)
+    try:
+        return call()
+    finally:
+        handle.remove()

@@ -5,11 +5,11 @@ Also layer_deeplift's error for a layer whose module runs twice."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from attr_zoo import on_general_path
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -60,14 +60,6 @@ def _walked(f: Any, p: TensorDictBase, x: TensorDict, refs: torch.Tensor, target
     return out
 
 
-def _general(model: nn.Module, call: Callable[[], TensorDict]) -> TensorDict:
-    """``call()`` on the general path: a forward hook (which changes nothing) takes the model off the walk."""
-    handle = model[0].register_forward_hook(lambda _m, _a, out: out)
-    try:
-        return call()
-    finally:
-        handle.remove()
-
 
 @pytest.mark.parametrize("name", list(_MODELS))
 @pytest.mark.parametrize("eps", [1e-10, 0.3], ids=["no pair near", "some near"])
@@ -84,7 +76,7 @@ def test_pairs_walk_equals_the_expanded_pairs(name: str, eps: float, multiply: b
     ours = deeplift_shap(f, p, x, refs, target=1, **kwargs)
     torch.testing.assert_close(ours, _walked(f, p, x, refs, 1, **kwargs), rtol=0, atol=0)
     torch.testing.assert_close(ours, _expanded(f, p, x, refs, 1, **kwargs), rtol=1e-10, atol=1e-13)
-    general = _general(model, lambda: deeplift_shap(f, p, x, refs, target=1, **kwargs))
+    general = on_general_path(model, lambda: deeplift_shap(f, p, x, refs, target=1, **kwargs))
     torch.testing.assert_close(ours, general, rtol=1e-10, atol=1e-13)
 
 
@@ -159,7 +151,7 @@ def test_leaky_relu_plain_gradient_on_the_walk_keeps_its_slope_exact() -> None:
     f, p = tdhook_fn.pure(model)
     x, b = torch.randn(8, 5, dtype=D), torch.randn(8, 5, dtype=D)
     walked = deeplift(f, p, x, b, target=1, eps=10.0)  # (every |dx| below eps: the plain gradient everywhere)
-    general = _general(model, lambda: deeplift(f, p, x, b, target=1, eps=10.0))
+    general = on_general_path(model, lambda: deeplift(f, p, x, b, target=1, eps=10.0))
     torch.testing.assert_close(walked, general, rtol=1e-13, atol=1e-15)
 
 
@@ -186,7 +178,7 @@ def test_rescale_rules_without_a_closed_form_before_compose_with_vmap(act: nn.Mo
     f, p = tdhook_fn.pure(model)
     x = TensorDict(input=torch.randn(4, 5, dtype=D) * 3, batch_size=[4])
     b = TensorDict(input=torch.randn(4, 5, dtype=D), batch_size=[4])
-    batched = _general(model, lambda: deeplift(f, p, x, b, target=1, eps=eps))
+    batched = on_general_path(model, lambda: deeplift(f, p, x, b, target=1, eps=eps))
     per_sample = torch.func.vmap(lambda xi, bi: deeplift(f, p, xi, bi, target=1, eps=eps))(x, b)
     torch.testing.assert_close(per_sample, batched, rtol=1e-10, atol=1e-13)
     if eps > 1:  # (every |dx| below eps: the plain gradient, which autograd gives at the inputs)

@@ -5,12 +5,12 @@ take the general path."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from _tolerance import assert_close_ulps
+from attr_zoo import on_general_path
 from captum.attr import LayerDeepLift
 from tensordict import TensorDict
 from torch import nn
@@ -32,14 +32,6 @@ def _cnn(dtype: torch.dtype) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.Sigmoid(),
                          nn.Flatten(), nn.Linear(24, 5), nn.LeakyReLU(0.1), nn.Linear(5, 4)).to(dtype).eval()
 
-
-def _general(model: nn.Module, call: Callable[[], TensorDict]) -> TensorDict:
-    """``call()`` on the general path: a forward hook (which changes nothing) takes the model off the walk."""
-    handle = model[0].register_forward_hook(lambda _m, _a, out: out)
-    try:
-        return call()
-    finally:
-        handle.remove()
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -75,7 +67,7 @@ def test_the_walk_equals_the_general_path(kind: str, dtype: torch.dtype, multipl
 
     walked = call()
     assert len(calls) == 1
-    general = _general(model, call)
+    general = on_general_path(model, call)
     assert len(calls) == 1
     if kind == "mlp":  # the same ops: linear layers' adjoints are autograd's matrix products
         assert walked.batch_size == general.batch_size
@@ -99,7 +91,7 @@ def test_batch_shapes_sample_references_and_labels_equal_the_general_path(monkey
 
     walked = call()
     assert len(calls) == 1 and walked.batch_size == (2, 3)
-    assert_close_ulps(walked, _general(model, call), ulps=8)
+    assert_close_ulps(walked, on_general_path(model, call), ulps=8)
 
 
 def test_maps_alias_neither_each_other_nor_the_params() -> None:
