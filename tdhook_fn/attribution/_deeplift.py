@@ -26,6 +26,7 @@ from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors_via, one_tensor
 from ._lrp.method import lrp
+from ._replaced_derivatives import as_values
 
 __all__ = ["EPS", "UNSET", "by_tensor_path", "checked_functional", "deeplift", "holds_only", "layer_deeplift",
            "tensor_plan"]
@@ -133,7 +134,8 @@ def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDict
         walked = _walked(caller, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
         if walked is not None:
             return walked
-    carried = needs_reference_gradients(fn.model)
+    inputs = as_values(caller, params, inputs)  # (refused under its own name, not lrp's: NOTE [replaced derivatives
+    carried = needs_reference_gradients(fn.model)  # are not differentiated])
     stacked, starts = _stacked(inputs, baselines, keys, caller, carried)
     maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
                rules=rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target, layers=layers,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
@@ -56,3 +57,19 @@ def test_maps_of_inputs_that_require_grad_have_no_graph(model: str, call: str) -
         torch.autograd.grad(maps.sum(), x)
     # the same numbers as with inputs that do not require grad
     torch.testing.assert_close(maps, CALLS[call](f, p, x.detach(), b, layer), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("model", ["chain", "residual"])
+def test_the_refusals_name_the_deeplift_method(model: str) -> None:
+    net, layer = _models()[model]
+    f, p = tdhook_fn.pure(net)
+    x, b = torch.randn(5, 3, dtype=D), torch.randn(5, 3, dtype=D)
+    live = TensorDict.from_module(net)
+    with pytest.raises(NotImplementedError, match=r"^deeplift: params require grad"):
+        deeplift(f, live, x, b, target=0)
+    with pytest.raises(NotImplementedError, match=r"^layer_deeplift: params require grad"):
+        layer_deeplift(f, live, x, b, target=0, layers=[layer])
+    with pytest.raises(NotImplementedError, match=r"^deeplift: its maps cannot be differentiated"):
+        torch.func.grad(lambda q: deeplift(f, q, x, b, target=0).square().sum())(p)
+    with pytest.raises(NotImplementedError, match=r"^layer_deeplift: its maps cannot be differentiated"):
+        torch.func.grad(lambda q: layer_deeplift(f, q, x, b, target=0, layers=[layer]).square().sum())(p)
