@@ -42,6 +42,7 @@ from ._engine import (
     target_values,
 )
 from ._inputs import accepts_tensors
+from ._replaced_derivatives import values_where_replaced
 
 __all__ = ["activation_maximisation", "pgd_step"]
 
@@ -161,6 +162,7 @@ def activation_maximisation(
         raise ValueError(f"{_CALLER}: there is no floating-point input to optimise; name it with input_keys=[...]")
     as_target(target)  # fail early on a malformed target
     all_taps = grad_taps(grad_fns, taps)
+    inputs = values_where_replaced(_CALLER, params, inputs, all_taps)  # (once: each step's call is `checked`)
 
     def ascend(weights: torch.Tensor | None) -> TensorDict:
         weighted = cotangents if weights is None else _weighted(cotangents, weights)

@@ -291,8 +291,9 @@ def gradients(
     ``layer_calls`` picks the run of a layer whose module runs more than once (NOTE
     [modules that run more than once]); ``caller``, the public function's name, starts its
     errors. ``checked``: the caller ran `check_call` on its own arguments and checked the
-    attributed keys (methods calling this once per chunk of points or copies), so it is not
-    run again. ``passes``: several pullbacks from the one forward, each giving the gradients of
+    attributed keys (methods calling this once per chunk of points or copies), and read its
+    inputs with `as_values` where a tap replaces a derivative, so neither is run again.
+    ``passes``: several pullbacks from the one forward, each giving the gradients of
     its keys (every input key and layer in one of them); default, one giving all.
     """
     if not checked:
@@ -301,7 +302,7 @@ def gradients(
     replaced = False  # a tap stands in for a module's derivative: the maps are values (a loop: on every call)
     for tap in taps:
         replaced = replaced or tap.replaces_derivative
-    if replaced:  # NOTE [replaced derivatives are not differentiated]
+    if replaced and not checked:  # NOTE [replaced derivatives are not differentiated] (checked: the caller did)
         inputs = as_values(caller, params, inputs)
     layers = dict(layers or {})
     tappable = f if isinstance(f, Functional) else _tappable(f, bool(layers or target_layers or taps))

@@ -17,6 +17,7 @@ from ._deconvolution import relu_rule_taps
 from ._engine import gradients, input_keys_of
 from ._guided_backprop import Guide
 from ._inputs import accepts_tensors
+from ._replaced_derivatives import as_values
 
 __all__ = ["guided_grad_cam"]
 
@@ -89,6 +90,7 @@ def guided_grad_cam(
         raise TypeError(f"guided_grad_cam: layer must be one submodule path (str), got {layer!r}")
     keys = tuple(dict.fromkeys(input_keys_of(f, inputs, input_keys)))
     check_call("guided_grad_cam", f, params, inputs, keys, target)
+    inputs = as_values("guided_grad_cam", params, inputs)  # (its rule replaces derivatives; the calls are `checked`)
     dims = inputs.batch_dims
     rank = {k: inputs.get(k).dim() - dims for k in keys if isinstance(inputs.get(k, None), torch.Tensor)}
     if not rank or min(rank.values()) < 2:

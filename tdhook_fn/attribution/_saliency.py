@@ -101,7 +101,8 @@ def saliency(
     keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
     check_layers(caller, layers)
     all_taps = grad_taps(grad_fns, taps)
-    inputs = values_where_replaced(caller, params, inputs, all_taps)  # (the product below: no graph either)
+    if multiply_by_inputs:  # (the product below carries no graph either; the engine reads its own copy)
+        inputs = values_where_replaced(caller, params, inputs, all_taps)
     result = gradients(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers),
         target_layers=target_layers, taps=all_taps, per_target=per_target, cotangents=cotangents,
