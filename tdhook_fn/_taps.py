@@ -145,7 +145,13 @@ class Tap:
         if self.kind == "custom":
             raise NotImplementedError("a custom tap overrides attach")
         assert fn is not None
-        return lambda value: optree.tree_map(lambda t: _map_grad(t, fn), value)
+
+        def mapped(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):  # (the common case, one tensor: no tree walk)
+                return _map_grad(value, fn)
+            return optree.tree_map(lambda t: _map_grad(t, fn), value)
+
+        return mapped
 
 
 def kept(value: Any) -> Any:
@@ -192,9 +198,26 @@ class _MapGrad(torch.autograd.Function):
         return ctx.fn(grad), None
 
 
+class _PlainMapGrad(torch.autograd.Function):
+    """`_MapGrad` in the plain style: a Function with ``setup_context`` (what vmap and grad need)
+    binds its arguments through ``inspect.signature`` at every apply, about as long again as the
+    Function itself, so outside functorch transforms and torch.compile this twin runs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        ctx.fn = fn
+        return x.clone()  # (a copy, as `_MapGrad`'s)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.fn(grad), None
+
+
 def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
+    if not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()):
+        return _PlainMapGrad.apply(value, fn)  # type: ignore[no-untyped-call]
     # through a view, never on the tensor itself: under torch.compile (2.13) a Function applied
     # directly to a torch.func.grad primal (a map_grad at the model's input) loses its backward,
     # and the plain gradient comes out (tests/core/test_compile.py, guided_backprop); a view is free

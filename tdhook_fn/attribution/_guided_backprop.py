@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
-import optree
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
@@ -24,8 +22,8 @@ __all__ = ["Guide", "guide_taps", "guided_backprop", "module_paths"]
 
 # NOTE [guided backprop as taps]
 # Guided backprop keeps a module's own backward and passes back ``relu`` of the gradient
-# leaving it through its inputs: a tap at the module's input, a copy of each tensor
-# argument forward, ``relu`` of its gradient backward. One rule for `guided_backprop`
+# leaving it through its inputs: a `map_grad` tap at the module's input (a copy of each
+# tensor argument forward, ``relu`` of its gradient backward). One rule for `guided_backprop`
 # (every submodule not skipped, as tdhook) and for guided Grad-CAM (the ReLU modules, as
 # captum), whose one forward pulls back twice (NOTE [attribution engine]): its taps carry
 # a `Guide`, switched off for the plain pull back to the layer. Dynamo would trace the
@@ -52,50 +50,6 @@ class Guide:
         return switch
 
 
-class _Guided(torch.autograd.Function):
-    """A copy forward; ``relu`` of the arriving gradient backward (the gradient itself where ``guide`` is off)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor, guide: Guide | None) -> torch.Tensor:
-        # a copy, not a view: the module reading it may write it in place (ReLU(inplace=True))
-        return x.clone()
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.guide = inputs[1]
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return (grad if ctx.guide is not None and not ctx.guide.on else torch.relu(grad)), None
-
-
-class _PlainGuided(torch.autograd.Function):
-    """`_Guided` in the plain style (NOTE [plain-style Function outside transforms])."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, guide: Guide | None) -> torch.Tensor:
-        ctx.guide = guide
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return (grad if ctx.guide is not None and not ctx.guide.on else torch.relu(grad)), None
-
-
-def _guided(x: Any, guide: Guide | None) -> Any:
-    """``x`` with guided backprop's backward (NOTE [guided backprop as taps]); what is no tensor as it is."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        # through a view, as `_taps._map_grad` (a Function on a torch.func.grad primal under torch.compile)
-        out: torch.Tensor = _Guided.apply(x.view_as(x), guide)  # type: ignore[no-untyped-call]
-        return out
-    plain: torch.Tensor = _PlainGuided.apply(x, guide)  # type: ignore[no-untyped-call]
-    return plain
-
-
 def guide_taps(paths: Iterable[str], guide: Guide | None = None) -> list[Tap]:
     """Guided backprop's taps at the inputs of the modules at ``paths`` (NOTE [guided backprop as taps]).
 
@@ -108,13 +62,14 @@ def guide_taps(paths: Iterable[str], guide: Guide | None = None) -> list[Tap]:
     Returns:
         list[Tap]: the taps, for one call.
     """
-    def guided(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):  # (the common case, one tensor argument)
-            return _guided(value, guide)
-        return optree.tree_map(lambda t: _guided(t, guide), value)  # (several arguments: each tensor)
+    if guide is None:
+        rule: Callable[[torch.Tensor], torch.Tensor] = torch.relu
+    else:
+        def rule(grad: torch.Tensor) -> torch.Tensor:  # (read at the backward: the pass's setting)
+            return torch.relu(grad) if guide.on else grad
 
-    # (the key given: no capture reads it, and deriving it costs as much as the tap)
-    return [Tap(path, "intervene", guided, "input", path, replaces_derivative=True) for path in paths]
+    # a `map_grad` at each module's input (the key given: no capture reads it, and deriving it costs as much as the tap)
+    return [Tap(path, "map_grad", rule, "input", path) for path in paths]
 
 
 def module_paths(model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...] = ()) -> list[str]:
