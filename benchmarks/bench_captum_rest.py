@@ -8,11 +8,13 @@ default settings, captum's class at its default and, where it has a batching kno
 plain torch a capable engineer writes for the same numbers, everything it needs built before the timing:
 
 - deconvolution: one forward of a frozen copy whose ReLUs are a small ``autograd.Function`` (``relu``
-  forward, ``relu`` of the arriving gradient backward), one input gradient;
+  forward, ``relu`` of the arriving gradient backward), one input gradient; and the same numbers without
+  autograd, a walk of the chain by hand (forward without a graph, the adjoints back from the last linear
+  layer's target row, ``relu`` of the gradient at each ReLU); the faster is the floor;
 - guided Grad-CAM (the CNN, at its second conv): one forward of a frozen copy whose ReLUs' backward is
   switched by a flag, one plain gradient back to the layer (kept for the second), one guided gradient
   to the input; the layer's channels weighted by their mean gradient, summed, ReLU'd, upsampled
-  (nearest) and multiplied in;
+  (nearest) and multiplied in; and the same without autograd, the walk by hand pulled back twice;
 - feature permutation (every element its own feature): the permutations drawn as captum draws them,
   every permuted copy of the batch built once by indexing, the target read off batched forwards
   (all in one, and in equal forwards of at most 32 copies: the faster is the floor);
@@ -105,10 +107,60 @@ def floor_deconvolution(model: nn.Module, x: torch.Tensor) -> Callable[[], torch
     return run
 
 
-def bench_deconvolution(title: str, model: nn.Module, x: torch.Tensor) -> None:
+def _walk_step(layer: nn.Module, h: torch.Tensor,
+               relu_back: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, Back]:
+    """One layer's forward without a graph, and its backward; a ReLU's ``relu_back(gradient, output)``."""
+    affine = affine_step(layer, h)
+    if affine is not None:
+        return affine
+    if isinstance(layer, nn.ReLU):
+        y = torch.relu(h)
+        return y, lambda g: relu_back(g, y)
+    if isinstance(layer, nn.MaxPool2d):  # (on a channels-last copy: the same maxima, faster on small planes)
+        y, idx = F.max_pool2d(h.contiguous(memory_format=torch.channels_last), layer.kernel_size, layer.stride,
+                              layer.padding, layer.dilation, layer.ceil_mode, return_indices=True)
+        y, at, shape = y.contiguous(), idx.contiguous().flatten(2), h.shape
+        return y, lambda g: g.new_zeros(shape).flatten(2).scatter_add_(2, at, g.reshape(y.shape).flatten(2)).view(shape)
+    if isinstance(layer, nn.Flatten):
+        return h.flatten(1), lambda g: g.reshape(h.shape)
+    raise TypeError(f"floor walk: no rule for {type(layer).__name__}")
+
+
+def _walked_forward(model: nn.Sequential, x: torch.Tensor,
+                    relu_back: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    ) -> tuple[list[torch.Tensor], list[Back], torch.Tensor]:
+    """The forward of a frozen chain ending in a linear layer, without a graph, up to that layer: each layer's
+    output and backward, and the seed of the backward, the last weight's target row (its pullback of the one-hot)."""
+    *body, last = list(model)
+    assert isinstance(last, nn.Linear)
+    h, outs, backs = x, [], []
+    for layer in body:
+        h, back = _walk_step(layer, h, relu_back)
+        outs.append(h)
+        backs.append(back)
+    return outs, backs, last.weight[TARGET].expand(len(x), -1)
+
+
+def floor_deconvolution_walk(model: nn.Sequential, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The deconvnet by hand, without autograd: `_walked_forward`, then the adjoints back, ``relu`` of the gradient
+    at each ReLU."""
+    frozen = copy.deepcopy(model).requires_grad_(False)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            _, backs, g = _walked_forward(frozen, x, lambda g, _y: torch.relu(g))
+            for back in reversed(backs):
+                g = back(g)
+            return g
+
+    return run
+
+
+def bench_deconvolution(title: str, model: nn.Sequential, x: torch.Tensor) -> None:
     f, p = tdhook_fn.pure(model)
     report(f"deconvolution, {title}, batch {len(x)}", {
         "floor (one forward, input grad)": floor_deconvolution(model, x),
+        "floor (walk without autograd)": floor_deconvolution_walk(model, x),
         "ours": lambda: deconvolution(f, p, x, target=TARGET),
         CAPTUM: lambda: Deconvolution(model).attribute(x, target=TARGET),
     }, rounds=15, number=8)
@@ -147,10 +199,36 @@ def floor_guided_grad_cam(model: nn.Sequential, x: torch.Tensor, layer: int) -> 
     return run
 
 
+def floor_guided_grad_cam_walk(model: nn.Sequential, x: torch.Tensor, layer: int) -> Callable[[], torch.Tensor]:
+    """Guided Grad-CAM by hand, without autograd: `_walked_forward`, the plain backward to the layer, the guided one
+    to the input, then the map as `floor_guided_grad_cam`'s."""
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    guided = [False]
+
+    def relu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(g) if guided[0] else g) * (y > 0)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            outs, backs, seed = _walked_forward(frozen, x, relu_back)
+            guided[0], g = False, seed
+            for back in reversed(backs[layer + 1:]):
+                g = back(g)
+            act = outs[layer]
+            guided[0], at_input = True, seed
+            for back in reversed(backs):
+                at_input = back(at_input)
+            cam = torch.relu((g.reshape(act.shape).mean((2, 3), keepdim=True) * act).sum(1, keepdim=True))
+            return at_input * F.interpolate(cam, size=x.shape[2:], mode="nearest")
+
+    return run
+
+
 def bench_guided_grad_cam(title: str, model: nn.Sequential, x: torch.Tensor, layer: int) -> None:
     f, p = tdhook_fn.pure(model)
     report(f"guided Grad-CAM at [{layer}], {title}, batch {len(x)}", {
         "floor (one forward, two grads)": floor_guided_grad_cam(model, x, layer),
+        "floor (walk without autograd)": floor_guided_grad_cam_walk(model, x, layer),
         "ours": lambda: guided_grad_cam(f, p, x, target=TARGET, layer=f"[{layer}]"),
         CAPTUM: lambda: GuidedGradCam(model, model[layer]).attribute(x, target=TARGET),
     }, rounds=15, number=8)

@@ -14,9 +14,10 @@ from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
 from ._cotangents import Cotangents
+from ._engine import gradients, input_keys_of
+from ._gradient_chain import gradient_step, tensor_gradients, walked_gradients
 from ._guided_backprop import Guide, guide_taps, module_paths
-from ._inputs import accepts_tensors
-from ._saliency import saliency
+from ._inputs import accepts_tensors_via
 
 __all__ = ["deconvolution", "relu_paths", "relu_rule_taps"]
 
@@ -221,7 +222,10 @@ def _relus(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(path, m) for path, m in zip(module_paths(model), modules, strict=True) if isinstance(m, nn.ReLU)]
 
 
-@accepts_tensors
+_DECONVNET_STEP = gradient_step(lambda g, _y: torch.relu(g))  # (a ReLU passes back relu of what arrives)
+
+
+@accepts_tensors_via(tensor_gradients("deconvolution", _DECONVNET_STEP))
 def deconvolution(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
@@ -261,7 +265,12 @@ def deconvolution(
     if not isinstance(f, Functional):
         raise TypeError("deconvolution needs f to be a tdhook_fn.Functional (it taps the model's ReLU modules); "
                         "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
+    if cotangents is None and input_keys is None:  # NOTE [gradient rules on a chain]
+        walked = walked_gradients("deconvolution", f, params, inputs, target, per_target, _DECONVNET_STEP)
+        if walked is not None:
+            return walked
     taps = relu_rule_taps(f, guided=False)  # NOTE [deconvolution as taps]
-    return saliency(f, params, inputs, target=target, per_target=per_target, input_keys=input_keys, taps=taps,
-                    cotangents=cotangents)
+    keys = input_keys_of(f, inputs, input_keys)  # (the engine itself: its errors name deconvolution, not saliency)
+    return gradients(f, params, inputs, target, input_keys=keys, taps=taps, per_target=per_target,
+                     cotangents=cotangents, caller="deconvolution").grads
 

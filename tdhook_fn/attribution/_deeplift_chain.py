@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -63,13 +63,15 @@ from ._lrp.model_chain import model_chain, reads_one_key
 from ._lrp.plan import ModesChecked
 from ._lrp.walk import RESHAPES, own_values, slots_of
 
-__all__ = ["DeepLiftPlan", "chain_deeplift", "chain_layer_deeplift", "chain_links", "deeplift_plan"]
+__all__ = ["ACTIVATIONS", "Back", "DeepLiftPlan", "Step", "WalkLink", "WalkPass", "chain_deeplift",
+           "chain_gradient_passes", "chain_gradients",
+           "chain_layer_deeplift", "chain_links", "deeplift_plan", "deeplift_step"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # the multiplier's gradient at a module's output -> at its input
 
 # each activation's function (called directly: a module call costs more than the op on small tensors) and
 # derivative, from its module, input and output
-_ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], torch.Tensor],
+ACTIVATIONS: dict[type[nn.Module], tuple[Callable[[nn.Module, torch.Tensor], torch.Tensor],
                                           Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]]] = {
     nn.ReLU: (lambda _m, x: torch.relu(x), lambda _m, _x, y: y > 0),  # (a bool: where promotes it)
     nn.LeakyReLU: (lambda m, x: F.leaky_relu(x, m.__dict__["negative_slope"]),
@@ -109,7 +111,7 @@ def _rows(t: torch.Tensor, pairs: bool) -> torch.Tensor:
 
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float,
                  pairs: bool) -> tuple[torch.Tensor, Back]:
-    function, derivative = _ACTIVATIONS[type(module)]
+    function, derivative = ACTIVATIONS[type(module)]
     out = function(module, both)
     (h, r), (y, y_ref) = _halves(both, n, pairs), _halves(out, n, pairs)
     dx = h - r
@@ -162,7 +164,7 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: 
 
 
 @dataclass(frozen=True)
-class _Link:
+class WalkLink:
     """One link of the chain as the walk runs it: ``kind`` ``"affine"``, ``"activation"``, ``"pool"``,
     ``"softmax"`` or ``"reshape"``; ``slots``: ``(slot, key)`` of its tensors in the params."""
 
@@ -172,24 +174,24 @@ class _Link:
     slots: tuple[tuple[str, Key], ...] = ()
 
 
-def _link(name: str, module: nn.Module) -> _Link | None:
+def _link(name: str, module: nn.Module) -> WalkLink | None:
     """How the walk runs ``module`` (``None``: not a module it knows), as far as the model alone says."""
     cls, state = type(module), module.__dict__
     if "forward" in state or state.get("inplace", False) or state["_buffers"]:
         return None
     affine = affine_of(cls, state, state["_parameters"])
     if affine is not None:
-        return _Link("affine", module, affine, slots_of(name, module))
+        return WalkLink("affine", module, affine, slots_of(name, module))
     if state["_parameters"]:
         return None
-    if cls in _ACTIVATIONS:
-        return _Link("activation", module)
+    if cls in ACTIVATIONS:
+        return WalkLink("activation", module)
     if cls in MAX_POOLS and state.get("return_indices") is False:
-        return _Link("pool", module)
+        return WalkLink("pool", module)
     if cls is nn.Softmax:
-        return _Link("softmax", module)
+        return WalkLink("softmax", module)
     if cls in RESHAPES or (cls is nn.Dropout and not module.training):
-        return _Link("reshape", module)
+        return WalkLink("reshape", module)
     return None
 
 
@@ -197,7 +199,7 @@ def _link(name: str, module: nn.Module) -> _Link | None:
 class DeepLiftPlan(ModesChecked):
     """The walk's links (``None``: not a chain the walk knows), planned once per model (NOTE [plans per model])."""
 
-    links: list[_Link] | None
+    links: list[WalkLink] | None
     names: list[str]  # each link's name in the model (its path as `path_to_name` writes it)
     stops: dict[str, int | None] = field(default_factory=dict)  # the link each layer path names, as found
 
@@ -205,7 +207,7 @@ class DeepLiftPlan(ModesChecked):
 def _plan(model: nn.Module) -> DeepLiftPlan:
     chain = model_chain(model)
     links = None if chain is None else [_link(name, module) for name, module in chain]
-    return DeepLiftPlan(None if links is None or None in links else cast(list[_Link], links),
+    return DeepLiftPlan(None if links is None or None in links else cast(list[WalkLink], links),
                         [] if chain is None else [name for name, _ in chain])
 
 
@@ -216,7 +218,7 @@ def deeplift_plan(f: Any) -> DeepLiftPlan | None:
     return plan_for(f.model, "deeplift", lambda: _plan(f.model))
 
 
-def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int, eps: float,
+def deeplift_step(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int, eps: float,
           rows: int) -> tuple[torch.Tensor, Back] | None:
     """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward
     on ``rows`` rows (``n``; ``n k``: every pair, NOTE [pairs on the chain]).
@@ -239,18 +241,29 @@ def _step(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int
     return module(both), lambda g: g.reshape(in_shape)
 
 
+# a link run forward on the rows ``both`` (``n`` inputs' first), with its backward on ``rows`` rows (as `deeplift_step`)
+Step = Callable[[WalkLink, tuple[torch.Tensor, ...], torch.Tensor, int, float, int], tuple[torch.Tensor, Back] | None]
+
+
+class WalkPass(NamedTuple):
+    """One walk back of several from the walk's one forward: to ``stops``, after ``before()``."""
+
+    stops: tuple[int, ...]
+    before: Callable[[], None]
+
+
 def _unused(_g: torch.Tensor) -> torch.Tensor:
     raise AssertionError("the walk stops above this link")
 
 
-def _forward(link: _Link, own: tuple[torch.Tensor, ...], both: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
-    """One module's forward alone, by the ops of `_step` (the same numbers); ``None``: as `_step`'s."""
+def _forward(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+    """One module's forward alone, by the ops of `deeplift_step` (the same numbers); ``None``: as `deeplift_step`'s."""
     kind, module = link.kind, link.module
     if kind == "affine":
         assert link.affine is not None
         return link.affine.run(both, own[0], own[1] if len(own) > 1 else None), _unused
     if kind == "activation":
-        return _ACTIVATIONS[type(module)][0](module, both), _unused
+        return ACTIVATIONS[type(module)][0](module, both), _unused
     if kind == "pool":
         return max_pool_with_indices(MAX_POOLS[type(module)][1], both, module.__dict__)[0], _unused
     if kind == "softmax" and module.__dict__.get("dim") not in (-1, both.dim() - 1):
@@ -272,7 +285,7 @@ def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor]
     return indices
 
 
-def _seed_rows(links: list[_Link], own: list[tuple[torch.Tensor, ...]], stop: int) -> torch.Tensor | None:
+def _seed_rows(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], stop: int) -> torch.Tensor | None:
     """The last linear layer's weight, whose rows are its pullbacks of one-hots (NOTE [seed rows]); ``None`` where
     the chain does not end in one, or no activation's product comes before a pullback other than a reshape, after
     the link ``stop`` (the last the walk reads a map at; ``-1``: the input)."""
@@ -298,6 +311,23 @@ def chain_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, 
     """
     walked = _walk(plan, params, x, reference, target, eps, per_target, (-1,), pairs)
     return None if walked is None else walked[0][0]
+
+
+def chain_gradients(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, target: Target, per_target: bool,
+                    step: Step) -> torch.Tensor | None:
+    """The gradient of ``target`` at ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by the walk, each link's
+    backward ``step``'s (NOTE [gradient rules on a chain]); ``None`` where the walk does not apply."""
+    walked = _walk(plan, params, x, None, target, 0.0, per_target, (-1,), step=step)
+    return None if walked is None else walked[0][0]
+
+
+def chain_gradient_passes(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, target: Target,
+                          per_target: bool, step: Step, passes: Sequence[WalkPass],
+                          ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """`chain_gradients` walked back in ``passes`` from one forward: at each pass's stops in turn, the gradient
+    and the activation there (``-1``: the input); ``None`` where the walk does not apply."""
+    stops = tuple(stop for walk_pass in passes for stop in walk_pass.stops)
+    return _walk(plan, params, x, None, target, 0.0, per_target, stops, step=step, passes=passes)
 
 
 def chain_links(plan: DeepLiftPlan, model: nn.Module, paths: Sequence[str]) -> tuple[int, ...] | None:
@@ -343,39 +373,48 @@ def chain_layer_deeplift(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Te
     return _walk(plan, params, x, reference, target, eps, per_target, stops)
 
 
-def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor,
+def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor | None,
           target: Target, eps: float, per_target: bool, stops: tuple[int, ...], pairs: bool = False,
+          step: Step = deeplift_step, passes: Sequence[WalkPass] = (),
           ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """The multipliers at each stop (a link's output; ``-1``: the input), with the stacked activation there; of
-    every pair with ``pairs`` (NOTE [pairs on the chain])."""
+    every pair with ``pairs`` (NOTE [pairs on the chain]).
+
+    ``step`` runs a link both ways (DeepLift's rules: `deeplift_step`); without a ``reference``, the
+    inputs' rows alone go forward (a gradient's walk, NOTE [gradient rules on a chain]). ``passes``: the
+    walk back split in several from the one forward, each to its own stops (``stops`` holds them all)
+    after its ``before()`` (which may switch what the backward does); default, one to all ``stops``.
+    """
     links = plan.links
     n = x.shape[0]
-    rows = n * reference.shape[0] if pairs else n  # (the backward's rows)
+    rows = n * reference.shape[0] if pairs and reference is not None else n  # (the backward's rows)
     seeds = _seeds(target, n, per_target)
     if links is None or not x.is_floating_point() or seeds is None:
         return None
     if rows != n:  # (each input's label for each of its pairs)
+        assert reference is not None
         seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]
-    # (where they do not fit, the general path names the mismatch; it refuses params that require grad)
-    own = own_values(leaves(params), links, frozen=True)
+    # (where they do not fit, the general path names the mismatch; params that require grad are its to refuse,
+    # or, grad mode off, values as there)
+    own = own_values(leaves(params), links, frozen=torch.is_grad_enabled())
     if own is None:
         return None
     backs: list[Back] = []
     seen: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         # one op per module for both (the references' rows after the inputs'): half the calls of two runs
-        both = torch.cat([x, reference])
+        both = x if reference is None else torch.cat([x, reference])
         seen[-1] = both
-        lowest, wanted, last = min(stops), set(stops), len(links) - 1
+        lowest, last = min(stops), len(links) - 1
         weight = _seed_rows(links, own, max(stops))
         for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
             if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1]:
                 break  # (the last linear layer's output is never read: NOTE [seed rows])
             # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
-            step = _step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
-            if step is None or step[0].dim() == 0 or step[0].shape[0] != both.shape[0]:
+            ran = step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
+            if ran is None or ran[0].dim() == 0 or ran[0].shape[0] != both.shape[0]:
                 return None  # (a module that moves the batch from the first dim: the general path refuses it)
-            both, back = step
+            both, back = ran
             seen[index] = both
             backs.append(back)
         if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
@@ -386,23 +425,35 @@ def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference
         if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
                    for i in seeds):
             return None  # (the general path says what is wrong)
-        maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in wanted}
-        for i in seeds:
-            if weight is not None:
-                g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
-                at = len(links) - 2  # (g is at the output of the link before the last)
-            else:
-                g = both.new_zeros((rows, classes))
-                if isinstance(i, int):
-                    g[:, i] = 1.0
+
+        def pull(targets: tuple[int, ...]) -> dict[int, list[torch.Tensor]]:
+            bottom = min(targets)
+            maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in targets}
+            for i in seeds:
+                if weight is not None:
+                    g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
+                    at = len(links) - 2  # (g is at the output of the link before the last)
                 else:
-                    g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
-                at = len(links) - 1
-            while True:
-                if at in wanted:
-                    maps[at].append(g)
-                if at == lowest:
-                    break
-                g = backs[at](g)
-                at -= 1
+                    g = both.new_zeros((rows, classes))
+                    if isinstance(i, int):
+                        g[:, i] = 1.0
+                    else:
+                        g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
+                    at = len(links) - 1
+                while True:
+                    if at in maps:
+                        maps[at].append(g)
+                    if at == bottom:
+                        break
+                    g = backs[at](g)
+                    at -= 1
+            return maps
+
+        if passes:
+            maps: dict[int, list[torch.Tensor]] = {}
+            for walk_pass in passes:
+                walk_pass.before()
+                maps.update(pull(walk_pass.stops))
+        else:
+            maps = pull(stops)
     return [(torch.stack(maps[stop]) if per_target else maps[stop][0], seen[stop]) for stop in stops]

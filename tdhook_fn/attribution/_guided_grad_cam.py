@@ -15,6 +15,7 @@ from ._checks import check_call
 from ._cotangents import Pass
 from ._deconvolution import relu_rule_taps
 from ._engine import gradients, input_keys_of
+from ._gradient_chain import walked_guided_and_cam
 from ._guided_backprop import Guide
 from ._inputs import accepts_tensors
 from ._replaced_derivatives import as_values
@@ -128,6 +129,10 @@ def _guided_and_cam(f: Functional, params: TensorDictBase, inputs: TensorDictBas
                     layer_calls: Mapping[str, int] | None) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """The inputs' guided-backprop maps, and the layer's plain gradient and activation (NOTE [guided Grad-CAM in
     one forward])."""
+    if not layer_calls and len(keys) == 1:  # (NOTE [gradient rules on a chain])
+        walked = walked_guided_and_cam(f, params, inputs, target, keys[0], layer, per_target)
+        if walked is not None:
+            return [walked[0]], walked[1], walked[2]
     common: dict[str, Any] = {"per_target": per_target, "layer_calls": layer_calls, "caller": "guided_grad_cam",
                               "checked": True}
     if torch.compiler.is_compiling():  # (a switched rule is not for Dynamo: NOTE [guided backprop as taps])

@@ -1,0 +1,178 @@
+"""Gradients with a rule at each ReLU, by the chain walk: the deconvnet's maps without taps or autograd."""
+
+# NOTE [gradient rules on a chain]
+# On a chain DeepLift's walk knows (NOTE [deeplift on a chain]), a class's gradient is the
+# same walk without references: the inputs' rows forward without a graph, then back, each
+# activation's derivative by the backward kernel autograd itself runs (the same numbers), a
+# max pool's by the indices of its maxima, an affine map's by the walk's adjoint (NOTE
+# [affine modules]; at stride 1 a convolution's is a few ulps from autograd's kernel, as on
+# DeepLift's and LRP's walks). The deconvnet changes only what an ``nn.ReLU`` module passes
+# back (``relu`` of what arrives), so its maps take this walk with that rule, and none of
+# the shadow, taps and autograd of the general path: on a small model those cost more than
+# the model. Anything the walk does not take (another module, a hook, a ReLU subclass or an
+# in-place one, a callable target, ``cotangents``, ``input_keys``, a transform, params that
+# require grad) takes the general path, which gives the same maps (tests compare both) and
+# raises what is to be raised.
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .._functional import fresh_tensordict
+from .._targets import Target
+from .._vjp import untransformed
+from ._checks import check_call
+from ._deeplift import UNSET, holds_only, tensor_plan
+from ._deeplift_chain import (
+    ACTIVATIONS,
+    Back,
+    Step,
+    WalkLink,
+    WalkPass,
+    chain_gradient_passes,
+    chain_gradients,
+    chain_links,
+    deeplift_plan,
+    deeplift_step,
+)
+from ._engine import unflatten
+from ._guided_backprop import Guide
+from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
+
+__all__ = ["ReluRule", "gradient_step", "tensor_gradients", "walked_gradients", "walked_guided_and_cam"]
+
+ReluRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gradient at a ReLU's output, its output) -> input's
+
+_aten: Any = torch.ops.aten  # (autograd's own backward kernels: the numbers of the general path)
+
+
+def _activation(module: nn.Module, h: torch.Tensor, relu: ReluRule) -> tuple[torch.Tensor, Back]:
+    cls = type(module)
+    y = ACTIVATIONS[cls][0](module, h)
+    if cls is nn.ReLU:
+        return y, lambda g: relu(g, y)
+    if cls is nn.LeakyReLU:
+        slope = module.__dict__["negative_slope"]
+        return y, lambda g: _aten.leaky_relu_backward(g, h, slope, False)
+    if cls is nn.Sigmoid:
+        return y, lambda g: _aten.sigmoid_backward(g, y)
+    return y, lambda g: _aten.tanh_backward(g, y)  # (the table's last: Tanh)
+
+
+def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
+    dims, pool = MAX_POOLS[type(module)]
+    y, indices = max_pool_with_indices(pool, h, module.__dict__)  # NOTE [max pooling in channels-last]
+    at = indices.flatten(-dims)
+
+    def back(g: torch.Tensor) -> torch.Tensor:  # (each maximum's gradient added where it came from)
+        moved = g.new_zeros(h.shape).flatten(-dims).scatter_add_(-1, at, g.reshape(y.shape).flatten(-dims))
+        return moved.view(h.shape)
+
+    return y, back
+
+
+def gradient_step(relu: ReluRule) -> Step:
+    """The walk's step for a gradient whose ``nn.ReLU`` modules pass back ``relu(gradient, output)``, every other
+    link its own derivative (NOTE [gradient rules on a chain])."""
+
+    def step(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
+             rows: int) -> tuple[torch.Tensor, Back] | None:
+        kind, module = link.kind, link.module
+        if kind == "activation":
+            return _activation(module, h, relu)
+        if kind == "pool":
+            return _max_pool(module, h)
+        if kind == "softmax":
+            dim = module.__dict__.get("dim")
+            if dim not in (-1, h.dim() - 1):
+                return None
+            y = torch.softmax(h, -1)
+            return y, lambda g: _aten._softmax_backward_data(g.reshape(y.shape), y, h.dim() - 1, h.dtype)
+        return deeplift_step(link, own, h, n, eps, rows)  # (an affine map or a reshape: DeepLift's are gradients)
+
+    return step
+
+
+def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
+                     step: Step) -> TensorDict | None:
+    """The maps of ``f``'s one input by the walk with ``step`` (NOTE [gradient rules on a chain]); ``None``: the
+    general path's call (what the walk does not take, or an argument that path checks and names)."""
+    keys = getattr(f, "in_keys", None)
+    if not isinstance(params, TensorDictBase) or not isinstance(keys, tuple) or len(keys) != 1 \
+            or not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, keys[0]):
+        return None
+    plan = deeplift_plan(f)
+    if plan is None or plan.links is None:
+        return None
+    key = keys[0]
+    check_call(caller, f, params, inputs, (key,), target, modes=False)
+    plan.check_modes(f.model, caller)
+    x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
+    if not x.is_floating_point():
+        return None
+    walked = chain_gradients(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), target, per_target,
+                             step)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    if lead != 1:
+        walked = unflatten(walked, first, batch)
+    return fresh_tensordict({key: walked}, torch.Size([*walked.shape[:first], *batch]))
+
+
+def tensor_gradients(caller: str, step: Step) -> Callable[..., torch.Tensor | None]:
+    """A method's tensor path (NOTE [captum-style calls]) by the walk with ``step``, for a method taking ``target``,
+    ``per_target``, ``input_keys`` and ``cotangents``: the map of the tensor ``x``, or ``None`` (the TensorDict's
+    way, also where the arguments do not fit the method's signature: it says how)."""
+
+    def of_tensor(f: Any, params: Any, key: Any, x: torch.Tensor, *unknown: Any, target: Target = UNSET,
+                  per_target: bool = False, input_keys: Any = None, cotangents: Any = None,
+                  **unknown_keywords: Any) -> torch.Tensor | None:
+        if unknown or unknown_keywords or target is UNSET or cotangents is not None:
+            return None
+        plan = tensor_plan(caller, f, params, x, 0.0, input_keys)  # (its checks: those of the TensorDict's way)
+        return None if plan is None else chain_gradients(plan, params, x, target, per_target, step)
+
+    return of_tensor
+
+
+def _guided(guide: Guide) -> ReluRule:
+    """Guided backprop's ReLU rule, ``relu`` of the ReLU's own gradient, where ``guide`` is on; else its own."""
+
+    def rule(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        own: torch.Tensor = _aten.threshold_backward(g, y, 0)
+        return torch.relu(own) if guide.on else own
+
+    return rule
+
+
+def walked_guided_and_cam(f: Any, params: TensorDictBase, inputs: TensorDictBase, target: Target, key: Any,
+                          layer: str, per_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Guided Grad-CAM's three tensors by the walk: the input's guided-backprop map, the layer's plain gradient and
+    its activation (NOTE [guided Grad-CAM in one forward], walked back twice from the one forward of NOTE [gradient
+    rules on a chain]); ``None``: the general path's call. The caller checked the arguments."""
+    if not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, key):
+        return None
+    plan = deeplift_plan(f)
+    stops = None if plan is None or plan.links is None else chain_links(plan, f.model, (layer,))
+    x = inputs.get(key)
+    if plan is None or stops is None or not x.is_floating_point():
+        return None
+    lead, batch = inputs.batch_dims, inputs.batch_size
+    guide = Guide(on=False)
+    walked = chain_gradient_passes(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), target,
+                                   per_target, gradient_step(_guided(guide)),
+                                   (WalkPass(stops, guide.setter(False)), WalkPass((-1,), guide.setter(True))))
+    if walked is None:
+        return None
+    (layer_grad, act), (guided, _) = walked
+    if lead != 1:
+        first = 1 if per_target else 0
+        layer_grad, act, guided = (unflatten(layer_grad, first, batch), unflatten(act, 0, batch),
+                                   unflatten(guided, first, batch))
+    return guided, layer_grad, act

@@ -1,0 +1,180 @@
+"""The deconvnet's and guided Grad-CAM's maps by the chain walk (NOTE [gradient rules on a chain]) against the general
+way's, the same numbers; where the walk declines, the general way runs and raises what it raises."""
+
+import attr_zoo
+import pytest
+import torch
+from _tolerance import assert_close_ulps
+from tensordict import TensorDict
+from torch import nn
+from zoo import same, snapshot
+
+import tdhook_fn
+from tdhook_fn.attribution import _deconvolution, _guided_grad_cam
+from tdhook_fn.attribution._deconvolution import deconvolution
+from tdhook_fn.attribution._guided_grad_cam import guided_grad_cam
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    yield from attr_zoo.one_thread()
+
+
+def _chains() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
+    """Chains of every link kind the walk knows, each with one sample's input shape."""
+    torch.manual_seed(0)
+    return {
+        "mlp": (nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), (5,)),
+        "activations": (nn.Sequential(nn.Linear(5, 6), nn.LeakyReLU(0.3), nn.Linear(6, 6), nn.Sigmoid(),
+                                      nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3)), (5,)),
+        "softmax": (nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4), nn.Softmax(dim=-1)), (5,)),
+        "nested, dropout": (nn.Sequential(nn.Sequential(nn.Linear(5, 6), nn.ReLU()), nn.Dropout(0.5),
+                                          nn.Sequential(nn.Linear(6, 3))), (5,)),
+        "cnn, max pool": (nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 3, 3),
+                                        nn.ReLU(), nn.Flatten(), nn.Linear(3 * 2 * 2, 4)), (2, 8, 8)),
+        "overlapping pools": (nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, stride=1),
+                                            nn.Flatten(), nn.Linear(3 * 4 * 4, 3)), (1, 6, 6)),
+        "conv1d, stride, groups": (nn.Sequential(nn.Conv1d(4, 6, 3, stride=2, groups=2), nn.ReLU(),
+                                                 nn.Conv1d(6, 4, 2, dilation=2), nn.ReLU(), nn.MaxPool1d(2),
+                                                 nn.Flatten(), nn.Linear(4 * 1, 3)), (4, 11)),
+        "conv3d": (nn.Sequential(nn.Conv3d(1, 2, 2), nn.ReLU(), nn.MaxPool3d(2), nn.Flatten(), nn.Linear(16, 3)),
+                   (1, 5, 5, 5)),
+    }
+
+
+CHAINS = tuple(_chains())
+
+
+def _case(name: str, dtype: torch.dtype, batch: tuple[int, ...]):
+    model, shape = _chains()[name]
+    model = model.to(dtype).eval()
+    x = torch.randn(*batch, *shape, dtype=dtype)
+    f, p = tdhook_fn.pure(model)
+    return model, f, p, TensorDict(input=x, batch_size=list(batch))
+
+
+def _both(model: nn.Module, call):
+    """The walk's result, and the general way's (the model off the walk)."""
+    return call(), attr_zoo.on_general_path(model, call)
+
+
+@pytest.mark.parametrize("batch", [(4,), (2, 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", CHAINS)
+def test_the_walk_gives_the_general_ways_maps(name, dtype, batch):
+    model, f, p, td = _case(name, dtype, batch)
+    before = snapshot(model)
+    walked, general = _both(model, lambda: deconvolution(f, p, td, target=1))
+    assert same(before, snapshot(model))
+    assert walked.batch_size == general.batch_size
+    assert_close_ulps(walked["input"], general["input"])
+    assert walked["input"].grad_fn is None
+
+
+@pytest.mark.parametrize("name", CHAINS)
+def test_per_target_and_label_targets_on_the_walk(name):
+    model, f, p, td = _case(name, torch.float64, (4,))
+    walked, general = _both(model, lambda: deconvolution(f, p, td, target=(0, 2), per_target=True))
+    assert walked.batch_size == torch.Size([2, 4])
+    assert_close_ulps(walked["input"], general["input"])
+    labels = torch.tensor([2, 0, 1, 1])
+    walked, general = _both(model, lambda: deconvolution(f, p, td, target=labels))
+    assert_close_ulps(walked["input"], general["input"])
+
+
+def test_a_tensor_call_on_a_chain_takes_the_walk(monkeypatch):
+    """No taps are built where the walk runs; a model off the walk builds them."""
+    model, f, p, td = _case("cnn, max pool", torch.float32, (3,))
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the general way ran")
+
+    monkeypatch.setattr(_deconvolution, "relu_rule_taps", refused)
+    assert deconvolution(f, p, td["input"], target=1).shape == td["input"].shape
+    assert deconvolution(f, p, td, target=(0, 1), per_target=True)["input"].shape == (2, *td["input"].shape)
+    with pytest.raises(AssertionError, match="the general way ran"):
+        attr_zoo.on_general_path(model, lambda: deconvolution(f, p, td, target=1))
+
+
+@pytest.mark.parametrize("how", ("callable target", "cotangents", "input_keys", "in-place relu", "relu subclass"))
+def test_where_the_walk_declines_the_general_way_gives_the_same_maps(how):
+    model, f, p, td = _case("mlp", torch.float64, (4,))
+    expected = deconvolution(f, p, td, target=1)["input"]
+    kwargs: dict = {"target": 1}
+    if how == "callable target":
+        kwargs["target"] = lambda out: out["output"][:, 1]
+    elif how == "cotangents":
+        kwargs["cotangents"] = lambda values: values.apply(torch.ones_like)
+    elif how == "input_keys":
+        kwargs["input_keys"] = ["input"]
+    else:
+        class Relu(nn.ReLU):
+            pass
+
+        relu = nn.ReLU(inplace=True) if how == "in-place relu" else Relu()
+        swapped = nn.Sequential(*(relu if isinstance(m, nn.ReLU) else m for m in model))
+        f = tdhook_fn.functional(swapped)
+    assert_close_ulps(deconvolution(f, p, td, **kwargs)["input"], expected)
+
+
+def test_the_walk_refuses_what_the_general_way_refuses():
+    model, f, p, td = _case("mlp", torch.float32, (4,))
+    with pytest.raises(NotImplementedError, match="deconvolution"):
+        deconvolution(f, p.apply(lambda t: t.detach().requires_grad_()), td, target=1)
+    with pytest.raises(NotImplementedError, match="deconvolution"):
+        torch.func.grad(lambda x: deconvolution(f, p, x, target=1)["input"].sum())(td)
+    with pytest.raises(IndexError):
+        deconvolution(f, p, td, target=7)
+    x = td["input"].clone().requires_grad_()
+    assert deconvolution(f, p, x, target=1).grad_fn is None  # (inputs read as values, as the general way's)
+
+
+def test_vmap_takes_the_general_way_and_agrees():
+    model, f, p, td = _case("cnn, max pool", torch.float64, (3,))
+    per_sample = torch.func.vmap(lambda s: deconvolution(f, p, s, target=1))(td)
+    assert_close_ulps(per_sample["input"], deconvolution(f, p, td, target=1)["input"])
+
+
+CONV_CHAINS = ("cnn, max pool", "overlapping pools", "conv1d, stride, groups", "conv3d")
+
+
+def _spatial_links(model: nn.Module, x: torch.Tensor) -> list[str]:
+    """The paths of the chain's links whose output keeps the input's spatial rank (Grad-CAM's layers)."""
+    paths, h = [], x[:1]
+    for i, module in enumerate(model):
+        h = module(h)
+        if h.dim() == x.dim():
+            paths.append(f"[{i}]")
+    return paths
+
+
+@pytest.mark.parametrize("batch", [(4,), (2, 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", CONV_CHAINS)
+def test_guided_grad_cam_on_the_walk_gives_the_general_ways_maps(name, dtype, batch):
+    model, f, p, td = _case(name, dtype, batch)
+    before = snapshot(model)
+    for layer in _spatial_links(model, td["input"].reshape(-1, *td["input"].shape[len(batch):])):
+        for target in (1, (0, 2)):
+            call = lambda layer=layer, target=target: guided_grad_cam(
+                f, p, td, target=target, layer=layer, per_target=isinstance(target, tuple))
+            walked, general = _both(model, call)
+            assert walked.batch_size == general.batch_size
+            assert_close_ulps(walked["input"], general["input"])
+    assert same(before, snapshot(model))
+
+
+def test_guided_grad_cam_takes_the_walk_on_a_chain(monkeypatch):
+    model, f, p, td = _case("cnn, max pool", torch.float32, (3,))
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the general way ran")
+
+    monkeypatch.setattr(_guided_grad_cam, "relu_rule_taps", refused)
+    assert guided_grad_cam(f, p, td["input"], target=1, layer="[3]").shape == td["input"].shape
+    for declined in (lambda: guided_grad_cam(f, p, td, target=1, layer="[3]", layer_calls={"[3]": 0}),
+                     lambda: guided_grad_cam(f, p, td, target=lambda out: out["output"][:, 1], layer="[3]"),
+                     lambda: attr_zoo.on_general_path(model, lambda: guided_grad_cam(f, p, td, target=1,
+                                                                                     layer="[3]"))):
+        with pytest.raises(AssertionError, match="the general way ran"):
+            declined()
