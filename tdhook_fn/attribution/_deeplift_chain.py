@@ -396,64 +396,80 @@ def _walk(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, reference
         seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]
     # (where they do not fit, the general path names the mismatch; params that require grad are its to refuse,
     # or, grad mode off, values as there)
-    own = own_values(leaves(params), links, frozen=torch.is_grad_enabled())
+    enabled = torch.is_grad_enabled()
+    own = own_values(leaves(params), links, frozen=enabled)
     if own is None:
         return None
+    torch._C._set_grad_enabled(False)  # (torch.no_grad() without its context manager's calls: on every call)
+    try:
+        return _walked(links, own, x, reference, seeds, rows, eps, per_target, stops, step, passes)
+    finally:
+        torch._C._set_grad_enabled(enabled)
+
+
+def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch.Tensor,
+            reference: torch.Tensor | None, seeds: list[int | torch.Tensor], rows: int, eps: float, per_target: bool,
+            stops: tuple[int, ...], step: Step, passes: Sequence[WalkPass],
+            ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """`_walk`'s forward and walks back, without a graph."""
+    n = x.shape[0]
     backs: list[Back] = []
     seen: dict[int, torch.Tensor] = {}
-    with torch.no_grad():
-        # one op per module for both (the references' rows after the inputs'): half the calls of two runs
-        both = x if reference is None else torch.cat([x, reference])
-        seen[-1] = both
-        lowest, last = min(stops), len(links) - 1
-        weight = _seed_rows(links, own, max(stops))
-        for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
-            if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1]:
-                break  # (the last linear layer's output is never read: NOTE [seed rows])
-            # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
-            ran = step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
-            if ran is None or ran[0].dim() == 0 or ran[0].shape[0] != both.shape[0]:
-                return None  # (a module that moves the batch from the first dim: the general path refuses it)
-            both, back = ran
-            seen[index] = both
-            backs.append(back)
-        if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
-            assert weight is not None
-            classes = weight.shape[0]
-        else:  # (the last module ran: from a one-hot at its output)
-            weight, classes = None, (both.shape[1] if both.dim() == 2 else 0)
-        if not all(-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())
-                   for i in seeds):
+    # one op per module for both (the references' rows after the inputs'): half the calls of two runs
+    both = x if reference is None else torch.cat([x, reference])
+    seen[-1] = both
+    lowest, last = min(stops), len(links) - 1
+    weight = _seed_rows(links, own, max(stops))
+    for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
+        if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1]:
+            break  # (the last linear layer's output is never read: NOTE [seed rows])
+        # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
+        ran = step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
+        if ran is None or ran[0].dim() == 0 or ran[0].shape[0] != both.shape[0]:
+            return None  # (a module that moves the batch from the first dim: the general path refuses it)
+        both, back = ran
+        seen[index] = both
+        backs.append(back)
+    if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
+        assert weight is not None
+        classes = weight.shape[0]
+    else:  # (the last module ran: from a one-hot at its output)
+        weight, classes = None, (both.shape[1] if both.dim() == 2 else 0)
+    for i in seeds:  # (a loop, not a generator in ``all``: on every call)
+        if not (-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())):
             return None  # (the general path says what is wrong)
-
-        def pull(targets: tuple[int, ...]) -> dict[int, list[torch.Tensor]]:
-            bottom = min(targets)
-            maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in targets}
-            for i in seeds:
-                if weight is not None:
-                    g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
-                    at = len(links) - 2  # (g is at the output of the link before the last)
-                else:
-                    g = both.new_zeros((rows, classes))
-                    if isinstance(i, int):
-                        g[:, i] = 1.0
-                    else:
-                        g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
-                    at = len(links) - 1
-                while True:
-                    if at in maps:
-                        maps[at].append(g)
-                    if at == bottom:
-                        break
-                    g = backs[at](g)
-                    at -= 1
-            return maps
-
-        if passes:
-            maps: dict[int, list[torch.Tensor]] = {}
-            for walk_pass in passes:
-                walk_pass.before()
-                maps.update(pull(walk_pass.stops))
-        else:
-            maps = pull(stops)
+    if not passes:
+        maps = _pulled(backs, seeds, weight, classes, rows, both, len(links), stops)
+    else:
+        maps = {}
+        for walk_pass in passes:
+            walk_pass.before()
+            maps.update(_pulled(backs, seeds, weight, classes, rows, both, len(links), walk_pass.stops))
     return [(torch.stack(maps[stop]) if per_target else maps[stop][0], seen[stop]) for stop in stops]
+
+
+def _pulled(backs: list[Back], seeds: list[int | torch.Tensor], weight: torch.Tensor | None, classes: int, rows: int,
+            top: torch.Tensor, count: int, targets: tuple[int, ...]) -> dict[int, list[torch.Tensor]]:
+    """Each seed walked back from the top (the last link's output ``top``, or, ``weight`` given, its weight's rows)
+    to the lowest of ``targets``, the map at each of them kept."""
+    bottom = min(targets)
+    maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in targets}
+    for i in seeds:
+        if weight is not None:
+            g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
+            at = count - 2  # (g is at the output of the link before the last)
+        else:
+            g = top.new_zeros((rows, classes))
+            if isinstance(i, int):
+                g[:, i] = 1.0
+            else:
+                g.scatter_(1, (i % classes).unsqueeze(1), 1.0)
+            at = count - 1
+        while True:
+            if at in maps:
+                maps[at].append(g)
+            if at == bottom:
+                break
+            g = backs[at](g)
+            at -= 1
+    return maps
