@@ -222,7 +222,7 @@ def _relus(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(path, m) for path, m in zip(module_paths(model), modules, strict=True) if isinstance(m, nn.ReLU)]
 
 
-_DECONVNET_STEP = gradient_step(lambda g, _y: torch.relu(g))  # (a ReLU passes back relu of what arrives)
+_DECONVNET_STEP = gradient_step(lambda _y: torch.relu)  # (a ReLU passes back relu of what arrives)
 
 
 @accepts_tensors_via(tensor_gradients("deconvolution", _DECONVNET_STEP))

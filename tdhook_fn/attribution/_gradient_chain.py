@@ -17,9 +17,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -46,16 +48,15 @@ from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
 __all__ = ["ReluRule", "gradient_step", "tensor_gradients", "walked_gradients", "walked_guided_and_cam"]
 
-ReluRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gradient at a ReLU's output, its output) -> input's
+ReluRule = Callable[[torch.Tensor], Back]  # a ReLU's output -> its backward (the gradient at its output -> input's)
 
 _aten: Any = torch.ops.aten  # (autograd's own backward kernels: the numbers of the general path)
 
 
-def _activation(module: nn.Module, h: torch.Tensor, relu: ReluRule) -> tuple[torch.Tensor, Back]:
+def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
+    """An activation other than ``nn.ReLU``, with its own derivative."""
     cls = type(module)
     y = ACTIVATIONS[cls][0](module, h)
-    if cls is nn.ReLU:
-        return y, lambda g: relu(g, y)
     if cls is nn.LeakyReLU:
         slope = module.__dict__["negative_slope"]
         return y, lambda g: _aten.leaky_relu_backward(g, h, slope, False)
@@ -77,14 +78,21 @@ def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
 
 
 def gradient_step(relu: ReluRule) -> Step:
-    """The walk's step for a gradient whose ``nn.ReLU`` modules pass back ``relu(gradient, output)``, every other
-    link its own derivative (NOTE [gradient rules on a chain])."""
+    """The walk's step for a gradient whose ``nn.ReLU`` modules pass back by ``relu(output)``, every other link
+    by its own derivative (NOTE [gradient rules on a chain])."""
 
     def step(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
              rows: int) -> tuple[torch.Tensor, Back] | None:
-        kind, module = link.kind, link.module
+        kind, module, affine = link.kind, link.module, link.affine
+        # the hot links inline, their backward a C-level callable where one is (a Python call each, every call)
+        if affine is not None and affine.conv is None:  # (a linear layer: its adjoint, the product by its weight)
+            weight = own[0]
+            return F.linear(h, weight, own[1] if len(own) > 1 else None), partial(torch.matmul, other=weight)
         if kind == "activation":
-            return _activation(module, h, relu)
+            if type(module) is nn.ReLU:
+                y = torch.relu(h)
+                return y, relu(y)
+            return _activation(module, h)
         if kind == "pool":
             return _max_pool(module, h)
         if kind == "softmax":
@@ -144,9 +152,12 @@ def tensor_gradients(caller: str, step: Step) -> Callable[..., torch.Tensor | No
 def _guided(guide: Guide) -> ReluRule:
     """Guided backprop's ReLU rule, ``relu`` of the ReLU's own gradient, where ``guide`` is on; else its own."""
 
-    def rule(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        own: torch.Tensor = _aten.threshold_backward(g, y, 0)
-        return torch.relu(own) if guide.on else own
+    def rule(y: torch.Tensor) -> Back:
+        def back(g: torch.Tensor) -> torch.Tensor:
+            own: torch.Tensor = _aten.threshold_backward(g, y, 0)
+            return torch.relu(own) if guide.on else own
+
+        return back
 
     return rule
 
