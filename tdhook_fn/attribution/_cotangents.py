@@ -13,7 +13,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import fresh_tensordict
 from .._params import leaves
 
-__all__ = ["Cotangents", "Pass", "check_per_target_or_cotangents", "pull_each", "pull_passes", "pull_vmapped",
+__all__ = ["Cotangents", "Guide", "Pass", "check_per_target_or_cotangents", "pull_each", "pull_passes", "pull_vmapped",
            "seed_cotangents"]
 
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
@@ -31,6 +31,26 @@ class Pass:
 
     keys: tuple[Any, ...]
     before: Callable[[], object] | None = None
+
+
+class Guide:
+    """Whether one call's guided taps rectify the gradient, switched between the pullbacks of one forward.
+
+    Attributes:
+        on (bool): ``relu`` of the gradient (guided backprop), else the gradient as it is.
+    """
+
+    __slots__ = ("on",)
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+
+    def setter(self, on: bool) -> Callable[[], None]:
+        """What switches the guide to ``on`` (a pass's ``before``)."""
+        def switch() -> None:
+            self.on = on
+
+        return switch
 
 
 def check_per_target_or_cotangents(caller: str, per_target: bool, cotangents: Cotangents | None) -> None:

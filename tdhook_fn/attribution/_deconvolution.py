@@ -13,10 +13,10 @@ from .._functional import Functional, NestedKey
 from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
-from ._cotangents import Cotangents
+from ._cotangents import Cotangents, Guide
 from ._engine import gradients, input_keys_of
 from ._gradient_chain import gradient_step, tensor_gradients, walked_gradients
-from ._guided_backprop import Guide, guide_taps, module_paths
+from ._guided_backprop import guide_taps, module_paths
 from ._inputs import accepts_tensors_via
 
 __all__ = ["deconvolution", "relu_paths", "relu_rule_taps"]
@@ -266,7 +266,7 @@ def deconvolution(
         raise TypeError("deconvolution needs f to be a tdhook_fn.Functional (it taps the model's ReLU modules); "
                         "build it with tdhook_fn.functional(model) or tdhook_fn.pure(model)")
     if cotangents is None and input_keys is None:  # NOTE [gradient rules on a chain]
-        walked = walked_gradients("deconvolution", f, params, inputs, target, per_target, _DECONVNET_STEP)
+        walked = walked_gradients("deconvolution", f, params, inputs, target, per_target, lambda _plan: _DECONVNET_STEP)
         if walked is not None:
             return walked
     taps = relu_rule_taps(f, guided=False)  # NOTE [deconvolution as taps]

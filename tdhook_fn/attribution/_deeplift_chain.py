@@ -44,7 +44,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
@@ -202,6 +202,8 @@ class DeepLiftPlan(ModesChecked):
     links: list[WalkLink] | None
     names: list[str]  # each link's name in the model (its path as `path_to_name` writes it)
     stops: dict[str, int | None] = field(default_factory=dict)  # the link each layer path names, as found
+    # what a method derives from the links once (a walk's step for its options), kept with the links it reads
+    derived: dict[Hashable, Any] = field(default_factory=dict)
 
 
 def _plan(model: nn.Module) -> DeepLiftPlan:

@@ -29,10 +29,12 @@ from .._functional import fresh_tensordict
 from .._targets import Target
 from .._vjp import untransformed
 from ._checks import check_call
+from ._cotangents import Guide
 from ._deeplift import UNSET, holds_only, tensor_plan
 from ._deeplift_chain import (
     ACTIVATIONS,
     Back,
+    DeepLiftPlan,
     Step,
     WalkLink,
     WalkPass,
@@ -43,10 +45,10 @@ from ._deeplift_chain import (
     deeplift_step,
 )
 from ._engine import unflatten
-from ._guided_backprop import Guide
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
-__all__ = ["ReluRule", "gradient_step", "tensor_gradients", "walked_gradients", "walked_guided_and_cam"]
+__all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "tensor_gradients", "walked_gradients",
+           "walked_guided_and_cam"]
 
 ReluRule = Callable[[torch.Tensor], Back]  # a ReLU's output -> its backward (the gradient at its output -> input's)
 
@@ -107,9 +109,9 @@ def gradient_step(relu: ReluRule) -> Step:
 
 
 def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
-                     step: Step) -> TensorDict | None:
-    """The maps of ``f``'s one input by the walk with ``step`` (NOTE [gradient rules on a chain]); ``None``: the
-    general path's call (what the walk does not take, or an argument that path checks and names)."""
+                     step_of: Callable[[DeepLiftPlan], Step]) -> TensorDict | None:
+    """The maps of ``f``'s one input by the walk with the step ``step_of(plan)`` (NOTE [gradient rules on a chain]);
+    ``None``: the general path's call (what the walk does not take, or an argument that path checks and names)."""
     keys = getattr(f, "in_keys", None)
     if not isinstance(params, TensorDictBase) or not isinstance(keys, tuple) or len(keys) != 1 \
             or not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, keys[0]):
@@ -124,7 +126,7 @@ def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, t
     if not x.is_floating_point():
         return None
     walked = chain_gradients(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), target, per_target,
-                             step)
+                             step_of(plan))
     if walked is None:
         return None
     first = 1 if per_target else 0
@@ -147,6 +149,49 @@ def tensor_gradients(caller: str, step: Step) -> Callable[..., torch.Tensor | No
         return None if plan is None else chain_gradients(plan, params, x, target, per_target, step)
 
     return of_tensor
+
+
+def _own_relu(y: torch.Tensor) -> Back:
+    """A ReLU's own backward (autograd's kernel): the gradient where its output is positive."""
+    return lambda g: _aten.threshold_backward(g, y, 0)
+
+
+_OWN_STEP = gradient_step(_own_relu)
+_GUIDED_KEPT = 16  # (the steps a plan keeps, one per classes_to_skip: a loop over many starts over rather than grow)
+
+
+def guided_backprop_step(plan: DeepLiftPlan, model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> Step:
+    """Guided backprop's walk step on ``plan``'s links (NOTE [guided backprop as taps], as a walk): each link's own
+    backward, then ``relu`` of the gradient leaving it where a tap would be at its input: its module is not an
+    instance of ``classes_to_skip``, or it is the first link of an enclosing ``Sequential`` (not the root) that is
+    not. Made once per plan and classes (kept with the links it reads)."""
+    key = ("guided backprop", classes_to_skip)
+    step: Step | None = plan.derived.get(key)
+    if step is not None:
+        return step
+    assert plan.links is not None
+    rectified = set()
+    for index, (name, link) in enumerate(zip(plan.names, plan.links, strict=True)):
+        parts = name.split(".")
+        # (an enclosing Sequential's input is its first link's: a prefix no earlier link shares)
+        containers = [".".join(parts[:depth]) for depth in range(1, len(parts))]
+        first_of = [c for c in containers if not any(n.startswith(c + ".") for n in plan.names[:index])]
+        if not isinstance(link.module, classes_to_skip) or any(
+                not isinstance(model.get_submodule(c), classes_to_skip) for c in first_of):
+            rectified.add(id(link))  # (the plan holds its links: their ids stay theirs while it is kept)
+
+    def guided(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
+               rows: int) -> tuple[torch.Tensor, Back] | None:
+        ran = _OWN_STEP(link, own, h, n, eps, rows)
+        if ran is None or id(link) not in rectified:
+            return ran
+        y, back = ran
+        return y, lambda g: torch.relu(back(g))
+
+    if len(plan.derived) >= _GUIDED_KEPT:
+        plan.derived.clear()
+    plan.derived[key] = guided
+    return guided
 
 
 def _guided(guide: Guide) -> ReluRule:

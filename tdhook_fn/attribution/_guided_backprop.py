@@ -13,12 +13,13 @@ from .._model_plans import plan_for
 from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
-from ._cotangents import Cotangents
-from ._engine import GradFn
+from ._cotangents import Cotangents, Guide
+from ._engine import GradFn, scaled
+from ._gradient_chain import guided_backprop_step, walked_gradients
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 
-__all__ = ["Guide", "guide_taps", "guided_backprop", "module_paths"]
+__all__ = ["guide_taps", "guided_backprop", "module_paths"]
 
 # NOTE [guided backprop as taps]
 # Guided backprop keeps a module's own backward and passes back ``relu`` of the gradient
@@ -28,26 +29,6 @@ __all__ = ["Guide", "guide_taps", "guided_backprop", "module_paths"]
 # captum), whose one forward pulls back twice (NOTE [attribution engine]): its taps carry
 # a `Guide`, switched off for the plain pull back to the layer. Dynamo would trace the
 # backward once, with the switch as it was, so a switched rule is not for torch.compile.
-
-
-class Guide:
-    """Whether one call's guided taps rectify the gradient, switched between the pullbacks of one forward.
-
-    Attributes:
-        on (bool): ``relu`` of the gradient (guided backprop), else the gradient as it is.
-    """
-
-    __slots__ = ("on",)
-
-    def __init__(self, on: bool = True) -> None:
-        self.on = on
-
-    def setter(self, on: bool) -> Callable[[], None]:
-        """What switches the guide to ``on`` (a pass's ``before``)."""
-        def switch() -> None:
-            self.on = on
-
-        return switch
 
 
 def guide_taps(paths: Iterable[str], guide: Guide | None = None) -> list[Tap]:
@@ -156,6 +137,16 @@ def guided_backprop(
     """
     if not isinstance(f, Functional):
         raise TypeError("guided_backprop needs f to be a tdhook_fn.Functional (it taps every submodule)")
+    if (use_inputs and not (layers or target_layers or grad_fns or taps or layer_calls) and input_keys is None
+            and cotangents is None):  # NOTE [gradient rules on a chain]
+        skip, model = tuple(classes_to_skip), f.model
+        walked = walked_gradients("guided_backprop", f, params, inputs, target, per_target,
+                                  lambda plan: guided_backprop_step(plan, model, skip))
+        if walked is not None:
+            if multiply_by_inputs:  # (no graph: NOTE [replaced derivatives are not differentiated])
+                with torch.no_grad():
+                    walked = scaled(walked, {key: inputs.get(key) for key in walked.keys()})
+            return walked
     guides = guide_taps(_planned_paths(f.model, tuple(classes_to_skip)))  # NOTE [guided backprop as taps]
     return saliency(
         f, params, inputs, target=target, multiply_by_inputs=multiply_by_inputs, per_target=per_target,

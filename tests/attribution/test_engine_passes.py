@@ -13,10 +13,9 @@ from torch import nn
 
 from tdhook_fn import functional, params
 from tdhook_fn.attribution import guided_backprop, guided_grad_cam
-from tdhook_fn.attribution._cotangents import Pass
+from tdhook_fn.attribution._cotangents import Guide, Pass
 from tdhook_fn.attribution._deconvolution import relu_rule_taps
 from tdhook_fn.attribution._engine import gradients
-from tdhook_fn.attribution._guided_backprop import Guide
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Input Tensor .* did not already require gradients:UserWarning"),

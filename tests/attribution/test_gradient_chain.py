@@ -1,5 +1,6 @@
-"""The deconvnet's and guided Grad-CAM's maps by the chain walk (NOTE [gradient rules on a chain]) against the general
-way's, the same numbers; where the walk declines, the general way runs and raises what it raises."""
+"""The deconvnet's, guided backprop's and guided Grad-CAM's maps by the chain walk (NOTE [gradient rules on a chain])
+against the general way's, the same numbers; where the walk declines, the general way runs and raises what it
+raises."""
 
 import attr_zoo
 import pytest
@@ -10,7 +11,7 @@ from torch import nn
 from zoo import same, snapshot
 
 import tdhook_fn
-from tdhook_fn.attribution import _deconvolution, _guided_grad_cam
+from tdhook_fn.attribution import _deconvolution, _guided_backprop, _guided_grad_cam, guided_backprop
 from tdhook_fn.attribution._deconvolution import deconvolution
 from tdhook_fn.attribution._guided_grad_cam import guided_grad_cam
 
@@ -176,5 +177,47 @@ def test_guided_grad_cam_takes_the_walk_on_a_chain(monkeypatch):
                      lambda: guided_grad_cam(f, p, td, target=lambda out: out["output"][:, 1], layer="[3]"),
                      lambda: attr_zoo.on_general_path(model, lambda: guided_grad_cam(f, p, td, target=1,
                                                                                      layer="[3]"))):
+        with pytest.raises(AssertionError, match="the general way ran"):
+            declined()
+
+
+SKIPS = {"none (tdhook's default)": (), "linear": (nn.Linear,), "sequential and linear": (nn.Sequential, nn.Linear),
+         "all but relu": (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
+                          nn.Flatten, nn.Dropout, nn.Sequential, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.Softmax)}
+
+
+@pytest.mark.parametrize("skip", list(SKIPS), ids=str)
+@pytest.mark.parametrize("name", CHAINS)
+def test_guided_backprop_on_the_walk_gives_the_general_ways_maps(name, skip):
+    """Every module's input rectified but the skipped ones', an enclosing Sequential's at its first link too."""
+    model, f, p, td = _case(name, torch.float64, (2, 3))
+    before = snapshot(model)
+    for kwargs in ({"target": 1}, {"target": (0, 2), "per_target": True}, {"target": 1, "multiply_by_inputs": True}):
+        call = lambda kwargs=kwargs: guided_backprop(f, p, td, classes_to_skip=SKIPS[skip], **kwargs)
+        walked, general = _both(model, call)
+        assert walked.batch_size == general.batch_size
+        assert_close_ulps(walked["input"], general["input"])
+    assert same(before, snapshot(model))
+
+
+def test_an_enclosing_sequential_rectifies_its_first_link():
+    """The Sequential [0] is tapped at its input (tdhook taps every submodule), though its first link is skipped."""
+    model, f, p, td = _case("nested, dropout", torch.float64, (4,))
+    only_linear = guided_backprop(f, p, td, target=1, classes_to_skip=(nn.Linear,))["input"]
+    also_sequential = guided_backprop(f, p, td, target=1, classes_to_skip=(nn.Linear, nn.Sequential))["input"]
+    assert (only_linear >= 0).all() and (also_sequential < 0).any()
+
+
+def test_guided_backprop_takes_the_walk_on_a_chain(monkeypatch):
+    model, f, p, td = _case("cnn, max pool", torch.float32, (3,))
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the general way ran")
+
+    monkeypatch.setattr(_guided_backprop, "guide_taps", refused)
+    assert guided_backprop(f, p, td["input"], target=1).shape == td["input"].shape
+    for declined in (lambda: guided_backprop(f, p, td, target=1, layers=["[1]"]),
+                     lambda: guided_backprop(f, p, td, target=1, cotangents=lambda v: v.apply(torch.ones_like)),
+                     lambda: attr_zoo.on_general_path(model, lambda: guided_backprop(f, p, td, target=1))):
         with pytest.raises(AssertionError, match="the general way ran"):
             declined()
