@@ -22,8 +22,8 @@
 # matrix product. The row is the weight's own memory, so only where the next pullback
 # other than a reshape (a view) makes a new tensor of it (an activation's product):
 # nothing of the walk writes to it, and no map aliases it. The last layer's output is then
-# never read, so its forward is skipped too (where its input fits its weight: else it runs,
-# and its own error says what is wrong).
+# never read, so its forward is skipped too (where its input fits its weight and bias in
+# shape, dtype and device: else it runs, and its own error says what is wrong).
 
 # NOTE [layers on the chain]
 # A layer of `layer_deeplift` that is one link's output on such a chain (named by its path,
@@ -337,11 +337,12 @@ def chain_links(plan: DeepLiftPlan, model: nn.Module, paths: Sequence[str]) -> t
     module in the chain twice (the general path says what is wrong)."""
     found = []
     for path in paths:
-        if path not in plan.stops:
+        index = plan.stops.get(path, -2)  # (read once: another thread may clear the memo between two reads)
+        if index == -2:
+            index = _link_named(plan, model, path)
             if len(plan.stops) >= _PATHS_KEPT:
                 plan.stops.clear()
-            plan.stops[path] = _link_named(plan, model, path)
-        index = plan.stops[path]
+            plan.stops[path] = index
         if index is None:
             return None
         found.append(index)
@@ -423,8 +424,9 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
     lowest, last = min(stops), len(links) - 1
     weight = _seed_rows(links, own, max(stops))
     for index, (link, tensors) in enumerate(zip(links, own, strict=True)):
-        if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1]:
-            break  # (the last linear layer's output is never read: NOTE [seed rows])
+        if index == last and weight is not None and both.dim() == 2 and both.shape[1] == weight.shape[1] and all(
+                t.dtype == both.dtype and t.device == both.device for t in tensors):
+            break  # (the last linear layer's output is never read: NOTE [seed rows]; where it would raise, it runs)
         # at and below the lowest stop the walk never comes back: the forward alone, no multipliers
         ran = step(link, tensors, both, n, eps, rows) if index > lowest else _forward(link, tensors, both)
         if ran is None or ran[0].dim() == 0 or ran[0].shape[0] != both.shape[0]:

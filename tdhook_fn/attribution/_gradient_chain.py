@@ -1,18 +1,25 @@
-"""Gradients with a rule at each ReLU, by the chain walk: the deconvnet's maps without taps or autograd."""
+"""Gradients with a rule at each ReLU, by the chain walk: the deconvnet's, guided backprop's and guided Grad-CAM's
+maps without taps or autograd."""
 
 # NOTE [gradient rules on a chain]
 # On a chain DeepLift's walk knows (NOTE [deeplift on a chain]), a class's gradient is the
 # same walk without references: the inputs' rows forward without a graph, then back, each
-# activation's derivative by the backward kernel autograd itself runs (the same numbers), a
-# max pool's by the indices of its maxima, an affine map's by the walk's adjoint (NOTE
-# [affine modules]; at stride 1 a convolution's is a few ulps from autograd's kernel, as on
-# DeepLift's and LRP's walks). The deconvnet changes only what an ``nn.ReLU`` module passes
-# back (``relu`` of what arrives), so its maps take this walk with that rule, and none of
-# the shadow, taps and autograd of the general path: on a small model those cost more than
-# the model. Anything the walk does not take (another module, a hook, a ReLU subclass or an
-# in-place one, a callable target, ``cotangents``, ``input_keys``, a transform, params that
-# require grad) takes the general path, which gives the same maps (tests compare both) and
-# raises what is to be raised.
+# activation's derivative by the backward kernel autograd itself runs (the same numbers),
+# a max pool's by the indices of its maxima, an affine map's by the walk's adjoint
+# (NOTE [affine modules]; at stride 1 a convolution's is a few ulps from autograd's
+# kernel, as on DeepLift's and LRP's walks). The deconvnet changes only what an ``nn.ReLU`` module
+# passes back (``relu`` of what arrives), guided backprop puts ``relu`` where its taps
+# would sit, and guided Grad-CAM walks back twice from the one forward (plainly to the
+# layer, guided to the input): so their maps take this walk with those rules, and none of
+# the shadow, taps and autograd of the general path, which on a small model cost more than
+# the model. Anything the walk does not take (another module, a hook, a ReLU subclass or
+# an in-place one, a callable target, ``cotangents``, ``input_keys``, a transform, params
+# that require grad) takes the general path, which gives the same maps (tests compare
+# both) and raises what is to be raised. Two differences, both the walk's numbers the
+# right ones: a non-finite weight of another class in the last linear layer leaves the
+# walk's maps finite where autograd's one-hot product puts NaN (NOTE [seed rows]), and
+# under ``torch.inference_mode()`` the walk, needing no autograd, runs where the general
+# path refuses.
 
 from __future__ import annotations
 
@@ -55,16 +62,19 @@ ReluRule = Callable[[torch.Tensor], Back]  # a ReLU's output -> its backward (th
 _aten: Any = torch.ops.aten  # (autograd's own backward kernels: the numbers of the general path)
 
 
-def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
-    """An activation other than ``nn.ReLU``, with its own derivative."""
+def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+    """An activation other than ``nn.ReLU``, with its own derivative; ``None``: one this walk has no kernel for."""
     cls = type(module)
-    y = ACTIVATIONS[cls][0](module, h)
     if cls is nn.LeakyReLU:
         slope = module.__dict__["negative_slope"]
-        return y, lambda g: _aten.leaky_relu_backward(g, h, slope, False)
+        return ACTIVATIONS[cls][0](module, h), lambda g: _aten.leaky_relu_backward(g, h, slope, False)
     if cls is nn.Sigmoid:
+        y = torch.sigmoid(h)
         return y, lambda g: _aten.sigmoid_backward(g, y)
-    return y, lambda g: _aten.tanh_backward(g, y)  # (the table's last: Tanh)
+    if cls is nn.Tanh:
+        y = torch.tanh(h)
+        return y, lambda g: _aten.tanh_backward(g, y)
+    return None  # (an activation DeepLift's table gained later: the general path)
 
 
 def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:

@@ -221,3 +221,36 @@ def test_guided_backprop_takes_the_walk_on_a_chain(monkeypatch):
                      lambda: attr_zoo.on_general_path(model, lambda: guided_backprop(f, p, td, target=1))):
         with pytest.raises(AssertionError, match="the general way ran"):
             declined()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_params_of_another_dtype_raise_as_on_the_general_way(dtype):
+    """The last linear layer, skipped by the walk (its weight's rows seed it), still runs where it would raise."""
+    from tdhook_fn.attribution import deeplift
+
+    torch.manual_seed(0)
+    for model, x, layer in ((nn.Sequential(nn.ReLU(), nn.Linear(5, 4)), torch.randn(3, 5, dtype=dtype), None),
+                            (nn.Sequential(nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(18, 4)),
+                             torch.randn(3, 2, 6, 6, dtype=dtype), "[0]")):
+        f, p = tdhook_fn.pure(model.eval())
+        calls = [lambda: deconvolution(f, p, x, target=1), lambda: guided_backprop(f, p, x, target=1),
+                 lambda: deeplift(f, p, x, target=1)]
+        if layer is not None:
+            calls.append(lambda: guided_grad_cam(f, p, x, target=1, layer=layer))
+        for call in calls:
+            with pytest.raises(RuntimeError, match="dtype"):
+                call()
+            with pytest.raises(RuntimeError, match="dtype"):
+                attr_zoo.on_general_path(model, call)
+
+
+def test_a_non_finite_weight_of_another_class_leaves_the_walks_map_finite():
+    """The walk seeds from the target's row of the last weight: another class's inf is not read (autograd's one-hot
+    product would spread NaN), so the map is the one of the same model with that weight finite."""
+    model, f, p, td = _case("mlp", torch.float64, (4,))
+    expected = deconvolution(f, p, td, target=1)["input"]
+    p = p.clone()
+    p["4", "weight"][0, 0] = float("inf")
+    walked = deconvolution(f, p, td, target=1)["input"]
+    assert_close_ulps(walked, expected)
+    assert attr_zoo.on_general_path(model, lambda: deconvolution(f, p, td, target=1))["input"].isnan().all()
