@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -229,10 +230,13 @@ def deeplift_step(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Ten
     """
     kind, module, pairs = link.kind, link.module, rows != n
     if kind == "affine":
-        assert link.affine is not None
+        affine = link.affine
+        assert affine is not None
         weight, bias = own[0], (own[1] if len(own) > 1 else None)
-        adjoint, shape = link.affine.adjoint(weight, fast=True), torch.Size((rows, *both.shape[1:]))
-        return link.affine.run(both, weight, bias), lambda g: adjoint(g, shape)
+        if affine.conv is None:  # (a linear layer's adjoint, the product by its weight, a C-level callable)
+            return F.linear(both, weight, bias), partial(torch.matmul, other=weight)
+        adjoint, shape = affine.adjoint(weight, fast=True), torch.Size((rows, *both.shape[1:]))
+        return affine.run(both, weight, bias), lambda g: adjoint(g, shape)
     if kind == "activation":
         return _elementwise(module, both, n, eps, pairs)
     if kind == "pool":

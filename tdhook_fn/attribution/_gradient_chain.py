@@ -24,11 +24,9 @@ maps without taps or autograd."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -95,11 +93,7 @@ def gradient_step(relu: ReluRule) -> Step:
 
     def step(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
              rows: int) -> tuple[torch.Tensor, Back] | None:
-        kind, module, affine = link.kind, link.module, link.affine
-        # the hot links inline, their backward a C-level callable where one is (a Python call each, every call)
-        if affine is not None and affine.conv is None:  # (a linear layer: its adjoint, the product by its weight)
-            weight = own[0]
-            return F.linear(h, weight, own[1] if len(own) > 1 else None), partial(torch.matmul, other=weight)
+        kind, module = link.kind, link.module
         if kind == "activation":
             if type(module) is nn.ReLU:
                 y = torch.relu(h)
