@@ -54,13 +54,23 @@ def _case(name: str, dtype: torch.dtype, batch: tuple[int, ...]):
     return model, f, p, TensorDict(input=x, batch_size=list(batch))
 
 
+def _refused(*_args, **_kwargs):
+    """What stands in for the general way's taps where a test asserts the walk ran."""
+    raise AssertionError("the general way ran")
+
+
+def _batches_and_dtypes(test):
+    """``test`` for one and two batch dims, in float32 and float64."""
+    test = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])(test)
+    return pytest.mark.parametrize("batch", [(4,), (2, 3)], ids=str)(test)
+
+
 def _both(model: nn.Module, call):
     """The walk's result, and the general way's (the model off the walk)."""
     return call(), attr_zoo.on_general_path(model, call)
 
 
-@pytest.mark.parametrize("batch", [(4,), (2, 3)], ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@_batches_and_dtypes
 @pytest.mark.parametrize("name", CHAINS)
 def test_the_walk_gives_the_general_ways_maps(name, dtype, batch):
     model, f, p, td = _case(name, dtype, batch)
@@ -87,10 +97,7 @@ def test_a_tensor_call_on_a_chain_takes_the_walk(monkeypatch):
     """No taps are built where the walk runs; a model off the walk builds them."""
     model, f, p, td = _case("cnn, max pool", torch.float32, (3,))
 
-    def refused(*_args, **_kwargs):
-        raise AssertionError("the general way ran")
-
-    monkeypatch.setattr(_deconvolution, "relu_rule_taps", refused)
+    monkeypatch.setattr(_deconvolution, "relu_rule_taps", _refused)
     assert deconvolution(f, p, td["input"], target=1).shape == td["input"].shape
     assert deconvolution(f, p, td, target=(0, 1), per_target=True)["input"].shape == (2, *td["input"].shape)
     with pytest.raises(AssertionError, match="the general way ran"):
@@ -149,8 +156,7 @@ def _spatial_links(model: nn.Module, x: torch.Tensor) -> list[str]:
     return paths
 
 
-@pytest.mark.parametrize("batch", [(4,), (2, 3)], ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@_batches_and_dtypes
 @pytest.mark.parametrize("name", CONV_CHAINS)
 def test_guided_grad_cam_on_the_walk_gives_the_general_ways_maps(name, dtype, batch):
     model, f, p, td = _case(name, dtype, batch)
@@ -168,10 +174,7 @@ def test_guided_grad_cam_on_the_walk_gives_the_general_ways_maps(name, dtype, ba
 def test_guided_grad_cam_takes_the_walk_on_a_chain(monkeypatch):
     model, f, p, td = _case("cnn, max pool", torch.float32, (3,))
 
-    def refused(*_args, **_kwargs):
-        raise AssertionError("the general way ran")
-
-    monkeypatch.setattr(_guided_grad_cam, "relu_rule_taps", refused)
+    monkeypatch.setattr(_guided_grad_cam, "relu_rule_taps", _refused)
     assert guided_grad_cam(f, p, td["input"], target=1, layer="[3]").shape == td["input"].shape
     for declined in (lambda: guided_grad_cam(f, p, td, target=1, layer="[3]", layer_calls={"[3]": 0}),
                      lambda: guided_grad_cam(f, p, td, target=lambda out: out["output"][:, 1], layer="[3]"),
@@ -211,10 +214,7 @@ def test_an_enclosing_sequential_rectifies_its_first_link():
 def test_guided_backprop_takes_the_walk_on_a_chain(monkeypatch):
     model, f, p, td = _case("cnn, max pool", torch.float32, (3,))
 
-    def refused(*_args, **_kwargs):
-        raise AssertionError("the general way ran")
-
-    monkeypatch.setattr(_guided_backprop, "guide_taps", refused)
+    monkeypatch.setattr(_guided_backprop, "guide_taps", _refused)
     assert guided_backprop(f, p, td["input"], target=1).shape == td["input"].shape
     for declined in (lambda: guided_backprop(f, p, td, target=1, layers=["[1]"]),
                      lambda: guided_backprop(f, p, td, target=1, cotangents=lambda v: v.apply(torch.ones_like)),
