@@ -20,8 +20,9 @@ from .._targets import Target, as_target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
+from ._chain_walk import WalkPlan, chain_links, walk_plan
 from ._checks import check_call, check_layers
-from ._deeplift_chain import DeepLiftPlan, chain_deeplift, chain_layer_deeplift, chain_links, deeplift_plan
+from ._deeplift_chain import chain_deeplift, chain_layer_deeplift
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
 from ._inputs import accepts_tensors_via, one_tensor
@@ -169,7 +170,7 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
 
     With ``multiply``, the multipliers times ``inputs - references``, and no references.
     """
-    plan = deeplift_plan(f)
+    plan = walk_plan(f)
     check_call(caller, f, params, inputs, (key,), target, modes=plan is None)
     if plan is not None:
         plan.check_modes(f.model, caller)
@@ -196,7 +197,7 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     return maps, starts, None
 
 
-def _walked_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
+def _walked_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
                  reference: torch.Tensor, b: torch.Tensor | None, target: Target, eps: float, per_target: bool,
                  multiply: bool) -> torch.Tensor | None:
     """The chain walk's maps of ``x`` (``lead`` batch dims ``batch``), times ``x - b`` with ``multiply`` (``b``
@@ -213,7 +214,7 @@ def _walked_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, le
     return walked
 
 
-def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, input_keys: Any) -> DeepLiftPlan | None:
+def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, input_keys: Any) -> WalkPlan | None:
     """The chain walk's plan for a call on the tensor ``x`` (NOTE [captum-style calls]), its modes checked; ``None``
     where anything is not as the walk takes it (the TensorDict's way then checks it all, and says what is wrong).
 
@@ -223,7 +224,7 @@ def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, inp
     if input_keys is not None or isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
             or not isinstance(params, TensorDictBase) or not x.is_floating_point() or not untransformed():
         return None
-    plan = deeplift_plan(f)
+    plan = walk_plan(f)
     if plan is None or plan.links is None:
         return None
     plan.check_modes(f.model, caller)
@@ -350,7 +351,7 @@ def deeplift(
     return out
 
 
-def _layer_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
+def _layer_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
                 reference: torch.Tensor, target: Target, eps: float, per_target: bool, layers: Sequence[str],
                 stops: tuple[int, ...], multiply: bool) -> dict[str, torch.Tensor] | None:
     """The chain walk's map of each layer (by path) of ``x`` (``lead`` batch dims ``batch``); ``None``: the walk
@@ -479,7 +480,7 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
     whose links the layers are."""
     caller = "layer_deeplift"
     fn = checked_functional(caller, f, eps)
-    plan = deeplift_plan(fn)
+    plan = walk_plan(fn)
     if plan is None or plan.links is None:
         return None
     stops = chain_links(plan, fn.model, layers)

@@ -18,8 +18,9 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
+from ._chain_walk import WalkPlan, walk_plan
 from ._deeplift import EPS, UNSET, by_tensor_path, checked_functional, deeplift, holds_only, tensor_plan
-from ._deeplift_chain import DeepLiftPlan, chain_deeplift, deeplift_plan
+from ._deeplift_chain import chain_deeplift
 from ._engine import unflatten
 from ._inputs import accepts_tensors_via
 
@@ -159,7 +160,7 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     or a target it does not read as the expanded pairs' path does (that path then decides)."""
     caller = "deeplift_shap"
     fn = checked_functional(caller, f, eps)
-    plan = deeplift_plan(fn)
+    plan = walk_plan(fn)
     if plan is None or plan.links is None:
         return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
@@ -172,7 +173,7 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     return fresh_tensordict({key: maps}, torch.Size([*maps.shape[:1 if per_target else 0], *batch]))
 
 
-def _pairs_maps(plan: DeepLiftPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
+def _pairs_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
                 references: torch.Tensor, target: Target, multiply: bool, eps: float,
                 per_target: bool) -> torch.Tensor | None:
     """The maps of ``x`` (``lead`` batch dims ``batch``) by the walk on the pairs, averaged over the references;

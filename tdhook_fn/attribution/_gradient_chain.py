@@ -2,7 +2,7 @@
 maps without taps or autograd."""
 
 # NOTE [gradient rules on a chain]
-# On a chain DeepLift's walk knows (NOTE [deeplift on a chain]), a class's gradient is the
+# On a chain the walk knows (NOTE [a chain walked by hand]), a class's gradient is the
 # same walk without references: the inputs' rows forward without a graph, then back, each
 # activation's derivative by the backward kernel autograd itself runs (the same numbers),
 # a max pool's by the indices of its maxima, an affine map's by the walk's adjoint
@@ -33,22 +33,22 @@ from torch import nn
 from .._functional import fresh_tensordict
 from .._targets import Target
 from .._vjp import untransformed
-from ._checks import check_call
-from ._cotangents import Guide
-from ._deeplift import UNSET, holds_only, tensor_plan
-from ._deeplift_chain import (
+from ._chain_walk import (
     ACTIVATIONS,
     Back,
-    DeepLiftPlan,
     Step,
     WalkLink,
     WalkPass,
+    WalkPlan,
     chain_gradient_passes,
     chain_gradients,
     chain_links,
-    deeplift_plan,
-    deeplift_step,
+    walk_plan,
 )
+from ._checks import check_call
+from ._cotangents import Guide
+from ._deeplift import UNSET, holds_only, tensor_plan
+from ._deeplift_chain import deeplift_step
 from ._engine import unflatten
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
@@ -113,14 +113,14 @@ def gradient_step(relu: ReluRule) -> Step:
 
 
 def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
-                     step_of: Callable[[DeepLiftPlan], Step]) -> TensorDict | None:
+                     step_of: Callable[[WalkPlan], Step]) -> TensorDict | None:
     """The maps of ``f``'s one input by the walk with the step ``step_of(plan)`` (NOTE [gradient rules on a chain]);
     ``None``: the general path's call (what the walk does not take, or an argument that path checks and names)."""
     keys = getattr(f, "in_keys", None)
     if not isinstance(params, TensorDictBase) or not isinstance(keys, tuple) or len(keys) != 1 \
             or not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, keys[0]):
         return None
-    plan = deeplift_plan(f)
+    plan = walk_plan(f)
     if plan is None or plan.links is None:
         return None
     key = keys[0]
@@ -164,7 +164,7 @@ _OWN_STEP = gradient_step(_own_relu)
 _GUIDED_KEPT = 16  # (the steps a plan keeps, one per classes_to_skip: a loop over many starts over rather than grow)
 
 
-def guided_backprop_step(plan: DeepLiftPlan, model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> Step:
+def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> Step:
     """Guided backprop's walk step on ``plan``'s links (NOTE [guided backprop as taps], as a walk): each link's own
     backward, then ``relu`` of the gradient leaving it where a tap would be at its input: its module is not an
     instance of ``classes_to_skip``, or it is the first link of an enclosing ``Sequential`` (not the root) that is
@@ -218,7 +218,7 @@ def walked_guided_and_cam(f: Any, params: TensorDictBase, inputs: TensorDictBase
     rules on a chain]); ``None``: the general path's call. The caller checked the arguments."""
     if not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, key):
         return None
-    plan = deeplift_plan(f)
+    plan = walk_plan(f)
     stops = None if plan is None or plan.links is None else chain_links(plan, f.model, (layer,))
     x = inputs.get(key)
     if plan is None or stops is None or not x.is_floating_point():
