@@ -7,19 +7,19 @@ maps without taps or autograd."""
 # activation's derivative by the backward kernel autograd itself runs (the same numbers),
 # a max pool's by the indices of its maxima, an affine map's by the walk's adjoint
 # (NOTE [affine modules]; at stride 1 a convolution's is a few ulps from autograd's
-# kernel, as on DeepLift's and LRP's walks). The deconvnet changes only what an ``nn.ReLU`` module
-# passes back (``relu`` of what arrives), guided backprop puts ``relu`` where its taps
-# would sit, and guided Grad-CAM walks back twice from the one forward (plainly to the
-# layer, guided to the input): so their maps take this walk with those rules, and none of
-# the shadow, taps and autograd of the general path, which on a small model cost more than
-# the model. Anything the walk does not take (another module, a hook, a ReLU subclass or
-# an in-place one, a callable target, ``cotangents``, ``input_keys``, a transform, params
-# that require grad) takes the general path, which gives the same maps (tests compare
-# both) and raises what is to be raised. Two differences, both the walk's numbers the
-# right ones: a non-finite weight of another class in the last linear layer leaves the
-# walk's maps finite where autograd's one-hot product puts NaN (NOTE [seed rows]), and
-# under ``torch.inference_mode()`` the walk, needing no autograd, runs where the general
-# path refuses.
+# kernel, as on DeepLift's and LRP's walks). The deconvnet changes only what an
+# ``nn.ReLU`` module passes back (``relu`` of what arrives), guided backprop puts ``relu``
+# where its taps would sit, and guided Grad-CAM walks back twice from the one forward
+# (plainly to the layer, guided to the input): so their maps take this walk with those
+# rules, and none of the shadow, taps and autograd of the general path, which on a small
+# model cost more than the model. Anything the walk does not take (another module, a hook,
+# a ReLU subclass or an in-place one, a callable target, ``cotangents``, ``input_keys``, a
+# transform, params that require grad) takes the general path, which gives the same maps
+# (tests compare both) and raises what is to be raised. Two differences, both the walk's
+# numbers the right ones: a non-finite weight of another class in the last linear layer
+# leaves the walk's maps finite where autograd's one-hot product puts NaN
+# (NOTE [seed rows]), and under ``torch.inference_mode()`` the walk, needing no autograd,
+# runs where the general path refuses.
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def _own_relu(y: torch.Tensor) -> Back:
 
 
 _OWN_STEP = gradient_step(_own_relu)
-_GUIDED_KEPT = 16  # (the steps a plan keeps, one per classes_to_skip: a loop over many starts over rather than grow)
+_DERIVED_KEPT = 16  # (the steps a plan keeps, one per option: a loop over many starts over rather than grow)
 
 
 def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> Step:
@@ -192,7 +192,7 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
         y, back = ran
         return y, lambda g: torch.relu(back(g))
 
-    if len(plan.derived) >= _GUIDED_KEPT:
+    if len(plan.derived) >= _DERIVED_KEPT:
         plan.derived.clear()
     plan.derived[key] = guided
     return guided
@@ -214,8 +214,8 @@ def _guided(guide: Guide) -> ReluRule:
 def walked_guided_and_cam(f: Any, params: TensorDictBase, inputs: TensorDictBase, target: Target, key: Any,
                           layer: str, per_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Guided Grad-CAM's three tensors by the walk: the input's guided-backprop map, the layer's plain gradient and
-    its activation (NOTE [guided Grad-CAM in one forward], walked back twice from the one forward of NOTE [gradient
-    rules on a chain]); ``None``: the general path's call. The caller checked the arguments."""
+    its activation (NOTE [guided Grad-CAM in one forward], walked back twice from the one forward of
+    NOTE [gradient rules on a chain]); ``None``: the general path's call. The caller checked the arguments."""
     if not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, key):
         return None
     plan = walk_plan(f)
