@@ -25,7 +25,7 @@ from tdhook_fn import _model_plans
 from tdhook_fn.attribution import Epsilon, EpsilonPlus, Pass, deeplift, lrp
 
 lrp_plan_module = importlib.import_module("tdhook_fn.attribution._lrp.plan")
-deeplift_chain_module = importlib.import_module("tdhook_fn.attribution._deeplift_chain")
+chain_walk_module = importlib.import_module("tdhook_fn.attribution._chain_walk")
 pytestmark = pytest.mark.filterwarnings("ignore:lrp. no rule:UserWarning")
 
 
@@ -38,9 +38,9 @@ def mlp() -> nn.Sequential:
 def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The plans built, by method."""
     seen: list[str] = []
-    lrp_build, deeplift_build = lrp_plan_module._build, deeplift_chain_module._plan
+    lrp_build, walk_build = lrp_plan_module._build, chain_walk_module._plan
     monkeypatch.setattr(lrp_plan_module, "_build", lambda *a: seen.append("lrp") or lrp_build(*a))
-    monkeypatch.setattr(deeplift_chain_module, "_plan", lambda *a: seen.append("deeplift") or deeplift_build(*a))
+    monkeypatch.setattr(chain_walk_module, "_plan", lambda *a: seen.append("deeplift") or walk_build(*a))
     yield seen
 
 
