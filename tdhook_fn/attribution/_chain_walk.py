@@ -268,7 +268,7 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
             reference: torch.Tensor | None, seeds: list[int | torch.Tensor], rows: int, eps: float, per_target: bool,
             stops: tuple[int, ...], step: Step, passes: Sequence[WalkPass],
             ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """`_walk`'s forward and walks back, without a graph."""
+    """`walk`'s forward and walks back, without a graph."""
     n = x.shape[0]
     backs: list[Back] = []
     seen: dict[int, torch.Tensor] = {}
@@ -286,7 +286,8 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
         if ran is None or ran[0].dim() == 0 or ran[0].shape[0] != both.shape[0]:
             return None  # (a module that moves the batch from the first dim: the general path refuses it)
         both, back = ran
-        seen[index] = both
+        if index in stops:  # (only the stops' activations kept: the rules' backs hold what they need)
+            seen[index] = both
         backs.append(back)
     if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
         assert weight is not None
