@@ -35,10 +35,12 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
+from .._functional import NestedKey
 from .._model_plans import plan_for
 from .._params import Key, leaves
 from .._paths import path_to_name, resolve_path
 from .._targets import Target
+from .._vjp import untransformed
 from ._lrp.affine import Affine, affine_of
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 from ._lrp.model_chain import model_chain, reads_one_key
@@ -46,7 +48,7 @@ from ._lrp.plan import ModesChecked
 from ._lrp.walk import RESHAPES, own_values, slots_of
 
 __all__ = ["ACTIVATIONS", "Back", "Step", "WalkLink", "WalkPass", "WalkPlan", "chain_gradient_passes",
-           "chain_gradients", "chain_links", "walk", "walk_plan"]
+           "chain_gradients", "chain_links", "holds_only", "tensor_plan", "walk", "walk_plan"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # what a link passes back: at its output -> at its input
 
@@ -178,6 +180,29 @@ def _seed_rows(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], stop:
         if link.kind != "reshape":
             return None
     return None
+
+
+def holds_only(inputs: TensorDictBase, key: NestedKey) -> bool:
+    """Whether ``key`` is the inputs' one leaf (read from `leaves`: a third of ``set(inputs.keys(True, True))``)."""
+    return list(leaves(inputs)) == [key if isinstance(key, tuple) else (key,)]
+
+
+def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, input_keys: Any) -> WalkPlan | None:
+    """The chain walk's plan for a call on the tensor ``x`` (NOTE [captum-style calls]), its modes checked; ``None``
+    where anything is not as the walk takes it (the TensorDict's way then checks it all, and says what is wrong).
+
+    What `check_call` and DeepLift's `checked_functional` ask, asked here: ``f`` a Functional (of a chain: the plan),
+    the params a TensorDict, ``x`` floating point, ``eps`` (a rule's) a number >= 0; and no transform, no
+    ``input_keys``.
+    """
+    if input_keys is not None or isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
+            or not isinstance(params, TensorDictBase) or not x.is_floating_point() or not untransformed():
+        return None
+    plan = walk_plan(f)
+    if plan is None or plan.links is None:
+        return None
+    plan.check_modes(f.model, caller)
+    return plan
 
 
 def chain_gradients(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, target: Target, per_target: bool,

@@ -14,28 +14,23 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, fresh_tensordict
-from .._params import leaves
 from .._taps import capture
 from .._targets import Target, as_target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
-from ._chain_walk import WalkPlan, chain_links, walk_plan
+from ._chain_walk import WalkPlan, chain_links, holds_only, tensor_plan, walk_plan
 from ._checks import check_call, check_layers
 from ._deeplift_chain import chain_deeplift, chain_layer_deeplift
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
-from ._inputs import accepts_tensors_via, one_tensor
+from ._inputs import UNSET, accepts_tensors_via, one_tensor
 from ._lrp.method import lrp
 from ._replaced_derivatives import as_values
 
-__all__ = ["EPS", "UNSET", "by_tensor_path", "checked_functional", "deeplift", "holds_only", "layer_deeplift",
-           "tensor_plan"]
+__all__ = ["EPS", "by_tensor_path", "checked_functional", "deeplift", "layer_deeplift"]
 
 EPS = 1e-10  # (captum's default eps, the methods' and their tensor paths')
-UNSET: Any = object()  # (a tensor path's required argument not given: the method's signature says so)
-
-
 def checked_functional(caller: str, f: Any, eps: float) -> Functional:
     """``f`` as the Functional DeepLift needs, once ``f`` and ``eps`` are checked (named by ``caller``)."""
     if not isinstance(f, Functional):
@@ -111,11 +106,6 @@ def _on_rows(target: Target, f: Functional, n: int, batch: torch.Size,
 def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.Tensor:
     """A map of the stacked batch (after ``lead`` target dims) at the inputs' rows, batch ``[*B]`` again."""
     return unflatten(t.narrow(lead, 0, n), lead, batch)
-
-
-def holds_only(inputs: TensorDictBase, key: NestedKey) -> bool:
-    """Whether ``key`` is the inputs' one leaf (read from `leaves`: a third of ``set(inputs.keys(True, True))``)."""
-    return list(leaves(inputs)) == [key if isinstance(key, tuple) else (key,)]
 
 
 def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
@@ -212,23 +202,6 @@ def _walked_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: 
         with torch.no_grad():
             walked.mul_(x if b is None else x - b)
     return walked
-
-
-def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, input_keys: Any) -> WalkPlan | None:
-    """The chain walk's plan for a call on the tensor ``x`` (NOTE [captum-style calls]), its modes checked; ``None``
-    where anything is not as the walk takes it (the TensorDict's way then checks it all, and says what is wrong).
-
-    What `check_call` and `checked_functional` ask, asked here: ``f`` a Functional (of a chain: the plan),
-    the params a TensorDict, ``x`` floating point, ``eps`` a number >= 0; and no transform, no ``input_keys``.
-    """
-    if input_keys is not None or isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
-            or not isinstance(params, TensorDictBase) or not x.is_floating_point() or not untransformed():
-        return None
-    plan = walk_plan(f)
-    if plan is None or plan.links is None:
-        return None
-    plan.check_modes(f.model, caller)
-    return plan
 
 
 def _in_tensordict(key: str, walked: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:

@@ -18,11 +18,11 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
-from ._chain_walk import WalkPlan, walk_plan
-from ._deeplift import EPS, UNSET, by_tensor_path, checked_functional, deeplift, holds_only, tensor_plan
+from ._chain_walk import WalkPlan, holds_only, tensor_plan, walk_plan
+from ._deeplift import EPS, by_tensor_path, checked_functional, deeplift
 from ._deeplift_chain import chain_deeplift
 from ._engine import unflatten
-from ._inputs import accepts_tensors_via
+from ._inputs import UNSET, accepts_tensors_via
 
 __all__ = ["deeplift_shap"]
 

@@ -43,13 +43,15 @@ from ._chain_walk import (
     chain_gradient_passes,
     chain_gradients,
     chain_links,
+    holds_only,
+    tensor_plan,
     walk_plan,
 )
 from ._checks import check_call
 from ._cotangents import Guide
-from ._deeplift import UNSET, holds_only, tensor_plan
 from ._deeplift_chain import deeplift_step
 from ._engine import unflatten
+from ._inputs import UNSET
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
 __all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "tensor_gradients", "walked_gradients",
@@ -112,31 +114,41 @@ def gradient_step(relu: ReluRule) -> Step:
     return step
 
 
+def _flat_input(f: Any, inputs: TensorDictBase, key: Any) -> tuple[WalkPlan, torch.Tensor] | None:
+    """The walk's plan of ``f``'s model and the one input ``key``, its batch dims flattened to one; ``None``: the
+    general path's call (a transform, another input, no chain the walk knows, an input not floating point)."""
+    if not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, key):
+        return None
+    plan = walk_plan(f)
+    x = inputs.get(key)
+    if plan is None or plan.links is None or not x.is_floating_point():
+        return None
+    return plan, x if inputs.batch_dims == 1 else x.reshape(-1, *x.shape[inputs.batch_dims:])
+
+
+def _batched(t: torch.Tensor, first: int, batch: torch.Size) -> torch.Tensor:
+    """A walked tensor (``first`` leading target dims) with the inputs' batch dims again."""
+    return t if len(batch) == 1 else unflatten(t, first, batch)
+
+
 def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
                      step_of: Callable[[WalkPlan], Step]) -> TensorDict | None:
     """The maps of ``f``'s one input by the walk with the step ``step_of(plan)`` (NOTE [gradient rules on a chain]);
     ``None``: the general path's call (what the walk does not take, or an argument that path checks and names)."""
     keys = getattr(f, "in_keys", None)
-    if not isinstance(params, TensorDictBase) or not isinstance(keys, tuple) or len(keys) != 1 \
-            or not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, keys[0]):
+    if not isinstance(params, TensorDictBase) or not isinstance(keys, tuple) or len(keys) != 1:
         return None
-    plan = walk_plan(f)
-    if plan is None or plan.links is None:
+    found = _flat_input(f, inputs, keys[0])
+    if found is None:
         return None
-    key = keys[0]
-    check_call(caller, f, params, inputs, (key,), target, modes=False)
+    plan, x = found
+    check_call(caller, f, params, inputs, keys, target, modes=False)
     plan.check_modes(f.model, caller)
-    x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
-    if not x.is_floating_point():
-        return None
-    walked = chain_gradients(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), target, per_target,
-                             step_of(plan))
+    walked = chain_gradients(plan, params, x, target, per_target, step_of(plan))
     if walked is None:
         return None
-    first = 1 if per_target else 0
-    if lead != 1:
-        walked = unflatten(walked, first, batch)
-    return fresh_tensordict({key: walked}, torch.Size([*walked.shape[:first], *batch]))
+    first, batch = (1 if per_target else 0), inputs.batch_size
+    return fresh_tensordict({keys[0]: _batched(walked, first, batch)}, torch.Size([*walked.shape[:first], *batch]))
 
 
 def tensor_gradients(caller: str, step: Step) -> Callable[..., torch.Tensor | None]:
@@ -216,23 +228,15 @@ def walked_guided_and_cam(f: Any, params: TensorDictBase, inputs: TensorDictBase
     """Guided Grad-CAM's three tensors by the walk: the input's guided-backprop map, the layer's plain gradient and
     its activation (NOTE [guided Grad-CAM in one forward], walked back twice from the one forward of
     NOTE [gradient rules on a chain]); ``None``: the general path's call. The caller checked the arguments."""
-    if not untransformed() or inputs.batch_dims == 0 or not holds_only(inputs, key):
+    found = _flat_input(f, inputs, key)
+    stops = None if found is None else chain_links(found[0], f.model, (layer,))
+    if found is None or stops is None:
         return None
-    plan = walk_plan(f)
-    stops = None if plan is None or plan.links is None else chain_links(plan, f.model, (layer,))
-    x = inputs.get(key)
-    if plan is None or stops is None or not x.is_floating_point():
-        return None
-    lead, batch = inputs.batch_dims, inputs.batch_size
     guide = Guide(on=False)
-    walked = chain_gradient_passes(plan, params, x if lead == 1 else x.reshape(-1, *x.shape[lead:]), target,
-                                   per_target, gradient_step(_guided(guide)),
+    walked = chain_gradient_passes(found[0], params, found[1], target, per_target, gradient_step(_guided(guide)),
                                    (WalkPass(stops, guide.setter(False)), WalkPass((-1,), guide.setter(True))))
     if walked is None:
         return None
     (layer_grad, act), (guided, _) = walked
-    if lead != 1:
-        first = 1 if per_target else 0
-        layer_grad, act, guided = (unflatten(layer_grad, first, batch), unflatten(act, 0, batch),
-                                   unflatten(guided, first, batch))
-    return guided, layer_grad, act
+    first, batch = (1 if per_target else 0), inputs.batch_size
+    return _batched(guided, first, batch), _batched(layer_grad, first, batch), _batched(act, 0, batch)

@@ -32,12 +32,13 @@ from .._params import leaves
 from .._targets import check_target
 from .._types import PureFn
 
-__all__ = ["accepts_tensors", "accepts_tensors_via", "one_tensor", "tensor_inputs"]
+__all__ = ["UNSET", "accepts_tensors", "accepts_tensors_via", "one_tensor", "tensor_inputs"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 # (f, params, key, x, *the method's other arguments) -> the one map as a tensor, or None: the TensorDict's way
 TensorPath = Callable[..., Any]
+UNSET: Any = object()  # (a tensor path's required argument not given: the method's signature says so)
 
 
 def accepts_tensors_via(tensor_path: TensorPath) -> Callable[
