@@ -48,7 +48,7 @@ from .._vjp import vjp
 from ._checks import check_call
 from ._cotangents import Cotangents, Pass, check_per_target_or_cotangents, pull_each, pull_passes, seed_cotangents
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
-from ._replaced_derivatives import as_values, refuse_level_zero_graph
+from ._replaced_derivatives import as_values, refuse_level_zero_graph, replaces_any
 
 __all__ = [
     "GradFn",
@@ -299,9 +299,7 @@ def gradients(
     if not checked:
         check_call(caller, f, params, inputs, input_keys, target)
     check_per_target_or_cotangents(caller, per_target, cotangents)
-    replaced = False  # a tap stands in for a module's derivative: the maps are values (a loop: on every call)
-    for tap in taps:
-        replaced = replaced or tap.replaces_derivative
+    replaced = bool(taps) and replaces_any(taps)  # the maps are values (asked only where there are taps)
     if replaced and not checked:  # NOTE [replaced derivatives are not differentiated] (checked: the caller did)
         inputs = as_values(caller, params, inputs)
     layers = dict(layers or {})

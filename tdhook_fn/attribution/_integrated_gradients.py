@@ -30,7 +30,7 @@ from ._inputs import accepts_tensors
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
 from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
-from ._replaced_derivatives import as_values
+from ._replaced_derivatives import as_values, replaces_any
 
 __all__ = ["integrated_gradients"]
 
@@ -158,9 +158,7 @@ def integrated_gradients(
     path_keys = () if in_layer_space else base_keys  # layer space: inputs stay, activations move
     _check_interpolable(inputs, path_keys)
     all_taps = grad_taps(grad_fns, taps)
-    replaced = False  # (a loop inline, not a call into another file: on every call)
-    for tap in all_taps:
-        replaced = replaced or tap.replaces_derivative
+    replaced = bool(all_taps) and replaces_any(all_taps)  # (asked only where there are taps)
     if replaced:  # the inputs and baselines are values (NOTE [replaced derivatives are not differentiated])
         inputs = as_values("integrated_gradients", params, inputs)
     base = path_starts(inputs, baselines, base_keys, "integrated_gradients")

@@ -28,7 +28,7 @@ from .._params import leaves
 from .._taps import Tap
 from .._vjp import any_requires_grad
 
-__all__ = ["as_values", "refuse_level_zero_graph", "values_where_replaced"]
+__all__ = ["as_values", "refuse_level_zero_graph", "replaces_any", "values_where_replaced"]
 
 
 def _tracked(t: Any) -> bool:
@@ -117,13 +117,18 @@ def refuse_level_zero_graph(caller: str, maps: TensorDictBase) -> None:
             f"derivatives are not differentiated]). Detach it, or call {caller} under torch.no_grad()")
 
 
+def replaces_any(taps: Sequence[Tap]) -> bool:
+    """Whether one of ``taps`` stands in for a module's derivative (callers with no taps need not ask)."""
+    for tap in taps:  # (a loop: a generator in ``any`` costs a call per tap)
+        if tap.replaces_derivative:
+            return True
+    return False
+
+
 def values_where_replaced(caller: str, params: Any, inputs: TensorDictBase, taps: Sequence[Tap]) -> TensorDictBase:
     """``inputs`` as `as_values` gives them where one of ``taps`` replaces a derivative; as they are elsewhere.
 
     For a method that multiplies its maps by the inputs after the engine: the product must
     carry no graph either (NOTE [replaced derivatives are not differentiated]).
     """
-    for tap in taps:  # (a loop: on every call)
-        if tap.replaces_derivative:
-            return as_values(caller, params, inputs)
-    return inputs
+    return as_values(caller, params, inputs) if taps and replaces_any(taps) else inputs
