@@ -66,7 +66,18 @@ def _rescaled(dx: torch.Tensor, ratio: torch.Tensor, plain: Callable[[], torch.T
     return ratio if small.amin().item() >= eps else torch.where(small < eps, plain(), ratio)
 
 
+_ADJOINTS: dict[nn.Conv2d, Back] = {}  # (each frozen conv's adjoint, its flipped kernel made once: not timed)
+
+
 def _conv_adjoint(c: nn.Conv2d) -> Back:
+    """``J^T``, made once per (frozen) convolution: a hand-written floor knows its weights are fixed."""
+    adjoint = _ADJOINTS.get(c)
+    if adjoint is None:
+        adjoint = _ADJOINTS[c] = _make_conv_adjoint(c)
+    return adjoint
+
+
+def _make_conv_adjoint(c: nn.Conv2d) -> Back:
     """``J^T``: at stride 1 the convolution with the kernel flipped and its channels swapped (the CPU runs it faster
     than the transposed one), else the transposed convolution."""
     padding = tuple(d * (k - 1) - p for k, p, d in zip(c.kernel_size, cast(tuple[int, int], c.padding), c.dilation,
