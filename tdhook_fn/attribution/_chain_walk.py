@@ -158,7 +158,7 @@ def _seeds(target: Target, n: int, per_target: bool) -> list[int | torch.Tensor]
         labels = target.reshape(-1)
         if per_target or target.is_floating_point() or target.is_complex() or labels.numel() not in (1, n):
             return None  # (a 0-d tensor or one index per sample; anything else is the general path's to judge)
-        return [labels.expand(n)]
+        return [labels.long().expand(n)]  # (any integer dtype: index_select takes int64; uint8 would wrap below 0)
     given = target if isinstance(target, tuple) else (target,)
     indices: list[int | torch.Tensor] = [i for i in given if type(i) is int]
     if len(indices) != len(given) or (len(indices) > 1 and not per_target):
@@ -206,10 +206,11 @@ def tensor_plan(caller: str, f: Any, params: Any, x: torch.Tensor, eps: Any, inp
 
 
 def chain_gradients(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, target: Target, per_target: bool,
-                    step: Step) -> torch.Tensor | None:
+                    step: Step, *, as_autograd: bool = False) -> torch.Tensor | None:
     """The gradient of ``target`` at ``x`` (``[n, ...]``; ``[T, n, ...]`` per target) by the walk, each link's
-    backward ``step``'s (NOTE [gradient rules on a chain]); ``None`` where the walk does not apply."""
-    walked = walk(plan, params, x, None, target, 0.0, per_target, (-1,), step)
+    backward ``step``'s (NOTE [gradient rules on a chain]); ``None`` where the walk does not apply.
+    ``as_autograd``: see `walk`."""
+    walked = walk(plan, params, x, None, target, 0.0, per_target, (-1,), step, as_autograd=as_autograd)
     return None if walked is None else walked[0][0]
 
 
@@ -258,7 +259,7 @@ def _link_named(plan: WalkPlan, model: nn.Module, path: str) -> int | None:
 
 def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor | None,
          target: Target, eps: float, per_target: bool, stops: tuple[int, ...], step: Step, pairs: bool = False,
-         passes: Sequence[WalkPass] = ()) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+         passes: Sequence[WalkPass] = (), as_autograd: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """The multipliers at each stop (a link's output; ``-1``: the input), with the stacked activation there; of
     every pair with ``pairs`` (NOTE [pairs on the chain]).
 
@@ -266,6 +267,8 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     inputs' rows alone go forward (a gradient's walk, NOTE [gradient rules on a chain]). ``passes``: the
     walk back split in several from the one forward, each to its own stops (``stops`` holds them all)
     after its ``before()`` (which may switch what the backward does); default, one to all ``stops``.
+    ``as_autograd``: the plain gradient's walk (NOTE [plain gradients on a chain]): a seed row declines where it
+    would differ from autograd's one-hot product (a non-finite weight: NOTE [seed rows]).
     """
     links = plan.links
     n = x.shape[0]
@@ -284,14 +287,14 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
         return None
     torch._C._set_grad_enabled(False)  # (torch.no_grad() without its context manager's calls: on every call)
     try:
-        return _walked(links, own, x, reference, seeds, rows, eps, per_target, stops, step, passes)
+        return _walked(links, own, x, reference, seeds, rows, eps, per_target, stops, step, passes, as_autograd)
     finally:
         torch._C._set_grad_enabled(enabled)
 
 
 def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch.Tensor,
             reference: torch.Tensor | None, seeds: list[int | torch.Tensor], rows: int, eps: float, per_target: bool,
-            stops: tuple[int, ...], step: Step, passes: Sequence[WalkPass],
+            stops: tuple[int, ...], step: Step, passes: Sequence[WalkPass], as_autograd: bool,
             ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """`walk`'s forward and walks back, without a graph."""
     n = x.shape[0]
@@ -316,6 +319,8 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
         backs.append(back)
     if len(backs) == last:  # (the last layer skipped: the walk starts from its weight's rows)
         assert weight is not None
+        if as_autograd and not bool(torch.isfinite(weight).all()):
+            return None  # (autograd's one-hot product puts another class's NaN in: the general path's numbers)
         classes = weight.shape[0]
     else:  # (the last module ran: from a one-hot at its output)
         weight, classes = None, (both.shape[1] if both.dim() == 2 else 0)

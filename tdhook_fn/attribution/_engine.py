@@ -47,6 +47,7 @@ from .._types import Replace
 from .._vjp import vjp
 from ._checks import check_call
 from ._cotangents import Cotangents, Pass, check_per_target_or_cotangents, pull_each, pull_passes, seed_cotangents
+from ._gradient_chain import plain_gradients
 from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
 from ._replaced_derivatives import as_values, refuse_level_zero_graph, replaces_any
 
@@ -81,13 +82,14 @@ class Gradients:
         grads (TensorDict): by input key and layer path; batch ``[*B]``, or ``[T, *B]``
             with ``per_target``.
         activations (TensorDict): activations of the attributed layers, by path, ``[*B]``.
-        targets (TensorDict): the target values, ``[*B]`` (plus a last ``T`` dim for
-            several targets).
+        targets (TensorDict | None): the target values, ``[*B]`` (plus a last ``T`` dim for
+            several targets); ``None`` where the chain walk made the maps (NOTE [plain gradients
+            on a chain]: it never runs the layer the target reads).
     """
 
     grads: TensorDict
     activations: TensorDict
-    targets: TensorDictBase
+    targets: TensorDictBase | None
 
 
 def grad_taps(grad_fns: Mapping[str, GradFn] | None, taps: Sequence[Tap]) -> list[Tap]:
@@ -299,6 +301,11 @@ def gradients(
     if not checked:
         check_call(caller, f, params, inputs, input_keys, target)
     check_per_target_or_cotangents(caller, per_target, cotangents)
+    if not (layers or target_layers or taps or passes or layer_calls or callable(target)) and cotangents is None \
+            and use_outputs:  # the input maps alone: on a chain, maybe by the walk (NOTE [plain gradients on a chain])
+        walked = plain_gradients(f, params, inputs, target, input_keys, per_target)
+        if walked is not None:
+            return Gradients(walked, fresh_tensordict({}, inputs.batch_size), None)
     replaced = bool(taps) and replaces_any(taps)  # the maps are values (asked only where there are taps)
     if replaced and not checked:  # NOTE [replaced derivatives are not differentiated] (checked: the caller did)
         inputs = as_values(caller, params, inputs)

@@ -21,16 +21,32 @@ maps without taps or autograd."""
 # (NOTE [seed rows]), and under ``torch.inference_mode()`` the walk, needing no autograd,
 # runs where the general path refuses.
 
+# NOTE [plain gradients on a chain]
+# The plain gradient (saliency's map, and so input x gradient's, integrated gradients',
+# SmoothGrad's and GradientSHAP's, whose copies and path points are one batch) takes the
+# same walk wherever it gives autograd's numbers bitwise, so the engine's shadow, VJP and
+# target machinery are left out and only speed changes: every link's backward is then the
+# kernel autograd runs on the same operands (linear layers: the product by the weight;
+# ReLU, LeakyReLU, Sigmoid, Tanh, the last-dim softmax: their backward kernels; reshapes and
+# eval dropout: views), so convolutions (whose adjoint is another kernel) and max pooling
+# (whose scatter may add in another order) keep the general path; a non-finite weight in
+# the last linear layer too (NOTE [seed rows]). The map must also be what the engine
+# returns in every other respect: a value, so the walk declines where the engine's map
+# carries a graph (inputs or params that require grad, under grad mode: a gradient
+# penalty differentiates the map; any transform, ``vmap`` and ``grad`` included), and
+# under ``torch.inference_mode()``, where the engine raises. The engine asks first, for a
+# call of the input maps alone (no layers, taps, passes or cotangents, an index target).
+
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import fresh_tensordict
+from .._functional import NestedKey, fresh_tensordict
 from .._targets import Target
 from .._vjp import untransformed
 from ._chain_walk import (
@@ -50,12 +66,11 @@ from ._chain_walk import (
 from ._checks import check_call
 from ._cotangents import Guide
 from ._deeplift_chain import deeplift_step
-from ._engine import unflatten
 from ._inputs import UNSET
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
-__all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "tensor_gradients", "walked_gradients",
-           "walked_guided_and_cam"]
+__all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients", "tensor_gradients",
+           "walked_gradients", "walked_guided_and_cam"]
 
 ReluRule = Callable[[torch.Tensor], Back]  # a ReLU's output -> its backward (the gradient at its output -> input's)
 
@@ -128,7 +143,7 @@ def _flat_input(f: Any, inputs: TensorDictBase, key: Any) -> tuple[WalkPlan, tor
 
 def _batched(t: torch.Tensor, first: int, batch: torch.Size) -> torch.Tensor:
     """A walked tensor (``first`` leading target dims) with the inputs' batch dims again."""
-    return t if len(batch) == 1 else unflatten(t, first, batch)
+    return t if len(batch) == 1 else t.reshape((*t.shape[:first], *batch, *t.shape[first + 1:]))
 
 
 def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
@@ -174,6 +189,45 @@ def _own_relu(y: torch.Tensor) -> Back:
 
 _OWN_STEP = gradient_step(_own_relu)
 _DERIVED_KEPT = 16  # (the steps a plan keeps, one per option: a loop over many starts over rather than grow)
+
+_AUTOGRAD_EXACT = "autograd's kernels"  # (the plan's derived key: whether every link's backward is autograd's)
+
+
+def _autograd_exact(plan: WalkPlan) -> bool:
+    """Whether the walk's plain gradient on ``plan``'s links is autograd's, bitwise (NOTE [plain gradients on a
+    chain]): no convolution, no max pool."""
+    exact: bool | None = plan.derived.get(_AUTOGRAD_EXACT)
+    if exact is None:
+        assert plan.links is not None
+        exact = all(link.kind in ("activation", "softmax", "reshape")
+                    or (link.kind == "affine" and link.affine is not None and link.affine.conv is None)
+                    for link in plan.links)
+        if len(plan.derived) >= _DERIVED_KEPT:
+            plan.derived.clear()
+        plan.derived[_AUTOGRAD_EXACT] = exact
+    return exact
+
+
+def plain_gradients(f: Any, params: Any, inputs: TensorDictBase, target: Target, input_keys: Sequence[NestedKey],
+                    per_target: bool) -> TensorDict | None:
+    """The engine's input maps of a plain gradient by the walk (NOTE [plain gradients on a chain]); ``None``: the
+    engine's own way. The engine checked the arguments."""
+    keys = getattr(f, "in_keys", None)
+    if not untransformed() or torch.is_inference_mode_enabled() or not isinstance(params, TensorDictBase) \
+            or not isinstance(keys, tuple) or len(keys) != 1 or len(input_keys) != 1 or input_keys[0] != keys[0]:
+        return None  # (transforms first: Dynamo cannot trace the inference-mode flag)
+    found = _flat_input(f, inputs, keys[0])
+    if found is None or (found[1].requires_grad and torch.is_grad_enabled()) or not _autograd_exact(found[0]):
+        return None
+    batch = inputs.batch_size
+    if isinstance(target, torch.Tensor) and 0 < target.dim() < len(batch) and target.shape == batch[-target.dim():]:
+        target = target.expand(batch)  # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor
+        # targets])
+    walked = chain_gradients(found[0], params, found[1], target, per_target, _OWN_STEP, as_autograd=True)
+    if walked is None:
+        return None
+    first = 1 if per_target else 0
+    return fresh_tensordict({keys[0]: _batched(walked, first, batch)}, torch.Size([*walked.shape[:first], *batch]))
 
 
 def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> Step:
