@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from _digits import fastest_forward
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
+from _walk_floor import walked_forward
 from bench_deeplift import Back, _captum_safe, _Copy, _floor_step, _rescaled, affine_step, max_pool_back, walk_to_target
 from bench_lrp import cnn, mlp
 from captum.attr import Deconvolution, DeepLiftShap, FeaturePermutation, GuidedGradCam, LayerDeepLift
@@ -107,48 +108,14 @@ def floor_deconvolution(model: nn.Module, x: torch.Tensor) -> Callable[[], torch
     return run
 
 
-def _walk_step(layer: nn.Module, h: torch.Tensor,
-               relu_back: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, Back]:
-    """One layer's forward without a graph, and its backward; a ReLU's ``relu_back(gradient, output)``."""
-    affine = affine_step(layer, h)
-    if affine is not None:
-        return affine
-    if isinstance(layer, nn.ReLU):
-        y = torch.relu(h)
-        return y, lambda g: relu_back(g, y)
-    if isinstance(layer, nn.MaxPool2d):  # (on a channels-last copy: the same maxima, faster on small planes)
-        y, idx = F.max_pool2d(h.contiguous(memory_format=torch.channels_last), layer.kernel_size, layer.stride,
-                              layer.padding, layer.dilation, layer.ceil_mode, return_indices=True)
-        y, at, shape = y.contiguous(), idx.contiguous().flatten(2), h.shape
-        return y, lambda g: g.new_zeros(shape).flatten(2).scatter_add_(2, at, g.reshape(y.shape).flatten(2)).view(shape)
-    if isinstance(layer, nn.Flatten):
-        return h.flatten(1), lambda g: g.reshape(h.shape)
-    raise TypeError(f"floor walk: no rule for {type(layer).__name__}")
-
-
-def _walked_forward(model: nn.Sequential, x: torch.Tensor,
-                    relu_back: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                    ) -> tuple[list[torch.Tensor], list[Back], torch.Tensor]:
-    """The forward of a frozen chain ending in a linear layer, without a graph, up to that layer: each layer's
-    output and backward, and the seed of the backward, the last weight's target row (its pullback of the one-hot)."""
-    *body, last = list(model)
-    assert isinstance(last, nn.Linear)
-    h, outs, backs = x, [], []
-    for layer in body:
-        h, back = _walk_step(layer, h, relu_back)
-        outs.append(h)
-        backs.append(back)
-    return outs, backs, last.weight[TARGET].expand(len(x), -1)
-
-
 def floor_deconvolution_walk(model: nn.Sequential, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """The deconvnet by hand, without autograd: `_walked_forward`, then the adjoints back, ``relu`` of the gradient
+    """The deconvnet by hand, without autograd: `walked_forward`, then the adjoints back, ``relu`` of the gradient
     at each ReLU."""
     frozen = copy.deepcopy(model).requires_grad_(False)
 
     def run() -> torch.Tensor:
         with torch.no_grad():
-            _, backs, g = _walked_forward(frozen, x, lambda g, _y: torch.relu(g))
+            _, backs, g = walked_forward(frozen, x, lambda g, _y: torch.relu(g), TARGET)
             for back in reversed(backs):
                 g = back(g)
             return g
@@ -200,7 +167,7 @@ def floor_guided_grad_cam(model: nn.Sequential, x: torch.Tensor, layer: int) -> 
 
 
 def floor_guided_grad_cam_walk(model: nn.Sequential, x: torch.Tensor, layer: int) -> Callable[[], torch.Tensor]:
-    """Guided Grad-CAM by hand, without autograd: `_walked_forward`, the plain backward to the layer, the guided one
+    """Guided Grad-CAM by hand, without autograd: `walked_forward`, the plain backward to the layer, the guided one
     to the input, then the map as `floor_guided_grad_cam`'s."""
     frozen = copy.deepcopy(model).requires_grad_(False)
     guided = [False]
@@ -210,7 +177,7 @@ def floor_guided_grad_cam_walk(model: nn.Sequential, x: torch.Tensor, layer: int
 
     def run() -> torch.Tensor:
         with torch.no_grad():
-            outs, backs, seed = _walked_forward(frozen, x, relu_back)
+            outs, backs, seed = walked_forward(frozen, x, relu_back, TARGET)
             guided[0], g = False, seed
             for back in reversed(backs[layer + 1:]):
                 g = back(g)

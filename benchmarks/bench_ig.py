@@ -2,12 +2,14 @@
 
 Gauss-Legendre, 50 steps. The floor builds the path points itself and calls
 ``torch.func.vjp`` once (``vmap`` of the pullback for per-target maps): no TensorDicts,
-no shadows, no checks. Peak memory of ``n_steps=256`` with and without ``chunk_size=32``
-is measured in fresh subprocesses.
+no shadows, no checks. On the MLP, a chain ours walks without autograd, a second floor
+does the same by hand (`_walk_floor`); ``/ floor`` divides by the faster. Peak memory
+of ``n_steps=256`` with and without ``chunk_size=32`` is measured in fresh subprocesses.
 """
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import warnings
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import torch
 from _timing import interleaved_medians, print_table
+from _walk_floor import walked_forward
 from tensordict import TensorDict
 from torch import nn
 
@@ -24,6 +27,7 @@ from tdhook_fn.attribution import integrated_gradients, quadrature
 
 warnings.filterwarnings("ignore")
 N_STEPS = 50
+WALK_FLOOR = "hand-written walk floor"  # the MLP's (a chain ours walks): no autograd
 
 
 def mlp() -> tuple[nn.Module, torch.Tensor]:
@@ -68,6 +72,27 @@ def floor(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor, t
     return (g.reshape(N_STEPS, *x.shape) * w).sum(0) * x
 
 
+def floor_walk(model: nn.Sequential, x: torch.Tensor, targets: list[int], per_target: bool) -> torch.Tensor:
+    """Hand-written IG without autograd (`_walk_floor`), where ours walks too (NOTE [plain gradients on a chain]):
+    one forward of all path points without a graph, then each target's seed (the last weight's row; summed
+    targets, the sum of their rows) pulled back by hand. Call it on a frozen model."""
+    alphas, steps = quadrature("gausslegendre", N_STEPS)
+    a = torch.tensor(alphas).reshape(-1, *[1] * x.dim())
+    w = torch.tensor(steps).reshape(-1, *[1] * x.dim())
+    with torch.no_grad():
+        points = (a * x).reshape(-1, *x.shape[1:])  # zero baseline
+        _, backs, _ = walked_forward(model, points, lambda g, y: torch.ops.aten.threshold_backward(g, y, 0), 0)
+        weight = model[-1].weight
+        seeds = [weight[t] for t in targets] if per_target else [weight[targets].sum(0)]
+        maps = []
+        for seed in seeds:
+            g = seed.expand(len(points), -1)
+            for back in reversed(backs):
+                g = back(g)
+            maps.append((g.reshape(N_STEPS, *x.shape) * w).sum(0) * x)
+    return torch.stack(maps) if per_target else maps[0]
+
+
 def captum_loop(model: nn.Module, x: torch.Tensor, targets: list[int], per_target: bool) -> torch.Tensor:
     from captum.attr import IntegratedGradients
 
@@ -110,9 +135,12 @@ def _compare(name: str, model: nn.Module, x: torch.Tensor) -> None:
     cases = [("1 target", [3], False), ("2 targets summed", [3, 7], False),
              ("10 per-target maps", list(range(10)), True)]
     weights = {name: t.detach() for name, t in model.named_parameters()}
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    walks = isinstance(model, nn.Sequential) and all(isinstance(m, (nn.Linear, nn.ReLU)) for m in model)
     for label, targets, per_target in cases:
         impls: dict[str, Callable[[], torch.Tensor]] = {
             "hand-written vjp floor": lambda: floor(model, weights, x, targets, per_target),
+            **({WALK_FLOOR: lambda: floor_walk(frozen, x, targets, per_target)} if walks else {}),
             "tdhook_fn.integrated_gradients": lambda: ours(model, x, targets, per_target),
             "captum 0.9" + (" (loop)" if per_target else ""): lambda: captum_loop(model, x, targets, per_target),
             "tdhook_fn.compat" + (" (loop)" if per_target else ""): lambda: tdhook_ig(
@@ -123,7 +151,8 @@ def _compare(name: str, model: nn.Module, x: torch.Tensor) -> None:
         for impl_name, fn in impls.items():
             torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-5, msg=f"{impl_name} disagrees")
         times = interleaved_medians(impls)
-        baselines = {"floor": times["hand-written vjp floor"], "ours": times["tdhook_fn.integrated_gradients"]}
+        baselines = {"floor": min(times["hand-written vjp floor"], times.get(WALK_FLOOR, float("inf"))),
+                     "ours": times["tdhook_fn.integrated_gradients"]}
         print_table(f"integrated gradients, {name}, batch {x.shape[0]}, {label}", list(times.items()), baselines)
 
 

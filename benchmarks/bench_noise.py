@@ -41,6 +41,7 @@ import captum.attr as ca
 import numpy as np
 import torch
 from _timing import print_table
+from _walk_floor import walked_gradient
 from bench_metrics import cpu_medians
 from sklearn.datasets import load_digits
 from tensordict import TensorDict
@@ -53,6 +54,7 @@ from tdhook_fn.attribution._smoothgrad import smoothgrad
 warnings.filterwarnings("ignore")
 SAMPLES, STDEV, TARGET = 50, 0.2, 3
 FLOOR = "floor (hand-written batched)"
+FLOOR_WALK = "floor (hand-written walk)"  # the MLP's: no autograd, as ours there (NOTE [plain gradients on a chain])
 NCHW, CL = "", " cl"  # the row labels' suffix: " cl" for the channels_last model and inputs
 
 
@@ -104,6 +106,36 @@ def floor_gradient_shap(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -
     return run
 
 
+def floor_smoothgrad_walk(model: nn.Sequential, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """`floor_smoothgrad`'s copies, their gradient by the hand-written walk (`_walk_floor`): no autograd."""
+    model = copy.deepcopy(model).requires_grad_(False)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            noise = torch.randn(len(x), SAMPLES, *x.shape[1:]).mul_(STDEV)
+            noisy = noise.add_(x.unsqueeze(1)) if x.is_contiguous() else x.unsqueeze(1) + noise
+            grad = walked_gradient(model, noisy.view(-1, *x.shape[1:]), TARGET)
+            return grad.view(len(x), SAMPLES, *x.shape[1:]).mean(1)
+
+    return run
+
+
+def floor_gradient_shap_walk(model: nn.Sequential, x: torch.Tensor, refs: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """`floor_gradient_shap`'s path points, their gradient by the hand-written walk (`_walk_floor`): no autograd."""
+    model = copy.deepcopy(model).requires_grad_(False)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            n = len(x) * SAMPLES
+            b = refs[torch.randint(len(refs), (n,))].view(len(x), SAMPLES, *x.shape[1:])
+            a = torch.rand(len(x), SAMPLES, *[1] * (x.dim() - 1))
+            diff = x.unsqueeze(1) - b
+            grad = walked_gradient(model, torch.addcmul(b, a, diff).view(n, *x.shape[1:]), TARGET)
+            return (diff.view(n, *x.shape[1:]) * grad).view(len(x), SAMPLES, *x.shape[1:]).mean(1)
+
+    return run
+
+
 def _check(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> None:
     """Ours equal captum's for the same draws (seeded torch for SmoothGrad; captum's numpy draws replayed)."""
     f, p = tdhook_fn.pure(model)
@@ -115,10 +147,16 @@ def _check(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> None:
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
     torch.manual_seed(1)
     torch.testing.assert_close(floor_smoothgrad(model, x)(), ours, rtol=1e-5, atol=1e-7)
+    if _walkable(model):
+        torch.manual_seed(1)
+        torch.testing.assert_close(floor_smoothgrad_walk(model, x)(), ours, rtol=1e-5, atol=1e-7)
     torch.manual_seed(1)
     ours = gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES)
     torch.manual_seed(1)
     torch.testing.assert_close(floor_gradient_shap(model, x, refs)(), ours, rtol=1e-5, atol=1e-6)
+    if _walkable(model):
+        torch.manual_seed(1)
+        torch.testing.assert_close(floor_gradient_shap_walk(model, x, refs)(), ours, rtol=1e-5, atol=1e-6)
     n = len(x)
     np.random.seed(2)
     torch.manual_seed(2)
@@ -140,25 +178,41 @@ def channels_last(model: nn.Module, x: torch.Tensor,
     return copy.deepcopy(model).to(memory_format=cl), x.to(memory_format=cl), refs.to(memory_format=cl)
 
 
+def _walkable(model: nn.Module) -> bool:
+    """Whether ours walks the model's gradient (a chain of linear layers and ReLUs: NOTE [plain gradients on a
+    chain]), so its floor is the hand-written walk too."""
+    return isinstance(model, nn.Sequential) and all(isinstance(m, (nn.Linear, nn.ReLU)) for m in model)
+
+
+def _walk_floors(rows: dict[str, Callable[[], object]], walk: Callable[[], object] | None,
+                 ) -> dict[str, Callable[[], object]]:
+    return rows if walk is None else {FLOOR_WALK: walk, **rows}
+
+
+def _floor(times: dict[str, float], layout: str = NCHW) -> float:
+    """The faster floor: autograd's, or the walk's where ours walks."""
+    return min(times[FLOOR + layout], times.get(FLOOR_WALK + layout, float("inf")))
+
+
 def _smoothgrad_rows(model: nn.Module, x: torch.Tensor, layout: str) -> dict[str, Callable[[], object]]:
     f, p = tdhook_fn.pure(model)
-    return {
+    return _walk_floors({
         f"{FLOOR}{layout}": floor_smoothgrad(model, x),
         f"captum NoiseTunnel(Saliency){layout}": lambda: ca.NoiseTunnel(ca.Saliency(model)).attribute(
             x, nt_samples=SAMPLES, stdevs=STDEV, target=TARGET, abs=False),
         f"ours smoothgrad{layout}": lambda: smoothgrad(f, p, x, target=TARGET, nt_samples=SAMPLES, stdevs=STDEV),
-    }
+    }, floor_smoothgrad_walk(model, x) if _walkable(model) else None)
 
 
 def _gradient_shap_rows(model: nn.Module, x: torch.Tensor, refs: torch.Tensor,
                         layout: str) -> dict[str, Callable[[], object]]:
     f, p = tdhook_fn.pure(model)
-    return {
+    return _walk_floors({
         f"{FLOOR}{layout}": floor_gradient_shap(model, x, refs),
         f"captum GradientShap{layout}": lambda: ca.GradientShap(model).attribute(x, refs, n_samples=SAMPLES,
                                                                                   target=TARGET),
         f"ours gradient_shap{layout}": lambda: gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES),
-    }
+    }, floor_gradient_shap_walk(model, x, refs) if _walkable(model) else None)
 
 
 def _print_layouts(method: str, title: str, times: dict[str, float], captum: str, ours: str) -> None:
@@ -182,10 +236,10 @@ def main() -> None:
     x, refs = data[:32], data[32:]
     sg = cpu_medians(_smoothgrad_rows(model, x, NCHW), rounds=15, number=3)
     print_table(f"SmoothGrad, MLP 64-128x2-10, batch {len(x)} x {SAMPLES} samples", list(sg.items()),
-                {"floor": sg[FLOOR], "captum": sg["captum NoiseTunnel(Saliency)"]})
+                {"floor": _floor(sg), "captum": sg["captum NoiseTunnel(Saliency)"]})
     gs = cpu_medians(_gradient_shap_rows(model, x, refs, NCHW), rounds=15, number=3)
     print_table(f"GradientSHAP, MLP 64-128x2-10, batch {len(x)} x {SAMPLES} samples", list(gs.items()),
-                {"floor": gs[FLOOR], "captum": gs["captum GradientShap"]})
+                {"floor": _floor(gs), "captum": gs["captum GradientShap"]})
     _check(model, x, refs)
 
     model, data = cnn()  # both layouts in the same rounds
