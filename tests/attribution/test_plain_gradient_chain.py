@@ -112,12 +112,13 @@ def test_the_walk_gives_the_engines_maps_bitwise(name, method, dtype, batch, mon
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("target", ["per target", "labels", "negative", "0-d tensor"])
+@pytest.mark.parametrize("target", ["per target", "one per target", "one-tuple", "labels", "negative",
+                                    "0-d tensor"])
 def test_every_target_form_the_walk_takes(method, target, monkeypatch):
     model, f, p, td = _case("activations", torch.float64, (4,))
-    given = {"per target": (2, 0, -1), "labels": torch.tensor([2, 0, 1, 1]), "negative": -2,
-             "0-d tensor": torch.tensor(1)}[target]
-    call = _methods(f, p, td, given, per_target=target == "per target")[method]
+    given = {"per target": (2, 0, -1), "one per target": 1, "one-tuple": (2,), "labels": torch.tensor([2, 0, 1, 1]),
+             "negative": -2, "0-d tensor": torch.tensor(1)}[target]
+    call = _methods(f, p, td, given, per_target=target in ("per target", "one per target"))[method]
     taken = _walks(monkeypatch)
     walked = call()
     assert taken and all(taken)
