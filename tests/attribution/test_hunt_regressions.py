@@ -1,0 +1,58 @@
+"""Regressions found by an adversarial hunt for silent wrong numbers in the attribution methods."""
+
+from __future__ import annotations
+
+import attr_zoo
+import pytest
+import torch
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import deeplift, deeplift_shap, layer_deeplift
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _half_cnn(dtype: torch.dtype) -> nn.Sequential:
+    """A ReLU straight into a max pooling: where both rows are negative, the pooling's ``Δx`` is exactly 0."""
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(4 * 4 * 4, 4)).eval().to(dtype)
+
+
+CALLS = {
+    "deeplift": lambda f, p, x: deeplift(f, p, x, target=1),
+    "deeplift_shap": lambda f, p, x: deeplift_shap(f, p, x, 0.5 * x[:2], target=1),
+    "layer_deeplift": lambda f, p, x: layer_deeplift(f, p, x, target=1, layers=["[1]"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+@pytest.mark.parametrize("path", ["walk", "general"])
+def test_deeplift_in_float16_takes_the_plain_gradient_where_dx_is_zero(name, path):
+    """NOTE [eps in half precision]: eps (1e-10) compared in float16 is 0, and 0 / 0 made the whole map NaN."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 8, 8)
+    maps = {}
+    for dtype in (torch.float16, torch.float32):
+        model = _half_cnn(dtype)
+        f, p = tdhook_fn.pure(model)
+        call = lambda f=f, p=p, dtype=dtype: CALLS[name](f, p, x.to(dtype))
+        maps[dtype] = call() if path == "walk" else attr_zoo.on_general_path(model, call)
+    half, single = maps[torch.float16], maps[torch.float32]
+    assert half.dtype == torch.float16 and half.isfinite().all()
+    scale = single.abs().max().item()
+    torch.testing.assert_close(half.float(), single, rtol=0.0, atol=2e-2 * scale)
+
+
+@pytest.mark.parametrize("path", ["walk", "general"])
+def test_deeplift_in_float16_of_an_input_equal_to_its_baseline_is_zero(path):
+    """An input feature at its baseline feeds a Tanh a Δx of 0: its attribution is 0, not NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Tanh(), nn.Linear(4, 3)).half().eval()
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(2, 4).half()
+    x[:, 0] = 0
+    call = lambda: deeplift(f, p, x, target=1)
+    out = call() if path == "walk" else attr_zoo.on_general_path(model, call)
+    assert out.isfinite().all() and (out[:, 0] == 0).all()
