@@ -56,3 +56,17 @@ def test_deeplift_in_float16_of_an_input_equal_to_its_baseline_is_zero(path):
     call = lambda: deeplift(f, p, x, target=1)
     out = call() if path == "walk" else attr_zoo.on_general_path(model, call)
     assert out.isfinite().all() and (out[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["layer_conductance", "internal_influence", "neuron_conductance"])
+def test_layer_gradients_under_inference_mode_raise_naming_it(name):
+    """torch's own error (inference tensors and version counters) was the message; now the method's, as saliency's."""
+    from tdhook_fn import attribution
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(4, 5)
+    kwargs = ({"layer": "[1]", "neuron_selector": (1,)} if name == "neuron_conductance" else {"layers": ["[1]"]})
+    with torch.inference_mode(), pytest.raises(ValueError, match=rf"{name}.*inference_mode\(\) is active"):
+        getattr(attribution, name)(f, p, x, target=1, n_steps=3, **kwargs)
