@@ -70,3 +70,48 @@ def test_layer_gradients_under_inference_mode_raise_naming_it(name):
     kwargs = ({"layer": "[1]", "neuron_selector": (1,)} if name == "neuron_conductance" else {"layers": ["[1]"]})
     with torch.inference_mode(), pytest.raises(ValueError, match=rf"{name}.*inference_mode\(\) is active"):
         getattr(attribution, name)(f, p, x, target=1, n_steps=3, **kwargs)
+
+
+def _bias_registered_first(module: nn.Module) -> nn.Module:
+    """``del m.weight; m.weight = Parameter(...)``: the same module, its parameters now in the order (bias, weight)."""
+    weight = module.weight
+    del module.weight
+    module.weight = nn.Parameter(weight.detach().clone())
+    return module
+
+
+@pytest.mark.parametrize("where", ["[0]", "[2]", "[4]"])
+@pytest.mark.parametrize("conv", [False, True], ids=["linear", "conv"])
+def test_a_layer_whose_bias_is_registered_first_gives_the_same_maps(where, conv):
+    """The chain walks read a link's tensors in slot order as (weight, bias): a layer registered the other way
+    round crashed them with unrelated errors (or could pass its bias as the weight); it now takes the general path."""
+    import copy
+
+    from tdhook_fn.attribution import EpsilonPlus, deconvolution, guided_backprop, guided_grad_cam, lrp
+
+    torch.manual_seed(0)
+    if conv:
+        model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Conv2d(3, 3, 3), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(3 * 2 * 2, 3)).double().eval()
+        x = torch.randn(4, 2, 6, 6, dtype=torch.float64)
+        if where == "[4]":
+            where = "[5]"
+    else:
+        model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3)).double().eval()
+        x = torch.randn(4, 6, dtype=torch.float64)
+    swapped = copy.deepcopy(model)
+    _bias_registered_first(swapped[int(where[1])])
+    assert next(iter(swapped[int(where[1])]._parameters)) == "bias"
+    calls = {
+        "deconvolution": lambda f, p: deconvolution(f, p, x, target=1),
+        "guided_backprop": lambda f, p: guided_backprop(f, p, x, target=1),
+        "deeplift": lambda f, p: deeplift(f, p, x, 0.1, target=1),
+        "deeplift_shap": lambda f, p: deeplift_shap(f, p, x, 0.5 * x[:2], target=1),
+        "layer_deeplift": lambda f, p: layer_deeplift(f, p, x, target=1, layers=["[1]"]),
+        "lrp": lambda f, p: lrp(f, p, x, target=1, rules=EpsilonPlus()),
+    }
+    if conv:
+        calls["guided_grad_cam"] = lambda f, p: guided_grad_cam(f, p, x, target=1, layer="[2]")
+    for name, call in calls.items():
+        expected = call(*tdhook_fn.pure(model))
+        torch.testing.assert_close(call(*tdhook_fn.pure(swapped)), expected, rtol=1e-12, atol=1e-14, msg=name)
