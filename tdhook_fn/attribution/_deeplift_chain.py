@@ -42,6 +42,7 @@ from torch import nn
 
 from .._targets import Target
 from ._chain_walk import ACTIVATIONS, Back, WalkLink, WalkPlan, walk
+from ._deeplift_rules import below_eps
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
 __all__ = ["chain_deeplift", "chain_layer_deeplift", "deeplift_step"]
@@ -54,13 +55,14 @@ def _ratio(dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
 
 def _flat(dx: torch.Tensor, eps: float, *, owned: bool = False) -> torch.Tensor | None:
     """Where ``|dx| < eps``; ``None`` where nowhere, the usual case, told by a reduction (the mask's full op is
-    saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact.
+    saved; the walk runs eagerly, so the data may decide). A nan reads as somewhere: the mask is exact (in half
+    precision too: NOTE [eps in half precision]).
 
     ``owned``: ``dx`` is the caller's and read no more, so its sizes are taken in place (no new tensor).
     """
     size = dx.abs_() if owned else dx.abs()
     # the smallest size compared as a Python number: one op fewer than a 0-d comparison and its bool
-    return None if size.numel() == 0 or size.amin().item() >= eps else size < eps
+    return None if size.numel() == 0 or size.amin().item() >= eps else below_eps(size, eps)
 
 
 def _halves(t: torch.Tensor, n: int, pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +95,7 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: b
     out = module(both)
     (h, r), (y, y_ref) = _halves(both, n, pairs), _halves(out, n, pairs)
     dx = h - r
-    flat = dx.abs() < eps
+    flat = below_eps(dx.abs(), eps)
     ratio = _ratio(y - y_ref, dx)
 
     def back(g: torch.Tensor) -> torch.Tensor:

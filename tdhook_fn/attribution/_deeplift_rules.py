@@ -36,7 +36,21 @@ from torch import nn
 from ._lrp.module_call import ModuleCall
 from ._lrp.rules import Relevances
 
-__all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "needs_reference_gradients", "rescale_rules"]
+__all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "below_eps", "needs_reference_gradients",
+           "rescale_rules"]
+
+# NOTE [eps in half precision]
+# In float16, captum's eps (1e-10) rounds to 0 when compared with a float16 tensor, so
+# ``|dx| < eps`` is false even where dx is 0 (a ReLU's output at two negative inputs, as
+# a max pooling after it sees), and 0 / 0 puts NaN in the map. The sizes are compared
+# in float32 instead (every float16 and bfloat16 value is exact there): the plain
+# gradient is taken where ``|dx| < eps``, as in float32.
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def below_eps(size: torch.Tensor, eps: float) -> torch.Tensor:
+    """Where ``size < eps``, compared in float32 at least (NOTE [eps in half precision])."""
+    return (size.float() if size.dtype in _HALVES else size) < eps
 
 
 def _halves(call: ModuleCall, n: int, rows: int,
@@ -107,7 +121,7 @@ class _RescaleRule:
         """``x, x_ref, y, y_ref`` (as `_halves`), ``dx = x - x_ref``, and where ``|dx| < eps``."""
         x, x_ref, y, y_ref = _halves(call, self.n, self.rows, what)
         dx = x - x_ref
-        return x, x_ref, y, y_ref, dx, dx.abs() < self.eps
+        return x, x_ref, y, y_ref, dx, below_eps(dx.abs(), self.eps)
 
     def _rescaled(self, call: ModuleCall, grad: torch.Tensor, what: str, plain: Callable[[], torch.Tensor],
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

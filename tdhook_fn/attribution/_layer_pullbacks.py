@@ -24,7 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, with_copied_inputs
 from .._taps import Tap
-from .._targets import Target
+from .._targets import Target, autograd_off_note
 from .._vjp import RandomState, any_requires_grad, reaches_other_leaves, untransformed
 from ._engine import check_target_layer_runs, offered_targets, target_layer_taps
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, checked_taps, run_counters, with_specs
@@ -65,6 +65,9 @@ def layer_pullbacks(f: Functional, params: TensorDictBase, points: TensorDictBas
     taps of the call, after the layers' own; ``target_layers`` paths whose activations the
     target sees, as in `gradients`.
     """
+    # (else torch's own error, about version counters, would be the message; Dynamo cannot trace the question)
+    if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
+        raise ValueError(f"{caller}: the gradients at layers {list(layers)} need autograd{autograd_off_note()}")
     batch = points.batch_size
     flat = points.reshape(-1)
     names = [f"{_KEY}{i}" for i in range(len(layers))]

@@ -106,10 +106,12 @@ def affine_of(cls: type[nn.Module], state: Mapping[str, Any], parameters: Mappin
     """The affine map of a module of class ``cls``, instance attributes ``state`` and ``parameters``, if any.
 
     ``state`` is the module's ``__dict__`` (or a template's state): a ``forward`` in it
-    (an instance wrapper), padding other than zeros given as numbers, or a weight that
-    is not a parameter mean no.
+    (an instance wrapper), padding other than zeros given as numbers, a weight that
+    is not a parameter, or one registered after the bias (``del m.weight; m.weight = ...``) mean no.
     """
     if "forward" in state or parameters.get("weight") is None or any(k != "weight" and k != "bias" for k in parameters):
+        return None
+    if next(iter(parameters)) != "weight":  # (a bias registered first: the walks read a link's tensors in slot order)
         return None
     if cls is nn.Linear:
         return _LINEAR
