@@ -249,13 +249,25 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
         if not isinstance(link.module, classes_to_skip) or any(
                 not isinstance(model.get_submodule(c), classes_to_skip) for c in first_of):
             rectified.add(id(link))  # (the plan holds its links: their ids stay theirs while it is kept)
+    # the last link's backward is skipped where its weight's rows seed the walk (NOTE [seed rows]): the relu at its
+    # input is then taken as the gradient enters the link before it (a second relu where it does run changes nothing)
+    links = plan.links
+    entering = id(links[-2]) if len(links) > 1 and id(links[-1]) in rectified else None
+    # an empty Sequential has no link, but a tap at its input: where one is guided, the walk declines (the general path)
+    unlinked = any(isinstance(m, nn.Sequential) and not m._modules and not isinstance(m, classes_to_skip)
+                   for m in model.modules())
 
     def guided(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
                rows: int) -> tuple[torch.Tensor, Back] | None:
-        ran = _OWN_STEP(link, own, h, n, eps, rows)
-        if ran is None or id(link) not in rectified:
+        ran = None if unlinked else _OWN_STEP(link, own, h, n, eps, rows)
+        if ran is None:
             return ran
         y, back = ran
+        if id(link) == entering:
+            own_back = back if id(link) not in rectified else (lambda g: torch.relu(back(g)))
+            return y, lambda g: own_back(torch.relu(g))
+        if id(link) not in rectified:
+            return ran
         return y, lambda g: torch.relu(back(g))
 
     if len(plan.derived) >= _DERIVED_KEPT:

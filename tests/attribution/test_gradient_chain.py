@@ -185,6 +185,9 @@ def test_guided_grad_cam_takes_the_walk_on_a_chain(monkeypatch):
 
 
 SKIPS = {"none (tdhook's default)": (), "linear": (nn.Linear,), "sequential and linear": (nn.Sequential, nn.Linear),
+         # (the last linear layer guided, the activation before it not: its weight's rows seed the walk, which
+         # must still rectify them, NOTE [seed rows])
+         "relu": (nn.ReLU,), "activations": (nn.ReLU, nn.LeakyReLU, nn.Sigmoid, nn.Tanh, nn.Softmax),
          "all but relu": (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
                           nn.Flatten, nn.Dropout, nn.Sequential, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.Softmax)}
 
@@ -209,6 +212,20 @@ def test_an_enclosing_sequential_rectifies_its_first_link():
     only_linear = guided_backprop(f, p, td, target=1, classes_to_skip=(nn.Linear,))["input"]
     also_sequential = guided_backprop(f, p, td, target=1, classes_to_skip=(nn.Linear, nn.Sequential))["input"]
     assert (only_linear >= 0).all() and (also_sequential < 0).any()
+
+
+def test_an_empty_sequential_is_rectified_at_its_input_on_the_general_way():
+    """An empty ``Sequential`` is no link of the walk but a module tdhook taps: the walk declines where it is guided."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(), nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)).double().eval()
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    guides = [tdhook_fn.map_grad(path, torch.relu, site="input")
+              for path in tdhook_fn.attribution.module_paths(model, (nn.Linear,))]
+    by_taps = tdhook_fn.attribution.saliency(f, p, x, target=1, taps=guides)
+    torch.testing.assert_close(guided_backprop(f, p, x, target=1, classes_to_skip=(nn.Linear,)), by_taps,
+                               rtol=0, atol=0)
+    assert (by_taps >= 0).all()
 
 
 def test_guided_backprop_takes_the_walk_on_a_chain(monkeypatch):
