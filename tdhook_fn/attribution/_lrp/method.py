@@ -108,6 +108,10 @@ class _RuleVJP(torch.autograd.Function):
         return (None, None, *relevances, *(None,) * len(state))
 
 
+# (torch declares Function.apply untyped: its signature here, stated once)
+_rule_vjp: Callable[..., Any] = _RuleVJP.apply
+
+
 def _scaled(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``t`` unchanged, its gradient multiplied by ``factor`` on the way back (NOTE [zero-valued carriers]).
 
@@ -177,7 +181,7 @@ class _RuleTap(Tap):
             tensors: list[torch.Tensor] = []
             template = Template.of(mod, tensors)
             site = _Site(rule, path, template, dict(kwargs), len(args))
-            return _RuleVJP.apply(output, site, *args, *tensors)  # type: ignore[no-untyped-call]
+            return _rule_vjp(output, site, *args, *tensors)
 
         handle = module.register_forward_hook(hook, prepend=True, with_kwargs=True)
         return cast(RemovableHandle, _Handles(handle, *seen.handles))
