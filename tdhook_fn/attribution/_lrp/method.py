@@ -29,8 +29,8 @@
 # own backward (z+, alpha-beta, w², flat, ...) use ``_RuleVJP``.
 #
 # The "gradient" the engine pulls back to the inputs is then relevance: one forward, one
-# pullback (per target: one-hot cotangents), as for every gradient method (NOTE
-# [attribution engine]). The rules multiply by their inputs themselves (``R_i = x_i c_i``
+# pullback (per target: one-hot cotangents), as for every gradient method
+# (NOTE [attribution engine]). The rules multiply by their inputs themselves (``R_i = x_i c_i``
 # in the epsilon rule), so the result is *not* multiplied by the inputs again, as in
 # tdhook. The relevance put in at the targets is the cotangent: ones (tdhook's default),
 # one-hots with ``per_target``, or ``cotangents(targets)``. So relevances are those of the
