@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ._mapped_gradient import mapped_gradient
 from ._paths import path_to_name
 
 __all__ = [
@@ -148,8 +149,8 @@ class Tap:
 
         def mapped(value: Any) -> Any:
             if isinstance(value, torch.Tensor):  # (the common case, one tensor: no tree walk)
-                return _map_grad(value, fn)
-            return optree.tree_map(lambda t: _map_grad(t, fn), value)
+                return mapped_gradient(value, fn)
+            return optree.tree_map(lambda t: mapped_gradient(t, fn), value)
 
         return mapped
 
@@ -176,52 +177,6 @@ def _at_run(transform: Callable[[Any], Any], index: int) -> Callable[[Any], Any]
         return transform(value) if runs == index + 1 else None
 
     return at_run
-
-
-class _MapGrad(torch.autograd.Function):
-    """Identity forward; ``fn`` applied to the gradient on the way back."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        # a copy, not a view: whatever reads it may write it in place (ReLU(inplace=True),
-        # out += identity), which autograd forbids on a Function's view
-        return x.clone()
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.fn = inputs[1]
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.fn(grad), None
-
-
-class _PlainMapGrad(torch.autograd.Function):
-    """`_MapGrad` in the plain style: a Function with ``setup_context`` (what vmap and grad need)
-    binds its arguments through ``inspect.signature`` at every apply, about as long again as the
-    Function itself, so outside functorch transforms and torch.compile this twin runs."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        ctx.fn = fn
-        return x.clone()  # (a copy, as `_MapGrad`'s)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.fn(grad), None
-
-
-def _map_grad(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    if not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()):
-        return _PlainMapGrad.apply(value, fn)  # type: ignore[no-untyped-call]
-    # through a view, never on the tensor itself: under torch.compile (2.13) a Function applied
-    # directly to a torch.func.grad primal (a map_grad at the model's input) loses its backward,
-    # and the plain gradient comes out (tests/core/test_compile.py, guided_backprop); a view is free
-    return _MapGrad.apply(value.view_as(value), fn)  # type: ignore[no-untyped-call]
 
 
 def capture(

@@ -56,6 +56,9 @@ from ._params import leaves as td_leaves
 __all__ = ["RandomState", "any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
 
 _ACCUMULATE: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
+# (untyped in torch: their signatures, stated once)
+_cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
+_cuda_rng_states: Callable[[], list[torch.Tensor]] = torch.cuda.get_rng_state_all
 Pullback = Callable[..., tuple[Any]]  # (cotangent, retain_graph=True, wanted=None)
 
 
@@ -344,7 +347,7 @@ class RandomState:
 
     def __init__(self) -> None:
         self.cpu = torch.default_generator.get_state()  # (torch.get_rng_state, without its Python call)
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+        self.cuda = _cuda_rng_states() if _cuda_initialized() else None
 
     def restore(self) -> None:
         """Put the generators back as they were when this was made."""

@@ -32,10 +32,11 @@ __all__ = ["deconvolution", "relu_paths", "relu_rule_taps"]
 # leak), or a hook of the model's that changes the module's input or output, keeps its
 # values. The module runs on a detached input, so its own backward reaches its
 # parameters only (captum's hook replaces the gradient of the inputs alone). A plain
-# ``nn.ReLU`` that nothing else sees runs on a stand-in instead (NOTE [a stand-in for
-# the replaced ReLU]) and its output is ``relu`` of the kept input, by `_RectifiedGrad`.
-# (Guided backprop keeps the module's backward: NOTE [guided backprop as taps].) Plain
-# taps and autograd.Functions, so it runs under vmap, grad and torch.compile(fullgraph=True) alike.
+# ``nn.ReLU`` that nothing else sees runs on a stand-in instead
+# (NOTE [a stand-in for the replaced ReLU]) and its output is ``relu`` of the kept
+# input, by `_RectifiedGrad`. (Guided backprop keeps the module's backward:
+# NOTE [guided backprop as taps].) Plain taps and autograd.Functions, so it runs under
+# vmap, grad and torch.compile(fullgraph=True) alike.
 
 
 class _RectifiedGrad(torch.autograd.Function):
@@ -98,21 +99,19 @@ class _PlainRerouted(torch.autograd.Function):
         return torch.relu(grad), grad
 
 
-# NOTE [plain-style Function outside transforms]
-# A Function with a ``setup_context`` (what vmap and grad need) binds its arguments
-# through ``inspect.signature`` at every apply, about as long again as the Function
-# itself; outside functorch transforms and torch.compile, the plain-style twin with the
-# same forward and backward runs instead.
+# (torch declares Function.apply untyped: each apply's signature, stated once)
+_rectified_grad: Callable[[torch.Tensor], torch.Tensor] = _RectifiedGrad.apply
+_plain_rectified_grad: Callable[[torch.Tensor], torch.Tensor] = _PlainRectifiedGrad.apply
+_rerouted_grad: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _Rerouted.apply
+_plain_rerouted_grad: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _PlainRerouted.apply
 
 
 def _rectified(x: torch.Tensor) -> torch.Tensor:
     """``relu(x)`` with ``relu`` of the gradient backward (NOTE [deconvolution as taps])."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        # through a view, as `_taps._map_grad` (a Function on a torch.func.grad primal under torch.compile)
-        out: torch.Tensor = _RectifiedGrad.apply(x.view_as(x))  # type: ignore[no-untyped-call]
-        return out
-    plain: torch.Tensor = _PlainRectifiedGrad.apply(x)  # type: ignore[no-untyped-call]
-    return plain
+        # through a view, as `mapped_gradient` (a Function on a torch.func.grad primal under torch.compile)
+        return _rectified_grad(x.view_as(x))
+    return _plain_rectified_grad(x)
 
 
 def _rerouted(site: _ReLUSite, x: torch.Tensor, out: Any) -> torch.Tensor:
@@ -124,10 +123,8 @@ def _rerouted(site: _ReLUSite, x: torch.Tensor, out: Any) -> torch.Tensor:
                          "which needs one output tensor shaped as the input (captum fails here too): give the module "
                          "a forward that keeps the shape, or make it a subclass of nn.Module rather than nn.ReLU")
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        rerouted: torch.Tensor = _Rerouted.apply(x.view_as(x), out)  # type: ignore[no-untyped-call]
-        return rerouted
-    plain: torch.Tensor = _PlainRerouted.apply(x, out)  # type: ignore[no-untyped-call]
-    return plain
+        return _rerouted_grad(x.view_as(x), out)
+    return _plain_rerouted_grad(x, out)
 
 
 # NOTE [a stand-in for the replaced ReLU]

@@ -1,8 +1,8 @@
-"""DeepLift with the rescale rule (Shrikumar et al. 2017), as captum 0.9 computes it, on LRP's walk.
+"""DeepLift with the rescale rule (Shrikumar et al. 2017), as captum 0.9 computes it.
 
-The inputs and their references run through ``f`` as one batch, and `lrp` pulls the
-target back with the rescale rule at each nonlinearity (NOTE [deeplift as lrp rules]):
-one forward, one modified backward (per target: one-hot cotangents, no further forward).
+On a chain the walk knows, the chain walk gives the maps (NOTE [deeplift on a chain]),
+from a TensorDict or, by the methods' tensor paths, from a tensor; elsewhere LRP's walk
+on the inputs and references stacked as one batch (`stacked_deeplift`).
 """
 
 from __future__ import annotations
@@ -14,23 +14,21 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, fresh_tensordict
-from .._taps import capture
-from .._targets import Target, as_target
+from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._chain_walk import WalkPlan, chain_links, holds_only, tensor_plan, walk_plan
 from ._checks import check_call, check_layers
 from ._deeplift_chain import chain_deeplift, chain_layer_deeplift
-from ._deeplift_rules import needs_reference_gradients, rescale_rules
+from ._deeplift_rules import EPS
+from ._deeplift_stacked import stacked_deeplift, stacked_layer_deeplift
 from ._engine import unflatten
 from ._inputs import UNSET, accepts_tensors_via, one_tensor
-from ._lrp.method import lrp
-from ._replaced_derivatives import as_values
 
-__all__ = ["EPS", "by_tensor_path", "checked_functional", "deeplift", "layer_deeplift"]
+__all__ = ["by_tensor_path", "checked_functional", "deeplift", "layer_deeplift"]
 
-EPS = 1e-10  # (captum's default eps, the methods' and their tensor paths')
+
 def checked_functional(caller: str, f: Any, eps: float) -> Functional:
     """``f`` as the Functional DeepLift needs, once ``f`` and ``eps`` are checked (named by ``caller``)."""
     if not isinstance(f, Functional):
@@ -39,102 +37,6 @@ def checked_functional(caller: str, f: Any, eps: float) -> Functional:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"{caller}: eps must be a number >= 0, got {eps!r}")
     return f
-
-
-def _shared(inputs: TensorDictBase, baselines: Baselines, starts: TensorDictBase, carried: bool) -> bool:
-    """Whether every sample has the same reference, and the inputs hold nothing else (one reference row suffices)."""
-    if carried:
-        return False  # (the references' rows carry each sample's gradient)
-    if set(inputs.keys(True, True)) != set(starts.keys(True, True)):
-        return False  # (other inputs, e.g. masks or labels, differ per sample: one reference row per sample)
-    if isinstance(baselines, (int, float)):
-        return True
-    dims = inputs.batch_dims
-    return all(all(s == 0 for s in cast(torch.Tensor, v).stride()[:dims]) for v in starts.values(True, True))
-
-
-def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[NestedKey], caller: str,
-             carried: bool) -> tuple[TensorDictBase, TensorDictBase]:
-    """The inputs' rows, then the references' (one, or one per sample), flat; and the references ``[*B]``."""
-    starts = path_starts(inputs, baselines, keys, caller)
-    flat = inputs.reshape(-1)
-    if _shared(inputs, baselines, starts, carried):
-        lead = inputs.batch_dims
-        reference = TensorDict({k: v.reshape(-1, *v.shape[lead:])[:1] for k, v in starts.items(True, True)},
-                               batch_size=[1])
-    else:
-        reference = flat.clone(False)
-        reference.update(starts.reshape(-1))
-    return cast(TensorDictBase, torch.cat([flat, reference])), starts
-
-
-def _on_rows(target: Target, f: Functional, n: int, batch: torch.Size,
-             carried: bool) -> Callable[[TensorDictBase], Any]:
-    """The target read at the inputs' rows of the stacked batch; at the references' too where they carry a gradient.
-
-    Elsewhere zeros there: no gradient (NOTE [deeplift as lrp rules]).
-    """
-    select = as_target(target, outputs=f.out_keys)
-
-    def read(offered: TensorDictBase) -> TensorDict:
-        values = select(offered.reshape(batch))
-        if isinstance(values, torch.Tensor):
-            values = TensorDict({"target": values}, batch_size=batch)
-        if not isinstance(values, TensorDictBase):
-            raise TypeError(f"a target must return a TensorDict or a tensor, got {type(values).__name__}")
-        for key, value in values.items(True, True):
-            if value.shape[: len(batch)] != batch:
-                raise ValueError(f"target returned {key!r} of shape {list(value.shape)}; its leading dims must be "
-                                 f"the batch {list(batch)}")
-        return cast(TensorDict, values)
-
-    def on_rows(offered: TensorDictBase) -> TensorDict:
-        at_inputs = read(offered[:n])
-        at_references = read(offered[n:]) if carried else None
-        rows = offered.batch_size[0] - n
-        out = TensorDict({}, batch_size=offered.batch_size)
-        for key, leaf in at_inputs.items(True, True):
-            value = cast(torch.Tensor, leaf).reshape(n, *leaf.shape[len(batch):])
-            other = (value.new_zeros((rows, *value.shape[1:])) if at_references is None
-                     else cast(torch.Tensor, at_references.get(key)).reshape(rows, *value.shape[1:]))
-            out.set(key, torch.cat([value, other]))
-        return out
-
-    return on_rows
-
-
-def _input_rows(t: torch.Tensor, lead: int, n: int, batch: torch.Size) -> torch.Tensor:
-    """A map of the stacked batch (after ``lead`` target dims) at the inputs' rows, batch ``[*B]`` again."""
-    return unflatten(t.narrow(lead, 0, n), lead, batch)
-
-
-def _multipliers(caller: str, f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
-                 target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey], layers: Sequence[str],
-                 multiply: bool = False) -> tuple[TensorDict, TensorDictBase | None, TensorDictBase | None]:
-    """DeepLift's multipliers (batch ``[*B]`` or ``[T, *B]``), the references, the stacked inputs (``None``: walked).
-
-    ``keys`` are replaced by the baselines; they are attributed unless ``layers`` are.
-    ``multiply``: the walk may hand back the multipliers times ``inputs - references``
-    already, in one step; then the references are ``None``.
-    """
-    fn = checked_functional(caller, f, eps)
-    batch = inputs.batch_size
-    n = batch.numel()
-    lead = 1 if per_target else 0
-    if not layers and len(keys) == 1 and untransformed() and holds_only(inputs, keys[0]):
-        walked = _walked(caller, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply)
-        if walked is not None:
-            return walked
-    inputs = as_values(caller, params, inputs)  # (refused under its own name, not lrp's: NOTE [replaced derivatives
-    carried = needs_reference_gradients(fn.model)  # are not differentiated])
-    stacked, starts = _stacked(inputs, baselines, keys, caller, carried)
-    maps = lrp(fn, params, stacked, target=_on_rows(target, fn, n, batch, carried),
-               rules=rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target, layers=layers,
-               use_inputs=not layers, input_keys=list(keys), warn_on_missing_rule=False)
-    out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
-    for key, value in maps.items(True, True):
-        out.set(key, _input_rows(cast(torch.Tensor, value), lead, n, batch))
-    return out, starts, stacked
 
 
 def _reference_rows(caller: str, inputs: TensorDictBase, baselines: Baselines,
@@ -154,12 +56,9 @@ def _reference_rows(caller: str, inputs: TensorDictBase, baselines: Baselines,
 
 
 def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
-            target: Target, eps: float, per_target: bool, key: NestedKey, multiply: bool,
-            ) -> tuple[TensorDict, TensorDictBase | None, None] | None:
-    """The multipliers by the chain walk (NOTE [deeplift on a chain]), and the references; ``None``: not a chain.
-
-    With ``multiply``, the multipliers times ``inputs - references``, and no references.
-    """
+            target: Target, eps: float, per_target: bool, key: NestedKey, multiply: bool) -> TensorDict | None:
+    """The multipliers by the chain walk (NOTE [deeplift on a chain]), times ``inputs - references`` with
+    ``multiply``; ``None``: not a chain."""
     plan = walk_plan(f)
     check_call(caller, f, params, inputs, (key,), target, modes=plan is None)
     if plan is not None:
@@ -168,23 +67,16 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
         return None
     x, lead, batch = inputs.get(key), inputs.batch_dims, inputs.batch_size
     reference, starts = _reference_rows(caller, inputs, baselines, key)
-    b: torch.Tensor | None  # the references, broadcasting to the inputs; None: zeros, not read
-    if starts is None:  # (a zero reference: the inputs are their own change)
-        b = None if multiply and float(cast(float, baselines)) == 0.0 else reference[0]
-    else:
+    b: torch.Tensor | None = None  # the references, broadcasting to the inputs (read with multiply); None: zeros
+    if multiply and starts is not None:
         b = starts.get(key)
+    elif multiply and float(cast(float, baselines)) != 0.0:  # (a zero reference: the inputs are their own change)
+        b = reference[0]
     walked = _walked_maps(plan, params, x, lead, batch, reference, b, target, eps, per_target, multiply)
     if walked is None:
         return None
-    first = 1 if per_target else 0
-    if multiply:
-        starts = None
-    elif starts is None:
-        assert b is not None
-        starts = TensorDict({key: b.expand(x.shape)}, batch_size=batch)
-    size = torch.Size([*walked.shape[:first], *batch])
-    maps = fresh_tensordict({key: walked}, size)  # (one new map whose leading dims are that batch)
-    return maps, starts, None
+    size = torch.Size([*walked.shape[:1 if per_target else 0], *batch])
+    return fresh_tensordict({key: walked}, size)  # (one new map whose leading dims are that batch)
 
 
 def _walked_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
@@ -313,15 +205,13 @@ def deeplift(
     if walked is not None:
         return walked
     keys = attributed_keys("deeplift", f, inputs, input_keys)
-    grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, (),
-                                    multiply_by_inputs)
-    if not multiply_by_inputs or starts is None:  # (None: the walk multiplied)
-        return grads
-    out = TensorDict({}, batch_size=grads.batch_size)
-    with torch.no_grad():  # (not differentiable: a graph through the inputs' factor alone would be a wrong one)
-        for key in keys:
-            out.set(key, grads.get(key) * (inputs.get(key) - starts.get(key)))
-    return out
+    fn = checked_functional("deeplift", f, eps)
+    if len(keys) == 1 and untransformed() and holds_only(inputs, keys[0]):
+        walked = _walked("deeplift", fn, params, inputs, baselines, target, eps, per_target, keys[0],
+                         multiply_by_inputs)
+        if walked is not None:
+            return walked
+    return stacked_deeplift(fn, params, inputs, baselines, target, eps, per_target, keys, multiply_by_inputs)
 
 
 def _layer_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
@@ -433,17 +323,9 @@ def layer_deeplift(
                                 multiply_by_inputs)
         if walked is not None:
             return walked
-    fn = checked_functional("layer_deeplift", f, eps)  # (before the try: its ValueError is about eps)
-    try:
-        grads, _, stacked = _multipliers("layer_deeplift", f, params, inputs, baselines, target, eps, per_target,
-                                         keys, layers)
-    except ValueError as error:
-        _refuse_layers_run_twice(fn, params, inputs, layers, error)
-        raise
-    if not multiply_by_inputs:
-        return grads
-    assert stacked is not None  # (layers take the general path)
-    return _times_layer_change(f, params, stacked, grads, layers, inputs.batch_size)
+    fn = checked_functional("layer_deeplift", f, eps)
+    return stacked_layer_deeplift(fn, params, inputs, baselines, target, eps, per_target, keys, layers,
+                                  multiply_by_inputs)
 
 
 def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines, target: Target,
@@ -467,49 +349,3 @@ def _layers_walked(f: Any, params: TensorDictBase, inputs: TensorDictBase, basel
     if out is None:
         return None
     return fresh_tensordict(out, [*next(iter(out.values())).shape[:1 if per_target else 0], *batch])
-
-
-def _refuse_layers_run_twice(f: Functional, params: TensorDictBase, inputs: TensorDictBase, layers: Sequence[str],
-                             error: ValueError) -> None:
-    """Raise, naming `layer_deeplift`, where ``error`` came of a layer whose module runs more than once.
-
-    LRP's walk refuses such a layer naming ``lrp`` and its ``layer_calls``, which
-    `layer_deeplift` does not take; the runs are counted here, only once the call has failed.
-    """
-    runs = dict.fromkeys(layers, 0)
-
-    def counter(path: str) -> Callable[[Any], Any]:
-        def count(value: Any) -> Any:
-            runs[path] += 1
-            return value
-
-        return count
-
-    try:
-        with torch.no_grad():
-            f.with_taps(*(capture(path, key=f"_tdhook_fn_runs_{i}", fn=counter(path))
-                          for i, path in enumerate(layers)))(params, inputs)
-    except Exception:
-        return  # (the forward itself fails: the first error says why)
-    for path, count in runs.items():
-        if count > 1:
-            raise ValueError(
-                f"layer_deeplift: layer {path!r} runs {count} times in one forward; DeepLift attributes a layer "
-                "whose module runs once: give each call its own module (a copy of the shared one, with the same "
-                "weights) and attribute the one you mean, or attribute the inputs with deeplift"
-            ) from error
-
-
-def _times_layer_change(f: Any, params: TensorDictBase, stacked: TensorDictBase, grads: TensorDict,
-                        layers: Sequence[str], batch: torch.Size) -> TensorDict:
-    """The multipliers at each layer times the layer's activation at the inputs minus at the references."""
-    n = batch.numel()
-    keys = [f"_tdhook_fn_deeplift_{i}" for i in range(len(layers))]
-    with torch.no_grad():
-        seen = f.with_taps(*(capture(path, key=key) for path, key in zip(layers, keys, strict=True)))(params, stacked)
-    out = TensorDict({}, batch_size=grads.batch_size)
-    for path, key in zip(layers, keys, strict=True):
-        act = seen.get(key)
-        change = act[:n] - act[n:]
-        out.set(path, grads.get(path) * unflatten(change, 0, batch))
-    return out

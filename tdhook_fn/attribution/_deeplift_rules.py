@@ -36,8 +36,10 @@ from torch import nn
 from ._lrp.module_call import ModuleCall
 from ._lrp.rules import Relevances
 
-__all__ = ["RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "below_eps", "needs_reference_gradients",
+__all__ = ["EPS", "RESCALED", "Rescale", "RescaleMaxPool", "RescaleSoftmax", "below_eps", "needs_reference_gradients",
            "rescale_rules"]
+
+EPS = 1e-10  # (captum's default eps: the rules', the methods' and their tensor paths')
 
 # NOTE [eps in half precision]
 # In float16, captum's eps (1e-10) rounds to 0 when compared with a float16 tensor, so
@@ -113,7 +115,7 @@ class _RescaleRule:
 
     n: int
     rows: int
-    eps: float = 1e-10
+    eps: float = EPS
     carried: bool = False
 
     def _differences(self, call: ModuleCall, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,

@@ -19,8 +19,9 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
 from ._chain_walk import WalkPlan, holds_only, tensor_plan, walk_plan
-from ._deeplift import EPS, by_tensor_path, checked_functional, deeplift
+from ._deeplift import by_tensor_path, checked_functional, deeplift
 from ._deeplift_chain import chain_deeplift
+from ._deeplift_rules import EPS
 from ._engine import unflatten
 from ._inputs import UNSET, accepts_tensors_via
 

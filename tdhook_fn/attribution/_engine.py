@@ -41,22 +41,22 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey, fresh_tensordict, one_key_as_list, with_copied_inputs
 from .._params import leaf_keys
 from .._pool_layout import forward_only
-from .._taps import Tap, capture, map_grad
+from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
 from .._vjp import vjp
 from ._checks import check_call
 from ._cotangents import Cotangents, Pass, check_per_target_or_cotangents, pull_each, pull_passes, seed_cotangents
 from ._gradient_chain import plain_gradients
-from ._layer_specs import LayerSpec, check_runs, checked_taps, run_counters, with_specs
+from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
 from ._replaced_derivatives import as_values, refuse_level_zero_graph, replaces_any
+from ._target_layers import check_target_layer_runs, target_layer_keys, target_layer_taps, target_layer_values
 
 __all__ = [
     "GradFn",
     "Gradients",
     "TargetFn",
     "as_functional",
-    "check_target_layer_runs",
     "flat_inputs",
     "grad_taps",
     "gradients",
@@ -64,14 +64,13 @@ __all__ = [
     "offered_targets",
     "per_key",
     "scaled",
-    "target_layer_taps",
     "target_values",
     "unflatten",
 ]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
 GradFn = Callable[[torch.Tensor], torch.Tensor]
-_ACT, _TGT = "_tdhook_fn_activation_", "_tdhook_fn_target_layer_"
+_ACT = "_tdhook_fn_activation_"
 
 
 @dataclass
@@ -83,8 +82,7 @@ class Gradients:
             with ``per_target``.
         activations (TensorDict): activations of the attributed layers, by path, ``[*B]``.
         targets (TensorDict | None): the target values, ``[*B]`` (plus a last ``T`` dim for
-            several targets); ``None`` where the chain walk made the maps (NOTE [plain gradients
-            on a chain]: it never runs the layer the target reads).
+            several targets); ``None`` where the chain walk made the maps (it reads no target).
     """
 
     grads: TensorDict
@@ -256,13 +254,13 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
     if target_layers or taps:  # (built only where there are some: this runs on every perturbation call)
         runs = [0] * len(target_layers)
         run = as_functional(f).with_taps(*target_layer_taps(target_layers, runs), *taps)
-        private = [f"{_TGT}{i}" for i in range(len(target_layers))]
+        private = target_layer_keys(target_layers)
     with forward_only():
         out = run(params, flat)
     seen = None
     if target_layers:
         check_target_layer_runs("target_values", target_layers, runs)
-        seen = _seen(out, target_layers)
+        seen = target_layer_values(out, target_layers)
     return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
 
 
@@ -290,9 +288,9 @@ def gradients(
     whose result replaces the activation before the perturbation is added (layer
     integrated gradients interpolates there). An int or tuple ``target`` indexes the
     single output of ``f`` (extra input keys and target layers do not count).
-    ``layer_calls`` picks the run of a layer whose module runs more than once (NOTE
-    [modules that run more than once]); ``caller``, the public function's name, starts its
-    errors. ``checked``: the caller ran `check_call` on its own arguments and checked the
+    ``layer_calls`` picks the run of a layer whose module runs more than once
+    (NOTE [modules that run more than once]); ``caller``, the public function's name, starts
+    its errors. ``checked``: the caller ran `check_call` on its own arguments and checked the
     attributed keys (methods calling this once per chunk of points or copies), and read its
     inputs with `as_values` where a tap replaces a derivative, so neither is run again.
     ``passes``: several pullbacks from the one forward, each giving the gradients of
@@ -301,11 +299,10 @@ def gradients(
     if not checked:
         check_call(caller, f, params, inputs, input_keys, target)
     check_per_target_or_cotangents(caller, per_target, cotangents)
-    if not (layers or target_layers or taps or passes or layer_calls or callable(target)) and cotangents is None \
-            and use_outputs:  # the input maps alone: on a chain, maybe by the walk (NOTE [plain gradients on a chain])
-        walked = plain_gradients(f, params, inputs, target, input_keys, per_target)
-        if walked is not None:
-            return Gradients(walked, fresh_tensordict({}, inputs.batch_size), None)
+    walked = None if layers or target_layers or taps or passes or layer_calls or callable(target) or not use_outputs \
+        or cotangents is not None else plain_gradients(f, params, inputs, target, input_keys, per_target)
+    if walked is not None:  # the input maps alone, on a chain: by the walk (NOTE [plain gradients on a chain])
+        return Gradients(walked, fresh_tensordict({}, inputs.batch_size), None)
     replaced = bool(taps) and replaces_any(taps)  # the maps are values (asked only where there are taps)
     if replaced and not checked:  # NOTE [replaced derivatives are not differentiated] (checked: the caller did)
         inputs = as_values(caller, params, inputs)
@@ -317,7 +314,7 @@ def gradients(
     extras = _extras(f, flat, input_keys)
     private: list[str] = []  # (built where there are layers: the comprehensions cost calls on every call)
     if paths or target_layers:
-        private = [f"{_ACT}{i}" for i in range(len(paths))] + [f"{_TGT}{i}" for i in range(len(target_layers))]
+        private = [f"{_ACT}{i}" for i in range(len(paths))] + target_layer_keys(target_layers)
     attributed = tuple(dict.fromkeys(input_keys))  # (each key once: its tensor is one primal)
     n_inputs = len(attributed)
     # the inputs are the attributed tensors alone (the common call): the model's inputs are then the primals, built
@@ -353,7 +350,8 @@ def gradients(
             check_runs(paths, specs, runs)
             check_target_layer_runs(caller, target_layers, target_runs)
             acts = [out.get(_act_key(i)) for i in range(len(paths))]
-            return _offer(out, private, _seen(out, target_layers), extras, batch, use_outputs, target, check=True), acts
+            seen = target_layer_values(out, target_layers)
+            return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts
 
         # one flat list, the attributed inputs' tensors then the deltas: what `vjp` flattens and rebuilds in one
         # step (a TensorDict or nested containers cost a step each, on every call)
@@ -388,39 +386,14 @@ def gradients(
     return Gradients(grads, activations, values)
 
 
-def _seen(out: TensorDictBase, target_layers: Sequence[str]) -> TensorDict | None:
-    """The target layers' activations by path, from their captures in ``out``; None without target layers."""
-    if not target_layers:
-        return None
-    return TensorDict({p: out.get(f"{_TGT}{i}") for i, p in enumerate(target_layers)}, batch_size=out.batch_size)
-
-
 def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
                     input_keys: Sequence[NestedKey], batch: torch.Size, target: Target,
                     target_layers: Sequence[str] = ()) -> TensorDictBase:
     """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them
     (``out`` holding the captures of `target_layer_taps` where there are ``target_layers``)."""
-    private = [f"{_TGT}{i}" for i in range(len(target_layers))] if target_layers else []
-    return _offer(out, private, _seen(out, target_layers), _extras(f, flat, input_keys), batch, True, target,
-                  check=True)
-
-
-def target_layer_taps(target_layers: Sequence[str], runs: list[int]) -> list[Tap]:
-    """A capture of each target layer, and counters of its module's runs (for `check_target_layer_runs`)."""
-    return [*(capture(p, key=f"{_TGT}{i}") for i, p in enumerate(target_layers)), *run_counters(target_layers, runs)]
-
-
-def check_target_layer_runs(caller: str, target_layers: Sequence[str], runs: Sequence[int]) -> None:
-    """A target layer's module must run once: a capture of a module run twice would hold its last run."""
-    if torch.compiler.is_compiling():
-        return
-    for path, n in zip(target_layers, runs, strict=True):
-        if n == 0:
-            raise ValueError(f"{caller}: target layer {path!r} never ran in the forward")
-        if n > 1:
-            raise ValueError(f"{caller}: target layer {path!r} ran {n} times in one forward; a target layer must run "
-                             "once (the target would read one of its runs silently); read that run with a target "
-                             "callable over a capture tap instead")
+    private = target_layer_keys(target_layers) if target_layers else []
+    return _offer(out, private, target_layer_values(out, target_layers), _extras(f, flat, input_keys), batch, True,
+                  target, check=True)
 
 
 def _act_key(i: int) -> str:

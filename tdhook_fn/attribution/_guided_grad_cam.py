@@ -126,8 +126,8 @@ def guided_grad_cam(
 def _guided_and_cam(f: Functional, params: TensorDictBase, inputs: TensorDictBase, target: Target,
                     keys: tuple[NestedKey, ...], layer: str, per_target: bool,
                     layer_calls: Mapping[str, int] | None) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """The inputs' guided-backprop maps, and the layer's plain gradient and activation (NOTE [guided Grad-CAM in
-    one forward])."""
+    """The inputs' guided-backprop maps, and the layer's plain gradient and activation
+    (NOTE [guided Grad-CAM in one forward])."""
     if not layer_calls and len(keys) == 1:  # (NOTE [gradient rules on a chain])
         walked = walked_guided_and_cam(f, params, inputs, target, keys[0], layer, per_target)
         if walked is not None:

@@ -10,17 +10,18 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 _BATCH_LETTERS = string.ascii_uppercase
+_broadcast_shapes: Callable[..., torch.Size] = torch.broadcast_shapes  # (untyped in torch)
 
 
 def broadcast(*shapes: torch.Size) -> torch.Size:
     """``torch.broadcast_shapes``, typed (its stub is not)."""
-    shape: torch.Size = torch.broadcast_shapes(*shapes)  # type: ignore[no-untyped-call]
-    return shape
+    return _broadcast_shapes(*shapes)
 
 
 def broadcast_einsum(a_core: str, b_core: str, out_core: str, a: Tensor, b: Tensor) -> Tensor:

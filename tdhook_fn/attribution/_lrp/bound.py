@@ -160,11 +160,11 @@ def _pool_step(pool: tuple[int, Callable[..., Any]], state: dict[str, Any]) -> B
 
 
 def _reshape_step(module: torch.nn.Module) -> BoundStep:
-    forward = type(module).forward
+    forward: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = type(module).forward  # (a reshape's)
 
     def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Back]) -> torch.Tensor:
         shape = h.shape
         backs.append(lambda relevance: relevance.reshape(shape))
-        return forward(module, h)  # type: ignore[no-any-return]
+        return forward(module, h)
 
     return step

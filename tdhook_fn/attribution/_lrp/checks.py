@@ -19,6 +19,7 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_compiler_disable: Callable[[Callable[..., Any]], Callable[..., Any]] = torch.compiler.disable  # (untyped in torch)
 
 
 def never_traced(fn: _F) -> _F:
@@ -29,7 +30,7 @@ def never_traced(fn: _F) -> _F:
     # breaks it failed on an internal assertion (a wrong map was the risk). So lrp is
     # excluded from tracing: inside a compiled function it runs eagerly and gives the
     # eager maps; ``fullgraph=True`` reports the excluded call.
-    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]  # (reason= needs torch 2.8)
+    return cast(_F, _compiler_disable(fn))  # (no reason=: it needs torch 2.8)
 
 
 def raise_unless_conserved(relevance: TensorDict, targets: TensorDictBase, per_target: bool,

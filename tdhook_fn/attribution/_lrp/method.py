@@ -29,8 +29,8 @@
 # own backward (z+, alpha-beta, w², flat, ...) use ``_RuleVJP``.
 #
 # The "gradient" the engine pulls back to the inputs is then relevance: one forward, one
-# pullback (per target: one-hot cotangents), as for every gradient method (NOTE
-# [attribution engine]). The rules multiply by their inputs themselves (``R_i = x_i c_i``
+# pullback (per target: one-hot cotangents), as for every gradient method
+# (NOTE [attribution engine]). The rules multiply by their inputs themselves (``R_i = x_i c_i``
 # in the epsilon rule), so the result is *not* multiplied by the inputs again, as in
 # tdhook. The relevance put in at the targets is the cotangent: ones (tdhook's default),
 # one-hots with ``per_target``, or ``cotangents(targets)``. So relevances are those of the
@@ -108,6 +108,10 @@ class _RuleVJP(torch.autograd.Function):
         return (None, None, *relevances, *(None,) * len(state))
 
 
+# (torch declares Function.apply untyped: its signature here, stated once)
+_rule_vjp: Callable[..., Any] = _RuleVJP.apply
+
+
 def _scaled(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``t`` unchanged, its gradient multiplied by ``factor`` on the way back (NOTE [zero-valued carriers]).
 
@@ -177,7 +181,7 @@ class _RuleTap(Tap):
             tensors: list[torch.Tensor] = []
             template = Template.of(mod, tensors)
             site = _Site(rule, path, template, dict(kwargs), len(args))
-            return _RuleVJP.apply(output, site, *args, *tensors)  # type: ignore[no-untyped-call]
+            return _rule_vjp(output, site, *args, *tensors)
 
         handle = module.register_forward_hook(hook, prepend=True, with_kwargs=True)
         return cast(RemovableHandle, _Handles(handle, *seen.handles))

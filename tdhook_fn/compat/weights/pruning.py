@@ -52,6 +52,10 @@ class _PrunedValues(torch.autograd.Function):
         return grad, None
 
 
+# (torch declares Function.apply untyped: its signature here, stated once)
+_pruned_values: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _PrunedValues.apply
+
+
 def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
     """The replacement of one parameter: its value at each call (never kept: a write through ``.data``
     moves no version counter), masked as `apply_masks` does (which checks the mask now, on entry),
@@ -62,7 +66,7 @@ def _masking(param: torch.Tensor, keep: torch.Tensor) -> Replace:
     def pruned(value: torch.Tensor) -> torch.Tensor:
         masked = value.detach() * factor
         if torch.is_grad_enabled() and value.requires_grad:
-            return cast(torch.Tensor, _PrunedValues.apply(value, masked))  # type: ignore[no-untyped-call]
+            return _pruned_values(value, masked)
         return masked
 
     return pruned
