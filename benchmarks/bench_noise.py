@@ -179,8 +179,8 @@ def channels_last(model: nn.Module, x: torch.Tensor,
 
 
 def _walkable(model: nn.Module) -> bool:
-    """Whether ours walks the model's gradient (a chain of linear layers and ReLUs: NOTE [plain gradients on a
-    chain]), so its floor is the hand-written walk too."""
+    """Whether ours walks the model's gradient (a chain of linear layers and ReLUs), so its floor is the
+    hand-written walk too."""
     return isinstance(model, nn.Sequential) and all(isinstance(m, (nn.Linear, nn.ReLU)) for m in model)
 
 

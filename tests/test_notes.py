@@ -55,3 +55,19 @@ def test_notes_are_comments_not_docstrings():
                 doc = ast.get_docstring(node, clean=False) or ""
                 in_docstrings += [f"{path.relative_to(ROOT)}: {name}" for name in HEADER.findall(doc)]
     assert in_docstrings == []
+
+
+SPLIT = re.compile(r"NOTE(?:\s*$| \[[^\]\"]*$)")  # (not `"NOTE ["`, a string that looks for references)
+
+
+def test_every_reference_is_on_one_line():
+    """A reference broken over two lines reads as no reference: the tests above would not see it (nor a reader
+    searching for the note's name)."""
+    split = []
+    for folder in SOURCES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(__file__).resolve():
+                continue
+            lines = enumerate(path.read_text().splitlines(), 1)
+            split += [f"{path.relative_to(ROOT)}:{number}" for number, line in lines if SPLIT.search(line)]
+    assert split == []

@@ -70,7 +70,7 @@ def pgd_step(x: torch.Tensor, grad: torch.Tensor, alpha: float, *, min_value: fl
         tensor([-0.5000,  1.5000])
     """
     g = torch.sign(grad) if use_sign else grad
-    step = x + alpha * g if ascent else x - alpha * g
+    step = x + alpha * g if ascent else x - alpha * g  # NOTE [ascent step]
     return torch.clamp(step, min=min_value, max=max_value)
 
 _CALLER = "activation_maximisation"
@@ -96,11 +96,10 @@ def activation_maximisation(
 ) -> TensorDict:
     """Inputs that increase the target, by ``n_steps`` of projected gradient ascent from ``inputs``.
 
-    Each step is ``x <- clamp(x + alpha * dtarget/dx, min_value, max_value)`` (NOTE
-    [ascent step]). Only the optimised inputs are differentiated; ``params`` are
-    constants, and nothing passed in is written: the model, ``params`` and ``inputs``
-    are left as they were. Other entries of ``inputs`` (labels, masks) stay fixed and are
-    offered to the target.
+    Each step is ``x <- clamp(x + alpha * dtarget/dx, min_value, max_value)``. Only the
+    optimised inputs are differentiated; ``params`` are constants, and nothing passed in
+    is written: the model, ``params`` and ``inputs`` are left as they were. Other entries
+    of ``inputs`` (labels, masks) stay fixed and are offered to the target.
 
     Args:
         f (Functional | Callable): pure ``f(params, td) -> td``, e.g. `tdhook_fn.functional`.

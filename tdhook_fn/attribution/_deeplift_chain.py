@@ -173,8 +173,8 @@ def chain_layer_deeplift(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor
                          target: Target, eps: float, per_target: bool, stops: tuple[int, ...],
                          ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """DeepLift's multipliers at the output of each link in ``stops`` (``[n, ...]``; ``[T, n, ...]`` per target),
-    each with that output at the inputs' and the references' rows (``n`` rows, then one or ``n``), by NOTE
-    [layers on the chain]. ``None`` where the walk does not apply.
+    each with that output at the inputs' and the references' rows (``n`` rows, then one or ``n``), by
+    NOTE [layers on the chain]. ``None`` where the walk does not apply.
     """
     return walk(plan, params, x, reference, target, eps, per_target, stops, deeplift_step)
 

@@ -194,8 +194,8 @@ _AUTOGRAD_EXACT = "autograd's kernels"  # (the plan's derived key: whether every
 
 
 def _autograd_exact(plan: WalkPlan) -> bool:
-    """Whether the walk's plain gradient on ``plan``'s links is autograd's, bitwise (NOTE [plain gradients on a
-    chain]): no convolution, no max pool."""
+    """Whether the walk's plain gradient on ``plan``'s links is autograd's, bitwise
+    (NOTE [plain gradients on a chain]): no convolution, no max pool."""
     exact: bool | None = plan.derived.get(_AUTOGRAD_EXACT)
     if exact is None:
         assert plan.links is not None
@@ -221,8 +221,8 @@ def plain_gradients(f: Any, params: Any, inputs: TensorDictBase, target: Target,
         return None
     batch = inputs.batch_size
     if isinstance(target, torch.Tensor) and 0 < target.dim() < len(batch) and target.shape == batch[-target.dim():]:
-        target = target.expand(batch)  # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor
-        # targets])
+        # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor targets])
+        target = target.expand(batch)
     walked = chain_gradients(found[0], params, found[1], target, per_target, _OWN_STEP, as_autograd=True)
     if walked is None:
         return None

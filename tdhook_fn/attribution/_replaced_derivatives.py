@@ -61,8 +61,8 @@ def as_values(caller: str, params: Any, inputs: TensorDictBase,
 
     Raises:
         NotImplementedError: under a functorch ``grad``/``vjp``/``jvp`` of the call, or for
-            params that require grad while grad mode is on (NOTE [replaced derivatives are
-            not differentiated]).
+            params that require grad while grad mode is on
+            (NOTE [replaced derivatives are not differentiated]).
     """
     compiling = torch.compiler.is_compiling()  # (tracing: no functorch level to inspect, plain flags read)
     if not compiling:
@@ -113,8 +113,8 @@ def refuse_level_zero_graph(caller: str, maps: TensorDictBase) -> None:
     if any(t.requires_grad for t in maps.values(True, True)):
         raise NotImplementedError(
             f"{caller}: the maps require grad: a tensor that requires grad reached them through the target, the "
-            "cotangents or a tap (a closed-over tensor), and their gradient would be wrong (NOTE [replaced "
-            f"derivatives are not differentiated]). Detach it, or call {caller} under torch.no_grad()")
+            "cotangents or a tap (a closed-over tensor), and their gradient would be wrong (a replaced derivative "
+            f"would be differentiated again). Detach it, or call {caller} under torch.no_grad()")
 
 
 def replaces_any(taps: Sequence[Tap]) -> bool:

@@ -8,8 +8,8 @@
 #
 # - least squares and ridge are one least-squares solve of the weighted, centred data
 #   (ridge as ``sqrt(alpha) I`` rows below it), the minimum-norm solution where the
-#   samples do not fix every coefficient, as scikit-learn's (NOTE [deterministic least
-#   squares]). No normal equations: KernelSHAP's end-point weights (1e6) square to a
+#   samples do not fix every coefficient, as scikit-learn's
+#   (NOTE [deterministic least squares]). No normal equations: KernelSHAP's end-point weights (1e6) square to a
 #   condition number float32 cannot hold, and torch's CPU batched ``linalg.solve`` is
 #   unreliable (pytorch#142815).
 # - the lasso minimises scikit-learn's objective ``1/2 sum_i p_i (y_i - b - x_i.c)^2 +

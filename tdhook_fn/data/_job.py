@@ -19,8 +19,8 @@
 # temporary file left by a killed process is removed by the next run, which holds the lock.
 #
 # Files can still change under us afterwards (a full disk, a file-size limit, a user deleting
-# or truncating one), so the disk is checked before a run resumes or returns (NOTE [checked
-# out_dir]). A directory is ours when it holds the lock file, a job file of ours, or nothing
+# or truncating one), so the disk is checked before a run resumes or returns
+# (NOTE [checked out_dir]). A directory is ours when it holds the lock file, a job file of ours, or nothing
 # but our entries; one that is not is never written to nor deleted, even with
 # ``overwrite=True``. ``overwrite=True`` empties one of ours, partial or corrupt, and starts
 # again (the lock file stays: it is held).

@@ -3,8 +3,8 @@
 # NOTE [patching sweeps]
 # A sweep patches each site, one at a time, with its activation from the clean run and
 # reads a metric. Hook libraries run one hooked forward per site in a Python loop. Here
-# all runs of a chunk (``chunk_size`` runs, by default sized from their cost: NOTE [sweep
-# chunks]) go through the model at once:
+# all runs of a chunk (``chunk_size`` runs, by default sized from their cost:
+# NOTE [sweep chunks]) go through the model at once:
 #
 # - ``batching="vmap"`` (default): ``torch.func.vmap`` over one boolean mask per run and
 #   module; the tap at a module takes the clean activation where the run's mask is set
@@ -12,8 +12,8 @@
 #   over the runs only from the first patched module on, so everything before it (the
 #   embeddings and the layers below, for a sweep ordered layer by layer) is computed once
 #   for the whole chunk. The model must run under ``vmap``; torch's fused attention,
-#   which has no batching rule, gets the runs folded into its batch (NOTE [folded
-#   attention]).
+#   which has no batching rule, gets the runs folded into its batch
+#   (NOTE [folded attention]).
 # - ``batching="fold"``: the runs are folded into the batch (``chunk_size * N``
 #   samples); at each module one tap copies the activation once and writes, into the rows
 #   of each run patched there, that run's clean selection. Any model that takes a batch
@@ -162,8 +162,7 @@ def patching_sweep(
             Default: ``"vmap"``.
         skip_unchanged (bool): give the runs whose clean selection equals the
             corrupted one (bit for bit, every sample) the corrupted run's metric, from
-            one forward of the corrupted inputs, instead of running them (NOTE
-            [unchanged sites]); only outside transforms and without gradients.
+            one forward of the corrupted inputs, instead of running them; only outside transforms and without gradients.
             Default: ``True``.
         causal (bool): the model is a causal decoder (a Hugging Face one, with a key/value
             cache): a run patching position ``p`` first runs the positions ``[p:]`` only,
@@ -228,7 +227,7 @@ def patching_sweep(
         check_alike("patching_sweep", site, clean_shape, corrupted_shape,  # vmap's masks span the whole activation
                     "" if batching == "fold" else "; or batching='fold', which patches only each site's selection")
     todo, values, corrupted_out = list(range(len(chosen))), None, None
-    if skip_unchanged and may_skip(params, clean, corrupted):
+    if skip_unchanged and may_skip(params, clean, corrupted):  # NOTE [unchanged sites]
         todo, values, corrupted_out = unchanged(f, params, corrupted, chosen, modules, full, metric, batch)
     runs = [chosen[k] for k in todo]
     size = run_size(corrupted_shapes.values(), out_bytes)

@@ -1,6 +1,7 @@
-"""deeplift_shap on a chain walks the n inputs and k references forward once and every pair backward (NOTE [pairs
-on the chain]): the same maps as every pair expanded into its own rows of deeplift (the chain walk's, and the
-general path's, which a forward hook on the model forces); what the walk does not read takes the expanded pairs.
+"""deeplift_shap on a chain walks the n inputs and k references forward once and every pair backward
+(NOTE [pairs on the chain]): the same maps as every pair expanded into its own rows of deeplift (the chain walk's,
+and the general path's, which a forward hook on the model forces); what the walk does not read takes the expanded
+pairs.
 Also layer_deeplift's error for a layer whose module runs twice."""
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ def _call(method: str, model: nn.Module, td: TensorDict) -> torch.Tensor:
 @pytest.mark.parametrize("method", ["layer_conductance", "neuron_conductance", "internal_influence",
                                     "layer_integrated_gradients"])
 def test_a_forward_run_again_after_an_in_place_write_draws_as_the_first_did(method, draw):
-    """Where a later module writes the attributed activation in place, the forward runs again with copies (NOTE
-    [activations read without a copy]); the second run draws the same numbers as the first, and torch's random
+    """Where a later module writes the attributed activation in place, the forward runs again with copies
+    (NOTE [activations read without a copy]); the second run draws the same numbers as the first, and torch's random
     state advances as for one forward: the maps and the caller's next draw equal those of a model without the
     write."""
     writing, plain = _models(draw)

@@ -1,8 +1,8 @@
 """lrp on a chain (NOTE [lrp on a chain]): the module-by-module walk gives the general path's maps.
 
 Each test computes the maps twice: as lrp does (a hook-free ``nn.Sequential`` takes the
-walk; a spy checks that it did), and with the walk switched off (the taps of NOTE [lrp as
-modified vjps]). Models are float64, so the two agree to a few ulps.
+walk; a spy checks that it did), and with the walk switched off (the taps of
+NOTE [lrp as modified vjps]). Models are float64, so the two agree to a few ulps.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Fuzzed submodule paths never run code: a sentinel reachable only through dunders stays uncalled.
 
 The model also holds objects that are not modules (a checkpoint file, a logger, random
-generators, a plain object with a method, a defaultdict): no path touches them (NOTE [path
-calls], NOTE [path access]).
+generators, a plain object with a method, a defaultdict): no path touches them
+(NOTE [path calls], NOTE [path access]).
 """
 
 import logging

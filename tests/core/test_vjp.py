@@ -147,9 +147,9 @@ def test_nested_tensordicts_come_back_with_their_structure_and_batch_sizes() -> 
 
 
 def test_a_forward_redone_under_func_vjp_draws_as_the_first_run_did() -> None:
-    """A forward that reaches a closed-over tensor requiring grad runs again under `torch.func.vjp` (NOTE [eager
-    vjp]); the second run draws what the first drew, and the generator ends where one forward leaves it (NOTE [a
-    forward run again draws the same numbers])."""
+    """A forward that reaches a closed-over tensor requiring grad runs again under `torch.func.vjp`
+    (NOTE [eager vjp]); the second run draws what the first drew, and the generator ends where one forward leaves it
+    (NOTE [a forward run again draws the same numbers])."""
     x = torch.randn(4, 3)
     w = torch.randn(3)
     results, after = [], []

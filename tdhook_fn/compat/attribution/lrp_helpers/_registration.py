@@ -7,8 +7,8 @@
 # The relevance is the core's: the rule's tap from `tdhook_fn.attribution.rule_taps`,
 # attached to the module (its ``Tap.attach``), puts the modified VJP of
 # `tdhook_fn.attribution.lrp` at the module's output. The rule is always run by its
-# ``relevance`` (the rule's definition), never by the gradient form of NOTE
-# [gradient-form rules]: that form scales gradients around the module's own backward,
+# ``relevance`` (the rule's definition), never by the gradient form
+# (NOTE [gradient-form rules]): that form scales gradients around the module's own backward,
 # which would reach the module's parameters and show torch's full backward hooks the
 # unscaled gradient. So the parameters are constants under a rule, as in tdhook: no
 # gradient reaches them, and an output whose inputs do not require grad does not
