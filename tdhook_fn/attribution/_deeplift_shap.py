@@ -184,6 +184,8 @@ def _pairs_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: i
     if references.dtype != x.dtype or references.device != x.device:
         return None  # (what `check_call` would refuse, or the walk not read: the expanded pairs' path says so)
     flat = x if lead == 1 else x.reshape(-1, *x.shape[lead:])
+    if not flat.shape[0]:
+        return None  # (no pair: the expanded pairs' path gives the empty maps)
     walked = chain_deeplift(plan, params, flat, references, target, eps, per_target, pairs=True)
     if walked is None:
         return None

@@ -43,7 +43,7 @@ def _stacked(inputs: TensorDictBase, baselines: Baselines, keys: Sequence[Nested
     """The inputs' rows, then the references' (one, or one per sample), flat; and the references ``[*B]``."""
     starts = path_starts(inputs, baselines, keys, caller)
     flat = inputs.reshape(-1)
-    if _shared(inputs, baselines, starts, carried):
+    if flat.batch_size[0] and _shared(inputs, baselines, starts, carried):  # (no row to take of an empty batch)
         lead = inputs.batch_dims
         reference = TensorDict({k: v.reshape(-1, *v.shape[lead:])[:1] for k, v in starts.items(True, True)},
                                batch_size=[1])

@@ -115,3 +115,24 @@ def test_a_layer_whose_bias_is_registered_first_gives_the_same_maps(where, conv)
     for name, call in calls.items():
         expected = call(*tdhook_fn.pure(model))
         torch.testing.assert_close(call(*tdhook_fn.pure(swapped)), expected, rtol=1e-12, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("per_target", [False, True], ids=["one target", "per target"])
+@pytest.mark.parametrize("method", ["deeplift", "layer_deeplift", "deeplift_shap"])
+def test_an_empty_batch_gives_empty_maps_both_ways(method, per_target):
+    """An empty batch gave a value on the chain walk and an opaque error on the general path (deeplift and
+    layer_deeplift: the shared reference took a first row there was not), or the other way round (deeplift_shap:
+    the pairs walk broadcast zero inputs against the references)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(0, 3)
+    target = {"target": (0, 1), "per_target": True} if per_target else {"target": 0}
+    call = {"deeplift": lambda: deeplift(f, p, x, **target),
+            "layer_deeplift": lambda: layer_deeplift(f, p, x, layers=["1"], **target),
+            "deeplift_shap": lambda: deeplift_shap(f, p, x, torch.randn(3, 3), **target)}[method]
+    walked, general = call(), attr_zoo.on_general_path(model, call)
+    shape = (*((2,) if per_target else ()), 0, 4 if method == "layer_deeplift" else 3)
+    for maps in (walked, general):
+        got = maps if isinstance(maps, torch.Tensor) else maps["1"]
+        assert tuple(got.shape) == shape
