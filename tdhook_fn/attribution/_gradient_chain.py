@@ -26,19 +26,21 @@ maps without taps or autograd."""
 # SmoothGrad's and GradientSHAP's, whose copies and path points are one batch) takes the
 # same walk wherever it gives autograd's numbers bitwise, so the engine's shadow, VJP and
 # target machinery are left out and only speed changes: every link's backward is then the
-# kernel autograd runs on the same operands (linear layers: the product by the weight;
-# ReLU, LeakyReLU, Sigmoid, Tanh, the last-dim softmax: their backward kernels; reshapes and
-# eval dropout: views), so convolutions (whose adjoint is another kernel) and max pooling
-# (whose scatter may add in another order) keep the general path; a non-finite weight in
+# kernel autograd runs on the same operands (linear layers: the product by the weight
+# autograd's picks, NOTE [autograd's linear pullback]; ReLU, LeakyReLU, Sigmoid, Tanh, the
+# last-dim softmax: their backward kernels; reshapes and eval dropout: views), so
+# convolutions (whose adjoint is another kernel) and max pooling (whose scatter may add in
+# another order) keep the general path; a non-finite weight in
 # the last linear layer too (NOTE [seed rows]). The map must also be what the engine
 # returns in every other respect: a value, so the walk declines where the engine's map
 # carries a graph (inputs or params that require grad, under grad mode: a gradient
 # penalty differentiates the map; any transform, ``vmap`` and ``grad`` included), and
-# under ``torch.inference_mode()``, where the engine raises. The engine asks first, for a
+# under ``torch.inference_mode()`` or on inference tensors, where the engine raises. The engine asks first, for a
 # call of the input maps alone (no layers, taps, passes or cotangents, an index target).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -188,6 +190,40 @@ def _own_relu(y: torch.Tensor) -> Back:
 
 
 _OWN_STEP = gradient_step(_own_relu)
+
+
+# NOTE [autograd's linear pullback]
+# autograd pulls a linear layer back by ``grad @ W``, except where the matrix its product
+# read is column-major (strides ``(1, rows)``: a transposed input, or a ``[1, 1]``
+# activation, a width-1 layer at batch 1), where it takes ``(W^T @ grad^T)^T`` to give the
+# map that layout; the two products may round differently in the last bit. That matrix
+# is the layer's input where it is 2-d, else its rows folded into one dim, a view where
+# the input is contiguous (a copy, or a batched product, else: the walk declines). So the
+# plain gradient's step reads the input's layout and takes the product autograd takes.
+def _column_major(m: torch.Tensor) -> bool:
+    return m.stride(0) == 1 and m.stride(1) == m.shape[0]
+
+
+def _autograd_step(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
+                   rows: int) -> tuple[torch.Tensor, Back] | None:
+    """`_OWN_STEP` with each linear layer pulled back by autograd's own product (NOTE [autograd's linear
+    pullback])."""
+    ran = _OWN_STEP(link, own, h, n, eps, rows)
+    if ran is None or link.kind != "affine" or h.dim() < 2:
+        return ran
+    if h.dim() > 2 and not h.is_contiguous():
+        return None  # (autograd's product is then another kernel's: the general path)
+    folded = h if h.dim() == 2 else h.view(math.prod(h.shape[:-1]), h.shape[-1])
+    if not _column_major(folded):
+        return ran
+    weight, shape = own[0], h.shape
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        return weight.t().mm(g.reshape(folded.shape[0], -1).t()).t().reshape(shape)
+
+    return ran[0], back
+
+
 _DERIVED_KEPT = 16  # (the steps a plan keeps, one per option: a loop over many starts over rather than grow)
 
 _AUTOGRAD_EXACT = "autograd's kernels"  # (the plan's derived key: whether every link's backward is autograd's)
@@ -217,13 +253,14 @@ def plain_gradients(f: Any, params: Any, inputs: TensorDictBase, target: Target,
             or not isinstance(keys, tuple) or len(keys) != 1 or len(input_keys) != 1 or input_keys[0] != keys[0]:
         return None  # (transforms first: Dynamo cannot trace the inference-mode flag)
     found = _flat_input(f, inputs, keys[0])
-    if found is None or (found[1].requires_grad and torch.is_grad_enabled()) or not _autograd_exact(found[0]):
-        return None
+    if found is None or (found[1].requires_grad and torch.is_grad_enabled()) or found[1].is_inference() \
+            or not _autograd_exact(found[0]):
+        return None  # (an inference tensor: autograd refuses it, so the engine raises)
     batch = inputs.batch_size
     if isinstance(target, torch.Tensor) and 0 < target.dim() < len(batch) and target.shape == batch[-target.dim():]:
         target = target.expand(batch)  # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor
         # targets])
-    walked = chain_gradients(found[0], params, found[1], target, per_target, _OWN_STEP, as_autograd=True)
+    walked = chain_gradients(found[0], params, found[1], target, per_target, _autograd_step, as_autograd=True)
     if walked is None:
         return None
     first = 1 if per_target else 0

@@ -1,0 +1,109 @@
+"""Calls where the plain gradient's chain walk once gave other numbers than the engine's general path, or a map
+where that path raises (NOTE [plain gradients on a chain], NOTE [autograd's linear pullback])."""
+
+import attr_zoo
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+import tdhook_fn
+from tdhook_fn.attribution import _engine, integrated_gradients, saliency
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    yield from attr_zoo.one_thread()
+
+
+def _walks(monkeypatch) -> list[bool]:
+    """Whether each engine call took the walk, in order."""
+    taken: list[bool] = []
+    own = _engine.plain_gradients
+
+    def spy(*args, **kwargs):
+        result = own(*args, **kwargs)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(_engine, "plain_gradients", spy)
+    return taken
+
+
+def _model(*modules: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    return nn.Sequential(*modules).to(dtype).eval()
+
+
+@pytest.mark.parametrize("first", ["linear", "relu then linear"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_a_transposed_input_is_pulled_back_as_autograd_does(first, dtype, monkeypatch):
+    """A column-major input makes autograd pull the linear layer back by ``(W^T g^T)^T``, which rounds otherwise
+    than ``g W``: the walk takes autograd's product."""
+    torch.manual_seed(0)
+    head = [nn.ReLU()] if first == "relu then linear" else []
+    model = _model(*head, nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3), dtype=dtype)
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(5, 8, dtype=dtype).t(), batch_size=[8])
+    taken = _walks(monkeypatch)
+    for call in (lambda: saliency(f, p, td, target=1),
+                 lambda: integrated_gradients(f, p, td, 0.0, n_steps=3, target=torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))):
+        walked = call()
+        general = attr_zoo.on_general_path(model, call)
+        torch.testing.assert_close(walked, general, rtol=0, atol=0)
+    assert taken[0]
+
+
+def test_a_width_one_layer_at_batch_one_is_pulled_back_as_autograd_does(monkeypatch):
+    """A ``[1, 1]`` activation is column-major too (strides ``(1, 1)``): autograd's other product, at batch 1."""
+    torch.manual_seed(95)
+    model = _model(nn.Linear(5, 1), nn.Tanh(), nn.Linear(1, 2), nn.Tanh(), nn.LeakyReLU(-0.5), nn.Linear(2, 7),
+                   dtype=torch.float64)
+    f, p = tdhook_fn.pure(model)
+    taken = _walks(monkeypatch)
+    for _ in range(20):
+        td = TensorDict(input=torch.randn(1, 5, dtype=torch.float64) * 10, batch_size=[1])
+        walked = saliency(f, p, td, target=0)["input"]
+        assert taken[-1]
+        torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: saliency(f, p, td, target=0))[
+            "input"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["features transposed", "batch transposed"])
+def test_a_non_contiguous_input_of_a_linear_layer_on_more_dims_takes_the_engines_way(layout, bias, monkeypatch):
+    """autograd's linear layer on a non-contiguous 3-d input is a batched product, another kernel: the walk
+    declines."""
+    torch.manual_seed(1)
+    model = _model(nn.Linear(5, 8, bias=bias), nn.ReLU(), nn.Flatten(), nn.Linear(24, 3))
+    f, p = tdhook_fn.pure(model)
+    transposed = layout == "features transposed"
+    x = torch.randn(8, 5, 3).transpose(1, 2) if transposed else torch.randn(3, 8, 5).transpose(0, 1)
+    td = TensorDict(input=x, batch_size=[8])
+    taken = _walks(monkeypatch)
+    walked = saliency(f, p, td, target=1)
+    assert taken == [False]
+    torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: saliency(f, p, td, target=1)),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("which", ["inputs", "params"])
+def test_inference_tensors_raise_as_the_engine_does(which, monkeypatch):
+    """autograd refuses inference tensors (made under ``torch.inference_mode()``), so the engine raises: the walk,
+    which needs no autograd, declines rather than give a map."""
+    torch.manual_seed(2)
+    model = _model(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(4, 5)
+    with torch.inference_mode():
+        if which == "inputs":
+            x = x.clone()
+        else:
+            p = p.clone()
+    td = TensorDict(input=x, batch_size=[4])
+    taken = _walks(monkeypatch)
+    with pytest.raises(RuntimeError, match="[Ii]nference") as walked:
+        saliency(f, p, td, target=1)
+    assert taken == [False]
+    with pytest.raises(RuntimeError) as general:
+        attr_zoo.on_general_path(model, lambda: saliency(f, p, td, target=1))
+    assert str(walked.value) == str(general.value)
