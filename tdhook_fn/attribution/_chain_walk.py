@@ -274,8 +274,8 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     n = x.shape[0]
     rows = n * reference.shape[0] if pairs and reference is not None else n  # (the backward's rows)
     seeds = _seeds(target, n, per_target)
-    if links is None or not x.is_floating_point() or seeds is None:
-        return None
+    if not links or not x.is_floating_point() or seeds is None:
+        return None  # (an empty chain, an identity: the general path's, rare enough to leave it)
     if rows != n:  # (each input's label for each of its pairs)
         assert reference is not None
         seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]

@@ -107,3 +107,20 @@ def test_inference_tensors_raise_as_the_engine_does(which, monkeypatch):
     with pytest.raises(RuntimeError) as general:
         attr_zoo.on_general_path(model, lambda: saliency(f, p, td, target=1))
     assert str(walked.value) == str(general.value)
+
+
+@pytest.mark.parametrize("method", ["saliency", "deeplift", "guided_backprop", "deconvolution"])
+@pytest.mark.parametrize("form", ["tensordict", "tensor"])
+def test_an_empty_chain_takes_the_general_way(method, form):
+    """A chain of no module (the model an empty ``Sequential`` in a ``Sequential``: the identity) raised an
+    IndexError in every chain walk, reading the last link for its seed rows (NOTE [seed rows])."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Sequential())
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(4, 5)
+    given = TensorDict(input=x, batch_size=[4]) if form == "tensordict" else x
+    extra = (0.0,) if method == "deeplift" else ()
+    call = getattr(tdhook_fn.attribution, method)
+    walked = call(f, p, given, *extra, target=1)
+    general = attr_zoo.on_general_path(model, lambda: call(f, p, given, *extra, target=1))
+    torch.testing.assert_close(walked, general, rtol=0, atol=0)
