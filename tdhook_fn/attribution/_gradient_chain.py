@@ -5,7 +5,8 @@ maps without taps or autograd."""
 # On a chain the walk knows (NOTE [a chain walked by hand]), a class's gradient is the
 # same walk without references: the inputs' rows forward without a graph, then back, each
 # activation's derivative by the backward kernel autograd itself runs (the same numbers),
-# a max pool's by the indices of its maxima, an affine map's by the walk's adjoint
+# a max pool's by the indices of its maxima, a linear layer's by autograd's product
+# (NOTE [autograd's linear pullback]), another affine map's by the walk's adjoint
 # (NOTE [affine modules]; at stride 1 a convolution's is a few ulps from autograd's
 # kernel, as on DeepLift's and LRP's walks). The deconvnet changes only what an
 # ``nn.ReLU`` module passes back (``relu`` of what arrives), guided backprop puts ``relu``
@@ -27,7 +28,7 @@ maps without taps or autograd."""
 # same walk wherever it gives autograd's numbers bitwise, so the engine's shadow, VJP and
 # target machinery are left out and only speed changes: every link's backward is then the
 # kernel autograd runs on the same operands (linear layers: the product by the weight
-# autograd's picks, NOTE [autograd's linear pullback]; ReLU, LeakyReLU, Sigmoid, Tanh, the
+# autograd picks, NOTE [autograd's linear pullback]; ReLU, LeakyReLU, Sigmoid, Tanh, the
 # last-dim softmax: their backward kernels; reshapes and eval dropout: views), so
 # convolutions (whose adjoint is another kernel) and max pooling (whose scatter may add in
 # another order) keep the general path; a non-finite weight in
@@ -106,6 +107,38 @@ def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
     return y, back
 
 
+# NOTE [autograd's linear pullback]
+# autograd pulls a linear layer back by ``grad @ W``, except where the matrix its product
+# read is column-major (strides ``(1, rows)``: a transposed input, or a ``[1, 1]``
+# activation, a width-1 layer at batch 1), where it takes ``(W^T @ grad^T)^T`` to give the
+# map that layout; the two products may round differently in the last bit. That matrix
+# is the layer's input where it is 2-d, else its rows folded into one dim, a view where
+# the input is contiguous (a copy, or a batched product, else: the walk declines). So the
+# gradient's step reads the input's layout and takes the product autograd takes.
+
+
+def _column_major(m: torch.Tensor) -> bool:
+    return m.stride(0) == 1 and m.stride(1) == m.shape[0]
+
+
+def _linear(ran: tuple[torch.Tensor, Back], weight: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+    """A linear layer's forward and pullback ``ran`` (``g @ W``) on its input ``h``, the pullback autograd's own
+    product (NOTE [autograd's linear pullback]); ``None``: a product the walk does not run."""
+    if h.dim() < 2:
+        return ran
+    if h.dim() > 2 and not h.is_contiguous():
+        return None  # (autograd's product is then another kernel's: the general path)
+    folded = h if h.dim() == 2 else h.view(math.prod(h.shape[:-1]), h.shape[-1])
+    if not _column_major(folded):
+        return ran
+    rows, shape = folded.shape[0], h.shape
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        return weight.t().mm(g.reshape(rows, -1).t()).t().reshape(shape)
+
+    return ran[0], back
+
+
 def gradient_step(relu: ReluRule) -> Step:
     """The walk's step for a gradient whose ``nn.ReLU`` modules pass back by ``relu(output)``, every other link
     by its own derivative (NOTE [gradient rules on a chain])."""
@@ -126,7 +159,10 @@ def gradient_step(relu: ReluRule) -> Step:
                 return None
             y = torch.softmax(h, -1)
             return y, lambda g: _aten._softmax_backward_data(g.reshape(y.shape), y, h.dim() - 1, h.dtype)
-        return deeplift_step(link, own, h, n, eps, rows)  # (an affine map or a reshape: DeepLift's are gradients)
+        ran = deeplift_step(link, own, h, n, eps, rows)  # (an affine map or a reshape: DeepLift's are gradients)
+        if ran is None or link.affine is None or link.affine.conv is not None:
+            return ran
+        return _linear(ran, own[0], h)
 
     return step
 
@@ -192,38 +228,6 @@ def _own_relu(y: torch.Tensor) -> Back:
 _OWN_STEP = gradient_step(_own_relu)
 
 
-# NOTE [autograd's linear pullback]
-# autograd pulls a linear layer back by ``grad @ W``, except where the matrix its product
-# read is column-major (strides ``(1, rows)``: a transposed input, or a ``[1, 1]``
-# activation, a width-1 layer at batch 1), where it takes ``(W^T @ grad^T)^T`` to give the
-# map that layout; the two products may round differently in the last bit. That matrix
-# is the layer's input where it is 2-d, else its rows folded into one dim, a view where
-# the input is contiguous (a copy, or a batched product, else: the walk declines). So the
-# plain gradient's step reads the input's layout and takes the product autograd takes.
-def _column_major(m: torch.Tensor) -> bool:
-    return m.stride(0) == 1 and m.stride(1) == m.shape[0]
-
-
-def _autograd_step(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
-                   rows: int) -> tuple[torch.Tensor, Back] | None:
-    """`_OWN_STEP` with each linear layer pulled back by autograd's own product (NOTE [autograd's linear
-    pullback])."""
-    ran = _OWN_STEP(link, own, h, n, eps, rows)
-    if ran is None or link.kind != "affine" or h.dim() < 2:
-        return ran
-    if h.dim() > 2 and not h.is_contiguous():
-        return None  # (autograd's product is then another kernel's: the general path)
-    folded = h if h.dim() == 2 else h.view(math.prod(h.shape[:-1]), h.shape[-1])
-    if not _column_major(folded):
-        return ran
-    weight, shape = own[0], h.shape
-
-    def back(g: torch.Tensor) -> torch.Tensor:
-        return weight.t().mm(g.reshape(folded.shape[0], -1).t()).t().reshape(shape)
-
-    return ran[0], back
-
-
 _DERIVED_KEPT = 16  # (the steps a plan keeps, one per option: a loop over many starts over rather than grow)
 
 _AUTOGRAD_EXACT = "autograd's kernels"  # (the plan's derived key: whether every link's backward is autograd's)
@@ -260,7 +264,7 @@ def plain_gradients(f: Any, params: Any, inputs: TensorDictBase, target: Target,
     if isinstance(target, torch.Tensor) and 0 < target.dim() < len(batch) and target.shape == batch[-target.dim():]:
         target = target.expand(batch)  # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor
         # targets])
-    walked = chain_gradients(found[0], params, found[1], target, per_target, _autograd_step, as_autograd=True)
+    walked = chain_gradients(found[0], params, found[1], target, per_target, _OWN_STEP, as_autograd=True)
     if walked is None:
         return None
     first = 1 if per_target else 0

@@ -124,3 +124,17 @@ def test_an_empty_chain_takes_the_general_way(method, form):
     walked = call(f, p, given, *extra, target=1)
     general = attr_zoo.on_general_path(model, lambda: call(f, p, given, *extra, target=1))
     torch.testing.assert_close(walked, general, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["guided_backprop", "deconvolution"])
+def test_the_rule_walks_pull_a_transposed_input_back_as_autograd_does(method):
+    """The gradient-rule walks share the linear layers' pullback (NOTE [gradient rules on a chain]): autograd's
+    product on a column-major input too."""
+    torch.manual_seed(0)
+    model = _model(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(5, 8).t(), batch_size=[8])
+    call = getattr(tdhook_fn.attribution, method)
+    walked = call(f, p, td, target=1)
+    torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1)), rtol=0,
+                               atol=0)
