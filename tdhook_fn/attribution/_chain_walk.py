@@ -147,7 +147,7 @@ def _forward(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor) 
         return ACTIVATIONS[type(module)][0](module, both), _unused
     if kind == "pool":
         return max_pool_with_indices(MAX_POOLS[type(module)][1], both, module.__dict__)[0], _unused
-    if kind == "softmax" and module.__dict__.get("dim") not in (-1, both.dim() - 1):
+    if kind == "softmax" and (isinstance(dim := module.__dict__.get("dim"), bool) or dim not in (-1, both.dim() - 1)):
         return None
     return module(both), _unused
 

@@ -85,6 +85,8 @@ def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]
     cls = type(module)
     if cls is nn.LeakyReLU:
         slope = module.__dict__["negative_slope"]
+        if isinstance(slope, torch.Tensor):
+            return None  # (the functional reads a 0-d tensor as its number, the backward kernel takes numbers only)
         return ACTIVATIONS[cls][0](module, h), lambda g: _aten.leaky_relu_backward(g, h, slope, False)
     if cls is nn.Sigmoid:
         y = torch.sigmoid(h)
@@ -155,8 +157,8 @@ def gradient_step(relu: ReluRule) -> Step:
             return _max_pool(module, h)
         if kind == "softmax":
             dim = module.__dict__.get("dim")
-            if dim not in (-1, h.dim() - 1):
-                return None
+            if isinstance(dim, bool) or dim not in (-1, h.dim() - 1):
+                return None  # (a bool equals 0 or 1, which the softmax refuses: the general path says so)
             y = torch.softmax(h, -1)
             return y, lambda g: _aten._softmax_backward_data(g.reshape(y.shape), y, h.dim() - 1, h.dtype)
         ran = deeplift_step(link, own, h, n, eps, rows)  # (an affine map or a reshape: DeepLift's are gradients)

@@ -138,3 +138,33 @@ def test_the_rule_walks_pull_a_transposed_input_back_as_autograd_does(method):
     walked = call(f, p, td, target=1)
     torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1)), rtol=0,
                                atol=0)
+
+
+@pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution"])
+def test_a_leaky_relu_whose_slope_is_a_tensor_takes_the_general_way(method):
+    """``F.leaky_relu`` reads a 0-d tensor slope as its number, ``leaky_relu_backward`` refuses it: the walk raised
+    a schema error where the general path gives the map."""
+    torch.manual_seed(4)
+    model = _model(nn.Linear(5, 6), nn.LeakyReLU(torch.tensor(0.1)), nn.Linear(6, 3))
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(4, 5), batch_size=[4])
+    call = getattr(tdhook_fn.attribution, method)
+    walked = call(f, p, td, target=1)
+    torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1)), rtol=0,
+                               atol=0)
+
+
+@pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution"])
+def test_a_softmax_whose_dim_is_a_bool_raises_as_the_model_does(method):
+    """``dim=True`` equals 1, the last dim of a 2-d input, but the softmax refuses a bool: the walk gave a map."""
+    torch.manual_seed(5)
+    model = _model(nn.Linear(5, 6), nn.Softmax(dim=-1), nn.Linear(6, 3))
+    model[1].dim = True
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(4, 5), batch_size=[4])
+    call = getattr(tdhook_fn.attribution, method)
+    with pytest.raises(TypeError, match="dim") as walked:
+        call(f, p, td, target=1)
+    with pytest.raises(TypeError) as general:
+        attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1))
+    assert str(walked.value) == str(general.value)
