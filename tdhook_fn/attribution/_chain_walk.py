@@ -276,6 +276,8 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     seeds = _seeds(target, n, per_target)
     if not links or not x.is_floating_point() or seeds is None:
         return None  # (an empty chain, an identity: the general path's, rare enough to leave it)
+    if torch.is_autocast_enabled(x.device.type):
+        return None  # (autocast runs the ops in another dtype, and autograd casts the maps back: the general path)
     if rows != n:  # (each input's label for each of its pairs)
         assert reference is not None
         seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]

@@ -168,3 +168,24 @@ def test_a_softmax_whose_dim_is_a_bool_raises_as_the_model_does(method):
     with pytest.raises(TypeError) as general:
         attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1))
     assert str(walked.value) == str(general.value)
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "guided_backprop", "deconvolution", "deeplift"])
+def test_autocast_takes_the_general_way(method):
+    """Under ``torch.autocast`` the forward runs in bfloat16 and autograd casts the maps back to the inputs'
+    float32: the walks gave bfloat16 maps of other numbers."""
+    torch.manual_seed(6)
+    model = _model(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 8), nn.Sigmoid(), nn.Linear(8, 3))
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=torch.randn(4, 5), batch_size=[4])
+    extra = (0.0,) if method in ("integrated_gradients", "deeplift") else ()
+    call = getattr(tdhook_fn.attribution, method)
+
+    def autocast():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return call(f, p, td, *extra, target=1)
+
+    walked = autocast()
+    general = attr_zoo.on_general_path(model, autocast)
+    assert walked["input"].dtype == general["input"].dtype == torch.float32
+    torch.testing.assert_close(walked, general, rtol=0, atol=0)
