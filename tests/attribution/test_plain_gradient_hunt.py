@@ -189,3 +189,62 @@ def test_autocast_takes_the_general_way(method):
     general = attr_zoo.on_general_path(model, autocast)
     assert walked["input"].dtype == general["input"].dtype == torch.float32
     torch.testing.assert_close(walked, general, rtol=0, atol=0)
+
+
+def _in_context(context: str, call):
+    """``call()`` under one of autograd's global modes (NOTE [a chain walked by hand]: the walks decline there)."""
+    if context == "anomaly mode":
+        with torch.autograd.detect_anomaly(check_nan=True):
+            return call()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 2, lambda t: t):  # (a backward reads 2x)
+        return call()
+
+
+@pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution"])
+@pytest.mark.parametrize("context", ["anomaly mode", "saved tensor hooks"])
+def test_autograds_global_modes_take_the_general_way(context, method):
+    """Anomaly mode raises where a backward returns NaN, saved-tensor hooks may change what a backward reads: the
+    walks, which run no backward, gave a map of their own."""
+    torch.manual_seed(7)
+    model = _model(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 8), nn.Sigmoid(), nn.Linear(8, 3))
+    f, p = tdhook_fn.pure(model)
+    x = torch.randn(4, 5)
+    x[0, 0] = float("nan") if context == "anomaly mode" else x[0, 0]
+    td = TensorDict(input=x, batch_size=[4])
+    call = getattr(tdhook_fn.attribution, method)
+    outcomes = []
+    def in_context():
+        return _in_context(context, lambda: call(f, p, td, target=1))
+
+    for run in (in_context, lambda: attr_zoo.on_general_path(model, in_context)):
+        try:
+            outcomes.append(run())
+        except RuntimeError as error:
+            outcomes.append(str(error))
+    if context == "anomaly mode":
+        assert isinstance(outcomes[1], str) and "nan" in outcomes[1]
+        assert outcomes[0] == outcomes[1]
+    else:
+        torch.testing.assert_close(outcomes[0], outcomes[1], rtol=0, atol=0)
+
+
+def test_a_dual_input_keeps_its_tangent(monkeypatch):
+    """Under forward AD the walk's ops, which run under no_grad, carried the dual input's tangent into the map,
+    where the engine's map is what its VJP gives: the walk declines."""
+    torch.manual_seed(8)
+    model = _model(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3), dtype=torch.float64)
+    f, p = tdhook_fn.pure(model)
+    x, direction = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    fwad = torch.autograd.forward_ad
+
+    def tangent():
+        with fwad.dual_level():
+            td = TensorDict(input=fwad.make_dual(x, direction), batch_size=[4])
+            return fwad.unpack_dual(saliency(f, p, td, target=1)["input"]).tangent
+
+    taken = _walks(monkeypatch)
+    walked = tangent()
+    general = attr_zoo.on_general_path(model, tangent)
+    assert taken[0] is False and (walked is None) == (general is None)
+    if general is not None:
+        torch.testing.assert_close(walked, general, rtol=0, atol=0)
