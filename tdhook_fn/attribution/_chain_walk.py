@@ -296,8 +296,12 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     # or, grad mode off, values as there)
     enabled = torch.is_grad_enabled()
     own = own_values(leaves(params), links, frozen=enabled)
-    if own is None or (as_autograd and any(t.is_inference() for tensors in own for t in tensors)):
-        return None  # (inference params: autograd refuses them, so the general path raises)
+    if own is None:
+        return None
+    for tensors in own if as_autograd else ():  # (a loop, not a generator in ``any``: on every call)
+        for t in tensors:
+            if t.is_inference():
+                return None  # (inference params: autograd refuses them, so the general path raises)
     torch._C._set_grad_enabled(False)  # (torch.no_grad() without its context manager's calls: on every call)
     try:
         return _walked(links, own, x, reference, seeds, rows, eps, per_target, stops, step, passes, as_autograd)

@@ -119,19 +119,19 @@ def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
 # gradient's step reads the input's layout and takes the product autograd takes.
 
 
-def _column_major(m: torch.Tensor) -> bool:
-    return m.stride(0) == 1 and m.stride(1) == m.shape[0]
-
-
 def _linear(ran: tuple[torch.Tensor, Back], weight: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
     """A linear layer's forward and pullback ``ran`` (``g @ W``) on its input ``h``, the pullback autograd's own
     product (NOTE [autograd's linear pullback]); ``None``: a product the walk does not run."""
-    if h.dim() < 2:
+    dims = h.dim()
+    if dims == 2:
+        folded = h
+    elif dims < 2:
         return ran
-    if h.dim() > 2 and not h.is_contiguous():
+    elif not h.is_contiguous():
         return None  # (autograd's product is then another kernel's: the general path)
-    folded = h if h.dim() == 2 else h.view(math.prod(h.shape[:-1]), h.shape[-1])
-    if not _column_major(folded):
+    else:
+        folded = h.view(math.prod(h.shape[:-1]), h.shape[-1])
+    if folded.stride(0) != 1 or folded.stride(1) != folded.shape[0]:  # (not column-major: ``g @ W``)
         return ran
     rows, shape = folded.shape[0], h.shape
 
