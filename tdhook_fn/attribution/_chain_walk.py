@@ -10,7 +10,9 @@
 # asked for. The rules are steps: DeepLift's multipliers (NOTE [deeplift on a chain]), a
 # gradient with each ReLU's rule in place (NOTE [gradient rules on a chain]). The links
 # are planned once per model (NOTE [plans per model]); anything the plan or a step does not
-# know makes the walk decline, and the method takes its general path.
+# know makes the walk decline, and the method takes its general path. So does a mode that
+# changes what autograd gives there: autocast (other dtypes), anomaly mode (it raises on a
+# NaN), forward AD (tangents), saved-tensor hooks (what a backward reads).
 
 # NOTE [seed rows]
 # A target class ``i`` puts in a one-hot at the output; where the last module is a linear
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
+from torch.autograd import forward_ad
 
 from .._functional import NestedKey
 from .._model_plans import plan_for
@@ -147,7 +150,7 @@ def _forward(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor) 
         return ACTIVATIONS[type(module)][0](module, both), _unused
     if kind == "pool":
         return max_pool_with_indices(MAX_POOLS[type(module)][1], both, module.__dict__)[0], _unused
-    if kind == "softmax" and module.__dict__.get("dim") not in (-1, both.dim() - 1):
+    if kind == "softmax" and (isinstance(dim := module.__dict__.get("dim"), bool) or dim not in (-1, both.dim() - 1)):
         return None
     return module(both), _unused
 
@@ -257,6 +260,14 @@ def _link_named(plan: WalkPlan, model: nn.Module, path: str) -> int | None:
     return index
 
 
+def _autograd_as_walked() -> bool:
+    """Whether autograd would run as the walk does: no anomaly mode (it raises on a NaN a backward returns), no
+    forward-AD level (a dual input's map carries a tangent), no saved-tensor hooks (they may change what a backward
+    reads); else the general path runs, and does what these ask."""
+    return not torch.is_anomaly_enabled() and forward_ad._current_level < 0 \
+        and torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
 def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor | None,
          target: Target, eps: float, per_target: bool, stops: tuple[int, ...], step: Step, pairs: bool = False,
          passes: Sequence[WalkPass] = (), as_autograd: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
@@ -274,8 +285,10 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     n = x.shape[0]
     rows = n * reference.shape[0] if pairs and reference is not None else n  # (the backward's rows)
     seeds = _seeds(target, n, per_target)
-    if links is None or not x.is_floating_point() or seeds is None:
-        return None
+    if not links or not x.is_floating_point() or seeds is None:
+        return None  # (an empty chain, an identity: the general path's, rare enough to leave it)
+    if torch.is_autocast_enabled(x.device.type) or not _autograd_as_walked():
+        return None  # (autocast runs the ops in another dtype, and autograd casts the maps back: the general path)
     if rows != n:  # (each input's label for each of its pairs)
         assert reference is not None
         seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]
@@ -285,6 +298,10 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     own = own_values(leaves(params), links, frozen=enabled)
     if own is None:
         return None
+    for tensors in own if as_autograd else ():  # (a loop, not a generator in ``any``: on every call)
+        for t in tensors:
+            if t.is_inference():
+                return None  # (inference params: autograd refuses them, so the general path raises)
     torch._C._set_grad_enabled(False)  # (torch.no_grad() without its context manager's calls: on every call)
     try:
         return _walked(links, own, x, reference, seeds, rows, eps, per_target, stops, step, passes, as_autograd)

@@ -5,7 +5,8 @@ maps without taps or autograd."""
 # On a chain the walk knows (NOTE [a chain walked by hand]), a class's gradient is the
 # same walk without references: the inputs' rows forward without a graph, then back, each
 # activation's derivative by the backward kernel autograd itself runs (the same numbers),
-# a max pool's by the indices of its maxima, an affine map's by the walk's adjoint
+# a max pool's by the indices of its maxima, a linear layer's by autograd's product
+# (NOTE [autograd's linear pullback]), another affine map's by the walk's adjoint
 # (NOTE [affine modules]; at stride 1 a convolution's is a few ulps from autograd's
 # kernel, as on DeepLift's and LRP's walks). The deconvnet changes only what an
 # ``nn.ReLU`` module passes back (``relu`` of what arrives), guided backprop puts ``relu``
@@ -26,19 +27,21 @@ maps without taps or autograd."""
 # SmoothGrad's and GradientSHAP's, whose copies and path points are one batch) takes the
 # same walk wherever it gives autograd's numbers bitwise, so the engine's shadow, VJP and
 # target machinery are left out and only speed changes: every link's backward is then the
-# kernel autograd runs on the same operands (linear layers: the product by the weight;
-# ReLU, LeakyReLU, Sigmoid, Tanh, the last-dim softmax: their backward kernels; reshapes and
-# eval dropout: views), so convolutions (whose adjoint is another kernel) and max pooling
-# (whose scatter may add in another order) keep the general path; a non-finite weight in
+# kernel autograd runs on the same operands (linear layers: the product by the weight
+# autograd picks, NOTE [autograd's linear pullback]; ReLU, LeakyReLU, Sigmoid, Tanh, the
+# last-dim softmax: their backward kernels; reshapes and eval dropout: views), so
+# convolutions (whose adjoint is another kernel) and max pooling (whose scatter may add in
+# another order) keep the general path; a non-finite weight in
 # the last linear layer too (NOTE [seed rows]). The map must also be what the engine
 # returns in every other respect: a value, so the walk declines where the engine's map
 # carries a graph (inputs or params that require grad, under grad mode: a gradient
 # penalty differentiates the map; any transform, ``vmap`` and ``grad`` included), and
-# under ``torch.inference_mode()``, where the engine raises. The engine asks first, for a
+# under ``torch.inference_mode()`` or on inference tensors, where the engine raises. The engine asks first, for a
 # call of the input maps alone (no layers, taps, passes or cotangents, an index target).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,6 +85,8 @@ def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]
     cls = type(module)
     if cls is nn.LeakyReLU:
         slope = module.__dict__["negative_slope"]
+        if isinstance(slope, torch.Tensor):
+            return None  # (the functional reads a 0-d tensor as its number, the backward kernel takes numbers only)
         return ACTIVATIONS[cls][0](module, h), lambda g: _aten.leaky_relu_backward(g, h, slope, False)
     if cls is nn.Sigmoid:
         y = torch.sigmoid(h)
@@ -104,6 +109,38 @@ def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
     return y, back
 
 
+# NOTE [autograd's linear pullback]
+# autograd pulls a linear layer back by ``grad @ W``, except where the matrix its product
+# read is column-major (strides ``(1, rows)``: a transposed input, or a ``[1, 1]``
+# activation, a width-1 layer at batch 1), where it takes ``(W^T @ grad^T)^T`` to give the
+# map that layout; the two products may round differently in the last bit. That matrix
+# is the layer's input where it is 2-d, else its rows folded into one dim, a view where
+# the input is contiguous (a copy, or a batched product, else: the walk declines). So the
+# gradient's step reads the input's layout and takes the product autograd takes.
+
+
+def _linear(ran: tuple[torch.Tensor, Back], weight: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+    """A linear layer's forward and pullback ``ran`` (``g @ W``) on its input ``h``, the pullback autograd's own
+    product (NOTE [autograd's linear pullback]); ``None``: a product the walk does not run."""
+    dims = h.dim()
+    if dims == 2:
+        folded = h
+    elif dims < 2:
+        return ran
+    elif not h.is_contiguous():
+        return None  # (autograd's product is then another kernel's: the general path)
+    else:
+        folded = h.view(math.prod(h.shape[:-1]), h.shape[-1])
+    if folded.stride(0) != 1 or folded.stride(1) != folded.shape[0]:  # (not column-major: ``g @ W``)
+        return ran
+    rows, shape = folded.shape[0], h.shape
+
+    def back(g: torch.Tensor) -> torch.Tensor:
+        return weight.t().mm(g.reshape(rows, -1).t()).t().reshape(shape)
+
+    return ran[0], back
+
+
 def gradient_step(relu: ReluRule) -> Step:
     """The walk's step for a gradient whose ``nn.ReLU`` modules pass back by ``relu(output)``, every other link
     by its own derivative (NOTE [gradient rules on a chain])."""
@@ -120,11 +157,14 @@ def gradient_step(relu: ReluRule) -> Step:
             return _max_pool(module, h)
         if kind == "softmax":
             dim = module.__dict__.get("dim")
-            if dim not in (-1, h.dim() - 1):
-                return None
+            if isinstance(dim, bool) or dim not in (-1, h.dim() - 1):
+                return None  # (a bool equals 0 or 1, which the softmax refuses: the general path says so)
             y = torch.softmax(h, -1)
             return y, lambda g: _aten._softmax_backward_data(g.reshape(y.shape), y, h.dim() - 1, h.dtype)
-        return deeplift_step(link, own, h, n, eps, rows)  # (an affine map or a reshape: DeepLift's are gradients)
+        ran = deeplift_step(link, own, h, n, eps, rows)  # (an affine map or a reshape: DeepLift's are gradients)
+        if ran is None or link.affine is None or link.affine.conv is not None:
+            return ran
+        return _linear(ran, own[0], h)
 
     return step
 
@@ -188,6 +228,8 @@ def _own_relu(y: torch.Tensor) -> Back:
 
 
 _OWN_STEP = gradient_step(_own_relu)
+
+
 _DERIVED_KEPT = 16  # (the steps a plan keeps, one per option: a loop over many starts over rather than grow)
 
 _AUTOGRAD_EXACT = "autograd's kernels"  # (the plan's derived key: whether every link's backward is autograd's)
@@ -217,8 +259,9 @@ def plain_gradients(f: Any, params: Any, inputs: TensorDictBase, target: Target,
             or not isinstance(keys, tuple) or len(keys) != 1 or len(input_keys) != 1 or input_keys[0] != keys[0]:
         return None  # (transforms first: Dynamo cannot trace the inference-mode flag)
     found = _flat_input(f, inputs, keys[0])
-    if found is None or (found[1].requires_grad and torch.is_grad_enabled()) or not _autograd_exact(found[0]):
-        return None
+    if found is None or (found[1].requires_grad and torch.is_grad_enabled()) or found[1].is_inference() \
+            or not _autograd_exact(found[0]):
+        return None  # (an inference tensor: autograd refuses it, so the engine raises)
     batch = inputs.batch_size
     if isinstance(target, torch.Tensor) and 0 < target.dim() < len(batch) and target.shape == batch[-target.dim():]:
         # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor targets])
