@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from _tolerance import assert_close_ulps
@@ -208,3 +208,20 @@ def on_general_path(model: nn.Module, call: Callable[[], T]) -> T:
         return call()
     finally:
         handle.remove()
+
+
+def plain_walks(monkeypatch: Any) -> list[bool]:
+    """Whether each engine call of a test took the plain-gradient walk (NOTE [plain gradients on a chain]), in
+    order: a spy on the engine's ``plain_gradients``."""
+    from tdhook_fn.attribution import _engine
+
+    taken: list[bool] = []
+    own = _engine.plain_gradients
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        result = own(*args, **kwargs)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(_engine, "plain_gradients", spy)
+    return taken

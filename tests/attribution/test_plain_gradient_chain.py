@@ -11,7 +11,6 @@ from zoo import same, snapshot
 
 import tdhook_fn
 from tdhook_fn.attribution import (
-    _engine,
     _gradient_chain,
     gradient_shap,
     integrated_gradients,
@@ -52,18 +51,7 @@ def _case(name: str, dtype: torch.dtype, batch: tuple[int, ...]):
     return model, f, p, TensorDict(input=x, batch_size=list(batch))
 
 
-def _walks(monkeypatch) -> list[bool]:
-    """Whether each engine call of the test took the walk, recorded in order."""
-    taken: list[bool] = []
-    own = _engine.plain_gradients
-
-    def spy(*args, **kwargs):
-        result = own(*args, **kwargs)
-        taken.append(result is not None)
-        return result
-
-    monkeypatch.setattr(_engine, "plain_gradients", spy)
-    return taken
+_walks = attr_zoo.plain_walks
 
 
 def _seeded(call, seed: int = 7):

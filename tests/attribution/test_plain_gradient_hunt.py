@@ -8,7 +8,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from tdhook_fn.attribution import _engine, integrated_gradients, saliency
+from tdhook_fn.attribution import integrated_gradients, saliency
 
 
 @pytest.fixture(autouse=True)
@@ -16,18 +16,11 @@ def _one_thread():
     yield from attr_zoo.one_thread()
 
 
-def _walks(monkeypatch) -> list[bool]:
-    """Whether each engine call took the walk, in order."""
-    taken: list[bool] = []
-    own = _engine.plain_gradients
+_walks = attr_zoo.plain_walks
 
-    def spy(*args, **kwargs):
-        result = own(*args, **kwargs)
-        taken.append(result is not None)
-        return result
 
-    monkeypatch.setattr(_engine, "plain_gradients", spy)
-    return taken
+def _same_both_ways(model: nn.Module, call) -> None:
+    torch.testing.assert_close(call(), attr_zoo.on_general_path(model, call), rtol=0, atol=0)
 
 
 def _model(*modules: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Sequential:
@@ -134,10 +127,7 @@ def test_the_rule_walks_pull_a_transposed_input_back_as_autograd_does(method):
     model = _model(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
     f, p = tdhook_fn.pure(model)
     td = TensorDict(input=torch.randn(5, 8).t(), batch_size=[8])
-    call = getattr(tdhook_fn.attribution, method)
-    walked = call(f, p, td, target=1)
-    torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1)), rtol=0,
-                               atol=0)
+    _same_both_ways(model, lambda: getattr(tdhook_fn.attribution, method)(f, p, td, target=1))
 
 
 @pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution"])
@@ -148,10 +138,7 @@ def test_a_leaky_relu_whose_slope_is_a_tensor_takes_the_general_way(method):
     model = _model(nn.Linear(5, 6), nn.LeakyReLU(torch.tensor(0.1)), nn.Linear(6, 3))
     f, p = tdhook_fn.pure(model)
     td = TensorDict(input=torch.randn(4, 5), batch_size=[4])
-    call = getattr(tdhook_fn.attribution, method)
-    walked = call(f, p, td, target=1)
-    torch.testing.assert_close(walked, attr_zoo.on_general_path(model, lambda: call(f, p, td, target=1)), rtol=0,
-                               atol=0)
+    _same_both_ways(model, lambda: getattr(tdhook_fn.attribution, method)(f, p, td, target=1))
 
 
 @pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution"])
