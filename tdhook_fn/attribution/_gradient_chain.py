@@ -42,8 +42,8 @@ maps without taps or autograd."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -77,6 +77,7 @@ __all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients
 
 ReluRule = Callable[[torch.Tensor], Back]  # a ReLU's output -> its backward (the gradient at its output -> input's)
 
+_V = TypeVar("_V")
 _aten: Any = torch.ops.aten  # (autograd's own backward kernels: the numbers of the general path)
 
 
@@ -186,6 +187,12 @@ def _batched(t: torch.Tensor, first: int, batch: torch.Size) -> torch.Tensor:
     return t if len(batch) == 1 else t.reshape((*t.shape[:first], *batch, *t.shape[first + 1:]))
 
 
+def _maps(key: Any, walked: torch.Tensor, per_target: bool, batch: torch.Size) -> TensorDict:
+    """The walked map of the input ``key`` as the methods return it: batch ``[*B]``, or ``[T, *B]`` per target."""
+    first = 1 if per_target else 0
+    return fresh_tensordict({key: _batched(walked, first, batch)}, torch.Size([*walked.shape[:first], *batch]))
+
+
 def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
                      step_of: Callable[[WalkPlan], Step]) -> TensorDict | None:
     """The maps of ``f``'s one input by the walk with the step ``step_of(plan)`` (NOTE [gradient rules on a chain]);
@@ -200,10 +207,7 @@ def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, t
     check_call(caller, f, params, inputs, keys, target, modes=False)
     plan.check_modes(f.model, caller)
     walked = chain_gradients(plan, params, x, target, per_target, step_of(plan))
-    if walked is None:
-        return None
-    first, batch = (1 if per_target else 0), inputs.batch_size
-    return fresh_tensordict({keys[0]: _batched(walked, first, batch)}, torch.Size([*walked.shape[:first], *batch]))
+    return None if walked is None else _maps(keys[0], walked, per_target, inputs.batch_size)
 
 
 def tensor_gradients(caller: str, step: Step) -> Callable[..., torch.Tensor | None]:
@@ -235,18 +239,24 @@ _DERIVED_KEPT = 16  # (the steps a plan keeps, one per option: a loop over many 
 _AUTOGRAD_EXACT = "autograd's kernels"  # (the plan's derived key: whether every link's backward is autograd's)
 
 
+def _derive(plan: WalkPlan, key: Hashable, value: _V) -> _V:
+    """``value`` kept with ``plan`` under ``key`` (bounded: a loop over many options starts over rather than grow)."""
+    if len(plan.derived) >= _DERIVED_KEPT:
+        plan.derived.clear()
+    plan.derived[key] = value
+    return value
+
+
 def _autograd_exact(plan: WalkPlan) -> bool:
     """Whether the walk's plain gradient on ``plan``'s links is autograd's, bitwise
     (NOTE [plain gradients on a chain]): no convolution, no max pool."""
     exact: bool | None = plan.derived.get(_AUTOGRAD_EXACT)
     if exact is None:
         assert plan.links is not None
-        exact = all(link.kind in ("activation", "softmax", "reshape")
-                    or (link.kind == "affine" and link.affine is not None and link.affine.conv is None)
-                    for link in plan.links)
-        if len(plan.derived) >= _DERIVED_KEPT:
-            plan.derived.clear()
-        plan.derived[_AUTOGRAD_EXACT] = exact
+        exact = _derive(plan, _AUTOGRAD_EXACT, all(
+            link.kind in ("activation", "softmax", "reshape")
+            or (link.kind == "affine" and link.affine is not None and link.affine.conv is None)
+            for link in plan.links))
     return exact
 
 
@@ -255,22 +265,19 @@ def plain_gradients(f: Any, params: Any, inputs: TensorDictBase, target: Target,
     """The engine's input maps of a plain gradient by the walk (NOTE [plain gradients on a chain]); ``None``: the
     engine's own way. The engine checked the arguments."""
     keys = getattr(f, "in_keys", None)
-    if not untransformed() or torch.is_inference_mode_enabled() or not isinstance(params, TensorDictBase) \
-            or not isinstance(keys, tuple) or len(keys) != 1 or len(input_keys) != 1 or input_keys[0] != keys[0]:
-        return None  # (transforms first: Dynamo cannot trace the inference-mode flag)
-    found = _flat_input(f, inputs, keys[0])
-    if found is None or (found[1].requires_grad and torch.is_grad_enabled()) or found[1].is_inference() \
-            or not _autograd_exact(found[0]):
-        return None  # (an inference tensor: autograd refuses it, so the engine raises)
+    if not isinstance(params, TensorDictBase) or not isinstance(keys, tuple) or len(keys) != 1 \
+            or len(input_keys) != 1 or input_keys[0] != keys[0]:
+        return None
+    found = _flat_input(f, inputs, keys[0])  # (transforms declined there first: Dynamo cannot trace the flag below)
+    if found is None or torch.is_inference_mode_enabled() or (found[1].requires_grad and torch.is_grad_enabled()) \
+            or found[1].is_inference() or not _autograd_exact(found[0]):
+        return None  # (inference mode or tensors: autograd refuses them, so the engine raises)
     batch = inputs.batch_size
     if isinstance(target, torch.Tensor) and 0 < target.dim() < len(batch) and target.shape == batch[-target.dim():]:
         # (labels of the trailing batch dims, as the engine reads them: NOTE [tensor targets])
         target = target.expand(batch)
     walked = chain_gradients(found[0], params, found[1], target, per_target, _OWN_STEP, as_autograd=True)
-    if walked is None:
-        return None
-    first = 1 if per_target else 0
-    return fresh_tensordict({keys[0]: _batched(walked, first, batch)}, torch.Size([*walked.shape[:first], *batch]))
+    return None if walked is None else _maps(keys[0], walked, per_target, batch)
 
 
 def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tuple[type[nn.Module], ...]) -> Step:
@@ -313,10 +320,7 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
             return ran
         return y, lambda g: torch.relu(back(g))
 
-    if len(plan.derived) >= _DERIVED_KEPT:
-        plan.derived.clear()
-    plan.derived[key] = guided
-    return guided
+    return _derive(plan, key, guided)
 
 
 def _guided(guide: Guide) -> ReluRule:
