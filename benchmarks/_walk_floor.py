@@ -46,13 +46,19 @@ def walked_forward(model: nn.Sequential, x: torch.Tensor, relu_back: ReluBack, t
     return outs, backs, last.weight[target].expand(len(x), -1)
 
 
-def _own_relu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def plain_walked(model: nn.Module) -> bool:
+    """Whether ours walks the model's plain gradient (a chain of linear layers and ReLUs: the benchmarks' MLPs), so
+    its floor is the hand-written walk too."""
+    return isinstance(model, nn.Sequential) and all(isinstance(m, (nn.Linear, nn.ReLU)) for m in model)
+
+
+def own_relu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.threshold_backward(g, y, 0)  # (autograd's own ReLU backward)
 
 
 def walked_gradient(model: nn.Sequential, x: torch.Tensor, target: int) -> torch.Tensor:
     """The plain gradient of ``target`` at ``x`` by the walk (call it under ``torch.no_grad()`` on a frozen model)."""
-    _, backs, g = walked_forward(model, x, _own_relu_back, target)
+    _, backs, g = walked_forward(model, x, own_relu_back, target)
     for back in reversed(backs):
         g = back(g)
     return g

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from _timing import interleaved_medians, print_table
-from _walk_floor import walked_forward
+from _walk_floor import own_relu_back, plain_walked, walked_forward
 from tensordict import TensorDict
 from torch import nn
 
@@ -81,7 +81,7 @@ def floor_walk(model: nn.Sequential, x: torch.Tensor, targets: list[int], per_ta
     w = torch.tensor(steps).reshape(-1, *[1] * x.dim())
     with torch.no_grad():
         points = (a * x).reshape(-1, *x.shape[1:])  # zero baseline
-        _, backs, _ = walked_forward(model, points, lambda g, y: torch.ops.aten.threshold_backward(g, y, 0), 0)
+        _, backs, _ = walked_forward(model, points, own_relu_back, 0)
         weight = model[-1].weight
         seeds = [weight[t] for t in targets] if per_target else [weight[targets].sum(0)]
         maps = []
@@ -136,7 +136,7 @@ def _compare(name: str, model: nn.Module, x: torch.Tensor) -> None:
              ("10 per-target maps", list(range(10)), True)]
     weights = {name: t.detach() for name, t in model.named_parameters()}
     frozen = copy.deepcopy(model).requires_grad_(False)
-    walks = isinstance(model, nn.Sequential) and all(isinstance(m, (nn.Linear, nn.ReLU)) for m in model)
+    walks = plain_walked(model)
     for label, targets, per_target in cases:
         impls: dict[str, Callable[[], torch.Tensor]] = {
             "hand-written vjp floor": lambda: floor(model, weights, x, targets, per_target),

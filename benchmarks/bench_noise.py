@@ -41,7 +41,7 @@ import captum.attr as ca
 import numpy as np
 import torch
 from _timing import print_table
-from _walk_floor import walked_gradient
+from _walk_floor import plain_walked, walked_gradient
 from bench_metrics import cpu_medians
 from sklearn.datasets import load_digits
 from tensordict import TensorDict
@@ -147,14 +147,14 @@ def _check(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> None:
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
     torch.manual_seed(1)
     torch.testing.assert_close(floor_smoothgrad(model, x)(), ours, rtol=1e-5, atol=1e-7)
-    if _walkable(model):
+    if plain_walked(model):
         torch.manual_seed(1)
         torch.testing.assert_close(floor_smoothgrad_walk(model, x)(), ours, rtol=1e-5, atol=1e-7)
     torch.manual_seed(1)
     ours = gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES)
     torch.manual_seed(1)
     torch.testing.assert_close(floor_gradient_shap(model, x, refs)(), ours, rtol=1e-5, atol=1e-6)
-    if _walkable(model):
+    if plain_walked(model):
         torch.manual_seed(1)
         torch.testing.assert_close(floor_gradient_shap_walk(model, x, refs)(), ours, rtol=1e-5, atol=1e-6)
     n = len(x)
@@ -178,12 +178,6 @@ def channels_last(model: nn.Module, x: torch.Tensor,
     return copy.deepcopy(model).to(memory_format=cl), x.to(memory_format=cl), refs.to(memory_format=cl)
 
 
-def _walkable(model: nn.Module) -> bool:
-    """Whether ours walks the model's gradient (a chain of linear layers and ReLUs), so its floor is the
-    hand-written walk too."""
-    return isinstance(model, nn.Sequential) and all(isinstance(m, (nn.Linear, nn.ReLU)) for m in model)
-
-
 def _walk_floors(rows: dict[str, Callable[[], object]], walk: Callable[[], object] | None,
                  ) -> dict[str, Callable[[], object]]:
     return rows if walk is None else {FLOOR_WALK: walk, **rows}
@@ -201,7 +195,7 @@ def _smoothgrad_rows(model: nn.Module, x: torch.Tensor, layout: str) -> dict[str
         f"captum NoiseTunnel(Saliency){layout}": lambda: ca.NoiseTunnel(ca.Saliency(model)).attribute(
             x, nt_samples=SAMPLES, stdevs=STDEV, target=TARGET, abs=False),
         f"ours smoothgrad{layout}": lambda: smoothgrad(f, p, x, target=TARGET, nt_samples=SAMPLES, stdevs=STDEV),
-    }, floor_smoothgrad_walk(model, x) if _walkable(model) else None)
+    }, floor_smoothgrad_walk(model, x) if plain_walked(model) else None)
 
 
 def _gradient_shap_rows(model: nn.Module, x: torch.Tensor, refs: torch.Tensor,
@@ -212,7 +206,7 @@ def _gradient_shap_rows(model: nn.Module, x: torch.Tensor, refs: torch.Tensor,
         f"captum GradientShap{layout}": lambda: ca.GradientShap(model).attribute(x, refs, n_samples=SAMPLES,
                                                                                   target=TARGET),
         f"ours gradient_shap{layout}": lambda: gradient_shap(f, p, x, refs, target=TARGET, n_samples=SAMPLES),
-    }, floor_gradient_shap_walk(model, x, refs) if _walkable(model) else None)
+    }, floor_gradient_shap_walk(model, x, refs) if plain_walked(model) else None)
 
 
 def _print_layouts(method: str, title: str, times: dict[str, float], captum: str, ours: str) -> None:
