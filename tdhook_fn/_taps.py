@@ -18,18 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import optree
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ._mapped_gradient import mapped_gradient
+from ._mapped_gradient import mapped_gradient, writes_in_place, writing_back
 from ._paths import path_to_name
 
 __all__ = [
     "Captured",
+    "Handles",
     "Side",
     "Tap",
     "attached",
@@ -102,10 +103,23 @@ class Tap:
         Returns:
             RemovableHandle: removed when the call ends, also when it raises.
         """
+        handles = [_register(module, kind, hook) for kind, hook in self.hooks(captured, module)]
+        return handles[0] if len(handles) == 1 else cast(RemovableHandle, Handles(*handles))
+
+    def hooks(self, captured: Captured, module: nn.Module) -> list[tuple[str, Callable[..., Any]]]:
+        """`hook` for ``module``, and a `map_grad`'s second one there (NOTE [replaced derivatives of in-place modules]).
+
+        Returns:
+            list[tuple[str, Callable]]: `hook`'s pair first.
+        """
         kind, hook = self.hook(captured)
+        if self.kind != "map_grad" or not writes_in_place(module):
+            return [(kind, hook)]
         if kind == "_forward_hooks":
-            return module.register_forward_hook(hook)
-        return module.register_forward_pre_hook(hook)
+            before, after = writing_back(None, hook)
+            return [(kind, after), ("_forward_pre_hooks", before)]
+        before, after = writing_back(hook, None)
+        return [(kind, before), ("_forward_hooks", after)]
 
     def hook(self, captured: Captured) -> tuple[str, Callable[..., Any]]:
         """This tap's forward hook and the module hook dict it belongs in.
@@ -320,11 +334,10 @@ class _Attached:
             for tap, module in zip(self.taps, self.modules, strict=True):
                 # a must_run tap counts its hook's runs; a subclass's own attach is left as it is
                 if tap.must_run and type(tap).attach is Tap.attach:
-                    kind, hook = tap.hook(self.captured)
+                    (kind, hook), *more = tap.hooks(self.captured, module)
                     self.runs.append(count := [0])
-                    counted = _counted(hook, count)
-                    self.handles.append(module.register_forward_hook(counted) if kind == "_forward_hooks"
-                                        else module.register_forward_pre_hook(counted))
+                    self.handles.append(_register(module, kind, _counted(hook, count)))
+                    self.handles += [_register(module, kind, hook) for kind, hook in more]
                 else:
                     self.handles.append(tap.attach(module, self.captured))
         except BaseException:
@@ -344,6 +357,23 @@ class _Attached:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+
+class Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, *handles: RemovableHandle):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _register(module: nn.Module, kind: str, hook: Callable[..., Any]) -> RemovableHandle:
+    if kind == "_forward_hooks":
+        return module.register_forward_hook(hook)
+    return module.register_forward_pre_hook(hook)
 
 
 def _counted(hook: Callable[..., Any], count: list[int]) -> Callable[..., Any]:

@@ -213,12 +213,12 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
     captured: Captured = {}
     saved = []
     for i, (tap, module) in enumerate(zip(taps, plan.targets, strict=True)):
-        kind, hook = tap.hook(captured)
-        table = getattr(module, kind)
-        saved.append((module, kind, table))
-        # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);
-        # RemovableHandle ids are >= 0, so the key clashes with none of the model's own hooks
-        setattr(module, kind, OrderedDict([*table.items(), (-1 - i, hook)]))
+        for j, (kind, hook) in enumerate(tap.hooks(captured, module)):
+            table = getattr(module, kind)
+            saved.append((module, kind, table))
+            # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);
+            # RemovableHandle ids are >= 0, so the key clashes with none of the model's own hooks
+            setattr(module, kind, OrderedDict([*table.items(), (-1 - i - j * len(taps), hook)]))
     try:
         with _reparametrize_module(plan.root, tensors, tie_weights=False, strict=False):
             output = invoke(plan.root)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional, NestedKey
+from .._mapped_gradient import Handed, handed, written_back
 from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
@@ -139,20 +140,24 @@ def _rerouted(site: _ReLUSite, x: torch.Tensor, out: Any) -> torch.Tensor:
 
 def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
     """The deconvnet's backward at the ReLU ``site`` (NOTE [deconvolution as taps])."""
-    inputs: list[torch.Tensor] = []  # this call's own stack: a module may run more than once in a forward
+    # this call's own stack: a module may run more than once in a forward
+    inputs: list[tuple[torch.Tensor, Handed | None]] = []
     inplace = site.inplace
 
     def keep(x: torch.Tensor) -> torch.Tensor:
-        inputs.append(x)
         if stand_in:  # NOTE [a stand-in for the replaced ReLU]
-            return x.new_zeros(())
-        held = x.detach()  # (its own backward reaches the module's parameters only)
-        return held.clone() if inplace else held
+            held = x.new_zeros(())
+        else:
+            held = x.detach()  # (its own backward reaches the module's parameters only)
+            held = held.clone() if inplace else held
+        # (an in-place module's input is written back after: NOTE [replaced derivatives of in-place modules])
+        inputs.append((x, handed(x, held) if inplace else None))
+        return held
 
     def replace(output: Any) -> torch.Tensor:
-        if stand_in:
-            return _rectified(inputs.pop())
-        return _rerouted(site, inputs.pop(), output)
+        x, run = inputs.pop()
+        out = _rectified(x) if stand_in else _rerouted(site, x, output)
+        return out if run is None else cast(torch.Tensor, written_back(run, out))
 
     # (the key given: no capture reads it, and deriving it costs as much as the tap)
     return [Tap(site.path, "intervene", keep, "input", site.path),

@@ -49,8 +49,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..._functional import Functional, NestedKey
+from ..._mapped_gradient import Handed, handed, writes_in_place, written_back
 from ..._params import leaves
-from ..._taps import Captured, Tap
+from ..._taps import Captured, Handles, Tap
 from ..._targets import Target
 from ..._vjp import untransformed
 from .._checks import check_layers
@@ -127,36 +128,37 @@ def _passed(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return y.detach() + (x - x.detach())
 
 
-class _Handles:
-    def __init__(self, *handles: RemovableHandle):
-        self.handles = handles
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 class _Originals:
     """The inputs a module that writes them in place (``inplace=True``) was called with, kept unwritten.
 
     Such a module gets copies (the last pre-hook), and the rule sees the originals: Pass
     on a ``ReLU(inplace=True)`` would otherwise pass relevance through the ReLU's own
     backward (its input *is* its output then), and a rule's backward would read the
-    written values as its inputs. Other modules are left alone.
+    written values as its inputs. Where the module wrote its copy, the rule's result is
+    written back into the original (NOTE [replaced derivatives of in-place modules]), so
+    a rule's Function keeps copies of them. Other modules are left alone.
     """
 
     def __init__(self, module: nn.Module):
-        self.stack: list[tuple[Any, ...]] = []
+        self.stack: list[tuple[tuple[Any, ...], Handed | None]] = []
         self.handles: tuple[RemovableHandle, ...] = ()
-        if getattr(module, "inplace", False) is True:
+        if writes_in_place(module):
             self.handles = (module.register_forward_pre_hook(self._copy),)
 
     def _copy(self, _m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        self.stack.append(args)
-        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        copies = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        self.stack.append((args, handed(args[0], copies[0]) if args else None))
+        return copies
 
-    def take(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return self.stack.pop() if self.handles else args
+    def take(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Handed | None]:
+        """The module's inputs before it ran, and what `written` needs."""
+        return self.stack.pop() if self.handles else (args, None)
+
+    def kept(self, originals: tuple[Any, ...]) -> tuple[Any, ...]:
+        """What a rule's Function keeps of ``originals``: copies where they are written back after."""
+        if not self.handles:
+            return originals
+        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in originals)
 
 
 @dataclass(frozen=True)
@@ -169,31 +171,32 @@ class _RuleTap(Tap):
         rule, path = self.rule, self.path
         assert rule is not None
 
-        if callable(getattr(rule, "output_factor", None)):  # an in-place write is the module's own Jacobian
+        # (an in-place module takes the rule's definition: its input is written back after)
+        if callable(getattr(rule, "output_factor", None)) and not writes_in_place(module):
             return self._attach_gradient_form(module, rule)
         seen = _Originals(module)
         if isinstance(rule, Pass):
-            return cast(RemovableHandle, _Handles(self._attach_pass(module, seen), *seen.handles))
+            return cast(RemovableHandle, Handles(self._attach_pass(module, seen), *seen.handles))
 
         def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-            args = seen.take(args)
+            args, run = seen.take(args)
             check_module_call(path, args, kwargs, output)
             tensors: list[torch.Tensor] = []
             template = Template.of(mod, tensors)
             site = _Site(rule, path, template, dict(kwargs), len(args))
-            return _rule_vjp(output, site, *args, *tensors)
+            return written_back(run, _rule_vjp(output, site, *seen.kept(args), *tensors))
 
         handle = module.register_forward_hook(hook, prepend=True, with_kwargs=True)
-        return cast(RemovableHandle, _Handles(handle, *seen.handles))
+        return cast(RemovableHandle, Handles(handle, *seen.handles))
 
     def _attach_pass(self, module: nn.Module, seen: _Originals) -> RemovableHandle:
         path = self.path
 
         def post(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-            args = seen.take(args)
+            args, run = seen.take(args)
             check_module_call(path, args, kwargs, output)
             check_pass(path, args, output)
-            return _passed(args[0], output)
+            return written_back(run, _passed(args[0], output))
 
         return module.register_forward_hook(post, prepend=True, with_kwargs=True)
 
@@ -211,7 +214,7 @@ class _RuleTap(Tap):
         handles = [module.register_forward_hook(post, prepend=True, with_kwargs=True)]
         if getattr(rule, "scales_inputs", False):
             handles.append(module.register_forward_pre_hook(pre))
-        return cast(RemovableHandle, _Handles(*handles))
+        return cast(RemovableHandle, Handles(*handles))
 
 
 def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True) -> list[Tap]:

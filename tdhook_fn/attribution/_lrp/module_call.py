@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._mapped_gradient import writes_in_place
 from ..._shadow import HOOK_DICTS
 from ..._vjp import vjp
 from .affine import Affine, affine_of
@@ -132,7 +133,10 @@ class ModuleCall:
         if modify is not None:
             for i, name in enumerate(self.params):
                 tensors[i] = modify(name, tensors[i])
-        output = self.template.build(iter(tensors))(*inputs, **self.kwargs)
+        module = self.template.build(iter(tensors))
+        if writes_in_place(module):  # (it would write the inputs the rule reads, or a vjp's leaves)
+            inputs = [x.clone() for x in inputs]
+        output = module(*inputs, **self.kwargs)
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"lrp: module {self.path!r} returns a {type(output).__name__}; rules need one tensor")
         return output
