@@ -47,13 +47,14 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch.autograd import forward_ad
 from torch.autograd.graph import _engine_run_backward
 
 from ._functional import fresh_tensordict
 from ._params import leaf_values
 from ._params import leaves as td_leaves
 
-__all__ = ["RandomState", "any_requires_grad", "reaches_other_leaves", "untransformed", "vjp"]
+__all__ = ["RandomState", "any_requires_grad", "autograd_as_walked", "reaches_other_leaves", "untransformed", "vjp"]
 
 _ACCUMULATE: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 # (untyped in torch: their signatures, stated once)
@@ -295,6 +296,15 @@ def untransformed() -> bool:
     Only there may the data decide the control flow, and plain autograd stand in for ``func.vjp``.
     """
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
+
+
+def autograd_as_walked(device: str) -> bool:
+    """Whether autograd would compute as a walk by hand does (the chain walks; else the general path runs, and
+    does what these ask): no autocast on ``device`` (it runs the ops in another dtype and casts the maps back), no
+    anomaly mode (it raises on a NaN a backward returns), no forward-AD level (a dual input's map carries a
+    tangent), no saved-tensor hooks (they may change what a backward reads)."""
+    return not torch.is_autocast_enabled(device) and not torch.is_anomaly_enabled() \
+        and forward_ad._current_level < 0 and torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 
 def any_requires_grad(tds: Iterable[Any], tensors: Iterable[torch.Tensor] = ()) -> bool:

@@ -36,14 +36,13 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
-from torch.autograd import forward_ad
 
 from .._functional import NestedKey
 from .._model_plans import plan_for
 from .._params import Key, leaves
 from .._paths import path_to_name, resolve_path
 from .._targets import Target
-from .._vjp import untransformed
+from .._vjp import autograd_as_walked, untransformed
 from ._lrp.affine import Affine, affine_of
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 from ._lrp.model_chain import model_chain, reads_one_key
@@ -260,14 +259,6 @@ def _link_named(plan: WalkPlan, model: nn.Module, path: str) -> int | None:
     return index
 
 
-def _autograd_as_walked() -> bool:
-    """Whether autograd would run as the walk does: no anomaly mode (it raises on a NaN a backward returns), no
-    forward-AD level (a dual input's map carries a tangent), no saved-tensor hooks (they may change what a backward
-    reads); else the general path runs, and does what these ask."""
-    return not torch.is_anomaly_enabled() and forward_ad._current_level < 0 \
-        and torch._C._autograd._top_saved_tensors_default_hooks(False) is None
-
-
 def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: torch.Tensor | None,
          target: Target, eps: float, per_target: bool, stops: tuple[int, ...], step: Step, pairs: bool = False,
          passes: Sequence[WalkPass] = (), as_autograd: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
@@ -287,8 +278,8 @@ def walk(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, reference: tor
     seeds = _seeds(target, n, per_target)
     if not links or not x.is_floating_point() or seeds is None:
         return None  # (an empty chain, an identity: the general path's, rare enough to leave it)
-    if torch.is_autocast_enabled(x.device.type) or not _autograd_as_walked():
-        return None  # (autocast runs the ops in another dtype, and autograd casts the maps back: the general path)
+    if not autograd_as_walked(x.device.type):
+        return None
     if rows != n:  # (each input's label for each of its pairs)
         assert reference is not None
         seeds = [i if isinstance(i, int) else i.repeat_interleave(reference.shape[0]) for i in seeds]

@@ -251,7 +251,8 @@ def test_a_model_changed_between_calls_is_walked_as_it_is_now(monkeypatch):
     with torch.no_grad():
         shifted[0].bias += 1.0
     g, q = tdhook_fn.pure(shifted)
-    torch.testing.assert_close(hooked, saliency(g, q, td, target=1)["input"], rtol=0, atol=0)
+    # ((W x + b) + 1 and W x + (b + 1) round apart: close, not bitwise; the hook ran if they are close at all)
+    torch.testing.assert_close(hooked, saliency(g, q, td, target=1)["input"])
 
 
 def test_the_plain_gradient_step_is_autograd_exact_only_without_convolutions_and_pools():

@@ -157,7 +157,11 @@ def test_a_softmax_whose_dim_is_a_bool_raises_as_the_model_does(method):
     assert str(walked.value) == str(general.value)
 
 
-@pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "guided_backprop", "deconvolution", "deeplift"])
+_LRP = {"rules": tdhook_fn.attribution.EpsilonPlus()}  # (lrp's own walk declines there as well)
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "guided_backprop", "deconvolution", "deeplift",
+                                    "lrp"])
 def test_autocast_takes_the_general_way(method):
     """Under ``torch.autocast`` the forward runs in bfloat16 and autograd casts the maps back to the inputs'
     float32: the walks gave bfloat16 maps of other numbers."""
@@ -170,7 +174,7 @@ def test_autocast_takes_the_general_way(method):
 
     def autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return call(f, p, td, *extra, target=1)
+            return call(f, p, td, *extra, target=1, **(_LRP if method == "lrp" else {}))
 
     walked = autocast()
     general = attr_zoo.on_general_path(model, autocast)
@@ -187,7 +191,7 @@ def _in_context(context: str, call):
         return call()
 
 
-@pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution"])
+@pytest.mark.parametrize("method", ["saliency", "guided_backprop", "deconvolution", "lrp"])
 @pytest.mark.parametrize("context", ["anomaly mode", "saved tensor hooks"])
 def test_autograds_global_modes_take_the_general_way(context, method):
     """Anomaly mode raises where a backward returns NaN, saved-tensor hooks may change what a backward reads: the
@@ -201,7 +205,7 @@ def test_autograds_global_modes_take_the_general_way(context, method):
     call = getattr(tdhook_fn.attribution, method)
     outcomes = []
     def in_context():
-        return _in_context(context, lambda: call(f, p, td, target=1))
+        return _in_context(context, lambda: call(f, p, td, target=1, **(_LRP if method == "lrp" else {})))
 
     for run in (in_context, lambda: attr_zoo.on_general_path(model, in_context)):
         try:

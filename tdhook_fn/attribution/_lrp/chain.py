@@ -36,7 +36,9 @@
 # walk cannot see it), a rule on the root, an input or output that is not one
 # floating-point tensor, a step whose output does not depend on its input or that raises,
 # a tensor the walk reads that a later module wrote in place, or a target that closes
-# over a tensor requiring grad. A walk given up after the forward puts the random state
+# over a tensor requiring grad; and what changes autograd's numbers (autocast, anomaly
+# mode, forward AD, saved-tensor hooks: as the other walks,
+# NOTE [a chain walked by hand]). A walk given up after the forward puts the random state
 # back, so that dropout draws the same masks on the general path.
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from tensordict import TensorDict, TensorDictBase
 from ..._functional import Functional, NestedKey, fresh_tensordict
 from ..._params import Key, leaves
 from ..._targets import Target
-from ..._vjp import RandomState, reaches_other_leaves
+from ..._vjp import RandomState, autograd_as_walked, reaches_other_leaves
 from .._checks import check_call
 from .._cotangents import Cotangents, seed_cotangents
 from .._engine import offered_targets, unflatten
@@ -140,6 +142,9 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
         return None  # (a rule on the root: the taps run the whole model as one ruled module)
     check_call("lrp", f, params, inputs, (key,), target, modes=False)
     plan.check_modes(f.model, "lrp")
+    first = inputs.get(key)
+    if isinstance(first, torch.Tensor) and not autograd_as_walked(first.device.type):
+        return None
     by_module = plan.ruled.by_module
     walk = plan.walk
     if walk is None:
