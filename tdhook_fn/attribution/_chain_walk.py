@@ -34,10 +34,10 @@ from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import NestedKey
+from .._functional import NestedKey, fresh_tensordict
 from .._model_plans import plan_for
 from .._params import Key, leaves
 from .._paths import path_to_name, resolve_path
@@ -49,8 +49,8 @@ from ._lrp.model_chain import model_chain, reads_one_key
 from ._lrp.plan import ModesChecked
 from ._lrp.walk import RESHAPES, own_values, slots_of
 
-__all__ = ["ACTIVATIONS", "Back", "Step", "WalkLink", "WalkPass", "WalkPlan", "chain_gradient_passes",
-           "chain_gradients", "chain_links", "holds_only", "tensor_plan", "walk", "walk_plan"]
+__all__ = ["ACTIVATIONS", "SEED_BACK", "Back", "Step", "WalkLink", "WalkPass", "WalkPlan", "chain_gradient_passes",
+           "chain_gradients", "chain_links", "holds_only", "tensor_plan", "walk", "walk_plan", "walked_map"]
 
 Back = Callable[[torch.Tensor], torch.Tensor]  # what a link passes back: at its output -> at its input
 
@@ -126,6 +126,10 @@ def walk_plan(f: Any) -> WalkPlan | None:
 # a link run forward on the rows ``both`` (``n`` inputs' first), with its backward on ``rows`` rows; ``None``: not a
 # link the rule knows (args: the link, its tensors in the params, ``both``, ``n``, the rule's eps, ``rows``)
 Step = Callable[[WalkLink, tuple[torch.Tensor, ...], torch.Tensor, int, float, int], tuple[torch.Tensor, Back] | None]
+# A step whose backward of the last link is more than its pullback (guided backprop's relu at a linear layer's
+# input) says so by a ``seed_back`` attribute: what it does after the pullback, applied to the seed rows, which
+# stand for that pullback (NOTE [seed rows]).
+SEED_BACK = "seed_back"
 
 
 class WalkPass(NamedTuple):
@@ -182,6 +186,12 @@ def _seed_rows(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], stop:
         if link.kind != "reshape":
             return None
     return None
+
+
+def walked_map(key: NestedKey, maps: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:
+    """A walk's map of the input ``key``, with the inputs' batch dims ``batch`` again, as the methods return it:
+    batch ``[*B]``, or ``[T, *B]`` per target."""
+    return fresh_tensordict({key: maps}, torch.Size([*maps.shape[:1 if per_target else 0], *batch]))
 
 
 def holds_only(inputs: TensorDictBase, key: NestedKey) -> bool:
@@ -336,24 +346,28 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
         if not (-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())):
             return None  # (the general path says what is wrong)
     if not passes:
-        maps = _pulled(backs, seeds, weight, classes, rows, both, len(links), stops)
+        maps = _pulled(backs, seeds, weight, classes, rows, both, len(links), stops, getattr(step, SEED_BACK, None))
     else:
         maps = {}
         for walk_pass in passes:
             walk_pass.before()
-            maps.update(_pulled(backs, seeds, weight, classes, rows, both, len(links), walk_pass.stops))
+            maps.update(_pulled(backs, seeds, weight, classes, rows, both, len(links), walk_pass.stops,
+                                getattr(step, SEED_BACK, None)))
     return [(torch.stack(maps[stop]) if per_target else maps[stop][0], seen[stop]) for stop in stops]
 
 
 def _pulled(backs: list[Back], seeds: list[int | torch.Tensor], weight: torch.Tensor | None, classes: int, rows: int,
-            top: torch.Tensor, count: int, targets: tuple[int, ...]) -> dict[int, list[torch.Tensor]]:
-    """Each seed walked back from the top (the last link's output ``top``, or, ``weight`` given, its weight's rows)
-    to the lowest of ``targets``, the map at each of them kept."""
+            top: torch.Tensor, count: int, targets: tuple[int, ...], seed_back: Back | None,
+            ) -> dict[int, list[torch.Tensor]]:
+    """Each seed walked back from the top (the last link's output ``top``, or, ``weight`` given, its weight's rows,
+    then the step's ``seed_back``) to the lowest of ``targets``, the map at each of them kept."""
     bottom = min(targets)
     maps: dict[int, list[torch.Tensor]] = {stop: [] for stop in targets}
     for i in seeds:
         if weight is not None:
-            g = weight[i].expand(rows, -1) if isinstance(i, int) else weight.index_select(0, i % classes)
+            g = weight[i] if isinstance(i, int) else weight.index_select(0, i % classes)
+            g = g if seed_back is None else seed_back(g)
+            g = g.expand(rows, -1) if isinstance(i, int) else g
             at = count - 2  # (g is at the output of the link before the last)
         else:
             g = top.new_zeros((rows, classes))

@@ -18,7 +18,7 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
-from ._chain_walk import WalkPlan, chain_links, holds_only, tensor_plan, walk_plan
+from ._chain_walk import WalkPlan, chain_links, holds_only, tensor_plan, walk_plan, walked_map
 from ._checks import check_call, check_layers
 from ._deeplift_chain import chain_deeplift, chain_layer_deeplift
 from ._deeplift_rules import EPS
@@ -75,8 +75,7 @@ def _walked(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDi
     walked = _walked_maps(plan, params, x, lead, batch, reference, b, target, eps, per_target, multiply)
     if walked is None:
         return None
-    size = torch.Size([*walked.shape[:1 if per_target else 0], *batch])
-    return fresh_tensordict({key: walked}, size)  # (one new map whose leading dims are that batch)
+    return walked_map(key, walked, batch, per_target)
 
 
 def _walked_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
@@ -96,11 +95,6 @@ def _walked_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: 
     return walked
 
 
-def _in_tensordict(key: str, walked: torch.Tensor, batch: torch.Size, per_target: bool) -> TensorDict:
-    """A tensor path's map as the TensorDict's way gives it: under ``key``, batch ``[*B]`` or ``[T, *B]``."""
-    return fresh_tensordict({key: walked}, torch.Size([*walked.shape[:1 if per_target else 0], *batch]))
-
-
 def by_tensor_path(path: Callable[..., torch.Tensor | None], f: PureFn, params: TensorDictBase, inputs: Any,
                    baselines: Any, *, per_target: bool, key: str | None = None,
                    **options: Any) -> TensorDict | None:
@@ -110,7 +104,7 @@ def by_tensor_path(path: Callable[..., torch.Tensor | None], f: PureFn, params: 
     if one is None:
         return None
     walked = path(f, params, one[0], one[1], baselines, per_target=per_target, **options)
-    return None if walked is None else _in_tensordict(key or one[0], walked, inputs.batch_size, per_target)
+    return None if walked is None else walked_map(key or one[0], walked, inputs.batch_size, per_target)
 
 
 def _number(baselines: Any) -> bool:

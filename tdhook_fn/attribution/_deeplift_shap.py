@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey, fresh_tensordict
+from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
-from ._chain_walk import WalkPlan, holds_only, tensor_plan, walk_plan
+from ._chain_walk import WalkPlan, holds_only, tensor_plan, walk_plan, walked_map
 from ._deeplift import by_tensor_path, checked_functional, deeplift
 from ._deeplift_chain import chain_deeplift
 from ._deeplift_rules import EPS
@@ -171,7 +171,7 @@ def _pairs_walked(f: PureFn, params: TensorDictBase, inputs: TensorDictBase, ref
     maps = _pairs_maps(plan, params, x, lead, batch, references, target, multiply, eps, per_target)
     if maps is None:
         return None
-    return fresh_tensordict({key: maps}, torch.Size([*maps.shape[:1 if per_target else 0], *batch]))
+    return walked_map(key, maps, batch, per_target)
 
 
 def _pairs_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,

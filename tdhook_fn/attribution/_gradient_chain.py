@@ -49,11 +49,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import NestedKey, fresh_tensordict
+from .._functional import NestedKey
 from .._targets import Target
 from .._vjp import untransformed
 from ._chain_walk import (
     ACTIVATIONS,
+    SEED_BACK,
     Back,
     Step,
     WalkLink,
@@ -65,6 +66,7 @@ from ._chain_walk import (
     holds_only,
     tensor_plan,
     walk_plan,
+    walked_map,
 )
 from ._checks import check_call
 from ._cotangents import Guide
@@ -188,9 +190,8 @@ def _batched(t: torch.Tensor, first: int, batch: torch.Size) -> torch.Tensor:
 
 
 def _maps(key: Any, walked: torch.Tensor, per_target: bool, batch: torch.Size) -> TensorDict:
-    """The walked map of the input ``key`` as the methods return it: batch ``[*B]``, or ``[T, *B]`` per target."""
-    first = 1 if per_target else 0
-    return fresh_tensordict({key: _batched(walked, first, batch)}, torch.Size([*walked.shape[:first], *batch]))
+    """The walked map of the input ``key`` (its batch flat) as the methods return it (`walked_map`)."""
+    return walked_map(key, _batched(walked, 1 if per_target else 0, batch), batch, per_target)
 
 
 def walked_gradients(caller: str, f: Any, params: Any, inputs: TensorDictBase, target: Target, per_target: bool,
@@ -299,10 +300,6 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
         if not isinstance(link.module, classes_to_skip) or any(
                 not isinstance(model.get_submodule(c), classes_to_skip) for c in first_of):
             rectified.add(id(link))  # (the plan holds its links: their ids stay theirs while it is kept)
-    # the last link's backward is skipped where its weight's rows seed the walk (NOTE [seed rows]): the relu at its
-    # input is then taken as the gradient enters the link before it (a second relu where it does run changes nothing)
-    links = plan.links
-    entering = id(links[-2]) if len(links) > 1 and id(links[-1]) in rectified else None
     # an empty Sequential has no link, but a tap at its input: where one is guided, the walk declines (the general path)
     unlinked = any(isinstance(m, nn.Sequential) and not m._modules and not isinstance(m, classes_to_skip)
                    for m in model.modules())
@@ -310,16 +307,14 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
     def guided(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
                rows: int) -> tuple[torch.Tensor, Back] | None:
         ran = None if unlinked else _OWN_STEP(link, own, h, n, eps, rows)
-        if ran is None:
+        if ran is None or id(link) not in rectified:
             return ran
         y, back = ran
-        if id(link) == entering:
-            own_back = back if id(link) not in rectified else (lambda g: torch.relu(back(g)))
-            return y, lambda g: own_back(torch.relu(g))
-        if id(link) not in rectified:
-            return ran
         return y, lambda g: torch.relu(back(g))
 
+    # where the last link's weight rows seed the walk, its relu goes on them (NOTE [seed rows], `SEED_BACK`)
+    if plan.links and id(plan.links[-1]) in rectified:
+        setattr(guided, SEED_BACK, torch.relu)
     return _derive(plan, key, guided)
 
 
