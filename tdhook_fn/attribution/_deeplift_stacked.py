@@ -20,7 +20,7 @@ from .._targets import Target, as_target
 from ._baselines import Baselines, path_starts
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten
-from ._lrp.method import lrp
+from ._lrp.method import ruled_gradients
 from ._replaced_derivatives import as_values
 
 __all__ = ["stacked_deeplift", "stacked_layer_deeplift"]
@@ -107,9 +107,9 @@ def _multipliers(caller: str, f: Functional, params: TensorDictBase, inputs: Ten
     inputs = as_values(caller, params, inputs)
     carried = needs_reference_gradients(f.model)
     stacked, starts = _stacked(inputs, baselines, keys, caller, carried)
-    maps = lrp(f, params, stacked, target=_on_rows(target, f, n, batch, carried),
-               rules=rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target, layers=layers,
-               use_inputs=not layers, input_keys=list(keys), warn_on_missing_rule=False)
+    maps, _ = ruled_gradients(caller, f, params, stacked, _on_rows(target, f, n, batch, carried),
+                              rescale_rules(n, stacked.batch_size[0], eps, carried), per_target=per_target,
+                              layers=layers, use_inputs=not layers, input_keys=list(keys), warn_on_missing_rule=False)
     out = TensorDict({}, batch_size=[*maps.batch_size[:lead], *batch])
     for key, value in maps.items(True, True):
         out.set(key, _input_rows(cast(torch.Tensor, value), lead, n, batch))

@@ -282,3 +282,34 @@ def test_a_method_under_inference_mode_says_autograd_is_off(method) -> None:
         call(f, p, x, *args, target=0)
     with torch.no_grad():  # (the methods enable grad for their own forward)
         torch.testing.assert_close(call(f, p, x, *args, target=0)["input"], expected)
+
+
+class _TupleBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))), x
+
+
+class _OnATupleBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.t, self.c = _TupleBlock(), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.c(self.t(x)[0])
+
+
+@pytest.mark.parametrize("method", ["layer_deeplift", "lrp"])
+def test_a_method_on_lrps_rules_says_its_own_name(method):
+    """layer DeepLift runs on LRP's rules: its errors named lrp."""
+    model = _OnATupleBlock()
+    f, p = tdhook_fn.functional(model, in_keys=["x"], out_keys=["y"]), tdhook_fn.params(model)
+    td = TensorDict(x=torch.randn(3, 4), batch_size=[3])
+    call = {"layer_deeplift": lambda: tdhook_fn.attribution.layer_deeplift(f, p, td, target=0, layers=["t"]),
+            "lrp": lambda: tdhook_fn.attribution.lrp(f, p, td, target=0, layers=["t"], use_inputs=False,
+                                                     rules={}, warn_on_missing_rule=False)}[method]
+    with pytest.raises(TypeError, match=rf"^{method}: layer 't' outputs a tuple"):
+        call()

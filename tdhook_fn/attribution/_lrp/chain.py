@@ -128,8 +128,8 @@ def _put_in(f: Functional, y: torch.Tensor, flat: TensorDictBase, key: NestedKey
     return relevance, lambda: values
 
 
-def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey, target: Target,
-              plan: LrpPlan, cotangents: Cotangents | None, values: Mapping[Key, Any] | None = None,
+def chain_lrp(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, key: NestedKey,
+              target: Target, plan: LrpPlan, cotangents: Cotangents | None, values: Mapping[Key, Any] | None = None,
               ) -> tuple[TensorDict, Callable[[], TensorDictBase]] | None:
     """LRP maps of input ``key`` by the walk of NOTE [lrp on a chain], and the target values (made when asked).
 
@@ -140,8 +140,8 @@ def chain_lrp(f: Functional, params: TensorDictBase, inputs: TensorDictBase, key
     links = plan.links
     if links is None or not reads_one_key(f) or key != f.in_keys[0]:
         return None  # (a rule on the root: the taps run the whole model as one ruled module)
-    check_call("lrp", f, params, inputs, (key,), target, modes=False)
-    plan.check_modes(f.model, "lrp")
+    check_call(caller, f, params, inputs, (key,), target, modes=False)
+    plan.check_modes(f.model, caller)
     first = inputs.get(key)
     if isinstance(first, torch.Tensor) and not autograd_as_walked(first.device.type):
         return None

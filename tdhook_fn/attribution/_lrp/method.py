@@ -66,7 +66,7 @@ from .module_call import ModuleCall, Template
 from .plan import lrp_plan
 from .rules import Pass, Rule
 
-__all__ = ["lrp", "rule_taps"]
+__all__ = ["lrp", "rule_taps", "ruled_gradients"]
 
 
 @dataclass(frozen=True)
@@ -333,26 +333,38 @@ def lrp(
     """
     if not isinstance(f, Functional):
         raise TypeError("lrp needs f to be a tdhook_fn.Functional (it puts a rule on each module of f.model)")
-    values = leaves(params) if isinstance(params, TensorDictBase) else None  # (read once: checks and the walk)
-    inputs = as_values("lrp", params, inputs, values)
-    keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
-    check_layers("lrp", layers)
-    check_layers("lrp", target_layers, "target_layers")
-    plan = lrp_plan(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
-    ruled = plan.ruled
-    walked: tuple[TensorDict, Callable[[], TensorDictBase]] | None = None
-    if len(keys) == 1 and not (per_target or taps or layers or target_layers or layer_calls) and untransformed():
-        walked = chain_lrp(f, params, inputs, keys[0], target, plan, cotangents, values)
-    if walked is None:
-        result = gradients(
-            f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
-            taps=[*taps, *_rule_taps(ruled)], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls,
-            caller="lrp",
-        )
-        maps, targets = result.grads, _given(result.targets)
-        refuse_level_zero_graph("lrp", maps)
-    else:
-        maps, targets = walked  # (the walk's maps never require grad: it runs without a graph, NOTE [lrp on a chain])
+    maps, targets = ruled_gradients(
+        "lrp", f, params, inputs, target, rules, per_target=per_target, layers=layers, target_layers=target_layers,
+        use_inputs=use_inputs, input_keys=input_keys, warn_on_missing_rule=warn_on_missing_rule, taps=taps,
+        cotangents=cotangents, layer_calls=layer_calls)
     if check_conservation:
+        keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
         raise_unless_conserved(maps.select(*keys), targets(), per_target, cotangents, inputs.batch_size)
     return maps
+
+
+def ruled_gradients(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase, target: Target,
+                    rules: Rules, *, per_target: bool = False, layers: Sequence[str] = (),
+                    target_layers: Sequence[str] = (), use_inputs: bool = True,
+                    input_keys: NestedKey | Sequence[NestedKey] | None = None, warn_on_missing_rule: bool = True,
+                    taps: Sequence[Tap] = (), cotangents: Cotangents | None = None,
+                    layer_calls: Mapping[str, int] | None = None) -> tuple[TensorDict, Callable[[], TensorDictBase]]:
+    """`lrp`'s maps, and what gives the target values, for ``caller`` (`lrp`, or a method on its rules: DeepLift),
+    whose name its errors carry."""
+    values = leaves(params) if isinstance(params, TensorDictBase) else None  # (read once: checks and the walk)
+    inputs = as_values(caller, params, inputs, values)
+    keys = input_keys_of(f, inputs, input_keys) if use_inputs else ()
+    check_layers(caller, layers)
+    check_layers(caller, target_layers, "target_layers")
+    plan = lrp_plan(f.model, rules, warn_on_missing_rule=warn_on_missing_rule)
+    if len(keys) == 1 and not (per_target or taps or layers or target_layers or layer_calls) and untransformed():
+        walked = chain_lrp(caller, f, params, inputs, keys[0], target, plan, cotangents, values)
+        if walked is not None:
+            return walked  # (the walk's maps never require grad: it runs without a graph, NOTE [lrp on a chain])
+    result = gradients(
+        f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
+        taps=[*taps, *_rule_taps(plan.ruled)], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls,
+        caller=caller,
+    )
+    refuse_level_zero_graph(caller, result.grads)
+    return result.grads, _given(result.targets)
