@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ._mapped_gradient import mapped_gradient, writes_in_place, writing_back
+from ._mapped_gradient import InPlaceFrames, mapped_gradient, writes_in_place, writing_back
 from ._paths import path_to_name
 
 __all__ = [
@@ -72,6 +72,12 @@ class Tap:
             a method's backward rule), so the attribution maps of a call using it are not
             differentiable (see the guided backpropagation page). Default: ``True`` for
             ``map_grad`` taps, else ``False``.
+        writes_back (bool): on a module that writes its input in place (``inplace=True``), the
+            module runs on a copy and what the tap hands on is written back into that input,
+            which the model may read again: the tap acts on the activation every reader sees
+            (a `map_grad`; a layer's perturbation, whose gradient is the layer's; see the
+            concepts page). Default: ``True`` for ``map_grad`` taps, else ``False`` (an
+            intervention replaces what the module returns, as a forward hook does).
     """
 
     path: str
@@ -82,10 +88,12 @@ class Tap:
     call: int | None = None
     must_run: bool = False
     replaces_derivative: bool = False
+    writes_back: bool = False
 
     def __post_init__(self) -> None:
         if self.kind == "map_grad":
             object.__setattr__(self, "replaces_derivative", True)
+            object.__setattr__(self, "writes_back", True)
         if self.site not in ("output", "input"):
             raise ValueError(f"tap site must be 'output' or 'input', got {self.site!r}")
         if self.call is not None and (isinstance(self.call, bool) or not isinstance(self.call, int) or self.call < 0):
@@ -103,22 +111,31 @@ class Tap:
         Returns:
             RemovableHandle: removed when the call ends, also when it raises.
         """
-        handles = [_register(module, kind, hook) for kind, hook in self.hooks(captured, module)]
+        handles = [_register(module, kind, hook) for kind, hook in self.hooks(captured, module, InPlaceFrames())]
         return handles[0] if len(handles) == 1 else cast(RemovableHandle, Handles(*handles))
 
-    def hooks(self, captured: Captured, module: nn.Module) -> list[tuple[str, Callable[..., Any]]]:
-        """`hook` for ``module``, and a `map_grad`'s second one there (NOTE [replaced derivatives of in-place modules]).
+    def hooks(self, captured: Captured, module: nn.Module,
+              frames: InPlaceFrames) -> list[tuple[str, Callable[..., Any]]]:
+        """`hook` for ``module``, and where it writes back, a second one.
+
+        (NOTE [replaced derivatives of in-place modules])
+
+        Args:
+            frames (InPlaceFrames): the call's taps that write back, shared by all its taps.
 
         Returns:
             list[tuple[str, Callable]]: `hook`'s pair first.
         """
         kind, hook = self.hook(captured)
-        if self.kind != "map_grad" or not writes_in_place(module):
+        # (a map at any module's input, eagerly: a container whose first child writes its input says nothing)
+        watched = writes_in_place(module) or (
+            self.kind == "map_grad" and kind == "_forward_pre_hooks" and not torch.compiler.is_compiling())
+        if not self.writes_back or not watched:
             return [(kind, hook)]
         if kind == "_forward_hooks":
-            before, after = writing_back(None, hook)
+            before, after = writing_back(None, hook, frames, module)
             return [(kind, after), ("_forward_pre_hooks", before)]
-        before, after = writing_back(hook, None)
+        before, after = writing_back(hook, None, frames, module)
         return [(kind, before), ("_forward_hooks", after)]
 
     def hook(self, captured: Captured) -> tuple[str, Callable[..., Any]]:
@@ -330,16 +347,19 @@ class _Attached:
         if not self.taps:
             return
         check_tap_keys(self.taps)
+        frames = InPlaceFrames()  # (the call's: taps on one module that write back share it)
         try:
             for tap, module in zip(self.taps, self.modules, strict=True):
                 # a must_run tap counts its hook's runs; a subclass's own attach is left as it is
-                if tap.must_run and type(tap).attach is Tap.attach:
-                    (kind, hook), *more = tap.hooks(self.captured, module)
-                    self.runs.append(count := [0])
-                    self.handles.append(_register(module, kind, _counted(hook, count)))
-                    self.handles += [_register(module, kind, hook) for kind, hook in more]
-                else:
+                if type(tap).attach is not Tap.attach:
                     self.handles.append(tap.attach(module, self.captured))
+                    continue
+                (kind, hook), *more = tap.hooks(self.captured, module, frames)
+                if tap.must_run:
+                    self.runs.append(count := [0])
+                    hook = _counted(hook, count)
+                self.handles.append(_register(module, kind, hook))
+                self.handles += [_register(module, kind, hook) for kind, hook in more]
         except BaseException:
             self._remove()
             raise

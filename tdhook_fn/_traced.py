@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.nn.utils.stateless import _reparametrize_module
 
+from ._mapped_gradient import InPlaceFrames
 from ._params import Key
 from ._paths import resolve_path
 from ._shadow import (
@@ -212,8 +213,9 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
         raise_shape_mismatch(wrong)
     captured: Captured = {}
     saved = []
+    frames = InPlaceFrames()
     for i, (tap, module) in enumerate(zip(taps, plan.targets, strict=True)):
-        for j, (kind, hook) in enumerate(tap.hooks(captured, module)):
+        for j, (kind, hook) in enumerate(tap.hooks(captured, module, frames)):
             table = getattr(module, kind)
             saved.append((module, kind, table))
             # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);

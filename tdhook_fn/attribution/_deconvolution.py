@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional, NestedKey
-from .._mapped_gradient import Handed, handed, written_back
 from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
@@ -140,8 +139,8 @@ def _rerouted(site: _ReLUSite, x: torch.Tensor, out: Any) -> torch.Tensor:
 
 def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
     """The deconvnet's backward at the ReLU ``site`` (NOTE [deconvolution as taps])."""
-    # this call's own stack: a module may run more than once in a forward
-    inputs: list[tuple[torch.Tensor, Handed | None]] = []
+    # this call's own stack (a module may run more than once in a forward): each input, and what the module got
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
     inplace = site.inplace
 
     def keep(x: torch.Tensor) -> torch.Tensor:
@@ -150,18 +149,24 @@ def _deconv_taps(site: _ReLUSite, stand_in: bool) -> list[Tap]:
         else:
             held = x.detach()  # (its own backward reaches the module's parameters only)
             held = held.clone() if inplace else held
-        # (an in-place module's input is written back after: NOTE [replaced derivatives of in-place modules])
-        inputs.append((x, handed(x, held) if inplace else None))
+        inputs.append((x, held))
         return held
 
     def replace(output: Any) -> torch.Tensor:
-        x, run = inputs.pop()
-        out = _rectified(x) if stand_in else _rerouted(site, x, output)
-        return out if run is None else cast(torch.Tensor, written_back(run, out))
+        x, held = inputs.pop()
+        if stand_in:
+            return _rectified(x)
+        if inplace and (site.hooked or not site.exact) and output is not held:  # (not another tap's value)
+            raise ValueError(f"deconvolution: ReLU module {site.path!r} ({site.kind}) writes its input in place "
+                             "(inplace=True) and hands on another tensor (a forward hook of the model's replaced its "
+                             "output, or its forward returns another): what reads the written input would miss the "
+                             "deconvnet's rule; build the module with inplace=False")
+        return _rerouted(site, x, output)
 
-    # (the key given: no capture reads it, and deriving it costs as much as the tap)
-    return [Tap(site.path, "intervene", keep, "input", site.path),
-            Tap(site.path, "intervene", replace, "output", site.path, replaces_derivative=True)]
+    # (the key given: no capture reads it, and deriving it costs as much as the tap; an in-place ReLU's input is
+    # written back after: NOTE [replaced derivatives of in-place modules])
+    return [Tap(site.path, "intervene", keep, "input", site.path, writes_back=True),
+            Tap(site.path, "intervene", replace, "output", site.path, replaces_derivative=True, writes_back=True)]
 
 
 class _ReLUSite(NamedTuple):

@@ -141,7 +141,7 @@ def _kept_sums(layers: Sequence[str], deltas: Sequence[torch.Tensor], specs: Seq
             kept[i] = (out, out._version)
             return out
 
-        return Tap(path, "intervene", perturbed, call=spec.call)
+        return Tap(path, "intervene", perturbed, call=spec.call, writes_back=True)  # (as in `checked_taps`)
 
     return [tap(i, path, delta, spec) for i, (path, delta, spec) in enumerate(zip(layers, deltas, specs, strict=True))]
 

@@ -163,7 +163,9 @@ def checked_taps(paths: Sequence[str], layers: Mapping[str, Replace | None], del
     """
     taps = []
     for i, (path, delta, spec) in enumerate(zip(paths, deltas, specs, strict=True)):
-        taps.append(Tap(path, "intervene", _plus(path, layers[path], delta), "output", path, spec.call))
+        # (written back into an in-place module's input: every reader of the activation gets the perturbation)
+        taps.append(Tap(path, "intervene", _plus(path, layers[path], delta), "output", path, spec.call,
+                        writes_back=True))
         taps.append(capture(path, key=act_key(i), call=spec.call))
     return [*taps, *run_counters(paths, runs)]
 

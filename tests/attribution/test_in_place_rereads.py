@@ -2,8 +2,9 @@
 
 ``h`` holds the module's output after it runs, so ``other(h)`` reads ``relu(h)``. The rule
 methods gave the module a copy, so ``other(h)`` read ``h`` as it was before, silently (up to
-30 off in LRP). Each test compares the in-place model with its twin that reads the output
-in both branches (NOTE [replaced derivatives of in-place modules]).
+30 off in LRP); a layer's gradient at the module reached it through ``y`` alone. Each test
+compares the in-place model with its twin that reads the output in both branches
+(NOTE [replaced derivatives of in-place modules]).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from tdhook_fn.attribution import (
     deeplift_shap,
     guided_backprop,
     guided_grad_cam,
+    integrated_gradients,
+    internal_influence,
+    layer_conductance,
     layer_deeplift,
     lrp,
     saliency,
@@ -96,6 +100,21 @@ METHODS: dict[str, Callable] = {
         map_grad("act", lambda g: 2 * g.clamp(min=0), site="input")]),
     "map_grad_at_its_output": lambda f, p, td: saliency(f, p, td, target=1, taps=[
         map_grad("act", lambda g: 2 * g.clamp(min=0))]),
+    "map_grad_at_both_sites_and_its_layer": lambda f, p, td: saliency(f, p, td, target=1, layers=["act"], taps=[
+        map_grad("act", lambda g: 2 * g.clamp(min=0)), map_grad("act", lambda g: g.clamp(max=0.5), site="input")]),
+    # the module's output is its written input: a layer's gradient reaches it through every reader
+    "saliency_of_its_layer": lambda f, p, td: saliency(f, p, td, target=1, layers=["act"], use_inputs=False,
+                                                       multiply_by_inputs=True),
+    "integrated_gradients_of_its_layer": lambda f, p, td: integrated_gradients(f, p, td, 0.0, target=1,
+                                                                               layers=["act"], use_inputs=False),
+    "layer_conductance": lambda f, p, td: layer_conductance(f, p, td, 0.0, target=1, layers=["act"]),
+    "internal_influence": lambda f, p, td: internal_influence(f, p, td, 0.0, target=1, layers=["act"]),
+    "layer_deeplift_of_the_activation": lambda f, p, td: layer_deeplift(f, p, td, target=1, layers=["act"]),
+    "lrp_of_its_layer": lambda f, p, td: lrp(f, p, td, target=1, rules=EpsilonPlus(), layers=["act"]),
+    "guided_backprop_and_its_layer": lambda f, p, td: guided_backprop(f, p, td, target=1, layers=["act"]),
+    # (f's own tap and deconvolution's on one module: one frame, NOTE [replaced derivatives of in-place modules])
+    "deconvolution_after_fs_map_grad": lambda f, p, td: deconvolution(
+        f.with_taps(map_grad("act", lambda g: 2 * g)), p, td, target=1),
 }
 
 
@@ -137,7 +156,8 @@ def test_guided_grad_cam_on_a_cnn():
 
 
 @pytest.mark.parametrize("name", ("deconvolution", "guided_backprop", "deeplift", "lrp_epsilon_plus",
-                                  "map_grad_at_its_input", "map_grad_at_its_output"))
+                                  "map_grad_at_its_input", "map_grad_at_its_output", "saliency_of_its_layer",
+                                  "guided_backprop_and_its_layer"))
 def test_under_vmap(name):
     (_, f, p), (_, g, q) = _twins()
     td = _inputs()
@@ -145,7 +165,8 @@ def test_under_vmap(name):
     _close(per_sample, METHODS[name](g, q, td))
 
 
-@pytest.mark.parametrize("name", ("deconvolution", "guided_backprop", "map_grad_at_its_output"))
+@pytest.mark.parametrize("name", ("deconvolution", "guided_backprop", "map_grad_at_its_output",
+                                  "map_grad_at_both_sites_and_its_layer"))
 def test_compiled(name):
     (_, f, p), (_, g, q) = _twins()
     td = _inputs()
@@ -196,6 +217,6 @@ def test_a_module_that_says_inplace_but_writes_nothing_is_not_written_back(name)
         map_grad("drop", lambda g: 2 * g.clamp(min=0))])}
     method = taps.get(name, METHODS[name])
     if name.startswith("lrp"):
-        method = lambda f, p, td: lrp(f, p, td, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)  # noqa: E731
+        method = lambda f, p, td: lrp(f, p, td, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)
     maps = [method(functional(m, in_keys=["x"], out_keys=["y"]), params(m), td) for m in (written, twin)]
     _close(*maps)
