@@ -15,7 +15,8 @@ from torch import nn
 
 from ._params import params as params_of
 from ._shadow_run import require_params, run
-from ._taps import Captured, Tap, check_tap_keys
+from ._tap_calls import check_tap_keys
+from ._taps import Captured, Tap
 
 __all__ = [
     "Functional",

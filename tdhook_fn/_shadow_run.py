@@ -14,7 +14,8 @@ from ._params import Key, leaves
 from ._paths import resolve_path
 from ._pool_layout import FORWARD_ONLY
 from ._shadow import Shadow, param_marks, shadow_lock
-from ._taps import Captured, Tap, attached
+from ._tap_calls import attached
+from ._taps import Captured, Tap
 from ._traced import run_traced
 
 __all__ = ["call", "call_with_taps", "require_params", "run", "shadow_of"]

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.nn.utils.stateless import _reparametrize_module
 
-from ._mapped_gradient import InPlaceFrames
+from ._in_place import InPlaceFrames
 from ._params import Key
 from ._paths import resolve_path
 from ._shadow import (

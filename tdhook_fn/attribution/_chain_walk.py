@@ -345,14 +345,14 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
     for i in seeds:  # (a loop, not a generator in ``all``: on every call)
         if not (-classes <= i < classes if isinstance(i, int) else bool(((i >= -classes) & (i < classes)).all())):
             return None  # (the general path says what is wrong)
+    seed_back = getattr(step, SEED_BACK, None)
     if not passes:
-        maps = _pulled(backs, seeds, weight, classes, rows, both, len(links), stops, getattr(step, SEED_BACK, None))
+        maps = _pulled(backs, seeds, weight, classes, rows, both, len(links), stops, seed_back)
     else:
         maps = {}
         for walk_pass in passes:
             walk_pass.before()
-            maps.update(_pulled(backs, seeds, weight, classes, rows, both, len(links), walk_pass.stops,
-                                getattr(step, SEED_BACK, None)))
+            maps.update(_pulled(backs, seeds, weight, classes, rows, both, len(links), walk_pass.stops, seed_back))
     return [(torch.stack(maps[stop]) if per_target else maps[stop][0], seen[stop]) for stop in stops]
 
 

@@ -225,3 +225,20 @@ def plain_walks(monkeypatch: Any) -> list[bool]:
 
     monkeypatch.setattr(_engine, "plain_gradients", spy)
     return taken
+
+
+class DropoutAfterReLU(nn.Module):
+    """``relu_(h)`` (``inplace``), then ``Dropout(inplace=True)``, which writes nothing in eval mode; the model reads
+    ``h`` again, its twin (not ``inplace``) the ReLU's output: what a write-back into ``h`` would break (the ReLU's
+    backward keeps ``h``). NOTE [replaced derivatives of in-place modules]"""
+
+    def __init__(self, inplace: bool):
+        super().__init__()
+        self.a, self.act, self.drop, self.head = nn.Linear(4, 6), nn.ReLU(inplace=inplace), nn.Dropout(
+            0.5, inplace=inplace), nn.Linear(6, 3)
+        self.inplace = inplace
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        y = self.act(h)
+        return self.head(self.drop(y)) + (h if self.inplace else y)[..., :3]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from attr_zoo import DropoutAfterReLU
 from tensordict import TensorDict
 from torch import nn
 from zoo import same, snapshot
@@ -157,26 +158,11 @@ def test_deconvolution_of_an_in_place_relu_whose_output_a_hook_replaces_raises(a
     assert same(before, snapshot(model))
 
 
-class _DropoutAfterReLU(nn.Module):
-    """``relu_(h)`` keeps ``h`` for its backward; eval-mode ``Dropout(inplace=True)`` after it writes nothing."""
-
-    def __init__(self, inplace: bool):
-        super().__init__()
-        self.a, self.act, self.drop, self.head = nn.Linear(4, 6), nn.ReLU(inplace=inplace), nn.Dropout(
-            0.5, inplace=inplace), nn.Linear(6, 3)
-        self.inplace = inplace
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.a(x)
-        y = self.act(h)
-        return self.head(self.drop(y)) + (h if self.inplace else y)[..., :3]
-
-
 @pytest.mark.parametrize("site", ("input", "output"))
 def test_compiled_map_grad_on_eval_dropout_that_says_inplace(site):
     """Compiled, the module was taken at its word and ``h`` written: the ReLU's backward raised."""
     torch.manual_seed(0)
-    written, twin = _DropoutAfterReLU(True).double().eval(), _DropoutAfterReLU(False).double().eval()
+    written, twin = DropoutAfterReLU(True).double().eval(), DropoutAfterReLU(False).double().eval()
     twin.load_state_dict(written.state_dict())
     td = _inputs()
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from attr_zoo import DropoutAfterReLU
 from tensordict import TensorDict
 from torch import nn
 from zoo import same, snapshot
@@ -190,27 +191,12 @@ def test_an_in_place_module_on_a_chain_keeps_the_rules_inputs():
     _close(*maps)
 
 
-class _DropoutAfter(nn.Module):
-    """``relu_(h)`` then ``Dropout(inplace=True)`` in eval mode, which writes nothing: ``h`` is kept by the ReLU."""
-
-    def __init__(self, inplace: bool):
-        super().__init__()
-        self.a, self.act, self.drop, self.head = nn.Linear(4, 6), nn.ReLU(inplace=inplace), nn.Dropout(
-            0.5, inplace=inplace), nn.Linear(6, 3)
-        self.inplace = inplace
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.a(x)
-        y = self.act(h)
-        return self.head(self.drop(y)) + (h if self.inplace else y)[..., :3]
-
-
 @pytest.mark.parametrize("name", ("deconvolution", "guided_backprop", "deeplift", "lrp_epsilon_plus",
                                   "map_grad_at_its_output"))
 def test_a_module_that_says_inplace_but_writes_nothing_is_not_written_back(name):
     """Writing back after eval-mode dropout would break the ReLU's backward, which keeps ``h``."""
     torch.manual_seed(0)
-    written, twin = _DropoutAfter(True).double().eval(), _DropoutAfter(False).double().eval()
+    written, twin = DropoutAfterReLU(True).double().eval(), DropoutAfterReLU(False).double().eval()
     twin.load_state_dict(written.state_dict())
     td = _inputs()
     taps = {"map_grad_at_its_output": lambda f, p, td: saliency(f, p, td, target=1, taps=[

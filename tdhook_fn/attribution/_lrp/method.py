@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..._functional import Functional, NestedKey
-from ..._mapped_gradient import Handed, handed, writes_in_place, written_back
+from ..._in_place import Handed, handed, writes_in_place, written_back
 from ..._params import leaves
 from ..._taps import Captured, Handles, Tap
 from ..._targets import Target

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..._mapped_gradient import writes_in_place
+from ..._in_place import writes_in_place
 from ..._shadow import HOOK_DICTS
 from ..._vjp import vjp
 from .affine import Affine, affine_of

@@ -1,0 +1,189 @@
+"""Taps on a module that writes its input in place: the module runs on a copy, the tap's result goes back into it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+__all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", "written_back"]
+
+# NOTE [replaced derivatives of in-place modules]
+# A module that writes its input in place (``y = relu_(h)``) leaves ``h`` holding its
+# output, and a model may read ``h`` again (``head(y) + other(h)``). A tap that replaces
+# the module's derivative hands the module a copy of ``h`` (a `map_grad`'s, or a copy for
+# the module's own backward to keep), so ``h`` would keep its old value and ``other(h)``
+# would read that, silently; a layer's perturbation on a new tensor would reach the
+# target through ``y`` alone. So where the module wrote its copy, the tap writes its
+# result (the replaced derivative, the perturbation) back into ``h`` and hands on ``h``
+# itself, as the module does: every reader of ``h`` then gets the module's value and the
+# tap's derivative (``h``'s gradient node becomes the copy's, which leads to the tap's).
+# Several such taps on one module in one call (guided backprop and a layer there) share
+# one frame per run (`InPlaceFrames`): the first hands the module a copy, each hook runs
+# in its order, and the last writes back. Whether the module wrote its copy is read from
+# the copy's version counters, not from ``inplace=True``: dropout in eval mode, or a
+# module whose ``inplace`` means something else, writes nothing, and writing ``h`` would
+# then break a backward that keeps ``h`` (the ReLU's before it). Only modules that say
+# ``inplace=True`` are watched (and under ``torch.compile``, where versions are symbols,
+# taken at their word). A rule's Function that keeps the module's input keeps a copy
+# (``h`` may be written after). A leaf that requires grad (the attributed input itself)
+# cannot be written in place: there the module runs on the copy, as before (plain
+# autograd refuses such a model outright: `saliency` raises). LRP's rule taps write back
+# on their own (a rule's hook runs first and its pre-hook last, so it nests inside the
+# frame, its result written back into the copy the frame handed).
+
+
+def writes_in_place(module: Any) -> bool:
+    """Whether ``module`` says it writes its input in place (``inplace=True``, as torch's activations).
+
+    Dropout says so, and writes nothing, in eval mode or with ``p=0``.
+    """
+    if getattr(module, "inplace", False) is not True:
+        return False
+    return not isinstance(module, torch.nn.modules.dropout._DropoutNd) or (module.training and module.p != 0)
+
+
+def _versions(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s version counters at every functorch level (a write bumps the wrapper's under grad, the inner's under
+    vmap); none while compiling, where they are symbols Dynamo cannot compare: a module that says so writes."""
+    if torch.compiler.is_compiling():
+        return ()
+    versions = [t._version]
+    while torch._C._functorch.is_batchedtensor(t) or torch._C._functorch.is_gradtrackingtensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+        versions.append(t._version)
+    return tuple(versions)
+
+
+class Handed(NamedTuple):
+    """A module's input, the copy it was handed instead, and the copy's versions then."""
+
+    original: torch.Tensor
+    copy: torch.Tensor
+    versions: tuple[int, ...]
+
+
+def handed(original: Any, copy: Any) -> Handed | None:
+    """What `written_back` needs of a module handed ``copy`` in place of ``original``; ``None`` where it is moot."""
+    if (not isinstance(original, torch.Tensor) or not isinstance(copy, torch.Tensor) or copy is original
+            or (original.is_leaf and original.requires_grad)):
+        return None
+    return Handed(original, copy, _versions(copy))
+
+
+def written_back(run: Handed | None, value: Any, result: Any = None) -> Any:
+    """The module's input holding ``value``, where the module wrote its copy in place; else ``value``.
+
+    NOTE [replaced derivatives of in-place modules]. ``result`` given (what goes on, where the
+    input takes another value), it is returned instead. Where ``value`` is not shaped as the
+    input, the input takes what the module wrote.
+    """
+    handed_on = value if result is None else result
+    if run is None or (run.versions and _versions(run.copy) == run.versions):
+        return handed_on
+    original = run.original
+    if isinstance(value, torch.Tensor) and value.shape == original.shape:
+        original.copy_(value)
+        return original if handed_on is value else handed_on
+    original.copy_(run.copy)
+    return handed_on
+
+
+PreHook = Callable[[Any, tuple[Any, ...]], Any]
+Hook = Callable[[Any, tuple[Any, ...], Any], Any]
+
+
+class _Frame:
+    """One run of a module whose taps write back: its input, the copy it was last handed (with its versions), and
+    whether the module handed that copy on as its output (an in-place activation does; a hook of the model's may
+    replace it)."""
+
+    __slots__ = ("inner", "original", "returned", "versions")
+
+    def __init__(self, original: torch.Tensor | None):
+        self.original = original
+        self.inner: torch.Tensor | None = None
+        self.versions: tuple[int, ...] = ()
+        self.returned = False
+
+    def hand(self, copy: Any) -> None:
+        if isinstance(copy, torch.Tensor):
+            self.inner, self.versions = copy, _versions(copy)
+
+    def written_back(self, result: Any) -> Any:
+        """``result``, or the input holding it where the module wrote its copy and returned it; where it returned
+        another tensor (a container, a hook's value), the input takes what the module wrote, and ``result`` goes on."""
+        if self.original is None or self.inner is None:
+            return result
+        run = Handed(self.original, self.inner, self.versions)
+        return written_back(run, result if self.returned else self.inner, result)
+
+
+class InPlaceFrames:
+    """The taps of one call that write back, per module (`tap_hooks`): the first hands the module a copy, the
+    last writes back, after every tap's own hook ran, in their order."""
+
+    __slots__ = ("open", "writers")
+
+    def __init__(self) -> None:
+        self.writers: dict[int, int] = {}
+        self.open: dict[int, list[_Frame]] = {}  # (a stack per module: a module may run inside itself)
+
+    def join(self, module: Any) -> int:
+        """This tap's place among ``module``'s writing taps of the call."""
+        index = self.writers.get(id(module), 0)
+        self.writers[id(module)] = index + 1
+        return index
+
+
+def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames, module: Any,
+                  ) -> tuple[PreHook, Hook]:
+    """A tap's hooks on ``module``, which writes its input in place, keeping the model as it is (`Tap.writes_back`).
+
+    ``pre`` (the tap's at the module's input) or ``post`` (at its output). The first writing tap of the module
+    hands it a copy (``pre``'s, or one of its own); the last writes back
+    (NOTE [replaced derivatives of in-place modules]).
+    """
+    key, index = id(module), frames.join(module)
+
+    def before(m: Any, args: tuple[Any, ...]) -> Any:
+        new = None if pre is None else pre(m, args)
+        if index == 0:
+            x = args[0] if args else None
+            if not isinstance(x, torch.Tensor) or (x.is_leaf and x.requires_grad):
+                x = None  # (a leaf that requires grad is written as the module writes it: torch raises)
+            elif pre is None:
+                new = (x.clone(), *args[1:])
+            frames.open.setdefault(key, []).append(_Frame(x))
+        if new is not None:
+            frames.open[key][-1].hand(new[0])
+        return new
+
+    def after(m: Any, args: tuple[Any, ...], output: Any) -> Any:
+        if index == 0:  # (the first writing tap's hook: the output as the module and the model's hooks left it)
+            frame = frames.open[key][-1]
+            frame.returned = output is frame.inner
+        new = None if post is None else post(m, args, output)
+        if index != frames.writers[key] - 1:
+            return new
+        return frames.open[key].pop().written_back(output if new is None else new)
+
+    return before, after
+
+
+Hooks = list[tuple[str, Callable[..., Any]]]
+
+
+def tap_hooks(kind: str, hook: Callable[..., Any], is_map: bool, frames: InPlaceFrames, module: Any) -> Hooks:
+    """A writing tap's ``hook`` (of the hook dict ``kind``) on ``module``, and the hook it pairs with where the
+    module writes its input, or may (NOTE [replaced derivatives of in-place modules]); `hook`'s pair first."""
+    # (a map at any module's input, eagerly: a container whose first child writes its input says nothing)
+    if not writes_in_place(module) and not (is_map and kind == "_forward_pre_hooks"
+                                            and not torch.compiler.is_compiling()):
+        return [(kind, hook)]
+    if kind == "_forward_hooks":
+        before, after = _writing_back(None, hook, frames, module)
+        return [(kind, after), ("_forward_pre_hooks", before)]
+    before, after = _writing_back(hook, None, frames, module)
+    return [(kind, before), ("_forward_hooks", after)]
