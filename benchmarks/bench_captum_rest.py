@@ -130,7 +130,7 @@ def bench_deconvolution(title: str, model: nn.Sequential, x: torch.Tensor) -> No
         "floor (walk without autograd)": floor_deconvolution_walk(model, x),
         "ours": lambda: deconvolution(f, p, x, target=TARGET),
         CAPTUM: lambda: Deconvolution(model).attribute(x, target=TARGET),
-    }, rounds=15, number=8)
+    }, rounds=41, number=16)
 
 
 def floor_guided_grad_cam(model: nn.Sequential, x: torch.Tensor, layer: int) -> Callable[[], torch.Tensor]:

@@ -22,7 +22,6 @@ import copy
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -66,25 +65,9 @@ def _rescaled(dx: torch.Tensor, ratio: torch.Tensor, plain: Callable[[], torch.T
     return ratio if small.amin().item() >= eps else torch.where(small < eps, plain(), ratio)
 
 
-_ADJOINTS: dict[nn.Conv2d, Back] = {}  # (each frozen conv's adjoint, its flipped kernel made once: not timed)
-
-
 def _conv_adjoint(c: nn.Conv2d) -> Back:
-    """``J^T``, made once per (frozen) convolution: a hand-written floor knows its weights are fixed."""
-    adjoint = _ADJOINTS.get(c)
-    if adjoint is None:
-        adjoint = _ADJOINTS[c] = _make_conv_adjoint(c)
-    return adjoint
-
-
-def _make_conv_adjoint(c: nn.Conv2d) -> Back:
-    """``J^T``: at stride 1 the convolution with the kernel flipped and its channels swapped (the CPU runs it faster
-    than the transposed one), else the transposed convolution."""
-    padding = tuple(d * (k - 1) - p for k, p, d in zip(c.kernel_size, cast(tuple[int, int], c.padding), c.dilation,
-                                                        strict=True))
-    if c.stride == (1, 1) and c.groups == 1 and min(padding) >= 0:
-        flipped = c.weight.flip((2, 3)).transpose(0, 1)
-        return lambda g: F.conv2d(g, flipped, None, 1, padding, c.dilation)
+    """``J^T``: the transposed convolution (with torch 2.13 on the CPU 1.1-1.4x faster on these models than the
+    convolution with the kernel flipped, even with that kernel made once)."""
     return lambda g: F.conv_transpose2d(g, c.weight, None, c.stride, c.padding, 0, c.groups, c.dilation)
 
 

@@ -59,9 +59,8 @@ def test_a_convolution_and_its_adjoint_are_the_modules(case: tuple[nn.Module, to
     y = affine.run(x, module.weight, module.bias)
     torch.testing.assert_close(y, module(x), rtol=1e-12, atol=1e-12)
     cotangent = torch.randn_like(y)
-    for fast in (False, True):
-        torch.testing.assert_close(affine.pull(cotangent, module.weight, x.shape, fast=fast),
-                                   module_vjp(module, x, cotangent), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(affine.pull(cotangent, module.weight, x.shape), module_vjp(module, x, cotangent),
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 5)])

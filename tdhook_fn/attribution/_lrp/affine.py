@@ -59,29 +59,21 @@ class Affine:
             return F.linear(x, weight, bias)
         return self.conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def pull(self, cotangent: torch.Tensor, weight: torch.Tensor, x_shape: torch.Size, *,
-             fast: bool = False) -> torch.Tensor:
-        """``J^T cotangent``, for an input of shape ``x_shape``; ``fast``: see `adjoint`."""
-        return self.adjoint(weight, fast=fast)(cotangent, x_shape)
+    def pull(self, cotangent: torch.Tensor, weight: torch.Tensor, x_shape: torch.Size) -> torch.Tensor:
+        """``J^T cotangent``, for an input of shape ``x_shape``."""
+        return self.adjoint(weight)(cotangent, x_shape)
 
-    def adjoint(self, weight: torch.Tensor, *, fast: bool = False) -> Adjoint:
-        """``(cotangent, x_shape) -> J^T cotangent`` for ``weight``.
+    def adjoint(self, weight: torch.Tensor) -> Adjoint:
+        """``(cotangent, x_shape) -> J^T cotangent`` for ``weight``: a convolution's is the transposed one.
 
-        With ``fast``, a convolution of stride 1 takes its adjoint as the convolution with
-        the kernel flipped and its channels swapped (made here, once), which the CPU runs
-        1.2-1.5x faster than the transposed one (measured on the benchmarks' CNN). Its
-        rounding depends more on the batch size (oneDNN picks its algorithm by shape: 9
-        ulps between a ``vmap`` and the batched call, where the transposed one gave none),
-        so only the eager chain walk asks for it, never a call under a transform.
+        (Not the convolution with the kernel flipped and its channels swapped: with torch
+        2.13 the transposed one is 1.1-1.4x faster on the benchmarks' CNN at 1 and 2
+        threads, it needs no flipped copy of the kernel per call, and its rounding does not
+        move with the batch size, where the flipped one's moved by 9 ulps under ``vmap``.)
         """
         if self.transpose is None:
             return lambda cotangent, _shape: cotangent @ weight
-        conv, transpose, kernel = self.conv, self.transpose, weight.shape[2:]
-        assert conv is not None
-        if fast and self._by_forward(kernel):
-            flipped = weight.flip(tuple(range(2, weight.dim()))).transpose(0, 1)
-            padding = tuple(d * (k - 1) - p for k, p, d in zip(kernel, self.padding, self.dilation, strict=True))
-            return lambda cotangent, _shape: conv(cotangent, flipped, None, 1, padding, self.dilation, 1)
+        transpose, kernel = self.transpose, weight.shape[2:]
 
         def transposed(cotangent: torch.Tensor, x_shape: torch.Size) -> torch.Tensor:
             spatial = zip(x_shape[-len(kernel):], cotangent.shape[-len(kernel):], kernel, self.stride, self.padding,
@@ -92,11 +84,6 @@ class Affine:
                              self.dilation)
 
         return transposed
-
-    def _by_forward(self, kernel: torch.Size) -> bool:
-        """Whether the adjoint is a plain convolution: stride 1, one group, padding within the kernel's reach."""
-        return (all(s == 1 for s in self.stride) and self.groups == 1
-                and all(p <= d * (k - 1) for k, p, d in zip(kernel, self.padding, self.dilation, strict=True)))
 
 
 _LINEAR = Affine()

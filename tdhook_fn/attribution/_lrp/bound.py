@@ -100,7 +100,7 @@ def _affine_step(affine: Affine, form: GradientForm, rule: Any, path: str) -> Bo
         weight = own[0]
         bias = own[1] if len(own) > 1 else None
         y = F.linear(x, weight, bias) if linear else affine.run(x, weight, bias)
-        adjoint = None if linear else affine.adjoint(weight, fast=True)
+        adjoint = None if linear else affine.adjoint(weight)
 
         def back(relevance: torch.Tensor) -> torch.Tensor:
             if epsilon is not None:

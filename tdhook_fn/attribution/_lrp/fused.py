@@ -66,7 +66,7 @@ def _stack(rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Te
         back = torch.cat([w for _, w, _, _ in halves])
         stacked = torch.cat([weight, back])
     biases = None if bias is None else torch.cat([bias, *(b for *_, b in halves if b is not None)])
-    return _Stacked(stacked, biases, affine.adjoint(back, fast=True), tuple(c for c, *_ in halves))
+    return _Stacked(stacked, biases, affine.adjoint(back), tuple(c for c, *_ in halves))
 
 
 def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -165,4 +165,4 @@ def affine_record(affine: Affine, form: GradientForm | None, rule: Rule | None, 
         y, pull = done
         return y, Fused(pull, x, y, (x._version, y._version))
     y = affine.run(x, weight, bias)
-    return y, AffineLocal(x, y, affine.adjoint(weight, fast=True), path, form, (x._version, y._version))
+    return y, AffineLocal(x, y, affine.adjoint(weight), path, form, (x._version, y._version))
