@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._module_input import input_name
+
 __all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", "written_back"]
 
 # NOTE [replaced derivatives of in-place modules]
@@ -90,7 +92,7 @@ def written_back(run: Handed | None, value: Any, result: Any = None) -> Any:
     return handed_on
 
 
-PreHook = Callable[[Any, tuple[Any, ...]], Any]
+PreHook = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]  # (with the keyword arguments: a tap's)
 Hook = Callable[[Any, tuple[Any, ...], Any], Any]
 
 
@@ -147,17 +149,19 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
     """
     key, index = id(module), frames.join(module)
 
-    def before(m: Any, args: tuple[Any, ...]) -> Any:
-        new = None if pre is None else pre(m, args)
+    def before(m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        new = None if pre is None else pre(m, args, kwargs)
+        name = input_name(m, kwargs) if not args and kwargs else None  # (its input by name: NOTE [a module's input])
         if index == 0:
-            x = args[0] if args else None
+            x = args[0] if args else kwargs.get(name) if name is not None else None
             if not isinstance(x, torch.Tensor) or (x.is_leaf and x.requires_grad):
                 x = None  # (a leaf that requires grad is written as the module writes it: torch raises)
             elif pre is None:
-                new = (x.clone(), *args[1:])
+                new = ((x.clone(), *args[1:]), kwargs) if args else (args, {**kwargs, str(name): x.clone()})
             frames.open.setdefault(key, []).append(_Frame(x))
         if new is not None:
-            frames.open[key][-1].hand(new[0])
+            new_args, new_kwargs = new
+            frames.open[key][-1].hand(new_args[0] if new_args else new_kwargs.get(name) if name is not None else None)
         return new
 
     def after(m: Any, args: tuple[Any, ...], output: Any) -> Any:

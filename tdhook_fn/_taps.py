@@ -27,6 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ._in_place import InPlaceFrames, tap_hooks
 from ._mapped_gradient import mapped_gradient
+from ._module_input import input_name, keyword_input_error
 from ._paths import path_to_name
 
 __all__ = [
@@ -59,7 +60,8 @@ class Tap:
         kind (str): ``"capture"``, ``"intervene"``, ``"map_grad"`` or ``"custom"``.
         fn (Callable | None): applied to the value (``capture``, ``intervene``) or to the
             gradient flowing through it (``map_grad``).
-        site (str): ``"output"`` or ``"input"`` of the submodule.
+        site (str): ``"output"`` or ``"input"`` of the submodule (its positional arguments; where
+            a call passes none, the argument its forward's first parameter gets by name).
         key (str): where a capture is stored. Default: a name derived from the path.
         call (int | None): for a submodule that runs more than once in one forward, act
             only at its ``call``-th run (0 is the first). Default: ``None``, every run
@@ -133,9 +135,9 @@ class Tap:
         """This tap's forward hook and the module hook dict it belongs in.
 
         Returns:
-            tuple[str, Callable]: ``"_forward_hooks"`` or ``"_forward_pre_hooks"``, and
-            the hook (the first of `hooks`, which a call registers, or, compiled, puts in
-            the dict itself).
+            tuple[str, Callable]: ``"_forward_hooks"`` or ``"_forward_pre_hooks"`` (a hook
+            that takes the keyword arguments too: NOTE [a module's input]), and the hook (the
+            first of `hooks`, which a call registers, or, compiled, puts in the dict itself).
         """
         transform = self._transform(captured)
         if self.call is not None:
@@ -146,12 +148,20 @@ class Tap:
 
             return "_forward_hooks", output_hook
 
-        def input_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
+        path = self.path
+
+        def input_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not args and kwargs:  # (its input passed by name: NOTE [a module's input])
+                name = input_name(module, kwargs)
+                if name is None:
+                    raise keyword_input_error(path, kwargs)
+                new = transform(kwargs[name])
+                return None if new is None else (args, {**kwargs, name: new})
             if len(args) != 1:  # fn sees (and returns) all positional arguments
                 new = transform(args)
-                return None if new is None else tuple(new)
+                return None if new is None else (tuple(new), kwargs)
             new = transform(args[0])
-            return None if new is None else (new,)
+            return None if new is None else ((new,), kwargs)
 
         return "_forward_pre_hooks", input_hook
 
@@ -287,4 +297,4 @@ def register_hook(module: nn.Module, kind: str, hook: Callable[..., Any]) -> Rem
     """``hook`` registered on ``module`` in the hook dict ``kind`` (`Tap.hook`'s)."""
     if kind == "_forward_hooks":
         return module.register_forward_hook(hook)
-    return module.register_forward_pre_hook(hook)
+    return module.register_forward_pre_hook(hook, with_kwargs=True)  # (every tap's: NOTE [a module's input])

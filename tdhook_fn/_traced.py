@@ -216,11 +216,16 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
     frames = InPlaceFrames()
     for i, (tap, module) in enumerate(zip(taps, plan.targets, strict=True)):
         for j, (kind, hook) in enumerate(tap.hooks(captured, module, frames)):
-            table = getattr(module, kind)
-            saved.append((module, kind, table))
             # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);
             # RemovableHandle ids are >= 0, so the key clashes with none of the model's own hooks
-            setattr(module, kind, OrderedDict([*table.items(), (-1 - i - j * len(taps), hook)]))
+            hook_id = -1 - i - j * len(taps)
+            entries: list[tuple[str, Any]] = [(kind, hook)]
+            if kind == "_forward_pre_hooks":  # (a tap's pre-hook takes the keyword arguments too)
+                entries.append(("_forward_pre_hooks_with_kwargs", True))
+            for name, value in entries:
+                table = getattr(module, name)
+                saved.append((module, name, table))
+                setattr(module, name, OrderedDict([*table.items(), (hook_id, value)]))
     try:
         with _reparametrize_module(plan.root, tensors, tie_weights=False, strict=False):
             output = invoke(plan.root)

@@ -137,12 +137,10 @@ class Site:
     def element_of(self, value: Any) -> torch.Tensor:
         """The tensor the site reads in a module's output (or input) ``value``."""
         if isinstance(value, tuple):
-            if self.site == "input" and not value:  # the tap hands over the positional arguments
+            if self.site == "input" and not value:  # the tap hands over the arguments (NOTE [a module's input])
                 module = f"module {self.path!r}" if self.path else "model itself (the root module)"
-                raise ValueError(f"site {self.key!r}: the {module} received no positional arguments, only keyword "
-                                 "ones (as a model that f calls with its in_keys by name); input sites read the "
-                                 "positional ones: read the input of a submodule, or the output of the module "
-                                 "that runs before it")
+                raise ValueError(f"site {self.key!r}: the {module} is called without arguments, so it has no "
+                                 "input to read; read the output of a module that runs before it")
             if not -len(value) <= self.element < len(value):
                 raise ValueError(f"site {self.key!r}: element {self.element} of a tuple of {len(value)}")
             value = value[self.element]

@@ -67,11 +67,10 @@ def test_patching_token_ids_is_patching_tokens(gpt2):
     torch.testing.assert_close(patching_sweep(f, p, clean, corrupt, [site], _last_logit)[0], expected)
 
 
-def test_an_input_site_of_a_module_called_with_keywords_only(gpt2):
-    _, f, p = gpt2  # f passes input_ids by name: the model's forward gets no positional argument
-    with pytest.raises(ValueError, match=r"'root:input'.*no positional arguments.*keyword.*input sites read the "
-                                         r"positional ones.*submodule.*output of the module"):
-        cache(f, p, _ids(5), Site("", site="input"))
+def test_an_input_site_of_a_module_called_with_keywords_only_reads_its_first_parameter(gpt2):
+    _, f, p = gpt2  # f passes input_ids by name: the model's forward gets it as its first parameter's argument
+    ids = _ids(5)
+    torch.testing.assert_close(cache(f, p, ids, Site("", site="input"))["root:input"], ids["input_ids"])
 
 
 OUT_OF_RANGE = r"'transformer\.h\.0\[7\]'.*index \(7,\).*\(5, 32\) per sample.*\(2, 5, 32\)"
