@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._module_input import input_name
+from ._module_input import first_input, with_first_input
 
 __all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", "written_back"]
 
@@ -151,17 +151,15 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
 
     def before(m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         new = None if pre is None else pre(m, args, kwargs)
-        name = input_name(m, kwargs) if not args and kwargs else None  # (its input by name: NOTE [a module's input])
         if index == 0:
-            x = args[0] if args else kwargs.get(name) if name is not None else None
+            x, name = first_input(m, args, kwargs)  # (passed by position, or by name: NOTE [a module's input])
             if not isinstance(x, torch.Tensor) or (x.is_leaf and x.requires_grad):
                 x = None  # (a leaf that requires grad is written as the module writes it: torch raises)
             elif pre is None:
-                new = ((x.clone(), *args[1:]), kwargs) if args else (args, {**kwargs, str(name): x.clone()})
+                new = with_first_input(args, kwargs, name, x.clone())
             frames.open.setdefault(key, []).append(_Frame(x))
         if new is not None:
-            new_args, new_kwargs = new
-            frames.open[key][-1].hand(new_args[0] if new_args else new_kwargs.get(name) if name is not None else None)
+            frames.open[key][-1].hand(first_input(m, *new)[0])
         return new
 
     def after(m: Any, args: tuple[Any, ...], output: Any) -> Any:

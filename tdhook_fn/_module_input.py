@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 from ._paths import path_to_name
 
-__all__ = ["input_name", "keyword_input_error"]
+__all__ = ["first_input", "input_name", "keyword_input_error", "with_first_input"]
 
 # NOTE [a module's input]
 # A tap at a module's input reads what its forward receives positionally: the one
@@ -20,7 +21,8 @@ __all__ = ["input_name", "keyword_input_error"]
 # ``*args`` or is positional-only, or the call leaves it out, no argument is the input:
 # the tap raises, naming the module, rather than read (or replace) nothing.
 
-_first_names: dict[Any, str | None] = {}  # (per class forward function: a class's forward is rarely replaced)
+# (per forward, held weakly: a class's, or an instance's own, as accelerate's hooks set; a signature costs ~20 us)
+_first_names: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
 
 def _first_parameter(forward: Any) -> str | None:
@@ -35,14 +37,28 @@ def _first_parameter(forward: Any) -> str | None:
 def input_name(module: Any, kwargs: dict[str, Any]) -> str | None:
     """The keyword that passes ``module``'s input in a call without positional arguments (NOTE [a module's input]);
     ``None`` where none of ``kwargs`` does."""
-    if "forward" in vars(module):  # (an instance's own forward, as accelerate's hooks set: read each time)
-        name = _first_parameter(module.forward)
-    else:
-        function = type(module).forward
+    function = vars(module).get("forward") or type(module).forward
+    try:
         if function not in _first_names:
             _first_names[function] = _first_parameter(module.forward)
         name = _first_names[function]
+    except TypeError:  # (a forward that cannot be held weakly: read each time)
+        name = _first_parameter(module.forward)
     return name if name in kwargs else None
+
+
+def first_input(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str | None]:
+    """``module``'s first input in a call, and the keyword passing it (``None``: by position, or no input there)."""
+    if args or not kwargs:
+        return (args[0] if args else None), None
+    name = input_name(module, kwargs)
+    return (None if name is None else kwargs[name]), name
+
+
+def with_first_input(args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None,
+                     value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with ``value`` as its first input (passed by ``name``, else by position)."""
+    return ((value, *args[1:]), kwargs) if name is None else (args, {**kwargs, name: value})
 
 
 def keyword_input_error(path: str, kwargs: dict[str, Any]) -> ValueError:

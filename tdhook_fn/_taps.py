@@ -27,7 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ._in_place import InPlaceFrames, tap_hooks
 from ._mapped_gradient import mapped_gradient
-from ._module_input import input_name, keyword_input_error
+from ._module_input import input_name, keyword_input_error, with_first_input
 from ._paths import path_to_name
 
 __all__ = [
@@ -156,7 +156,7 @@ class Tap:
                 if name is None:
                     raise keyword_input_error(path, kwargs)
                 new = transform(kwargs[name])
-                return None if new is None else (args, {**kwargs, name: new})
+                return None if new is None else with_first_input(args, kwargs, name, new)
             if len(args) != 1:  # fn sees (and returns) all positional arguments
                 new = transform(args)
                 return None if new is None else (tuple(new), kwargs)

@@ -122,6 +122,18 @@ def test_an_instance_forward_wrapped_as_accelerate_does_reads_the_wrapped_signat
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+def test_a_module_hooked_by_accelerate_and_called_by_name():
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    by_name, by_position = _both()
+    add_hook_to_module(by_name.act, ModelHook())  # (accelerate's own wrapped instance forward)
+    taps = [capture("act", site="input"), intervene("act", lambda h: 2 * h, site="input")]
+    out, seen = call_with_taps(by_name, tdhook_fn.params(by_name), taps, X)
+    expected, expected_seen = call_with_taps(by_position, tdhook_fn.params(by_position), taps, X)
+    torch.testing.assert_close(seen["act"], expected_seen["act"], rtol=0, atol=0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 class Rereads(nn.Module):
     """An in-place ReLU called with its input by name, the input read again (``other(h)``)."""
 
