@@ -11,7 +11,7 @@ from torch import nn
 
 import tdhook_fn
 from tdhook_fn import call_with_taps, capture, intervene, map_grad
-from tdhook_fn.attribution import deconvolution, deeplift, guided_backprop, saliency
+from tdhook_fn.attribution import Pass, deconvolution, deeplift, guided_backprop, layer_deeplift, lrp, saliency
 
 
 class Called(nn.Module):
@@ -159,10 +159,17 @@ def test_a_rule_at_an_in_place_module_called_by_name_writes_back(method):
     assert model.act.inplace and torch.equal(model(X), twin(X))  # (the model as it was)
 
 
-def test_lrp_rules_refuse_a_module_called_by_name():
+@pytest.mark.parametrize("method", ["deeplift", "layer_deeplift", "lrp"])
+def test_lrp_rules_refuse_a_module_called_by_name_under_the_method_s_own_name(method):
     model = Rereads().double()
-    with pytest.raises(TypeError, match=r"module 'act' is called with .*tensor keyword arguments"):
-        deeplift(tdhook_fn.functional(model), tdhook_fn.params(model), X, torch.zeros_like(X), target=0)
+    f, p = tdhook_fn.functional(model), tdhook_fn.params(model)
+    calls = {
+        "deeplift": lambda: deeplift(f, p, X, torch.zeros_like(X), target=0),
+        "layer_deeplift": lambda: layer_deeplift(f, p, X, torch.zeros_like(X), target=0, layers=["act"]),
+        "lrp": lambda: lrp(f, p, X, target=0, rules={nn.ReLU: Pass()}, warn_on_missing_rule=False),
+    }
+    with pytest.raises(TypeError, match=rf"^{method}: module 'act' is called with .*tensor keyword arguments"):
+        calls[method]()
 
 
 def test_compiled_map_at_an_input_passed_by_name_is_the_eager_one():

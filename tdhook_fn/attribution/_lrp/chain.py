@@ -70,18 +70,18 @@ __all__ = ["chain_lrp"]
 
 def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, walk: Walk,
              by_module: dict[int, tuple[str, Rule]], backs: list[Back], values: Mapping[Key, Any] | None,
-             one_hot: bool) -> torch.Tensor:
+             one_hot: bool, caller: str) -> torch.Tensor:
     """The chain's output, each link's pullback put in ``backs``: from the params directly where it can (bound where
     the target is ``one_hot``, NOTE [a bound walk]), else on a shadow."""
     own = None if walk.planned is None else own_values(leaves(params) if values is None else values, walk.planned)
     if own is None or walk.planned is None:
-        steps = Steps(by_module)
+        steps = Steps(by_module, caller)
         h = run_chain(f, params, flat, walk.links, steps).get(f.out_keys[0])
         backs.extend(record.back for record in steps.records)
     elif one_hot and walk.bound is not None:
         h = run_bound(walk.bound, flat.get(key), own, backs)
     else:
-        steps = Steps(by_module)
+        steps = Steps(by_module, caller)
 
         def general(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Back]:
             own = dict(zip((slot for slot, _ in step.slots), tensors, strict=True))
@@ -158,7 +158,7 @@ def chain_lrp(caller: str, f: Functional, params: TensorDictBase, inputs: Tensor
     grad_mode = torch.is_grad_enabled()
     torch.set_grad_enabled(False)
     try:
-        y = _forward(f, params, flat, key, walk, by_module, backs, values, _one_hot(target, cotangents))
+        y = _forward(f, params, flat, key, walk, by_module, backs, values, _one_hot(target, cotangents), caller)
         relevance, targets = _put_in(f, y, flat, key, batch, target, cotangents)
         for back in reversed(backs):
             relevance = back(relevance)

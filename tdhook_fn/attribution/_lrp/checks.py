@@ -59,18 +59,19 @@ def raise_unless_conserved(relevance: TensorDict, targets: TensorDictBase, per_t
                            "biases, epsilon and non-conserving rules (Flat on a biased layer, Stop) absorb some")
 
 
-def check_module_call(path: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-    """Raise unless a ruled module took tensors as positional arguments only and returned one tensor."""
+def check_module_call(caller: str, path: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    """Raise unless a ruled module took tensors as positional arguments only and returned one tensor (the error
+    named for ``caller``, the method whose rules these are)."""
     if not isinstance(output, torch.Tensor):
-        raise TypeError(f"lrp: module {path!r} returns a {type(output).__name__}; a rule needs a module "
+        raise TypeError(f"{caller}: module {path!r} returns a {type(output).__name__}; a rule needs a module "
                         "returning one tensor (give the rule to its sublayers)")
     if not all(isinstance(a, torch.Tensor) for a in args) or any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        raise TypeError(f"lrp: module {path!r} is called with non-tensor positional or tensor keyword "
+        raise TypeError(f"{caller}: module {path!r} is called with non-tensor positional or tensor keyword "
                         "arguments; rules need tensors as positional arguments only")
 
 
-def check_pass(path: str, args: tuple[Any, ...], output: torch.Tensor) -> None:
+def check_pass(caller: str, path: str, args: tuple[Any, ...], output: torch.Tensor) -> None:
     """Raise unless the module of a Pass rule maps one input to an output of its shape."""
     if len(args) != 1 or args[0].shape != output.shape:
-        raise ValueError(f"lrp: Pass at {path!r} needs one input of the output's shape, got "
+        raise ValueError(f"{caller}: Pass at {path!r} needs one input of the output's shape, got "
                          f"{[tuple(a.shape) for a in args]} and {tuple(output.shape)}")

@@ -78,6 +78,7 @@ class _Site:
     template: Template
     kwargs: dict[str, Any]
     n_inputs: int
+    caller: str  # the method whose rules these are, which errors name
 
 
 class _RuleVJP(torch.autograd.Function):
@@ -101,10 +102,10 @@ class _RuleVJP(torch.autograd.Function):
         site: _Site = ctx.site
         output, *tensors = ctx.saved_tensors
         inputs, state = tuple(tensors[: site.n_inputs]), tuple(tensors[site.n_inputs :])
-        call = ModuleCall(site.path, inputs, output, site.template, state, site.kwargs)
+        call = ModuleCall(site.path, inputs, output, site.template, state, site.kwargs, site.caller)
         relevances = list(site.rule.relevance(call, grad))
         if len(relevances) != len(inputs):
-            raise ValueError(f"lrp: the rule at {site.path!r} returned {len(relevances)} relevances for "
+            raise ValueError(f"{site.caller}: the rule at {site.path!r} returned {len(relevances)} relevances for "
                              f"{len(inputs)} inputs")
         return (None, None, *relevances, *(None,) * len(state))
 
@@ -166,9 +167,10 @@ class _RuleTap(Tap):
     """A tap putting ``rule``'s VJP at the module's output (see NOTE [lrp as modified vjps])."""
 
     rule: Rule | None = field(default=None)
+    caller: str = field(default="lrp")  # the method whose rules these are, which errors name
 
     def attach(self, module: nn.Module, captured: Captured) -> RemovableHandle:
-        rule, path = self.rule, self.path
+        rule, path, caller = self.rule, self.path, self.caller
         assert rule is not None
 
         # (an in-place module takes the rule's definition: its input is written back after)
@@ -180,35 +182,35 @@ class _RuleTap(Tap):
 
         def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             args, run = seen.take(args)
-            check_module_call(path, args, kwargs, output)
+            check_module_call(caller, path, args, kwargs, output)
             tensors: list[torch.Tensor] = []
             template = Template.of(mod, tensors)
-            site = _Site(rule, path, template, dict(kwargs), len(args))
+            site = _Site(rule, path, template, dict(kwargs), len(args), caller)
             return written_back(run, _rule_vjp(output, site, *seen.kept(args), *tensors))
 
         handle = module.register_forward_hook(hook, prepend=True, with_kwargs=True)
         return cast(RemovableHandle, Handles(handle, *seen.handles))
 
     def _attach_pass(self, module: nn.Module, seen: _Originals) -> RemovableHandle:
-        path = self.path
+        path, caller = self.path, self.caller
 
         def post(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             args, run = seen.take(args)
-            check_module_call(path, args, kwargs, output)
-            check_pass(path, args, output)
+            check_module_call(caller, path, args, kwargs, output)
+            check_pass(caller, path, args, output)
             return written_back(run, _passed(args[0], output))
 
         return module.register_forward_hook(post, prepend=True, with_kwargs=True)
 
     def _attach_gradient_form(self, module: nn.Module, rule: Any) -> RemovableHandle:
         """Scale the gradient at the inputs (last pre-hook) and output (first hook): NOTE [gradient-form rules]."""
-        path = self.path
+        path, caller = self.path, self.caller
 
         def pre(_m: nn.Module, args: tuple[Any, ...]) -> Any:
             return tuple(_scaled(a, a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
         def post(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-            check_module_call(path, args, kwargs, output)
+            check_module_call(caller, path, args, kwargs, output)
             return _scaled(output, rule.output_factor(path, len(args), output))
 
         handles = [module.register_forward_hook(post, prepend=True, with_kwargs=True)]
@@ -228,8 +230,8 @@ def rule_taps(f: Functional, rules: Rules, *, warn_on_missing_rule: bool = True)
     return _rule_taps(resolve_rules(f.model, rules, warn_on_missing_rule=warn_on_missing_rule))
 
 
-def _rule_taps(ruled: Mapping[str, Rule]) -> list[Tap]:
-    return [_RuleTap(path, "custom", rule=rule) for path, rule in ruled.items()]
+def _rule_taps(ruled: Mapping[str, Rule], caller: str = "lrp") -> list[Tap]:
+    return [_RuleTap(path, "custom", rule=rule, caller=caller) for path, rule in ruled.items()]
 
 
 def _given(targets: TensorDictBase | None) -> Callable[[], TensorDictBase]:
@@ -363,8 +365,8 @@ def ruled_gradients(caller: str, f: Functional, params: TensorDictBase, inputs: 
             return walked  # (the walk's maps never require grad: it runs without a graph, NOTE [lrp on a chain])
     result = gradients(
         f, params, inputs, target, input_keys=keys, layers=dict.fromkeys(layers), target_layers=target_layers,
-        taps=[*taps, *_rule_taps(plan.ruled)], per_target=per_target, cotangents=cotangents, layer_calls=layer_calls,
-        caller=caller,
+        taps=[*taps, *_rule_taps(plan.ruled, caller)], per_target=per_target, cotangents=cotangents,
+        layer_calls=layer_calls, caller=caller,
     )
     refuse_level_zero_graph(caller, result.grads)
     return result.grads, _given(result.targets)

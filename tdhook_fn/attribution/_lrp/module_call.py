@@ -109,6 +109,7 @@ class ModuleCall:
         tensors (tuple[Tensor, ...]): its parameters and buffers as the call saw them
             (the call's params, never the model's own), own parameters first.
         kwargs (dict): its keyword arguments (no tensors).
+        caller (str): the method whose rules run (``"lrp"``, ``"deeplift"``), which its errors name.
     """
 
     path: str
@@ -117,6 +118,7 @@ class ModuleCall:
     template: Template
     tensors: tuple[torch.Tensor, ...]
     kwargs: dict[str, Any]
+    caller: str = "lrp"
 
     @property
     def params(self) -> dict[str, torch.Tensor]:
@@ -138,7 +140,8 @@ class ModuleCall:
             inputs = [x.clone() for x in inputs]
         output = module(*inputs, **self.kwargs)
         if not isinstance(output, torch.Tensor):
-            raise TypeError(f"lrp: module {self.path!r} returns a {type(output).__name__}; rules need one tensor")
+            raise TypeError(f"{self.caller}: module {self.path!r} returns a {type(output).__name__}; rules need one "
+                            "tensor")
         return output
 
     def vjp(self, inputs: Sequence[torch.Tensor], cotangent: torch.Tensor,

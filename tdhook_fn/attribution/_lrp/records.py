@@ -80,7 +80,8 @@ class Ruled:
             raise NotAChain
         relevances = list(self.rule.relevance(self.call, relevance))
         if len(relevances) != 1:
-            raise ValueError(f"lrp: the rule at {self.call.path!r} returned {len(relevances)} relevances for 1 input")
+            raise ValueError(f"{self.call.caller}: the rule at {self.call.path!r} returned {len(relevances)} "
+                             "relevances for 1 input")
         return torch.zeros_like(x) if relevances[0] is None else relevances[0]
 
 

@@ -110,7 +110,7 @@ class Rule(Protocol):
 
 def _single(call: ModuleCall, rule: str) -> torch.Tensor:
     if len(call.inputs) != 1:
-        raise ValueError(f"lrp: {rule} at {call.path!r} takes one input, the module got {len(call.inputs)}")
+        raise ValueError(f"{call.caller}: {rule} at {call.path!r} takes one input, the module got {len(call.inputs)}")
     return call.inputs[0]
 
 
@@ -166,7 +166,7 @@ class Pass:
     def relevance(self, call: ModuleCall, grad: torch.Tensor) -> Relevances:
         x = _single(call, "Pass")
         if x.shape != call.output.shape:
-            raise ValueError(f"lrp: Pass at {call.path!r} needs input and output of one shape, got "
+            raise ValueError(f"{call.caller}: Pass at {call.path!r} needs input and output of one shape, got "
                              f"{tuple(x.shape)} and {tuple(call.output.shape)}")
         return [grad]
 

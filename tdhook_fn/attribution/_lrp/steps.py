@@ -76,8 +76,8 @@ class Steps:
     here, and never writes the caller's tensors.
     """
 
-    def __init__(self, ruled: dict[int, tuple[str, Rule]]):  # by module identity
-        self.ruled = ruled
+    def __init__(self, ruled: dict[int, tuple[str, Rule]], caller: str):  # by module identity; errors name caller
+        self.ruled, self.caller = ruled, caller
         self.records: list[Record] = []
 
     def rule_of(self, link: Link) -> tuple[str, Rule | None]:
@@ -104,7 +104,7 @@ class Steps:
             if kind is RESHAPE:
                 self.records.append(Reshaped(h.shape))
             else:
-                check_pass(path, (h,), out)
+                check_pass(self.caller, path, (h,), out)
                 self.records.append(Passed(out, out._version))
             return cast(torch.Tensor, out)
         return self._step_with_graph(path, rule, module, h)
@@ -119,7 +119,7 @@ class Steps:
         except RuntimeError as e:  # e.g. an unannounced in-place write to the leaf; a real error comes again
             raise NotAChain from e
         if rule is not None:
-            check_module_call(path, (x,), {}, y)
+            check_module_call(self.caller, path, (x,), {}, y)
         if not (isinstance(y, torch.Tensor) and y.requires_grad):
             raise NotAChain
         out = y.detach()
@@ -128,7 +128,7 @@ class Steps:
             factor = None if output_factor is None else output_factor(path, 1, out)
             self.records.append(Local(x, y, factor, bool(getattr(rule, "scales_inputs", False)), y._version))
         elif isinstance(rule, Pass):
-            check_pass(path, (x,), y)
+            check_pass(self.caller, path, (x,), y)
             self.records.append(Passed(out, out._version))
         else:
             self._ruled(path, rule, module, x.detach(), out, None)
@@ -156,5 +156,5 @@ class Steps:
         slots = module.__dict__["_parameters"]
         if own is not None and own is not slots:  # the model's own module (it holds no buffer): the call's tensors
             tensors = [cast(torch.Tensor, own[name]) for name, t in slots.items() if t is not None]
-        call = ModuleCall(path, (x,), y, template, tuple(tensors), {})
+        call = ModuleCall(path, (x,), y, template, tuple(tensors), {}, self.caller)
         self.records.append(Ruled(rule, call, (x._version, y._version)))
