@@ -35,6 +35,21 @@ __all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", 
 # on their own (a rule's hook runs first and its pre-hook last, so it nests inside the
 # frame, its result written back into the copy the frame handed).
 
+# NOTE [compiled containers that write their input]
+# A map at a module's input hands the module a new tensor, so where a module inside it
+# writes its input in place (``Sequential(ReLU(inplace=True), ...)``), the copy is written
+# and ``h`` would not be. Eagerly the copy's versions say so, for any module. While
+# ``torch.compile`` traces, versions are symbols it cannot compare, so a module containing
+# in-place modules takes them at their word, as in-place modules are taken: each of them
+# gets an observer, a pre-hook after the model's own, which marks the container's frame
+# where the input it is handed is the container's copy (or a view of it), as does a
+# frame's write-back into that copy (a container in a container, each with a map at its
+# input: the inner one writes back into the outer one's copy); only a marked frame writes
+# back. Writing back unmarked would send what other readers of ``h`` pass
+# back through the map too (wrong numbers); not writing back a marked one would leave
+# ``h`` unwritten (wrong numbers). A write by a plain op in the container's forward
+# (``x.relu_()``) is seen eagerly only.
+
 
 def writes_in_place(module: Any) -> bool:
     """Whether ``module`` says it writes its input in place (``inplace=True``, as torch's activations).
@@ -101,23 +116,31 @@ class _Frame:
     whether the module handed that copy on as its output (an in-place activation does; a hook of the model's may
     replace it)."""
 
-    __slots__ = ("inner", "original", "returned", "versions")
+    __slots__ = ("inner", "marked", "original", "returned", "versions", "watched")
 
-    def __init__(self, original: torch.Tensor | None):
+    def __init__(self, original: torch.Tensor | None, watched: bool):
         self.original = original
         self.inner: torch.Tensor | None = None
         self.versions: tuple[int, ...] = ()
         self.returned = False
+        # (compiled, a container's: written only where an in-place module inside was handed its copy, as observers
+        # mark: NOTE [compiled containers that write their input])
+        self.watched, self.marked = watched, False
 
     def hand(self, copy: Any) -> None:
         if isinstance(copy, torch.Tensor):
             self.inner, self.versions = copy, _versions(copy)
 
+    def writes(self) -> bool:
+        """Whether it may write back (eagerly, where the copy's versions say it was written)."""
+        return self.original is not None and self.inner is not None and (self.marked or not self.watched)
+
     def written_back(self, result: Any) -> Any:
         """``result``, or the input holding it where the module wrote its copy and returned it; where it returned
         another tensor (a container, a hook's value), the input takes what the module wrote, and ``result`` goes on."""
-        if self.original is None or self.inner is None:
+        if not self.writes():
             return result
+        assert self.original is not None and self.inner is not None  # (`writes` asks)
         run = Handed(self.original, self.inner, self.versions)
         return written_back(run, result if self.returned else self.inner, result)
 
@@ -126,11 +149,27 @@ class InPlaceFrames:
     """The taps of one call that write back, per module (`tap_hooks`): the first hands the module a copy, the
     last writes back, after every tap's own hook ran, in their order."""
 
-    __slots__ = ("open", "writers")
+    __slots__ = ("observed", "open", "writers")
 
     def __init__(self) -> None:
         self.writers: dict[int, int] = {}
         self.open: dict[int, list[_Frame]] = {}  # (a stack per module: a module may run inside itself)
+        # (compiled: the in-place modules in containers a map's frame watches, whose pre-hook `observe` the compiled
+        # path puts in after the module's own: NOTE [compiled containers that write their input])
+        self.observed: dict[int, Any] = {}
+
+    def observe(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """An observed in-place module's pre-hook: its input is written (`written`)."""
+        self.written(first_input(module, args, kwargs)[0])
+
+    def written(self, t: Any) -> None:
+        """Marks the open watched frames whose copy is ``t``, or its base: ``t`` is written in place."""
+        if not isinstance(t, torch.Tensor):
+            return
+        for stack in self.open.values():
+            for frame in stack:
+                if frame.watched and frame.inner is not None and (t is frame.inner or t._base is frame.inner):
+                    frame.marked = True
 
     def join(self, module: Any) -> int:
         """This tap's place among ``module``'s writing taps of the call."""
@@ -139,7 +178,7 @@ class InPlaceFrames:
         return index
 
 
-def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames, module: Any,
+def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames, module: Any, watched: bool = False,
                   ) -> tuple[PreHook, Hook]:
     """A tap's hooks on ``module``, which writes its input in place, keeping the model as it is (`Tap.writes_back`).
 
@@ -157,7 +196,7 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
                 x = None  # (a leaf that requires grad is written as the module writes it: torch raises)
             elif pre is None:
                 new = with_first_input(args, kwargs, name, x.clone())
-            frames.open.setdefault(key, []).append(_Frame(x))
+            frames.open.setdefault(key, []).append(_Frame(x, watched))
         if new is not None:
             frames.open[key][-1].hand(first_input(m, *new)[0])
         return new
@@ -169,7 +208,10 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
         new = None if post is None else post(m, args, output)
         if index != frames.writers[key] - 1:
             return new
-        return frames.open[key].pop().written_back(output if new is None else new)
+        frame = frames.open[key].pop()
+        if frames.observed and frame.writes():  # (compiled: NOTE [compiled containers that write their input])
+            frames.written(frame.original)
+        return frame.written_back(output if new is None else new)
 
     return before, after
 
@@ -180,12 +222,19 @@ Hooks = list[tuple[str, Callable[..., Any]]]
 def tap_hooks(kind: str, hook: Callable[..., Any], is_map: bool, frames: InPlaceFrames, module: Any) -> Hooks:
     """A writing tap's ``hook`` (of the hook dict ``kind``) on ``module``, and the hook it pairs with where the
     module writes its input, or may (NOTE [replaced derivatives of in-place modules]); `hook`'s pair first."""
-    # (a map at any module's input, eagerly: a container whose first child writes its input says nothing)
-    if not writes_in_place(module) and not (is_map and kind == "_forward_pre_hooks"
-                                            and not torch.compiler.is_compiling()):
-        return [(kind, hook)]
+    # (compiled: a container's in-place modules, NOTE [compiled containers that write their input])
+    inside: list[Any] = []
+    if not writes_in_place(module):
+        if not (is_map and kind == "_forward_pre_hooks"):
+            return [(kind, hook)]
+        # (a map at any module's input: a container whose first child writes its input says nothing)
+        if torch.compiler.is_compiling():
+            inside = [m for m in module.modules() if m is not module and writes_in_place(m)]
+            if not inside:
+                return [(kind, hook)]
     if kind == "_forward_hooks":
         before, after = _writing_back(None, hook, frames, module)
         return [(kind, after), ("_forward_pre_hooks", before)]
-    before, after = _writing_back(hook, None, frames, module)
+    before, after = _writing_back(hook, None, frames, module, watched=bool(inside))
+    frames.observed.update((id(m), m) for m in inside)
     return [(kind, before), ("_forward_hooks", after)]

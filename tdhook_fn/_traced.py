@@ -180,6 +180,23 @@ def _changed(attribute: str) -> None:
     raise RuntimeError(f"tdhook_fn: attribute {attribute!r} of the model changed while it was being compiled")
 
 
+def _put(saved: list[tuple[nn.Module, str, Any]], module: nn.Module, kind: str, hook_id: int, hook: Any,
+         after_own: bool = False) -> None:
+    """``hook`` into ``module``'s hook dict ``kind`` under ``hook_id``, last (``after_own``: right after the model's own
+    hooks), in a new dict, not an item written into the shadow's own one (Dynamo cannot trace that); each replaced
+    dict appended to ``saved``, to be put back."""
+    entries: list[tuple[str, Any]] = [(kind, hook)]
+    if kind == "_forward_pre_hooks":  # (a tap's pre-hook takes the keyword arguments too)
+        entries.append(("_forward_pre_hooks_with_kwargs", True))
+    for name, value in entries:
+        table = getattr(module, name)
+        # (the model's own: the dict first replaced, else the one there)
+        own = next((t for m, n, t in saved if m is module and n == name), table) if after_own else table
+        items = [*own.items(), (hook_id, value), *((k, v) for k, v in table.items() if k not in own)]
+        saved.append((module, name, table))
+        setattr(module, name, OrderedDict(items))
+
+
 def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
                invoke: Callable[[nn.Module], Any]) -> tuple[Any, Captured]:
     """`tdhook_fn._shadow_run.run` while Dynamo traces it (NOTE [compiled calls])."""
@@ -212,20 +229,16 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
     if wrong:
         raise_shape_mismatch(wrong)
     captured: Captured = {}
-    saved = []
+    saved: list[tuple[nn.Module, str, Any]] = []
     frames = InPlaceFrames()
-    for i, (tap, module) in enumerate(zip(taps, plan.targets, strict=True)):
-        for j, (kind, hook) in enumerate(tap.hooks(captured, module, frames)):
-            # a new dict, not an item written into the shadow's own one (Dynamo cannot trace that);
-            # RemovableHandle ids are >= 0, so the key clashes with none of the model's own hooks
-            hook_id = -1 - i - j * len(taps)
-            entries: list[tuple[str, Any]] = [(kind, hook)]
-            if kind == "_forward_pre_hooks":  # (a tap's pre-hook takes the keyword arguments too)
-                entries.append(("_forward_pre_hooks_with_kwargs", True))
-            for name, value in entries:
-                table = getattr(module, name)
-                saved.append((module, name, table))
-                setattr(module, name, OrderedDict([*table.items(), (hook_id, value)]))
+    hook_id = 0  # (RemovableHandle ids are >= 0: the keys below clash with none of the model's own hooks)
+    for tap, module in zip(taps, plan.targets, strict=True):
+        for kind, hook in tap.hooks(captured, module, frames):
+            hook_id -= 1
+            _put(saved, module, kind, hook_id, hook)
+    for module in frames.observed.values():  # NOTE [compiled containers that write their input]
+        hook_id -= 1
+        _put(saved, module, "_forward_pre_hooks", hook_id, frames.observe, after_own=True)
     try:
         with _reparametrize_module(plan.root, tensors, tie_weights=False, strict=False):
             output = invoke(plan.root)

@@ -1,8 +1,9 @@
 """In-place writes the write-back missed (NOTE [replaced derivatives of in-place modules]).
 
-A container whose first child writes its input (guided backprop taps every submodule), a
-hook of the model's that replaces an in-place module's output (deconvolution refuses it),
-and dropout that says ``inplace=True`` and writes nothing, under torch.compile.
+A container whose first child writes its input (guided backprop taps every submodule;
+compiled: ``test_in_place_compiled.py``), a hook of the model's that replaces an in-place
+module's output (deconvolution refuses it), and dropout that says ``inplace=True`` and
+writes nothing, under torch.compile.
 """
 
 from __future__ import annotations
