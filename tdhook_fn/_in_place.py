@@ -45,9 +45,9 @@ __all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", 
 # where the input it is handed is the container's copy (or a view of it), as does a
 # frame's write-back into that copy (a container in a container, each with a map at its
 # input: the inner one writes back into the outer one's copy); only a marked frame writes
-# back. Writing back unmarked would send what other readers of ``h`` pass
-# back through the map too (wrong numbers); not writing back a marked one would leave
-# ``h`` unwritten (wrong numbers). A write by a plain op in the container's forward
+# back. Writing back unmarked would send what other readers of ``h`` pass back through
+# the map too, and not writing back a marked one would leave ``h`` unwritten: wrong
+# numbers either way. A write by a plain op in the container's own forward
 # (``x.relu_()``) is seen eagerly only.
 
 
@@ -163,7 +163,7 @@ class InPlaceFrames:
         self.written(first_input(module, args, kwargs)[0])
 
     def written(self, t: Any) -> None:
-        """Marks the open watched frames whose copy is ``t``, or its base: ``t`` is written in place."""
+        """Marks the open watched frames whose copy ``t`` is, or is a view of: ``t`` is written in place."""
         if not isinstance(t, torch.Tensor):
             return
         for stack in self.open.values():
