@@ -39,16 +39,17 @@ __all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", 
 # A map at a module's input hands the module a new tensor, so where a module inside it
 # writes its input in place (``Sequential(ReLU(inplace=True), ...)``), the copy is written
 # and ``h`` would not be. Eagerly the copy's versions say so, for any module. While
-# ``torch.compile`` traces, versions are symbols it cannot compare, so a module containing
-# in-place modules takes them at their word, as in-place modules are taken: each of them
-# gets an observer, a pre-hook after the model's own, which marks the container's frame
-# where the input it is handed is the container's copy (or a view of it), as does a
-# frame's write-back into that copy (a container in a container, each with a map at its
-# input: the inner one writes back into the outer one's copy); only a marked frame writes
-# back. Writing back unmarked would send what other readers of ``h`` pass back through
-# the map too, and not writing back a marked one would leave ``h`` unwritten: wrong
-# numbers either way. A write by a plain op in the container's own forward
-# (``x.relu_()``) is seen eagerly only.
+# ``torch.compile`` traces, versions are symbols it cannot compare, so the model's in-place
+# modules are taken at their word: each of them (any in the model: a container may call one
+# it is handed, not only its own) gets an observer, a pre-hook after the model's own, which
+# marks the mapped module's frame where the input it is handed is that module's copy (or a
+# view of it), as does a frame's write-back into that copy (a container in a container,
+# each with a map at its input: the inner one writes back into the outer one's copy);
+# only a marked frame writes back. Writing back unmarked would send what other readers of
+# ``h`` pass back through the map too, and not writing back a marked one would leave
+# ``h`` unwritten: wrong numbers either way. A write by a plain op in the container's own forward
+# (``x.relu_()``), or an in-place module's ``forward`` called directly (no hook runs), is
+# seen eagerly only.
 
 
 def writes_in_place(module: Any) -> bool:
@@ -149,14 +150,14 @@ class InPlaceFrames:
     """The taps of one call that write back, per module (`tap_hooks`): the first hands the module a copy, the
     last writes back, after every tap's own hook ran, in their order."""
 
-    __slots__ = ("observed", "open", "writers")
+    __slots__ = ("open", "watching", "writers")
 
     def __init__(self) -> None:
         self.writers: dict[int, int] = {}
         self.open: dict[int, list[_Frame]] = {}  # (a stack per module: a module may run inside itself)
-        # (compiled: the in-place modules in containers a map's frame watches, whose pre-hook `observe` the compiled
-        # path puts in after the module's own: NOTE [compiled containers that write their input])
-        self.observed: dict[int, Any] = {}
+        # (compiled: a map's frame is watched, so the model's in-place modules get `observe` as a pre-hook, which the
+        # compiled path puts in after their own: NOTE [compiled containers that write their input])
+        self.watching = False
 
     def observe(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """An observed in-place module's pre-hook: its input is written (`written`)."""
@@ -209,7 +210,7 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
         if index != frames.writers[key] - 1:
             return new
         frame = frames.open[key].pop()
-        if frames.observed and frame.writes():  # (compiled: NOTE [compiled containers that write their input])
+        if frames.watching and frame.writes():  # (compiled: NOTE [compiled containers that write their input])
             frames.written(frame.original)
         return frame.written_back(output if new is None else new)
 
@@ -222,19 +223,15 @@ Hooks = list[tuple[str, Callable[..., Any]]]
 def tap_hooks(kind: str, hook: Callable[..., Any], is_map: bool, frames: InPlaceFrames, module: Any) -> Hooks:
     """A writing tap's ``hook`` (of the hook dict ``kind``) on ``module``, and the hook it pairs with where the
     module writes its input, or may (NOTE [replaced derivatives of in-place modules]); `hook`'s pair first."""
-    # (compiled: a container's in-place modules, NOTE [compiled containers that write their input])
-    inside: list[Any] = []
+    watched = False  # (compiled: NOTE [compiled containers that write their input])
     if not writes_in_place(module):
         if not (is_map and kind == "_forward_pre_hooks"):
             return [(kind, hook)]
         # (a map at any module's input: a container whose first child writes its input says nothing)
-        if torch.compiler.is_compiling():
-            inside = [m for m in module.modules() if m is not module and writes_in_place(m)]
-            if not inside:
-                return [(kind, hook)]
+        watched = torch.compiler.is_compiling()
+        frames.watching |= watched
     if kind == "_forward_hooks":
         before, after = _writing_back(None, hook, frames, module)
         return [(kind, after), ("_forward_pre_hooks", before)]
-    before, after = _writing_back(hook, None, frames, module, watched=bool(inside))
-    frames.observed.update((id(m), m) for m in inside)
+    before, after = _writing_back(hook, None, frames, module, watched)
     return [(kind, before), ("_forward_hooks", after)]

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.nn.utils.stateless import _reparametrize_module
 
-from ._in_place import InPlaceFrames
+from ._in_place import InPlaceFrames, writes_in_place
 from ._params import Key
 from ._paths import resolve_path
 from ._shadow import (
@@ -236,9 +236,10 @@ def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
         for kind, hook in tap.hooks(captured, module, frames):
             hook_id -= 1
             _put(saved, module, kind, hook_id, hook)
-    for module in frames.observed.values():  # NOTE [compiled containers that write their input]
-        hook_id -= 1
-        _put(saved, module, "_forward_pre_hooks", hook_id, frames.observe, after_own=True)
+    for module in plan.root.modules() if frames.watching else ():  # NOTE [compiled containers that write their input]
+        if writes_in_place(module):
+            hook_id -= 1
+            _put(saved, module, "_forward_pre_hooks", hook_id, frames.observe, after_own=True)
     try:
         with _reparametrize_module(plan.root, tensors, tie_weights=False, strict=False):
             output = invoke(plan.root)

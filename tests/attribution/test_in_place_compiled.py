@@ -146,3 +146,47 @@ def test_an_identity_map_keeps_the_gradient_compiled():
         f, p = _pure(written)
         tap = map_grad("block", lambda g: g, site="input")
         _close(_compiled(lambda s: saliency(f, p, s, target=1, taps=[tap]), td), saliency(f, p, td, target=1))
+
+
+class _Handed(nn.Module):
+    """A container handed the in-place module it calls (not its own submodule)."""
+
+    def __init__(self, twin: bool):
+        super().__init__()
+        self.lin, self.twin = nn.Linear(6, 3), twin
+
+    def forward(self, h: torch.Tensor, act: nn.Module) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        r = act(h)
+        return (self.lin(r), r) if self.twin else self.lin(r)
+
+
+class _HandsItsReLU(nn.Module):
+    def __init__(self, twin: bool):
+        super().__init__()
+        self.a, self.other, self.block = nn.Linear(4, 6), nn.Linear(6, 3), _Handed(twin)
+        self.act, self.twin = nn.ReLU(inplace=not twin), twin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.twin:
+            y, r = self.block(h, self.act)
+            return y + self.other(r)
+        return self.block(h, self.act) + self.other(h)
+
+
+@pytest.mark.parametrize("method", ["map_grad", "guided_backprop"])
+def test_compiled_container_calling_an_in_place_module_it_is_handed(method):
+    """The in-place module is the root's, not the container's: it is observed all the same."""
+    torch.manual_seed(0)
+    written, twin = _HandsItsReLU(False).double(), _HandsItsReLU(True).double()
+    twin.load_state_dict(written.state_dict())
+    td = TensorDict(x=X, batch_size=[5])
+    tap = map_grad("block", lambda g: -3 * g, site="input")
+
+    def run(f, p, s):
+        return saliency(f, p, s, target=1, taps=[tap]) if method == "map_grad" else guided_backprop(f, p, s, target=1)
+
+    f, p = _pure(written)
+    eager = run(f, p, td)
+    _close(_compiled(lambda s: run(f, p, s), td), eager)
+    _close(eager, run(*_pure(twin), td))
