@@ -33,7 +33,10 @@ __all__ = ["Handed", "InPlaceFrames", "handed", "tap_hooks", "writes_in_place", 
 # cannot be written in place: there the module runs on the copy, as before (plain
 # autograd refuses such a model outright: `saliency` raises). LRP's rule taps write back
 # on their own (a rule's hook runs first and its pre-hook last, so it nests inside the
-# frame, its result written back into the copy the frame handed).
+# frame, its result written back into the copy the frame handed). A map at the input of a
+# module of several positional inputs hands each a copy: a block may write any of them
+# through an in-place module inside it, so each later input whose copy was written takes
+# what was written too.
 
 # NOTE [compiled containers that write their input]
 # A map at a module's input hands the module a new tensor, so where a module inside it
@@ -112,14 +115,33 @@ PreHook = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]  # (with the key
 Hook = Callable[[Any, tuple[Any, ...], Any], Any]
 
 
+class _Later:
+    """A positional input after the first of a module whose map hands it a copy, the copy, and its versions then
+    (a block may write any of its inputs through an in-place module inside it)."""
+
+    __slots__ = ("inner", "marked", "original", "versions")
+
+    def __init__(self, original: torch.Tensor):
+        self.original = original
+        self.inner: torch.Tensor | None = None
+        self.versions: tuple[int, ...] = ()
+        self.marked = False
+
+    def written(self, watched: bool) -> bool:
+        """Whether the module wrote the copy: its versions say so; compiled, an observer (`InPlaceFrames.written`)."""
+        if self.inner is None:
+            return False
+        return _versions(self.inner) != self.versions if self.versions else watched and self.marked
+
+
 class _Frame:
     """One run of a module whose taps write back: its input, the copy it was last handed (with its versions), and
     whether the module handed that copy on as its output (an in-place activation does; a hook of the model's may
-    replace it)."""
+    replace it); its later positional inputs likewise."""
 
-    __slots__ = ("inner", "marked", "original", "returned", "versions", "watched")
+    __slots__ = ("inner", "later", "marked", "original", "returned", "versions", "watched")
 
-    def __init__(self, original: torch.Tensor | None, watched: bool):
+    def __init__(self, original: torch.Tensor | None, watched: bool, later: tuple[Any, ...]):
         self.original = original
         self.inner: torch.Tensor | None = None
         self.versions: tuple[int, ...] = ()
@@ -127,10 +149,26 @@ class _Frame:
         # (compiled, a container's: written only where an in-place module inside was handed its copy, as observers
         # mark: NOTE [compiled containers that write their input])
         self.watched, self.marked = watched, False
+        self.later = [_Later(t) if isinstance(t, torch.Tensor) and not (t.is_leaf and t.requires_grad) else None
+                      for t in later]
 
-    def hand(self, copy: Any) -> None:
+    def hand(self, copy: Any, later: tuple[Any, ...]) -> None:
         if isinstance(copy, torch.Tensor):
             self.inner, self.versions = copy, _versions(copy)
+        for slot, given in zip(self.later, later, strict=False):
+            if slot is not None and isinstance(given, torch.Tensor) and given is not slot.original:
+                slot.inner, slot.versions = given, _versions(given)
+
+    def mark(self, t: torch.Tensor) -> None:
+        """``t`` is written in place: where it is a copy this frame handed (or a view of one), that copy was written."""
+        if self.watched:
+            for slot in (self, *self.later):
+                if slot is not None and slot.inner is not None and (t is slot.inner or t._base is slot.inner):
+                    slot.marked = True
+
+    def later_written(self) -> list[_Later]:
+        """The later inputs whose copies the module wrote."""
+        return [slot for slot in self.later if slot is not None and slot.written(self.watched)]
 
     def writes(self) -> bool:
         """Whether it may write back (eagerly, where the copy's versions say it was written)."""
@@ -169,8 +207,7 @@ class InPlaceFrames:
             return
         for stack in self.open.values():
             for frame in stack:
-                if frame.watched and frame.inner is not None and (t is frame.inner or t._base is frame.inner):
-                    frame.marked = True
+                frame.mark(t)
 
     def join(self, module: Any) -> int:
         """This tap's place among ``module``'s writing taps of the call."""
@@ -197,9 +234,10 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
                 x = None  # (a leaf that requires grad is written as the module writes it: torch raises)
             elif pre is None:
                 new = with_first_input(args, kwargs, name, x.clone())
-            frames.open.setdefault(key, []).append(_Frame(x, watched))
+            frames.open.setdefault(key, []).append(_Frame(x, watched, args[1:] if name is None else ()))
         if new is not None:
-            frames.open[key][-1].hand(first_input(m, *new)[0])
+            given, name = first_input(m, *new)
+            frames.open[key][-1].hand(given, new[0][1:] if name is None else ())
         return new
 
     def after(m: Any, args: tuple[Any, ...], output: Any) -> Any:
@@ -210,8 +248,15 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
         if index != frames.writers[key] - 1:
             return new
         frame = frames.open[key].pop()
-        if frames.watching and frame.writes():  # (compiled: NOTE [compiled containers that write their input])
-            frames.written(frame.original)
+        later = frame.later_written()
+        if frames.watching:  # (compiled: NOTE [compiled containers that write their input])
+            for slot in later:
+                frames.written(slot.original)
+            if frame.writes():
+                frames.written(frame.original)
+        for slot in later:  # (a later input the module wrote: it takes what the module wrote)
+            assert slot.inner is not None  # (`written` asks)
+            slot.original.copy_(slot.inner)
         return frame.written_back(output if new is None else new)
 
     return before, after
