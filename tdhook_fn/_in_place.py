@@ -115,73 +115,83 @@ PreHook = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]  # (with the key
 Hook = Callable[[Any, tuple[Any, ...], Any], Any]
 
 
-class _Later:
-    """A positional input after the first of a module whose map hands it a copy, the copy, and its versions then
-    (a block may write any of its inputs through an in-place module inside it)."""
+class _Copy:
+    """An input of a module whose taps write back, the copy it was last handed, the copy's versions then, and
+    (compiled) whether an observer saw the copy written (NOTE [compiled containers that write their input])."""
 
     __slots__ = ("inner", "marked", "original", "versions")
 
-    def __init__(self, original: torch.Tensor):
+    def __init__(self, original: torch.Tensor | None):
         self.original = original
         self.inner: torch.Tensor | None = None
         self.versions: tuple[int, ...] = ()
         self.marked = False
 
-    def written(self, watched: bool) -> bool:
-        """Whether the module wrote the copy: its versions say so; compiled, an observer (`InPlaceFrames.written`)."""
-        if self.inner is None:
-            return False
-        return _versions(self.inner) != self.versions if self.versions else watched and self.marked
+    def hand(self, copy: torch.Tensor) -> None:
+        self.inner, self.versions = copy, _versions(copy)
+
+    def mark(self, t: torch.Tensor) -> None:
+        """``t`` is written in place: where it is the copy (or a view of it), the copy was written."""
+        if self.inner is not None and (t is self.inner or t._base is self.inner):
+            self.marked = True
+
+    def run(self) -> Handed:
+        assert self.original is not None and self.inner is not None  # (asked before)
+        return Handed(self.original, self.inner, self.versions)
 
 
 class _Frame:
-    """One run of a module whose taps write back: its input, the copy it was last handed (with its versions), and
-    whether the module handed that copy on as its output (an in-place activation does; a hook of the model's may
-    replace it); its later positional inputs likewise."""
+    """One run of a module whose taps write back: its input and the copy it was last handed, whether the module
+    handed that copy on as its output (an in-place activation does; a hook of the model's may replace it), and its
+    later positional inputs and their copies (a block may write any of its inputs through an in-place module inside
+    it)."""
 
-    __slots__ = ("inner", "later", "marked", "original", "returned", "versions", "watched")
+    __slots__ = ("first", "later", "returned", "watched")
 
     def __init__(self, original: torch.Tensor | None, watched: bool, later: tuple[Any, ...]):
-        self.original = original
-        self.inner: torch.Tensor | None = None
-        self.versions: tuple[int, ...] = ()
-        self.returned = False
-        # (compiled, a container's: written only where an in-place module inside was handed its copy, as observers
-        # mark: NOTE [compiled containers that write their input])
-        self.watched, self.marked = watched, False
-        self.later = [_Later(t) if isinstance(t, torch.Tensor) and not (t.is_leaf and t.requires_grad) else None
+        self.first = _Copy(original)
+        # (by position: none where nothing can be written back)
+        self.later = [_Copy(t) if isinstance(t, torch.Tensor) and not (t.is_leaf and t.requires_grad) else None
                       for t in later]
+        self.returned = False
+        # (compiled, a mapped module's: written only where an observer marks a copy,
+        # NOTE [compiled containers that write their input])
+        self.watched = watched
 
     def hand(self, copy: Any, later: tuple[Any, ...]) -> None:
         if isinstance(copy, torch.Tensor):
-            self.inner, self.versions = copy, _versions(copy)
+            self.first.hand(copy)
         for slot, given in zip(self.later, later, strict=False):
             if slot is not None and isinstance(given, torch.Tensor) and given is not slot.original:
-                slot.inner, slot.versions = given, _versions(given)
+                slot.hand(given)
 
     def mark(self, t: torch.Tensor) -> None:
-        """``t`` is written in place: where it is a copy this frame handed (or a view of one), that copy was written."""
         if self.watched:
-            for slot in (self, *self.later):
-                if slot is not None and slot.inner is not None and (t is slot.inner or t._base is slot.inner):
-                    slot.marked = True
-
-    def later_written(self) -> list[_Later]:
-        """The later inputs whose copies the module wrote."""
-        return [slot for slot in self.later if slot is not None and slot.written(self.watched)]
+            for slot in (self.first, *self.later):
+                if slot is not None:
+                    slot.mark(t)
 
     def writes(self) -> bool:
-        """Whether it may write back (eagerly, where the copy's versions say it was written)."""
-        return self.original is not None and self.inner is not None and (self.marked or not self.watched)
+        """Whether its first input may take what the module wrote (eagerly, where the copy's versions say so; a
+        module that writes its input is taken at its word, compiled)."""
+        return self.first.original is not None and self.first.inner is not None and (
+            self.first.marked or not self.watched)
+
+    def later_writes(self) -> list[_Copy]:
+        """The later inputs that may take what the module wrote: eagerly, where the copies' versions say so; compiled,
+        where an observer saw it (these are written by no module's word)."""
+        return [slot for slot in self.later if slot is not None and slot.inner is not None and (
+            slot.versions or slot.marked)]
 
     def written_back(self, result: Any) -> Any:
         """``result``, or the input holding it where the module wrote its copy and returned it; where it returned
-        another tensor (a container, a hook's value), the input takes what the module wrote, and ``result`` goes on."""
+        another tensor (a container, a hook's value), the input takes what the module wrote, and ``result`` goes on.
+        Each later input takes what the module wrote in its copy."""
+        for slot in self.later_writes():
+            written_back(slot.run(), slot.inner)
         if not self.writes():
             return result
-        assert self.original is not None and self.inner is not None  # (`writes` asks)
-        run = Handed(self.original, self.inner, self.versions)
-        return written_back(run, result if self.returned else self.inner, result)
+        return written_back(self.first.run(), result if self.returned else self.first.inner, result)
 
 
 class InPlaceFrames:
@@ -243,20 +253,14 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
     def after(m: Any, args: tuple[Any, ...], output: Any) -> Any:
         if index == 0:  # (the first writing tap's hook: the output as the module and the model's hooks left it)
             frame = frames.open[key][-1]
-            frame.returned = output is frame.inner
+            frame.returned = output is frame.first.inner
         new = None if post is None else post(m, args, output)
         if index != frames.writers[key] - 1:
             return new
         frame = frames.open[key].pop()
-        later = frame.later_written()
-        if frames.watching:  # (compiled: NOTE [compiled containers that write their input])
-            for slot in later:
+        if frames.watching:  # (compiled: a write-back writes what another frame may have handed as a copy)
+            for slot in [*frame.later_writes(), *([frame.first] if frame.writes() else [])]:
                 frames.written(slot.original)
-            if frame.writes():
-                frames.written(frame.original)
-        for slot in later:  # (a later input the module wrote: it takes what the module wrote)
-            assert slot.inner is not None  # (`written` asks)
-            slot.original.copy_(slot.inner)
         return frame.written_back(output if new is None else new)
 
     return before, after
