@@ -152,7 +152,7 @@ class _Frame:
         self.first = _Copy(original)
         # (by position: none where nothing can be written back)
         self.later = [_Copy(t) if isinstance(t, torch.Tensor) and not (t.is_leaf and t.requires_grad) else None
-                      for t in later]
+                      for t in later] if later else []  # (most modules take one input: on every call)
         self.returned = False
         # (compiled, a mapped module's: written only where an observer marks a copy,
         # NOTE [compiled containers that write their input])
@@ -161,7 +161,7 @@ class _Frame:
     def hand(self, copy: Any, later: tuple[Any, ...]) -> None:
         if isinstance(copy, torch.Tensor):
             self.first.hand(copy)
-        for slot, given in zip(self.later, later, strict=False):
+        for slot, given in zip(self.later, later, strict=False) if self.later else ():
             if slot is not None and isinstance(given, torch.Tensor) and given is not slot.original:
                 slot.hand(given)
 
@@ -187,7 +187,7 @@ class _Frame:
         """``result``, or the input holding it where the module wrote its copy and returned it; where it returned
         another tensor (a container, a hook's value), the input takes what the module wrote, and ``result`` goes on.
         Each later input takes what the module wrote in its copy."""
-        for slot in self.later_writes():
+        for slot in self.later_writes() if self.later else ():
             written_back(slot.run(), slot.inner)
         if not self.writes():
             return result
