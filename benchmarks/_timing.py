@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import ctypes
+import ctypes.util
+import os
 import random
 import statistics
 import sys
@@ -15,6 +18,34 @@ import torch
 # the checkout these benchmarks sit in, before an installed tdhook_fn (an editable install of another
 # worktree would be measured otherwise); the benchmarks import this module before tdhook_fn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Why the allocator is pinned. On glibc, a buffer above malloc's mmap threshold is mapped
+# fresh and page faults on first touch, and freed heap memory past the trim threshold goes
+# back to the system, to fault again on the next call. Both thresholds move with the
+# process's history: freeing a large mapped buffer raises them. So a variant's page faults
+# depend on which variants ran before it, and the shuffled rounds turn that into noise of
+# up to 2.3x on one row (measured on the perturbation methods: 0 to 64,000 minor faults a
+# call by chunk size and history, 3-5 us each on this VM). Pinning both thresholds
+# (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` would) runs
+# every variant on a warm heap whatever ran before it: the tables then time the code, not
+# the allocator's history. ``TDHOOK_FN_BENCH_MALLOC=default`` leaves glibc as it is.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    libc = ctypes.CDLL(name) if name else None
+    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+def _pin_allocator() -> None:
+    libc = _glibc()
+    if libc is not None and os.environ.get("TDHOOK_FN_BENCH_MALLOC") != "default":
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
+_pin_allocator()
 
 
 def median_seconds(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.05) -> float:
@@ -56,11 +87,18 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _release_free_heap() -> None:
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
     """Peak resident memory ``fn()`` adds, in MiB (Linux: ``VmHWM`` after resetting it).
 
     ``ru_maxrss`` cannot be reset, and import-time peaks hide smaller ones after them.
     """
+    _release_free_heap()  # (the pinned heap keeps freed pages resident: see `_pin_allocator`)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # resets VmHWM to the current RSS
     before = _status_kib("VmRSS")
