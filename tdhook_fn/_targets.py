@@ -63,8 +63,8 @@ def _select(index: int | list[int], outputs: Sequence[NestedKey] | None) -> Call
         classes = value.shape[-1] if value.dim() else 0
         for i in [index] if isinstance(index, int) else index:  # (a loop, not a comprehension: on every call)
             if not -classes <= i < classes:
-                raise IndexError(f"target {index!r}: class {i} is out of range for output {key!r} of shape "
-                                 f"{tuple(value.shape)} ({classes} classes on its last dim)")
+                raise IndexError(f"target {index!r}: class {i} is out of range for output {key!r}, which has "
+                                 f"{classes} classes on its last dim (valid: {-classes} to {classes - 1})")
         picked = value.select(-1, index) if isinstance(index, int) else value[..., index]  # (select: a cheaper call)
         extra = picked.dim() - len(td.batch_size) - (0 if isinstance(index, int) else 1)
         if extra != 0:

@@ -67,6 +67,7 @@ def _start(x: torch.Tensor, baselines: Baselines, key: NestedKey, caller: str) -
         b = baselines.get(key)
         if b.shape != x.shape:
             raise ValueError(f"{caller}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
+        _check_kind(caller, key, b, x)
         return cast(torch.Tensor, b)
     if isinstance(baselines, torch.Tensor):
         return _broadcast(caller, key, baselines, x)
@@ -86,11 +87,16 @@ def both_ends(inputs: TensorDictBase, starts: TensorDictBase) -> TensorDictBase:
     return cast(TensorDictBase, torch.stack([first, inputs]))
 
 
+def _check_kind(caller: str, key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> None:
+    """A baseline of ids for ids, a floating-point one for floating-point inputs."""
+    if (b.is_floating_point() or b.is_complex()) != (x.is_floating_point() or x.is_complex()):
+        raise TypeError(f"{caller}: baselines is {b.dtype} for input {key!r}, which is {x.dtype} (token ids "
+                        "take a baseline of ids, floating-point inputs a floating-point baseline)")
+
+
 def _broadcast(caller: str, key: NestedKey, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A tensor baseline for input ``key``: its shape, or one that broadcasts to it (one sample's, ``[1, ...]``)."""
-    if (b.is_floating_point() or b.is_complex()) != (x.is_floating_point() or x.is_complex()):
-        raise TypeError(f"{caller}: baselines is a {b.dtype} tensor; input {key!r} is {x.dtype} (token "
-                        "ids take a baseline of ids, floating-point inputs a floating-point baseline)")
+    _check_kind(caller, key, b, x)
     try:
         return b.to(x.dtype).expand(x.shape)
     except RuntimeError:

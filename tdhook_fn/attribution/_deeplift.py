@@ -25,8 +25,9 @@ from ._deeplift_rules import EPS
 from ._deeplift_stacked import stacked_deeplift, stacked_layer_deeplift
 from ._engine import unflatten
 from ._inputs import UNSET, accepts_tensors_via, one_tensor
+from ._lrp.checks import never_traced
 
-__all__ = ["by_tensor_path", "checked_functional", "deeplift", "layer_deeplift"]
+__all__ = ["by_tensor_path", "checked_functional", "deeplift", "deeplift_as", "layer_deeplift"]
 
 
 def checked_functional(caller: str, f: Any, eps: float) -> Functional:
@@ -126,6 +127,7 @@ def _deeplift_of_tensor(f: PureFn, params: TensorDictBase, key: NestedKey, x: to
     return _walked_maps(plan, params, x, 1, x.shape[:1], reference, b, target, eps, per_target, multiply_by_inputs)
 
 
+@never_traced  # (it runs on lrp's rule taps: NOTE [lrp is never traced])
 @accepts_tensors_via(_deeplift_of_tensor)
 def deeplift(
     f: PureFn,
@@ -198,14 +200,21 @@ def deeplift(
                             multiply_by_inputs=multiply_by_inputs, eps=eps, input_keys=input_keys)
     if walked is not None:
         return walked
-    keys = attributed_keys("deeplift", f, inputs, input_keys)
-    fn = checked_functional("deeplift", f, eps)
+    return deeplift_as("deeplift", f, params, inputs, baselines, target=target, multiply_by_inputs=multiply_by_inputs,
+                       eps=eps, per_target=per_target, input_keys=input_keys)
+
+
+def deeplift_as(caller: str, f: PureFn, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines, *,
+                target: Target, multiply_by_inputs: bool, eps: float, per_target: bool,
+                input_keys: NestedKey | Sequence[NestedKey] | None) -> TensorDict:
+    """`deeplift` of a TensorDict, its errors named by ``caller`` (`deeplift_shap` runs it on every pair)."""
+    keys = attributed_keys(caller, f, inputs, input_keys)
+    fn = checked_functional(caller, f, eps)
     if len(keys) == 1 and untransformed() and holds_only(inputs, keys[0]):
-        walked = _walked("deeplift", fn, params, inputs, baselines, target, eps, per_target, keys[0],
-                         multiply_by_inputs)
+        walked = _walked(caller, fn, params, inputs, baselines, target, eps, per_target, keys[0], multiply_by_inputs)
         if walked is not None:
             return walked
-    return stacked_deeplift(fn, params, inputs, baselines, target, eps, per_target, keys, multiply_by_inputs)
+    return stacked_deeplift(caller, fn, params, inputs, baselines, target, eps, per_target, keys, multiply_by_inputs)
 
 
 def _layer_maps(plan: WalkPlan, params: TensorDictBase, x: torch.Tensor, lead: int, batch: torch.Size,
@@ -249,6 +258,7 @@ def _layer_deeplift_of_tensor(f: PureFn, params: TensorDictBase, key: NestedKey,
     return None if out is None else out[layers[0]]
 
 
+@never_traced  # (NOTE [lrp is never traced])
 @accepts_tensors_via(_layer_deeplift_of_tensor)
 def layer_deeplift(
     f: PureFn,

@@ -19,11 +19,12 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
 from ._chain_walk import WalkPlan, holds_only, tensor_plan, walk_plan, walked_map
-from ._deeplift import by_tensor_path, checked_functional, deeplift
+from ._deeplift import by_tensor_path, checked_functional, deeplift_as
 from ._deeplift_chain import chain_deeplift
 from ._deeplift_rules import EPS
 from ._engine import unflatten
 from ._inputs import UNSET, accepts_tensors_via
+from ._lrp.checks import never_traced
 
 __all__ = ["deeplift_shap"]
 
@@ -76,6 +77,7 @@ def _deeplift_shap_of_tensor(f: PureFn, params: TensorDictBase, key: NestedKey, 
     return _pairs_maps(plan, params, x, 1, x.shape[:1], baselines, target, multiply_by_inputs, eps, per_target)
 
 
+@never_traced  # (NOTE [lrp is never traced])
 @accepts_tensors_via(_deeplift_shap_of_tensor)
 def deeplift_shap(
     f: PureFn,
@@ -148,8 +150,8 @@ def deeplift_shap(
     references = distribution.select(*keys).expand(*batch, k)
     if isinstance(target, torch.Tensor) and target.dim() > 0:
         target = target.unsqueeze(-1).expand(*target.shape, k)
-    maps = deeplift(f, params, pairs, references, target=target, multiply_by_inputs=multiply_by_inputs, eps=eps,
-                    per_target=per_target, input_keys=list(keys))
+    maps = deeplift_as("deeplift_shap", f, params, pairs, references, target=target,
+                       multiply_by_inputs=multiply_by_inputs, eps=eps, per_target=per_target, input_keys=list(keys))
     lead = 1 if per_target else 0
     return TensorDict({key: value.mean(lead + len(batch)) for key, value in maps.items(True, True)},
                       batch_size=maps.batch_size[: lead + len(batch)])

@@ -116,11 +116,12 @@ def _multipliers(caller: str, f: Functional, params: TensorDictBase, inputs: Ten
     return out, starts, stacked
 
 
-def stacked_deeplift(f: Functional, params: TensorDictBase, inputs: TensorDictBase, baselines: Baselines,
-                     target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey],
+def stacked_deeplift(caller: str, f: Functional, params: TensorDictBase, inputs: TensorDictBase,
+                     baselines: Baselines, target: Target, eps: float, per_target: bool, keys: Sequence[NestedKey],
                      multiply: bool) -> TensorDict:
-    """`deeplift`'s maps of the inputs ``keys`` on LRP's walk (``f`` and ``eps`` checked)."""
-    grads, starts, _ = _multipliers("deeplift", f, params, inputs, baselines, target, eps, per_target, keys, ())
+    """`deeplift`'s maps of the inputs ``keys`` on LRP's walk (``f`` and ``eps`` checked), errors named by
+    ``caller``."""
+    grads, starts, _ = _multipliers(caller, f, params, inputs, baselines, target, eps, per_target, keys, ())
     if not multiply:
         return grads
     out = TensorDict({}, batch_size=grads.batch_size)

@@ -111,6 +111,20 @@ def test_token_ids_take_a_baseline_of_ids() -> None:
         integrated_gradients(f, p, td, torch.full((3,), 3.0), target=0, layers=["[0]"], interpolate="layers")
 
 
+def test_token_ids_refuse_a_tensordict_baseline_of_floats_naming_the_key() -> None:
+    """It reached the embedding, whose own error names no key."""
+    from tdhook_fn.attribution import feature_ablation
+
+    torch.manual_seed(0)
+    f, p = tdhook_fn.pure(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2)).double())
+    td = TensorDict(input=torch.randint(0, 10, (5, 3)), batch_size=[5])
+    by_ids = feature_ablation(f, p, td, TensorDict(input=torch.full((5, 3), 2), batch_size=[5]), target=0)
+    torch.testing.assert_close(by_ids, feature_ablation(f, p, td, 2, target=0))
+    with pytest.raises(TypeError, match=r"feature_ablation: baselines is torch.float32 for input 'input', which is "
+                                        r"torch.int64"):
+        feature_ablation(f, p, td, TensorDict(input=torch.full((5, 3), 1.5), batch_size=[5]), target=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
 def test_class_indices_of_any_integer_dtype(dtype: torch.dtype) -> None:
     f, p = mlp()

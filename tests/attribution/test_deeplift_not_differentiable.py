@@ -73,3 +73,16 @@ def test_the_refusals_name_the_deeplift_method(model: str) -> None:
         torch.func.grad(lambda q: deeplift(f, q, x, b, target=0).square().sum())(p)
     with pytest.raises(NotImplementedError, match=r"^layer_deeplift: its maps cannot be differentiated"):
         torch.func.grad(lambda q: layer_deeplift(f, q, x, b, target=0, layers=[layer]).square().sum())(p)
+    with pytest.raises(NotImplementedError, match=r"^deeplift_shap: params require grad"):
+        deeplift_shap(f, live, x, b[:3], target=0)
+    with pytest.raises(NotImplementedError, match=r"^deeplift_shap: its maps cannot be differentiated"):
+        torch.func.grad(lambda q: deeplift_shap(f, q, x, b[:3], target=0).square().sum())(p)
+
+
+def test_deeplift_shap_names_itself_for_a_batch_norm_in_training_mode() -> None:
+    """It ran `deeplift` on the pairs, whose refusals said ``deeplift:``."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2)).to(D).train()
+    f, p = tdhook_fn.pure(net)
+    with pytest.raises(ValueError, match=r"^deeplift_shap: modules \['1'\] are batch norms"):
+        deeplift_shap(f, p, torch.randn(5, 3, dtype=D), torch.randn(3, 3, dtype=D), target=0)

@@ -178,6 +178,33 @@ def test_lrp_inside_compiled_code_runs_eagerly_and_fullgraph_names_it() -> None:
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
 
 
+def _deeplift_calls() -> dict[str, Callable[..., torch.Tensor]]:
+    from tdhook_fn.attribution import deeplift, deeplift_shap, layer_deeplift
+
+    refs = torch.randn(3, 1, 6, 6)
+    return {
+        "deeplift": lambda f, q, td: deeplift(f, q, td, 0.0, target=1)["input"],
+        "deeplift_shap": lambda f, q, td: deeplift_shap(f, q, td, refs, target=1)["input"],
+        "layer_deeplift": lambda f, q, td: layer_deeplift(f, q, td, 0.0, target=1, layers=["1"])["1"],
+    }
+
+
+@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap", "layer_deeplift"])
+def test_deeplift_methods_inside_compiled_code_run_eagerly_and_fullgraph_names_them(method: str) -> None:
+    """They run on lrp's rule taps (NOTE [lrp is never traced]): traced, they failed inside torch, even on a chain."""
+    call = _deeplift_calls()[method]
+    net = _cnn()
+    f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
+    x = TensorDict(input=torch.randn(2, 1, 6, 6), batch_size=[2])
+    fn = lambda q, td: call(f, q, td) * 2
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="eager")(p, x), fn(p, x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="disable"):
+        torch.compile(fn, fullgraph=True, backend="eager")(p, x)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
+
+
 class _Scaled(torch.nn.Module):
     """A forward that reads attributes the shadow shares with the model: a tensor, a function, an object."""
 

@@ -29,7 +29,9 @@ def never_traced(fn: _F) -> _F:
     # backward, which Dynamo cannot trace: with ``fullgraph=True`` it fails, and with graph
     # breaks it failed on an internal assertion (a wrong map was the risk). So lrp is
     # excluded from tracing: inside a compiled function it runs eagerly and gives the
-    # eager maps; ``fullgraph=True`` reports the excluded call.
+    # eager maps; ``fullgraph=True`` reports the excluded call. The DeepLift methods
+    # (``deeplift``, ``deeplift_shap``, ``layer_deeplift``) run on the same rule taps
+    # wherever the chain walk does not (always under tracing), so they are excluded alike.
     return cast(_F, _compiler_disable(fn))  # (no reason=: it needs torch 2.8)
 
 
