@@ -162,37 +162,23 @@ def test_threads_sharing_one_compiled_method_and_model_get_their_own_maps() -> N
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
 
 
-def test_lrp_inside_compiled_code_runs_eagerly_and_fullgraph_names_it() -> None:
-    """NOTE [lrp is never traced]: a graph-broken trace of the rule taps failed on an internal assertion."""
-    from tdhook_fn.attribution import EpsilonPlus, lrp
-
-    net = _cnn()
-    f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
-    x = TensorDict(input=torch.randn(2, 1, 6, 6), batch_size=[2])
-    fn = lambda q, td: lrp(f, q, td, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)["input"] * 2
-    torch._dynamo.reset()
-    torch.testing.assert_close(torch.compile(fn, backend="eager")(p, x), fn(p, x), rtol=0, atol=0)
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="disable"):
-        torch.compile(fn, fullgraph=True, backend="eager")(p, x)
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())
-
-
-def _deeplift_calls() -> dict[str, Callable[..., torch.Tensor]]:
-    from tdhook_fn.attribution import deeplift, deeplift_shap, layer_deeplift
+def _rule_calls() -> dict[str, Callable[..., torch.Tensor]]:
+    from tdhook_fn.attribution import EpsilonPlus, deeplift, deeplift_shap, layer_deeplift, lrp
 
     refs = torch.randn(3, 1, 6, 6)
     return {
+        "lrp": lambda f, q, td: lrp(f, q, td, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False)["input"],
         "deeplift": lambda f, q, td: deeplift(f, q, td, 0.0, target=1)["input"],
         "deeplift_shap": lambda f, q, td: deeplift_shap(f, q, td, refs, target=1)["input"],
         "layer_deeplift": lambda f, q, td: layer_deeplift(f, q, td, 0.0, target=1, layers=["1"])["1"],
     }
 
 
-@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap", "layer_deeplift"])
-def test_deeplift_methods_inside_compiled_code_run_eagerly_and_fullgraph_names_them(method: str) -> None:
-    """They run on lrp's rule taps (NOTE [lrp is never traced]): traced, they failed inside torch, even on a chain."""
-    call = _deeplift_calls()[method]
+@pytest.mark.parametrize("method", ["lrp", "deeplift", "deeplift_shap", "layer_deeplift"])
+def test_rule_methods_inside_compiled_code_run_eagerly_and_fullgraph_names_them(method: str) -> None:
+    """NOTE [lrp is never traced]: a graph-broken trace of the rule taps failed on an internal assertion; the
+    DeepLift methods, on the same taps, failed inside torch even on a chain."""
+    call = _rule_calls()[method]
     net = _cnn()
     f, p = tdhook_fn.functional(net), tdhook_fn.params(net)
     x = TensorDict(input=torch.randn(2, 1, 6, 6), batch_size=[2])
