@@ -38,14 +38,10 @@ def _glibc() -> ctypes.CDLL | None:
     return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
-def _pin_allocator() -> None:
-    libc = _glibc()
-    if libc is not None and os.environ.get("TDHOOK_FN_BENCH_MALLOC") != "default":
-        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-
-
-_pin_allocator()
+_LIBC = _glibc()  # (None: not glibc, nothing pinned or trimmed)
+if _LIBC is not None and os.environ.get("TDHOOK_FN_BENCH_MALLOC") != "default":
+    _LIBC.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+    _LIBC.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
 
 
 def median_seconds(fn: Callable[[], object], *, repeat: int = 7, min_time: float = 0.05) -> float:
@@ -87,18 +83,13 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _release_free_heap() -> None:
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
 def peak_rss_growth_mib(fn: Callable[[], object]) -> float:
     """Peak resident memory ``fn()`` adds, in MiB (Linux: ``VmHWM`` after resetting it).
 
     ``ru_maxrss`` cannot be reset, and import-time peaks hide smaller ones after them.
     """
-    _release_free_heap()  # (the pinned heap keeps freed pages resident: see `_pin_allocator`)
+    if _LIBC is not None:  # (the pinned heap keeps freed pages resident: they would hide the call's peak)
+        _LIBC.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # resets VmHWM to the current RSS
     before = _status_kib("VmRSS")

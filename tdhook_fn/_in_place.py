@@ -259,8 +259,10 @@ def _writing_back(pre: PreHook | None, post: Hook | None, frames: InPlaceFrames,
             return new
         frame = frames.open[key].pop()
         if frames.watching:  # (compiled: a write-back writes what another frame may have handed as a copy)
-            for slot in [*frame.later_writes(), *([frame.first] if frame.writes() else [])]:
+            for slot in frame.later_writes():
                 frames.written(slot.original)
+            if frame.writes():
+                frames.written(frame.first.original)
         return frame.written_back(output if new is None else new)
 
     return before, after
