@@ -12,8 +12,8 @@
 # where anything changed:
 #
 # - per module: its class; its attribute names; each attribute's value by identity (the
-#   values are held, so no identity is reused), except the containers no plan reads
-#   (hooks of state dicts, the names of non-persistent buffers); the contents of its
+#   values are held, so no identity is reused), except the hook containers (a forward's
+#   and a state dict's), which must be empty; the contents of its
 #   parameter, buffer and child slots (names in order, and each value by identity: the
 #   params given to a call are checked against the slots' shapes at each call); hooks, a
 #   module's or torch's global ones, make no snapshot at all (a hooked model takes the
@@ -55,22 +55,22 @@ __all__ = ["Snapshot", "global_hooks", "hooked", "plan_for"]
 # maps, and never looks into a value (identity only). Why it misses no change a plan sees:
 # - the modules are the snapshot's (the model by a weak reference, the submodules held);
 #   their types are compared first (a model gone reads NoneType);
-# - each module's attribute names are compared as a set (an attribute added, removed, or
-#   one removed and another added: the order of a module's attributes changes nothing);
-# - the values of all its attributes but the containers no plan reads are compared by
-#   identity, the slots among them: so the slot dicts held are the module's own, and
+# - each module's attributes are counted, and every name it had is read again (a missing
+#   one raises): an attribute added, removed, or one removed and another added is seen
+#   (the order of a module's attributes changes nothing);
+# - the values of all its attributes but the hook containers are compared by identity,
+#   the slots among them: so the slot dicts held are the module's own, and
 #   their sizes, names in order and values by identity say that each slot is as it was
 #   (sizes per dict: an entry moved from one module's slot to another's keeps the flat
 #   names and values); the children being the same, so is the model's list of modules;
-# - the hook dicts a call runs are read from the module's attributes at each call (a
-#   container replaced by a full one counts too), torch's global ones from its module.
+# - the hook containers, those a call runs and the state dict's, are read from the
+#   module's attributes at each call and must be empty (a container replaced by a full
+#   one counts too), torch's global ones from its module.
 
 _T = TypeVar("_T")
 _SLOTS = ("_parameters", "_buffers", "_modules")
-# the hooks a call runs; the others (``..._with_kwargs``, ``..._always_called``) only mark entries of these
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-# a module's own containers: held by identity, and what a plan reads of them checked by content (the slots, the
-# hooks), or not at all (what no forward reads: state-dict hooks, the names of non-persistent buffers)
+# a module's own containers, allowed in a snapshot's model though mutable: the slots are checked by content, the
+# hook containers read empty, the names of non-persistent buffers (which no forward reads) held by identity only
 _CONTAINERS = frozenset({*_SLOTS, *HOOK_DICTS, "_non_persistent_buffers_set", "_state_dict_hooks",
                          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
 # what no forward reads, but where a function (a state-dict hook) may refer to the model: held by the snapshot's
@@ -84,8 +84,9 @@ _plans: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Snapshot | Non
 _lock = threading.Lock()
 _torch_globals = vars(module_globals)
 _slots_of = itemgetter(*_SLOTS)
-_hooks_of = itemgetter(*_HOOKS)
-_unread_hooks_of = itemgetter(*_UNREAD_HOOKS)
+# every hook container, read at each call: all empty in a snapshot's model (a mark is set with its hook)
+_EMPTY = (*HOOK_DICTS, *_UNREAD_HOOKS)
+_empties_of = itemgetter(*_EMPTY)
 _DICTS = (dict, OrderedDict)
 
 
@@ -116,15 +117,15 @@ class Snapshot:
     model, no Python loop per module (NOTE [one flat check]).
     """
 
-    __slots__ = ("children", "getters", "keys", "model", "names", "sizes", "slots", "types", "values")
+    __slots__ = ("children", "getters", "keys", "lengths", "model", "sizes", "slots", "types", "values")
 
     def __init__(self, modules: list[nn.Module]):
         states = list(map(vars, modules))
         self.model = weakref.ref(modules[0])
         self.children = tuple(modules[1:])  # (held: none refers to the model, see `of`)
-        self.names = list(map(frozenset, states))
-        self.getters = tuple(itemgetter(*(name for name in state if name in _SLOTS or name not in _CONTAINERS))
-                             for state in states)
+        self.lengths = list(map(len, states))
+        # every name but the hook containers' (read by `_empties_of`), so that no name can go unnoticed
+        self.getters = tuple(itemgetter(*(name for name in state if name not in _EMPTY)) for state in states)
         self.slots = tuple(chain.from_iterable(map(_slots_of, states)))
         self.sizes = tuple(map(len, self.slots))
         self.keys = tuple(chain.from_iterable(self.slots))
@@ -159,13 +160,17 @@ class Snapshot:
         if tuple(map(type, modules)) != self.types:  # (the model gone reads NoneType)
             return False
         states = list(map(vars, modules))
-        if list(map(dict.keys, states)) != self.names or any(chain.from_iterable(map(_hooks_of, states))):
+        if list(map(len, states)) != self.lengths:
             return False
-        if any(chain.from_iterable(map(_unread_hooks_of, states))):
-            return False  # (a state-dict hook added since: held, it could keep the model alive)
-        values = chain(chain.from_iterable(map(call, self.getters, states)), _flat(self.slots))
-        return (tuple(map(len, self.slots)) == self.sizes and tuple(chain.from_iterable(self.slots)) == self.keys
-                and all(map(is_, values, self.values)))
+        try:  # (the names: as many as then, each of then still there, by the getters)
+            # a hook; or a state-dict hook added since (held, it could keep the model alive)
+            if any(chain.from_iterable(map(_empties_of, states))):
+                return False
+            values = chain(chain.from_iterable(map(call, self.getters, states)), _flat(self.slots))
+            return (tuple(map(len, self.slots)) == self.sizes and tuple(chain.from_iterable(self.slots)) == self.keys
+                    and all(map(is_, values, self.values)))
+        except KeyError:
+            return False
 
 
 

@@ -145,8 +145,8 @@ def deeplift_step(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Ten
         weight, bias = own[0], (own[1] if len(own) > 1 else None)
         if affine.conv is None:  # (a linear layer's adjoint, the product by its weight, a C-level callable)
             return F.linear(both, weight, bias), partial(torch.matmul, other=weight)
-        adjoint, shape = affine.adjoint(weight), torch.Size((rows, *both.shape[1:]))
-        return affine.run(both, weight, bias), lambda g: adjoint(g, shape)
+        out = affine.run(both, weight, bias)
+        return out, affine.pullback(weight, both.shape, out.shape)
     if kind == "activation":
         return _elementwise(module, both, n, eps, pairs)
     if kind == "pool":

@@ -59,8 +59,10 @@ def test_a_convolution_and_its_adjoint_are_the_modules(case: tuple[nn.Module, to
     y = affine.run(x, module.weight, module.bias)
     torch.testing.assert_close(y, module(x), rtol=1e-12, atol=1e-12)
     cotangent = torch.randn_like(y)
-    torch.testing.assert_close(affine.pull(cotangent, module.weight, x.shape), module_vjp(module, x, cotangent),
+    expected = module_vjp(module, x, cotangent)
+    torch.testing.assert_close(affine.pullback(module.weight, x.shape, y.shape)(cotangent), expected,
                                rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(affine.adjoint(module.weight)(cotangent, x.shape), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 5)])
@@ -72,8 +74,10 @@ def test_a_linear_layer_and_its_adjoint(shape: tuple[int, ...]) -> None:
     assert affine is not None and affine.channel_dim == -1
     cotangent = torch.randn(*shape[:-1], 4, dtype=torch.float64)
     torch.testing.assert_close(affine.run(x, module.weight, module.bias), module(x), rtol=0, atol=0)
-    torch.testing.assert_close(affine.pull(cotangent, module.weight, x.shape), module_vjp(module, x, cotangent),
+    expected = module_vjp(module, x, cotangent)
+    torch.testing.assert_close(affine.pullback(module.weight, x.shape, cotangent.shape)(cotangent), expected,
                                rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(affine.adjoint(module.weight)(cotangent, x.shape), expected, rtol=1e-12, atol=1e-12)
 
 
 class OwnForward(nn.Linear):

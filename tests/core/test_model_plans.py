@@ -243,6 +243,16 @@ def _swap_unread_container_for_attribute(model: nn.Sequential) -> None:
     model[0].extra = 1.5  # (the same number of attributes)
 
 
+def _swap_hook_container_for_attribute(model: nn.Sequential) -> None:
+    del model[0]._forward_hooks_always_called  # (a container read only as empty)
+    model[0].extra = 1.5  # (the same number of attributes)
+
+
+def _swap_buffer_names_for_attribute(model: nn.Sequential) -> None:
+    del model[0]._non_persistent_buffers_set
+    model[0].extra = 1.5
+
+
 def _replace_hook_dict(model: nn.Sequential) -> None:
     model[0]._forward_hooks = OrderedDict({0: lambda *_a: None})
 
@@ -255,8 +265,11 @@ def _same_parameter_kind(model: nn.Sequential) -> None:
     (_nested, _move_child), (mlp, _swap_unread_container_for_attribute), (mlp, _replace_hook_dict),
     (mlp, _same_parameter_kind), (mlp, lambda m: setattr(m[1], "inplace", 0)),
     (mlp, lambda m: m[0]._parameters.update(weight=m[0]._parameters.pop("weight"))),
+    (mlp, _swap_hook_container_for_attribute), (mlp, _swap_buffer_names_for_attribute),
+    (mlp, lambda m: m[0]._forward_hooks_with_kwargs.update({0: True})),
 ], ids=["entry moved between slots", "unread container for an attribute", "hook dict replaced",
-        "parameter replaced", "value equal but not identical", "parameter order"])
+        "parameter replaced", "value equal but not identical", "parameter order", "hook container for an attribute",
+        "buffer names for an attribute", "a hook mark alone"])
 def test_what_the_flat_check_could_miss_it_sees(make: Callable[[], nn.Sequential],
                                                 change: Callable[[nn.Sequential], object]) -> None:
     # NOTE [one flat check]: the changes a cheaper comparison would read as none

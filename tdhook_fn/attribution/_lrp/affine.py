@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -59,31 +60,33 @@ class Affine:
             return F.linear(x, weight, bias)
         return self.conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def pull(self, cotangent: torch.Tensor, weight: torch.Tensor, x_shape: torch.Size) -> torch.Tensor:
-        """``J^T cotangent``, for an input of shape ``x_shape``."""
-        return self.adjoint(weight)(cotangent, x_shape)
+    def pullback(self, weight: torch.Tensor, x_shape: torch.Size, y_shape: torch.Size,
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``cotangent -> J^T cotangent`` at an input of shape ``x_shape`` whose output had ``y_shape``: one op,
+        its settings fixed here, in the forward (the walks pull back each link once or once per target)."""
+        if self.transpose is None:
+            return partial(torch.matmul, other=weight)
+        kernel = weight.shape[2:]
+        spatial = zip(x_shape[-len(kernel):], y_shape[-len(kernel):], kernel, self.stride, self.padding,
+                      self.dilation, strict=True)
+        # the transposed convolution's own output size, and what it lacks of the input's
+        output_padding = tuple(n - ((m - 1) * s - 2 * p + d * (k - 1) + 1) for n, m, k, s, p, d in spatial)
+        return partial(self.transpose, weight=weight, bias=None, stride=self.stride, padding=self.padding,
+                       output_padding=output_padding, groups=self.groups, dilation=self.dilation)
 
     def adjoint(self, weight: torch.Tensor) -> Adjoint:
-        """``(cotangent, x_shape) -> J^T cotangent`` for ``weight``: a convolution's is the transposed one.
+        """``(cotangent, x_shape) -> J^T cotangent`` for ``weight``, where the input's shape is known only then
+        (`pullback` where it is known in the forward).
 
-        (Not the convolution with the kernel flipped and its channels swapped: with torch
-        2.13 the transposed one is 1.1-1.4x faster on the benchmarks' CNN at 1 and 2
-        threads, it needs no flipped copy of the kernel per call, and its rounding does not
-        move with the batch size, where the flipped one's moved by 9 ulps under ``vmap``.)
+        A convolution's adjoint is the transposed convolution (not the convolution with the
+        kernel flipped and its channels swapped: with torch 2.13 the transposed one is
+        1.1-1.4x faster on the benchmarks' CNN at 1 and 2 threads, it needs no flipped copy
+        of the kernel per call, and its rounding does not move with the batch size, where
+        the flipped one's moved by 9 ulps under ``vmap``).
         """
         if self.transpose is None:
             return lambda cotangent, _shape: cotangent @ weight
-        transpose, kernel = self.transpose, weight.shape[2:]
-
-        def transposed(cotangent: torch.Tensor, x_shape: torch.Size) -> torch.Tensor:
-            spatial = zip(x_shape[-len(kernel):], cotangent.shape[-len(kernel):], kernel, self.stride, self.padding,
-                          self.dilation, strict=True)
-            # the transposed convolution's own output size, and what it lacks of the input's
-            output_padding = tuple(n - ((m - 1) * s - 2 * p + d * (k - 1) + 1) for n, m, k, s, p, d in spatial)
-            return transpose(cotangent, weight, None, self.stride, self.padding, output_padding, self.groups,
-                             self.dilation)
-
-        return transposed
+        return lambda cotangent, x_shape: self.pullback(weight, x_shape, cotangent.shape)(cotangent)
 
 
 _LINEAR = Affine()

@@ -155,8 +155,9 @@ class ModuleCall:
         affine = self._affine(inputs)
         if affine is not None:
             weight, bias = self._weight_and_bias(modify)
-            shape = inputs[0].shape
-            return affine.run(inputs[0], weight, bias), lambda cotangent: (affine.pull(cotangent, weight, shape),)
+            output = affine.run(inputs[0], weight, bias)
+            pullback = affine.pullback(weight, inputs[0].shape, output.shape)
+            return output, lambda cotangent: (pullback(cotangent),)
         output, pull, _ = vjp(lambda xs: (self.run(xs, modify), ()), tuple(inputs))
         return output, lambda cotangent: tuple(pull(cotangent)[0])
 

@@ -8,11 +8,12 @@ written in place since), and the call takes the general path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .affine import Adjoint, Affine
+from .affine import Affine
 from .fused import Pullback, fused
 from .gradient_form import GradientForm
 from .module_call import ModuleCall
@@ -95,7 +96,7 @@ class AffineLocal:
 
     x: torch.Tensor
     y: torch.Tensor
-    adjoint: Adjoint
+    pullback: Callable[[torch.Tensor], torch.Tensor]  # J^T
     path: str
     form: GradientForm
     versions: tuple[int, int]
@@ -108,7 +109,7 @@ class AffineLocal:
         if form.share is not None:
             by = form.share(self.path, 1, y)
             relevance = relevance / by if form.divides else relevance * by
-        c = self.adjoint(relevance, x.shape)
+        c = self.pullback(relevance)
         return x * c if form.scales_inputs else c
 
 
@@ -166,4 +167,4 @@ def affine_record(affine: Affine, form: GradientForm | None, rule: Rule | None, 
         y, pull = done
         return y, Fused(pull, x, y, (x._version, y._version))
     y = affine.run(x, weight, bias)
-    return y, AffineLocal(x, y, affine.adjoint(weight), path, form, (x._version, y._version))
+    return y, AffineLocal(x, y, affine.pullback(weight, x.shape, y.shape), path, form, (x._version, y._version))
