@@ -140,14 +140,14 @@ class Snapshot:
         modules = list(model.modules())
         for module in modules:
             state = vars(module)
-            if any(name not in state for name in (*_SLOTS, *HOOK_DICTS, *_UNREAD_HOOKS)) or "forward" in state:
+            if any(name not in state for name in (*_SLOTS, *_EMPTY)) or "forward" in state:
                 return None  # (not a module as nn.Module builds it, or an instance forward)
             if not all(type(state[name]) in _DICTS for name in _SLOTS):
                 return None  # (a slot replaced by a mapping of another kind: its contents are not followed)
-            if hooked(module) or any(child is model for child in state["_modules"].values()):
-                return None  # (hooks; or a cycle: its plan would keep the model alive)
-            if any(state[name] for name in _UNREAD_HOOKS):
-                return None  # (a state-dict hook may refer to the model: held, it would keep the model alive)
+            # hooks (a state-dict hook may refer to the model: held, it would keep the model alive); or a cycle,
+            # whose plan would keep the model alive
+            if any(_empties_of(state)) or any(child is model for child in state["_modules"].values()):
+                return None
             if not all(name in _CONTAINERS or _held(value) for name, value in state.items()):
                 return None
         return Snapshot(modules)

@@ -33,10 +33,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
@@ -143,10 +140,8 @@ def deeplift_step(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Ten
         affine = link.affine
         assert affine is not None
         weight, bias = own[0], (own[1] if len(own) > 1 else None)
-        if affine.conv is None:  # (a linear layer's adjoint, the product by its weight, a C-level callable)
-            return F.linear(both, weight, bias), partial(torch.matmul, other=weight)
         out = affine.run(both, weight, bias)
-        return out, affine.pullback(weight, both.shape, out.shape)
+        return out, affine.pullback(weight, both.shape, out.shape)  # (a C-level callable: one op)
     if kind == "activation":
         return _elementwise(module, both, n, eps, pairs)
     if kind == "pool":

@@ -62,7 +62,6 @@ def test_a_convolution_and_its_adjoint_are_the_modules(case: tuple[nn.Module, to
     expected = module_vjp(module, x, cotangent)
     torch.testing.assert_close(affine.pullback(module.weight, x.shape, y.shape)(cotangent), expected,
                                rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(affine.adjoint(module.weight)(cotangent, x.shape), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 5)])
@@ -77,7 +76,6 @@ def test_a_linear_layer_and_its_adjoint(shape: tuple[int, ...]) -> None:
     expected = module_vjp(module, x, cotangent)
     torch.testing.assert_close(affine.pullback(module.weight, x.shape, cotangent.shape)(cotangent), expected,
                                rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(affine.adjoint(module.weight)(cotangent, x.shape), expected, rtol=1e-12, atol=1e-12)
 
 
 class OwnForward(nn.Linear):

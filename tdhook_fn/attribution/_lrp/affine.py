@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Adjoint", "Affine", "affine_of"]
+__all__ = ["Affine", "Pullback", "affine_of"]
 
-Adjoint = Callable[[torch.Tensor, torch.Size], torch.Tensor]  # (cotangent, input shape) -> J^T cotangent
+Pullback = Callable[[torch.Tensor], torch.Tensor]  # a cotangent at the output -> J^T of it, at the input
 
 _CONVS: dict[type[nn.Module], tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
     nn.Conv1d: (F.conv1d, F.conv_transpose1d),
@@ -60,10 +60,16 @@ class Affine:
             return F.linear(x, weight, bias)
         return self.conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def pullback(self, weight: torch.Tensor, x_shape: torch.Size, y_shape: torch.Size,
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``cotangent -> J^T cotangent`` at an input of shape ``x_shape`` whose output had ``y_shape``: one op,
-        its settings fixed here, in the forward (the walks pull back each link once or once per target)."""
+    def pullback(self, weight: torch.Tensor, x_shape: torch.Size, y_shape: torch.Size) -> Pullback:
+        """``J^T`` for ``weight`` at an input of shape ``x_shape`` whose output had ``y_shape`` (of a convolution,
+        only their spatial dims are read): one op, its settings fixed here, in the forward.
+
+        A convolution's is the transposed convolution, with the output padding that gives back
+        the input's size (not the convolution with the kernel flipped and its channels swapped:
+        with torch 2.13 the transposed one is 1.1-1.4x faster on the benchmarks' CNN at 1 and 2
+        threads, it needs no flipped copy of the kernel per call, and its rounding does not
+        move with the batch size, where the flipped one's moved by 9 ulps under ``vmap``).
+        """
         if self.transpose is None:
             return partial(torch.matmul, other=weight)
         kernel = weight.shape[2:]
@@ -73,20 +79,6 @@ class Affine:
         output_padding = tuple(n - ((m - 1) * s - 2 * p + d * (k - 1) + 1) for n, m, k, s, p, d in spatial)
         return partial(self.transpose, weight=weight, bias=None, stride=self.stride, padding=self.padding,
                        output_padding=output_padding, groups=self.groups, dilation=self.dilation)
-
-    def adjoint(self, weight: torch.Tensor) -> Adjoint:
-        """``(cotangent, x_shape) -> J^T cotangent`` for ``weight``, where the input's shape is known only then
-        (`pullback` where it is known in the forward).
-
-        A convolution's adjoint is the transposed convolution (not the convolution with the
-        kernel flipped and its channels swapped: with torch 2.13 the transposed one is
-        1.1-1.4x faster on the benchmarks' CNN at 1 and 2 threads, it needs no flipped copy
-        of the kernel per call, and its rounding does not move with the batch size, where
-        the flipped one's moved by 9 ulps under ``vmap``).
-        """
-        if self.transpose is None:
-            return lambda cotangent, _shape: cotangent @ weight
-        return lambda cotangent, x_shape: self.pullback(weight, x_shape, cotangent.shape)(cotangent)
 
 
 _LINEAR = Affine()

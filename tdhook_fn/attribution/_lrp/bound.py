@@ -100,7 +100,7 @@ def _affine_step(affine: Affine, form: GradientForm, rule: Any, path: str) -> Bo
         weight = own[0]
         bias = own[1] if len(own) > 1 else None
         y = F.linear(x, weight, bias) if linear else affine.run(x, weight, bias)
-        adjoint = None if linear else affine.pullback(weight, x.shape, y.shape)
+        pullback = affine.pullback(weight, x.shape, y.shape)
 
         def back(relevance: torch.Tensor) -> torch.Tensor:
             if epsilon is not None:
@@ -110,7 +110,7 @@ def _affine_step(affine: Affine, form: GradientForm, rule: Any, path: str) -> Bo
                 share = relevance / by if form.divides else relevance * by
             else:
                 share = relevance
-            c = share @ weight if adjoint is None else adjoint(share)
+            c = pullback(share)
             return c.mul_(x) if scales else c  # (the adjoint's product has the input's shape)
 
         backs.append(back)

@@ -20,19 +20,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from . import rules as _lrp_rules
-from .affine import Adjoint, Affine
+from .affine import Affine, Pullback
 from .rules import AlphaBeta, Rule, divide_stabilized
 from .stack_cache import StackCache
 
-__all__ = ["Pullback", "fused"]
-
-Pullback = Callable[[torch.Tensor], torch.Tensor]  # the relevance at the output -> the input's
+__all__ = ["fused"]
 
 
 def _clamped(t: torch.Tensor | None, *, positive: bool) -> torch.Tensor | None:
@@ -47,7 +44,7 @@ class _Stacked:
 
     weight: torch.Tensor  # every row block: the module's own, then each half's z
     bias: torch.Tensor | None
-    adjoint: Adjoint  # of the halves' blocks, to the stacked inputs
+    back: torch.Tensor  # the halves' blocks, whose adjoint takes their shares to the stacked inputs
     coefficients: tuple[float, ...]  # alpha, -beta (of the halves that run)
 
 
@@ -66,7 +63,7 @@ def _stack(rule: AlphaBeta, affine: Affine, weight: torch.Tensor, bias: torch.Te
         back = torch.cat([w for _, w, _, _ in halves])
         stacked = torch.cat([weight, back])
     biases = None if bias is None else torch.cat([bias, *(b for *_, b in halves if b is not None)])
-    return _Stacked(stacked, biases, affine.adjoint(back), tuple(c for c, *_ in halves))
+    return _Stacked(stacked, biases, back, tuple(c for c, *_ in halves))
 
 
 def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -90,12 +87,13 @@ def fused(rule: Rule, affine: Affine, x: torch.Tensor, weight: torch.Tensor, bia
         inputs = x
     both = affine.run(inputs, stacked.weight, stacked.bias)
     y, *zs = (both.narrow(dim, i * rows, rows) for i in range(len(stacked.coefficients) + 1))
+    adjoint = affine.pullback(stacked.back, inputs.shape, both.shape)  # (the shares' planes are both's)
 
     def pull(relevance: torch.Tensor) -> torch.Tensor:
         # (each share and the adjoint's product are tensors of their own: scaled in place, the same bits)
         shares = [divide_stabilized(relevance, z, rule.stabilizer) for z in zs]
         shares = [s if c == 1 else s.mul_(c) for c, s in zip(stacked.coefficients, shares, strict=True)]
-        g = stacked.adjoint(torch.cat(shares, dim) if len(shares) > 1 else shares[0], inputs.shape)
+        g = adjoint(torch.cat(shares, dim) if len(shares) > 1 else shares[0])
         if not signed:
             return g.mul_(x) if g.shape == x.shape else x * g
         n = x.shape[dim]

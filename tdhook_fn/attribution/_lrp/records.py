@@ -8,13 +8,12 @@ written in place since), and the call takes the general path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .affine import Affine
-from .fused import Pullback, fused
+from .affine import Affine, Pullback
+from .fused import fused
 from .gradient_form import GradientForm
 from .module_call import ModuleCall
 from .rules import Rule
@@ -96,7 +95,7 @@ class AffineLocal:
 
     x: torch.Tensor
     y: torch.Tensor
-    pullback: Callable[[torch.Tensor], torch.Tensor]  # J^T
+    pullback: Pullback
     path: str
     form: GradientForm
     versions: tuple[int, int]
