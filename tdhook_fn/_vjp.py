@@ -60,11 +60,11 @@ _ACCUMULATE: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defin
 # (untyped in torch: their signatures, stated once)
 _cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
 _cuda_rng_states: Callable[[], list[torch.Tensor]] = torch.cuda.get_rng_state_all
-Pullback = Callable[..., tuple[Any]]  # (cotangent, retain_graph=True, wanted=None)
+VjpFn = Callable[..., tuple[Any]]  # (cotangent, retain_graph=True, wanted=None)
 
 
 def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: Iterable[TensorDictBase] = ()) -> tuple[
-        Any, Pullback, Any]:
+        Any, VjpFn, Any]:
     """``torch.func.vjp(forward, primals, has_aux=True)``, by autograd where that is exact (see the NOTE).
 
     ``primals`` and the forward's output are tensors, TensorDicts, or tuples, lists and
@@ -72,7 +72,7 @@ def vjp(forward: Callable[[Any], tuple[Any, Any]], primals: Any, *, constants: I
     inputs); if a tensor in one requires grad, ``func.vjp`` is used.
     """
 
-    def by_functorch() -> tuple[Any, Pullback, Any]:
+    def by_functorch() -> tuple[Any, VjpFn, Any]:
         result: Any = torch.func.vjp(forward, primals, has_aux=True)
         pull = result[1]
 

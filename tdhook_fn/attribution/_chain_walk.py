@@ -42,6 +42,7 @@ from .._model_plans import plan_for
 from .._params import Key, leaves
 from .._paths import path_to_name, resolve_path
 from .._targets import Target
+from .._types import Pullback
 from .._vjp import autograd_as_walked, untransformed
 from ._lrp.affine import Affine, affine_of
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
@@ -49,10 +50,8 @@ from ._lrp.model_chain import model_chain, reads_one_key
 from ._lrp.plan import ModesChecked
 from ._lrp.walk import RESHAPES, own_values, slots_of
 
-__all__ = ["ACTIVATIONS", "SEED_BACK", "Back", "Step", "WalkLink", "WalkPass", "WalkPlan", "chain_gradient_passes",
+__all__ = ["ACTIVATIONS", "SEED_BACK", "Step", "WalkLink", "WalkPass", "WalkPlan", "chain_gradient_passes",
            "chain_gradients", "chain_links", "holds_only", "tensor_plan", "walk", "walk_plan", "walked_map"]
-
-Back = Callable[[torch.Tensor], torch.Tensor]  # what a link passes back: at its output -> at its input
 
 # each activation's function (called directly: a module call costs more than the op on small tensors) and
 # derivative, from its module, input and output
@@ -125,7 +124,8 @@ def walk_plan(f: Any) -> WalkPlan | None:
 
 # a link run forward on the rows ``both`` (``n`` inputs' first), with its backward on ``rows`` rows; ``None``: not a
 # link the rule knows (args: the link, its tensors in the params, ``both``, ``n``, the rule's eps, ``rows``)
-Step = Callable[[WalkLink, tuple[torch.Tensor, ...], torch.Tensor, int, float, int], tuple[torch.Tensor, Back] | None]
+Step = Callable[[WalkLink, tuple[torch.Tensor, ...], torch.Tensor, int, float, int],
+                tuple[torch.Tensor, Pullback] | None]
 # A step whose backward of the last link is more than its pullback (guided backprop's relu at a linear layer's
 # input) says so by a ``seed_back`` attribute: what it does after the pullback, applied to the seed rows, which
 # stand for that pullback (NOTE [seed rows]).
@@ -143,7 +143,7 @@ def _unused(_g: torch.Tensor) -> torch.Tensor:
     raise AssertionError("the walk stops above this link")
 
 
-def _forward(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+def _forward(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor) -> tuple[torch.Tensor, Pullback] | None:
     """One module's forward alone, by the ops a step runs (the same numbers); ``None``: a link no step runs so."""
     kind, module = link.kind, link.module
     if kind == "affine":
@@ -316,7 +316,7 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
             ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """`walk`'s forward and walks back, without a graph."""
     n = x.shape[0]
-    backs: list[Back] = []
+    backs: list[Pullback] = []
     seen: dict[int, torch.Tensor] = {}
     # one op per module for both (the references' rows after the inputs'): half the calls of two runs
     both = x if reference is None else torch.cat([x, reference])
@@ -356,8 +356,8 @@ def _walked(links: list[WalkLink], own: list[tuple[torch.Tensor, ...]], x: torch
     return [(torch.stack(maps[stop]) if per_target else maps[stop][0], seen[stop]) for stop in stops]
 
 
-def _pulled(backs: list[Back], seeds: list[int | torch.Tensor], weight: torch.Tensor | None, classes: int, rows: int,
-            top: torch.Tensor, count: int, targets: tuple[int, ...], seed_back: Back | None,
+def _pulled(backs: list[Pullback], seeds: list[int | torch.Tensor], weight: torch.Tensor | None, classes: int,
+            rows: int, top: torch.Tensor, count: int, targets: tuple[int, ...], seed_back: Pullback | None,
             ) -> dict[int, list[torch.Tensor]]:
     """Each seed walked back from the top (the last link's output ``top``, or, ``weight`` given, its weight's rows,
     then the step's ``seed_back``) to the lowest of ``targets``, the map at each of them kept."""

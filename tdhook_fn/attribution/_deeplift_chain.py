@@ -38,7 +38,8 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from .._targets import Target
-from ._chain_walk import ACTIVATIONS, Back, WalkLink, WalkPlan, walk
+from .._types import Pullback
+from ._chain_walk import ACTIVATIONS, WalkLink, WalkPlan, walk
 from ._deeplift_rules import below_eps
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
@@ -75,7 +76,7 @@ def _rows(t: torch.Tensor, pairs: bool) -> torch.Tensor:
 
 
 def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float,
-                 pairs: bool) -> tuple[torch.Tensor, Back]:
+                 pairs: bool) -> tuple[torch.Tensor, Pullback]:
     function, derivative = ACTIVATIONS[type(module)]
     out = function(module, both)
     (h, r), (y, y_ref) = _halves(both, n, pairs), _halves(out, n, pairs)
@@ -88,7 +89,7 @@ def _elementwise(module: nn.Module, both: torch.Tensor, n: int, eps: float,
     return out, lambda g: g * multiplier
 
 
-def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Back]:
+def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Pullback]:
     out = module(both)
     (h, r), (y, y_ref) = _halves(both, n, pairs), _halves(out, n, pairs)
     dx = h - r
@@ -104,7 +105,7 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: b
     return out, back
 
 
-def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Back]:
+def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Pullback]:
     dims, pool = MAX_POOLS[type(module)]
     out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
     (h, r), (y, y_ref), (at_x, at_ref) = _halves(both, n, pairs), _halves(out, n, pairs), _halves(indices, n, pairs)
@@ -129,7 +130,7 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: 
 
 
 def deeplift_step(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int, eps: float,
-          rows: int) -> tuple[torch.Tensor, Back] | None:
+          rows: int) -> tuple[torch.Tensor, Pullback] | None:
     """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward
     on ``rows`` rows (``n``; ``n k``: every pair, NOTE [pairs on the chain]).
 

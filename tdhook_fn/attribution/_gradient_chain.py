@@ -51,11 +51,11 @@ from torch import nn
 
 from .._functional import NestedKey
 from .._targets import Target
+from .._types import Pullback
 from .._vjp import untransformed
 from ._chain_walk import (
     ACTIVATIONS,
     SEED_BACK,
-    Back,
     Step,
     WalkLink,
     WalkPass,
@@ -77,13 +77,13 @@ from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 __all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients", "tensor_gradients",
            "walked_gradients", "walked_guided_and_cam"]
 
-ReluRule = Callable[[torch.Tensor], Back]  # a ReLU's output -> its backward (the gradient at its output -> input's)
+ReluRule = Callable[[torch.Tensor], Pullback]  # a ReLU's output -> its backward (the gradient at its output -> input's)
 
 _V = TypeVar("_V")
 _aten: Any = torch.ops.aten  # (autograd's own backward kernels: the numbers of the general path)
 
 
-def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Pullback] | None:
     """An activation other than ``nn.ReLU``, with its own derivative; ``None``: one this walk has no kernel for."""
     cls = type(module)
     if cls is nn.LeakyReLU:
@@ -100,7 +100,7 @@ def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]
     return None  # (an activation DeepLift's table gained later: the general path)
 
 
-def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
+def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Pullback]:
     dims, pool = MAX_POOLS[type(module)]
     y, indices = max_pool_with_indices(pool, h, module.__dict__)  # NOTE [max pooling in channels-last]
     at = indices.flatten(-dims)
@@ -122,7 +122,8 @@ def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Back]:
 # gradient's step reads the input's layout and takes the product autograd takes.
 
 
-def _linear(ran: tuple[torch.Tensor, Back], weight: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, Back] | None:
+def _linear(ran: tuple[torch.Tensor, Pullback], weight: torch.Tensor,
+            h: torch.Tensor) -> tuple[torch.Tensor, Pullback] | None:
     """A linear layer's forward and pullback ``ran`` (``g @ W``) on its input ``h``, the pullback autograd's own
     product (NOTE [autograd's linear pullback]); ``None``: a product the walk does not run."""
     dims = h.dim()
@@ -149,7 +150,7 @@ def gradient_step(relu: ReluRule) -> Step:
     by its own derivative (NOTE [gradient rules on a chain])."""
 
     def step(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
-             rows: int) -> tuple[torch.Tensor, Back] | None:
+             rows: int) -> tuple[torch.Tensor, Pullback] | None:
         kind, module = link.kind, link.module
         if kind == "activation":
             if type(module) is nn.ReLU:
@@ -227,7 +228,7 @@ def tensor_gradients(caller: str, step: Step) -> Callable[..., torch.Tensor | No
     return of_tensor
 
 
-def _own_relu(y: torch.Tensor) -> Back:
+def _own_relu(y: torch.Tensor) -> Pullback:
     """A ReLU's own backward (autograd's kernel): the gradient where its output is positive."""
     return lambda g: _aten.threshold_backward(g, y, 0)
 
@@ -305,7 +306,7 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
                    for m in model.modules())
 
     def guided(link: WalkLink, own: tuple[torch.Tensor, ...], h: torch.Tensor, n: int, eps: float,
-               rows: int) -> tuple[torch.Tensor, Back] | None:
+               rows: int) -> tuple[torch.Tensor, Pullback] | None:
         ran = None if unlinked else _OWN_STEP(link, own, h, n, eps, rows)
         if ran is None or id(link) not in rectified:
             return ran
@@ -321,7 +322,7 @@ def guided_backprop_step(plan: WalkPlan, model: nn.Module, classes_to_skip: tupl
 def _guided(guide: Guide) -> ReluRule:
     """Guided backprop's ReLU rule, ``relu`` of the ReLU's own gradient, where ``guide`` is on; else its own."""
 
-    def rule(y: torch.Tensor) -> Back:
+    def rule(y: torch.Tensor) -> Pullback:
         def back(g: torch.Tensor) -> torch.Tensor:
             own: torch.Tensor = _aten.threshold_backward(g, y, 0)
             return torch.relu(own) if guide.on else own

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Affine", "Pullback", "affine_of"]
+from ..._types import Pullback
 
-Pullback = Callable[[torch.Tensor], torch.Tensor]  # a cotangent at the output -> J^T of it, at the input
+__all__ = ["Affine", "affine_of"]
 
 _CONVS: dict[type[nn.Module], tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
     nn.Conv1d: (F.conv1d, F.conv_transpose1d),

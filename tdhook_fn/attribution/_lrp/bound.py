@@ -30,18 +30,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..._types import Pullback
 from .affine import Affine
 from .fused import fused
 from .gradient_form import GradientForm
 from .max_pool import max_pool_with_indices
 from .records import NotAChain
 from .rules import Epsilon, divide_stabilized
-from .walk import Back, Planned
+from .walk import Planned
 
 __all__ = ["BoundStep", "bind", "run_bound"]
 
 # (a link's input, its tensors in the params, the pullbacks so far) -> its output; it appends its pullback
-BoundStep = Callable[[torch.Tensor, tuple[torch.Tensor, ...], list[Back]], torch.Tensor]
+BoundStep = Callable[[torch.Tensor, tuple[torch.Tensor, ...], list[Pullback]], torch.Tensor]
 
 
 def bind(planned: list[Planned]) -> list[BoundStep] | None:
@@ -56,7 +57,7 @@ def bind(planned: list[Planned]) -> list[BoundStep] | None:
 
 
 def run_bound(steps: list[BoundStep], h: torch.Tensor, tensors: list[tuple[torch.Tensor, ...]],
-              backs: list[Back]) -> torch.Tensor:
+              backs: list[Pullback]) -> torch.Tensor:
     """The chain's output from ``h`` (under ``no_grad``), each link's pullback (if any) appended to ``backs``."""
     if not (isinstance(h, torch.Tensor) and h.is_floating_point()):
         raise NotAChain  # (what the links make of a float input is float: checked once)
@@ -96,7 +97,7 @@ def _affine_step(affine: Affine, form: GradientForm, rule: Any, path: str) -> Bo
     linear = affine.conv is None
     scales = form.scales_inputs
 
-    def step(x: torch.Tensor, own: tuple[torch.Tensor, ...], backs: list[Back]) -> torch.Tensor:
+    def step(x: torch.Tensor, own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         weight = own[0]
         bias = own[1] if len(own) > 1 else None
         y = F.linear(x, weight, bias) if linear else affine.run(x, weight, bias)
@@ -124,7 +125,7 @@ def _fused_step(planned: Planned) -> BoundStep:
     rule, affine, stacks = planned.rule, planned.affine, planned.stacks
     assert rule is not None and affine is not None
 
-    def step(x: torch.Tensor, own: tuple[torch.Tensor, ...], backs: list[Back]) -> torch.Tensor:
+    def step(x: torch.Tensor, own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         done = fused(rule, affine, x, own[0], own[1] if len(own) > 1 else None, stacks)
         if done is None:
             raise NotAChain  # (the general path's module op says what does not fit)
@@ -135,7 +136,7 @@ def _fused_step(planned: Planned) -> BoundStep:
 
 
 def _pass_step(op: Callable[[torch.Tensor], torch.Tensor]) -> BoundStep:
-    def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], _backs: list[Back]) -> torch.Tensor:
+    def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], _backs: list[Pullback]) -> torch.Tensor:
         return op(h)
 
     return step
@@ -145,7 +146,7 @@ def _pool_step(pool: tuple[int, Callable[..., Any]], state: dict[str, Any]) -> B
     """Max pooling: each window's relevance to where its maximum came from (`records.Pooled`'s numbers)."""
     dims, op = pool
 
-    def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Back]) -> torch.Tensor:
+    def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         shape = h.shape
         out, indices = max_pool_with_indices(op, h, state)  # NOTE [max pooling in channels-last]
 
@@ -162,7 +163,7 @@ def _pool_step(pool: tuple[int, Callable[..., Any]], state: dict[str, Any]) -> B
 def _reshape_step(module: torch.nn.Module) -> BoundStep:
     forward: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = type(module).forward  # (a reshape's)
 
-    def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Back]) -> torch.Tensor:
+    def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         shape = h.shape
         backs.append(lambda relevance: relevance.reshape(shape))
         return forward(module, h)

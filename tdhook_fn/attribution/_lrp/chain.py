@@ -52,6 +52,7 @@ from tensordict import TensorDict, TensorDictBase
 from ..._functional import Functional, NestedKey, fresh_tensordict
 from ..._params import Key, leaves
 from ..._targets import Target
+from ..._types import Pullback
 from ..._vjp import RandomState, autograd_as_walked, reaches_other_leaves
 from .._checks import check_call
 from .._cotangents import Cotangents, seed_cotangents
@@ -62,14 +63,14 @@ from .plan import LrpPlan
 from .records import NotAChain
 from .rules import Rule
 from .steps import Steps
-from .walk import Back, Planned, own_values, run_planned
+from .walk import Planned, own_values, run_planned
 from .walk_plan import Walk, walk_of
 
 __all__ = ["chain_lrp"]
 
 
 def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: NestedKey, walk: Walk,
-             by_module: dict[int, tuple[str, Rule]], backs: list[Back], values: Mapping[Key, Any] | None,
+             by_module: dict[int, tuple[str, Rule]], backs: list[Pullback], values: Mapping[Key, Any] | None,
              one_hot: bool, caller: str) -> torch.Tensor:
     """The chain's output, each link's pullback put in ``backs``: from the params directly where it can (bound where
     the target is ``one_hot``, NOTE [a bound walk]), else on a shadow."""
@@ -83,7 +84,7 @@ def _forward(f: Functional, params: TensorDictBase, flat: TensorDictBase, key: N
     else:
         steps = Steps(by_module, caller)
 
-        def general(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Back]:
+        def general(step: Planned, x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, Pullback]:
             own = dict(zip((slot for slot, _ in step.slots), tensors, strict=True))
             out = steps(step.link, step.link[1], x, own)
             return out, steps.records.pop().back
@@ -152,7 +153,7 @@ def chain_lrp(caller: str, f: Functional, params: TensorDictBase, inputs: Tensor
     batch = inputs.batch_size
     flat = inputs if len(batch) == 1 else inputs.reshape(-1)
     rng = RandomState() if walk.random else None
-    backs: list[Back] = []
+    backs: list[Pullback] = []
     # (the steps that need a graph turn it on for their module, and so does a target that needs one; the rules run
     # as in a backward. Grad mode set and put back by two calls: ``no_grad()`` as a context costs seven)
     grad_mode = torch.is_grad_enabled()

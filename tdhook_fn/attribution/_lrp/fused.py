@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..._types import Pullback
 from . import rules as _lrp_rules
-from .affine import Affine, Pullback
+from .affine import Affine
 from .rules import AlphaBeta, Rule, divide_stabilized
 from .stack_cache import StackCache
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .affine import Affine, Pullback
+from ..._types import Pullback
+from .affine import Affine
 from .fused import fused
 from .gradient_form import GradientForm
 from .module_call import ModuleCall

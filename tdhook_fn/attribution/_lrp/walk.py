@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from ..._params import Key
+from ..._types import Pullback
 from .affine import Affine
 from .gradient_form import GradientForm
 from .max_pool import max_pool_with_indices
@@ -29,9 +30,7 @@ from .records import NotAChain, Passed, Pooled, Reshaped, affine_record
 from .rules import Rule
 from .stack_cache import StackCache
 
-__all__ = ["ACTIVATION_OPS", "RESHAPES", "Back", "Planned", "Slotted", "own_values", "run_planned", "slots_of"]
-
-Back = Callable[[torch.Tensor], torch.Tensor]  # the relevance at a link's output -> at its input
+__all__ = ["ACTIVATION_OPS", "RESHAPES", "Planned", "Slotted", "own_values", "run_planned", "slots_of"]
 
 # torch's activations whose forward is this one op (not in place): Pass runs the op directly
 ACTIVATION_OPS: dict[type[torch.nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
@@ -109,8 +108,8 @@ def own_values(values: Mapping[Key, Any], links: Sequence[Slotted], *, frozen: b
     return out if used == len(values) else None
 
 
-def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[torch.Tensor, ...]], backs: list[Back],
-                general: Callable[[Planned, torch.Tensor, tuple[torch.Tensor, ...]], tuple[torch.Tensor, Back]],
+def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[torch.Tensor, ...]], backs: list[Pullback],
+                general: Callable[[Planned, torch.Tensor, tuple[torch.Tensor, ...]], tuple[torch.Tensor, Pullback]],
                 ) -> torch.Tensor:
     """The chain's output from ``h`` (under ``no_grad``), each link's pullback appended to ``backs``."""
     for step, own in zip(planned, tensors, strict=True):
