@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
 
@@ -19,19 +22,47 @@ def digits(n: int) -> torch.Tensor:
     return torch.as_tensor(load_digits().data[:n] / 16.0, dtype=torch.float32).reshape(n, 1, 8, 8)
 
 
+class _PoolPlanes(torch.autograd.Function):
+    """Max pooling by the channels-last kernel, differentiated by the plain kernel's backward (its indices)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, pool: nn.MaxPool2d) -> torch.Tensor:
+        y, where = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), pool.kernel_size, pool.stride,
+                                pool.padding, pool.dilation, pool.ceil_mode, return_indices=True)
+        where = where.contiguous()
+        ctx.save_for_backward(x, where)
+        ctx.pool = pool
+        return y.contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, where = ctx.saved_tensors
+        p = ctx.pool
+        pair = nn.modules.utils._pair
+        return torch.ops.aten.max_pool2d_with_indices_backward(
+            grad, x, pair(p.kernel_size), pair(p.stride), pair(p.padding), pair(p.dilation), p.ceil_mode, where), None
+
+
 class _ChannelsLastMaxPool(nn.MaxPool2d):
-    """Max pooling on a channels-last copy of its input: the same maxima, and on the CPU faster for small planes."""
+    """Max pooling on a channels-last copy of an input in the default layout: the same maxima, and on the CPU
+    faster for planes of several channels; where autograd differentiates it, its gradient comes back in the
+    default layout, by the plain kernel's backward (a channels-last gradient makes the convolutions' backward
+    below slower)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous():  # (channels-last already: pooled as it is)
+            return super().forward(x)
+        if x.requires_grad and torch.is_grad_enabled():
+            return _PoolPlanes.apply(x, self)  # type: ignore[no-any-return]
         return super().forward(x.contiguous(memory_format=torch.channels_last)).contiguous()
 
 
-def fastest_forward(net: nn.Sequential) -> nn.Sequential:
+def fastest_pooling(net: nn.Sequential) -> nn.Sequential:
     """``net`` (sharing its modules) with its max pooling on channels-last copies.
 
-    The forward a capable engineer writes for a CNN on the CPU when only the outputs are
-    needed, and what tdhook_fn runs there (NOTE [shadow max pooling]): the floors of the
-    forward-only methods run it. Build it before the timing.
+    The CNN a capable engineer runs on the CPU, forward only or differentiated by autograd,
+    and what tdhook_fn runs there (NOTE [shadow max pooling]): the floors of the methods
+    that run it run this. Build it before the timing.
     """
     return nn.Sequential(*(
         _ChannelsLastMaxPool(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode)

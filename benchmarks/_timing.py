@@ -151,9 +151,15 @@ def in_our_units(mine: dict[str, float], theirs: dict[str, float], unit: str) ->
 def input_gradient(model: torch.nn.Module, x: torch.Tensor, target: int) -> Callable[[], torch.Tensor]:
     """The floor of the gradient methods: the gradient of ``model(x)[..., target]`` in ``x`` only.
 
-    On a copy of the model whose weights do not require grad (no weight gradients built).
+    On a copy of the model whose weights do not require grad (no weight gradients built), a
+    ``Sequential``'s max pooling on channels-last copies (`_digits.fastest_pooling`, as the
+    gradient methods of tdhook_fn run it).
     """
     frozen = copy.deepcopy(model).requires_grad_(False)
+    if isinstance(frozen, torch.nn.Sequential):
+        from _digits import fastest_pooling  # (this module's importers do not all need scikit-learn's data)
+
+        frozen = fastest_pooling(frozen)
 
     def gradient() -> torch.Tensor:
         inputs = x.detach().requires_grad_()

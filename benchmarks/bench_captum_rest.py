@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _digits import fastest_forward
+from _digits import fastest_pooling
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
 from _walk_floor import walked_forward
 from bench_deeplift import Back, _captum_safe, _Copy, _floor_step, _rescaled, affine_step, max_pool_back, walk_to_target
@@ -235,7 +235,7 @@ def floor_feature_permutation(net: nn.Module, x: torch.Tensor, target: torch.Ten
 
 def bench_feature_permutation(title: str, model: nn.Module, x: torch.Tensor) -> None:
     f, p = tdhook_fn.pure(model)
-    fast = fastest_forward(model)  # (the floor's forward: NOTE [shadow max pooling])
+    fast = fastest_pooling(model)  # (the floor's forward: NOTE [shadow max pooling])
     with torch.no_grad():
         target = model(x).argmax(-1)
     copies = x[0].numel() + 1
@@ -275,7 +275,7 @@ def permutation_memory(title: str, model: nn.Module, x: torch.Tensor) -> None:
 def floor_layer_deeplift(model: nn.Sequential, x: torch.Tensor, layer: int) -> Callable[[], torch.Tensor]:
     """DeepLift (zero reference) of the output of ``model[layer]``: the walk of ``bench_deeplift.py`` stopped there."""
     frozen = copy.deepcopy(model).requires_grad_(False)
-    fast = fastest_forward(frozen)
+    fast = fastest_pooling(frozen)
     n = len(x)
 
     def run() -> torch.Tensor:

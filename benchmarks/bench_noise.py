@@ -8,7 +8,10 @@ noise's memory has the input's order; for GradientSHAP the random baselines, and
 once, for the path points ``b + a (x - b)`` and as the multiplier), one forward and one
 input gradient of the target, a mean over the copies, on a copy of the model whose weights
 do not require grad (made before the timing, as ours take the params as constants: a
-forward that records the weights for their gradients is a few percent slower). captum:
+forward that records the weights for their gradients is a few percent slower), its max
+pooling of planes in the default layout on a channels-last copy, differentiated by the
+plain kernel's backward (`_digits.fastest_pooling`, as ours runs it: the NCHW kernel takes
+a third of the call). captum:
 ``NoiseTunnel(Saliency)`` with ``abs=False`` (the same maps) and ``GradientShap``, each
 with every copy in one batch (their defaults).
 
@@ -40,6 +43,7 @@ from collections.abc import Callable
 import captum.attr as ca
 import numpy as np
 import torch
+from _digits import fastest_pooling
 from _timing import print_table
 from _walk_floor import plain_walked, walked_gradient
 from bench_metrics import cpu_medians
@@ -76,7 +80,7 @@ def cnn() -> tuple[nn.Module, torch.Tensor]:
 
 
 def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    model = copy.deepcopy(model).requires_grad_(False)
+    model = fastest_pooling(copy.deepcopy(model).requires_grad_(False))  # NOTE [shadow max pooling]
 
     def run() -> torch.Tensor:
         # the noise drawn [N, k, ...] and the sample added, broadcast: no repeated copies. In the noise's memory
@@ -92,7 +96,7 @@ def floor_smoothgrad(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Te
 
 
 def floor_gradient_shap(model: nn.Module, x: torch.Tensor, refs: torch.Tensor) -> Callable[[], torch.Tensor]:
-    model = copy.deepcopy(model).requires_grad_(False)
+    model = fastest_pooling(copy.deepcopy(model).requires_grad_(False))  # NOTE [shadow max pooling]
 
     def run() -> torch.Tensor:
         n = len(x) * SAMPLES

@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from _digits import cnn, digits, fastest_forward
+from _digits import cnn, digits, fastest_pooling
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
 from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
 from torch import nn
@@ -109,7 +109,7 @@ def floors(floor: Callable[[int], torch.Tensor], total: int) -> dict[str, Callab
 
 def bench_occlusion(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
-    fast = fastest_forward(net)  # (the floor's forward: NOTE [shadow max pooling])
+    fast = fastest_pooling(net)  # (the floor's forward: NOTE [shadow max pooling])
     windows = 49
 
     def floor(rows: int) -> torch.Tensor:
@@ -138,7 +138,7 @@ def bench_occlusion(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, m
 
 def bench_ablation(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
-    fast = fastest_forward(net)  # (the floor's forward: NOTE [shadow max pooling])
+    fast = fastest_pooling(net)  # (the floor's forward: NOTE [shadow max pooling])
 
     def floor(rows: int) -> torch.Tensor:
         with torch.no_grad():
@@ -160,7 +160,7 @@ def bench_ablation(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, mo
 
 def bench_shapley(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
-    fast = fastest_forward(net)  # (the floor's forward: NOTE [shadow max pooling])
+    fast = fastest_pooling(net)  # (the floor's forward: NOTE [shadow max pooling])
     blocks = (torch.arange(8)[:, None] // 2 * 4 + torch.arange(8)[None, :] // 2).reshape(1, 1, 8, 8)
     features = 16
 

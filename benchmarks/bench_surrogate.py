@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _digits import cnn, digits, fastest_forward
+from _digits import cnn, digits, fastest_pooling
 from _timing import cpu_medians, print_table
 from captum.attr import KernelShap, Lime
 from torch import nn
@@ -85,7 +85,7 @@ def _compare(method: str, ours: Callable[[], torch.Tensor], floor: Callable[[], 
 def bench_kernel_shap(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, n_samples: int = SAMPLES) -> None:
     f, p = tdhook_fn.pure(net)
     explainer = KernelShap(net)
-    fast = fastest_forward(net)
+    fast = fastest_pooling(net)
 
     def ours() -> torch.Tensor:
         return kernel_shap(f, p, x, target=target, n_samples=n_samples, feature_mask=MASK,
@@ -104,7 +104,7 @@ def bench_kernel_shap(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
 
 def bench_lime(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor, model: str) -> None:
     f, p = tdhook_fn.pure(net)
-    fast = fastest_forward(net)
+    fast = fastest_pooling(net)
     explainer = Lime(net) if model == "lasso" else Lime(net, interpretable_model=_captum_linear())
 
     def ours() -> torch.Tensor:

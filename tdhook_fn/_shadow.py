@@ -82,8 +82,8 @@ class Shadow:
     Use `shadow_of` to borrow one.
     """
 
-    def __init__(self, model: nn.Module, forward_only: bool = False):
-        self.forward_only = forward_only
+    def __init__(self, model: nn.Module, fast_pooling: bool = False):
+        self.fast_pooling = fast_pooling
         self.nodes: list[Node] = []
         self.by_id: dict[int, nn.Module] = {}  # id(original submodule) -> shadow
         self.node_of: dict[int, Node] = {}
@@ -115,7 +115,7 @@ class Shadow:
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
             return self.by_id[id(module)]
-        kind = shadow_class(module) if self.forward_only else type(module)
+        kind = shadow_class(module) if self.fast_pooling else type(module)
         shadow = kind.__new__(kind)
         self.by_id[id(module)] = shadow
         state = module.__dict__

@@ -12,7 +12,7 @@ from torch import nn
 
 from ._params import Key, leaves
 from ._paths import resolve_path
-from ._pool_layout import FORWARD_ONLY
+from ._pool_layout import FAST_POOLING
 from ._shadow import Shadow, param_marks, shadow_lock
 from ._tap_calls import attached
 from ._taps import Captured, Tap
@@ -60,7 +60,7 @@ def run(
     values = None if params is None else leaves(params)
     targets = [resolve_path(model, tap.path) for tap in taps] if taps else []
     captured: Captured = {}
-    with shadow_of(model, not compiling and FORWARD_ONLY.get()) as shadow:
+    with shadow_of(model, not compiling and FAST_POOLING.get()) as shadow:
         if values is None:
             shadow.load_own()
             if overrides:
@@ -135,7 +135,7 @@ def call_with_taps(
     return run(model, params, taps, lambda root: root(*args, **kwargs))
 
 
-# the shadows of each model, and those for forward-only calls (NOTE [shadow max pooling])
+# the shadows of each model, and those for `fast_pooling` calls (NOTE [shadow max pooling])
 _pools: tuple[weakref.WeakKeyDictionary[nn.Module, list[Shadow]], ...] = (weakref.WeakKeyDictionary(),
                                                                           weakref.WeakKeyDictionary())
 
@@ -144,18 +144,18 @@ class shadow_of:  # (a context manager read as a function; a class, not a genera
     """Borrow a refreshed shadow of ``model`` for one call (``with shadow_of(model) as shadow:``); it is cleared
     on return.
 
-    ``forward_only``: for a call that nothing differentiates (NOTE [shadow max pooling]).
+    ``fast_pooling``: shadows that pool in channels-last where that is faster (NOTE [shadow max pooling]).
     """
 
-    __slots__ = ("forward_only", "model", "pool", "shadow")
+    __slots__ = ("fast_pooling", "model", "pool", "shadow")
 
-    def __init__(self, model: nn.Module, forward_only: bool = False):
+    def __init__(self, model: nn.Module, fast_pooling: bool = False):
         self.model = model
-        self.forward_only = forward_only
+        self.fast_pooling = fast_pooling
 
     def __enter__(self) -> Shadow:
         model = self.model
-        pools = _pools[self.forward_only]
+        pools = _pools[self.fast_pooling]
         with shadow_lock:
             pool = pools.get(model)
             if pool is None:
@@ -171,7 +171,7 @@ class shadow_of:  # (a context manager read as a function; a class, not a genera
                 raise
             if current:
                 return shadow
-        self.shadow = shadow = Shadow(model, self.forward_only)
+        self.shadow = shadow = Shadow(model, self.fast_pooling)
         try:
             shadow.refresh()
         except BaseException:

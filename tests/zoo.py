@@ -170,13 +170,14 @@ def tiny_gpt2(transformers: Any) -> Any:
 
 
 def pooling_planes() -> dict[str, torch.Tensor]:
-    """Batches of 2-d planes where max-pooling kernels could differ: ties, NaNs, signed zeros, float64."""
+    """Batches of 2-d planes where max-pooling kernels could differ: ties, NaNs, signed zeros, float64 (four channels
+    each: the fewest that shadows pool in channels-last, NOTE [shadow max pooling])."""
     torch.manual_seed(0)
-    ties = (torch.randn(6, 3, 9, 9) * 2).round().relu()  # many equal maxima (zeros after a ReLU)
-    nans = torch.randn(6, 3, 8, 8)
+    ties = (torch.randn(6, 4, 9, 9) * 2).round().relu()  # many equal maxima (zeros after a ReLU)
+    nans = torch.randn(6, 4, 8, 8)
     nans[0, 0, 0, :2] = float("nan")  # two NaNs in one window
     nans[1, 2, 2:4, 2:4] = float("nan")
     nans[2, 1, 5, 5] = float("nan")
-    zeros = torch.zeros(3, 2, 6, 6)
+    zeros = torch.zeros(3, 4, 6, 6)
     zeros[:, :, ::2] = -0.0  # signed zeros tie: the sign of the one taken shows
-    return {"ties": ties, "nans": nans, "zeros": zeros, "float64": torch.randn(4, 2, 7, 7, dtype=torch.float64)}
+    return {"ties": ties, "nans": nans, "zeros": zeros, "float64": torch.randn(4, 4, 7, 7, dtype=torch.float64)}

@@ -37,7 +37,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._largest_tensor import LargestTensor
-from .._pool_layout import forward_only
+from .._pool_layout import fast_pooling
 from .._vjp import RandomState, untransformed
 
 __all__ = ["default_rows"]
@@ -77,7 +77,7 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
         probe = LargestTensor()
         random_state = RandomState()  # (an f that draws gives the same numbers on its first call)
         try:
-            with torch.no_grad(), probe, forward_only():  # (as `target_values` runs it)
+            with torch.no_grad(), probe, fast_pooling():  # (as `target_values` runs it)
                 f(params, flat[:1])
         except Exception:  # a probe only sizes chunks: the real forward raises what is wrong
             return None

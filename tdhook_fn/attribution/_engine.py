@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, fresh_tensordict, one_key_as_list, with_copied_inputs
 from .._params import leaf_keys
-from .._pool_layout import forward_only
+from .._pool_layout import fast_pooling
 from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
@@ -244,8 +245,8 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
                   target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
     """The target values of ``f(params, inputs)``, seen as `gradients` sees them.
 
-    The callers read these values, never differentiate them: the forward runs on the shadows for reading outputs
-    (NOTE [shadow max pooling]).
+    The callers read these values, never differentiate them: the forward runs on the shadows that pool in
+    channels-last (NOTE [shadow max pooling]).
     """
     flat = flat_inputs(inputs)
     run: Any = f
@@ -255,7 +256,7 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
         runs = [0] * len(target_layers)
         run = as_functional(f).with_taps(*target_layer_taps(target_layers, runs), *taps)
         private = target_layer_keys(target_layers)
-    with forward_only():
+    with fast_pooling():
         out = run(params, flat)
     seen = None
     if target_layers:
@@ -363,11 +364,14 @@ def gradients(
         result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params,) if only_attributed else (params, flat))
         return result
 
-    if tappable is None or not paths:
-        values, pullback, acts = attempt([])
-    else:
-        values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, caller,
-                                            attempt)
+    # no taps (a rule's chooses by the class of the module it runs): the shadows that pool in channels-last
+    pooling = fast_pooling() if not taps and not getattr(f, "taps", None) else nullcontext()
+    with pooling:  # NOTE [shadow max pooling]
+        if tappable is None or not paths:
+            values, pullback, acts = attempt([])
+        else:
+            values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, caller,
+                                                attempt)
     cot, lead = seed_cotangents(values, per_target, cotangents)
     if passes:
         pulled = pull_passes(pullback, cot, lead, passes, (*attributed, *paths))

@@ -1,4 +1,5 @@
-"""Forward-only calls pool in channels-last (NOTE [shadow max pooling]): the model's own numbers, exactly."""
+"""Calls in a fast-pooling block pool in channels-last (NOTE [shadow max pooling]): the model's own numbers and
+autograd's own gradients, exactly."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 from zoo import pooling_planes
 
 import tdhook_fn
-from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, forward_only, shadow_class
+from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, fast_pooling, shadow_class
 from tdhook_fn._shadow_run import shadow_of
 
 _SETTINGS = [
@@ -44,24 +45,58 @@ def _layouts(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 @pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
 @pytest.mark.parametrize("settings", _SETTINGS, ids=str)
-def test_a_forward_only_call_gives_the_models_own_maxima_and_indices(name: str, settings: dict[str, Any],
+def test_an_undifferentiated_call_gives_the_models_own_maxima_and_indices(name: str, settings: dict[str, Any],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     x = pooling_planes()[name]
     model = nn.MaxPool2d(**settings, return_indices=True)
     params = tdhook_fn.params(model)
     want, want_indices = model(x)
     layouts = _layouts(monkeypatch)
-    with forward_only():
+    with fast_pooling():
         out, indices = tdhook_fn.call(model, params, x)
     assert layouts == [True]
     _exact(out, want)
     assert torch.equal(indices, want_indices) and indices.is_contiguous()
-    with forward_only():
+    with fast_pooling():
         _exact(tdhook_fn.call(nn.MaxPool2d(**settings), params, x), want)
 
 
+@pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
+@pytest.mark.parametrize("settings", _SETTINGS, ids=str)
+def test_autograd_differentiates_the_pool_as_the_plain_kernel(name: str, settings: dict[str, Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pooled on a channels-last copy, differentiated by the plain kernel's backward: its gradient bit for bit, in
+    the default layout, the indices too; a second derivative through a layer below as well."""
+    torch.manual_seed(1)
+    x = pooling_planes()[name]
+    pool = nn.MaxPool2d(**settings, return_indices=True)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Tanh(), nn.MaxPool2d(**settings)).to(x.dtype)
+    for net in (pool, model):
+        params = tdhook_fn.params(net)
+        leaf = x.clone().requires_grad_()
+        plain = net(leaf)
+        out = plain[0] if isinstance(plain, tuple) else plain
+        cot = torch.randn_like(out).round()  # (whole numbers: sums of them round alike in any order)
+        want = torch.autograd.grad(out, leaf, cot, create_graph=True)[0]
+        want_second = torch.autograd.grad((want.nan_to_num() ** 2).sum(), leaf)[0] if net is model else None
+        layouts = _layouts(monkeypatch)
+        with fast_pooling():
+            got_out = tdhook_fn.call(net, params, leaf)
+        monkeypatch.undo()
+        assert layouts == [True]
+        if isinstance(plain, tuple):
+            _exact(got_out[0], plain[0])
+            assert torch.equal(got_out[1], plain[1]) and got_out[1].is_contiguous() and not got_out[1].requires_grad
+            got_out = got_out[0]
+        got = torch.autograd.grad(got_out, leaf, cot, create_graph=True)[0]
+        _exact(got, want)
+        if want_second is not None:
+            _exact(torch.autograd.grad((got.nan_to_num() ** 2).sum(), leaf)[0], want_second)
+
+
 @pytest.mark.parametrize("name", ["ties", "zeros", "float64"])
-def test_differentiated_forwards_keep_the_plain_kernel(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transformed_and_forward_mode_derivatives_keep_the_plain_kernel(name: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(1)
     x = pooling_planes()[name]
     model = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Flatten(), nn.LazyLinear(3)).to(x.dtype)
@@ -69,13 +104,34 @@ def test_differentiated_forwards_keep_the_plain_kernel(name: str, monkeypatch: p
     params = tdhook_fn.params(model)
     leaf = x.clone().requires_grad_()
     want = torch.autograd.grad(model(leaf)[:, 1].sum(), leaf)[0]
+    tangent = torch.randn_like(x)
+    with torch.autograd.forward_ad.dual_level():
+        want_jvp = torch.autograd.forward_ad.unpack_dual(model(torch.autograd.forward_ad.make_dual(leaf, tangent)))[1]
     layouts = _layouts(monkeypatch)
-    with forward_only():
+    with fast_pooling():
         got = torch.func.grad(lambda inputs: tdhook_fn.call(model, params, inputs)[:, 1].sum())(x)
-        by_autograd = torch.autograd.grad(tdhook_fn.call(model, params, leaf)[:, 1].sum(), leaf)[0]
+        with torch.autograd.forward_ad.dual_level():
+            dual = torch.autograd.forward_ad.make_dual(leaf, tangent)
+            got_jvp = torch.autograd.forward_ad.unpack_dual(tdhook_fn.call(model, params, dual))[1]
     assert layouts == [False, False]
     _exact(got, want)
-    _exact(by_autograd, want)
+    _exact(got_jvp, want_jvp)
+
+
+def test_planes_of_fewer_than_four_channels_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """There the channels-last kernel is the slower one; differentiated or not."""
+    x = torch.randn(5, 3, 8, 8)
+    model = nn.MaxPool2d(2)
+    params = tdhook_fn.params(model)
+    layouts = _layouts(monkeypatch)
+    with fast_pooling():
+        out = tdhook_fn.call(model, params, x)
+        differentiated = tdhook_fn.call(model, params, x.clone().requires_grad_())
+        wide = tdhook_fn.call(model, params, torch.cat([x, x[:, :1]], 1))
+    assert layouts == [False, False, True]
+    _exact(out, model(x))
+    _exact(differentiated.detach(), model(x))
+    _exact(wide, model(torch.cat([x, x[:, :1]], 1)))
 
 
 def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,7 +140,7 @@ def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pyte
     params = tdhook_fn.params(model)
     want, last, unbatched = model(x), x.contiguous(memory_format=torch.channels_last), x[0]
     layouts = _layouts(monkeypatch)
-    with forward_only():
+    with fast_pooling():
         per_sample = torch.vmap(lambda one: tdhook_fn.call(model, params, one[None])[0])(x)
         on_last = tdhook_fn.call(model, params, last)
         on_unbatched = tdhook_fn.call(model, params, unbatched)
@@ -94,7 +150,7 @@ def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pyte
     _exact(on_unbatched, model(unbatched))
 
 
-def test_only_forward_only_shadows_of_max_pool2d_itself_change_class(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_fast_pooling_shadows_of_max_pool2d_itself_change_class(monkeypatch: pytest.MonkeyPatch) -> None:
     class Mine(nn.MaxPool2d):
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             return super().forward(input) * 2
@@ -109,7 +165,7 @@ def test_only_forward_only_shadows_of_max_pool2d_itself_change_class(monkeypatch
     assert layouts == [False, False, False, False]  # (the model's own call is the second pair)
     with shadow_of(model) as shadow:  # every other call: the model's own classes (LRP chooses rules by class)
         assert type(shadow.root[0]) is Mine and type(shadow.root[1]) is nn.MaxPool2d
-    with shadow_of(model, forward_only=True) as shadow:
+    with shadow_of(model, fast_pooling=True) as shadow:
         assert type(shadow.root[0]) is Mine and type(shadow.root[1]) is ChannelsLastMaxPool2d
 
 
@@ -119,7 +175,7 @@ def test_hooks_on_the_pool_see_its_result() -> None:
     handle = model[1].register_forward_hook(lambda module, args, out: seen.append(out) or out * 3)
     try:
         x = torch.randn(4, 1, 9, 9)
-        with forward_only():
+        with fast_pooling():
             got = tdhook_fn.call(model, tdhook_fn.params(model), x)
         want = model(x)
     finally:

@@ -9,7 +9,9 @@
 # each channel's plane; the first maximum of a window on ties, and NaN as autograd's
 # kernel takes it: tests compare both kernels on ties and NaNs), so the walk runs it
 # there and hands on a result in the default layout (the next module computes as on
-# the general path). Other pools (1-d, 3-d) and transformed calls keep the plain kernel.
+# the general path), where the shadows' max pooling would (`faster_in_channels_last`:
+# planes of four channels or more in the default layout, NOTE [shadow max pooling]).
+# Other pools (1-d, 3-d) keep the plain kernel.
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..._pool_layout import channels_last_max_pool, faster_in_channels_last
 
 __all__ = ["MAX_POOLS", "max_pool_with_indices"]
 
@@ -30,11 +34,8 @@ MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
 def max_pool_with_indices(pool: Callable[..., Any], x: torch.Tensor, state: dict[str, Any],
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``pool(x, ...)`` with ``return_indices`` and the module's settings ``state``: the maxima and their indices."""
-    planes = x.dim() == 4 and x.device.type == "cpu" and pool is F.max_pool2d
-    if planes:
-        x = x.contiguous(memory_format=torch.channels_last)
-    out, indices = pool(x, state["kernel_size"], state["stride"], state["padding"], state["dilation"],
-                        ceil_mode=state["ceil_mode"], return_indices=True)
-    if planes:
-        return out.contiguous(), indices.contiguous()
+    settings = (state["kernel_size"], state["stride"], state["padding"], state["dilation"])
+    if pool is F.max_pool2d and faster_in_channels_last(x):
+        return channels_last_max_pool(x, *settings, state["ceil_mode"])
+    out, indices = pool(x, *settings, ceil_mode=state["ceil_mode"], return_indices=True)
     return out, indices

@@ -1,4 +1,5 @@
-"""The methods that only read outputs pool in channels-last (NOTE [shadow max pooling]); the others never."""
+"""The methods that only read outputs, and the gradients without taps, pool in channels-last
+(NOTE [shadow max pooling]) and give the plain kernel's numbers; the rule methods never do."""
 
 from __future__ import annotations
 
@@ -15,20 +16,22 @@ from tdhook_fn.attribution import (
     EpsilonPlus,
     deeplift,
     feature_ablation,
+    integrated_gradients,
     kernel_shap,
     lime,
     lrp,
     occlusion,
     saliency,
     shapley_value_sampling,
+    smoothgrad,
 )
 from tdhook_fn.attribution.metrics import infidelity
 
 
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(12, 4)).eval()
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(16, 4)).eval()
 
 
 def _perturb(copies: TensorDict) -> tuple[TensorDict, TensorDict]:
@@ -45,8 +48,13 @@ CALLS: dict[str, Callable[..., Any]] = {
     "lime": lambda f, p, x: lime(f, p, x, target=1, n_samples=8),
     "infidelity": lambda f, p, x: infidelity(f, p, _perturb, x, x.clone(), target=1, n_perturb_samples=3),
 }
-DIFFERENTIATED: dict[str, Callable[..., Any]] = {
+GRADIENTS: dict[str, Callable[..., Any]] = {
     "saliency": lambda f, p, x: saliency(f, p, x, target=1),
+    "integrated_gradients": lambda f, p, x: integrated_gradients(f, p, x, 0.0, target=1, n_steps=4),
+    "smoothgrad": lambda f, p, x: smoothgrad(f, p, x, target=1, nt_samples=3, stdevs=0.1,
+                                             generator=torch.Generator().manual_seed(0)),
+}
+RULED: dict[str, Callable[..., Any]] = {
     "lrp": lambda f, p, x: lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False),
     "deeplift": lambda f, p, x: deeplift(f, p, x, target=1),
 }
@@ -74,9 +82,22 @@ def test_forward_only_methods_pool_in_channels_last(name: str, monkeypatch: pyte
     assert layouts and all(layouts)
 
 
-@pytest.mark.parametrize("name", list(DIFFERENTIATED))
-def test_differentiated_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not any(_pooled_layouts(monkeypatch, DIFFERENTIATED[name]))
+@pytest.mark.parametrize("name", list(GRADIENTS))
+def test_gradients_without_taps_pool_in_channels_last_and_give_autograds_maps(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    layouts = _pooled_layouts(monkeypatch, GRADIENTS[name])
+    assert layouts and all(layouts)
+    net = _cnn()
+    f, p = tdhook_fn.pure(net)
+    x = TensorDict(input=torch.rand(3, 1, 4, 4), batch_size=[3])
+    pooled = GRADIENTS[name](f, p, x)
+    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda t: False)
+    torch.testing.assert_close(GRADIENTS[name](f, p, x), pooled, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list(RULED))
+def test_rule_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not any(_pooled_layouts(monkeypatch, RULED[name]))
 
 
 def test_a_hugging_face_resnet_gives_its_own_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +126,6 @@ def test_a_hugging_face_resnet_gives_its_own_numbers(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(nn.functional, "max_pool2d", spy)
     pooled = attribute()
     assert layouts and all(layouts)
-    monkeypatch.setattr("tdhook_fn._pool_layout._undifferentiated_cpu_planes", lambda t: False)
+    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda t: False)
     layouts.clear()
     assert torch.equal(attribute(), pooled) and layouts and not any(layouts)
