@@ -14,21 +14,21 @@
 # of `ChannelsLastMaxPool2d` where the model has an ``nn.MaxPool2d`` (that very class, not
 # a subclass with its own forward). Such a block is open for the forwards whose outputs
 # are only read (the engine's `target_values`: the perturbation and surrogate methods,
-# infidelity, the deltas of the path methods) and for the engine's gradients without
-# taps (saliency, integrated gradients, SmoothGrad, GradientSHAP, Grad-CAM; not the rule
-# methods, LRP and DeepLift, whose taps choose rules by the class of the module they
-# run: their walks pool on a channels-last copy themselves,
+# infidelity, the deltas of the path methods) and for the engine's gradients without taps
+# (saliency, integrated gradients, SmoothGrad, GradientSHAP, Grad-CAM; not the rule
+# methods, LRP and DeepLift, whose taps choose rules by the class of the module they run:
+# their walks pool on a channels-last copy themselves,
 # NOTE [max pooling in channels-last]). Its forward pools the planes on a channels-last
-# copy and hands on the result in the default layout. Where the input is differentiated by autograd, it does
-# so in an autograd Function whose backward is the one autograd runs for the plain
-# kernel (`max_pool2d_with_indices_backward` on the input, in its default layout, with
-# the same indices): the gradient below keeps its layout, so every layer below rounds as
-# it would (a channels-last gradient there makes a convolution's backward round
-# otherwise, and run slower), and the maps are autograd's bit for bit, a second
-# derivative included (that backward is differentiable as autograd's is). Calls under
-# ``vmap``, ``torch.func`` transforms, forward AD or ``torch.compile``, on other devices,
-# and inputs already channels-last keep the plain kernel. Every other call's shadows keep
-# the model's own classes.
+# copy and hands on the result in the default layout. Where the input is differentiated by autograd, it does so
+# in an autograd Function whose backward is the one autograd runs for the plain kernel
+# (`max_pool2d_with_indices_backward` on the input, in its default layout, with the same
+# indices): the gradient below keeps its layout, so every layer below rounds as it would
+# (a channels-last gradient there makes a convolution's backward round otherwise, and run
+# slower), and the maps are autograd's bit for bit, a second derivative included (that
+# backward is differentiable as autograd's is). Calls under ``vmap``, ``torch.func``
+# transforms, forward AD or ``torch.compile``, on other devices, and inputs already
+# channels-last keep the plain kernel. Every other call's shadows keep the model's own
+# classes.
 
 from __future__ import annotations
 
