@@ -13,7 +13,7 @@
 # So the calls that run in `fast_pooling` blocks have shadows (a pool of their own) made
 # of `ChannelsLastMaxPool2d` where the model has an ``nn.MaxPool2d`` (that very class, not
 # a subclass with its own forward). Such a block is open for the forwards whose outputs
-# are only read (the engine's `target_values`: the perturbation and surrogate methods,
+# are only read (`target_values`: the perturbation and surrogate methods,
 # infidelity, the deltas of the path methods) and for the engine's gradients without taps
 # (saliency, integrated gradients, SmoothGrad, GradientSHAP, Grad-CAM; not the rule
 # methods, LRP and DeepLift, whose taps choose rules by the class of the module they run:

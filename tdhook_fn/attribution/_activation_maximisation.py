@@ -33,16 +33,10 @@ from .._taps import Tap
 from .._targets import Target, as_target
 from ._checks import check_call, check_layers
 from ._cotangents import Cotangents
-from ._engine import (
-    GradFn,
-    grad_taps,
-    gradients,
-    input_keys_of,
-    per_key,
-    target_values,
-)
+from ._engine import GradFn, grad_taps, gradients, input_keys_of, per_key
 from ._inputs import accepts_tensors
 from ._replaced_derivatives import values_where_replaced
+from ._target_values import target_values
 
 __all__ = ["activation_maximisation", "pgd_step"]
 

@@ -28,7 +28,7 @@ from .._targets import Target
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._checks import check_call
 from ._cotangents import Cotangents
-from ._engine import target_values
+from ._target_values import target_values
 
 __all__ = ["convergence_delta", "delta_of"]
 

@@ -32,7 +32,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +40,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey, fresh_tensordict, one_key_as_list, with_copied_inputs
 from .._params import leaf_keys
-from .._pool_layout import fast_pooling
+from .._pool_layout import FAST_POOLING
 from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
@@ -58,14 +57,14 @@ __all__ = [
     "Gradients",
     "TargetFn",
     "as_functional",
+    "extras_of",
     "flat_inputs",
     "grad_taps",
     "gradients",
     "input_keys_of",
-    "offered_targets",
+    "offer",
     "per_key",
     "scaled",
-    "target_values",
     "unflatten",
 ]
 
@@ -174,7 +173,7 @@ def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
     return as_functional(f) if needs_taps or isinstance(f, Functional) else None
 
 
-def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
+def extras_of(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
     """Inputs the model does not read (labels, weights): offered to the target; None where there are none."""
     read = {*input_keys, *getattr(f, "in_keys", ())}
     # (a loop, not a generator: one Python call less per key; a plain TensorDict's own dict: on every call)
@@ -184,7 +183,7 @@ def _extras(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[Ne
     return None  # (the common case: no TensorDict built)
 
 
-def _offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None, extras: TensorDictBase | None,
+def offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None, extras: TensorDictBase | None,
            batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
@@ -241,30 +240,6 @@ def _check_leading_batch(what: str, value: torch.Tensor, batch: torch.Size) -> N
         )
 
 
-def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorDictBase, target: Target, *,
-                  target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
-    """The target values of ``f(params, inputs)``, seen as `gradients` sees them.
-
-    The callers read these values, never differentiate them: the forward runs on the shadows that pool in
-    channels-last (NOTE [shadow max pooling]).
-    """
-    flat = flat_inputs(inputs)
-    run: Any = f
-    runs: list[int] = []
-    private: list[str] = []
-    if target_layers or taps:  # (built only where there are some: this runs on every perturbation call)
-        runs = [0] * len(target_layers)
-        run = as_functional(f).with_taps(*target_layer_taps(target_layers, runs), *taps)
-        private = target_layer_keys(target_layers)
-    with fast_pooling():
-        out = run(params, flat)
-    seen = None
-    if target_layers:
-        check_target_layer_runs("target_values", target_layers, runs)
-        seen = target_layer_values(out, target_layers)
-    return _offer(out, private, seen, _extras(f, flat, ()), inputs.batch_size, True, target, check=False)
-
-
 def gradients(
     f: Callable[[TensorDictBase, TensorDictBase], TensorDictBase],
     params: TensorDictBase,
@@ -312,7 +287,7 @@ def gradients(
     batch = inputs.batch_size
     flat = flat_inputs(inputs)
     paths = list(layers)
-    extras = _extras(f, flat, input_keys)
+    extras = extras_of(f, flat, input_keys)
     private: list[str] = []  # (built where there are layers: the comprehensions cost calls on every call)
     if paths or target_layers:
         private = [f"{_ACT}{i}" for i in range(len(paths))] + target_layer_keys(target_layers)
@@ -347,12 +322,12 @@ def gradients(
                                             *target_layer_taps(target_layers, target_runs), *taps)
             out = tapped(params, feed)
             if not paths and not target_layers:  # (input maps only: nothing to count or read, on every call)
-                return _offer(out, private, None, extras, batch, use_outputs, target, check=True), []
+                return offer(out, private, None, extras, batch, use_outputs, target, check=True), []
             check_runs(paths, specs, runs)
             check_target_layer_runs(caller, target_layers, target_runs)
             acts = [out.get(_act_key(i)) for i in range(len(paths))]
             seen = target_layer_values(out, target_layers)
-            return _offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts
+            return offer(out, private, seen, extras, batch, use_outputs, target, check=True), acts
 
         # one flat list, the attributed inputs' tensors then the deltas: what `vjp` flattens and rebuilds in one
         # step (a TensorDict or nested containers cost a step each, on every call)
@@ -365,13 +340,17 @@ def gradients(
         return result
 
     # no taps (a rule's chooses by the class of the module it runs): the shadows that pool in channels-last
-    pooling = fast_pooling() if not taps and not getattr(f, "taps", None) else nullcontext()
-    with pooling:  # NOTE [shadow max pooling]
+    # (NOTE [shadow max pooling]; `fast_pooling`'s block inline: its two calls would run on every call)
+    fast = None if taps or getattr(f, "taps", None) or torch.compiler.is_compiling() else FAST_POOLING.set(True)
+    try:
         if tappable is None or not paths:
             values, pullback, acts = attempt([])
         else:
             values, pullback, acts = with_specs(tappable.with_taps(*taps), params, flat, paths, layer_calls, caller,
                                                 attempt)
+    finally:
+        if fast is not None:
+            FAST_POOLING.reset(fast)
     cot, lead = seed_cotangents(values, per_target, cotangents)
     if passes:
         pulled = pull_passes(pullback, cot, lead, passes, (*attributed, *paths))
@@ -388,16 +367,6 @@ def gradients(
     for path, value in zip(paths, acts, strict=True):
         activations.set(path, value if one_dim else unflatten(value, 0, batch))
     return Gradients(grads, activations, values)
-
-
-def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDictBase,
-                    input_keys: Sequence[NestedKey], batch: torch.Size, target: Target,
-                    target_layers: Sequence[str] = ()) -> TensorDictBase:
-    """The target values of ``f``'s outputs ``out`` on the flattened inputs ``flat``, as `gradients` sees them
-    (``out`` holding the captures of `target_layer_taps` where there are ``target_layers``)."""
-    private = target_layer_keys(target_layers) if target_layers else []
-    return _offer(out, private, target_layer_values(out, target_layers), _extras(f, flat, input_keys), batch, True,
-                  target, check=True)
 
 
 def _act_key(i: int) -> str:

@@ -12,7 +12,6 @@ from .._functional import NestedKey
 from .._targets import Target, check_target
 from .._types import PureFn
 from ._checks import check_call
-from ._engine import target_values
 from ._flat_copies import flat_copies, flat_target
 from ._inputs import tensor_inputs
 from ._metric_samples import (
@@ -22,6 +21,7 @@ from ._metric_samples import (
     input_leaves,
     repeated,
 )
+from ._target_values import target_values
 
 __all__ = ["infidelity"]
 

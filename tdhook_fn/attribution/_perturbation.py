@@ -39,8 +39,8 @@ from .._vjp import any_requires_grad, untransformed
 from ._baselines import Baselines, attributed_keys, starts_by_key
 from ._checks import check_call
 from ._chunk_rows import default_rows
-from ._engine import target_values
 from ._metric_samples import check_count
+from ._target_values import target_values
 
 __all__ = ["Build", "as_maps", "check_no_extra", "checked_keys", "evaluate", "flat_baselines", "per_sample_view",
            "per_sample_views", "plain_tensors_now", "target_columns"]

@@ -25,10 +25,10 @@ from .._targets import Target, values_readable
 from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, starts_by_key
 from ._checks import check_call
-from ._engine import target_values
 from ._flat_copies import flat_copies, flat_target
 from ._metric_samples import check_count, chunks
 from ._perturbation import target_columns
+from ._target_values import target_values
 
 __all__ = ["FeatureMask", "Surrogate", "check_n_samples", "check_weights", "checked_samples", "evaluate",
            "interpretable_samples", "maps", "prepare"]
