@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _digits import fastest_pooling
 
 # the checkout these benchmarks sit in, before an installed tdhook_fn (an editable install of another
 # worktree would be measured otherwise); the benchmarks import this module before tdhook_fn
@@ -157,8 +158,6 @@ def input_gradient(model: torch.nn.Module, x: torch.Tensor, target: int) -> Call
     """
     frozen = copy.deepcopy(model).requires_grad_(False)
     if isinstance(frozen, torch.nn.Sequential):
-        from _digits import fastest_pooling  # (this module's importers do not all need scikit-learn's data)
-
         frozen = fastest_pooling(frozen)
 
     def gradient() -> torch.Tensor:

@@ -100,9 +100,11 @@ def test_rule_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> No
     assert not any(_pooled_layouts(monkeypatch, RULED[name]))
 
 
-def test_a_hugging_face_resnet_gives_its_own_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("method", ["occlusion", "saliency"])
+def test_a_hugging_face_resnet_gives_its_own_numbers(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers' ResNet (random init from a config; its stem has an ``nn.MaxPool2d``, its output a ModelOutput):
-    occlusion pools in channels-last and gives, bit for bit, the map of the plain kernel."""
+    occlusion (forward only) and saliency (differentiated) pool in channels-last and give, bit for bit, the maps of
+    the plain kernel."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
@@ -113,6 +115,8 @@ def test_a_hugging_face_resnet_gives_its_own_numbers(monkeypatch: pytest.MonkeyP
     x = TensorDict(pixel_values=torch.rand(2, 3, 16, 16), batch_size=[2])
 
     def attribute() -> torch.Tensor:
+        if method == "saliency":
+            return saliency(f, p, x, target=2)["pixel_values"]
         out = occlusion(f, p, x, target=2, sliding_window_shapes=(3, 4, 4), strides=(3, 4, 4))
         return out["pixel_values"]
 
