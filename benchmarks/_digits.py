@@ -50,7 +50,7 @@ class _ChannelsLastMaxPool(nn.MaxPool2d):
     below slower)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_contiguous():  # (channels-last already: pooled as it is)
+        if not x.is_contiguous() or x.numel() < 1 << 15:  # (channels-last already; or the copies cost more)
             return super().forward(x)
         if x.requires_grad and torch.is_grad_enabled():
             return _PoolPlanes.apply(x, self)  # type: ignore[no-any-return]

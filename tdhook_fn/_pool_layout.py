@@ -8,7 +8,12 @@
 # the copy included, and gives the same numbers (the first maximum of a window on ties,
 # NaN as the default kernel takes it: tests compare both on ties, NaNs and signed zeros,
 # with every setting). With fewer than four channels it is slower (1.3x-1.6x, measured
-# on 8x8 and 112x112 planes), so there the plain kernel runs.
+# on 8x8 and 112x112 planes), and so it is on inputs of fewer than 2^15 elements, where
+# the copies (and, differentiated, the autograd Function below) cost more than the
+# kernel saves: a saliency call on a CNN at batch 1 took 60 us more. Measured on planes
+# of 8x8 to 32x32, 4 to 32 channels: at 2^14 elements 0.7x-1.5x forward, 0.55x-0.7x
+# differentiated; at 2^15 1.35x-3x forward, 0.9x-1.3x differentiated; at 2^16 1.1x-1.8x
+# differentiated. There the plain kernel runs.
 #
 # So the calls that run in `fast_pooling` blocks have shadows (a pool of their own) made
 # of `ChannelsLastMaxPool2d` where the model has an ``nn.MaxPool2d`` (that very class, not
@@ -47,7 +52,9 @@ __all__ = ["FAST_POOLING", "ChannelsLastMaxPool2d", "channels_last_max_pool", "f
 # whether a `fast_pooling` block is open (read directly by `run`, never under torch.compile)
 FAST_POOLING: ContextVar[bool] = ContextVar("tdhook_fn_fast_pooling", default=False)
 
-_FEWEST_CHANNELS = 4  # (below, the channels-last kernel is the slower: NOTE [shadow max pooling])
+# below these the channels-last kernel is the slower (NOTE [shadow max pooling]): the input's channels, elements
+_FEWEST_CHANNELS = 4
+_FEWEST_ELEMENTS = 1 << 15
 
 
 class fast_pooling:  # (a context manager read as a function; a class, not a generator: it runs on every call)
@@ -73,10 +80,11 @@ _functorch = torch._C._functorch
 
 
 def faster_in_channels_last(x: torch.Tensor) -> bool:
-    """Whether ``x`` is a batch of 2-d planes of several channels on the CPU, in the default layout, that no
-    transform of torch.func or torch.compile sees: max pooling it is faster on a channels-last copy."""
-    return (x.dim() == 4 and x.shape[1] >= _FEWEST_CHANNELS and x.device.type == "cpu" and x.is_contiguous()
-            and not _functorch.is_functorch_wrapped_tensor(x) and not torch.compiler.is_compiling())
+    """Whether ``x`` is a batch of 2-d planes of several channels on the CPU, in the default layout, not small, that
+    no transform of torch.func or torch.compile sees: max pooling it is faster on a channels-last copy."""
+    return (x.dim() == 4 and x.shape[1] >= _FEWEST_CHANNELS and x.numel() >= _FEWEST_ELEMENTS
+            and x.device.type == "cpu" and x.is_contiguous() and not _functorch.is_functorch_wrapped_tensor(x)
+            and not torch.compiler.is_compiling())
 
 
 def channels_last_max_pool(x: torch.Tensor, kernel: Any, stride: Any, padding: Any, dilation: Any,

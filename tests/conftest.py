@@ -1,6 +1,7 @@
 """Test-wide settings: deterministic hypothesis runs under CI; subprocess tests run last."""
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -23,3 +24,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return item.nodeid.startswith(_SUBPROCESS_TESTS)
 
     items.sort(key=starts_processes)  # stable: the order within each group is kept
+
+
+@pytest.fixture
+def pools_of_any_size() -> Iterator[None]:
+    """Max pooling on a channels-last copy (NOTE [shadow max pooling]) at every input size, not only where it is the
+    faster: so that tests of its numbers run on small inputs."""
+    with pytest.MonkeyPatch.context() as patch:  # (its own: a test's ``monkeypatch.undo()`` leaves it in place)
+        patch.setattr("tdhook_fn._pool_layout._FEWEST_ELEMENTS", 0)
+        yield

@@ -27,6 +27,8 @@ from tdhook_fn.attribution import (
 )
 from tdhook_fn.attribution.metrics import infidelity
 
+pytestmark = pytest.mark.usefixtures("pools_of_any_size")  # (small inputs: these test where and what it pools)
+
 
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
@@ -91,7 +93,7 @@ def test_gradients_without_taps_pool_in_channels_last_and_give_autograds_maps(
     f, p = tdhook_fn.pure(net)
     x = TensorDict(input=torch.rand(3, 1, 4, 4), batch_size=[3])
     pooled = GRADIENTS[name](f, p, x)
-    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda t: False)
+    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
     torch.testing.assert_close(GRADIENTS[name](f, p, x), pooled, rtol=0, atol=0)
 
 
@@ -130,6 +132,6 @@ def test_a_hugging_face_resnet_gives_its_own_numbers(method: str, monkeypatch: p
     monkeypatch.setattr(nn.functional, "max_pool2d", spy)
     pooled = attribute()
     assert layouts and all(layouts)
-    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda t: False)
+    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
     layouts.clear()
     assert torch.equal(attribute(), pooled) and layouts and not any(layouts)

@@ -10,6 +10,7 @@ from zoo import pooling_planes
 from tdhook_fn.attribution._lrp.max_pool import max_pool_with_indices
 
 
+@pytest.mark.usefixtures("pools_of_any_size")  # (the channels-last copy, on inputs small enough to hold such cases)
 @pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
 @pytest.mark.parametrize(("kernel", "stride", "padding", "dilation", "ceil"),
                          [(2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 1, 1, 1, True), (2, 2, 0, 2, True)])
@@ -30,3 +31,19 @@ def test_other_pools_run_the_plain_kernel() -> None:
     out, indices = max_pool_with_indices(F.max_pool1d, x, state)
     want, want_indices = F.max_pool1d(x, 2, 2, 0, 1, return_indices=True)
     assert torch.equal(out, want) and torch.equal(indices, want_indices)
+
+
+def test_the_copy_runs_where_it_is_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2^15 elements or more, four channels or more (NOTE [shadow max pooling])."""
+    copied: list[bool] = []
+    plain = F.max_pool2d
+
+    def spy(x: torch.Tensor, *args: object, **kwargs: object) -> object:
+        copied.append(not x.is_contiguous())
+        return plain(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "max_pool2d", spy)
+    state = {"kernel_size": 2, "stride": 2, "padding": 0, "dilation": 1, "ceil_mode": False}
+    for shape in [(8, 8, 16, 16), (16, 8, 16, 16), (16, 3, 32, 32)]:
+        max_pool_with_indices(F.max_pool2d, torch.randn(shape), state)
+    assert copied == [False, True, False]

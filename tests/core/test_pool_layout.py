@@ -14,6 +14,7 @@ import tdhook_fn
 from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, fast_pooling, shadow_class
 from tdhook_fn._shadow_run import shadow_of
 
+_ANY_SIZE = pytest.mark.usefixtures("pools_of_any_size")  # (small inputs: these test where and what it pools)
 _SETTINGS = [
     dict(kernel_size=2),
     dict(kernel_size=3, stride=2, padding=1),
@@ -43,6 +44,7 @@ def _layouts(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return seen
 
 
+@_ANY_SIZE
 @pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
 @pytest.mark.parametrize("settings", _SETTINGS, ids=str)
 def test_an_undifferentiated_call_gives_the_models_own_maxima_and_indices(name: str, settings: dict[str, Any],
@@ -61,6 +63,7 @@ def test_an_undifferentiated_call_gives_the_models_own_maxima_and_indices(name: 
         _exact(tdhook_fn.call(nn.MaxPool2d(**settings), params, x), want)
 
 
+@_ANY_SIZE
 @pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
 @pytest.mark.parametrize("settings", _SETTINGS, ids=str)
 def test_autograd_differentiates_the_pool_as_the_plain_kernel(name: str, settings: dict[str, Any],
@@ -94,6 +97,7 @@ def test_autograd_differentiates_the_pool_as_the_plain_kernel(name: str, setting
             _exact(torch.autograd.grad((got.nan_to_num() ** 2).sum(), leaf)[0], want_second)
 
 
+@_ANY_SIZE
 @pytest.mark.parametrize("name", ["ties", "zeros", "float64"])
 def test_transformed_and_forward_mode_derivatives_keep_the_plain_kernel(name: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,6 +122,21 @@ def test_transformed_and_forward_mode_derivatives_keep_the_plain_kernel(name: st
     _exact(got_jvp, want_jvp)
 
 
+def test_small_inputs_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below 2^15 elements the copies cost more than the channels-last kernel saves, differentiated or not."""
+    model = nn.MaxPool2d(2)
+    params = tdhook_fn.params(model)
+    inputs = [torch.randn(shape) for shape in [(1, 8, 8, 8), (8, 8, 16, 16), (16, 8, 16, 16)]]  # (2^9 to 2^15)
+    wants = [model(x) for x in inputs]
+    layouts = _layouts(monkeypatch)
+    with fast_pooling():
+        for x, want in zip(inputs, wants, strict=True):
+            _exact(tdhook_fn.call(model, params, x), want)
+            _exact(tdhook_fn.call(model, params, x.clone().requires_grad_()).detach(), want)
+    assert layouts == [False, False, False, False, True, True]
+
+
+@_ANY_SIZE
 def test_planes_of_fewer_than_four_channels_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """There the channels-last kernel is the slower one; differentiated or not."""
     x = torch.randn(5, 3, 8, 8)
@@ -134,6 +153,7 @@ def test_planes_of_fewer_than_four_channels_keep_the_plain_kernel(monkeypatch: p
     _exact(wide, model(torch.cat([x, x[:, :1]], 1)))
 
 
+@_ANY_SIZE
 def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     x = pooling_planes()["ties"]
     model = nn.MaxPool2d(3, 2, 1)

@@ -10,7 +10,8 @@
 # kernel takes it: tests compare both kernels on ties and NaNs), so the walk runs it
 # there and hands on a result in the default layout (the next module computes as on
 # the general path), where the shadows' max pooling would (`faster_in_channels_last`:
-# planes of four channels or more in the default layout, NOTE [shadow max pooling]).
+# planes of four channels or more, 2^15 elements or more, in the default layout,
+# NOTE [shadow max pooling]).
 # Other pools (1-d, 3-d) keep the plain kernel.
 
 from __future__ import annotations
