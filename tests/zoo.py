@@ -171,7 +171,8 @@ def tiny_gpt2(transformers: Any) -> Any:
 
 def pooling_planes() -> dict[str, torch.Tensor]:
     """Batches of 2-d planes where max-pooling kernels could differ: ties, NaNs, signed zeros, float64 (four channels
-    each: the fewest that shadows pool in channels-last, NOTE [shadow max pooling])."""
+    each: the fewest that shadows pool in channels-last, NOTE [shadow max pooling]; fewer elements than that takes,
+    so the tests that pool them in channels-last lower it with the ``pools_of_any_size`` fixture)."""
     torch.manual_seed(0)
     ties = (torch.randn(6, 4, 9, 9) * 2).round().relu()  # many equal maxima (zeros after a ReLU)
     nans = torch.randn(6, 4, 8, 8)
