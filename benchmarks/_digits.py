@@ -26,21 +26,21 @@ class _PoolPlanes(torch.autograd.Function):
     """Max pooling by the channels-last kernel, differentiated by the plain kernel's backward (its indices)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, pool: nn.MaxPool2d) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, pool: _ChannelsLastMaxPool) -> torch.Tensor:
         y, where = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), pool.kernel_size, pool.stride,
                                 pool.padding, pool.dilation, pool.ceil_mode, return_indices=True)
         where = where.contiguous()
         ctx.save_for_backward(x, where)
-        ctx.pool = pool
+        ctx.settings = pool.settings
         return y.contiguous()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         x, where = ctx.saved_tensors
-        p = ctx.pool
-        pair = nn.modules.utils._pair
-        return torch.ops.aten.max_pool2d_with_indices_backward(
-            grad, x, pair(p.kernel_size), pair(p.stride), pair(p.padding), pair(p.dilation), p.ceil_mode, where), None
+        return _POOL_BACKWARD(grad, x, *ctx.settings, where), None
+
+
+_POOL_BACKWARD = torch.ops.aten.max_pool2d_with_indices_backward.default
 
 
 class _ChannelsLastMaxPool(nn.MaxPool2d):
@@ -48,6 +48,12 @@ class _ChannelsLastMaxPool(nn.MaxPool2d):
     faster for planes of several channels; where autograd differentiates it, its gradient comes back in the
     default layout, by the plain kernel's backward (a channels-last gradient makes the convolutions' backward
     below slower)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pair = nn.modules.utils._pair  # (the backward's settings, made once)
+        self.settings = (pair(self.kernel_size), pair(self.stride), pair(self.padding), pair(self.dilation),
+                         self.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_contiguous() or x.numel() < 1 << 15:  # (channels-last already; or the copies cost more)

@@ -96,6 +96,10 @@ def channels_last_max_pool(x: torch.Tensor, kernel: Any, stride: Any, padding: A
     return out.contiguous(), indices.contiguous()
 
 
+# autograd's backward of the plain kernel (its overload itself: the packet resolves it at every call)
+_POOL_BACKWARD: Callable[..., torch.Tensor] = torch.ops.aten.max_pool2d_with_indices_backward.default
+
+
 class _PlanesMaxPool(torch.autograd.Function):
     """`channels_last_max_pool`, differentiated by autograd's backward of the plain kernel
     (NOTE [shadow max pooling])."""
@@ -113,7 +117,7 @@ class _PlanesMaxPool(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _indices: Any) -> tuple[Any, ...]:
         x, indices = ctx.saved_tensors
-        back = torch.ops.aten.max_pool2d_with_indices_backward(grad, x, *ctx.settings, indices)
+        back = _POOL_BACKWARD(grad, x, *ctx.settings, indices)
         return back, None, None, None, None, None
 
 

@@ -184,7 +184,7 @@ def extras_of(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[
 
 
 def offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None, extras: TensorDictBase | None,
-           batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
+          batch: torch.Size, use_outputs: bool, target: Target, check: bool) -> TensorDictBase:
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)

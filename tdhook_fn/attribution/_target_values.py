@@ -50,4 +50,4 @@ def offered_targets(f: Callable[..., Any], out: TensorDictBase, flat: TensorDict
     (``out`` holding the captures of `target_layer_taps` where there are ``target_layers``)."""
     private = target_layer_keys(target_layers) if target_layers else []
     return offer(out, private, target_layer_values(out, target_layers), extras_of(f, flat, input_keys), batch, True,
-                  target, check=True)
+                 target, check=True)

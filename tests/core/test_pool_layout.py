@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torch import nn
 from zoo import pooling_planes
 
 import tdhook_fn
 from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, fast_pooling, shadow_class
 from tdhook_fn._shadow_run import shadow_of
+from tdhook_fn.attribution import saliency
 
 _ANY_SIZE = pytest.mark.usefixtures("pools_of_any_size")  # (small inputs: these test where and what it pools)
 _SETTINGS = [
@@ -203,3 +205,27 @@ def test_hooks_on_the_pool_see_its_result() -> None:
     _exact(got, want)
     _exact(seen[0], seen[1])
     assert type(model[1]) is nn.MaxPool2d  # the model's own module is untouched
+
+
+def test_a_hugging_face_resnet_at_full_size_pools_its_stem_in_channels_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' ResNet (random init from a config) on 64x64 images: its stem's pool reads 2^15 elements, so
+    saliency pools it in channels-last, with the map of the plain kernel bit for bit; at batch 1 it keeps the plain
+    kernel."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                       num_labels=5)
+    model = transformers.ResNetForImageClassification(config).eval()
+    f = tdhook_fn.functional(model, in_keys={"pixel_values": "pixel_values"}, out_keys=["logits"])
+    p = tdhook_fn.params(model)
+    images = torch.rand(4, 3, 64, 64)
+    for x, pooled in ((images, True), (images[:1], False)):
+        inputs = TensorDict(pixel_values=x, batch_size=[len(x)])
+        layouts = _layouts(monkeypatch)
+        got = saliency(f, p, inputs, target=2)["pixel_values"]
+        assert layouts == [pooled]
+        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
+            want = saliency(f, p, inputs, target=2)["pixel_values"]
+        _exact(got, want)
