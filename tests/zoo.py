@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
+
+import tdhook_fn
 
 
 class TwoInput(nn.Module):
@@ -182,3 +185,15 @@ def pooling_planes() -> dict[str, torch.Tensor]:
     zeros = torch.zeros(3, 4, 6, 6)
     zeros[:, :, ::2] = -0.0  # signed zeros tie: the sign of the one taken shows
     return {"ties": ties, "nans": nans, "zeros": zeros, "float64": torch.randn(4, 4, 7, 7, dtype=torch.float64)}
+
+
+def tiny_resnet() -> tuple[Any, Any]:
+    """transformers' ResNet from a config (random init, seeded; its stem has an ``nn.MaxPool2d``, its output a
+    ModelOutput) as a pure function of ``pixel_values`` to ``logits``, and its params; skipped without transformers."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                       num_labels=5)
+    model = transformers.ResNetForImageClassification(config).eval()
+    return (tdhook_fn.functional(model, in_keys={"pixel_values": "pixel_values"}, out_keys=["logits"]),
+            tdhook_fn.params(model))

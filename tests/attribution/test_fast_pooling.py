@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
+from zoo import tiny_resnet
 
 import tdhook_fn
 from tdhook_fn.attribution import (
@@ -107,13 +108,7 @@ def test_a_hugging_face_resnet_gives_its_own_numbers(method: str, monkeypatch: p
     """transformers' ResNet (random init from a config; its stem has an ``nn.MaxPool2d``, its output a ModelOutput):
     occlusion (forward only) and saliency (differentiated) pool in channels-last and give, bit for bit, the maps of
     the plain kernel."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                       num_labels=5)
-    model = transformers.ResNetForImageClassification(config).eval()
-    f = tdhook_fn.functional(model, in_keys={"pixel_values": "pixel_values"}, out_keys=["logits"])
-    p = tdhook_fn.params(model)
+    f, p = tiny_resnet()
     x = TensorDict(pixel_values=torch.rand(2, 3, 16, 16), batch_size=[2])
 
     def attribute() -> torch.Tensor:

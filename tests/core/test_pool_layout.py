@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
-from zoo import pooling_planes
+from zoo import pooling_planes, tiny_resnet
 
 import tdhook_fn
 from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, fast_pooling, shadow_class
@@ -211,13 +211,7 @@ def test_a_hugging_face_resnet_at_full_size_pools_its_stem_in_channels_last(monk
     """transformers' ResNet (random init from a config) on 64x64 images: its stem's pool reads 2^15 elements, so
     saliency pools it in channels-last, with the map of the plain kernel bit for bit; at batch 1 it keeps the plain
     kernel."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                       num_labels=5)
-    model = transformers.ResNetForImageClassification(config).eval()
-    f = tdhook_fn.functional(model, in_keys={"pixel_values": "pixel_values"}, out_keys=["logits"])
-    p = tdhook_fn.params(model)
+    f, p = tiny_resnet()
     images = torch.rand(4, 3, 64, 64)
     for x, pooled in ((images, True), (images[:1], False)):
         inputs = TensorDict(pixel_values=x, batch_size=[len(x)])
