@@ -19,12 +19,11 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._chain_walk import WalkPlan, chain_links, holds_only, tensor_plan, walk_plan, walked_map
-from ._checks import check_call, check_layers
 from ._deeplift_chain import chain_deeplift, chain_layer_deeplift
 from ._deeplift_rules import EPS
 from ._deeplift_stacked import stacked_deeplift, stacked_layer_deeplift
 from ._engine import unflatten
-from ._inputs import UNSET, accepts_tensors_via, one_tensor
+from ._inputs import UNSET, accepts_tensors_via, check_call, check_layers, one_tensor
 from ._lrp.checks import never_traced
 
 __all__ = ["by_tensor_path", "checked_functional", "deeplift", "deeplift_as", "layer_deeplift"]

@@ -45,9 +45,9 @@ from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import Replace
 from .._vjp import vjp
-from ._checks import check_call
 from ._cotangents import Cotangents, Pass, check_per_target_or_cotangents, pull_each, pull_passes, seed_cotangents
 from ._gradient_chain import plain_gradients
+from ._inputs import check_call
 from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
 from ._replaced_derivatives import as_values, refuse_level_zero_graph, replaces_any
 from ._target_layers import check_target_layer_runs, target_layer_keys, target_layer_taps, target_layer_values

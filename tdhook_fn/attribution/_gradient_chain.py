@@ -68,10 +68,9 @@ from ._chain_walk import (
     walk_plan,
     walked_map,
 )
-from ._checks import check_call
 from ._cotangents import Guide
 from ._deeplift_chain import deeplift_step
-from ._inputs import UNSET
+from ._inputs import UNSET, check_call
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
 __all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients", "tensor_gradients",

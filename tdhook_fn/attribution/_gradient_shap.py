@@ -13,11 +13,10 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys, both_ends
-from ._checks import check_call
 from ._convergence import delta_of
 from ._engine import gradients, scaled
 from ._flat_copies import flat_copies, flat_target
-from ._inputs import accepts_tensors
+from ._inputs import accepts_tensors, check_call
 from ._metric_samples import check_count, chunks, repeated, repeated_target
 from ._noise import Stdevs, check_noisable, entry, fold_copies, mean_maps, noise_draws, stdevs_by_key
 from ._target_values import target_values

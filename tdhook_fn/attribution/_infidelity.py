@@ -11,9 +11,8 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target, check_target
 from .._types import PureFn
-from ._checks import check_call
 from ._flat_copies import flat_copies, flat_target
-from ._inputs import tensor_inputs
+from ._inputs import check_call, tensor_inputs
 from ._metric_samples import (
     check_count,
     checked_perturbed,

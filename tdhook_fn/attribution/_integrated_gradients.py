@@ -15,11 +15,10 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
-from ._checks import check_call, check_layers
 from ._convergence import delta_of
 from ._cotangents import Cotangents
 from ._engine import GradFn, as_functional, grad_taps, gradients, scaled
-from ._inputs import accepts_tensors
+from ._inputs import accepts_tensors, check_call, check_layers
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
 from ._quadrature import fold, in_dtypes, path_points, quadrature, wide

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import NestedKey
 from .._targets import Target
 from ._baselines import Baselines, attributed_keys, path_starts
-from ._checks import check_call, check_layers
+from ._inputs import check_call, check_layers
 
 __all__ = ["check_chunk_size", "check_floating", "check_layer_paths", "check_steps", "checked_path_ends"]
 

@@ -37,8 +37,8 @@ from .._targets import Target
 from .._types import PureFn
 from .._vjp import any_requires_grad, untransformed
 from ._baselines import Baselines, attributed_keys, starts_by_key
-from ._checks import check_call
 from ._chunk_rows import default_rows
+from ._inputs import check_call
 from ._metric_samples import check_count
 from ._target_values import target_values
 

@@ -12,10 +12,9 @@ from .._functional import NestedKey
 from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
-from ._checks import check_call
 from ._engine import gradients
 from ._flat_copies import flat_copies, flat_target
-from ._inputs import accepts_tensors
+from ._inputs import accepts_tensors, check_call
 from ._metric_samples import check_count, chunks, repeated, repeated_target
 from ._noise import (
     Stdevs,

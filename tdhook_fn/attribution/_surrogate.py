@@ -24,8 +24,8 @@ from .._functional import NestedKey
 from .._targets import Target, values_readable
 from .._types import PureFn
 from ._baselines import Baselines, attributed_keys, starts_by_key
-from ._checks import check_call
 from ._flat_copies import flat_copies, flat_target
+from ._inputs import check_call
 from ._metric_samples import check_count, chunks
 from ._perturbation import target_columns
 from ._target_values import target_values

@@ -54,9 +54,9 @@ from ..._params import Key, leaves
 from ..._targets import Target
 from ..._types import Pullback
 from ..._vjp import RandomState, autograd_as_walked, reaches_other_leaves
-from .._checks import check_call
 from .._cotangents import Cotangents, seed_cotangents
 from .._engine import unflatten
+from .._inputs import check_call
 from .._target_values import offered_targets
 from .bound import run_bound
 from .model_chain import reads_one_key, run_chain
