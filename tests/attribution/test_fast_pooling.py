@@ -1,5 +1,5 @@
 """The methods that only read outputs, and the gradients without taps, pool in channels-last
-(NOTE [shadow max pooling]) and give the plain kernel's numbers; the rule methods never do."""
+(NOTE [shadow max pooling]) and give the plain kernel's numbers; the rule methods, and calls with taps, never do."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 from zoo import tiny_resnet
 
 import tdhook_fn
+from tdhook_fn import Tap
 from tdhook_fn.attribution import (
     EpsilonPlus,
+    convergence_delta,
     deeplift,
     feature_ablation,
     integrated_gradients,
@@ -130,3 +133,34 @@ def test_a_hugging_face_resnet_gives_its_own_numbers(method: str, monkeypatch: p
     monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
     layouts.clear()
     assert torch.equal(attribute(), pooled) and layouts and not any(layouts)
+
+
+class _ClassSeen(Tap):
+    """A custom tap that reads the class of the module it is attached to, as a rule's taps do."""
+
+    def attach(self, module: nn.Module, captured: dict[str, Any]) -> RemovableHandle:
+        assert self.fn is not None
+        self.fn(type(module))
+        return module.register_forward_hook(lambda *_: None)
+
+
+WITH_TAPS: dict[str, Callable[..., Any]] = {
+    "integrated_gradients delta": lambda f, p, x, tap: integrated_gradients(
+        f, p, x, 0.0, target=1, n_steps=2, taps=[tap], return_convergence_delta=True),
+    "convergence_delta": lambda f, p, x, tap: convergence_delta(
+        f, p, x, 0.0, TensorDict(input=torch.zeros_like(x["input"]), batch_size=x.batch_size), target=1, taps=[tap]),
+    "occlusion, f with a tap": lambda f, p, x, tap: occlusion(
+        f.with_taps(tap), p, x, target=1, sliding_window_shapes=(1, 2, 2)),
+    "saliency, f with a tap": lambda f, p, x, tap: saliency(f.with_taps(tap), p, x, target=1),
+}
+
+
+@pytest.mark.parametrize("name", list(WITH_TAPS))
+def test_a_tap_sees_the_models_own_pool_class(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tap may choose by the class of the module it runs (the rule methods' do), so every forward with the
+    caller's taps, read only or differentiated, runs the model's own ``nn.MaxPool2d``, in its default layout."""
+    classes: list[type] = []
+    tap = _ClassSeen("2", "custom", classes.append)
+    layouts = _pooled_layouts(monkeypatch, lambda f, p, x: WITH_TAPS[name](f, p, x, tap))
+    assert classes and all(kind is nn.MaxPool2d for kind in classes)
+    assert layouts and not any(layouts)
