@@ -20,10 +20,12 @@
 # a subclass with its own forward). Such a block is open for the forwards whose outputs
 # are only read (`target_values`: the perturbation and surrogate methods,
 # infidelity, the deltas of the path methods) and for the engine's gradients (saliency,
-# integrated gradients, SmoothGrad, GradientSHAP, Grad-CAM), both only where the caller
-# gives no taps, on ``f`` or as an argument: a tap may choose by the class of the module
-# it runs, as the rule methods' do (LRP and DeepLift, whose walks pool on a channels-last
-# copy themselves, NOTE [max pooling in channels-last]). Its forward pools the planes on a channels-last
+# integrated gradients, SmoothGrad, GradientSHAP, Grad-CAM, deconvolution, guided
+# backprop); a call that attaches a tap of its own making (a custom tap, `sees_modules`)
+# keeps the plain shadows, whoever asked: such a tap is handed the shadow's module and may
+# choose by its class, as the rule methods' do (LRP and DeepLift, whose walks pool on a
+# channels-last copy themselves, NOTE [max pooling in channels-last]); the built-in kinds
+# hand their functions values only. Its forward pools the planes on a channels-last
 # copy and hands on the result in the default layout. Where the input is differentiated by autograd, it does so
 # in an autograd Function whose backward is the one autograd runs for the plain kernel
 # (`max_pool2d_with_indices_backward` on the input, in its default layout, with the same

@@ -15,7 +15,7 @@ from ._paths import resolve_path
 from ._pool_layout import FAST_POOLING
 from ._shadow import Shadow, param_marks, shadow_lock
 from ._tap_calls import attached
-from ._taps import Captured, Tap
+from ._taps import Captured, Tap, sees_modules
 from ._traced import run_traced
 
 __all__ = ["call", "call_with_taps", "require_params", "run", "shadow_of"]
@@ -60,7 +60,9 @@ def run(
     values = None if params is None else leaves(params)
     targets = [resolve_path(model, tap.path) for tap in taps] if taps else []
     captured: Captured = {}
-    with shadow_of(model, not compiling and FAST_POOLING.get()) as shadow:
+    # (a tap that attaches itself sees the shadow's modules, and may choose by their class: NOTE [shadow max pooling])
+    fast = not compiling and FAST_POOLING.get() and not (taps and any(sees_modules(tap) for tap in taps))
+    with shadow_of(model, fast) as shadow:
         if values is None:
             shadow.load_own()
             if overrides:

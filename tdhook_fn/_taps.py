@@ -41,6 +41,7 @@ __all__ = [
     "map_grad",
     "perturb",
     "register_hook",
+    "sees_modules",
 ]
 
 Side = Literal["output", "input"]  # which side of a module a tap reads or writes
@@ -186,6 +187,11 @@ class Tap:
 
         return mapped
 
+
+def sees_modules(tap: Tap) -> bool:
+    """Whether ``tap`` attaches itself (a custom tap, or a subclass's own ``attach``): it is handed the shadow
+    module, which it may read (its class, say); the built-in kinds hand their functions values only."""
+    return type(tap).attach is not Tap.attach
 
 def kept(value: Any) -> Any:
     """``value`` with its tensors copied, to keep what a tap read.

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any, cast
 
 import torch
@@ -78,8 +77,8 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
         probe = LargestTensor()
         random_state = RandomState()  # (an f that draws gives the same numbers on its first call)
         try:
-            with torch.no_grad(), probe, nullcontext() if getattr(f, "taps", None) else fast_pooling():
-                f(params, flat[:1])  # (as `target_values` runs it)
+            with torch.no_grad(), probe, fast_pooling():  # (as `target_values` runs it)
+                f(params, flat[:1])
         except Exception:  # a probe only sizes chunks: the real forward raises what is wrong
             return None
         finally:

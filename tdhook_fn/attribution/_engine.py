@@ -339,9 +339,9 @@ def gradients(
         result: tuple[Any, Any, Any] = vjp(forward, primals, constants=(params,) if only_attributed else (params, flat))
         return result
 
-    # no taps (a rule's chooses by the class of the module it runs): the shadows that pool in channels-last
-    # (NOTE [shadow max pooling]; `fast_pooling`'s block inline: its two calls would run on every call)
-    fast = None if taps or getattr(f, "taps", None) or torch.compiler.is_compiling() else FAST_POOLING.set(True)
+    # the shadows that pool in channels-last (NOTE [shadow max pooling]; `fast_pooling`'s block inline: its two
+    # calls would run on every call)
+    fast = None if torch.compiler.is_compiling() else FAST_POOLING.set(True)
     try:
         if tappable is None or not paths:
             values, pullback, acts = attempt([])

@@ -23,8 +23,8 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
                   target_layers: Sequence[str] = (), taps: Sequence[Tap] = ()) -> TensorDictBase:
     """The target values of ``f(params, inputs)``, seen as `gradients` sees them.
 
-    The callers read these values, never differentiate them: without the caller's taps (on ``f`` or in
-    ``taps``), the forward runs on the shadows that pool in channels-last (NOTE [shadow max pooling]).
+    The callers read these values, never differentiate them: the forward runs on the shadows that pool in
+    channels-last (NOTE [shadow max pooling]).
     """
     flat = flat_inputs(inputs)
     run: Any = f
@@ -34,11 +34,8 @@ def target_values(f: Callable[..., Any], params: TensorDictBase, inputs: TensorD
         runs = [0] * len(target_layers)
         run = as_functional(f).with_taps(*target_layer_taps(target_layers, runs), *taps)
         private = target_layer_keys(target_layers)
-    if taps or getattr(f, "taps", None):  # (a caller's tap may choose by the class of the module it runs)
+    with fast_pooling():
         out = run(params, flat)
-    else:
-        with fast_pooling():
-            out = run(params, flat)
     seen = None
     if target_layers:
         check_target_layer_runs("target_values", target_layers, runs)

@@ -1,5 +1,6 @@
 """The methods that only read outputs, and the gradients without taps, pool in channels-last
-(NOTE [shadow max pooling]) and give the plain kernel's numbers; the rule methods, and calls with taps, never do."""
+(NOTE [shadow max pooling]) and give the plain kernel's numbers; the rule methods, and calls with a custom tap,
+never do."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from torch.utils.hooks import RemovableHandle
 from zoo import tiny_resnet
 
 import tdhook_fn
-from tdhook_fn import Tap
+from tdhook_fn import Tap, capture
 from tdhook_fn.attribution import (
     EpsilonPlus,
     convergence_delta,
+    deconvolution,
     deeplift,
     feature_ablation,
+    guided_backprop,
     integrated_gradients,
     kernel_shap,
     lime,
@@ -46,6 +49,14 @@ def _perturb(copies: TensorDict) -> tuple[TensorDict, TensorDict]:
         TensorDict(input=copies["input"] - step, batch_size=copies.batch_size)
 
 
+def _captured(f: Any) -> Any:
+    return f.with_taps(capture("2", key="pooled"))
+
+
+def _class_1(outputs: TensorDict) -> torch.Tensor:
+    return outputs["output"][:, 1]
+
+
 CALLS: dict[str, Callable[..., Any]] = {
     "occlusion": lambda f, p, x: occlusion(f, p, x, target=1, sliding_window_shapes=(1, 2, 2)),
     "feature_ablation": lambda f, p, x: feature_ablation(f, p, x, target=1),
@@ -59,6 +70,11 @@ GRADIENTS: dict[str, Callable[..., Any]] = {
     "integrated_gradients": lambda f, p, x: integrated_gradients(f, p, x, 0.0, target=1, n_steps=4),
     "smoothgrad": lambda f, p, x: smoothgrad(f, p, x, target=1, nt_samples=3, stdevs=0.1,
                                              generator=torch.Generator().manual_seed(0)),
+    # taps of the built-in kinds hand their functions values only: the shadows still pool in channels-last (a
+    # capture on f: the general path, where the walks would pool on their own copy)
+    "saliency, f with a capture": lambda f, p, x: saliency(_captured(f), p, x, target=_class_1),
+    "guided_backprop, f with a capture": lambda f, p, x: guided_backprop(_captured(f), p, x, target=_class_1),
+    "deconvolution, f with a capture": lambda f, p, x: deconvolution(_captured(f), p, x, target=_class_1),
 }
 RULED: dict[str, Callable[..., Any]] = {
     "lrp": lambda f, p, x: lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False),
@@ -89,7 +105,7 @@ def test_forward_only_methods_pool_in_channels_last(name: str, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("name", list(GRADIENTS))
-def test_gradients_without_taps_pool_in_channels_last_and_give_autograds_maps(
+def test_gradients_pool_in_channels_last_and_give_autograds_maps(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     layouts = _pooled_layouts(monkeypatch, GRADIENTS[name])
     assert layouts and all(layouts)
@@ -157,8 +173,9 @@ WITH_TAPS: dict[str, Callable[..., Any]] = {
 
 @pytest.mark.parametrize("name", list(WITH_TAPS))
 def test_a_tap_sees_the_models_own_pool_class(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tap may choose by the class of the module it runs (the rule methods' do), so every forward with the
-    caller's taps, read only or differentiated, runs the model's own ``nn.MaxPool2d``, in its default layout."""
+    """A custom tap is handed the module it runs and may choose by its class (the rule methods' do), so every
+    forward where one is attached, read only or differentiated, runs the model's own ``nn.MaxPool2d``, in its
+    default layout."""
     classes: list[type] = []
     tap = _ClassSeen("2", "custom", classes.append)
     layouts = _pooled_layouts(monkeypatch, lambda f, p, x: WITH_TAPS[name](f, p, x, tap))
