@@ -94,13 +94,14 @@ def _epsilon_of(rule: Any, form: GradientForm) -> float | None:
 def _affine_step(affine: Affine, form: GradientForm, rule: Any, path: str) -> BoundStep:
     """A linear layer or a convolution with a gradient-form rule or none (`records.AffineLocal`'s numbers)."""
     epsilon = _epsilon_of(rule, form)
-    linear = affine.conv is None
+    # (a linear layer's forward is the op itself, chosen here: `Affine.run` would choose it at every call)
+    forward = F.linear if affine.conv is None else affine.run
     scales = form.scales_inputs
 
     def step(x: torch.Tensor, own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         weight = own[0]
         bias = own[1] if len(own) > 1 else None
-        y = F.linear(x, weight, bias) if linear else affine.run(x, weight, bias)
+        y = forward(x, weight, bias)
         pullback = affine.pullback(weight, x.shape, y.shape)
 
         def back(relevance: torch.Tensor) -> torch.Tensor:
