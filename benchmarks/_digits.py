@@ -56,7 +56,8 @@ class _ChannelsLastMaxPool(nn.MaxPool2d):
                          self.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_contiguous() or x.numel() < 1 << 15:  # (channels-last already; or the copies cost more)
+        # (channels-last already; or the copies cost more than the kernel saves: few channels, a small input)
+        if not x.is_contiguous() or x.shape[1] < 4 or x.numel() < 1 << 15:
             return super().forward(x)
         if x.requires_grad and torch.is_grad_enabled():
             return _PoolPlanes.apply(x, self)  # type: ignore[no-any-return]
