@@ -181,3 +181,31 @@ def test_a_tap_sees_the_models_own_pool_class(name: str, monkeypatch: pytest.Mon
     layouts = _pooled_layouts(monkeypatch, lambda f, p, x: WITH_TAPS[name](f, p, x, tap))
     assert classes and all(kind is nn.MaxPool2d for kind in classes)
     assert layouts and not any(layouts)
+
+
+def test_a_hugging_face_resnet_with_taps_on_its_stem_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' ResNet, tapped at its stem's ``nn.MaxPool2d``: with a capture the shadows still pool it in
+    channels-last, with the plain kernel's map bit for bit; with a custom tap it runs the model's own class."""
+    f, p = tiny_resnet()
+    x = TensorDict(pixel_values=torch.rand(2, 3, 16, 16), batch_size=[2])
+    pool = "resnet.embedder.pooler"
+    classes: list[type] = []
+    layouts: list[bool] = []
+    plain = nn.functional.max_pool2d
+
+    def spy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        layouts.append(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous())
+        return plain(t, *args, **kwargs)
+
+    def logit_2(outputs: TensorDict) -> torch.Tensor:
+        return outputs["logits"][:, 2]
+
+    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    captured = f.with_taps(capture(pool, key="pooled"))
+    pooled = saliency(captured, p, x, target=logit_2)["pixel_values"]
+    assert layouts and all(layouts)
+    layouts.clear()
+    saliency(f.with_taps(_ClassSeen(pool, "custom", classes.append)), p, x, target=2)
+    assert classes == [nn.MaxPool2d] and layouts and not any(layouts)
+    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
+    assert torch.equal(saliency(captured, p, x, target=logit_2)["pixel_values"], pooled)
