@@ -7,10 +7,9 @@ targets. Methods live in `tdhook_fn.attribution` and `tdhook_fn.weights`;
 `tdhook_fn.compat` exposes tdhook's API on top.
 """
 
-from ._functional import Functional, functional, pure
+from ._functional import Functional, call, call_with_taps, functional, pure
 from ._params import params
 from ._paths import PathError, parse_path, path_to_name, resolve_path
-from ._shadow_run import call, call_with_taps
 from ._taps import Tap, capture, intervene, map_grad, perturb
 from ._targets import Target, as_target, label
 

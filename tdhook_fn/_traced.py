@@ -199,7 +199,7 @@ def _put(saved: list[tuple[nn.Module, str, Any]], module: nn.Module, kind: str, 
 
 def run_traced(model: nn.Module, values: dict[Key, Any], taps: Sequence[Tap],
                invoke: Callable[[nn.Module], Any]) -> tuple[Any, Captured]:
-    """`tdhook_fn._shadow_run.run` while Dynamo traces it (NOTE [compiled calls])."""
+    """`tdhook_fn._functional.run` while Dynamo traces it (NOTE [compiled calls])."""
     name, slots, keys, (settings, identities, hooks, attributes) = traced_plan(model, tuple(tap.path for tap in taps))
     plan: TracePlan = getattr(_this, name)  # only its modules are read from it
     if len(values) != len(keys) or not set(keys).issuperset(values):

@@ -6,6 +6,7 @@ with respect to params.
 """
 
 from ._activation_maximisation import activation_maximisation, pgd_step
+from ._baselines import SUPPORTED_METHODS, quadrature
 from ._convergence import convergence_delta
 from ._deconvolution import deconvolution, relu_paths
 from ._deeplift import deeplift, layer_deeplift
@@ -44,7 +45,6 @@ from ._lrp.rules import (
 )
 from ._neuron_conductance import neuron_conductance
 from ._occlusion import occlusion
-from ._quadrature import SUPPORTED_METHODS, quadrature
 from ._saliency import saliency
 from ._shapley_value_sampling import shapley_value_sampling
 from ._smoothgrad import smoothgrad

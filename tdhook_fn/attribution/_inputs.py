@@ -30,8 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import NestedKey, fresh_tensordict, with_copied_inputs
-from .._modes import check_attribution_modes
-from .._params import leaves
+from .._params import check_attribution_modes, leaves
 from .._targets import as_target, check_target
 from .._types import PureFn
 from .._vjp import untransformed

@@ -14,14 +14,23 @@ from .._taps import Tap, capture, intervene
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
-from ._baselines import Baselines, attributed_keys, both_ends, path_starts
+from ._baselines import (
+    Baselines,
+    attributed_keys,
+    both_ends,
+    fold,
+    in_dtypes,
+    path_points,
+    path_starts,
+    quadrature,
+    wide,
+)
 from ._convergence import delta_of
 from ._cotangents import Cotangents
 from ._engine import GradFn, as_functional, grad_taps, gradients, scaled
 from ._inputs import accepts_tensors, check_call, check_layers
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
-from ._quadrature import fold, in_dtypes, path_points, quadrature, wide
 from ._replaced_derivatives import as_values, replaces_any
 from ._target_values import target_values
 

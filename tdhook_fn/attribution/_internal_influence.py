@@ -9,11 +9,10 @@ from tensordict import TensorDict, TensorDictBase
 from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._types import PureFn
-from ._baselines import Baselines
+from ._baselines import Baselines, in_dtypes, quadrature
 from ._inputs import accepts_tensors
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
 from ._path_gradients import gradients_along_path
-from ._quadrature import in_dtypes, quadrature
 
 __all__ = ["internal_influence"]
 

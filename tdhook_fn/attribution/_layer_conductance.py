@@ -23,14 +23,13 @@ from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._types import PureFn
 from .._vjp import untransformed
-from ._baselines import Baselines, both_ends
+from ._baselines import Baselines, both_ends, path_points, quadrature, wide
 from ._convergence import delta_of
 from ._cotangents import seed_cotangents
 from ._engine import unflatten
 from ._inputs import accepts_tensors
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends
-from ._quadrature import path_points, quadrature, wide
 from ._target_values import target_values
 
 __all__ = ["layer_conductance"]

@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional
-from .._modes import check_attribution_modes
+from .._params import check_attribution_modes
 from .._taps import Tap
 from .._vjp import untransformed
 from ._causal import CausalCut, causal_cut, check_agrees, share_before

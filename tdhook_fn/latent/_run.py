@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from .._functional import Functional, with_copied_inputs
-from .._modes import check_attribution_modes
+from .._params import check_attribution_modes
 from .._probe import on_meta
 from .._taps import Tap
 from ._sites import Site

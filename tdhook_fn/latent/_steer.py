@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._modes import check_attribution_modes
+from .._params import check_attribution_modes
 from ._cache import cache
 from ._run import Edits, Sources, check_f, check_float, flat_sources, forward, resolve_runs
 from ._sites import Site, as_sites

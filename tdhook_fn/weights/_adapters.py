@@ -13,10 +13,9 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import Functional
+from .._functional import Functional, call
 from .._params import params as params_of
 from .._paths import PathError, resolve_path
-from .._shadow_run import call
 from .._taps import Side, Tap
 
 __all__ = ["Adapted", "Adapter", "adapter_params", "with_adapters"]

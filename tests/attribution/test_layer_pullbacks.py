@@ -140,8 +140,8 @@ def _both_targets(td: TensorDict) -> torch.Tensor:
 def test_layer_ig_on_the_inputs_path_equals_the_engines_gradients_summed_along_the_path(option, use_inputs):
     """Layer integrated gradients with ``interpolate="inputs"`` runs on the layer pullbacks; with every option it
     equals the engine's gradients at the same path points, weighted by the quadrature (the mechanism it had)."""
+    from tdhook_fn.attribution._baselines import path_points, quadrature
     from tdhook_fn.attribution._engine import grad_taps, gradients
-    from tdhook_fn.attribution._quadrature import path_points, quadrature
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).eval()

@@ -191,7 +191,7 @@ def test_call_compiles():
 
 
 def test_run_with_overrides_replaces_only_those_tensors():
-    from tdhook_fn._shadow_run import run
+    from tdhook_fn._functional import run
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 2))

@@ -98,7 +98,7 @@ def test_freed_after_error():
 
 
 def test_a_shadow_whose_refresh_raises_is_cleared_and_pooled_again():
-    from tdhook_fn._shadow_run import _pools
+    from tdhook_fn._functional import _pools
 
     net = nn.Sequential(nn.Linear(3, 2))
     p, x = tdhook_fn.params(net), torch.randn(4, 3)

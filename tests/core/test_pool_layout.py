@@ -12,8 +12,8 @@ from torch import nn
 from zoo import pooling_planes, tiny_resnet
 
 import tdhook_fn
+from tdhook_fn._functional import shadow_of
 from tdhook_fn._pool_layout import ChannelsLastMaxPool2d, fast_pooling, shadow_class
-from tdhook_fn._shadow_run import shadow_of
 from tdhook_fn.attribution import saliency
 
 _ANY_SIZE = pytest.mark.usefixtures("pools_of_any_size")  # (small inputs: these test where and what it pools)

@@ -19,10 +19,9 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from ..._functional import Functional, get_input, pack
+from ..._functional import Functional, get_input, pack, run
 from ..._model_plans import global_hooks
 from ..._shadow import HOOK_DICTS
-from ..._shadow_run import run
 
 __all__ = ["Link", "chain_of", "model_chain", "reads_one_key", "run_chain"]
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 from torch import nn
 
 from ..._model_plans import plan_for
-from ..._modes import check_attribution_modes
+from ..._params import check_attribution_modes
 from . import rules as _lrp_rules
 from .composites import EpsilonPlus, Resolved, Rules, resolve_rules, warn_missing
 from .model_chain import Link, model_chain

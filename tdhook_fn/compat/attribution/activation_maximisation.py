@@ -17,11 +17,10 @@ from tdhook_fn import resolve_path
 from tdhook_fn._paths import PathError
 from tdhook_fn.attribution import activation_maximisation
 from tdhook_fn.compat.modules import RoutedModule
-from tdhook_fn.compat.modules._virtual import module_path
+from tdhook_fn.compat.modules._scope import module_path
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn, make_target
-from .gradient_helpers.common import Attributing, inherited
+from .gradient_helpers.common import Attributing, AttributionCall, UserFn, inherited, make_target
 
 __all__ = ["ActivationMaximisation"]
 

@@ -12,8 +12,7 @@ from tdhook_fn import attribution
 from tdhook_fn.attribution import grad_cam
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn
-from .gradient_helpers.common import inherited
+from .gradient_helpers.common import AttributionCall, UserFn, inherited
 
 __all__ = ["DimsConfig", "GradCAM"]
 

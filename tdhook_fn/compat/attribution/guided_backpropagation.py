@@ -11,8 +11,7 @@ from torch import nn
 from tdhook_fn.attribution import guided_backprop
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn
-from .gradient_helpers.common import inherited
+from .gradient_helpers.common import AttributionCall, UserFn, inherited
 
 __all__ = ["GuidedBackpropagation"]
 

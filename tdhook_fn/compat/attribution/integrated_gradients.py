@@ -11,8 +11,7 @@ from tdhook_fn import label
 from tdhook_fn.attribution import convergence_delta, integrated_gradients
 
 from .gradient_helpers import GradientAttributionWithBaseline
-from .gradient_helpers._calls import AttributionCall, UserFn
-from .gradient_helpers.common import inherited
+from .gradient_helpers.common import AttributionCall, UserFn, inherited
 from .gradient_helpers.helpers import SUPPORTED_METHODS, approximation_parameters
 
 __all__ = ["IntegratedGradients"]

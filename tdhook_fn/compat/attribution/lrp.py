@@ -19,8 +19,7 @@ from tdhook_fn.attribution import lrp, rule_taps
 from tdhook_fn.compat.modules._routed import RoutedModule
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn
-from .gradient_helpers.common import inherited
+from .gradient_helpers.common import AttributionCall, UserFn, inherited
 from .lrp_helpers.rules import Rule
 
 __all__ = ["LRP"]

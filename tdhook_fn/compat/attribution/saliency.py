@@ -10,8 +10,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from tdhook_fn.attribution import saliency
 
 from .gradient_helpers import GradientAttribution
-from .gradient_helpers._calls import AttributionCall, UserFn
-from .gradient_helpers.common import inherited
+from .gradient_helpers.common import AttributionCall, UserFn, inherited
 
 __all__ = ["Saliency"]
 

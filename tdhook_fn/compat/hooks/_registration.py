@@ -1,10 +1,25 @@
-"""Hook directions, signature checks, paths and registration (``tdhook.hooks``, part 1)."""
+"""Hook directions, signature checks, paths and registration (``tdhook.hooks``, part 1): on a module, as torch
+registers, or recorded in a registry of virtual hooks (NOTE [virtual hooks])."""
+
+# NOTE [virtual hooks]
+# A hook is only *recorded*: a `VirtualHooks` registry holds entries (target submodule,
+# direction, hook, prepend). Every execution of the model goes through ``_scope.route``,
+# which runs it on the core's private shadow (`tdhook_fn._functional.run`) with the entries
+# of the registries *active* at that moment turned into custom taps. A registry is active
+# while its owner runs: ``HookedModule.forward`` and a ``HookedModuleRun`` add theirs to
+# the thread's scope (NOTE [one scope]), so a call sees the hooks of the hooked modules it
+# runs inside, outer ones included, and never another thread's. Entries name their target
+# by identity, as torch hooks do, mapped to a path of the routed root at call time; hook
+# functions receive the user's own submodule as ``module``, never the shadow.
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -220,3 +235,67 @@ class MultiHookManager:
         # (tdhook leaves the hooks registered before a failure in place: the model stays half hooked)
         return all_or_none(register_hook_to_module(submodule, hook_factory(name), direction, prepend)
                            for name, submodule in root.named_modules() if self._selects(name, submodule))
+
+
+_ORDER = itertools.count()  # global registration order; next() is atomic under the GIL
+
+
+@dataclass(frozen=True)
+class VirtualHook:
+    """One recorded hook: ``hook`` on ``target`` for ``direction``."""
+
+    order: int
+    target: nn.Module
+    direction: HookDirection
+    hook: Callable[..., Any]
+    prepend: bool
+
+
+class VirtualHookHandle:
+    """Removes one virtual hook from its registry; removing twice is harmless."""
+
+    def __init__(self, registry: VirtualHooks, order: int) -> None:
+        self._registry = registry
+        self._order = order
+
+    def remove(self) -> None:
+        self._registry.discard(self._order)
+
+    def __enter__(self) -> VirtualHookHandle:  # as torch's RemovableHandle
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+
+class VirtualHooks:
+    """A thread-safe registry of virtual hooks: recorded here, attached only to each call's private shadow."""
+
+    def __init__(self) -> None:
+        self.recorded: dict[int, VirtualHook] = {}  # by order; written under the lock
+        self._lock = threading.Lock()
+
+    def add(
+        self, target: nn.Module, hook: Callable[..., Any], direction: HookDirection, prepend: bool = False
+    ) -> VirtualHookHandle:
+        """Record ``hook``; its signature is checked now, as torch registration would."""
+        _check_hook_signature(hook, direction)
+        entry = VirtualHook(next(_ORDER), target, direction, hook, prepend)
+        with self._lock:
+            self.recorded[entry.order] = entry
+        return VirtualHookHandle(self, entry.order)
+
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle: a lock cannot be copied
+        return {"recorded": self.entries()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.recorded = {entry.order: entry for entry in state["recorded"]}
+        self._lock = threading.Lock()
+
+    def discard(self, order: int) -> None:
+        with self._lock:
+            self.recorded.pop(order, None)
+
+    def entries(self) -> list[VirtualHook]:
+        with self._lock:
+            return list(self.recorded.values())

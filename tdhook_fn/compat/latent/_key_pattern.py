@@ -11,7 +11,7 @@ from tdhook_fn import resolve_path
 from tdhook_fn.compat.hooks import HookDirection, MultiHookHandle, MultiHookManager, RemovableHandleProtocol
 from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import HookedModule
-from tdhook_fn.compat.modules._virtual import module_path
+from tdhook_fn.compat.modules._scope import module_path
 
 __all__ = ["KeyPatternHooks", "register_all"]
 

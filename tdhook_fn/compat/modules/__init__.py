@@ -33,13 +33,13 @@ from tdhook_fn.compat.hooks import (
     register_hook_to_module,
     resolve_submodule_path,
 )
+from tdhook_fn.compat.hooks._registration import VirtualHookHandle, VirtualHooks
 
 from ._hooked import HookedModule
 from ._pgd import PGDModule
 from ._routed import RoutedModule
 from ._run import HookedModuleRun
 from ._scope import Replacement, replacing
-from ._virtual import VirtualHookHandle, VirtualHooks
 from ._wrappers import (
     FunctionModule,
     IntermediateKeysCleaner,

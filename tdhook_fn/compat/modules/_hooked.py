@@ -22,11 +22,11 @@ from tdhook_fn.compat.hooks import (
     _check_hook_signature,
     resolve_submodule_path,
 )
+from tdhook_fn.compat.hooks._registration import VirtualHooks
 
 from ._routed import RoutedModule
 from ._run import HookedModuleRun, directed
-from ._scope import SCOPE, Scope
-from ._virtual import VirtualHooks, module_path
+from ._scope import SCOPE, Scope, module_path
 from ._wrappers import layout
 
 __all__ = ["HookedModule"]

@@ -14,8 +14,7 @@ from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
 
-from ._scope import SCOPE, Replacement, active_hooks, entered, replaced_params, route, unseen
-from ._virtual import taps_for
+from ._scope import SCOPE, Replacement, active_hooks, entered, replaced_params, route, taps_for, unseen
 
 __all__ = ["RoutedModule"]
 

@@ -16,9 +16,9 @@ from tdhook_fn.compat.hooks import (
     HookDirection,
     RemovableHandleProtocol,
 )
+from tdhook_fn.compat.hooks._registration import VirtualHooks
 
 from ._scope import entered
-from ._virtual import VirtualHooks
 
 __all__ = ["HookedModuleRun", "directed"]
 

@@ -23,21 +23,24 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-from tdhook_fn._shadow_run import run
+from tdhook_fn._functional import run
+from tdhook_fn._paths import name_to_path
+from tdhook_fn._taps import Captured, Tap
 from tdhook_fn._types import Replace
-
-from ._virtual import VirtualHook, VirtualHooks, taps_for
+from tdhook_fn.compat.hooks import HookDirection
+from tdhook_fn.compat.hooks._registration import VirtualHook, VirtualHooks, register_checked
 
 __all__ = [
-    "SCOPE", "Replacement", "Scope", "active_hooks", "entered", "replaced_params", "replacing", "route",
-    "unseen",
+    "SCOPE", "HookTap", "Replacement", "Scope", "active_hooks", "entered", "module_path", "module_paths",
+    "replaced_params", "replacing", "route", "taps_for", "unseen",
 ]
 
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
@@ -177,3 +180,48 @@ def route(root: nn.Module, invoke: Callable[[nn.Module], Any]) -> Any:
     overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
     output, _ = run(root, None, taps_for(root, active_hooks(scope)), invoke, overrides=overrides or None)
     return output
+
+
+@dataclass(frozen=True)
+class HookTap(Tap):
+    """A custom tap registering a tdhook-style hook (``direction``, ``prepend``) on the call's shadow
+    submodule, which receives the user's submodule ``target`` as its ``module``."""
+
+    direction: HookDirection = "fwd"
+    prepend: bool = False
+    target: Any = field(default=None, compare=False, repr=False)
+
+    def attach(self, module: nn.Module, captured: Captured) -> RemovableHandle:
+        hook, original = self.fn, self.target
+        assert hook is not None
+
+        def relay(_shadow: nn.Module, *args: Any) -> Any:
+            return hook(original, *args)
+
+        return register_checked(module, relay, self.direction, self.prepend)  # (checked when recorded)
+
+
+def module_paths(root: nn.Module) -> dict[int, str]:
+    """``id(submodule) -> path`` from ``root``, each submodule at its first name."""
+    paths: dict[int, str] = {}
+    for name, module in root.named_modules(remove_duplicate=False):
+        if id(module) not in paths:
+            paths[id(module)] = name_to_path(name)
+    return paths
+
+
+def module_path(root: nn.Module, target: nn.Module) -> str | None:
+    """The path of ``target`` from ``root``, or ``None`` when it is not inside it."""
+    return module_paths(root).get(id(target))
+
+
+def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
+    """``hooks`` as taps on ``root``; hooks on modules outside ``root`` are left out."""
+    if not hooks:
+        return ()
+    paths = module_paths(root)
+    return tuple(
+        HookTap(paths[id(h.target)], "custom", h.hook, direction=h.direction, prepend=h.prepend, target=h.target)
+        for h in hooks
+        if id(h.target) in paths
+    )

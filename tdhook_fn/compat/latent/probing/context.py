@@ -35,7 +35,7 @@ from tdhook_fn.compat.hooks import (
     RemovableHandleProtocol,
 )
 from tdhook_fn.compat.modules import HookedModule
-from tdhook_fn.compat.modules._virtual import module_path
+from tdhook_fn.compat.modules._scope import module_path
 
 from .._key_pattern import KeyPatternHooks, register_all
 
