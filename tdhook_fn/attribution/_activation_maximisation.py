@@ -31,8 +31,7 @@ from .._functional import NestedKey
 from .._probe import on_meta
 from .._taps import Tap
 from .._targets import Target, as_target
-from ._cotangents import Cotangents
-from ._engine import GradFn, grad_taps, gradients, input_keys_of, per_key
+from ._engine import Cotangents, GradFn, grad_taps, gradients, input_keys_of, per_key
 from ._inputs import accepts_tensors, check_call, check_layers
 from ._replaced_derivatives import values_where_replaced
 from ._target_values import target_values

@@ -26,7 +26,7 @@ from .._functional import NestedKey
 from .._taps import Tap
 from .._targets import Target
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
-from ._cotangents import Cotangents
+from ._engine import Cotangents
 from ._inputs import check_call
 from ._target_values import target_values
 

@@ -13,9 +13,8 @@ from .._functional import Functional, NestedKey
 from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
-from ._cotangents import Cotangents, Guide
-from ._engine import gradients, input_keys_of
-from ._gradient_chain import gradient_step, tensor_gradients, walked_gradients
+from ._engine import Cotangents, gradients, input_keys_of
+from ._gradient_chain import Guide, gradient_step, tensor_gradients, walked_gradients
 from ._guided_backprop import guide_taps, module_paths
 from ._inputs import accepts_tensors_via
 

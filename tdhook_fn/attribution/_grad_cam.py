@@ -9,8 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._taps import Tap
 from .._targets import Target
-from ._cotangents import Cotangents
-from ._engine import GradFn, grad_taps, gradients
+from ._engine import Cotangents, GradFn, grad_taps, gradients
 from ._inputs import accepts_tensors
 
 __all__ = ["DimsConfig", "grad_cam"]

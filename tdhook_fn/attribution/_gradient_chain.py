@@ -68,15 +68,34 @@ from ._chain_walk import (
     walk_plan,
     walked_map,
 )
-from ._cotangents import Guide
 from ._deeplift_chain import deeplift_step
 from ._inputs import UNSET, check_call
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
 
-__all__ = ["ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients", "tensor_gradients",
+__all__ = ["Guide", "ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients", "tensor_gradients",
            "walked_gradients", "walked_guided_and_cam"]
 
 ReluRule = Callable[[torch.Tensor], Pullback]  # a ReLU's output -> its backward (the gradient at its output -> input's)
+
+
+class Guide:
+    """Whether one call's guided taps rectify the gradient, switched between the pullbacks of one forward.
+
+    Attributes:
+        on (bool): ``relu`` of the gradient (guided backprop), else the gradient as it is.
+    """
+
+    __slots__ = ("on",)
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+
+    def setter(self, on: bool) -> Callable[[], None]:
+        """What switches the guide to ``on`` (a pass's ``before``)."""
+        def switch() -> None:
+            self.on = on
+
+        return switch
 
 _V = TypeVar("_V")
 _aten: Any = torch.ops.aten  # (autograd's own backward kernels: the numbers of the general path)

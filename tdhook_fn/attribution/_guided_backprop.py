@@ -13,9 +13,8 @@ from .._model_plans import plan_for
 from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
-from ._cotangents import Cotangents, Guide
-from ._engine import GradFn, scaled
-from ._gradient_chain import guided_backprop_step, walked_gradients
+from ._engine import Cotangents, GradFn, scaled
+from ._gradient_chain import Guide, guided_backprop_step, walked_gradients
 from ._inputs import accepts_tensors
 from ._saliency import saliency
 

@@ -11,10 +11,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
-from ._cotangents import Guide, Pass
 from ._deconvolution import relu_rule_taps
-from ._engine import gradients, input_keys_of
-from ._gradient_chain import walked_guided_and_cam
+from ._engine import Pass, gradients, input_keys_of
+from ._gradient_chain import Guide, walked_guided_and_cam
 from ._inputs import accepts_tensors, check_call
 from ._replaced_derivatives import as_values
 

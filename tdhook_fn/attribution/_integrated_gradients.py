@@ -26,8 +26,7 @@ from ._baselines import (
     wide,
 )
 from ._convergence import delta_of
-from ._cotangents import Cotangents
-from ._engine import GradFn, as_functional, grad_taps, gradients, scaled
+from ._engine import Cotangents, GradFn, as_functional, grad_taps, gradients, scaled
 from ._inputs import accepts_tensors, check_call, check_layers
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path

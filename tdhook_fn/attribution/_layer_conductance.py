@@ -25,8 +25,7 @@ from .._types import PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, both_ends, path_points, quadrature, wide
 from ._convergence import delta_of
-from ._cotangents import seed_cotangents
-from ._engine import unflatten
+from ._engine import seed_cotangents, unflatten
 from ._inputs import accepts_tensors
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends

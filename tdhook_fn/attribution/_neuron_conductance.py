@@ -12,8 +12,7 @@ from .._functional import Functional, NestedKey
 from .._targets import Target
 from .._types import PureFn
 from ._baselines import Baselines, fold, in_dtypes, path_points, quadrature, wide
-from ._cotangents import seed_cotangents
-from ._engine import scaled, unflatten
+from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors
 from ._layer_pullbacks import layer_pullbacks
 from ._path_checks import check_chunk_size, check_steps, checked_path_ends

@@ -17,8 +17,7 @@ from .._functional import Functional, NestedKey
 from .._taps import Tap
 from .._targets import Target
 from ._baselines import fold, path_points
-from ._cotangents import Cotangents, check_per_target_or_cotangents, seed_cotangents
-from ._engine import unflatten
+from ._engine import Cotangents, check_per_target_or_cotangents, seed_cotangents, unflatten
 from ._layer_pullbacks import layer_pullbacks
 
 __all__ = ["gradients_along_path"]

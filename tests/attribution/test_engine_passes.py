@@ -13,9 +13,9 @@ from torch import nn
 
 from tdhook_fn import functional, params
 from tdhook_fn.attribution import guided_backprop, guided_grad_cam
-from tdhook_fn.attribution._cotangents import Guide, Pass
 from tdhook_fn.attribution._deconvolution import relu_rule_taps
-from tdhook_fn.attribution._engine import gradients
+from tdhook_fn.attribution._engine import Pass, gradients
+from tdhook_fn.attribution._gradient_chain import Guide
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Input Tensor .* did not already require gradients:UserWarning"),
@@ -135,7 +135,7 @@ def test_guided_backprop_paths_follow_the_model():
 def test_the_vmapped_pullback_accelerators_take_equals_one_pullback_per_target(wanted):
     """`pull_vmapped` (the per-target pullback on accelerators), run here on the CPU, against `pull_each`'s loop."""
     from tdhook_fn._vjp import vjp
-    from tdhook_fn.attribution._cotangents import pull_each, pull_vmapped
+    from tdhook_fn.attribution._engine import pull_each, pull_vmapped
 
     torch.manual_seed(0)
     w = torch.randn(3, 4, dtype=torch.float64)

@@ -54,8 +54,7 @@ from ..._params import Key, leaves
 from ..._targets import Target
 from ..._types import Pullback
 from ..._vjp import RandomState, autograd_as_walked, reaches_other_leaves
-from .._cotangents import Cotangents, seed_cotangents
-from .._engine import unflatten
+from .._engine import Cotangents, seed_cotangents, unflatten
 from .._inputs import check_call
 from .._target_values import offered_targets
 from .bound import run_bound

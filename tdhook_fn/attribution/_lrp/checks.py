@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._cotangents import Cotangents
+from .._engine import Cotangents
 
 __all__ = [
     "check_module_call",

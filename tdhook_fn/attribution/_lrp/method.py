@@ -54,8 +54,7 @@ from ..._params import leaves
 from ..._taps import Captured, Handles, Tap
 from ..._targets import Target
 from ..._vjp import untransformed
-from .._cotangents import Cotangents
-from .._engine import gradients, input_keys_of
+from .._engine import Cotangents, gradients, input_keys_of
 from .._inputs import accepts_tensors, check_layers
 from .._replaced_derivatives import as_values, refuse_level_zero_graph
 from .chain import chain_lrp
