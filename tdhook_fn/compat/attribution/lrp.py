@@ -16,7 +16,7 @@ from torch import nn
 
 from tdhook_fn import attribution
 from tdhook_fn.attribution import lrp, rule_taps
-from tdhook_fn.compat.modules._routed import RoutedModule
+from tdhook_fn.compat.modules._hooked import RoutedModule
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers.common import AttributionCall, UserFn, inherited

@@ -35,9 +35,8 @@ from tdhook_fn.compat.hooks import (
 )
 from tdhook_fn.compat.hooks._registration import VirtualHookHandle, VirtualHooks
 
-from ._hooked import HookedModule
+from ._hooked import HookedModule, RoutedModule
 from ._pgd import PGDModule
-from ._routed import RoutedModule
 from ._run import HookedModuleRun
 from ._scope import Replacement, replacing
 from ._wrappers import (
