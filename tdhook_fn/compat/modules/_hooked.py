@@ -1,6 +1,6 @@
 """The two modules a context works with: `RoutedModule`, the model routed through the scope (what
-``_prepare_module`` receives), and `HookedModule`, what a context hands back, with virtual hooks (NOTE [virtual
-hooks])."""
+``_prepare_module`` receives), and `HookedModule`, what a context hands back, with virtual hooks
+(NOTE [virtual hooks])."""
 
 from __future__ import annotations
 
