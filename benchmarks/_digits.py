@@ -56,12 +56,26 @@ class _ChannelsLastMaxPool(nn.MaxPool2d):
                          self.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (channels-last already; or the copies cost more than the kernel saves: few channels, a small input)
-        if not x.is_contiguous() or x.shape[1] < 4 or x.numel() < 1 << 15:
+        if not faster_in_channels_last(x):
             return super().forward(x)
         if x.requires_grad and torch.is_grad_enabled():
             return _PoolPlanes.apply(x, self)  # type: ignore[no-any-return]
         return super().forward(x.contiguous(memory_format=torch.channels_last)).contiguous()
+
+
+def faster_in_channels_last(x: torch.Tensor) -> bool:
+    """Whether max pooling ``x`` on a channels-last copy is the faster on the CPU: not channels-last already, and
+    enough channels and elements that the kernel saves more than the copies cost (the rule ours follows)."""
+    return x.is_contiguous() and x.shape[1] >= 4 and x.numel() >= 1 << 15
+
+
+def max_pool_with_indices(layer: nn.MaxPool2d, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``layer``'s maxima of ``h`` and their indices, in the default layout; on a channels-last copy where that is
+    the faster (the walk floors' pooling)."""
+    x = h.contiguous(memory_format=torch.channels_last) if faster_in_channels_last(h) else h
+    y, where = F.max_pool2d(x, layer.kernel_size, layer.stride, layer.padding, layer.dilation, layer.ceil_mode,
+                            return_indices=True)
+    return y.contiguous(), where.contiguous()
 
 
 def fastest_pooling(net: nn.Sequential) -> nn.Sequential:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+from _digits import max_pool_with_indices
 from bench_deeplift import Back, affine_step
 from torch import nn
 
@@ -21,10 +21,9 @@ def walk_step(layer: nn.Module, h: torch.Tensor, relu_back: ReluBack) -> tuple[t
     if isinstance(layer, nn.ReLU):
         y = torch.relu(h)
         return y, lambda g: relu_back(g, y)
-    if isinstance(layer, nn.MaxPool2d):  # (on a channels-last copy: the same maxima, faster on small planes)
-        y, idx = F.max_pool2d(h.contiguous(memory_format=torch.channels_last), layer.kernel_size, layer.stride,
-                              layer.padding, layer.dilation, layer.ceil_mode, return_indices=True)
-        y, at, shape = y.contiguous(), idx.contiguous().flatten(2), h.shape
+    if isinstance(layer, nn.MaxPool2d):
+        y, idx = max_pool_with_indices(layer, h)
+        at, shape = idx.flatten(2), h.shape
         return y, lambda g: g.new_zeros(shape).flatten(2).scatter_add_(2, at, g.reshape(y.shape).flatten(2)).view(shape)
     if isinstance(layer, nn.Flatten):
         return h.flatten(1), lambda g: g.reshape(h.shape)

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _digits import fastest_pooling
+from _digits import fastest_pooling, max_pool_with_indices
 from _timing import cpu_medians, peak_rss_growth_mib, print_table
 from _walk_floor import walked_forward
 from bench_deeplift import Back, _captum_safe, _Copy, _floor_step, _rescaled, affine_step, max_pool_back, walk_to_target
@@ -345,10 +345,7 @@ def _pair_step(layer: nn.Module, h: torch.Tensor, n: int, eps: float) -> tuple[t
         m = _rescaled(dx, _pairs(y, n) / dx, lambda: _each_pair(y[:n] > 0, k).to(y.dtype), eps)
         return y, lambda g: g * m
     if isinstance(layer, nn.MaxPool2d):
-        planes = h.contiguous(memory_format=torch.channels_last)
-        y, idx = F.max_pool2d(planes, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
-                              layer.ceil_mode, return_indices=True)
-        y, idx = y.contiguous(), idx.contiguous()
+        y, idx = max_pool_with_indices(layer, h)
         top = torch.maximum(y[:n, None], y[None, n:])
         up, down = (top - y[None, n:]).flatten(0, 1), (y[:n, None] - top).flatten(0, 1)
         at_x = _each_pair(idx[:n], k).flatten(2)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from _digits import max_pool_with_indices
 from _timing import in_our_units, input_gradient, interleaved_medians, print_table
 from bench_lrp import cnn, mlp
 from tensordict import TensorDict
@@ -72,11 +73,7 @@ def _conv_adjoint(c: nn.Conv2d) -> Back:
 
 
 def _floor_max_pool(layer: nn.MaxPool2d, h: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, Back]:
-    # on a channels-last copy: the same maxima and indices, 3x faster on the CPU for small planes
-    planes = h.contiguous(memory_format=torch.channels_last)
-    y, idx = F.max_pool2d(planes, layer.kernel_size, layer.stride, layer.padding, layer.dilation, layer.ceil_mode,
-                          return_indices=True)
-    y, idx = y.contiguous(), idx.contiguous()
+    y, idx = max_pool_with_indices(layer, h)  # (on a channels-last copy where that is the faster)
     top = torch.maximum(y[:n], y[n:])
     up, down, dx, shape = top - y[n:], y[:n] - top, h[:n] - h[n:], h[:n].shape
     at_x, at_ref = idx[:n].flatten(2), idx[n:].expand(n, -1, -1, -1).flatten(2)
