@@ -136,7 +136,8 @@ class ChannelsLastMaxPool2d(nn.MaxPool2d):
         if input.requires_grad and torch.is_grad_enabled():
             if forward_ad._current_level >= 0:  # (the Function has no forward-mode derivative)
                 return super().forward(input)
-            stride = self.stride if self.stride else self.kernel_size  # (an empty stride: the kernel's)
+            # (an empty stride is the kernel's, as in F.max_pool2d; a zero one reaches the kernel, which refuses it)
+            stride = self.kernel_size if isinstance(self.stride, (tuple, list)) and not self.stride else self.stride
             out, indices = _planes_max_pool(input, _pair(self.kernel_size), _pair(stride), _pair(self.padding),
                                             _pair(self.dilation), self.ceil_mode)
             return (out, indices) if self.return_indices else out

@@ -193,6 +193,7 @@ def sees_modules(tap: Tap) -> bool:
     module, which it may read (its class, say); the built-in kinds hand their functions values only."""
     return type(tap).attach is not Tap.attach
 
+
 def kept(value: Any) -> Any:
     """``value`` with its tensors copied, to keep what a tap read.
 
