@@ -77,8 +77,8 @@ GRADIENTS: dict[str, Callable[..., Any]] = {
     "deconvolution, f with a capture": lambda f, p, x: deconvolution(_captured(f), p, x, target=_class_1),
 }
 RULED: dict[str, Callable[..., Any]] = {
-    "lrp": lambda f, p, x: lrp(f, p, x, target=1, rules=EpsilonPlus(), warn_on_missing_rule=False),
-    "deeplift": lambda f, p, x: deeplift(f, p, x, target=1),
+    "lrp": lambda f, p, x: lrp(f, p, x, target=_class_1, rules=EpsilonPlus(), warn_on_missing_rule=False),
+    "deeplift": lambda f, p, x: deeplift(f, p, x, target=_class_1),
 }
 
 
@@ -119,7 +119,19 @@ def test_gradients_pool_in_channels_last_and_give_autograds_maps(
 
 @pytest.mark.parametrize("name", list(RULED))
 def test_rule_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not any(_pooled_layouts(monkeypatch, RULED[name]))
+    """On their general path (a capture on f: no walk), the rule taps choose by the module's class: the shadow's
+    pool runs as the model's own ``nn.MaxPool2d``, in the default layout."""
+    ran: list[type] = []
+    forward = nn.MaxPool2d.forward
+
+    def recorded(module: nn.MaxPool2d, x: torch.Tensor) -> Any:
+        ran.append(type(module))
+        return forward(module, x)
+
+    monkeypatch.setattr(nn.MaxPool2d, "forward", recorded)
+    layouts = _pooled_layouts(monkeypatch, lambda f, p, x: RULED[name](_captured(f), p, x))
+    assert ran and all(kind is nn.MaxPool2d for kind in ran), ran
+    assert layouts and not any(layouts)
 
 
 @pytest.mark.parametrize("method", ["occlusion", "saliency"])
