@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["mapped_gradient"]
+from ._types import GradFn
 
-GradFn = Callable[[torch.Tensor], torch.Tensor]
+__all__ = ["mapped_gradient"]
 
 
 class _MapGrad(torch.autograd.Function):

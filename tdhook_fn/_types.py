@@ -7,8 +7,9 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["Pullback", "PureFn", "Replace"]
+__all__ = ["GradFn", "Pullback", "PureFn", "Replace"]
 
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]  # f(params, td) -> td
 Pullback = Callable[[torch.Tensor], torch.Tensor]  # a cotangent (a relevance) at a map's output -> at its input
 Replace = Callable[[torch.Tensor], torch.Tensor]  # a tensor's new value from its value (an activation, a parameter)
+GradFn = Callable[[torch.Tensor], torch.Tensor]  # a gradient at a module -> the gradient sent on (`map_grad`)

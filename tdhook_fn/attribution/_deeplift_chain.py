@@ -130,7 +130,7 @@ def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: 
 
 
 def deeplift_step(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor, n: int, eps: float,
-          rows: int) -> tuple[torch.Tensor, Pullback] | None:
+                  rows: int) -> tuple[torch.Tensor, Pullback] | None:
     """One module's forward at the inputs and the references (``both``, ``n`` input rows first), and its backward
     on ``rows`` rows (``n``; ``n k``: every pair, NOTE [pairs on the chain]).
 

@@ -44,7 +44,7 @@ from .._params import leaf_keys, leaves
 from .._pool_layout import FAST_POOLING
 from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
-from .._types import Replace
+from .._types import GradFn, Replace
 from .._vjp import vjp
 from ._gradient_chain import plain_gradients
 from ._inputs import check_call
@@ -76,7 +76,6 @@ __all__ = [
 ]
 
 TargetFn = Callable[[TensorDictBase], TensorDictBase]
-GradFn = Callable[[torch.Tensor], torch.Tensor]
 _ACT = "_tdhook_fn_activation_"
 
 

@@ -143,7 +143,6 @@ def _only_map(caller: str, result: Any) -> torch.Tensor:
     return cast(torch.Tensor, result.get(keys[0]))
 
 
-
 def check_layers(caller: str, layers: Any, name: str = "layers") -> None:
     """``layers`` must be a sequence of path strings (a lone string would be read per character)."""
     if type(layers) is tuple and not layers:

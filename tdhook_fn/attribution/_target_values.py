@@ -1,5 +1,6 @@
-"""The target values of a forward that nothing differentiates, read as `gradients` reads them: the perturbation
-and surrogate methods' reads, convergence deltas, the walks' targets."""
+"""Target values read as `gradients` reads them, for callers that run their own forward: `target_values`, of a
+forward nothing differentiates (the perturbation and surrogate methods, convergence deltas, the walks' targets),
+and `offered_targets`, inside a forward the caller differentiates (layer pullbacks, LRP's chain)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tdhook_fn import Functional, Tap, capture, resolve_path
 from tdhook_fn._functional import with_copied_inputs
+from tdhook_fn._types import GradFn
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
@@ -59,7 +60,6 @@ __all__ = [
 
 UserFn = Callable[[TensorDict, TensorDict], TensorDict]
 TdFn = Callable[[TensorDictBase], TensorDictBase]
-GradFn = Callable[[torch.Tensor], torch.Tensor]
 _CACHE_IN = "_tdhook_fn_cache_in_"
 
 
