@@ -138,6 +138,21 @@ def test_small_inputs_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> 
     assert layouts == [False, False, False, False, True, True]
 
 
+@pytest.mark.parametrize("stride", [0, ()])
+def test_a_stride_reads_as_the_plain_kernel_reads_it(stride: Any) -> None:
+    """Differentiated in channels-last: an empty stride is the kernel's, a zero one is refused, as by nn.MaxPool2d."""
+    x = torch.randn(16, 8, 16, 16, requires_grad=True)  # (2^15 elements: the channels-last kernel runs)
+    plain, shadow = nn.MaxPool2d(2, stride=stride), ChannelsLastMaxPool2d(2, stride=stride)
+    with fast_pooling():
+        if stride == 0:
+            with pytest.raises(RuntimeError, match="stride should not be zero"):
+                plain(x)
+            with pytest.raises(RuntimeError, match="stride should not be zero"):
+                shadow(x)
+        else:
+            _exact(shadow(x), plain(x))
+
+
 @_ANY_SIZE
 def test_planes_of_fewer_than_four_channels_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """There the channels-last kernel is the slower one; differentiated or not."""
