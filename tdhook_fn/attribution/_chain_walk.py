@@ -152,7 +152,7 @@ def _forward(link: WalkLink, own: tuple[torch.Tensor, ...], both: torch.Tensor) 
     if kind == "activation":
         return ACTIVATIONS[type(module)][0](module, both), _unused
     if kind == "pool":
-        return max_pool_with_indices(MAX_POOLS[type(module)][1], both, module.__dict__)[0], _unused
+        return max_pool_with_indices(MAX_POOLS[type(module)], both, module.__dict__)[0], _unused
     if kind == "softmax" and (isinstance(dim := module.__dict__.get("dim"), bool) or dim not in (-1, both.dim() - 1)):
         return None
     return module(both), _unused

@@ -106,7 +106,8 @@ def _softmax(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: b
 
 
 def _max_pool(module: nn.Module, both: torch.Tensor, n: int, eps: float, pairs: bool) -> tuple[torch.Tensor, Pullback]:
-    dims, pool = MAX_POOLS[type(module)]
+    pool = MAX_POOLS[type(module)]
+    dims = pool[0]
     out, indices = max_pool_with_indices(pool, both, module.__dict__)  # NOTE [max pooling in channels-last]
     (h, r), (y, y_ref), (at_x, at_ref) = _halves(both, n, pairs), _halves(out, n, pairs), _halves(indices, n, pairs)
     dx = h - r

@@ -119,7 +119,8 @@ def _activation(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Pullb
 
 
 def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Pullback]:
-    dims, pool = MAX_POOLS[type(module)]
+    pool = MAX_POOLS[type(module)]
+    dims = pool[0]
     y, indices = max_pool_with_indices(pool, h, module.__dict__)  # NOTE [max pooling in channels-last]
     at = indices.flatten(-dims)
 

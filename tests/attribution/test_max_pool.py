@@ -18,7 +18,7 @@ def test_the_same_maxima_and_indices_as_the_plain_kernel(name: str, kernel: int,
                                                          dilation: int, ceil: bool) -> None:
     x = pooling_planes()[name]
     state = {"kernel_size": kernel, "stride": stride, "padding": padding, "dilation": dilation, "ceil_mode": ceil}
-    out, indices = max_pool_with_indices(F.max_pool2d, x, state)
+    out, indices = max_pool_with_indices((2, F.max_pool2d), x, state)
     want, want_indices = F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode=ceil, return_indices=True)
     assert torch.equal(indices, want_indices)
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
@@ -28,7 +28,7 @@ def test_the_same_maxima_and_indices_as_the_plain_kernel(name: str, kernel: int,
 def test_other_pools_run_the_plain_kernel() -> None:
     x = torch.randn(2, 3, 8)
     state = {"kernel_size": 2, "stride": 2, "padding": 0, "dilation": 1, "ceil_mode": False}
-    out, indices = max_pool_with_indices(F.max_pool1d, x, state)
+    out, indices = max_pool_with_indices((1, F.max_pool1d), x, state)
     want, want_indices = F.max_pool1d(x, 2, 2, 0, 1, return_indices=True)
     assert torch.equal(out, want) and torch.equal(indices, want_indices)
 
@@ -45,5 +45,5 @@ def test_the_copy_runs_where_it_is_the_faster(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(F, "max_pool2d", spy)
     state = {"kernel_size": 2, "stride": 2, "padding": 0, "dilation": 1, "ceil_mode": False}
     for shape in [(8, 8, 16, 16), (16, 8, 16, 16), (16, 3, 32, 32)]:
-        max_pool_with_indices(F.max_pool2d, torch.randn(shape), state)
+        max_pool_with_indices((2, F.max_pool2d), torch.randn(shape), state)
     assert copied == [False, True, False]

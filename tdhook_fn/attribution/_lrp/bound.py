@@ -145,11 +145,11 @@ def _pass_step(op: Callable[[torch.Tensor], torch.Tensor]) -> BoundStep:
 
 def _pool_step(pool: tuple[int, Callable[..., Any]], state: dict[str, Any]) -> BoundStep:
     """Max pooling: each window's relevance to where its maximum came from (`records.Pooled`'s numbers)."""
-    dims, op = pool
+    dims = pool[0]
 
     def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         shape = h.shape
-        out, indices = max_pool_with_indices(op, h, state)  # NOTE [max pooling in channels-last]
+        out, indices = max_pool_with_indices(pool, h, state)  # NOTE [max pooling in channels-last]
 
         def back(relevance: torch.Tensor) -> torch.Tensor:
             plane = relevance.new_zeros(shape).flatten(-dims)

@@ -32,11 +32,13 @@ MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
     nn.MaxPool1d: (1, F.max_pool1d), nn.MaxPool2d: (2, F.max_pool2d), nn.MaxPool3d: (3, F.max_pool3d)}
 
 
-def max_pool_with_indices(pool: Callable[..., Any], x: torch.Tensor, state: dict[str, Any],
+def max_pool_with_indices(pool: tuple[int, Callable[..., Any]], x: torch.Tensor, state: dict[str, Any],
                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pool(x, ...)`` with ``return_indices`` and the module's settings ``state``: the maxima and their indices."""
+    """The maxima and their indices of the pool ``pool`` (an entry of `MAX_POOLS`: the dims of a plane, the op)
+    with the module's settings ``state``."""
+    dims, op = pool
     settings = (state["kernel_size"], state["stride"], state["padding"], state["dilation"])
-    if pool is F.max_pool2d and faster_in_channels_last(x):
+    if dims == 2 and faster_in_channels_last(x):
         return channels_last_max_pool(x, *settings, state["ceil_mode"])
-    out, indices = pool(x, *settings, ceil_mode=state["ceil_mode"], return_indices=True)
+    out, indices = op(x, *settings, ceil_mode=state["ceil_mode"], return_indices=True)
     return out, indices

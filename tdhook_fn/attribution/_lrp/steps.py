@@ -95,7 +95,7 @@ class Steps:
             tensors = state["_parameters"] if own is None else own
             return self._affine_step(path, rule, module, kind.affine, h.detach(), tensors)
         if kind.pool is not None:  # (the kernel autograd runs: ties go to the same input)
-            out, indices = max_pool_with_indices(kind.pool[1], h, state)  # NOTE [max pooling in channels-last]
+            out, indices = max_pool_with_indices(kind.pool, h, state)  # NOTE [max pooling in channels-last]
             self.records.append(Pooled(h.shape, indices, kind.pool[0]))
             return out
         if kind is PASS or kind is RESHAPE:

@@ -130,11 +130,11 @@ def run_planned(planned: list[Planned], h: torch.Tensor, tensors: list[tuple[tor
             h = step.op(h)
             back = Passed(h, h._version).back
         elif kind == "pool":
-            assert step.pool is not None
-            dims, pool = step.pool
+            pool = step.pool
+            assert pool is not None
             shape = h.shape
             h, indices = max_pool_with_indices(pool, h, step.module.__dict__)  # NOTE [max pooling in channels-last]
-            back = Pooled(shape, indices, dims).back
+            back = Pooled(shape, indices, pool[0]).back
         elif kind == "reshape":
             shape = h.shape
             h = type(step.module).forward(step.module, h)
