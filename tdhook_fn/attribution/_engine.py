@@ -57,7 +57,6 @@ __all__ = [
     "GradFn",
     "Gradients",
     "Pass",
-    "TargetFn",
     "as_functional",
     "check_per_target_or_cotangents",
     "extras_of",
@@ -68,14 +67,12 @@ __all__ = [
     "offer",
     "per_key",
     "pull_each",
-    "pull_passes",
     "pull_vmapped",
     "scaled",
     "seed_cotangents",
     "unflatten",
 ]
 
-TargetFn = Callable[[TensorDictBase], TensorDictBase]
 _ACT = "_tdhook_fn_activation_"
 
 

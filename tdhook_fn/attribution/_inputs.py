@@ -36,7 +36,7 @@ from .._types import PureFn
 from .._vjp import untransformed
 
 __all__ = [
-    "UNSET", "accepts_tensors", "accepts_tensors_via", "check_batch_first", "check_call", "check_layers", "one_tensor",
+    "UNSET", "accepts_tensors", "accepts_tensors_via", "check_call", "check_layers", "one_tensor",
     "tensor_inputs",
 ]
 
