@@ -140,6 +140,14 @@ class RoutedModule(TensorDictModuleWrapper):
             return runner
         return RoutedModule(self.td_module, self._extra_relative_path, self._replacements, runner)
 
+    def running_alone(self) -> RoutedModule:
+        """This routed model with its replacements, whose forward routes the model itself (no runner)."""
+        alone: RoutedModule | None = self.__dict__.get("_alone")
+        if alone is None:  # (kept: its functional is built once)
+            alone = RoutedModule(self.td_module, self._extra_relative_path, self._replacements)
+            self.__dict__["_alone"] = alone
+        return alone
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The live call: the model's own tensors (gradients reach them), replacements applied."""
         with entered(replacements=self._replacements):
@@ -147,8 +155,42 @@ class RoutedModule(TensorDictModuleWrapper):
                 return self._runner(*args, **kwargs)
             return route(self.td_module, lambda root: root(*args, **kwargs))
 
+    # NOTE [runners' effects]
+    # A working module whose forward runs a pre-factory's hooked module (``running``) computes,
+    # live, with that hooked module's hooks and its routed module's replacements (and those of
+    # the hooked module it runs in turn). `params` and `functional` give a method the same
+    # model: they add those registries and replacements to the scope while they read it. A
+    # runner that is something else (a prepared module computing more than the model: an
+    # attribution, a wrapper of the outputs) is no pure function of the model's params: a
+    # method cannot differentiate it, so both refuse it, naming its class.
+
+    def _runners_scope(self) -> Scope:
+        """The scope with the effects of the hooked modules this module runs (NOTE [runners' effects])."""
+        scope = SCOPE.get()
+        hooks, replacements = list(scope.hooks), list(scope.replacements)
+        runner = self._runner
+        while runner is not None:
+            runs = runner.__dict__.get("_runs") if isinstance(runner, HookedModule) else None
+            if not isinstance(runner, HookedModule) or not isinstance(runs, RoutedModule):
+                raise NotImplementedError(
+                    f"{type(self).__name__}: the module prepared before this factory's runs a "
+                    f"{type(runs if runs is not None else runner).__name__}, not the model: a method that takes the "
+                    "model as a pure function cannot compute through it. Put that factory after this one (or "
+                    "use it on the hooked module's outputs)")
+            if runner._virtual_hooks not in hooks:
+                hooks.append(runner._virtual_hooks)
+            replacements += unseen(replacements, runs._replacements)
+            runner = runs._runner
+        return Scope(tuple(hooks), scope.recording, tuple(replacements))
+
     def params(self, *, detach: bool = False) -> TensorDictBase:
         """The model's tensors, live, with the replacements active now (``detach``: a detached snapshot)."""
+        if self._runner is not None:  # (NOTE [runners' effects])
+            token = SCOPE.set(self._runners_scope())
+            try:
+                return RoutedModule.params(self.running_alone(), detach=detach)
+            finally:
+                SCOPE.reset(token)
         params = params_of(self.model, detach=detach)
         scoped = SCOPE.get().replacements
         if not (scoped or self._replacements):
@@ -169,6 +211,12 @@ class RoutedModule(TensorDictModuleWrapper):
         ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys`` (a dict
         of them passes keywords, as the context's TensorDictModule does).
         """
+        if self._runner is not None:  # (NOTE [runners' effects])
+            token = SCOPE.set(self._runners_scope())
+            try:
+                return self.running_alone().functional()
+            finally:
+                SCOPE.reset(token)
         f: Functional | None = self.__dict__.get("_functional")
         if f is None:  # (built once: the model and the keys are this module's for good)
             model, wrapper = self.model, self.td_module

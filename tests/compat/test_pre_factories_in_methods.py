@@ -1,0 +1,138 @@
+"""Methods that take the model as a pure function see what pre-factories do, as tdhook's methods do.
+
+A context with ``pre_factories`` runs the model through their hooked module; attribution, LRP,
+Grad-CAM and activation patching compute on the pure function of the model (NOTE [runners' effects]):
+they must see its hooks (steering) and its replacements (pruning), side by side with tdhook 0.1.3,
+and against the gradient of the changed model computed by hand.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+import tdhook.attribution
+import tdhook.attribution.grad_cam
+import tdhook.contexts
+import tdhook.latent
+import tdhook.weights
+import torch
+from tensordict import TensorDict
+from torch import nn
+from zoo import same, snapshot
+
+import tdhook_fn.compat.attribution
+import tdhook_fn.compat.attribution.grad_cam
+import tdhook_fn.compat.contexts
+import tdhook_fn.compat.latent
+import tdhook_fn.compat.weights
+
+REF = types.SimpleNamespace(attribution=tdhook.attribution, latent=tdhook.latent, weights=tdhook.weights,
+                            contexts=tdhook.contexts)
+OURS = types.SimpleNamespace(attribution=tdhook_fn.compat.attribution, latent=tdhook_fn.compat.latent,
+                             weights=tdhook_fn.compat.weights, contexts=tdhook_fn.compat.contexts)
+X = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+SHIFT = 3 * torch.randn(8, generator=torch.Generator().manual_seed(2))
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(OrderedDict(l0=nn.Linear(4, 8), act=nn.Tanh(), l1=nn.Linear(8, 3))).eval()
+
+
+def steering(lib: Any) -> Any:
+    return lib.latent.SteeringVectors(["l0"], lambda module_key, output: output + SHIFT)
+
+
+def pruning(lib: Any) -> Any:
+    return lib.weights.Pruning(lambda module_key, parameter_name, parameter: parameter.abs(), amount_to_prune=0.5)
+
+
+def with_pre(factory: Any, pre: Any) -> Any:
+    factory._hooking_context_kwargs["pre_factories"] = [pre]
+    return factory
+
+
+def steered_gradient(model: nn.Module) -> torch.Tensor:
+    x = X.clone().requires_grad_()
+    handle = model.l0.register_forward_hook(lambda module, args, output: output + SHIFT)
+    try:
+        model(x).sum().backward()
+    finally:
+        handle.remove()
+    model.zero_grad()
+    assert x.grad is not None
+    return x.grad
+
+
+def attributed(lib: Any, make: str, pre: str) -> torch.Tensor:
+    model = make_model()
+    before = snapshot(model)
+    factory = {"saliency": lambda: lib.attribution.Saliency(),
+               "integrated_gradients": lambda: lib.attribution.IntegratedGradients(n_steps=8),
+               "guided_backprop": lambda: lib.attribution.GuidedBackpropagation()}[make]()
+    td = TensorDict(input=X.clone(), baseline=TensorDict(input=torch.zeros(5, 4), batch_size=[5]), batch_size=[5])
+    with with_pre(factory, {"steering": steering, "pruning": pruning}[pre](lib)).prepare(model) as hooked:
+        out = hooked(td)["attr", "input"]
+    if lib is OURS:
+        assert same(before, snapshot(model))
+    return out
+
+
+@pytest.mark.parametrize("pre", ["steering", "pruning"])
+@pytest.mark.parametrize("make", ["saliency", "integrated_gradients", "guided_backprop"])
+def test_gradient_attributions_see_the_pre_factory(make: str, pre: str) -> None:
+    ours, ref = attributed(OURS, make, pre), attributed(REF, make, pre)
+    torch.testing.assert_close(ours, ref)
+    plain = {"steering": steering, "pruning": pruning}[pre]
+    model = make_model()
+    td = TensorDict(input=X.clone(), baseline=TensorDict(input=torch.zeros(5, 4), batch_size=[5]), batch_size=[5])
+    factory = {"saliency": tdhook_fn.compat.attribution.Saliency(),
+               "integrated_gradients": tdhook_fn.compat.attribution.IntegratedGradients(n_steps=8),
+               "guided_backprop": tdhook_fn.compat.attribution.GuidedBackpropagation()}[make]
+    with factory.prepare(model) as hooked:
+        unchanged = hooked(td)["attr", "input"]
+    assert (ours - unchanged).abs().max() > 1e-3, plain  # the pre-factory changed the numbers
+
+
+def test_saliency_is_the_gradient_of_the_steered_model() -> None:
+    model = make_model()
+    with with_pre(tdhook_fn.compat.attribution.Saliency(), steering(OURS)).prepare(model) as hooked:
+        attr = hooked(TensorDict(input=X.clone(), batch_size=[5]))["attr", "input"]
+    torch.testing.assert_close(attr, steered_gradient(make_model()))
+
+
+def test_lrp_and_grad_cam_see_the_pre_factory() -> None:
+    def scenario(lib: Any, make: str) -> torch.Tensor:
+        model = make_model().double()
+        factory = (lib.attribution.LRP() if make == "lrp"
+                   else lib.attribution.GradCAM({"l0": lib.attribution.grad_cam.DimsConfig()}))
+        with with_pre(factory, steering(lib)).prepare(model) as hooked:
+            out = hooked(TensorDict(input=X.double(), batch_size=[5]))
+        return out["attr", "input"] if make == "lrp" else out["attr", "l0"]
+
+    for make in ("lrp", "grad_cam"):
+        torch.testing.assert_close(scenario(OURS, make), scenario(REF, make))
+
+
+def test_activation_patching_sees_the_pre_factory() -> None:
+    def scenario(lib: Any) -> torch.Tensor:
+        model = make_model()
+        td = TensorDict(input=X.clone(), patched=TensorDict(input=X.flip(0), batch_size=[5]), batch_size=[5])
+        factory = lib.latent.ActivationPatching(["act"])
+        with with_pre(factory, steering(lib)).prepare(model) as hooked:
+            return hooked(td)["patched", "output"]
+
+    torch.testing.assert_close(scenario(OURS), scenario(REF))
+
+
+def test_a_prepared_module_that_is_not_the_model_is_refused() -> None:
+    """A composite whose earlier factory prepares an attribution: the later one cannot differentiate it."""
+    model = make_model()
+    composite = tdhook_fn.compat.contexts.CompositeHookingContextFactory(
+        tdhook_fn.compat.attribution.Saliency(), tdhook_fn.compat.attribution.IntegratedGradients(n_steps=4))
+    td = TensorDict(input=X.clone(), baseline=TensorDict(input=torch.zeros(5, 4), batch_size=[5]), batch_size=[5])
+    with composite.prepare(model) as hooked, pytest.raises(NotImplementedError, match="Attributing"):
+        hooked(td)
