@@ -78,8 +78,8 @@ def _start(x: torch.Tensor, baselines: Baselines, key: NestedKey, caller: str) -
             raise KeyError(f"{caller}: no baseline for input {key!r}; give one, or name the inputs the baselines "
                            "replace with input_keys=[...]")
         b = baselines.get(key)
-        if b.shape != x.shape:
-            raise ValueError(f"{caller}: baseline {key!r} has shape {tuple(b.shape)}, input {tuple(x.shape)}")
+        if b.shape != x.shape:  # (one sample's, [1, ...], broadcasts, as a tensor baseline does)
+            return _broadcast(caller, key, b, x)
         _check_kind(caller, key, b, x)
         return cast(torch.Tensor, b)
     if isinstance(baselines, torch.Tensor):
@@ -113,8 +113,8 @@ def _broadcast(caller: str, key: NestedKey, b: torch.Tensor, x: torch.Tensor) ->
     try:
         return b.to(x.dtype).expand(x.shape)
     except RuntimeError:
-        raise ValueError(f"{caller}: baselines has shape {list(b.shape)}, which does not broadcast to "
-                         f"input {key!r} of shape {list(x.shape)}; give the input's shape, one sample's "
+        raise ValueError(f"{caller}: baselines for input {key!r} have shape {list(b.shape)}, which does not "
+                         f"broadcast to its shape {list(x.shape)}; give the input's shape, one sample's "
                          f"{list(x.shape[1:])} or a number") from None
 
 

@@ -73,9 +73,9 @@ def integrated_gradients(
         inputs (TensorDict | Tensor): inputs, any batch size ``[*B]``; or a tensor, batch
             first, for an ``f`` with one in_key (the result is then a tensor; see
             `saliency`).
-        baselines (TensorDict | Tensor | float): a baseline per attributed input key, with
-            the input's shape; a tensor for the one attributed input, with its shape or
-            one that broadcasts to it (one sample's, ``[1, ...]``); or one number for all.
+        baselines (TensorDict | Tensor | float): a baseline per attributed input key; a
+            tensor for the one attributed input; or one number for all. A baseline has its
+            input's shape or one that broadcasts to it (one sample's, ``[1, ...]``).
         target (int | tuple[int, ...] | Tensor | Callable): see `tdhook_fn.as_target`;
             a tensor holds one class index per sample.
         n_steps (int): number of path points. Default: 50.

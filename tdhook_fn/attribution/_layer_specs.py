@@ -100,7 +100,7 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
         if td.batch_size and shape[:1] != td.batch_size[:1]:
             raise ValueError(
                 f"{caller}: layer {path!r} outputs shape {list(shape)}, whose first dim is not the batch "
-                f"({td.batch_size[0]}: the batch dims flattened to one): a layer is attributed per sample, "
+                f"(this forward's {td.batch_size[0]} rows): a layer is attributed per sample, "
                 "so its activation needs one row per sample, batch first. A batch-free activation (a positional "
                 "embedding shared by the samples, a layer of a batch_first=False model) cannot be; attribute a "
                 "layer after it joins the batch, or give the model batch-first inputs")

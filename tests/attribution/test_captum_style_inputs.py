@@ -149,6 +149,22 @@ def test_a_baseline_may_be_a_number_or_a_tensor():
     assert torch.equal(half, integrated_gradients(f, p, x, torch.full((N, F), 0.5), target=1))
 
 
+def test_a_baseline_in_a_tensordict_broadcasts_as_a_tensor_does():
+    from tdhook_fn.attribution import feature_ablation
+
+    model, x = mlp(), batch()
+    f, p = tdhook_fn.pure(model)
+    td = TensorDict(input=x, batch_size=[N])
+    one = torch.randn(1, F)
+    for method in (lambda b: integrated_gradients(f, p, td, b, target=1), lambda b: feature_ablation(f, p, td, b,
+                                                                                                     target=1)):
+        want = method(one.expand(N, F).clone())["input"]
+        for given in (one, one[0]):  # [1, F] and one sample's [F], unbatched TensorDicts
+            assert torch.equal(method(TensorDict(input=given))["input"], want)
+    with pytest.raises(ValueError, match=r"baselines for input 'input' have shape \[2, 4\], which does not broadcast"):
+        integrated_gradients(f, p, td, TensorDict(input=torch.zeros(2, F)), target=1)
+
+
 def test_pure_is_functional_and_params_in_one_call():
     model, x = mlp(), batch()
     f, p = tdhook_fn.pure(model)

@@ -191,3 +191,16 @@ def test_threads_sharing_one_model_get_their_own_maps():
     for g, x in zip(got, expected, strict=True):
         torch.testing.assert_close(g, x, rtol=0, atol=0)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in e.model.modules())
+
+
+@pytest.mark.parametrize("between", [False, True], ids=["relu-relu", "relu-dropout-relu"])
+def test_two_relus_in_a_row_clip_the_gradient_once(between):
+    """The deconvnet's map of ``Linear, ReLU, ReLU, Linear`` is ``relu(W2[t]) @ W1`` (captum 0.9's hooks miss it:
+    documented)."""
+    torch.manual_seed(0)
+    middle = [nn.ReLU(), nn.Dropout(0.2), nn.ReLU()] if between else [nn.ReLU(), nn.ReLU()]
+    model = nn.Sequential(nn.Linear(6, 10), *middle, nn.Linear(10, 4)).double().eval()
+    x, target = torch.randn(5, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 1])
+    maps = deconvolution(functional(model), params(model), TensorDict(input=x, batch_size=[5]), target=target)
+    first, last = model[0].weight, model[-1].weight
+    torch.testing.assert_close(maps["input"], torch.relu(last[target].detach()) @ first.detach())

@@ -48,6 +48,8 @@ class ActivationMaximisation(GradientAttribution):
         (torch.Size([5, 3]), True)
     """
 
+    _targets_of_its_own = True  # the modules to maximise
+
     def __init__(
         self,
         modules_to_maximise: list[str],

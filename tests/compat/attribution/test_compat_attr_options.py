@@ -304,3 +304,17 @@ def test_compat_output_grad_callbacks_on_a_module_never_run_do_nothing_as_in_tdh
         with lib_saliency(output_grad_callbacks=callbacks).prepare(model, in_keys=["input"]) as hooked:
             outs.append(hooked(td.clone())["attr", "input"])
     torch.testing.assert_close(outs[1], outs[0])
+
+
+@EACH
+def test_no_outputs_and_no_target_modules_is_refused(method: str) -> None:
+    """Nothing to attribute: tdhook fails inside autograd on the call; compat says why on entry (it attributed
+    the outputs, silently, before)."""
+    make = METHODS[method]
+    td = MLP.data((3,))
+    with pytest.raises(RuntimeError):
+        run(REF, lambda lib: make(lib, use_outputs=False), MLP.model(torch.float32), td, MLP.in_keys)
+    with pytest.raises(ValueError, match="use_outputs=False and no target_modules"):
+        run(OURS, lambda lib: make(lib, use_outputs=False), MLP.model(torch.float32), td, MLP.in_keys)
+    skip = {"classes_to_skip": (torch.nn.Linear,)} if method == "guided" else {}  # (as above)
+    compare(lambda lib: make(lib, use_outputs=False, target_modules=[MLP.target], **skip), MLP)  # one is enough

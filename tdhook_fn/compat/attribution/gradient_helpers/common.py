@@ -311,6 +311,7 @@ class GradientAttribution(HookingContextFactory):
     """
 
     _stepped = False  # the method puts path points on a leading batch dim
+    _targets_of_its_own = False  # the subclass's `_call` names the targets (use_outputs and target_modules aside)
 
     def __init__(
         self,
@@ -371,6 +372,9 @@ class GradientAttribution(HookingContextFactory):
         ``additional_init_keys`` overlap ``in_keys`` or ``out_keys``, or a module path does not resolve."""
         if set(self._additional_init_keys) & (set(in_keys) | set(out_keys)):
             raise ValueError("Additional init keys must not be in the in_keys or out_keys")
+        if not (self._use_outputs or self._target_modules or self._targets_of_its_own):  # (tdhook: fails in autograd)
+            raise ValueError(f"{type(self).__name__}: use_outputs=False and no target_modules leave nothing to "
+                             "attribute: name target_modules, or keep use_outputs=True")
         model = module.model
         for path in [*self._input_modules, *self._target_modules]:
             resolve_path(model, path)  # fail on entry, as tdhook's hook registration does
