@@ -141,7 +141,10 @@ class HookingContext:
                 for factory in self._pre_factories:
                     pre = stack.enter_context(factory.prepare(pre, self._in_keys, self._out_keys))
                 self._stack = stack.pop_all()
-            working = RoutedModule(self._module, self._extra_relative_path)
+            if isinstance(self._module, HookedModule):  # a context over another's hooked module: it runs the model
+                working = self._module.routed_model()
+            else:
+                working = RoutedModule(self._module, self._extra_relative_path)
             if pre is not self._module:  # a pre-factory's hooked module routes the model itself
                 working = working.running(pre)
             if getattr(self._prepare, "__func__", None) in UNTOUCHING_PREPARES:

@@ -1,4 +1,5 @@
-"""Methods that take the model as a pure function see what pre-factories do, as tdhook's methods do.
+"""Methods that take the model as a pure function see what pre-factories do, as tdhook's methods do; and a
+context prepared over another context's hooked module runs the model through it.
 
 A context with ``pre_factories`` runs the model through their hooked module; attribution, LRP,
 Grad-CAM and activation patching compute on the pure function of the model (NOTE [runners' effects]):
@@ -136,3 +137,53 @@ def test_a_prepared_module_that_is_not_the_model_is_refused() -> None:
     td = TensorDict(input=X.clone(), baseline=TensorDict(input=torch.zeros(5, 4), batch_size=[5]), batch_size=[5])
     with composite.prepare(model) as hooked, pytest.raises(NotImplementedError, match="Attributing"):
         hooked(td)
+
+
+# -- a context prepared over another context's hooked module -----------------------------------------
+
+
+def nested(lib: Any, outer: Any, inner: str, td: TensorDict) -> TensorDict:
+    model = make_model()
+    before = snapshot(model)
+    with {"steering": steering, "pruning": pruning}[inner](lib).prepare(model) as changed:
+        context = outer(lib).prepare(changed)
+        with context as hooked:
+            out = hooked(td.clone())
+            cache = getattr(context, "cache", None)
+    if lib is OURS:
+        assert same(before, snapshot(model))
+    return out.set("cache", cache.clone()) if cache is not None else out
+
+
+NESTED = {
+    "saliency": lambda lib: lib.attribution.Saliency(),
+    "saliency_of_a_layer": lambda lib: lib.attribution.Saliency(input_modules=["module.l0"], use_inputs=False),
+    "integrated_gradients": lambda lib: lib.attribution.IntegratedGradients(n_steps=6, multiply_by_inputs=True,
+                                                                            compute_convergence_delta=True),
+    "caching": lambda lib: lib.latent.ActivationCaching(r".*l\d$"),
+    "caching_absolute": lambda lib: lib.latent.ActivationCaching(r".*l\d$", relative=False),
+}
+
+
+@pytest.mark.parametrize("inner", ["steering", "pruning"])
+@pytest.mark.parametrize("outer", list(NESTED))
+def test_a_context_over_a_hooked_module_runs_what_it_runs(outer: str, inner: str) -> None:
+    td = TensorDict(input=X.clone(), baseline=TensorDict(input=torch.zeros(5, 4), batch_size=[5]), batch_size=[5])
+    ours, ref = nested(OURS, NESTED[outer], inner, td), nested(REF, NESTED[outer], inner, td)
+    keys = list(ours.keys(True, True))  # (tdhook's also hold its pipeline's keys: docs/compat.md)
+    assert keys and set(keys) <= set(ref.keys(True, True))
+    for key in keys:
+        torch.testing.assert_close(ours.get(key), ref.get(key))
+
+
+def test_saliency_over_a_steered_hooked_module_is_the_steered_gradient() -> None:
+    td = TensorDict(input=X.clone(), batch_size=[5])
+    attr = nested(OURS, NESTED["saliency"], "steering", td)["attr", "input"]
+    torch.testing.assert_close(attr, steered_gradient(make_model()))
+
+
+def test_a_context_over_an_attribution_context_is_refused() -> None:
+    model = make_model()
+    with tdhook_fn.compat.attribution.Saliency().prepare(model) as attributing:
+        with pytest.raises(NotImplementedError, match="runs Attributing, a module that computes more than the model"):
+            tdhook_fn.compat.attribution.Saliency().prepare(attributing).__enter__()

@@ -173,7 +173,7 @@ class RoutedModule(TensorDictModuleWrapper):
             runs = runner.__dict__.get("_runs") if isinstance(runner, HookedModule) else None
             if not isinstance(runner, HookedModule) or not isinstance(runs, RoutedModule):
                 raise NotImplementedError(
-                    f"{type(self).__name__}: the module prepared before this factory's runs a "
+                    f"{type(self).__name__}: the module prepared before this factory's runs "
                     f"{type(runs if runs is not None else runner).__name__}, not the model: a method that takes the "
                     "model as a pure function cannot compute through it. Put that factory after this one (or "
                     "use it on the hooked module's outputs)")
@@ -304,6 +304,19 @@ class HookedModule(TensorDictModuleWrapper):
     ) -> HookedModuleRun:
         """A `HookedModuleRun` of this module on ``data``."""
         return HookedModuleRun(self, data, cache, run_name, run_sep, run_cache, grad_enabled, run_callback)
+
+    def routed_model(self) -> RoutedModule:
+        """The model this module runs, routed, whose forward is this module's (NOTE [runners' effects]): what a
+        context prepared over this module works with. NotImplementedError: this module computes more than
+        the model (an attribution context's)."""
+        runs = self._runs
+        if not isinstance(runs, RoutedModule):
+            raise NotImplementedError(
+                f"HookedModule: a context prepared over this hooked module cannot route its model: it runs "
+                f"{type(runs).__name__}, a module that computes more than the model (another method's). Prepare "
+                "the context over the model, or compose the factories (CompositeHookingContextFactory)")
+        # (its keys start at the TensorDictModule this module runs, as tdhook's, whose hooked module forwards to it)
+        return RoutedModule(runs.td_module).running(self)
 
     def _model(self) -> nn.Module:
         """The module tree hooks may target: the context's module, else ``td_module``."""
