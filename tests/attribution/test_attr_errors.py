@@ -65,11 +65,12 @@ def test_missing_baseline_key_for_explicit_input_keys(two):
         integrated_gradients(e.f, e.params, td, td.select("y"), target=0, input_keys=["x"])
 
 
-@pytest.mark.parametrize("shape", [(3, 2), (1, 3), (3, 3, 1)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 2), (2, 3), (3, 3, 1)], ids=str)
 def test_baseline_shape_mismatch_is_a_value_error(two, shape):
+    """(One sample's ``[1, 3]`` or ``[3]`` broadcasts, as a tensor baseline does.)"""
     e, td = two
     base = TensorDict(x=torch.zeros(3, 4), y=torch.zeros(shape), batch_size=[])
-    with pytest.raises(ValueError, match=re.escape("baseline 'y' has shape") + ".*" + re.escape("(3, 3)")):
+    with pytest.raises(ValueError, match=re.escape("baselines for input 'y' have shape") + ".*" + re.escape("[3, 3]")):
         integrated_gradients(e.f, e.params, td, base, target=0)
 
 

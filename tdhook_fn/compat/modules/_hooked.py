@@ -173,10 +173,10 @@ class RoutedModule(TensorDictModuleWrapper):
             runs = runner.__dict__.get("_runs") if isinstance(runner, HookedModule) else None
             if not isinstance(runner, HookedModule) or not isinstance(runs, RoutedModule):
                 raise NotImplementedError(
-                    f"{type(self).__name__}: the module prepared before this factory's runs "
-                    f"{type(runs if runs is not None else runner).__name__}, not the model: a method that takes the "
-                    "model as a pure function cannot compute through it. Put that factory after this one (or "
-                    "use it on the hooked module's outputs)")
+                    f"{type(self).__name__}: this factory's module runs "
+                    f"{type(runs if runs is not None else runner).__name__}, which an earlier factory prepared and "
+                    "which computes more than the model: a method that takes the model as a pure function cannot "
+                    "compute through it. Prepare this factory over the model, not over that module")
             if runner._virtual_hooks not in hooks:
                 hooks.append(runner._virtual_hooks)
             replacements += unseen(replacements, runs._replacements)
