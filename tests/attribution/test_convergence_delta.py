@@ -110,8 +110,8 @@ def test_baselines_with_another_batch_are_refused() -> None:
     f, p = tdhook_fn.pure(smooth())
     x, b = data()
     attr = integrated_gradients(f, p, x, b, target=1, n_steps=4)
-    with pytest.raises(ValueError, match=r"convergence_delta: baselines for input 'input' have shape \[3, 4\], which does not broadcast to "
-                       r"its shape \[7, 4\]"):
+    refused = r"convergence_delta: baselines for input 'input' have shape \[3, 4\], which does not broadcast"
+    with pytest.raises(ValueError, match=refused):
         convergence_delta(f, p, x, b[:3], attr, target=1)
 
 
