@@ -164,33 +164,32 @@ class RoutedModule(TensorDictModuleWrapper):
     # attribution, a wrapper of the outputs) is no pure function of the model's params: a
     # method cannot differentiate it, so both refuse it, naming its class.
 
-    def _runners_scope(self) -> Scope:
-        """The scope with the effects of the hooked modules this module runs (NOTE [runners' effects])."""
+    @contextmanager
+    def _runners_entered(self) -> Iterator[RoutedModule]:
+        """The model alone (`running_alone`), with the effects of the hooked modules this module runs in the
+        scope (NOTE [runners' effects])."""
         scope = SCOPE.get()
         hooks, replacements = list(scope.hooks), list(scope.replacements)
         runner = self._runner
         while runner is not None:
-            runs = runner.__dict__.get("_runs") if isinstance(runner, HookedModule) else None
-            if not isinstance(runner, HookedModule) or not isinstance(runs, RoutedModule):
-                raise NotImplementedError(
-                    f"{type(self).__name__}: this factory's module runs "
-                    f"{type(runs if runs is not None else runner).__name__}, which an earlier factory prepared and "
-                    "which computes more than the model: a method that takes the model as a pure function cannot "
-                    "compute through it. Prepare this factory over the model, not over that module")
+            if not isinstance(runner, HookedModule):
+                raise _more_than_the_model(runner, "this factory's module")
+            runs = runner.routed_runs()
             if runner._virtual_hooks not in hooks:
                 hooks.append(runner._virtual_hooks)
             replacements += unseen(replacements, runs._replacements)
             runner = runs._runner
-        return Scope(tuple(hooks), scope.recording, tuple(replacements))
+        token = SCOPE.set(Scope(tuple(hooks), scope.recording, tuple(replacements)))
+        try:
+            yield self.running_alone()
+        finally:
+            SCOPE.reset(token)
 
     def params(self, *, detach: bool = False) -> TensorDictBase:
         """The model's tensors, live, with the replacements active now (``detach``: a detached snapshot)."""
         if self._runner is not None:  # (NOTE [runners' effects])
-            token = SCOPE.set(self._runners_scope())
-            try:
-                return RoutedModule.params(self.running_alone(), detach=detach)
-            finally:
-                SCOPE.reset(token)
+            with self._runners_entered() as alone:
+                return alone.params(detach=detach)
         params = params_of(self.model, detach=detach)
         scoped = SCOPE.get().replacements
         if not (scoped or self._replacements):
@@ -212,11 +211,8 @@ class RoutedModule(TensorDictModuleWrapper):
         of them passes keywords, as the context's TensorDictModule does).
         """
         if self._runner is not None:  # (NOTE [runners' effects])
-            token = SCOPE.set(self._runners_scope())
-            try:
-                return self.running_alone().functional()
-            finally:
-                SCOPE.reset(token)
+            with self._runners_entered() as alone:
+                return alone.functional()
         f: Functional | None = self.__dict__.get("_functional")
         if f is None:  # (built once: the model and the keys are this module's for good)
             model, wrapper = self.model, self.td_module
@@ -232,6 +228,13 @@ class RoutedModule(TensorDictModuleWrapper):
                 taps = self.taps()
                 return f.with_taps(*taps) if taps else f
         return f
+
+
+def _more_than_the_model(module: nn.Module, runner: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{runner} runs {type(module).__name__}, a module that computes more than the model (another method's, "
+        "prepared before): a method that takes the model as a pure function cannot compute through it. Prepare "
+        "the context over the model itself")
 
 
 HookingContext = Any  # a `tdhook_fn.compat.contexts.HookingContext` (whose module imports this one)
@@ -305,18 +308,19 @@ class HookedModule(TensorDictModuleWrapper):
         """A `HookedModuleRun` of this module on ``data``."""
         return HookedModuleRun(self, data, cache, run_name, run_sep, run_cache, grad_enabled, run_callback)
 
-    def routed_model(self) -> RoutedModule:
-        """The model this module runs, routed, whose forward is this module's (NOTE [runners' effects]): what a
-        context prepared over this module works with. NotImplementedError: this module computes more than
-        the model (an attribution context's)."""
+    def routed_runs(self) -> RoutedModule:
+        """The routed model this module runs; NotImplementedError where it runs more than the model (an
+        attribution context's module: NOTE [runners' effects])."""
         runs = self._runs
         if not isinstance(runs, RoutedModule):
-            raise NotImplementedError(
-                f"HookedModule: a context prepared over this hooked module cannot route its model: it runs "
-                f"{type(runs).__name__}, a module that computes more than the model (another method's). Prepare "
-                "the context over the model, or compose the factories (CompositeHookingContextFactory)")
+            raise _more_than_the_model(runs, "this hooked module")
+        return runs
+
+    def routed_model(self) -> RoutedModule:
+        """The model this module runs, routed, whose forward is this module's (NOTE [runners' effects]): what a
+        context prepared over this module works with."""
         # (its keys start at the TensorDictModule this module runs, as tdhook's, whose hooked module forwards to it)
-        return RoutedModule(runs.td_module).running(self)
+        return RoutedModule(self.routed_runs().td_module).running(self)
 
     def _model(self) -> nn.Module:
         """The module tree hooks may target: the context's module, else ``td_module``."""
