@@ -70,7 +70,7 @@ from ._chain_walk import (
 )
 from ._deeplift_chain import deeplift_step
 from ._inputs import UNSET, check_call
-from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices
+from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices, to_maxima
 
 __all__ = ["Guide", "ReluRule", "gradient_step", "guided_backprop_step", "plain_gradients", "tensor_gradients",
            "walked_gradients", "walked_guided_and_cam"]
@@ -122,11 +122,9 @@ def _max_pool(module: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Pullbac
     pool = MAX_POOLS[type(module)]
     dims = pool[0]
     y, indices = max_pool_with_indices(pool, h, module.__dict__)  # NOTE [max pooling in channels-last]
-    at = indices.flatten(-dims)
 
     def back(g: torch.Tensor) -> torch.Tensor:  # (each maximum's gradient added where it came from)
-        moved = g.new_zeros(h.shape).flatten(-dims).scatter_add_(-1, at, g.reshape(y.shape).flatten(-dims))
-        return moved.view(h.shape)
+        return to_maxima(g.reshape(y.shape), h.shape, indices, dims)
 
     return y, back
 

@@ -35,7 +35,7 @@ from .affine import Affine
 from .fused import fused
 from .gradient_form import GradientForm
 from .max_pool import max_pool_with_indices
-from .records import NotAChain
+from .records import NotAChain, Pooled
 from .rules import Epsilon, divide_stabilized
 from .walk import Planned
 
@@ -144,18 +144,13 @@ def _pass_step(op: Callable[[torch.Tensor], torch.Tensor]) -> BoundStep:
 
 
 def _pool_step(pool: tuple[int, Callable[..., Any]], state: dict[str, Any]) -> BoundStep:
-    """Max pooling: each window's relevance to where its maximum came from (`records.Pooled`'s numbers)."""
+    """Max pooling: each window's relevance to where its maximum came from (`records.Pooled`)."""
     dims = pool[0]
 
     def step(h: torch.Tensor, _own: tuple[torch.Tensor, ...], backs: list[Pullback]) -> torch.Tensor:
         shape = h.shape
         out, indices = max_pool_with_indices(pool, h, state)  # NOTE [max pooling in channels-last]
-
-        def back(relevance: torch.Tensor) -> torch.Tensor:
-            plane = relevance.new_zeros(shape).flatten(-dims)
-            return plane.scatter_add_(-1, indices.flatten(-dims), relevance.flatten(-dims)).view(shape)
-
-        backs.append(back)
+        backs.append(Pooled(shape, indices, dims).back)
         return out
 
     return step

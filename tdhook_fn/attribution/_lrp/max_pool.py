@@ -25,7 +25,7 @@ from torch import nn
 
 from ..._pool_layout import channels_last_max_pool, faster_in_channels_last
 
-__all__ = ["MAX_POOLS", "max_pool_with_indices"]
+__all__ = ["MAX_POOLS", "max_pool_with_indices", "to_maxima"]
 
 # torch's max pooling modules the walks run by their op: (dims of a plane, the op)
 MAX_POOLS: dict[type[nn.Module], tuple[int, Callable[..., Any]]] = {
@@ -42,3 +42,10 @@ def max_pool_with_indices(pool: tuple[int, Callable[..., Any]], x: torch.Tensor,
         return channels_last_max_pool(x, *settings, state["ceil_mode"])
     out, indices = op(x, *settings, ceil_mode=state["ceil_mode"], return_indices=True)
     return out, indices
+
+
+def to_maxima(values: torch.Tensor, shape: torch.Size, indices: torch.Tensor, dims: int) -> torch.Tensor:
+    """``values`` (shaped as the pool's output) added where each window's maximum came from, in an input of
+    ``shape``: the pool's adjoint (``indices`` flat within a plane of ``dims`` dims, as `max_pool_with_indices`)."""
+    plane = values.new_zeros(shape).flatten(-dims)
+    return plane.scatter_add_(-1, indices.flatten(-dims), values.flatten(-dims)).view(shape)

@@ -16,6 +16,7 @@ from ..._types import Pullback
 from .affine import Affine
 from .fused import fused
 from .gradient_form import GradientForm
+from .max_pool import to_maxima
 from .module_call import ModuleCall
 from .rules import Rule
 from .stack_cache import StackCache
@@ -147,8 +148,7 @@ class Pooled:
     dims: int  # of the plane
 
     def back(self, relevance: torch.Tensor) -> torch.Tensor:
-        plane = relevance.new_zeros(self.shape).flatten(-self.dims)
-        return plane.scatter_add_(-1, self.indices.flatten(-self.dims), relevance.flatten(-self.dims)).view(self.shape)
+        return to_maxima(relevance, self.shape, self.indices, self.dims)
 
 
 Record = Local | AffineLocal | Passed | Ruled | Fused | Reshaped | Pooled
