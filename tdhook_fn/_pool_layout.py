@@ -46,7 +46,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd import forward_ad
-from torch.nn.modules.utils import _pair
 
 __all__ = ["FAST_POOLING", "ChannelsLastMaxPool2d", "channels_last_max_pool", "fast_pooling", "faster_in_channels_last",
            "shadow_class"]
@@ -107,8 +106,7 @@ class _PlanesMaxPool(torch.autograd.Function):
     (NOTE [shadow max pooling])."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
-                padding: tuple[int, int], dilation: tuple[int, int],
+    def forward(ctx: Any, x: torch.Tensor, kernel: Any, stride: Any, padding: Any, dilation: Any,
                 ceil_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         out, indices = channels_last_max_pool(x, kernel, stride, padding, dilation, ceil_mode)
         ctx.save_for_backward(x, indices)
@@ -136,10 +134,10 @@ class ChannelsLastMaxPool2d(nn.MaxPool2d):
         if input.requires_grad and torch.is_grad_enabled():
             if forward_ad._current_level >= 0:  # (the Function has no forward-mode derivative)
                 return super().forward(input)
-            # (an empty stride is the kernel's, as in F.max_pool2d; a zero one reaches the kernel, which refuses it)
-            stride = self.kernel_size if isinstance(self.stride, (tuple, list)) and not self.stride else self.stride
-            out, indices = _planes_max_pool(input, _pair(self.kernel_size), _pair(stride), _pair(self.padding),
-                                            _pair(self.dilation), self.ceil_mode)
+            # (the settings as the module holds them: the kernels read an int as both dims and an empty stride as
+            # the kernel's, as F.max_pool2d does, and refuse a zero one)
+            out, indices = _planes_max_pool(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                                            self.ceil_mode)
             return (out, indices) if self.return_indices else out
         if self.return_indices:
             return channels_last_max_pool(input, self.kernel_size, self.stride, self.padding, self.dilation,

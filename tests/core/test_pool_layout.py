@@ -138,19 +138,30 @@ def test_small_inputs_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> 
     assert layouts == [False, False, False, False, True, True]
 
 
-@pytest.mark.parametrize("stride", [0, ()])
-def test_a_stride_reads_as_the_plain_kernel_reads_it(stride: Any) -> None:
-    """Differentiated in channels-last: an empty stride is the kernel's, a zero one is refused, as by nn.MaxPool2d."""
+@pytest.mark.parametrize(("kernel", "stride", "padding", "dilation"),
+                         [(2, 0, 0, 1), (2, (), 0, 1), (3, (), 1, 1), ((3, 2), [2, 1], (1, 0), (1, 2)),
+                          (2, None, 0, 1)], ids=str)
+def test_settings_read_as_the_plain_kernel_reads_them(monkeypatch: pytest.MonkeyPatch, kernel: Any, stride: Any,
+                                                      padding: Any, dilation: Any) -> None:
+    """Differentiated in channels-last: ints, tuples and lists as the module holds them; an empty stride is the
+    kernel's, a zero one is refused, as by nn.MaxPool2d: the same maxima and gradient."""
     x = torch.randn(16, 8, 16, 16, requires_grad=True)  # (2^15 elements: the channels-last kernel runs)
-    plain, shadow = nn.MaxPool2d(2, stride=stride), ChannelsLastMaxPool2d(2, stride=stride)
-    with fast_pooling():
-        if stride == 0:
-            with pytest.raises(RuntimeError, match="stride should not be zero"):
-                plain(x)
-            with pytest.raises(RuntimeError, match="stride should not be zero"):
-                shadow(x)
-        else:
-            _exact(shadow(x), plain(x))
+    plain = nn.MaxPool2d(kernel, stride=stride, padding=padding, dilation=dilation)
+    shadow = ChannelsLastMaxPool2d(kernel, stride=stride, padding=padding, dilation=dilation)
+    if stride == 0:
+        with pytest.raises(RuntimeError, match="stride should not be zero"):
+            plain(x)
+        with pytest.raises(RuntimeError, match="stride should not be zero"):
+            shadow(x)
+        return
+    want = plain(x)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+    layouts = _layouts(monkeypatch)
+    got = shadow(x)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), x)
+    assert layouts == [True]  # (the Function ran)
+    _exact(got, want)
+    _exact(got_grad, want_grad)
 
 
 @_ANY_SIZE
