@@ -217,8 +217,7 @@ def fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float], 
     out = TensorDict({}, batch_size=[*batch[:lead], *batch[lead + 1:]])
     for key, g in grads.items(True, True):
         assert isinstance(g, torch.Tensor)
-        if g.dtype in (torch.float16, torch.bfloat16):
-            g = g.float()
+        g = wide(g)
         w = torch.tensor(weights, dtype=g.dtype, device=g.device)
         summed = torch.tensordot(w, g, dims=([0], [lead]))
         out.set(key, summed if total is None else total.get(key) + summed)

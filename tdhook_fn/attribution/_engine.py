@@ -54,7 +54,6 @@ from ._target_layers import check_target_layer_runs, target_layer_keys, target_l
 
 __all__ = [
     "Cotangents",
-    "GradFn",
     "Gradients",
     "Pass",
     "as_functional",

@@ -9,7 +9,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents, GradFn, grad_taps, gradients
+from .._types import GradFn
+from ._engine import Cotangents, grad_taps, gradients
 from ._inputs import accepts_tensors
 
 __all__ = ["DimsConfig", "grad_cam"]

@@ -13,7 +13,8 @@ from .._model_plans import plan_for
 from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
-from ._engine import Cotangents, GradFn, scaled
+from .._types import GradFn
+from ._engine import Cotangents, scaled
 from ._gradient_chain import Guide, guided_backprop_step, walked_gradients
 from ._inputs import accepts_tensors
 from ._saliency import saliency

@@ -12,7 +12,7 @@ from .._functional import Functional, NestedKey
 from .._paths import resolve_path
 from .._taps import Tap, capture, intervene
 from .._targets import Target
-from .._types import PureFn
+from .._types import GradFn, PureFn
 from .._vjp import untransformed
 from ._baselines import (
     Baselines,
@@ -26,7 +26,7 @@ from ._baselines import (
     wide,
 )
 from ._convergence import delta_of
-from ._engine import Cotangents, GradFn, as_functional, grad_taps, gradients, scaled
+from ._engine import Cotangents, as_functional, grad_taps, gradients, scaled
 from ._inputs import accepts_tensors, check_call, check_layers
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, run_counters, with_specs
 from ._path_gradients import gradients_along_path
