@@ -190,18 +190,21 @@ def offer(out: TensorDictBase, private: Sequence[str], seen: TensorDict | None, 
     """Target values from the outputs, the target layers' activations (``seen``; None: none) and the extras."""
     if use_outputs and not private and seen is None and extras is None:
         offered = out  # nothing to add or take away: read as it is (this runs on every call)
-        names: list[Any] | None = None  # a plain TensorDict's names where it holds tensors only (as `leaf_keys`)
-        if type(out) is TensorDict:
-            names = []
-            for name, value in out.__dict__["_tensordict"].items():  # (a loop inline: on every call)
-                if type(value) is not torch.Tensor:
-                    names = None
-                    break
-                names.append(name)
-        select = as_target(target, outputs=leaf_keys(out) if names is None else names)
+        if callable(target):
+            select = target  # (a callable is its own target, as `as_target` returns it: no names to list for it)
+        else:
+            names: list[Any] | None = None  # a plain TensorDict's names where it holds tensors only (as `leaf_keys`)
+            if type(out) is TensorDict:
+                names = []
+                for name, value in out.__dict__["_tensordict"].items():  # (a loop inline: on every call)
+                    if type(value) is not torch.Tensor:
+                        names = None
+                        break
+                    names.append(name)
+            select = as_target(target, outputs=leaf_keys(out) if names is None else names)
     else:
         offered = out.exclude(*private) if use_outputs else TensorDict({}, batch_size=out.batch_size)
-        select = as_target(target, outputs=list(offered.keys(True, True)))
+        select = target if callable(target) else as_target(target, outputs=list(offered.keys(True, True)))
         if seen is not None:
             offered.update(seen)
         for key, value in (extras.items(True, True) if extras is not None else ()):

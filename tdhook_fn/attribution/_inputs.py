@@ -80,15 +80,17 @@ def _accepting(method: Callable[Concatenate[PureFn, TensorDictBase, TensorDictBa
     @functools.wraps(method)
     def wrapper(f: PureFn, params: TensorDictBase, inputs: TensorDictBase | torch.Tensor, /,
                 *args: _P.args, **kwargs: _P.kwargs) -> Any:
-        # (an int target, the common one, is valid for any batch: `check_target` is left out for it)
-        checked = "target" in kwargs and type(kwargs["target"]) is not int
+        # (an int target, the common one, is valid for any batch, and a callable is its own target:
+        # `check_target` is left out for both)
+        target = kwargs.get("target", UNSET)
+        checked = target is not UNSET and type(target) is not int and not callable(target)
         if not isinstance(inputs, torch.Tensor):
             if checked and isinstance(inputs, TensorDictBase):  # (anything else: checked there)
-                check_target(kwargs["target"], inputs.batch_size, name)
+                check_target(target, inputs.batch_size, name)
             return method(f, params, inputs, *args, **kwargs)
         key = tensor_key(name, f, inputs)
         if checked:
-            check_target(kwargs["target"], inputs.shape[:1], name)
+            check_target(target, inputs.shape[:1], name)
         if tensor_path is not None:
             walked = tensor_path(f, params, key, inputs, *args, **kwargs)
             if walked is not None:

@@ -3,7 +3,8 @@
 Python calls are counted with ``sys.setprofile`` (deterministic: no timing). What compat adds
 to the pure `integrated_gradients` call it makes is bounded: at most 45 calls, in at most
 5 files of compat's own (issue 24: the whole walk was 335 calls across 28 files; its goal
-120 calls and 12 files; today 118 calls, 45 more than the pure call's 73, in 5 compat files, 14 in all).
+120 calls and 12 files; today 115 calls, 45 more than the pure call's 70, in 5 compat files, 13 in all: a
+callable target, as compat's, is its own target and skips the target rules' file).
 """
 
 from __future__ import annotations
@@ -68,4 +69,4 @@ def test_the_compat_ig_call_adds_at_most_45_calls_in_5_compat_files() -> None:
     own_files = sorted(name for name in compat_files if name.startswith("compat" + os.sep))
     assert compat_calls - pure_calls <= 45, (compat_calls, pure_calls)
     assert len(own_files) <= 5, own_files
-    assert compat_calls <= 120 and len(compat_files) <= 14, (compat_calls, sorted(compat_files))
+    assert compat_calls <= 120 and len(compat_files) <= 13, (compat_calls, sorted(compat_files))
