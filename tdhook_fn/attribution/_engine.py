@@ -46,6 +46,7 @@ from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
 from .._types import GradFn, Replace
 from .._vjp import vjp
+from ._backward_passes import BackwardPass, one_hots, pull_each, pull_passes
 from ._gradient_chain import plain_gradients
 from ._inputs import check_call
 from ._layer_specs import LayerSpec, check_runs, checked_taps, with_specs
@@ -55,7 +56,6 @@ from ._target_layers import check_target_layer_runs, target_layer_keys, target_l
 __all__ = [
     "Cotangents",
     "Gradients",
-    "Pass",
     "as_functional",
     "check_per_target_or_cotangents",
     "extras_of",
@@ -65,8 +65,6 @@ __all__ = [
     "input_keys_of",
     "offer",
     "per_key",
-    "pull_each",
-    "pull_vmapped",
     "scaled",
     "seed_cotangents",
     "unflatten",
@@ -261,7 +259,7 @@ def gradients(
     layer_calls: Mapping[str, int] | None = None,
     caller: str = "attribution",
     checked: bool = False,
-    passes: Sequence[Pass] = (),
+    passes: Sequence[BackwardPass] = (),
 ) -> Gradients:
     """Gradients of ``target(f(params, inputs))``; see NOTE [attribution engine].
 
@@ -383,20 +381,6 @@ def _act_key(i: int) -> str:
 Cotangents = Callable[[TensorDictBase], TensorDictBase]
 
 
-@dataclass(frozen=True)
-class Pass:
-    """One pullback of `gradients`' ``passes`` (NOTE [attribution engine]).
-
-    Attributes:
-        keys (tuple): the input keys and layer paths whose gradients this pass gives.
-        before (Callable | None): run before the pass (a rule switching its backward for it).
-            Default: ``None``.
-    """
-
-    keys: tuple[Any, ...]
-    before: Callable[[], object] | None = None
-
-
 def check_per_target_or_cotangents(caller: str, per_target: bool, cotangents: Cotangents | None) -> None:
     """``per_target`` and ``cotangents`` both say what is put in at the targets: one of them."""
     if per_target and cotangents is not None:
@@ -416,7 +400,7 @@ def seed_cotangents(values: TensorDictBase, per_target: bool, cotangents: Cotang
             raise TypeError(f"cotangents must return a TensorDict, got {type(cot).__name__}")
         return cot, 0
     if per_target:
-        return _one_hots(values), 1
+        return one_hots(values), 1
     return _ones_like(values), 0
 
 
@@ -433,81 +417,3 @@ def _ones_like(values: TensorDictBase) -> TensorDictBase:
             return out
         ones[name] = torch.ones_like(value)
     return fresh_tensordict(ones, values.batch_size, values.device)  # (shaped as the values)
-
-
-def _one_hots(values: TensorDictBase) -> TensorDictBase:
-    """Cotangents ``[T, *B, T]``: target ``t`` selected by a one-hot on the last dim."""
-    batch = values.batch_size
-    for key, v in values.items(True, True):
-        if v.dim() > len(batch) + 1:
-            raise ValueError(f"per_target needs target values shaped [*batch] or [*batch, T]; target {key!r} has shape "
-                             f"{tuple(v.shape)} for batch {list(batch)}: flatten its target dims in the target")
-    sizes = {v.shape[len(batch)] if v.dim() > len(batch) else 1 for v in values.values(True, True)}
-    if len(sizes) != 1:
-        raise ValueError(f"per_target needs the same number of targets in every target key, got {sizes}")
-    (n,) = sizes
-
-    def one_hot(v: torch.Tensor) -> torch.Tensor:
-        eye = torch.eye(n, dtype=v.dtype, device=v.device)
-        if v.dim() == len(batch):  # one target per sample: T = 1
-            return torch.ones_like(v).unsqueeze(0)
-        return eye.reshape(n, *([1] * len(batch)), n).expand(n, *v.shape)
-
-    return cast(TensorDictBase, values.apply(one_hot, batch_size=[n, *batch]))
-
-
-def pull_each(pullback: Callable[..., Any], cot: TensorDictBase, *, retain_graph: bool = False,
-              wanted: Sequence[int] | None = None) -> Any:
-    """The pullback of every cotangent along ``cot``'s first dim, stacked (NOTE [attribution engine]).
-
-    ``retain_graph``: the graph is kept after the last (another pass follows); ``wanted``: the positions of the
-    primals whose gradients are needed (the others come back ``None``), as the pullback takes them.
-    """
-    leaf = next(iter(cot.values(True, True)))
-    if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
-        return pull_vmapped(pullback, cot, wanted)
-    last = cot.batch_size[0] - 1
-    # (the last frees the graph, unless another pass follows)
-    pulled = [pullback(cot[t], retain_graph=retain_graph or t < last, wanted=wanted)[0] for t in range(last + 1)]
-    return [None if pulled[0][i] is None else torch.stack([p[i] for p in pulled])  # (the primals are a flat list)
-            for i in range(len(pulled[0]))]
-
-
-def pull_vmapped(pullback: Callable[..., Any], cot: TensorDictBase, wanted: Sequence[int] | None = None) -> Any:
-    """`pull_each` on accelerators: the pullback ``vmap``-ed over ``cot``'s first dim (NOTE [attribution engine])."""
-    if wanted is None:
-        return torch.func.vmap(pullback)(cot)[0]
-    chosen = list(wanted)  # (vmap returns tensors only: the wanted ones, put back in place after)
-    some = torch.func.vmap(lambda c: [pullback(c, wanted=chosen)[0][i] for i in chosen])(cot)
-    out: list[Any] = [None] * (max(chosen) + 1)
-    for i, g in zip(chosen, some, strict=True):
-        out[i] = g
-    return out
-
-
-def pull_passes(pullback: Callable[..., Any], cot: TensorDictBase, lead: int, passes: Sequence[Pass],
-                 names: tuple[Any, ...]) -> list[Any]:
-    """Each pass's keys' gradients, from its own pullback of ``cot``; ``names``: the primals' keys, in order.
-
-    See NOTE [attribution engine].
-    """
-    index = {name: i for i, name in enumerate(names)}
-    pulled: list[Any] = [None] * len(names)
-    for n, step in enumerate(passes):
-        unknown = [key for key in step.keys if key not in index]
-        if unknown or not step.keys:
-            raise ValueError(f"gradients: pass {n} names {list(step.keys)}; each pass takes some of the attributed "
-                             f"input keys and layers {list(names)}")
-        wanted = [index[key] for key in step.keys]
-        if step.before is not None:
-            step.before()
-        kept = n < len(passes) - 1  # (the graph freed by the last)
-        grads = (pull_each(pullback, cot, retain_graph=kept, wanted=wanted) if lead
-                 else pullback(cot, retain_graph=kept, wanted=wanted)[0])
-        for i in wanted:
-            pulled[i] = grads[i]
-    missing = [name for name, grad in zip(names, pulled, strict=True) if grad is None]
-    if missing:
-        raise ValueError(f"gradients: no pass gives the gradients of {missing}; name each attributed input key and "
-                         "layer in a pass")
-    return pulled

@@ -11,8 +11,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._functional import Functional, NestedKey
 from .._targets import Target
+from ._backward_passes import BackwardPass
 from ._deconvolution import relu_rule_taps
-from ._engine import Pass, gradients, input_keys_of
+from ._engine import gradients, input_keys_of
 from ._gradient_chain import Guide, walked_guided_and_cam
 from ._inputs import accepts_tensors, check_call
 from ._replaced_derivatives import as_values
@@ -140,5 +141,5 @@ def _guided_and_cam(f: Functional, params: TensorDictBase, inputs: TensorDictBas
     guide = Guide(on=False)
     both = gradients(f, params, inputs, target, input_keys=keys, layers={layer: None},
                      taps=relu_rule_taps(f, guided=True, guide=guide), **common,
-                     passes=(Pass((layer,), guide.setter(False)), Pass(keys, guide.setter(True))))
+                     passes=(BackwardPass((layer,), guide.setter(False)), BackwardPass(keys, guide.setter(True))))
     return [both.grads.get(k) for k in keys], both.grads.get(layer), both.activations.get(layer)

@@ -13,8 +13,9 @@ from torch import nn
 
 from tdhook_fn import functional, params
 from tdhook_fn.attribution import guided_backprop, guided_grad_cam
+from tdhook_fn.attribution._backward_passes import BackwardPass
 from tdhook_fn.attribution._deconvolution import relu_rule_taps
-from tdhook_fn.attribution._engine import Pass, gradients
+from tdhook_fn.attribution._engine import gradients
 from tdhook_fn.attribution._gradient_chain import Guide
 
 pytestmark = [
@@ -35,7 +36,7 @@ def test_passes_give_what_one_call_per_pass_gives(per_target):
     target = (0, 2) if per_target else 1
     kwargs = {"per_target": per_target, "layers": {"[2]": None}}
     both = gradients(e.f, e.params, td, target, input_keys=("input",), **kwargs,
-                     passes=(Pass(("[2]",)), Pass(("input",))))
+                     passes=(BackwardPass(("[2]",)), BackwardPass(("input",))))
     alone = gradients(e.f, e.params, td, target, input_keys=("input",), **kwargs)
     for key in ("input", "[2]"):
         assert_close_ulps(both.grads[key], alone.grads[key])
@@ -58,7 +59,7 @@ def test_each_pass_runs_its_setup_first_and_switches_a_rule(per_target):
 
     both = gradients(e.f, e.params, td, target, input_keys=("input",), layers={"[2]": None}, per_target=per_target,
                      taps=relu_rule_taps(e.f, guided=True, guide=guide),
-                     passes=(Pass(("[2]",), switch(False)), Pass(("input",), switch(True))))
+                     passes=(BackwardPass(("[2]",), switch(False)), BackwardPass(("input",), switch(True))))
     assert order == [False, True]
     plain = gradients(e.f, e.params, td, target, input_keys=(), layers={"[2]": None}, per_target=per_target)
     guided = gradients(e.f, e.params, td, target, input_keys=("input",), per_target=per_target,
@@ -77,7 +78,8 @@ def test_passes_compose_with_vmap():
     def both(sample):
         out = gradients(e.f, e.params, sample, 1, input_keys=("input",), layers={"[2]": None},
                         taps=relu_rule_taps(e.f, guided=True, guide=guide),
-                        passes=(Pass(("[2]",), guide.setter(False)), Pass(("input",), guide.setter(True))))
+                        passes=(BackwardPass(("[2]",), guide.setter(False)),
+                                BackwardPass(("input",), guide.setter(True))))
         return out.grads
 
     batched = both(td)
@@ -91,9 +93,9 @@ def test_a_pass_naming_no_attributed_key_and_a_key_in_no_pass_are_refused():
     td = e.inputs((2,))
     with pytest.raises(ValueError, match=r"pass 1 names \['nope'\]"):
         gradients(e.f, e.params, td, 1, input_keys=("input",), layers={"[2]": None},
-                  passes=(Pass(("[2]",)), Pass(("nope",))))
+                  passes=(BackwardPass(("[2]",)), BackwardPass(("nope",))))
     with pytest.raises(ValueError, match=r"no pass gives the gradients of \['input'\]"):
-        gradients(e.f, e.params, td, 1, input_keys=("input",), layers={"[2]": None}, passes=(Pass(("[2]",)),))
+        gradients(e.f, e.params, td, 1, input_keys=("input",), layers={"[2]": None}, passes=(BackwardPass(("[2]",)),))
 
 
 def test_guided_grad_cam_runs_one_forward():
@@ -135,7 +137,7 @@ def test_guided_backprop_paths_follow_the_model():
 def test_the_vmapped_pullback_accelerators_take_equals_one_pullback_per_target(wanted):
     """`pull_vmapped` (the per-target pullback on accelerators), run here on the CPU, against `pull_each`'s loop."""
     from tdhook_fn._vjp import vjp
-    from tdhook_fn.attribution._engine import pull_each, pull_vmapped
+    from tdhook_fn.attribution._backward_passes import pull_each, pull_vmapped
 
     torch.manual_seed(0)
     w = torch.randn(3, 4, dtype=torch.float64)
