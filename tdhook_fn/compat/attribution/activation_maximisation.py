@@ -110,7 +110,7 @@ class ActivationMaximisation(GradientAttribution):
         paths = self._model_paths(prepared._routed)
         out_keys = prepared._context_keys[1]
         additional = td.select(*self._additional_init_keys)
-        target = make_target(out_keys, list(paths), False, self._init_attr_targets, additional, False,
+        target = make_target(out_keys, list(paths), False, self._init_attr_targets, additional, None,
                              {inside: path for path, inside in paths.items()})
         return dataclasses.replace(call, target=target, target_layers=tuple(paths.values()))
 

@@ -3,18 +3,80 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from tdhook_fn import label
 from tdhook_fn.attribution import convergence_delta, integrated_gradients
 
 from .gradient_helpers import GradientAttributionWithBaseline
-from .gradient_helpers.common import AttributionCall, UserFn, inherited
+from .gradient_helpers.common import AttributionCall, PathLayout, UserFn, inherited
 from .gradient_helpers.helpers import SUPPORTED_METHODS, approximation_parameters
 
 __all__ = ["IntegratedGradients"]
+
+
+def _rebatch(td: TensorDictBase, source: int, dest: int) -> TensorDict:
+    """Move batch dim ``source`` of every leaf to ``dest``; the batch size is read from the leaves
+    (a user function's TensorDict may have none)."""
+    leaves = list(td.items(True, True))
+    if not leaves:
+        return TensorDict({}, batch_size=[])
+    dims = max(source, dest) + 1
+    shape = list(leaves[0][1].shape[:dims])
+    shape.insert(dest, shape.pop(source))
+    out = TensorDict({}, batch_size=shape)
+    for key, value in leaves:
+        out.set(key, value.movedim(source, dest))
+    return out
+
+
+# NOTE [moved steps]
+# The path-point dim is moved twice on every call (to tdhook's layout and back): a TensorDict of tensors
+# leaf by leaf into one new TensorDict (no Python call per leaf, no ``apply``), other contents
+# by ``apply``, a user's TensorDict without its batch size by `_rebatch`, with the same result.
+
+
+def _moved(td: TensorDictBase, source: int, dest: int, size: torch.Size, split: tuple[int, ...] = ()) -> TensorDict:
+    """``td``'s batch (first reshaped to ``split``, if given) with dim ``source`` moved to ``dest``, then
+    reshaped to ``size`` (NOTE [moved steps])."""
+    leaves: dict[Any, torch.Tensor] = {}
+    for key, value in td.items():
+        if not isinstance(value, torch.Tensor):
+            td = td.reshape(split) if split else td
+            dims = list(td.batch_size)
+            dims.insert(dest, dims.pop(source))
+            applied = td.apply(partial(torch.movedim, source=source, destination=dest), batch_size=dims)
+            assert applied is not None  # (None only in place)
+            return applied.reshape(size)
+        value = value.reshape(*split, *value.shape[td.batch_dims:]) if split else value
+        moved = value.movedim(source, dest)  # (reshaped only when it must be: a view is one more autograd node)
+        leaves[key] = moved if moved.shape[:len(size)] == size else moved.reshape(
+            *size, *value.shape[len(split) or td.batch_dims:])
+    return TensorDict(leaves, batch_size=size, device=td.device)
+
+
+def steps_last(td: TensorDictBase, batch: torch.Size) -> TensorDictBase:
+    """The method's ``[n, *B]`` (or ``[n * N]``) as tdhook's ``[*B, n]``."""
+    size = td.batch_size
+    split = () if size[1:] == batch else (size.numel() // max(batch.numel(), 1), *batch)
+    return _moved(td, 0, len(batch), torch.Size((*batch, (split or size)[0])), split)
+
+
+def steps_first(td: TensorDictBase, batch: torch.Size, like: torch.Size) -> TensorDictBase:
+    """tdhook's ``[*B, n]`` back to the method's batch ``like``."""
+    n, size = len(batch), td.batch_size
+    if len(size) > n:
+        return _moved(td, n, 0, like)
+    out = _rebatch(td, n, 0)  # a user's TensorDict made without its batch size: read it from the leaves
+    return out if out.batch_size == like else out.reshape(like)
+
+
+# tdhook's integrated gradients put the path points last (NOTE [tdhook's targets, pure])
+_PATH_POINTS_LAST: PathLayout = (steps_last, steps_first)
 
 
 class IntegratedGradients(GradientAttributionWithBaseline):
@@ -25,7 +87,7 @@ class IntegratedGradients(GradientAttributionWithBaseline):
     as in tdhook), and ``method`` and ``n_steps`` of the pure function.
     """
 
-    _stepped = True
+    _layout = _PATH_POINTS_LAST
 
     def __init__(
         self,
