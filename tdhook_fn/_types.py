@@ -7,8 +7,9 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["GradFn", "Pullback", "PureFn", "Replace"]
+__all__ = ["GradFn", "NestedKey", "Pullback", "PureFn", "Replace"]
 
+NestedKey = str | tuple[str, ...]  # an entry of a TensorDict: one name, or the names down its levels
 PureFn = Callable[[TensorDictBase, TensorDictBase], TensorDictBase]  # f(params, td) -> td
 Pullback = Callable[[torch.Tensor], torch.Tensor]  # a cotangent (a relevance) at a map's output -> at its input
 Replace = Callable[[torch.Tensor], torch.Tensor]  # a tensor's new value from its value (an activation, a parameter)

@@ -27,11 +27,10 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._probe import on_meta
 from .._taps import Tap
 from .._targets import Target, as_target
-from .._types import GradFn
+from .._types import GradFn, NestedKey
 from ._engine import Cotangents, grad_taps, gradients, input_keys_of, per_key
 from ._inputs import accepts_tensors, check_call, check_layers
 from ._replaced_derivatives import values_where_replaced

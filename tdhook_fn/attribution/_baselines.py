@@ -17,8 +17,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._traced import trace_constant
+from .._types import NestedKey
 from ._engine import input_keys_of
 
 __all__ = [

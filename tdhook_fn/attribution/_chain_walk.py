@@ -37,12 +37,12 @@ import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import NestedKey, fresh_tensordict
+from .._functional import fresh_tensordict
 from .._model_plans import plan_for
 from .._params import Key, leaves
 from .._paths import path_to_name, resolve_path
 from .._targets import Target
-from .._types import Pullback
+from .._types import NestedKey, Pullback
 from .._vjp import autograd_as_walked, untransformed
 from ._lrp.affine import Affine, affine_of
 from ._lrp.max_pool import MAX_POOLS, max_pool_with_indices

@@ -22,9 +22,9 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
-from .._functional import NestedKey
 from .._taps import Tap
 from .._targets import Target
+from .._types import NestedKey
 from ._baselines import Baselines, attributed_keys, both_ends, path_starts
 from ._engine import Cotangents
 from ._inputs import check_call

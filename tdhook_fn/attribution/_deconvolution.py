@@ -9,10 +9,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._model_plans import global_hooks, hooked, plan_for
 from .._taps import Tap
 from .._targets import Target
+from .._types import NestedKey
 from ._engine import Cotangents, gradients, input_keys_of
 from ._gradient_chain import Guide, gradient_step, tensor_gradients, walked_gradients
 from ._guided_backprop import guide_taps, module_paths

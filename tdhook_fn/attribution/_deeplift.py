@@ -13,9 +13,9 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey, fresh_tensordict
+from .._functional import Functional, fresh_tensordict
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._chain_walk import WalkPlan, chain_links, holds_only, tensor_plan, walk_plan, walked_map

@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys
 from ._chain_walk import WalkPlan, holds_only, tensor_plan, walk_plan, walked_map

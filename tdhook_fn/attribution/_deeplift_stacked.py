@@ -14,9 +14,10 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._taps import capture
 from .._targets import Target, as_target
+from .._types import NestedKey
 from ._baselines import Baselines, path_starts
 from ._deeplift_rules import needs_reference_gradients, rescale_rules
 from ._engine import unflatten

@@ -39,12 +39,12 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey, fresh_tensordict, one_key_as_list, with_copied_inputs
+from .._functional import Functional, fresh_tensordict, one_key_as_list, with_copied_inputs
 from .._params import leaf_keys, leaves
 from .._pool_layout import FAST_POOLING
 from .._taps import Tap, map_grad
 from .._targets import Target, as_target, autograd_off_note
-from .._types import GradFn, Replace
+from .._types import GradFn, NestedKey, Replace
 from .._vjp import vjp
 from ._backward_passes import BackwardPass, one_hots, pull_each, pull_passes
 from ._gradient_chain import plain_gradients

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._types import NestedKey
 from ._perturbation import as_maps, check_no_extra, per_sample_view, plain_tensors_now
 
 __all__ = ["FeatureMask", "Features", "features", "selected", "spread"]

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._engine import flat_inputs
 from ._feature_masks import FeatureMask, features, selected
 from ._inputs import accepts_tensors

@@ -16,7 +16,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey, fresh_tensordict
+from .._functional import fresh_tensordict
+from .._types import NestedKey
 
 __all__ = ["flat_copies", "flat_target"]
 

@@ -49,9 +49,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import Pullback
+from .._types import NestedKey, Pullback
 from .._vjp import untransformed
 from ._chain_walk import (
     ACTIVATIONS,

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey, fresh_tensordict
+from .._functional import fresh_tensordict
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from .._vjp import untransformed
 from ._baselines import attributed_keys, both_ends
 from ._convergence import delta_of

@@ -8,12 +8,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._model_plans import plan_for
 from .._paths import name_to_path
 from .._taps import Tap
 from .._targets import Target
-from .._types import GradFn
+from .._types import GradFn, NestedKey
 from ._engine import Cotangents, scaled
 from ._gradient_chain import Guide, guided_backprop_step, walked_gradients
 from ._inputs import accepts_tensors

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._targets import Target
+from .._types import NestedKey
 from ._backward_passes import BackwardPass
 from ._deconvolution import relu_rule_taps
 from ._engine import gradients, input_keys_of

@@ -8,9 +8,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target, check_target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._flat_copies import flat_copies, flat_target
 from ._inputs import check_call, tensor_inputs
 from ._metric_samples import (

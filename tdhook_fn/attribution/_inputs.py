@@ -29,10 +29,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .._functional import NestedKey, fresh_tensordict, with_copied_inputs
+from .._functional import fresh_tensordict, with_copied_inputs
 from .._params import check_attribution_modes, leaves
 from .._targets import as_target, check_target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from .._vjp import untransformed
 
 __all__ = [

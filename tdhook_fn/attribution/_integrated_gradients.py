@@ -8,11 +8,11 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._paths import resolve_path
 from .._taps import Tap, capture, intervene
 from .._targets import Target
-from .._types import GradFn, PureFn
+from .._types import GradFn, NestedKey, PureFn
 from .._vjp import untransformed
 from ._baselines import (
     Baselines,

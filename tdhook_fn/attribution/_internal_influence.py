@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._baselines import Baselines, in_dtypes, quadrature
 from ._inputs import accepts_tensors
 from ._path_checks import check_chunk_size, check_layer_paths, check_steps, checked_path_ends

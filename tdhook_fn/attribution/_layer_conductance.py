@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from .._vjp import untransformed
 from ._baselines import Baselines, both_ends, path_points, quadrature, wide
 from ._convergence import delta_of

@@ -22,9 +22,10 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey, with_copied_inputs
+from .._functional import Functional, with_copied_inputs
 from .._taps import Tap
 from .._targets import Target, autograd_off_note
+from .._types import NestedKey
 from .._vjp import RandomState, any_requires_grad, reaches_other_leaves, untransformed
 from ._layer_specs import LayerSpec, StaleSpec, check_runs, checked_taps, run_counters, with_specs
 from ._target_layers import check_target_layer_runs, target_layer_taps

@@ -9,9 +9,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._baselines import Baselines
 from ._inputs import accepts_tensors
 from ._surrogate import FeatureMask, check_weights, evaluate, interpretable_samples, maps, prepare

@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._types import NestedKey
 
 __all__ = [
     "check_count",

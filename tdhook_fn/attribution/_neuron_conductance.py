@@ -8,9 +8,9 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._baselines import Baselines, fold, in_dtypes, path_points, quadrature, wide
 from ._engine import scaled, seed_cotangents, unflatten
 from ._inputs import accepts_tensors

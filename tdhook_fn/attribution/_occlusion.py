@@ -11,9 +11,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._baselines import Baselines
 from ._engine import flat_inputs
 from ._inputs import accepts_tensors

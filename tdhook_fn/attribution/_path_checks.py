@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target
+from .._types import NestedKey
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._inputs import check_call, check_layers
 

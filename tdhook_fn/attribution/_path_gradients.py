@@ -13,9 +13,10 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import Functional, NestedKey
+from .._functional import Functional
 from .._taps import Tap
 from .._targets import Target
+from .._types import NestedKey
 from ._baselines import fold, path_points
 from ._engine import Cotangents, check_per_target_or_cotangents, seed_cotangents, unflatten
 from ._layer_pullbacks import layer_pullbacks

@@ -32,9 +32,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from .._vjp import any_requires_grad, untransformed
 from ._baselines import Baselines, attributed_keys, starts_by_key
 from ._chunk_rows import default_rows

@@ -7,10 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._taps import Tap
 from .._targets import Target
-from .._types import GradFn
+from .._types import GradFn, NestedKey
 from ._engine import Cotangents, grad_taps, gradients, input_keys_of, per_key, scaled
 from ._inputs import accepts_tensors, check_layers
 from ._replaced_derivatives import values_where_replaced

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
+from .._types import NestedKey
 from ._metric_samples import (
     check_count,
     chunks,

@@ -8,9 +8,8 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._baselines import Baselines, attributed_keys, path_starts
 from ._engine import gradients
 from ._flat_copies import flat_copies, flat_target

@@ -20,9 +20,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._functional import NestedKey
 from .._targets import Target, values_readable
-from .._types import PureFn
+from .._types import NestedKey, PureFn
 from ._baselines import Baselines, attributed_keys, starts_by_key
 from ._flat_copies import flat_copies, flat_target
 from ._inputs import check_call

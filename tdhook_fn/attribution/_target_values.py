@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from .._functional import NestedKey
 from .._pool_layout import fast_pooling
 from .._taps import Tap
 from .._targets import Target
+from .._types import NestedKey
 from ._engine import as_functional, extras_of, flat_inputs, offer
 from ._target_layers import check_target_layer_runs, target_layer_keys, target_layer_taps, target_layer_values
 

@@ -3,7 +3,7 @@
 Python calls are counted with ``sys.setprofile`` (deterministic: no timing). What compat adds
 to the pure `integrated_gradients` call it makes is bounded: at most 45 calls, in at most
 5 files of compat's own (issue 24: the whole walk was 335 calls across 28 files; its goal
-120 calls and 12 files; today 115 calls, 45 more than the pure call's 70, in 5 compat files, 13 in all: a
+120 calls and 12 files; today 114 calls, 45 more than the pure call's 69, in 5 compat files, 13 in all: a
 callable target, as compat's, is its own target and skips the target rules' file).
 """
 

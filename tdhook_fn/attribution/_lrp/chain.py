@@ -49,10 +49,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ..._functional import Functional, NestedKey, fresh_tensordict
+from ..._functional import Functional, fresh_tensordict
 from ..._params import Key, leaves
 from ..._targets import Target
-from ..._types import Pullback
+from ..._types import NestedKey, Pullback
 from ..._vjp import RandomState, autograd_as_walked, reaches_other_leaves
 from .._engine import Cotangents, seed_cotangents, unflatten
 from .._inputs import check_call

@@ -48,11 +48,12 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..._functional import Functional, NestedKey
+from ..._functional import Functional
 from ..._in_place import Handed, handed, writes_in_place, written_back
 from ..._params import leaves
 from ..._taps import Captured, Handles, Tap
 from ..._targets import Target
+from ..._types import NestedKey
 from ..._vjp import untransformed
 from .._engine import Cotangents, gradients, input_keys_of
 from .._inputs import accepts_tensors, check_layers

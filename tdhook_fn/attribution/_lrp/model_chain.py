@@ -19,7 +19,8 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from ..._functional import Functional, get_input, pack, run
+from ..._forward_values import get_input
+from ..._functional import Functional, pack, run
 from ..._model_plans import global_hooks
 from ..._shadow import HOOK_DICTS
 
