@@ -41,8 +41,9 @@ def _adapter_callback(adapter: nn.Module, proxy: CacheProxy | None) -> Callable[
     accepted = frozenset(inspect.signature(adapter).parameters)
 
     def callback(**kwargs: Any) -> Any:
-        value = kwargs.pop(DIRECTION_TO_RETURN[kwargs["direction"]])
-        adapter_input = value if proxy is None else proxy.resolve()
+        # an adapter of its own module takes that module's value; one fed from another module's (a transcoder)
+        # takes the cached value, and may still name this module's (``output=``, ``args=``) as a keyword
+        adapter_input = kwargs.pop(DIRECTION_TO_RETURN[kwargs["direction"]]) if proxy is None else proxy.resolve()
         return adapter(adapter_input, **{k: v for k, v in kwargs.items() if k in accepted})
 
     return callback

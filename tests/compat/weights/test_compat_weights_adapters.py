@@ -57,6 +57,26 @@ class ToArgs(nn.Module):
         return (torch.tanh(self.linear(x)),)
 
 
+class Blend(nn.Module):
+    """A fwd transcoder that also reads the adapted module's own output: tdhook passes an adapter the hook
+    arguments its call's signature names (a module's ``__call__`` names only ``args``), so this one names
+    ``output`` there."""
+
+    def __call__(self, x: torch.Tensor, output: torch.Tensor | None = None, args: Any = None) -> torch.Tensor:
+        return x if output is None else 0.5 * (x + output)
+
+
+class PreBlend(nn.Module):
+    """A fwd_pre transcoder that also reads the adapted module's own inputs (tdhook passes ``args=`` to it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, args: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor]:
+        return (torch.tanh(self.linear(x)) + (0 if args is None else args[0]),)
+
+
 def make_blocks() -> nn.Module:
     torch.manual_seed(0)
     return Blocks().eval()
@@ -84,6 +104,11 @@ CASES: dict[str, tuple[Callable[[], dict[str, Any]], dict[str, Any]]] = {
     "both_directions": (lambda: {"e": (Either(), "layers[2]", "layers[2]")}, {"directions": ["fwd", "fwd_pre"]}),
     "fwd_pre_transcoder": (
         lambda: {"pre": (ToArgs(), "layers[0]", "layers[2]")},
+        {"directions": ["fwd_pre"], "cache_callback": first_input},
+    ),
+    "transcoder_sees_output": (lambda: {"tc": (Blend(), "layers[0]", "layers[2]")}, {}),
+    "fwd_pre_transcoder_sees_args": (
+        lambda: {"pre": (PreBlend(), "layers[0]", "layers[2]")},
         {"directions": ["fwd_pre"], "cache_callback": first_input},
     ),
     "not_relative": (
