@@ -197,6 +197,19 @@ def test_missing_additional_key_is_named() -> None:
             hooked(TensorDict({"input": torch.randn(2, 10), "labels": torch.zeros(2)}, batch_size=2))
 
 
+@pytest.mark.parametrize("lib", LIBS)
+def test_a_nested_additional_key_hands_the_probe_its_top_entry(lib: str) -> None:
+    log: list[Any] = []
+    context = LIBS[lib].Probing("linear1", lambda name, direction: Recorder(log, name, direction),
+                                additional_keys=[("meta", "labels"), "step_type"])
+    labels = torch.arange(2)
+    with context.prepare(TdhookTestModel()) as hooked:
+        hooked(TensorDict(input=torch.randn(2, 10), meta={"labels": labels}, step_type="fit", batch_size=[2]))
+    ((_, _, _, items),) = log
+    assert set(items) == {"meta", "step_type"} and items["step_type"] == "fit"
+    assert torch.equal(items["meta"]["labels"], labels)
+
+
 # ---------------------------------------------------------------- managers and estimators end to end
 
 

@@ -140,11 +140,12 @@ class Probing(KeyPatternHooks, HookingContextFactory):
 
         def select(**kwargs: Any) -> None:
             td = kwargs["args"][0]
-            missing = [key for key in keys if key not in td.keys()]
+            present = td.keys(include_nested=True)  # (a nested key selects its top entry, as in tdhook)
+            missing = [key for key in keys if key not in present]
             if missing:
                 raise KeyError(
                     f"Probing: additional_keys {missing} are not in the input TensorDict (it holds "
-                    f"{sorted(map(str, td.keys()))}); add them to the TensorDict or drop them from additional_keys"
+                    f"{sorted(map(str, present))}); add them to the TensorDict or drop them from additional_keys"
                 )
             items.keep(td.select(*keys))
 
