@@ -371,6 +371,42 @@ def test_mean_difference_matches_tdhook_on_digits(normalize: bool) -> None:
     assert (ours.predict(x) == y).mean() > 0.8
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("kind", ["tensor", "array"])
+def test_mean_difference_gives_tdhooks_kinds_and_dtypes(kind: str, normalize: bool) -> None:
+    """tdhook's arithmetic: float64 weights from float32 samples and integer labels; a tensor's predictions are
+    a bool tensor (what a probe manager hands compute_metrics), its direction a tensor."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 6), (torch.rand(40) > 0.4).long()
+    data, labels = (x, y) if kind == "tensor" else (x.numpy(), y.numpy())
+    theirs, ours = td_estimators.MeanDifferenceClassifier(normalize), our_estimators.MeanDifferenceClassifier(normalize)
+    theirs.fit(data, labels)
+    ours.fit(data, labels)
+    for name in ("coef_", "intercept_", "predict", "predict_proba"):
+        ref, got = getattr(theirs, name), getattr(ours, name)
+        ref, got = (ref(data), got(data)) if callable(ref) else (ref, got)
+        assert type(got) is type(ref) and got.dtype == ref.dtype, name
+        np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(ref, dtype=float), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_mean_difference_in_a_probe_manager_hands_metrics_tensors(lib: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(64, 4)
+    labels = (x[:, 0] > 0).long()
+
+    def metrics(predicted: Any, expected: Any) -> dict[str, float]:  # written for tdhook's tensors
+        return {"accuracy": (predicted == expected).float().mean().item(), "rate": predicted.float().mean().item()}
+
+    manager = LIBS[lib].ProbeManager(LIBS[lib].MeanDifferenceClassifier, {}, metrics)
+    with LIBS[lib].Probing("0", manager.probe_factory, additional_keys=["labels", "step_type"]).prepare(model) as h:
+        for step in ("fit", "predict"):
+            h(TensorDict(input=x, labels=labels, step_type=step, batch_size=[64]))
+    assert manager.predict_metrics["0_fwd"]["accuracy"] > 0.7
+    assert isinstance(manager.estimators["0_fwd"].coef_, torch.Tensor)
+
+
 @pytest.mark.parametrize(("y", "match"), [
     (np.array([0, 1, 2, 1]), "0/1 labels"),
     (np.array([1, 1, 1, 1]), "Both classes must be present"),

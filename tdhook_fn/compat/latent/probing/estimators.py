@@ -57,11 +57,12 @@ class MeanDifferenceClassifier:
 
     def __init__(self, normalize: bool = True) -> None:
         self._normalize = normalize
-        self._coef: np.ndarray | None = None
+        self._coef: np.ndarray | torch.Tensor | None = None
         self._intercept: np.ndarray | None = None
 
     @property
-    def coef_(self) -> np.ndarray:
+    def coef_(self) -> np.ndarray | torch.Tensor:
+        """``(1, D)``: a tensor where ``fit`` was given one (as tdhook's arithmetic leaves it), else an array."""
         if self._coef is None:
             raise ValueError("Model not fitted: call fit(X, y) first")
         return self._coef
@@ -83,21 +84,30 @@ class MeanDifferenceClassifier:
                              "positive class to 1 and the other to 0")
         if len(present) < 2:
             raise ValueError("Both classes must be present in y: it needs samples labelled 0 and samples labelled 1")
+        samples = np.asarray(X)
+        # tdhook weighs the samples by the labels as numpy does: float32 samples and integer labels in float64
+        dtype = torch.as_tensor(np.empty(0, np.result_type(samples.dtype, np.asarray(y).dtype))).dtype
         # 0/1 labels: classes [0, 1], so fit_probes' positive class is tdhook's
-        probe = fit_probes(torch.as_tensor(np.asarray(X)), labels.long(), kind="mean_difference",
+        probe = fit_probes(torch.as_tensor(samples).to(dtype), labels.long(), kind="mean_difference",
                            classes=torch.tensor([0, 1]), normalize=self._normalize)
-        self._coef = probe["weight"].numpy()
+        self._coef = probe["weight"] if isinstance(X, torch.Tensor) else probe["weight"].numpy()
         self._intercept = probe["bias"].numpy()
 
     def _decision_function(self, X: Any) -> torch.Tensor:
-        probe = TensorDict(weight=torch.as_tensor(self.coef_), bias=torch.as_tensor(self.intercept_))
-        scores = decision_function(probe, torch.as_tensor(np.asarray(X)))
+        weight, x = torch.as_tensor(self.coef_), torch.as_tensor(np.asarray(X))
+        dtype = torch.promote_types(weight.dtype, x.dtype)  # (tdhook's product: float32 samples, float64 direction)
+        probe = TensorDict(weight=weight.to(dtype), bias=torch.as_tensor(self.intercept_).to(dtype))
+        scores = decision_function(probe, x.to(dtype))
         assert isinstance(scores, torch.Tensor)
         return scores[..., 0]
 
-    def predict(self, X: Any) -> np.ndarray:
-        """``True`` for the samples on the positive side."""
-        result: np.ndarray = (self._decision_function(X) > 0).numpy()
+    def predict(self, X: Any) -> np.ndarray | torch.Tensor:
+        """``True`` for the samples on the positive side: a bool tensor for a tensor ``X`` (as tdhook's), else an
+        array."""
+        positive = self._decision_function(X) > 0
+        if isinstance(X, torch.Tensor):
+            return positive
+        result: np.ndarray = positive.numpy()
         return result
 
     def predict_proba(self, X: Any) -> np.ndarray:
