@@ -51,8 +51,10 @@ def _swapped_pairs(x: Tensor, y: Tensor) -> list[int] | None:
 
 
 def _neighbour_distances(t: Tensor, p: float) -> Tensor:
-    """Pairwise ``p``-distances, ``inf`` on the diagonal so a point is never its own neighbour."""
-    dist = torch.cdist(t, t, p=p)
+    """Pairwise ``p``-distances, ``inf`` on the diagonal so a point is never its own neighbour; of the centred
+    points, whose rounding does not grow with a common offset (NOTE [exact duplicates])."""
+    centred = t - t.mean(-2, keepdim=True)
+    dist = torch.cdist(centred, centred, p=p)
     dist.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)  # our own fresh tensor: in place saves a pass
     return dist
 

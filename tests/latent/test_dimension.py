@@ -342,6 +342,25 @@ def test_duplicates_found_eagerly_as_under_vmap(name):
     torch.testing.assert_close(torch.vmap(fn)(x), eager, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_float32_duplicates_and_offsets_give_the_float64_numbers(name, offset):
+    """Points repeated exactly (a shared BOS token's activations) are duplicates in float32 too, and a common offset
+    costs no precision: torch.cdist's matrix-product formula put equal float32 points 1e-2 apart (NOTE [exact
+    duplicates]), so they counted as each other's nearest neighbours."""
+    fn = ESTIMATORS[name]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 4, generator=g, dtype=torch.float64) @ torch.randn(4, 24, generator=g, dtype=torch.float64)
+    x = (torch.cat([x, x[:15]]) + offset).float()  # fifteen points twice, each of norm ~10 (+ the offset)
+    assert float(torch.cdist(x, x)[:15, 120:].diagonal().max()) > 1e-5  # what the formula alone gives them
+    exact = fn(x.double())
+    if name in ("local_pca", "ca_pca"):  # (dimensions: the same integers)
+        assert torch.equal(fn(x).double(), exact)
+    else:
+        torch.testing.assert_close(fn(x).double(), exact, rtol=1e-4, atol=1e-4, equal_nan=True)
+    torch.testing.assert_close(torch.vmap(fn)(x[None]).squeeze(0), fn(x), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 @settings(max_examples=20, deadline=None)
 @given(scale=st.floats(0.1, 10), shift=st.floats(-10, 10), seed=st.integers(0, 10))
 def test_invariant_to_scale_shift_and_rotation(scale, shift, seed):

@@ -454,3 +454,15 @@ def test_a_constant_layer_whose_mean_rounds_is_refused(dtype: torch.dtype) -> No
     assert bool((acts[1] - acts[1].mean(0)).abs().max() > 0)
     with pytest.raises(ValueError, match=r"cka: x is constant .*batch index \(1, 0\)"):
         cka(acts[:, None], acts[None])
+
+
+def test_information_imbalance_of_float32_points_with_an_offset_is_the_float64_one():
+    """A common offset costs float32 no neighbour ranks: the points are centred before their distances (the matrix
+    product formula's rounding grows with |x|^2; NOTE [exact duplicates])."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 8, generator=g, dtype=torch.float64) @ torch.randn(8, 32, generator=g, dtype=torch.float64)
+    y = torch.tanh(x @ torch.randn(32, 16, generator=g, dtype=torch.float64) / 4)
+    shifted = (x + 1000.0).float()
+    ours = information_imbalance(shifted, y.float())
+    exact = information_imbalance(shifted.double(), y.float().double())
+    torch.testing.assert_close(torch.stack(ours).double(), torch.stack(exact), rtol=0, atol=1e-6)
