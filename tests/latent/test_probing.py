@@ -263,3 +263,11 @@ def test_logistic_by_conjugate_gradients_equals_sklearn(digits):
     oracle = LogisticRegression(C=0.5, tol=1e-12, max_iter=20000).fit(x, y)
     torch.testing.assert_close(probes["weight"], torch.tensor(oracle.coef_), rtol=0, atol=1e-4)
     torch.testing.assert_close(probes["bias"], torch.tensor(oracle.intercept_), rtol=0, atol=1e-4)
+
+
+def test_mean_difference_refuses_a_class_without_samples():
+    """``classes=`` names a class this data lacks: its mean does not exist, so the probe would be nan and predict
+    class 0 everywhere (tdhook's classifier raises too)."""
+    x = torch.randn(30, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"mean_difference.*class 1 has none"):
+        fit_probes(x, torch.zeros(30, dtype=torch.long), kind="mean_difference", classes=torch.tensor([0, 1]))
