@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._targets import values_readable
-from ._probe_inputs import Labels, Task, as_labels, check_finite, check_tensor_acts, groups, site_name
+from ._probe_inputs import Labels, Task, as_labels, check_alpha, check_finite, check_tensor_acts, groups, site_name
 from ._probe_logistic import logistic
 from ._probe_mean_difference import mean_difference
 from ._probe_ridge import dual_solve, solve, statistics
@@ -52,7 +52,7 @@ def fit_probes(
             regression targets, shared by every site.
         kind (str): ``"ridge"``, ``"logistic"`` or ``"mean_difference"``. Default: ``"ridge"``.
         alpha (float | Tensor): ridge penalty, a float or a tensor over the leading dims of a
-            tensor ``acts``. Default: ``1.0``.
+            tensor ``acts`` (with a TensorDict of sites, one value). Default: ``1.0``.
         C (float): inverse penalty of ``"logistic"``, as scikit-learn's. Default: ``1.0``.
         fit_intercept (bool): fit an unpenalised bias (``mean_difference`` always has one).
             Default: ``True``.
@@ -91,6 +91,8 @@ def fit_probes(
         torch.Size([2, 1, 4])
     """
     caller = "fit_probes"
+    if kind == "ridge":
+        check_alpha(caller, alpha, isinstance(acts, TensorDictBase))
     fit = _fitter(caller, kind, alpha=alpha, C=C, fit_intercept=fit_intercept, normalize=normalize,
                   max_iter=max_iter, tol=tol)
     min_classes = 2
@@ -105,9 +107,6 @@ def _fitter(caller: str, kind: str, *, alpha: float | torch.Tensor, C: float, fi
             normalize: bool, max_iter: int, tol: float) -> Fit:
     """The maths of ``kind`` on one stack of sites, its options checked."""
     if kind == "ridge":
-        if not isinstance(alpha, torch.Tensor) and not alpha >= 0:
-            raise ValueError(f"{caller}: alpha must be >= 0, got {alpha}")
-
         def ridge(x: torch.Tensor, labels: Labels, keys: list[str]) -> Params:
             y = labels.targets(x.dtype)
             if x.shape[-2] < x.shape[-1]:

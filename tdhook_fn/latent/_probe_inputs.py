@@ -20,6 +20,7 @@ __all__ = [
     "Labels",
     "Task",
     "as_labels",
+    "check_alpha",
     "check_finite",
     "check_tensor_acts",
     "groups",
@@ -164,3 +165,15 @@ def _classes(caller: str, labels: torch.Tensor, classes: torch.Tensor | None, mi
         missing = labels[~equal.any(-1)][:3].tolist()
         raise ValueError(f"{caller}: labels {missing} are not in classes {classes.tolist()}")
     return Labels(labels, classes, equal.to(torch.int64).argmax(-1))
+
+
+def check_alpha(caller: str, alpha: float | torch.Tensor, sites: bool) -> None:
+    """Raise unless ``alpha`` is a penalty ``>= 0``, or a tensor of them over a tensor's leading dims (not ``sites``:
+    sites are fitted in stacks of alike widths, so which penalty a site took would depend on the stacking)."""
+    if not isinstance(alpha, torch.Tensor):
+        if not alpha >= 0:
+            raise ValueError(f"{caller}: alpha must be >= 0, got {alpha}")
+    elif sites and alpha.dim():
+        raise ValueError(
+            f"{caller}: alpha is a tensor of shape {list(alpha.shape)}, which sweeps the leading dims of one tensor of "
+            "activations; with a TensorDict of sites give one float (or a 0-d tensor), or fit each alpha in turn")

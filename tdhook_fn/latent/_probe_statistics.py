@@ -9,7 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from ._probe_fit import Params, fit_sites
-from ._probe_inputs import Labels, Task, site_name, transformed
+from ._probe_inputs import Labels, Task, check_alpha, site_name, transformed
 from ._probe_ridge import merge, solve, statistics
 
 __all__ = ["merge_ridge_statistics", "ridge_statistics", "solve_ridge"]
@@ -123,9 +123,8 @@ def solve_ridge(
         torch.Size([2])
     """
     caller = "solve_ridge"
-    if not isinstance(alpha, torch.Tensor) and not alpha >= 0:
-        raise ValueError(f"{caller}: alpha must be >= 0, got {alpha}")
     keys = _sites(caller, stats, "stats")
+    check_alpha(caller, alpha, keys != [()])
     if keys == [()]:
         return _solve(caller, stats, alpha, fit_intercept, [], stats.batch_dims)
     stacks: dict[tuple[object, ...], list[NestedKey]] = {}

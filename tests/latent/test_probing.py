@@ -271,3 +271,20 @@ def test_mean_difference_refuses_a_class_without_samples():
     x = torch.randn(30, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"mean_difference.*class 1 has none"):
         fit_probes(x, torch.zeros(30, dtype=torch.long), kind="mean_difference", classes=torch.tensor([0, 1]))
+
+
+def test_a_tensor_alpha_with_sites_is_refused():
+    """A tensor of penalties sweeps one tensor's leading dims; over a TensorDict of sites it was broadcast over
+    each stack of alike widths, so which site took which penalty depended on the stacking."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 4, generator=g, dtype=torch.float64), torch.randn(30, generator=g, dtype=torch.float64)
+    acts = TensorDict(a=x, w=torch.randn(30, 6, generator=g, dtype=torch.float64), b=2 * x, batch_size=[30])
+    alpha = torch.tensor([1.0, 100.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"fit_probes: alpha is a tensor of shape \[2\].*TensorDict of sites"):
+        fit_probes(acts, y, alpha=alpha)
+    with pytest.raises(ValueError, match=r"solve_ridge: alpha is a tensor of shape \[2\]"):
+        solve_ridge(ridge_statistics(acts, y), alpha=alpha)
+    one = fit_probes(acts, y, alpha=torch.tensor(1.0, dtype=torch.float64))  # one penalty, as a 0-d tensor: fine
+    torch.testing.assert_close(one, fit_probes(acts, y, alpha=1.0))
+    swept = fit_probes(x.expand(2, 30, 4), y, alpha=alpha)  # over a tensor's leading dims: each its own
+    torch.testing.assert_close(swept["weight"][1], fit_probes(x, y, alpha=100.0)["weight"])
