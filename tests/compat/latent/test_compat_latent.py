@@ -374,3 +374,31 @@ def test_caching_keeps_the_value_a_later_in_place_write_changes():
             caches.append(hooked.hooking_context.cache["0"])
     torch.testing.assert_close(caches[0], before_relu)
     torch.testing.assert_close(caches[1], before_relu.relu())  # tdhook's: the values after the write
+
+
+def test_patching_a_module_whose_output_is_written_in_place_patches_what_it_returned() -> None:
+    """transformers' ResNet block writes its layer's output in place (``hidden_state += residual``): compat patches
+    in the output as returned, as a forward hook patching by hand does; tdhook patches in the written tensor
+    (documented in docs/compat.md)."""
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                       num_labels=5, layer_type="basic")
+    model = transformers.ResNetForImageClassification(config).eval()
+    keys = {"in_keys": {"pixel_values": "pixel_values"}, "out_keys": ["logits"]}
+    g = torch.Generator().manual_seed(1)
+    x, corrupted = torch.randn(2, 3, 16, 16, generator=g), torch.randn(2, 3, 16, 16, generator=g)
+    site = "resnet.encoder.stages.0.layers.0.layer"
+    patched = {}
+    for name, lib in (("tdhook", tdhook.latent), ("ours", tdhook_fn.compat.latent)):
+        with lib.ActivationPatching([site]).prepare(copy.deepcopy(model), **keys) as hooked:
+            td = TensorDict(pixel_values=x, patched={"pixel_values": corrupted}, batch_size=[2])
+            patched[name] = hooked(td)["patched", "logits"]
+    module = model.get_submodule(site)
+    handle = module.register_forward_hook(lambda m, a, out: patched.__setitem__("clean", out.clone()))
+    model(pixel_values=x)
+    handle.remove()
+    handle = module.register_forward_hook(lambda m, a, out: patched["clean"].clone())
+    by_hand = model(pixel_values=corrupted).logits
+    handle.remove()
+    torch.testing.assert_close(patched["ours"], by_hand)
+    assert (patched["tdhook"] - by_hand).abs().max() > 0.05
