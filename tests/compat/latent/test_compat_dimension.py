@@ -125,3 +125,13 @@ def test_k_checks_as_tdhook():
             module.LocalKnnDimensionEstimator(k=1)
         with pytest.raises(TypeError, match="k must be an int or 'auto'"):
             module.CaPcaDimensionEstimator(k=2.5)
+
+
+def test_twonn_on_a_regular_grid_says_why_it_has_no_answer():
+    """Every point's two nearest neighbours equally far: all ratios are 1, no slope (tdhook answers 0.0, which is
+    no dimension of a grid); the message says so, not that points are missing."""
+    grid = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij"), -1).reshape(-1, 2)
+    with pytest.raises(ValueError, match="equally far"):
+        ours.TwoNnDimensionEstimator()(TensorDict(data=grid))
+    with pytest.raises(ValueError, match="At least 3 valid points"):
+        ours.TwoNnDimensionEstimator()(TensorDict(data=torch.ones(5, 2)))

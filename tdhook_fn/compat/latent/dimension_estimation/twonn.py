@@ -50,6 +50,11 @@ class TwoNnDimensionEstimator(Estimator):
             raise ValueError("At least 3 points required for Two NN dimension estimation")
         dimension, log_mu, log_y = two_nn(data, discard_fraction=0, eps=self.eps, return_xy=True)
         if torch.isnan(dimension).any():
+            ratios = log_mu[torch.isnan(dimension)]  # (log r2/r1 of the fitted points; nan past them)
+            if bool(((ratios == 0) | ratios.isnan()).all()) and bool(ratios.isfinite().sum(-1).ge(2).all()):
+                raise ValueError("Two NN dimension estimation: every point's two nearest neighbours are equally far "
+                                 "(all ratios r2/r1 are 1, as on a regular grid), which leaves no slope to fit; add a "
+                                 "little noise to the points or use another estimator")
             raise ValueError("At least 3 valid points required for Two NN dimension estimation "
                              f"(points farther than eps={self.eps} from each other)")
         td[self.out_key] = dimension
