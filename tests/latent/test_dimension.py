@@ -346,8 +346,8 @@ def test_duplicates_found_eagerly_as_under_vmap(name):
 @pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_float32_duplicates_and_offsets_give_the_float64_numbers(name, offset):
     """Points repeated exactly (a shared BOS token's activations) are duplicates in float32 too, and a common offset
-    costs no precision: torch.cdist's matrix-product formula put equal float32 points 1e-2 apart (NOTE [exact
-    duplicates]), so they counted as each other's nearest neighbours."""
+    costs no precision: torch.cdist's matrix-product formula put equal float32 points 1e-2 apart, so they counted
+    as each other's nearest neighbours (NOTE [exact duplicates])."""
     fn = ESTIMATORS[name]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(120, 4, generator=g, dtype=torch.float64) @ torch.randn(4, 24, generator=g, dtype=torch.float64)

@@ -20,8 +20,8 @@ def _points(seed, shape=(2, 90, 10), flat_from=4):
 
 
 def _assert_tdhooks(ours_value, theirs_value):
-    """tdhook's number, to float32 rounding: ours centres the points before their distances (NOTE [exact
-    duplicates]) and tdhook does not, so in float32 the two round differently (in float64 they agree to 1e-10)."""
+    """tdhook's number, to float32 rounding: ours centres the points before their distances and tdhook does not,
+    so in float32 the two round differently (NOTE [exact duplicates]; in float64 they agree to 1e-6)."""
     torch.testing.assert_close(ours_value, theirs_value, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
