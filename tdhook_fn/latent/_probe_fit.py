@@ -8,8 +8,17 @@ from typing import Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._targets import values_readable
-from ._probe_inputs import Labels, Task, as_labels, check_alpha, check_finite, check_tensor_acts, groups, site_name
+from ._probe_inputs import (
+    Labels,
+    Task,
+    as_labels,
+    check_alpha,
+    check_finite,
+    check_tensor_acts,
+    groups,
+    site_name,
+    transformed,
+)
 from ._probe_logistic import logistic
 from ._probe_mean_difference import mean_difference
 from ._probe_ridge import dual_solve, solve, statistics
@@ -135,12 +144,13 @@ def _fitter(caller: str, kind: str, *, alpha: float | torch.Tensor, C: float, fi
 
         def fit_mean_difference(x: torch.Tensor, labels: Labels, keys: list[str]) -> Params:
             assert labels.index is not None and labels.classes is not None
-            if values_readable(labels.index):  # (a class without samples has no mean: the probe would be nan)
-                for i in range(2):
-                    if not bool((labels.index == i).any()):
-                        raise ValueError(
-                            f"{caller}: kind='mean_difference' needs samples of both classes, but class "
-                            f"{labels.classes[i].item()!r} has none in these labels; fit it on data holding both")
+            if not transformed():  # (a class without samples has no mean: the probe would be nan)
+                counts = torch.bincount(labels.index, minlength=2)
+                if not bool(counts.all()):
+                    raise ValueError(
+                        f"{caller}: kind='mean_difference' needs samples of both classes, but class "
+                        f"{labels.classes[int(counts.argmin())].item()!r} has none in these labels; fit it on data "
+                        "holding both")
             weight, bias = mean_difference(x, labels.index, normalize)
             return {"weight": weight, "bias": bias}
 
