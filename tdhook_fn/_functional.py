@@ -38,8 +38,6 @@ __all__ = [
     "with_copied_inputs",
 ]
 
-_MISSING: Any = object()
-
 
 class Functional:
     """A pure function of ``(params, td)`` running ``model``; build it with `functional`.
@@ -116,7 +114,7 @@ class Functional:
             kwargs: dict[str, Any] = {}
             own = td.__dict__["_tensordict"] if type(td) is TensorDict else None  # (`get` costs a few calls)
             for key in self.in_keys:  # (a loop, a tensor read inline: comprehensions and calls cost, on every call)
-                value = own.get(key, _MISSING) if own is not None and type(key) is str else td.get(key, _MISSING)
+                value = own.get(key) if own is not None and type(key) is str else td.get(key, None)
                 if type(value) is not torch.Tensor:  # missing, a non-tensor entry (a kwarg), a TensorDict
                     value = get_input(td, key)
                 if key in names:
