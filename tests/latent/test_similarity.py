@@ -465,4 +465,5 @@ def test_information_imbalance_of_float32_points_with_an_offset_is_the_float64_o
     shifted = (x + 1000.0).float()
     ours = information_imbalance(shifted, y.float())
     exact = information_imbalance(shifted.double(), y.float().double())
-    torch.testing.assert_close(torch.stack(ours).double(), torch.stack(exact), rtol=0, atol=1e-6)
+    # (a rank swapped at a float32 tie moves a mean by about 1e-5; the offset cost 2e-3)
+    torch.testing.assert_close(torch.stack(ours).double(), torch.stack(exact), rtol=0, atol=1e-4)
