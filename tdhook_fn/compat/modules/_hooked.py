@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,36 +12,15 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictModuleWrapper
 from torch import nn
 
-from tdhook_fn import PathError
 from tdhook_fn._functional import Functional, functional
 from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
-from tdhook_fn.compat.hooks import (
-    DIRECTION_TO_TYPE,
-    CacheProxy,
-    HookDirection,
-    HookFactory,
-    MultiHookHandle,
-    RemovableHandleProtocol,
-    _check_hook_signature,
-    resolve_submodule_path,
-)
 from tdhook_fn.compat.hooks._registration import VirtualHooks
 
-from ._run import HookedModuleRun, directed
-from ._scope import (
-    SCOPE,
-    Replacement,
-    Scope,
-    active_hooks,
-    entered,
-    module_path,
-    replaced_params,
-    route,
-    taps_for,
-    unseen,
-)
+from ._run import HookedModuleRun
+from ._scope import SCOPE, Replacement, Scope, active_hooks, entered, replaced_params, route, taps_for, unseen
+from ._submodule_hooks import SubmoduleHooks
 from ._wrappers import layout
 
 __all__ = ["HookedModule", "RoutedModule"]
@@ -240,7 +218,7 @@ def _more_than_the_model(module: nn.Module, runner: str) -> NotImplementedError:
 HookingContext = Any  # a `tdhook_fn.compat.contexts.HookingContext` (whose module imports this one)
 
 
-class HookedModule(TensorDictModuleWrapper):
+class HookedModule(SubmoduleHooks, TensorDictModuleWrapper):
     """A TensorDictModule whose submodules can be hooked without touching them (virtual hooks).
 
     Args:
@@ -321,85 +299,6 @@ class HookedModule(TensorDictModuleWrapper):
         context prepared over this module works with."""
         # (its keys start at the TensorDictModule this module runs, as tdhook's, whose hooked module forwards to it)
         return RoutedModule(self.routed_runs().td_module).running(self)
-
-    def _model(self) -> nn.Module:
-        """The module tree hooks may target: the context's module, else ``td_module``."""
-        module = getattr(self._hooking_context, "_module", None)
-        return module if isinstance(module, nn.Module) else self.td_module
-
-    def _key_root(self) -> Any:
-        context = self._hooking_context
-        if context is not None and isinstance(getattr(context, "_module", None), nn.Module):
-            return resolve_submodule_path(context._module, context._extra_relative_path)
-        return resolve_submodule_path(self, self._relative_path)
-
-    def register_submodule_hook(
-        self,
-        key: str,
-        hook: Callable[..., Any],
-        direction: HookDirection,
-        prepend: bool = False,
-        relative: bool = True,
-    ) -> RemovableHandleProtocol:
-        """Record ``hook`` on the submodule at ``key`` (relative to the model, or to self); PathError (a
-        ValueError): ``key`` does not resolve, is refused or names no module of the model; ValueError: an unfit hook."""
-        root = self._key_root() if relative else self
-        submodule = resolve_submodule_path(root, key)
-        if isinstance(submodule, nn.ModuleList):
-            warnings.warn(f"You are hooking a ModuleList ({key}), which will never be executed.", stacklevel=2)
-        if not isinstance(submodule, nn.Module):
-            raise PathError(f"{key!r} resolves to a {type(submodule).__name__}, not to a module")
-        if module_path(self._model(), submodule) is None:
-            if isinstance(submodule, nn.ModuleList):  # e.g. a slice: never executed anyway
-                _check_hook_signature(hook, direction)
-                return MultiHookHandle()  # nothing to remove: tdhook hooks such modules anyway
-            raise PathError(
-                f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
-                "only the model's own submodules can be hooked"
-            )
-        registry = SCOPE.get().recording or self._virtual_hooks  # a HookedModuleRun records into its own
-        return registry.add(submodule, hook, direction, prepend)
-
-    def set(
-        self,
-        module_key: str,
-        value: Any,
-        callback: Callable[..., Any] | None = None,
-        direction: HookDirection = "fwd",
-        prepend: bool = False,
-        relative: bool = True,
-    ) -> RemovableHandleProtocol:
-        """Replace the value at ``module_key`` by ``value`` (or ``callback``'s result)."""
-        hook = HookFactory.make_setting_hook(value, callback=callback, direction=direction)
-        return self.register_submodule_hook(module_key, hook, direction, prepend, relative)
-
-    def get(
-        self,
-        cache: Any,
-        module_key: str,
-        cache_key: Any = None,
-        callback: Callable[..., Any] | None = None,
-        direction: HookDirection = "fwd",
-        prepend: bool = False,
-        relative: bool = True,
-    ) -> tuple[RemovableHandleProtocol, CacheProxy]:
-        """Store the value at ``module_key`` in ``cache[cache_key]``.
-
-        ``cache_key`` defaults to ``"{module_key}_{type}"`` (``output``, ``input``,
-        ``grad_input``, ``grad_output``).
-        """
-        cache_key = cache_key or f"{module_key}_{DIRECTION_TO_TYPE[direction]}"
-        proxy = CacheProxy(cache_key, cache)
-        hook = HookFactory.make_caching_hook(cache_key, cache, callback=callback, direction=direction)
-        return self.register_submodule_hook(module_key, hook, direction, prepend, relative), proxy
-
-    set_input, get_input = directed("set", "fwd_pre"), directed("get", "fwd_pre")
-    set_grad, get_grad = directed("set", "bwd"), directed("get", "bwd")
-    set_grad_output, get_grad_output = directed("set", "bwd_pre"), directed("get", "bwd_pre")
-
-    def stop(self, key: str) -> RemovableHandleProtocol:
-        """Raise EarlyStoppingException when the module at ``key`` has run."""
-        return self.register_submodule_hook(key, HookFactory.make_stopping_hook(key), "fwd")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         context = self._hooking_context
