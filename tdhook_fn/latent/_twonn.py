@@ -51,7 +51,9 @@ def two_nn(
 
     Returns:
         Tensor: ``(...)`` dimensions, ``x``'s dtype; ``nan`` for a cloud with fewer than 3
-        points that have two neighbours farther than ``eps``, or no ratio left to fit.
+        points that have two neighbours farther than ``eps``, no ratio left to fit, or
+        fitted ratios that all equal 1 (each point's two neighbours equally far, as on a
+        regular grid: no slope; add a little noise, or use another estimator).
         With ``return_xy``, also ``log(mu)`` and ``-log(1 - F)`` of the fitted ratios,
         ``(..., N - 1)`` each, in increasing order, ``nan``-padded at the end.
 

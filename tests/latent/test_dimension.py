@@ -329,6 +329,15 @@ def test_duplicates_are_excluded_and_too_few_give_nan():
     torch.testing.assert_close(local_knn(y, 3), _t(_local_knn_loop(y, 3)), equal_nan=True)
 
 
+def test_two_nn_regular_grid_is_nan_in_its_own_cloud_only():
+    """On a grid every ratio r2/r1 is 1 (no slope): nan, as documented, without touching another cloud."""
+    grid = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij"), -1).reshape(-1, 2)
+    clouds = torch.stack([grid.double(), _cloud(0, n=36)[:, :2]])
+    dims = two_nn(clouds)
+    assert torch.isnan(dims[0]) and torch.isfinite(dims[1])
+    torch.testing.assert_close(dims[1], two_nn(clouds[1]))
+
+
 @pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_duplicates_found_eagerly_as_under_vmap(name):
     """Eager calls look for duplicates in the nearest distances before masking them all; under ``vmap`` (no
