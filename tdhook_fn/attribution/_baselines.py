@@ -22,8 +22,8 @@ from .._types import NestedKey
 from ._engine import input_keys_of
 
 __all__ = [
-    "SUPPORTED_METHODS", "Baselines", "attributed_keys", "both_ends", "fold", "in_dtypes", "path_points", "path_starts",
-    "quadrature", "starts_by_key", "wide",
+    "SUPPORTED_METHODS", "Baselines", "attributed_keys", "both_ends", "fold", "in_dtypes", "interpolation",
+    "path_points", "path_starts", "quadrature", "starts_by_key", "wide",
 ]
 
 Baselines = TensorDictBase | torch.Tensor | float
@@ -189,14 +189,19 @@ def path_points(inputs: TensorDictBase, base: TensorDictBase, keys: Sequence[Nes
     points = TensorDict({}, batch_size=[n, *inputs.batch_size])
     for key, x in inputs.items(True, True):
         if key in keys:
-            b = base.get(key)
-            a = torch.tensor(alphas, dtype=x.dtype, device=x.device).reshape(n, *[1] * x.dim())
-            points.set(key, b + a * (x - b))  # captum's baseline + alpha * (input - baseline)
+            assert isinstance(x, torch.Tensor)  # (leaves)
+            points.set(key, interpolation(base.get(key), x, alphas))
         else:
             points.set(key, x.expand(n, *x.shape))
     for key, value in inputs.non_tensor_items(True):  # a string or number kwarg the forward also takes
         points.set_non_tensor(key, value)
     return points
+
+
+def interpolation(start: torch.Tensor, end: torch.Tensor, alphas: Sequence[float]) -> torch.Tensor:
+    """``start + alpha * (end - start)`` for each of ``alphas`` (captum's order of operations), ``[n, *shape]``."""
+    a = torch.tensor(alphas, dtype=end.dtype, device=end.device).reshape(len(alphas), *[1] * end.dim())
+    return start + a * (end - start)
 
 
 def fold(total: TensorDict | None, grads: TensorDict, weights: Sequence[float], lead: int) -> TensorDict:

@@ -166,11 +166,11 @@ def as_functional(f: Callable[..., Any]) -> Functional:
     """``f``, which layers and taps need to be a `Functional`."""
     if isinstance(f, Functional):
         return f
-    raise TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
+    raise _untappable()
 
 
-def _tappable(f: Callable[..., Any], needs_taps: bool) -> Functional | None:
-    return as_functional(f) if needs_taps or isinstance(f, Functional) else None
+def _untappable() -> TypeError:
+    return TypeError("layer attribution and taps need f to be a tdhook_fn.Functional (see tdhook_fn.functional)")
 
 
 def extras_of(f: Callable[..., Any], flat: TensorDictBase, input_keys: Sequence[NestedKey]) -> TensorDictBase | None:
@@ -225,11 +225,10 @@ def _as_target_values(values: Any, batch: torch.Size) -> Any:
         return fresh_tensordict({"target": values}, batch)
     if not isinstance(values, TensorDictBase) or values.batch_size == batch:
         return values
+    out = TensorDict({}, batch_size=batch)
     for key, value in values.items(True, True):
         if isinstance(value, torch.Tensor):
             _check_leading_batch(f"a TensorDict (batch size {list(values.batch_size)}) holding {key!r}", value, batch)
-    out = TensorDict({}, batch_size=batch)
-    for key, value in values.items(True, True):
         out.set(key, value)
     return out
 
@@ -286,7 +285,9 @@ def gradients(
     if replaced and not checked:  # NOTE [replaced derivatives are not differentiated] (checked: the caller did)
         inputs = as_values(caller, params, inputs)
     layers = dict(layers or {})
-    tappable = f if isinstance(f, Functional) else _tappable(f, bool(layers or target_layers or taps))
+    tappable = f if isinstance(f, Functional) else None
+    if tappable is None and (layers or target_layers or taps):
+        raise _untappable()
     batch = inputs.batch_size
     flat = flat_inputs(inputs)
     paths = list(layers)

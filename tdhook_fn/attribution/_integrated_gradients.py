@@ -20,6 +20,7 @@ from ._baselines import (
     both_ends,
     fold,
     in_dtypes,
+    interpolation,
     path_points,
     path_starts,
     quadrature,
@@ -279,9 +280,7 @@ def _interpolator(
     start: torch.Tensor, end: torch.Tensor, alphas: Sequence[float]
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Replaces the activation of the flattened points ``[n * N, ...]`` by the interpolation."""
-    n = len(alphas)
-    a = torch.tensor(alphas, dtype=start.dtype, device=start.device).reshape(n, *[1] * start.dim())
-    values = start + a * (end - start)
+    values = interpolation(start, end, alphas)
 
     def replace(act: torch.Tensor) -> torch.Tensor:
         return values.reshape(act.shape)
