@@ -19,7 +19,7 @@ from ._paths import resolve_path
 from ._pool_layout import FAST_POOLING
 from ._shadow import Shadow, param_marks, shadow_lock
 from ._tap_calls import attached, check_tap_keys
-from ._taps import Captured, Tap, sees_modules
+from ._taps import Captured, Tap, attaches_itself
 from ._traced import run_traced
 from ._types import NestedKey
 
@@ -318,7 +318,7 @@ def run(
     targets = [resolve_path(model, tap.path) for tap in taps] if taps else []
     captured: Captured = {}
     # (a tap that attaches itself sees the shadow's modules, and may choose by their class: NOTE [shadow max pooling])
-    fast = not compiling and FAST_POOLING.get() and not (taps and any(sees_modules(tap) for tap in taps))
+    fast = not compiling and FAST_POOLING.get() and not (taps and any(attaches_itself(tap) for tap in taps))
     with shadow_of(model, fast) as shadow:
         if values is None:
             shadow.load_own()

@@ -21,7 +21,7 @@
 # are only read (`target_values`: the perturbation and surrogate methods,
 # infidelity, the deltas of the path methods) and for the engine's gradients (saliency,
 # integrated gradients, SmoothGrad, GradientSHAP, Grad-CAM, deconvolution, guided
-# backprop); a call that attaches a tap of its own making (a custom tap, `sees_modules`)
+# backprop); a call that attaches a tap of its own making (a custom tap, `attaches_itself`)
 # keeps the plain shadows, whoever asked: such a tap is handed the shadow's module and may
 # choose by its class, as the rule methods' do (LRP and DeepLift, whose walks pool on a
 # channels-last copy themselves, NOTE [max pooling in channels-last]); the built-in kinds

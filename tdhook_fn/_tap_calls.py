@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._in_place import InPlaceFrames
-from ._taps import Captured, Tap, register_hook, sees_modules
+from ._taps import Captured, Tap, attaches_itself, register_hook
 
 __all__ = ["attached", "check_tap_keys"]
 
@@ -84,7 +84,7 @@ class _Attached:
         try:
             for tap, module in zip(self.taps, self.modules, strict=True):
                 # a must_run tap counts its hook's runs; a subclass's own attach is left as it is
-                if sees_modules(tap):
+                if attaches_itself(tap):
                     self.handles.append(tap.attach(module, self.captured))
                     continue
                 (kind, hook), *more = tap.hooks(self.captured, module, frames)
@@ -103,7 +103,7 @@ class _Attached:
             return
         counts = iter(self.runs)
         for tap in self.taps:
-            if tap.must_run and not sees_modules(tap):
+            if tap.must_run and not attaches_itself(tap):
                 _check_fired(tap, next(counts)[0])
 
     def _remove(self) -> None:

@@ -35,13 +35,13 @@ __all__ = [
     "Handles",
     "Side",
     "Tap",
+    "attaches_itself",
     "capture",
     "intervene",
     "kept",
     "map_grad",
     "perturb",
     "register_hook",
-    "sees_modules",
 ]
 
 Side = Literal["output", "input"]  # which side of a module a tap reads or writes
@@ -188,9 +188,9 @@ class Tap:
         return mapped
 
 
-def sees_modules(tap: Tap) -> bool:
-    """Whether ``tap`` attaches itself (a custom tap, or a subclass's own ``attach``): it is handed the shadow
-    module, which it may read (its class, say); the built-in kinds hand their functions values only."""
+def attaches_itself(tap: Tap) -> bool:
+    """Whether ``tap`` attaches itself (a custom tap, or a subclass's own ``attach``): then it is handed the
+    shadow module, which it may read (its class, say); the built-in kinds hand their functions values only."""
     return type(tap).attach is not Tap.attach
 
 
