@@ -187,6 +187,21 @@ def pooling_planes() -> dict[str, torch.Tensor]:
     return {"ties": ties, "nans": nans, "zeros": zeros, "float64": torch.randn(4, 4, 7, 7, dtype=torch.float64)}
 
 
+def pooled_layouts(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each 2-d max pooling from now on pools a channels-last copy (False under vmap, which cannot be asked
+    for a layout)."""
+    seen: list[bool] = []
+    plain = nn.functional.max_pool2d
+
+    def spy(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        batched = torch._C._functorch.is_batchedtensor(x)
+        seen.append(not batched and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return plain(x, *args, **kwargs)
+
+    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    return seen
+
+
 def tiny_resnet() -> tuple[Any, Any]:
     """transformers' ResNet from a config (random init, seeded; its stem has an ``nn.MaxPool2d``, its output a
     ModelOutput) as a pure function of ``pixel_values`` to ``logits``, and its params; skipped without transformers."""

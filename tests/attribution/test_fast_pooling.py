@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-from zoo import tiny_resnet
+from zoo import pooled_layouts, tiny_resnet
 
 import tdhook_fn
 from tdhook_fn import Tap, capture
@@ -82,39 +82,34 @@ RULED: dict[str, Callable[..., Any]] = {
 }
 
 
-def _pooled_layouts(monkeypatch: pytest.MonkeyPatch, call: Callable[..., Any]) -> list[bool]:
-    seen: list[bool] = []
-    plain = nn.functional.max_pool2d
+def _pools(monkeypatch: pytest.MonkeyPatch, call: Callable[..., Any]) -> tuple[Any, list[bool]]:
+    """What ``call`` gives on the small CNN, and whether each of its max poolings pooled a channels-last copy."""
+    layouts = pooled_layouts(monkeypatch)
+    f, p = tdhook_fn.pure(_cnn())
+    x = TensorDict(input=torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(1)), batch_size=[3])
+    torch.manual_seed(0)  # (the sampling methods draw from the global generator)
+    return call(f, p, x), layouts
 
-    def spy(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        seen.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
-        return plain(x, *args, **kwargs)
 
-    net = _cnn()
-    f, p = tdhook_fn.pure(net)
-    x = TensorDict(input=torch.rand(3, 1, 4, 4), batch_size=[3])
-    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
-    call(f, p, x)
-    return seen
+def _check_channels_last_gives_the_plain_kernels_numbers(monkeypatch: pytest.MonkeyPatch,
+                                                        call: Callable[..., Any]) -> None:
+    pooled, layouts = _pools(monkeypatch, call)
+    assert layouts and all(layouts)
+    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
+    plain, layouts = _pools(monkeypatch, call)
+    assert layouts and not any(layouts)
+    torch.testing.assert_close(pooled, plain, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", list(CALLS))
 def test_forward_only_methods_pool_in_channels_last(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    layouts = _pooled_layouts(monkeypatch, CALLS[name])
-    assert layouts and all(layouts)
+    _check_channels_last_gives_the_plain_kernels_numbers(monkeypatch, CALLS[name])
 
 
 @pytest.mark.parametrize("name", list(GRADIENTS))
 def test_gradients_pool_in_channels_last_and_give_autograds_maps(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    layouts = _pooled_layouts(monkeypatch, GRADIENTS[name])
-    assert layouts and all(layouts)
-    net = _cnn()
-    f, p = tdhook_fn.pure(net)
-    x = TensorDict(input=torch.rand(3, 1, 4, 4), batch_size=[3])
-    pooled = GRADIENTS[name](f, p, x)
-    monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
-    torch.testing.assert_close(GRADIENTS[name](f, p, x), pooled, rtol=0, atol=0)
+    _check_channels_last_gives_the_plain_kernels_numbers(monkeypatch, GRADIENTS[name])
 
 
 @pytest.mark.parametrize("name", list(RULED))
@@ -129,7 +124,7 @@ def test_rule_methods_never_do(name: str, monkeypatch: pytest.MonkeyPatch) -> No
         return forward(module, x)
 
     monkeypatch.setattr(nn.MaxPool2d, "forward", recorded)
-    layouts = _pooled_layouts(monkeypatch, lambda f, p, x: RULED[name](_captured(f), p, x))
+    _, layouts = _pools(monkeypatch, lambda f, p, x: RULED[name](_captured(f), p, x))
     assert ran and all(kind is nn.MaxPool2d for kind in ran), ran
     assert layouts and not any(layouts)
 
@@ -148,14 +143,7 @@ def test_a_hugging_face_resnet_gives_its_own_numbers(method: str, monkeypatch: p
         out = occlusion(f, p, x, target=2, sliding_window_shapes=(3, 4, 4), strides=(3, 4, 4))
         return out["pixel_values"]
 
-    layouts: list[bool] = []
-    plain = nn.functional.max_pool2d
-
-    def spy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        layouts.append(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous())
-        return plain(t, *args, **kwargs)
-
-    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    layouts = pooled_layouts(monkeypatch)
     pooled = attribute()
     assert layouts and all(layouts)
     monkeypatch.setattr("tdhook_fn._pool_layout.faster_in_channels_last", lambda *_: False)
@@ -190,7 +178,7 @@ def test_a_tap_sees_the_models_own_pool_class(name: str, monkeypatch: pytest.Mon
     default layout."""
     classes: list[type] = []
     tap = _ClassSeen("2", "custom", classes.append)
-    layouts = _pooled_layouts(monkeypatch, lambda f, p, x: WITH_TAPS[name](f, p, x, tap))
+    _, layouts = _pools(monkeypatch, lambda f, p, x: WITH_TAPS[name](f, p, x, tap))
     assert classes and all(kind is nn.MaxPool2d for kind in classes)
     assert layouts and not any(layouts)
 
@@ -202,17 +190,11 @@ def test_a_hugging_face_resnet_with_taps_on_its_stem_pool(monkeypatch: pytest.Mo
     x = TensorDict(pixel_values=torch.rand(2, 3, 16, 16), batch_size=[2])
     pool = "resnet.embedder.pooler"
     classes: list[type] = []
-    layouts: list[bool] = []
-    plain = nn.functional.max_pool2d
-
-    def spy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        layouts.append(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous())
-        return plain(t, *args, **kwargs)
 
     def logit_2(outputs: TensorDict) -> torch.Tensor:
         return outputs["logits"][:, 2]
 
-    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
+    layouts = pooled_layouts(monkeypatch)
     captured = f.with_taps(capture(pool, key="pooled"))
     pooled = saliency(captured, p, x, target=logit_2)["pixel_values"]
     assert layouts and all(layouts)

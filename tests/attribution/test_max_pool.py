@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from zoo import pooling_planes
+from zoo import pooled_layouts, pooling_planes
 
 from tdhook_fn.attribution._lrp.max_pool import max_pool_with_indices
 
@@ -35,14 +35,7 @@ def test_other_pools_run_the_plain_kernel() -> None:
 
 def test_the_copy_runs_where_it_is_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
     """2^15 elements or more, four channels or more (NOTE [shadow max pooling])."""
-    copied: list[bool] = []
-    plain = F.max_pool2d
-
-    def spy(x: torch.Tensor, *args: object, **kwargs: object) -> object:
-        copied.append(not x.is_contiguous())
-        return plain(x, *args, **kwargs)
-
-    monkeypatch.setattr(F, "max_pool2d", spy)
+    copied = pooled_layouts(monkeypatch)
     state = {"kernel_size": 2, "stride": 2, "padding": 0, "dilation": 1, "ceil_mode": False}
     for shape in [(8, 8, 16, 16), (16, 8, 16, 16), (16, 3, 32, 32)]:
         max_pool_with_indices((2, F.max_pool2d), torch.randn(shape), state)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
-from zoo import pooling_planes, tiny_resnet
+from zoo import pooled_layouts, pooling_planes, tiny_resnet
 
 import tdhook_fn
 from tdhook_fn._functional import shadow_of
@@ -32,20 +32,6 @@ def _exact(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.is_contiguous()
 
 
-def _layouts(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each max pooling from now on pools a channels-last copy."""
-    seen: list[bool] = []
-    plain = nn.functional.max_pool2d
-
-    def spy(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        batched = torch._C._functorch.is_batchedtensor(x)  # (vmap cannot be asked for a layout)
-        seen.append(not batched and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
-        return plain(x, *args, **kwargs)
-
-    monkeypatch.setattr(nn.functional, "max_pool2d", spy)
-    return seen
-
-
 @_ANY_SIZE
 @pytest.mark.parametrize("name", ["ties", "nans", "zeros", "float64"])
 @pytest.mark.parametrize("settings", _SETTINGS, ids=str)
@@ -55,7 +41,7 @@ def test_an_undifferentiated_call_gives_the_models_own_maxima_and_indices(name: 
     model = nn.MaxPool2d(**settings, return_indices=True)
     params = tdhook_fn.params(model)
     want, want_indices = model(x)
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     with fast_pooling():
         out, indices = tdhook_fn.call(model, params, x)
     assert layouts == [True]
@@ -84,7 +70,7 @@ def test_autograd_differentiates_the_pool_as_the_plain_kernel(name: str, setting
         cot = torch.randn_like(out).round()  # (whole numbers: sums of them round alike in any order)
         want = torch.autograd.grad(out, leaf, cot, create_graph=True)[0]
         want_second = torch.autograd.grad((want.nan_to_num() ** 2).sum(), leaf)[0] if net is model else None
-        layouts = _layouts(monkeypatch)
+        layouts = pooled_layouts(monkeypatch)
         with fast_pooling():
             got_out = tdhook_fn.call(net, params, leaf)
         monkeypatch.undo()
@@ -113,7 +99,7 @@ def test_transformed_and_forward_mode_derivatives_keep_the_plain_kernel(name: st
     tangent = torch.randn_like(x)
     with torch.autograd.forward_ad.dual_level():
         want_jvp = torch.autograd.forward_ad.unpack_dual(model(torch.autograd.forward_ad.make_dual(leaf, tangent)))[1]
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     with fast_pooling():
         got = torch.func.grad(lambda inputs: tdhook_fn.call(model, params, inputs)[:, 1].sum())(x)
         with torch.autograd.forward_ad.dual_level():
@@ -130,7 +116,7 @@ def test_small_inputs_keep_the_plain_kernel(monkeypatch: pytest.MonkeyPatch) -> 
     params = tdhook_fn.params(model)
     inputs = [torch.randn(shape) for shape in [(1, 8, 8, 8), (8, 8, 16, 16), (16, 8, 16, 16)]]  # (2^9 to 2^15)
     wants = [model(x) for x in inputs]
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     with fast_pooling():
         for x, want in zip(inputs, wants, strict=True):
             _exact(tdhook_fn.call(model, params, x), want)
@@ -156,7 +142,7 @@ def test_settings_read_as_the_plain_kernel_reads_them(monkeypatch: pytest.Monkey
         return
     want = plain(x)
     (want_grad,) = torch.autograd.grad(want.square().sum(), x)
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     got = shadow(x)
     (got_grad,) = torch.autograd.grad(got.square().sum(), x)
     assert layouts == [True]  # (the Function ran)
@@ -170,7 +156,7 @@ def test_planes_of_fewer_than_four_channels_keep_the_plain_kernel(monkeypatch: p
     x = torch.randn(5, 3, 8, 8)
     model = nn.MaxPool2d(2)
     params = tdhook_fn.params(model)
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     with fast_pooling():
         out = tdhook_fn.call(model, params, x)
         differentiated = tdhook_fn.call(model, params, x.clone().requires_grad_())
@@ -187,7 +173,7 @@ def test_under_vmap_and_on_other_layouts_the_plain_kernel_runs(monkeypatch: pyte
     model = nn.MaxPool2d(3, 2, 1)
     params = tdhook_fn.params(model)
     want, last, unbatched = model(x), x.contiguous(memory_format=torch.channels_last), x[0]
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     with fast_pooling():
         per_sample = torch.vmap(lambda one: tdhook_fn.call(model, params, one[None])[0])(x)
         on_last = tdhook_fn.call(model, params, last)
@@ -208,7 +194,7 @@ def test_only_fast_pooling_shadows_of_max_pool2d_itself_change_class(monkeypatch
     assert shadow_class(nn.MaxPool1d(2)) is nn.MaxPool1d
     model = nn.Sequential(Mine(2), nn.MaxPool2d(2))
     x = torch.randn(2, 3, 8, 8)
-    layouts = _layouts(monkeypatch)
+    layouts = pooled_layouts(monkeypatch)
     assert torch.equal(tdhook_fn.call(model, tdhook_fn.params(model), x), model(x))
     assert layouts == [False, False, False, False]  # (the model's own call is the second pair)
     with shadow_of(model) as shadow:  # every other call: the model's own classes (LRP chooses rules by class)
@@ -241,7 +227,7 @@ def test_a_hugging_face_resnet_at_full_size_pools_its_stem_in_channels_last(monk
     images = torch.rand(4, 3, 64, 64)
     for x, pooled in ((images, True), (images[:1], False)):
         inputs = TensorDict(pixel_values=x, batch_size=[len(x)])
-        layouts = _layouts(monkeypatch)
+        layouts = pooled_layouts(monkeypatch)
         got = saliency(f, p, inputs, target=2)["pixel_values"]
         assert layouts == [pooled]
         monkeypatch.undo()
