@@ -153,7 +153,7 @@ class Pruning(HookingContextFactory):
 
     def _structured_targets(self, root: nn.Module) -> Targets:
         assert self._modules_to_prune is not None
-        targets: Targets = []
+        scored = []  # every module's scores first, then the masks: as tdhook, each callback runs before any error
         for module_key, (dim, amount) in self._modules_to_prune.items():
             submodule = resolve_submodule_path(root, module_key)
             if not isinstance(submodule, nn.Module):
@@ -161,6 +161,9 @@ class Pruning(HookingContextFactory):
             live = params_of(submodule, detach=False)
             # (the module's own parameters only: every submodule below it is skipped)
             scores = pruning_scores(submodule, live, self._importance_at(module_key), skip=lambda name, _: name != "")
+            scored.append((module_key, dim, amount, live, scores))
+        targets: Targets = []
+        for module_key, dim, amount, live, scores in scored:
             fraction: Any = amount or self._amount_to_prune  # tdhook: a falsy amount falls back to the global one
             for name, score in scores.items():
                 try:

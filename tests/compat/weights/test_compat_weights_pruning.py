@@ -279,18 +279,29 @@ def test_failing_importance_leaves_the_model_untouched() -> None:
 
 
 def test_bad_structured_pruning_leaves_the_model_untouched() -> None:
-    """A bias (1-d) cannot be pruned by slices: tdhook raises after pruning some weights."""
+    """A bias (1-d) cannot be pruned by slices: tdhook raises after pruning some weights. Both score every module
+    before the first fails (a callback that counts or logs sees the same calls)."""
     modules = {"layers[0]": (0, 0.5), "layers[1]": (0, 0.5)}
     ref_model, model = make_blocks(), make_blocks()
+    theirs: list[tuple[str, str]] = []
+    ours: list[tuple[str, str]] = []
+
+    def logged(log: list[tuple[str, str]]) -> Callable[..., Any]:
+        def score(module_key: str, parameter_name: str, parameter: torch.Tensor) -> torch.Tensor:
+            log.append((module_key, parameter_name))
+            return importance(module_key, parameter_name, parameter)
+        return score
+
     with pytest.raises(ValueError, match="multidimensional"):
-        with tdhook.weights.Pruning(importance, modules_to_prune=modules).prepare(ref_model):
+        with tdhook.weights.Pruning(logged(theirs), modules_to_prune=modules).prepare(ref_model):
             pass
     assert (ref_model.layers[0].weight == 0).any()  # tdhook left it pruned
     before = snapshot(model)
     with pytest.raises(ValueError, match=r"'layers\[0\]', parameter 'bias'"):
-        with OURS.Pruning(importance, modules_to_prune=modules).prepare(model):
+        with OURS.Pruning(logged(ours), modules_to_prune=modules).prepare(model):
             pass
     assert same(before, snapshot(model))
+    assert ours == theirs and {key for key, _ in ours} == set(modules)
 
 
 def test_mask_of_the_wrong_shape_is_refused_on_entry() -> None:
