@@ -120,7 +120,7 @@ class LRP(GradientAttribution):
     def _attribute_with(self, chosen: _ByModule, call: AttributionCall, td: TensorDict) -> TensorDictBase:
         options = call.options()
         options.pop("grad_fns")
-        options["taps"] = call.taps  # (LRP's own backward: tdhook's output_grad_callbacks do not apply)
+        options["taps"] = (*call.taps, *call.hooks)  # (LRP's own backward: tdhook's output_grad_callbacks do not apply)
         return lrp(
             call.f, call.params, call.inputs, rules=self._mapper(chosen), layers=call.layers,
             use_inputs=call.use_inputs, input_keys=call.input_keys, warn_on_missing_rule=False, **options,

@@ -240,6 +240,11 @@ class MultiHookManager:
 _ORDER = itertools.count()  # global registration order; next() is atomic under the GIL
 
 
+# A place in the registration order: every hook recorded from now on comes after it (the counter's own method, no
+# Python frame: each context entry takes one).
+order_mark: Callable[[], int] = _ORDER.__next__
+
+
 @dataclass(frozen=True)
 class VirtualHook:
     """One recorded hook: ``hook`` on ``target`` for ``direction``."""

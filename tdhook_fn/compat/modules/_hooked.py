@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -188,9 +189,15 @@ class RoutedModule(TensorDictModuleWrapper):
         ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys`` (a dict
         of them passes keywords, as the context's TensorDictModule does).
         """
+        return self.functional_and_hooks(_EVER)[0]
+
+    def functional_and_hooks(self, since: int) -> tuple[Functional, tuple[Tap, ...]]:
+        """`functional` with the virtual hooks active now that were recorded before the mark ``since``
+        (`order_mark`), and those recorded after it as taps, apart: a method attaches them after its own taps
+        (NOTE [the user's hooks after the method's])."""
         if self._runner is not None:  # (NOTE [runners' effects])
             with self._runners_entered() as alone:
-                return alone.functional()
+                return alone.functional_and_hooks(since)
         f: Functional | None = self.__dict__.get("_functional")
         if f is None:  # (built once: the model and the keys are this module's for good)
             model, wrapper = self.model, self.td_module
@@ -203,9 +210,14 @@ class RoutedModule(TensorDictModuleWrapper):
             self.__dict__["_functional"] = f
         for registry in SCOPE.get().hooks:  # (no call when no hook is recorded: the usual case)
             if registry.recorded:  # (its dict read without the lock: emptiness is one atomic read)
-                taps = self.taps()
-                return f.with_taps(*taps) if taps else f
-        return f
+                hooks = active_hooks()
+                earlier = taps_for(self.model, [hook for hook in hooks if hook.order < since])
+                return (f.with_taps(*earlier) if earlier else f), taps_for(
+                    self.model, [hook for hook in hooks if hook.order >= since])
+        return f, ()
+
+
+_EVER = sys.maxsize  # (a mark after every hook)
 
 
 def _more_than_the_model(module: nn.Module, runner: str) -> NotImplementedError:

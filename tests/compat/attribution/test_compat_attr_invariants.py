@@ -121,6 +121,33 @@ def test_user_virtual_hooks_apply_inside_the_method() -> None:
     assert not torch.equal(results["ours"]["attr", "input"], results["ours_plain"]["attr", "input"])
 
 
+AT_THE_HOOKED_MODULE = {
+    "saliency input_modules": lambda lib: lib.Saliency(input_modules=["[0]"], use_inputs=False,
+                                                       multiply_by_inputs=True),
+    "saliency target_modules": lambda lib: lib.Saliency(use_outputs=False, target_modules=["[0]"]),
+    "ig input_modules": lambda lib: lib.IntegratedGradients(n_steps=3, input_modules=["[0]"]),
+    "guided input_modules": lambda lib: lib.GuidedBackpropagation(input_modules=["[0]"]),
+    "grad_cam": lambda lib: lib.GradCAM({"[0]": lib.DimsConfig((1,), (1,))}),
+}
+
+
+@pytest.mark.parametrize("prepend", [False, True])
+@pytest.mark.parametrize("name", list(AT_THE_HOOKED_MODULE))
+def test_a_user_hook_on_the_attributed_module_runs_in_tdhooks_order(name: str, prepend: bool) -> None:
+    """tdhook's context hooks are registered on entry: a user hook on the same module runs after them (the method
+    reads the module's own output) unless it is prepended (NOTE [the user's hooks after the method's])."""
+    results = {}
+    for lib_name, lib in (("ours", OURS), ("ref", __import__("test_compat_attr_api").REF)):
+        model = MLP.model(torch.float64)
+        with AT_THE_HOOKED_MODULE[name](lib).prepare(model) as hooked:
+            hooked.set("[0]", None, callback=lambda output, **kw: output ** 2 + 1, prepend=prepend)
+            results[lib_name] = hooked(MLP.data(dtype=torch.float64))
+    keys = [key for key in results["ref"].keys(True, True) if key[0] == "attr"]
+    assert keys
+    for key in keys:
+        torch.testing.assert_close(results["ours"][key], results["ref"][key])
+
+
 def _pure(model: torch.nn.Module, in_keys: list[str]) -> tuple[Any, Any]:
     return tdhook_fn.functional(model, in_keys, ["output"]), tdhook_fn.params(model)
 

@@ -24,10 +24,12 @@ _CACHE_IN = "_tdhook_fn_cache_in_"
 CACHE_OUT = "_tdhook_fn_cache_out_"  # (the keys of `CachedOutput` captures, numbered)
 
 
-def activations(f: Functional, params: TensorDictBase, inputs: TensorDictBase, paths: Sequence[str]) -> TensorDict:
-    """Activations at ``paths`` (keyed by path) for ``inputs`` with the batch flattened, no grad."""
+def activations(f: Functional, hooks: Sequence[Tap], params: TensorDictBase, inputs: TensorDictBase,
+                paths: Sequence[str]) -> TensorDict:
+    """Activations at ``paths`` (keyed by path) for ``inputs`` with the batch flattened, no grad, read before the
+    user's ``hooks`` change them (NOTE [the user's hooks after the method's])."""
     flat = with_copied_inputs(inputs.reshape(-1))  # (a forward may write its inputs in place)
-    probe = f.with_taps(*(capture(path, key=f"{_CACHE_IN}{i}") for i, path in enumerate(paths)))
+    probe = f.with_taps(*(capture(path, key=f"{_CACHE_IN}{i}") for i, path in enumerate(paths)), *hooks)
     with torch.no_grad():
         out = probe(params, flat)
     result = TensorDict({}, batch_size=flat.batch_size)

@@ -33,7 +33,7 @@ from tdhook_fn._types import GradFn
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.hooks._registration import under
+from tdhook_fn.compat.hooks._registration import order_mark, under
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._wrappers import check_td
 
@@ -60,12 +60,26 @@ PathLayout = tuple[Callable[[TensorDictBase, torch.Size], TensorDictBase],
                    Callable[[TensorDictBase, torch.Size, torch.Size], TensorDictBase]]
 
 
+# NOTE [the user's hooks after the method's]
+# tdhook registers a context's own hooks (at input_modules, target_modules, output_grad_callbacks)
+# when the context is entered, so on one module they run after the hooks registered before
+# (a pre-factory's, an outer context's) and before those the user registers on the hooked
+# module afterwards (unless ``prepend=True`` puts one first): the method reads and
+# differentiates the module's output as the earlier hooks left it, and a later hook changes
+# only what the rest of the model sees. Here the prepared module takes a mark of the
+# registration order when it is built, on entry (`order_mark`); the virtual hooks recorded
+# before it are ``f``'s taps, those recorded after it are taps the pure method is handed last
+# (``AttributionCall.hooks``), after the taps it makes for its layers and targets: the same
+# order, on every forward the method runs.
+
+
 @dataclass(frozen=True)
 class AttributionCall:
-    """What one call of a prepared module passes to a pure method: ``f`` with the hooked module's
-    active virtual hooks, detached ``params``, the ``in_keys`` and ``additional_init_keys`` entries
-    (``[*B]``), the pure methods' options, ``output_grad_callbacks`` as gradient maps (``grad_fns``)
-    and extra ``taps`` (``cache_callback`` captures)."""
+    """What one call of a prepared module passes to a pure method: ``f`` (with the active virtual hooks
+    recorded before the context was entered), detached ``params``, the ``in_keys`` and
+    ``additional_init_keys`` entries (``[*B]``), the pure methods' options, ``output_grad_callbacks``
+    as gradient maps (``grad_fns``), extra ``taps`` (``cache_callback`` captures) and the virtual
+    hooks recorded since, as taps (``hooks``, attached last: NOTE [the user's hooks after the method's])."""
 
     f: Functional
     params: TensorDictBase
@@ -78,6 +92,7 @@ class AttributionCall:
     cotangents: TdFn | None
     grad_fns: Mapping[str, GradFn]
     taps: tuple[Tap, ...]
+    hooks: tuple[Tap, ...]
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments every pure method takes."""
@@ -85,14 +100,17 @@ class AttributionCall:
             "target": self.target,
             "target_layers": self.target_layers,
             "grad_fns": None,
-            "taps": self.all_taps() if self.grad_fns else self.taps,
+            "taps": self.all_taps() if self.grad_fns or self.hooks else self.taps,  # (inline: on every call)
             "cotangents": self.cotangents,
         }
 
     def all_taps(self) -> tuple[Tap, ...]:
-        """The gradient maps, then the other taps. A map at a module the forward never runs does
-        nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
-        return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps)
+        """The gradient maps, the other taps, then the user's hooks. A map at a module the forward never runs
+        does nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
+        if not (self.grad_fns or self.hooks):  # (the usual call: no tuple built)
+            return self.taps
+        return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps,
+                *self.hooks)
 
 
 def returned_td(name: str, result: Any) -> TensorDictBase:
@@ -292,7 +310,7 @@ class GradientAttribution(HookingContextFactory):
         module, grad_fns, cached = prepared._routed, prepared._grad_fns, prepared._cached
         in_keys, out_keys = list(prepared._context_keys[0]), list(prepared._context_keys[1])
         # the params the routed calls run with (a Pruning composed before gives pruned ones: NOTE [one scope])
-        f, params = module.functional(), module.params(detach=True)
+        (f, hooks), params = module.functional_and_hooks(prepared._entered), module.params(detach=True)
         additional = td.select(*self._additional_init_keys)
         inputs = td.select(*in_keys, *self._additional_init_keys)
         # (the user's choices asked for only when there is a callable: no call otherwise)
@@ -309,7 +327,7 @@ class GradientAttribution(HookingContextFactory):
             chosen = self._init_attr_inputs(td.select(*in_keys), additional)
             input_keys = tuple(returned_td("init_attr_inputs", chosen).keys(True, True))
         layers = (tuple(self._input_modules) if self._init_attr_cache_in is None
-                  else self._attributed_layers(f, params, inputs, additional))
+                  else self._attributed_layers(f, hooks, params, inputs, additional))
         renamed = {tap.key: tap.path for tap in cached} if cached else None
         target = make_target(
             out_keys, self._target_modules, self._use_outputs, self._init_attr_targets, additional, self._layout,
@@ -320,14 +338,15 @@ class GradientAttribution(HookingContextFactory):
             cotangents = make_cotangents(self._init_attr_grads, additional, self._layout)
         return AttributionCall(
             f, params, inputs, input_keys, self._use_inputs, layers,
-            () if cached else tuple(self._target_modules), target, cotangents, grad_fns, cached,
+            () if cached else tuple(self._target_modules), target, cotangents, grad_fns, cached, hooks,
         )
 
     def _attributed_layers(
-        self, f: Any, params: TensorDictBase, inputs: TensorDictBase, additional: TensorDict
+        self, f: Functional, hooks: tuple[Tap, ...], params: TensorDictBase, inputs: TensorDictBase,
+        additional: TensorDict,
     ) -> tuple[str, ...]:
         assert self._init_attr_cache_in is not None
-        cache_in = activations(f, params, inputs, self._input_modules) if self._input_modules else TensorDict()
+        cache_in = activations(f, hooks, params, inputs, self._input_modules) if self._input_modules else TensorDict()
         keys = set(returned_td("init_attr_cache_in", self._init_attr_cache_in(cache_in, additional)).keys(True, True))
         unknown = keys - set(self._input_modules)
         if unknown:
@@ -347,7 +366,7 @@ class GradientAttribution(HookingContextFactory):
         )
         values = call.inputs.select(*call.input_keys) if call.use_inputs else TensorDict({}, batch_size=td.batch_size)
         if call.layers:
-            values.update(activations(call.f, call.params, call.inputs, call.layers).reshape(td.batch_size))
+            values.update(activations(call.f, call.hooks, call.params, call.inputs, call.layers).reshape(td.batch_size))
         return self._grad_attr(grads, values)
 
     def _grad_attr(self, grads: TensorDict, inputs: TensorDict) -> TensorDict:
@@ -368,6 +387,7 @@ class Attributing(TensorDictModuleBase):
     _method: Callable[[AttributionCall, TensorDict], TensorDictBase]
     _grad_fns: dict[str, GradFn]
     _cached: tuple[CachedOutput, ...]
+    _entered: int  # a mark of the registration order: NOTE [the user's hooks after the method's]
 
     def __init__(
         self, factory: GradientAttribution, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey],
@@ -380,7 +400,8 @@ class Attributing(TensorDictModuleBase):
         # (what tensordict's in_keys/out_keys setters store, stored without nn.Module's checks per name)
         self.__dict__.update(_in_keys=_unravel(module_in), _out_keys=module_out,
                              _out_keys_apparent=module_out, _factory=factory, _routed=module,
-                             _context_keys=(in_keys, out_keys), _method=method, _grad_fns=grad_fns, _cached=cached)
+                             _context_keys=(in_keys, out_keys), _method=method, _grad_fns=grad_fns, _cached=cached,
+                             _entered=order_mark())
 
     def forward(self, td: TensorDict) -> TensorDict:
         factory = self._factory
