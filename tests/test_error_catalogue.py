@@ -309,6 +309,11 @@ CORE_ROWS: list[Row] = [
      ValueError, ("grad_cam", "dim 3", "counting the batch dim", "subtract 1", "compat")),
     ("compat-grad-cam-dim-out-of-range", lambda: _compat_grad_cam((5,)),
      ValueError, ("grad_cam", "dim 4", "dim 5 counting the batch dim")),
+    ("grad-cam-empty-dims", lambda: attribution.grad_cam(*_cnn(), target=0,
+                                                          layers={"[1]": attribution.DimsConfig(None, ())}),
+     ValueError, ("grad_cam", "'[1]'", "feature_sum_dims", "every dim", "mix samples", "None")),
+    ("compat-grad-cam-empty-dims", lambda: _compat_grad_cam(()),
+     ValueError, ("GradCAM", "dims ()", "mixes samples", "None")),
     ("compat-attribution-hooked-tensor", lambda: _saliency_on_a_tensor(),
      TypeError, ("Saliency", "on a TensorDict", "got Tensor", "['input']")),
     ("layer-output-a-tuple", lambda: attribution.saliency(

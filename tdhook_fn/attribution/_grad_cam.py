@@ -26,6 +26,8 @@ class DimsConfig:
         feature_sum_dims (tuple[int, ...] | None): ``weights * activation`` is summed over
             these dims; ``None`` keeps them all.
 
+    An empty tuple is refused (torch reduces ``dim=()`` over every dim, the batch's too).
+
     Dims count within one sample (``0`` is the channel dim of a ``[C, H, W]`` activation),
     so one config serves batched calls and per-sample calls under ``vmap``; negative dims count
     from the end. For a conv layer, ``DimsConfig((1, 2), (0,))`` is captum's ``LayerGradCam``.
@@ -48,6 +50,12 @@ def _check_dims(layers: object) -> None:
     for path, dims in layers.items():
         if not isinstance(path, str) or not isinstance(dims, DimsConfig):
             raise TypeError(f"grad_cam: layers[{path!r}] must be a DimsConfig for a path (str), got {dims!r}")
+        for field in ("weight_pooling_dims", "feature_sum_dims"):
+            if getattr(dims, field) == ():  # torch's mean and sum over dim=() reduce every dim, the batch's too
+                raise ValueError(
+                    f"grad_cam: layers[{path!r}].{field} is (), which torch reads as every dim, the batch dims too "
+                    "(it would mix samples): name the dims of one sample, or give None (weights: the gradient "
+                    "itself; sums: none)")
 
 
 def _check_rank(path: str, dims: DimsConfig, shape: tuple[int, ...]) -> None:

@@ -49,6 +49,10 @@ def _shift(dims: int | Sequence[int] | None, batch_dims: int) -> tuple[int, ...]
     if dims is None:
         return None
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if not dims:
+        raise ValueError(
+            "GradCAM: dims () reduce every dim in tdhook (torch's dim=()), the batch dims too, which mixes samples: "
+            "name the dims, or give None (weights: the gradient itself; sums: none)")
     batch = [d for d in dims if 0 <= d < batch_dims]
     if batch:
         raise ValueError(
