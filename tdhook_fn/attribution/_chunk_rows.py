@@ -78,7 +78,7 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
         random_state = RandomState()  # (an f that draws gives the same numbers on its first call)
         try:
             with torch.no_grad(), probe, fast_pooling():  # (as `target_values` runs it)
-                f(params, flat[:1])
+                f(params, flat[:1].clone())  # (a copy: a forward may write its input in place)
         except Exception:  # a probe only sizes chunks: the real forward raises what is wrong
             return None
         finally:

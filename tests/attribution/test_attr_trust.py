@@ -8,7 +8,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
-from tdhook_fn.attribution import DimsConfig, grad_cam, integrated_gradients, saliency
+from tdhook_fn.attribution import DimsConfig, feature_ablation, grad_cam, integrated_gradients, occlusion, saliency
 
 
 def mlp() -> tuple[tdhook_fn.Functional, TensorDict]:
@@ -54,6 +54,32 @@ def test_the_callers_inputs_are_never_written_by_in_place_modules() -> None:
     torch.testing.assert_close(grad_cam(f, p, td, target=0, layers={"[1]": DimsConfig((1, 2), (0,))})["[1]"], first)
     saliency(f, p, td, target=0, layers=["[1]"], use_inputs=False)
     assert torch.equal(x, kept) and torch.equal(td["mask"], kept)
+
+
+class HalvesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.mul_(0.5))
+
+
+@pytest.mark.parametrize("method", ["feature_ablation", "occlusion"])
+def test_the_first_perturbation_call_on_a_model_writes_no_input(method: str) -> None:
+    """The first call sizes its chunks with a forward on one sample, which wrote the caller's first sample where
+    the model writes its input in place (and gave that call wrong maps); the maps are w x / 2 from the first call."""
+    torch.manual_seed(0)
+    model = HalvesItsInput().double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    kept = x.clone()
+    f, p = tdhook_fn.pure(model)  # (a new model: its first call)
+    if method == "feature_ablation":
+        maps = feature_ablation(f, p, x, 0.0, target=1)
+    else:
+        maps = occlusion(f, p, x, 0.0, target=1, sliding_window_shapes=(1,))
+    assert torch.equal(x, kept)
+    torch.testing.assert_close(maps, (model.linear.weight[1] * kept / 2).detach())
 
 
 def test_a_batch_norm_without_running_statistics_is_refused_in_eval_mode() -> None:
