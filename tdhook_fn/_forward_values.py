@@ -13,7 +13,7 @@ from tensordict import TensorDictBase, is_non_tensor
 
 from ._types import NestedKey
 
-__all__ = ["get_input", "output_leaves"]
+__all__ = ["OutputCountError", "get_input", "output_leaves"]
 
 _NAMESPACE = "tdhook_fn"
 _registered: set[type] = set()
@@ -80,11 +80,16 @@ def output_leaves(output: Any, out_keys: tuple[NestedKey, ...]) -> list[Any]:
             for cls in new - _registered:
                 _register_dataclass(cls)
     if len(leaves) != len(out_keys):
-        raise ValueError(
+        raise OutputCountError(
             f"functional: the model returned {len(leaves)} leaves but out_keys names "
             f"{len(out_keys)}: {list(out_keys)}"
         )
     return leaves
+
+
+class OutputCountError(ValueError, RuntimeError):
+    """A model returned another number of tensors than ``out_keys`` names: a ValueError, as the core's other bad
+    arguments, and a RuntimeError, as tensordict's `TensorDictModule` raises for it (and so tdhook)."""
 
 
 def _by_key(output: Mapping[Any, Any], key: NestedKey) -> Any:

@@ -264,6 +264,26 @@ def test_missing_baseline_raises_key_error_naming_it() -> None:
     assert type(ref) is type(ours) is KeyError and "ref" in str(ours)
 
 
+class TwoOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.linear(x)
+        return y, y.sum(-1)
+
+
+@pytest.mark.parametrize("name", ["Saliency", "IntegratedGradients"])
+def test_more_outputs_than_out_keys_raise_a_runtime_error(name: str) -> None:
+    """tensordict's (and so tdhook's) error type for a model returning more tensors than ``out_keys`` names."""
+    td = TensorDict(x=torch.randn(2, 4), baseline=TensorDict(x=torch.zeros(2, 4), batch_size=[2]), batch_size=[2])
+    for lib in (REF, OURS):
+        with getattr(lib, name)().prepare(TwoOutputs(), in_keys=["x"], out_keys=["o"]) as hooked, \
+                pytest.raises(RuntimeError, match="out_keys"):
+            hooked(td.clone())
+
+
 def test_init_grads_must_match_targets() -> None:
     wrong_keys = lambda t, e: TensorDict(other=torch.ones_like(t["output"]), batch_size=t.batch_size)
     ref, ours = errors(lambda lib: lib.Saliency(init_attr_grads=wrong_keys), MLP.data())
