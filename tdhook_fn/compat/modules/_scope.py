@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+import optree
 import torch
 from tensordict import TensorDictBase
 from torch import nn
@@ -196,9 +197,29 @@ class HookTap(Tap):
         assert hook is not None
 
         def relay(_shadow: nn.Module, *args: Any) -> Any:
+            if _measures_shapes(args):  # NOTE [hooks and shape probes]
+                return None
             return hook(original, *args)
 
         return register_checked(module, relay, self.direction, self.prepend)  # (checked when recorded)
+
+
+# NOTE [hooks and shape probes]
+# Before its first call on a model (and inputs of a new shape), a method that attributes
+# layers measures their activations on a forward of meta tensors (`tdhook_fn._probe.on_meta`):
+# shapes only, no numbers. tdhook runs no such forward, so a user's hook is not called in it:
+# a hook that counts its calls, caches or reads values sees only the forwards tdhook's would.
+# A hook that changes an activation's shape is then seen changing it only in the real
+# forward, which raises, saying the model ran otherwise than measured.
+
+
+def _measures_shapes(args: tuple[Any, ...]) -> bool:
+    """Whether a hook's arguments are those of a forward on meta tensors (NOTE [hooks and shape probes])."""
+    leaves: list[Any] = optree.tree_leaves(cast(Any, args))
+    for leaf in leaves:  # (the first tensor tells: all are meta or none)
+        if isinstance(leaf, torch.Tensor):
+            return leaf.is_meta
+    return False
 
 
 def module_paths(root: nn.Module) -> dict[int, str]:

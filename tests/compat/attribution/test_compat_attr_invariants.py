@@ -148,6 +148,26 @@ def test_a_user_hook_on_the_attributed_module_runs_in_tdhooks_order(name: str, p
         torch.testing.assert_close(results["ours"][key], results["ref"][key])
 
 
+@pytest.mark.parametrize("name", ["saliency input_modules", "ig input_modules", "grad_cam"])
+def test_a_hook_with_state_sees_tdhooks_forwards_on_the_first_call(name: str) -> None:
+    """The first call on a model measures its layers on meta tensors, where no user hook runs (NOTE [hooks and
+    shape probes]): a hook counting its calls sees tdhook's count and gives tdhook's numbers."""
+    results, counts = {}, {}
+    for lib_name, lib in (("ours", OURS), ("ref", __import__("test_compat_attr_api").REF)):
+        model, calls = MLP.model(torch.float64), [0]
+
+        def shift(output: torch.Tensor, **kw: Any) -> torch.Tensor:
+            calls[0] += 1
+            return output + calls[0]
+
+        with AT_THE_HOOKED_MODULE[name](lib).prepare(model) as hooked:
+            hooked.set("[1]", None, callback=shift)
+            results[lib_name], counts[lib_name] = hooked(MLP.data(dtype=torch.float64)), calls[0]
+    assert counts["ours"] == counts["ref"]
+    for key in [key for key in results["ref"].keys(True, True) if key[0] == "attr"]:
+        torch.testing.assert_close(results["ours"][key], results["ref"][key])
+
+
 def _pure(model: torch.nn.Module, in_keys: list[str]) -> tuple[Any, Any]:
     return tdhook_fn.functional(model, in_keys, ["output"]), tdhook_fn.params(model)
 
