@@ -164,3 +164,38 @@ def test_tensordict_module_model() -> None:
     assert_same(*outs)
     ref, ours = oracle(lambda lib: lib.Saliency(multiply_by_inputs=True), case, td)
     assert_same(ref, ours)
+
+
+class Summed(nn.Module):
+    """Adds its two inputs first: autograd hands both the same gradient tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x + y))
+
+
+def test_inputs_sharing_one_gradient_get_their_own_maps() -> None:
+    """tdhook scales a gradient shared by two inputs in place once per input (its maps are wrong, docs/compat.md);
+    ours are the hand-computed ones: gradient times each input, and integrated gradients' completeness."""
+    torch.manual_seed(0)
+    model = Summed().double().eval()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64)
+    td = TensorDict(x=x, y=y, baseline=TensorDict(x=torch.zeros_like(x), y=torch.zeros_like(y), batch_size=[3]),
+                    batch_size=[3])
+    first = lambda targets, additional: TensorDict(output=targets["output"][..., 0], batch_size=targets.batch_size)
+    saliency = run(OURS, lambda lib: lib.Saliency(multiply_by_inputs=True, init_attr_targets=first), model, td,
+                   ["x", "y"])
+    xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+    model(xs, ys)[:, 0].sum().backward()
+    assert xs.grad is not None and ys.grad is not None
+    torch.testing.assert_close(saliency["attr", "x"], xs.grad * x)
+    torch.testing.assert_close(saliency["attr", "y"], ys.grad * y)
+    ig = run(OURS, lambda lib: lib.IntegratedGradients(n_steps=200, multiply_by_inputs=True, init_attr_targets=first),
+             model, td, ["x", "y"])
+    with torch.no_grad():
+        change = model(x, y)[:, 0] - model(torch.zeros_like(x), torch.zeros_like(y))[:, 0]
+    torch.testing.assert_close(ig["attr", "x"].sum(-1) + ig["attr", "y"].sum(-1), change, rtol=1e-4, atol=1e-5)
