@@ -150,8 +150,8 @@ def test_a_user_hook_on_the_attributed_module_runs_in_tdhooks_order(name: str, p
 
 @pytest.mark.parametrize("name", ["saliency input_modules", "ig input_modules", "grad_cam"])
 def test_a_hook_with_state_sees_tdhooks_forwards_on_the_first_call(name: str) -> None:
-    """The first call on a model measures its layers on meta tensors, where no user hook runs (NOTE [hooks and
-    shape probes]): a hook counting its calls sees tdhook's count and gives tdhook's numbers."""
+    """The first call on a model measures its layers on meta tensors, where no user hook runs
+    (NOTE [hooks and shape probes]): a hook counting its calls sees tdhook's count and gives tdhook's numbers."""
     results, counts = {}, {}
     for lib_name, lib in (("ours", OURS), ("ref", __import__("test_compat_attr_api").REF)):
         model, calls = MLP.model(torch.float64), [0]
