@@ -36,8 +36,10 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDictBase
 
+from .._functional import with_copied_inputs
 from .._largest_tensor import LargestTensor
 from .._pool_layout import fast_pooling
+from .._probe import measuring_only
 from .._vjp import RandomState, untransformed
 
 __all__ = ["default_rows"]
@@ -77,8 +79,8 @@ def _widest_per_sample(f: Callable[..., Any], params: TensorDictBase, flat: Tens
         probe = LargestTensor()
         random_state = RandomState()  # (an f that draws gives the same numbers on its first call)
         try:
-            with torch.no_grad(), probe, fast_pooling():  # (as `target_values` runs it)
-                f(params, flat[:1].clone())  # (a copy: a forward may write its input in place)
+            with torch.no_grad(), probe, fast_pooling(), measuring_only():  # (as `target_values` runs it)
+                f(params, with_copied_inputs(flat[:1]))  # (a forward may write its input in place)
         except Exception:  # a probe only sizes chunks: the real forward raises what is wrong
             return None
         finally:

@@ -8,6 +8,7 @@ from tensordict import TensorDict
 from torch import nn
 
 import tdhook_fn
+from tdhook_fn._probe import measuring
 from tdhook_fn.attribution import DimsConfig, feature_ablation, grad_cam, integrated_gradients, occlusion, saliency
 
 
@@ -80,6 +81,21 @@ def test_the_first_perturbation_call_on_a_model_writes_no_input(method: str) -> 
         maps = occlusion(f, p, x, 0.0, target=1, sliding_window_shapes=(1,))
     assert torch.equal(x, kept)
     torch.testing.assert_close(maps, (model.linear.weight[1] * kept / 2).detach())
+
+
+def test_probe_forwards_say_they_only_measure() -> None:
+    """The forwards that size chunks and measure layers run under `measuring` (a custom tap with side effects, as
+    compat's user hooks, may skip them); the method's own forwards do not."""
+    torch.manual_seed(0)
+    seen: list[bool] = []
+    f, p = tdhook_fn.pure(nn.Sequential(nn.Linear(4, 3), nn.Tanh()).double())
+    watched = f.with_taps(tdhook_fn.intervene("0", lambda value: seen.append(measuring()) or value))
+    x = TensorDict(input=torch.randn(3, 4, dtype=torch.float64), batch_size=[3])
+    feature_ablation(watched, p, x, 0.0, target=1)
+    assert seen[0] and not any(seen[1:])  # the sizing probe, then the ablations
+    seen.clear()
+    saliency(watched, p, x, target=1, layers=["1"])  # the layer's spec probe on meta tensors, then the gradient
+    assert seen[0] and not any(seen[1:]) and not measuring()
 
 
 def test_a_batch_norm_without_running_statistics_is_refused_in_eval_mode() -> None:

@@ -24,9 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import optree
 import torch
 from tensordict import TensorDictBase
 from torch import nn
@@ -34,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tdhook_fn._functional import run
 from tdhook_fn._paths import name_to_path
+from tdhook_fn._probe import measuring
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn._types import Replace
 from tdhook_fn.compat.hooks import HookDirection
@@ -197,7 +197,7 @@ class HookTap(Tap):
         assert hook is not None
 
         def relay(_shadow: nn.Module, *args: Any) -> Any:
-            if _measures_shapes(args):  # NOTE [hooks and shape probes]
+            if measuring():  # NOTE [hooks and shape probes]
                 return None
             return hook(original, *args)
 
@@ -205,21 +205,13 @@ class HookTap(Tap):
 
 
 # NOTE [hooks and shape probes]
-# Before its first call on a model (and inputs of a new shape), a method that attributes
-# layers measures their activations on a forward of meta tensors (`tdhook_fn._probe.on_meta`):
-# shapes only, no numbers. tdhook runs no such forward, so a user's hook is not called in it:
-# a hook that counts its calls, caches or reads values sees only the forwards tdhook's would.
-# A hook that changes an activation's shape is then seen changing it only in the real
+# Before its first call on a model (and inputs of a new shape), a method measures what it
+# needs on a probe forward: the activations of its layers, on meta tensors
+# (`tdhook_fn._probe.on_meta`), or the widest activation of one sample, to size its chunks.
+# tdhook runs no such forward, so a user's hook is not called in one (`measuring`): a hook
+# that counts its calls, caches or reads values sees only the forwards tdhook's would. A
+# hook that changes an activation's shape is then seen changing it only in the real
 # forward, which raises, saying the model ran otherwise than measured.
-
-
-def _measures_shapes(args: tuple[Any, ...]) -> bool:
-    """Whether a hook's arguments are those of a forward on meta tensors (NOTE [hooks and shape probes])."""
-    leaves: list[Any] = optree.tree_leaves(cast(Any, args))
-    for leaf in leaves:  # (the first tensor tells: all are meta or none)
-        if isinstance(leaf, torch.Tensor):
-            return leaf.is_meta
-    return False
 
 
 def module_paths(root: nn.Module) -> dict[int, str]:
