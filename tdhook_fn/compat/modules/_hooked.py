@@ -176,10 +176,6 @@ class RoutedModule(TensorDictModuleWrapper):
         replacements = (*scoped, *unseen(scoped, self._replacements)) if self._replacements else scoped
         return replaced_params(self.model, params, replacements, detach=detach)
 
-    def taps(self) -> tuple[Tap, ...]:
-        """The virtual hooks active now, as taps with paths relative to `model`."""
-        return taps_for(self.model, active_hooks())
-
     def functional(self) -> Functional:
         """The model as ``f(params, td) -> td`` with the virtual hooks active now.
 
@@ -189,12 +185,12 @@ class RoutedModule(TensorDictModuleWrapper):
         ``params`` are keyed like `params`; ``td`` needs the context's ``in_keys`` (a dict
         of them passes keywords, as the context's TensorDictModule does).
         """
-        return self.functional_and_hooks(_EVER)[0]
+        return self.functional_and_hooks()[0]
 
-    def functional_and_hooks(self, since: int) -> tuple[Functional, tuple[Tap, ...]]:
+    def functional_and_hooks(self, since: int = sys.maxsize) -> tuple[Functional, tuple[Tap, ...]]:
         """`functional` with the virtual hooks active now that were recorded before the mark ``since``
-        (`order_mark`), and those recorded after it as taps, apart: a method attaches them after its own taps
-        (NOTE [the user's hooks after the method's])."""
+        (`order_mark`; default: all), and those recorded after it as taps, apart: a method attaches them after its
+        own taps (NOTE [the user's hooks after the method's])."""
         if self._runner is not None:  # (NOTE [runners' effects])
             with self._runners_entered() as alone:
                 return alone.functional_and_hooks(since)
@@ -210,14 +206,9 @@ class RoutedModule(TensorDictModuleWrapper):
             self.__dict__["_functional"] = f
         for registry in SCOPE.get().hooks:  # (no call when no hook is recorded: the usual case)
             if registry.recorded:  # (its dict read without the lock: emptiness is one atomic read)
-                hooks = active_hooks()
-                earlier = taps_for(self.model, [hook for hook in hooks if hook.order < since])
-                return (f.with_taps(*earlier) if earlier else f), taps_for(
-                    self.model, [hook for hook in hooks if hook.order >= since])
+                earlier, later = taps_for(self.model, active_hooks(), since)
+                return (f.with_taps(*earlier) if earlier else f), later
         return f, ()
-
-
-_EVER = sys.maxsize  # (a mark after every hook)
 
 
 def _more_than_the_model(module: nn.Module, runner: str) -> NotImplementedError:

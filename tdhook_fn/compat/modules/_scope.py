@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -179,7 +180,7 @@ def route(root: nn.Module, invoke: Callable[[nn.Module], Any]) -> Any:
     scope = SCOPE.get()
     chosen = scope.replacements
     overrides = _values(root, chosen, lambda tensor: tensor) if chosen else None
-    output, _ = run(root, None, taps_for(root, active_hooks(scope)), invoke, overrides=overrides or None)
+    output, _ = run(root, None, taps_for(root, active_hooks(scope))[0], invoke, overrides=overrides or None)
     return output
 
 
@@ -228,13 +229,18 @@ def module_path(root: nn.Module, target: nn.Module) -> str | None:
     return module_paths(root).get(id(target))
 
 
-def taps_for(root: nn.Module, hooks: Sequence[VirtualHook]) -> tuple[Tap, ...]:
-    """``hooks`` as taps on ``root``; hooks on modules outside ``root`` are left out."""
+def taps_for(root: nn.Module, hooks: Sequence[VirtualHook],
+             since: int = sys.maxsize) -> tuple[tuple[Tap, ...], tuple[Tap, ...]]:
+    """``hooks`` as taps on ``root``: those recorded before the mark ``since`` (`order_mark`; default: all), and
+    those after; hooks on modules outside ``root`` are left out."""
     if not hooks:
-        return ()
+        return (), ()
     paths = module_paths(root)
-    return tuple(
-        HookTap(paths[id(h.target)], "custom", h.hook, direction=h.direction, prepend=h.prepend, target=h.target)
-        for h in hooks
-        if id(h.target) in paths
-    )
+    before: list[Tap] = []
+    after: list[Tap] = []
+    for h in hooks:
+        if id(h.target) in paths:
+            tap = HookTap(paths[id(h.target)], "custom", h.hook, direction=h.direction, prepend=h.prepend,
+                          target=h.target)
+            (before if h.order < since else after).append(tap)
+    return tuple(before), tuple(after)
