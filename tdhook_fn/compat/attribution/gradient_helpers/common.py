@@ -107,8 +107,6 @@ class AttributionCall:
     def all_taps(self) -> tuple[Tap, ...]:
         """The gradient maps, the other taps, then the user's hooks. A map at a module the forward never runs
         does nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
-        if not (self.grad_fns or self.hooks):  # (the usual call: no tuple built)
-            return self.taps
         return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps,
                 *self.hooks)
 
