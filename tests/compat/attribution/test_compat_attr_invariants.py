@@ -14,7 +14,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from test_compat_attr_api import CASES, OURS, run
-from zoo import same, snapshot
+from zoo import same, snapshot, tiny_gpt2
 
 import tdhook_fn
 from tdhook_fn.attribution import DimsConfig, grad_cam, guided_backprop, integrated_gradients, saliency
@@ -146,6 +146,31 @@ def test_a_user_hook_on_the_attributed_module_runs_in_tdhooks_order(name: str, p
     assert keys
     for key in keys:
         torch.testing.assert_close(results["ours"][key], results["ref"][key])
+
+
+def test_a_user_hook_on_a_gpt2_mlp_runs_after_the_method_as_in_tdhook() -> None:
+    """A GPT-2 from a config, called on token ids: a counting hook set on the attributed MLP runs once a call, after
+    the method reads the MLP's output, as tdhook's (NOTE [the user's hooks after the method's])."""
+    transformers = pytest.importorskip("transformers")
+    ids = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(0))
+    last = lambda targets, additional: TensorDict(logits=targets["logits"][:, -1, 3], batch_size=targets.batch_size)
+    results, counts = {}, {}
+    for lib_name, lib in (("ours", OURS), ("ref", __import__("test_compat_attr_api").REF)):
+        model, calls = tiny_gpt2(transformers).double(), [0]
+
+        def scaled(output: torch.Tensor, **kw: Any) -> torch.Tensor:
+            calls[0] += 1
+            return output * (1.0 + calls[0])
+
+        factory = lib.Saliency(input_modules=["transformer.h[0].mlp"], use_inputs=False, multiply_by_inputs=True,
+                               init_attr_targets=last)
+        with factory.prepare(model, in_keys={"input_ids": "input_ids"}, out_keys=["logits"]) as hooked:
+            hooked.set("transformer.h[0].mlp", None, callback=scaled)
+            results[lib_name] = hooked(TensorDict(input_ids=ids, batch_size=[2]))
+            counts[lib_name] = calls[0]
+    assert counts["ours"] == counts["ref"] == 1
+    key = ("attr", "transformer.h[0].mlp")
+    torch.testing.assert_close(results["ours"][key], results["ref"][key])
 
 
 @pytest.mark.parametrize("name", ["saliency input_modules", "ig input_modules", "grad_cam"])
