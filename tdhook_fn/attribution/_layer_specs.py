@@ -61,8 +61,10 @@ class StaleSpec(Exception):
 
 
 def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
-                layer_calls: Mapping[str, int] | None = None, *, caller: str = "attribution") -> list[LayerSpec]:
-    """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute)."""
+                layer_calls: Mapping[str, int] | None = None, *, caller: str = "attribution",
+                every_tap: bool = False) -> list[LayerSpec]:
+    """Shape, dtype and run of each layer's activation, from a forward on meta tensors (no compute); ``every_tap``:
+    one that the taps leaving probes alone run in too (`tdhook_fn._probe.on_meta`)."""
     # NOTE [modules that run more than once]
     # A module called several times in one forward (a shared block, a weight-tied layer) has
     # one activation per run. The gradient and the activation of a layer always come from the
@@ -92,7 +94,7 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
         for runs in seen.values():
             runs.clear()
 
-    on_meta(probe, params, td, reset=reset)
+    on_meta(probe, params, td, reset=reset, every_tap=every_tap)
     specs = []
     for path in paths:
         call = _chosen_run(caller, path, len(seen[path]), wanted.get(path))
@@ -110,10 +112,10 @@ def layer_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths
 
 def remembered_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths: Sequence[str],
                      layer_calls: Mapping[str, int] | None = None, *, caller: str = "attribution",
-                     fresh: bool = False) -> tuple[list[LayerSpec], bool]:
+                     fresh: bool = False, every_tap: bool = False) -> tuple[list[LayerSpec], bool]:
     """`layer_specs`, remembered per model; and whether they came from memory (to be checked)."""
     if torch.compiler.is_compiling():
-        return layer_specs(f, params, td, paths, layer_calls, caller=caller), False
+        return layer_specs(f, params, td, paths, layer_calls, caller=caller, every_tap=every_tap), False
     inputs = [(k, tuple(v.shape), v.dtype, v.device) for k, v in td.items(True, True) if isinstance(v, torch.Tensor)]
     key = (tuple(paths), tuple(sorted((k, repr(v)) for k, v in (layer_calls or {}).items())), tuple(inputs))
     with _lock:
@@ -122,7 +124,7 @@ def remembered_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, 
         if specs is not None:
             known.move_to_end(key)
             return specs, True
-    specs = layer_specs(f, params, td, paths, layer_calls, caller=caller)
+    specs = layer_specs(f, params, td, paths, layer_calls, caller=caller, every_tap=every_tap)
     with _lock:
         known[key] = specs
         while len(known) > _PER_MODEL:
@@ -134,16 +136,19 @@ def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths:
                layer_calls: Mapping[str, int] | None, caller: str, run: Callable[[list[LayerSpec]], T]) -> T:
     """``run(specs)`` with remembered specs; made again with fresh ones where they are stale (see the NOTE)."""
     specs, remembered = remembered_specs(f, params, td, paths, layer_calls, caller=caller)
-    drawn = RandomState() if remembered else None  # NOTE [a forward run again draws the same numbers]
-    try:
-        return run(specs)
-    except StaleSpec as stale:
-        if drawn is None:
-            raise RuntimeError(f"{caller}: {stale}; the model runs differently from one forward to the next on the "
-                               "same inputs, so its layers cannot be attributed") from stale
-        drawn.restore()
-    specs, _ = remembered_specs(f, params, td, paths, layer_calls, caller=caller, fresh=True)
-    return run(specs)
+    drawn = RandomState()  # NOTE [a forward run again draws the same numbers]
+    every_tap = False
+    while True:
+        try:
+            return run(specs)
+        except StaleSpec as stale:
+            if every_tap:
+                raise RuntimeError(f"{caller}: {stale}; the model runs differently from one forward to the next on "
+                                   "the same inputs, so its layers cannot be attributed") from stale
+            drawn.restore()
+        # a fresh probe contradicted: once more, with the taps that leave probes alone (NOTE [taps in probes])
+        every_tap, remembered = not remembered, False
+        specs, _ = remembered_specs(f, params, td, paths, layer_calls, caller=caller, fresh=True, every_tap=every_tap)
 
 
 def run_counters(paths: Sequence[str], runs: list[int]) -> list[Tap]:

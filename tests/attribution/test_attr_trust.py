@@ -172,3 +172,30 @@ def test_class_indices_of_any_integer_dtype(dtype: torch.dtype) -> None:
     f, p = mlp()
     x, classes = inputs(5), torch.tensor([0, 1, 2, 1, 0])
     torch.testing.assert_close(saliency(f, p, x, target=classes.to(dtype)), saliency(f, p, x, target=classes))
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients"])
+def test_a_tap_that_leaves_probes_alone_and_changes_a_shape(method: str) -> None:
+    """A custom tap skipping probe forwards (`measuring`) that reshapes an activation: the layer after it is measured
+    again with every tap running (NOTE [taps in probes]), and its map is the one of the reshaping model by hand."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Flatten(), nn.Linear(4, 3)).double()
+    f, p = tdhook_fn.pure(model)
+    reshape = lambda value: value if measuring() else value.reshape(len(value), 2, 2)
+    reshaped = f.with_taps(tdhook_fn.intervene("0", reshape))
+    x = inputs(5)
+
+    def attributed(g: tdhook_fn.Functional, params: TensorDict, layer: str) -> torch.Tensor:
+        if method == "saliency":
+            return saliency(g, params, x, target=1, layers=[layer], use_inputs=False)[layer]
+        return integrated_gradients(g, params, x, 0.0, target=1, layers=[layer], use_inputs=False, n_steps=8)[layer]
+
+    got = attributed(reshaped, p, "1")
+    assert got.shape == (5, 2, 2)
+    torch.testing.assert_close(got, attributed(*tdhook_fn.pure(nn.Sequential(model[0], Reshape(), *model[1:])), "2"))
+    torch.testing.assert_close(attributed(reshaped, p, "1"), got)  # a later call: the remembered specs fit
+
+
+class Reshape(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(len(x), 2, 2)

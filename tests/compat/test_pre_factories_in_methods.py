@@ -223,3 +223,24 @@ def test_a_gpt2_on_token_ids_sees_the_pre_factory(pre: str) -> None:
     ours = scenario(OURS, True)
     torch.testing.assert_close(ours, scenario(REF, True))
     assert (ours - scenario(OURS, False)).abs().max() > 1e-3  # the pre-factory changed the numbers
+
+
+@pytest.mark.parametrize("make", ["saliency", "integrated_gradients"])
+def test_a_pre_factory_that_changes_a_shape(make: str) -> None:
+    """Steering that reshapes an activation, which the layer probe does not run (NOTE [hooks and shape probes]):
+    the layer after it is measured again with the hook, and gives tdhook's map, on the first call and later."""
+    def scenario(lib: Any) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(OrderedDict(l0=nn.Linear(4, 8), act=nn.Tanh(), flat=nn.Flatten(), l1=nn.Linear(8, 3)))
+        steer = lib.latent.SteeringVectors(["l0"], lambda module_key, output: output.reshape(len(output), 2, 4))
+        factory = {"saliency": lambda: lib.attribution.Saliency(input_modules=["act"], use_inputs=False),
+                   "integrated_gradients": lambda: lib.attribution.IntegratedGradients(
+                       n_steps=6, input_modules=["act"], use_inputs=False)}[make]()
+        td = TensorDict(input=X.clone(), baseline=TensorDict(input=torch.zeros(5, 4), batch_size=[5]), batch_size=[5])
+        with with_pre(factory, steer).prepare(model) as hooked:
+            return [hooked(td.clone())["attr", "act"] for _ in range(2)]
+
+    ours, ref = scenario(OURS), scenario(REF)
+    assert ours[0].shape == (5, 2, 4)
+    for got, expected in zip(ours, ref, strict=True):
+        torch.testing.assert_close(got, expected)

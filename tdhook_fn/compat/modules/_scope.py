@@ -211,8 +211,8 @@ class HookTap(Tap):
 # (`tdhook_fn._probe.on_meta`), or the widest activation of one sample, to size its chunks.
 # tdhook runs no such forward, so a user's hook is not called in one (`measuring`): a hook
 # that counts its calls, caches or reads values sees only the forwards tdhook's would. A
-# hook that changes an activation's shape is then seen changing it only in the real
-# forward, which raises, saying the model ran otherwise than measured.
+# hook that changes an activation's shape is the exception: the real forward contradicts the
+# probe, and the method probes again with the hooks running (NOTE [taps in probes]).
 
 
 def module_paths(root: nn.Module) -> dict[int, str]:
