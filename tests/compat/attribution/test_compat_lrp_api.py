@@ -258,3 +258,18 @@ def test_prepared_module_keeps_the_rules_of_its_entry_after_the_context_closes()
         hooked(td.clone())
     after = hooked.td_module(td.clone())["attr", "input"]
     assert torch.equal(after, inside) and not torch.allclose(after, gradients)
+
+
+def test_epsilon_plus_gives_each_module_its_own_rule() -> None:
+    """A Sum's rule then a BatchNorm's, from fresh composites: tdhook's classes, one object per rule. (The pure rule
+    of a Sum was made at each question and freed; its id, taken by the BatchNorm's, gave the Sum's rule there.)"""
+    def modules(layers: Any) -> list[nn.Module]:
+        return [nn.Conv2d(3, 8, 3), layers.Sum(), nn.BatchNorm2d(8), nn.BatchNorm2d(8), layers.Sum(), nn.AvgPool2d(2),
+                nn.ReLU(), nn.Linear(2, 2)]
+
+    ours, ref = modules(our_layers), modules(ref_layers)
+    for _ in range(3):
+        compat, theirs = our_rules.EpsilonPlus(), ref_rules.EpsilonPlus()
+        answers = [compat(str(i), m) for i, m in enumerate(ours)]
+        assert [type(a).__name__ for a in answers] == [type(theirs(str(i), m)).__name__ for i, m in enumerate(ref)]
+        assert answers[2] is answers[3] and answers[1] is answers[4]
