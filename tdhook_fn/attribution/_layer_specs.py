@@ -136,13 +136,14 @@ def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths:
                layer_calls: Mapping[str, int] | None, caller: str, run: Callable[[list[LayerSpec]], T]) -> T:
     """``run(specs)`` with remembered specs; made again with fresh ones where they are stale (see the NOTE)."""
     specs, remembered = remembered_specs(f, params, td, paths, layer_calls, caller=caller)
-    drawn = RandomState()  # NOTE [a forward run again draws the same numbers]
+    # NOTE [a forward run again draws the same numbers]; under torch.compile nothing is remembered or probed again
+    drawn = None if torch.compiler.is_compiling() else RandomState()
     every_tap = False
     while True:
         try:
             return run(specs)
         except StaleSpec as stale:
-            if every_tap:
+            if every_tap or drawn is None:
                 raise RuntimeError(f"{caller}: {stale}; the model runs differently from one forward to the next on "
                                    "the same inputs, so its layers cannot be attributed") from stale
             drawn.restore()
