@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._taps import Tap
 from ._run import Reads, check_f, forward, unflatten
 from ._sites import Site, as_sites
 
@@ -23,6 +24,7 @@ def cache(
     detach: bool = False,
     dtype: torch.dtype | None = None,
     outputs: bool = False,
+    taps: Sequence[Tap] = (),
 ) -> TensorDict:
     """The activations of ``f(params, inputs)`` at ``sites``, by site key.
 
@@ -37,6 +39,8 @@ def cache(
         detach (bool): detach the cached values. Default: ``False``.
         dtype (torch.dtype | None): cast them. Default: keep.
         outputs (bool): also return ``f``'s outputs, under their keys. Default: ``False``.
+        taps (Sequence[Tap]): any further taps for the forward, attached after the method's own
+            (which thus read and write the activations before them). Default: none.
 
     Returns:
         TensorDict: batch ``[*B]``; ``result[site.key]`` is ``[*B, *selection]``.
@@ -59,7 +63,7 @@ def cache(
     chosen = as_sites(sites, "cache")
     batch = inputs.batch_size
     reads = Reads("cache", chosen)
-    out = forward(f, params, inputs.reshape(-1), reads.taps())
+    out = forward(f, params, inputs.reshape(-1), [*reads.taps(), *taps])
     result = TensorDict({}, batch_size=batch)
     for site in chosen:
         value: Any = unflatten(reads.get(site), batch)

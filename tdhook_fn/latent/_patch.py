@@ -82,6 +82,7 @@ def patch(
     sources: TensorDictBase,
     *,
     fn: Combine | None = None,
+    taps: Sequence[Tap] = (),
 ) -> TensorDict:
     """The outputs of ``f(params, inputs)`` with the activations at ``sites`` replaced.
 
@@ -94,6 +95,8 @@ def patch(
             `cache` returns for the same sites, e.g. from a clean run), or without
             the batch dims to patch every sample alike.
         fn (Callable | None): ``fn(current, source) -> new`` instead of ``source``.
+        taps (Sequence[Tap]): any further taps for the forward, attached after the method's own
+            (which thus read and write the activations before them). Default: none.
 
     Returns:
         TensorDict: ``f``'s outputs, batch ``[*B]``.
@@ -116,7 +119,8 @@ def patch(
     flat = inputs.reshape(-1)
     chosen = resolve_runs("patch", f, params, flat, chosen)
     edits = Edits("patch")
-    out = forward(f, params, flat, [edits.editor(site, _replacer("patch", site, given, fn)) for site in chosen])
+    editors = [edits.editor(site, _replacer("patch", site, given, fn)) for site in chosen]
+    out = forward(f, params, flat, [*editors, *taps])
     edits.check(chosen)
     return out.reshape(batch)
 

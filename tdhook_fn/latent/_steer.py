@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._params import check_attribution_modes
+from .._taps import Tap
 from ._cache import cache
 from ._run import Edits, Sources, check_f, check_float, flat_sources, forward, resolve_runs
 from ._sites import Site, as_sites
@@ -98,6 +99,8 @@ def activation_addition(
     positive: TensorDictBase,
     negative: TensorDictBase,
     sites: Site | str | Sequence[Site | str],
+    *,
+    taps: Sequence[Tap] = (),
 ) -> TensorDict:
     """Steering vectors: the mean over samples of ``act(positive) - act(negative)`` at each site.
 
@@ -110,6 +113,8 @@ def activation_addition(
         positive (TensorDict): the examples towards which to steer, batch ``[N]``.
         negative (TensorDict): the examples they are contrasted with, batch ``[N]``.
         sites (Site | str | Sequence): where the activations are read.
+        taps (Sequence[Tap]): any further taps for the forward, attached after the method's own
+            (which thus read and write the activations before them). Default: none.
 
     Returns:
         TensorDict: by site key, shaped like one sample's selection (batch ``[]``).
@@ -127,7 +132,7 @@ def activation_addition(
     if positive.batch_size != negative.batch_size:
         raise ValueError(f"activation_addition: positive has batch {list(positive.batch_size)}, negative "
                          f"{list(negative.batch_size)}; give pairs of examples")
-    pos, neg = cache(f, params, positive, chosen), cache(f, params, negative, chosen)
+    pos, neg = cache(f, params, positive, chosen, taps=taps), cache(f, params, negative, chosen, taps=taps)
     for site in chosen:
         check_float("activation_addition", site, pos.get(site.key).dtype, "a steering vector is added to it")
     dims = tuple(range(len(positive.batch_size)))

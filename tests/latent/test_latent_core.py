@@ -226,3 +226,19 @@ def test_scalar_selections_of_one_unbatched_sample():
     metric = lambda out: out["output"][..., 0]
     torch.testing.assert_close(patching_sweep(f, p, one, other, grid, metric),
                                patching_sweep(f, p, clean, corrupt, grid, metric)[:, 0])
+
+
+def test_taps_run_after_the_methods_own():
+    """``taps`` attach after the method's reads and edits: the cache reads the module's output before a tap doubles
+    it, the patch is doubled after it is put in, and the vectors are of the undoubled outputs."""
+    net, f, p, clean, corrupt = _setup()
+    doubled = tdhook_fn.intervene("[2]", lambda value: 2 * value)
+    tapped = f.with_taps(doubled)
+    acts = cache(f, p, clean, "[2]", outputs=True, taps=[doubled])
+    torch.testing.assert_close(acts["2"], cache(f, p, clean, "[2]")["2"])
+    torch.testing.assert_close(acts["output"], tapped(p, clean)["output"])
+    sources = cache(f, p, clean, "[2]")
+    by_hand = net[4](net[3](2 * sources["2"]))
+    torch.testing.assert_close(patch(f, p, corrupt, "[2]", sources, taps=[doubled])["output"], by_hand)
+    torch.testing.assert_close(activation_addition(f, p, clean, corrupt, "[2]", taps=[doubled])["2"],
+                               activation_addition(f, p, clean, corrupt, "[2]")["2"])

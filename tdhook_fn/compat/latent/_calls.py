@@ -2,10 +2,15 @@
 
 # NOTE [latent contexts, pure]
 # ``ActivationPatching`` and ``ActivationAddition`` run no hook of their own: a prepared
-# module is one `FunctionModule` that, on each call, takes the model as a pure function
-# (with the hooked module's active virtual hooks) and calls `tdhook_fn.latent.cache`,
-# `patch` or `activation_addition`, on the batch flattened to one dim (as tdhook's
-# ``ModuleCallWithCache``).
+# module is one `MethodModule` that, on each call, takes the model as a pure function
+# and calls `tdhook_fn.latent.cache`, `patch` or `activation_addition`, on the batch
+# flattened to one dim (as tdhook's ``ModuleCallWithCache``). The hooked module's virtual
+# hooks recorded before entry are in the function; those recorded since are the method's
+# last taps, as tdhook registers its hooks on entry (NOTE [the user's hooks after the method's]).
+#
+# tdhook does this work with hooks, which ``disable_context_hooks`` removes for a while: its
+# patching then runs the model plainly and its addition finds no vector. The prepared module
+# does the same while the handle of the context's `_hook_module` (`switch_on`) is removed.
 #
 # tdhook caches a module's output with a hook that refuses anything but a tensor (a tuple
 # output needs a ``cache_callback``, whose result must then be patched back as a tuple).
@@ -15,17 +20,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import Functional, Tap, intervene
-from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.hooks import MultiHookHandle
+from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
 from tdhook_fn.latent import Site
 
-__all__ = ["guarded_model", "site_for"]
+__all__ = ["MethodModule", "guarded_model", "site_for", "switch_on"]
+
+
+class MethodModule(FunctionModule):
+    """A latent context's prepared module: ``td_fn`` while the context's hooks are on, ``off_fn`` while they are
+    disabled (NOTE [latent contexts, pure])."""
+
+    def __init__(self, td_fn: Callable[[TensorDict], TensorDict], off_fn: Callable[[TensorDict], TensorDict],
+                 in_keys: list[Any], out_keys: list[Any]) -> None:
+        super().__init__(td_fn, in_keys, out_keys)
+        self._off_fn = off_fn
+        self.on = True
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        return self._td_fn(td) if self.on else self._off_fn(td)
+
+
+class _Off:
+    """The handle of `switch_on`: removing it turns the prepared module off."""
+
+    def __init__(self, prepared: MethodModule | None) -> None:
+        self._prepared = prepared
+
+    def remove(self) -> None:
+        if self._prepared is not None:
+            self._prepared.on = False
+
+
+def switch_on(module: HookedModule) -> MultiHookHandle:
+    """Turn on the `MethodModule` module ``module`` runs (its context's `_hook_module`); the handle turns it off."""
+    prepared = next((m for m in module.td_module.modules() if isinstance(m, MethodModule)), None)
+    if prepared is not None:
+        prepared.on = True
+    return MultiHookHandle([_Off(prepared)])
 
 
 def site_for(index: int, path: str, site: str = "output") -> Site:
@@ -33,9 +72,12 @@ def site_for(index: int, path: str, site: str = "output") -> Site:
     return Site(path, site="input" if site == "input" else "output", key=f"_tdhook_fn_{site}_{index}")
 
 
-def guarded_model(module: RoutedModule, caller: str, paths: Sequence[str]) -> tuple[Functional, TensorDictBase]:
+def guarded_model(module: RoutedModule, caller: str, paths: Sequence[str],
+                  entered: int) -> tuple[Functional, tuple[Tap, ...], TensorDictBase]:
     """The model as a pure function refusing a non-tensor output at ``paths`` (as tdhook's caching hook
-    does), and its own tensors, live, as a tdhook forward (gradients reach ``model.weight.grad``)."""
+    does), with the virtual hooks recorded before the mark ``entered``; those recorded since, as taps for the method
+    to attach after its own (NOTE [the user's hooks after the method's]); and the model's own tensors, live, as a
+    tdhook forward (gradients reach ``model.weight.grad``)."""
 
     def guard(path: str) -> Tap:
         def check(value: Any) -> Any:
@@ -49,4 +91,5 @@ def guarded_model(module: RoutedModule, caller: str, paths: Sequence[str]) -> tu
 
         return intervene(path, check)
 
-    return module.functional().with_taps(*(guard(path) for path in paths)), module.params()
+    f, later = module.functional_and_hooks(entered)
+    return f.with_taps(*(guard(path) for path in paths)), later, module.params()

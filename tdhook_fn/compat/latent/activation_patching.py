@@ -12,16 +12,16 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from tdhook_fn import resolve_path
+from tdhook_fn import Tap, resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
-from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.hooks import HookFactory, MultiHookHandle
 from tdhook_fn.compat.hooks._caching import cacheable, same_type
-from tdhook_fn.compat.hooks._registration import under
-from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.compat.hooks._registration import order_mark, under
+from tdhook_fn.compat.modules import HookedModule, RoutedModule
 from tdhook_fn.compat.modules._wrappers import check_td
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import guarded_model, site_for
+from ._calls import MethodModule, guarded_model, site_for, switch_on
 
 __all__ = ["ActivationPatching"]
 
@@ -73,22 +73,23 @@ class ActivationPatching(HookingContextFactory):
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)
         module_in = [*in_keys, *under(self._patch_key, in_keys)]
+        entered = order_mark()  # (tdhook registers its hooks now: NOTE [the user's hooks after the method's])
 
         def patching(td: TensorDict) -> TensorDict:
             td = check_td("ActivationPatching", td, module_in)
-            f, params = guarded_model(module, "ActivationPatching", self._modules_to_patch)
+            f, later, params = guarded_model(module, "ActivationPatching", self._modules_to_patch, entered)
             batch = td.batch_size
             clean = td.select(*in_keys).reshape(-1)
             corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)
             with_inputs = self._cache_callback is not None
-            acts = cache(f, params, clean, [*sites, *inputs_at] if with_inputs else sites, outputs=True)
+            acts = cache(f, params, clean, [*sites, *inputs_at] if with_inputs else sites, outputs=True, taps=later)
             sources = TensorDict({}, batch_size=clean.batch_size)
             for site, at, path in zip(sites, inputs_at, self._modules_to_patch, strict=True):
                 value = acts.get(site.key)
                 if with_inputs:
                     value = self._cached(submodules[path], path, acts.get(at.key), value)
                 sources.set(site.key, value)
-            patched = self._patched_run(f, params, corrupted, sites, sources)
+            patched = self._patched_run(f, later, params, corrupted, sites, sources)
             td.update(acts.select(*out_keys).reshape(batch))
             self._put(td, patched.select(*out_keys).reshape(batch))
             if not self._clean_intermediate_keys:
@@ -98,8 +99,20 @@ class ActivationPatching(HookingContextFactory):
                 ).reshape(batch))
             return td
 
+        def plainly(td: TensorDict) -> TensorDict:  # (with the context's hooks disabled, as tdhook's)
+            td = check_td("ActivationPatching", td, module_in)
+            f, params = module.functional(), module.params()
+            batch = td.batch_size
+            td.update(f(params, td.select(*in_keys).reshape(-1)).select(*out_keys).reshape(batch))
+            corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)
+            self._put(td, f(params, corrupted).select(*out_keys).reshape(batch))
+            return td
+
         module_out = [*out_keys, *under(self._patch_key, out_keys)]
-        return FunctionModule(patching, module_in, module_out)
+        return MethodModule(patching, plainly, module_in, module_out)
+
+    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
+        return switch_on(module)
 
     def _cached(self, submodule: Any, path: str, first_input: Any, output: torch.Tensor) -> Any:
         assert self._cache_callback is not None
@@ -107,10 +120,11 @@ class ActivationPatching(HookingContextFactory):
         return cacheable(value, "cache_callback")
 
     def _patched_run(
-        self, f: Any, params: TensorDictBase, corrupted: TensorDictBase, sites: list[Site], sources: TensorDictBase
+        self, f: Any, later: tuple[Tap, ...], params: TensorDictBase, corrupted: TensorDictBase, sites: list[Site],
+        sources: TensorDictBase,
     ) -> TensorDictBase:
         if self._patch_fn is None:
-            return patch(f, params, corrupted, sites, sources)
+            return patch(f, params, corrupted, sites, sources, taps=later)
         patch_fn = self._patch_fn
 
         def combine(path: str, source: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -125,7 +139,7 @@ class ActivationPatching(HookingContextFactory):
 
         editors = [site.editor(combine(path, sources.get(site.key)))
                    for site, path in zip(sites, self._modules_to_patch, strict=True)]
-        result: TensorDictBase = f.with_taps(*editors)(params, corrupted)
+        result: TensorDictBase = f.with_taps(*editors, *later)(params, corrupted)
         return result
 
     def _put(self, td: TensorDictBase, outputs: TensorDictBase) -> None:
