@@ -147,7 +147,8 @@ def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths:
                 raise RuntimeError(f"{caller}: {stale}; the model runs differently from one forward to the next on "
                                    "the same inputs, so its layers cannot be attributed") from stale
             drawn.restore()
-        # a fresh probe contradicted: once more, with the taps that leave probes alone (NOTE [taps in probes])
+        # remembered specs were stale: a fresh probe; a fresh probe was contradicted: one more, with the taps that
+        # leave probes alone running too (NOTE [taps in probes])
         every_tap, remembered = not remembered, False
         specs, _ = remembered_specs(f, params, td, paths, layer_calls, caller=caller, fresh=True, every_tap=every_tap)
 
