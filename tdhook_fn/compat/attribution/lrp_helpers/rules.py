@@ -237,26 +237,25 @@ class BaseRuleMapper:
     def __init__(self, stabilizer: float = 1e-6, rule_mapper: RuleMapper | None = None) -> None:
         self._stabilizer = stabilizer
         self._rule_mapper = rule_mapper or (lambda name, module: None)
-        self._sum, self._pass = attribution.Epsilon(stabilizer), attribution.Pass()
         self._composite = attribution.EpsilonPlus(stabilizer=stabilizer, rule_mapper=self._tdhook_layers)
-        # one tdhook rule object per rule of the composite, as in tdhook: by the rule's id, the rule kept alive with
-        # it (a rule freed could leave its id to another, which would get its tdhook rule)
-        self._shared: dict[int, tuple[attribution.Rule, Rule]] = {}
+        # one tdhook rule object per rule of the composite (as tdhook's mappers hold theirs), keyed by the rule's
+        # value: the pure rules are frozen dataclasses, and a rule made at each question gets the same object
+        self._shared: dict[attribution.Rule, Rule] = {}
 
     def _tdhook_layers(self, name: str, module: nn.Module) -> attribution.Rule | None:
         """The rules of the layers tdhook's composites know and the core's do not (`Sum`, FrozenBatchNorm2d)."""
         if isinstance(module, Sum):
-            return self._sum
-        return self._pass if isinstance(module, BatchNorm) else None
+            return attribution.Epsilon(self._stabilizer)
+        return attribution.Pass() if isinstance(module, BatchNorm) else None
 
     def _answer(self, name: str, module: nn.Module) -> Rule | None:
         """The composite's rule for ``module``, as a tdhook rule object."""
         rule = self._composite(name, module)
         if rule is None:
             return None
-        if id(rule) not in self._shared:
-            self._shared[id(rule)] = (rule, _TDHOOK_RULE[type(rule)](**vars(rule)))
-        return self._shared[id(rule)][1]
+        if rule not in self._shared:
+            self._shared[rule] = _TDHOOK_RULE[type(rule)](**vars(rule))
+        return self._shared[rule]
 
     def _call(self, name: str, module: nn.Module) -> Any:
         return None if isinstance(module, Linear) else self._answer(name, module)
