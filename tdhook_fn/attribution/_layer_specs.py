@@ -138,18 +138,18 @@ def with_specs(f: Functional, params: TensorDictBase, td: TensorDictBase, paths:
     specs, remembered = remembered_specs(f, params, td, paths, layer_calls, caller=caller)
     # NOTE [a forward run again draws the same numbers]; under torch.compile nothing is remembered or probed again
     drawn = None if torch.compiler.is_compiling() else RandomState()
-    every_tap = False
+    # after a stale run, fresh probes: a measuring one where the specs were remembered, then one that the taps
+    # leaving probes alone run in too (NOTE [taps in probes]); each is ``every_tap``
+    probes = iter((False, True) if remembered else (True,))
     while True:
         try:
             return run(specs)
         except StaleSpec as stale:
-            if every_tap or drawn is None:
+            every_tap = next(probes, None)
+            if every_tap is None or drawn is None:
                 raise RuntimeError(f"{caller}: {stale}; the model runs differently from one forward to the next on "
                                    "the same inputs, so its layers cannot be attributed") from stale
             drawn.restore()
-        # remembered specs were stale: a fresh probe; a fresh probe was contradicted: one more, with the taps that
-        # leave probes alone running too (NOTE [taps in probes])
-        every_tap, remembered = not remembered, False
         specs, _ = remembered_specs(f, params, td, paths, layer_calls, caller=caller, fresh=True, every_tap=every_tap)
 
 
