@@ -51,19 +51,19 @@ class MethodModule(FunctionModule):
 class _Off:
     """The handle of `switch_on`: removing it turns the prepared module off."""
 
-    def __init__(self, prepared: MethodModule | None) -> None:
+    def __init__(self, prepared: MethodModule) -> None:
         self._prepared = prepared
 
     def remove(self) -> None:
-        if self._prepared is not None:
-            self._prepared.on = False
+        self._prepared.on = False
 
 
 def switch_on(module: HookedModule) -> MultiHookHandle:
     """Turn on the `MethodModule` module ``module`` runs (its context's `_hook_module`); the handle turns it off."""
     prepared = next((m for m in module.td_module.modules() if isinstance(m, MethodModule)), None)
-    if prepared is not None:
-        prepared.on = True
+    if prepared is None:
+        return MultiHookHandle()
+    prepared.on = True
     return MultiHookHandle([_Off(prepared)])
 
 
