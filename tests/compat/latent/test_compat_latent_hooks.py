@@ -122,3 +122,28 @@ def test_disabled_context_hooks_turn_the_context_off(context: str) -> None:
         assert (out["ours"]["on", "patched", "output"] - plain).abs().max() > 1e-3
     else:
         assert not list(out["ours"]["off"].keys())
+
+
+def test_a_gpt2_on_token_ids_patched_under_a_hook_set_after_entry() -> None:
+    """A GPT-2 from a config on token ids: the first block's MLP patched with a halfway ``patch_fn`` under a hook set
+    inside the context; the MLP's output after the hook (recorded by a second one) and the patched logits are
+    tdhook's (the hook runs after the patch)."""
+    transformers = pytest.importorskip("transformers")
+    from zoo import tiny_gpt2
+
+    ids, corrupted = (torch.randint(0, 40, (3, 6), generator=torch.Generator().manual_seed(seed)) for seed in (0, 1))
+    out, seen = {}, {}
+    for name, lib in LIBS.items():
+        gpt2, seen[name] = tiny_gpt2(transformers).double(), []
+        factory = lib.ActivationPatching(["transformer.h[0].mlp"], patch_fn=halfway)
+        with factory.prepare(gpt2, in_keys={"input_ids": "input_ids"}, out_keys=["logits"]) as hooked:
+            mlp = "transformer.h[0].mlp"
+            hooked.register_submodule_hook(mlp, lambda module, args, output: torch.tanh(output * 20), "fwd")
+            hooked.register_submodule_hook(mlp, lambda module, args, output, kept=seen[name]: kept.append(output),
+                                           "fwd")
+            td = TensorDict(input_ids=ids, patched=TensorDict(input_ids=corrupted, batch_size=[3]), batch_size=[3])
+            out[name] = hooked(td)["patched", "logits"]
+    torch.testing.assert_close(out["ours"], out["tdhook"])
+    assert len(seen["ours"]) == len(seen["tdhook"]) == 2
+    for ours, theirs in zip(seen["ours"], seen["tdhook"], strict=True):
+        torch.testing.assert_close(ours, theirs)
