@@ -220,10 +220,10 @@ class HookingContext:
     @contextmanager
     def disable(self) -> Iterator[Any]:
         """Yield the restored raw module (the user's model) with the context's hooks off."""
-        if not self._in_context or self._hooked_module is None:
+        if not self._in_context or self._working is None:
             raise RuntimeError("Cannot disable context outside of context")
-        with self.disable_hooks():
-            yield self._restore(self._hooked_module.module, self._in_keys, self._out_keys, self._extra_relative_path)
+        with self.disable_hooks():  # (the model, also where the prepared module is a method's, not the model's wrapper)
+            yield self._restore(self._working.module, self._in_keys, self._out_keys, self._extra_relative_path)
 
 
 class HookingContextWithCache(HookingContext):

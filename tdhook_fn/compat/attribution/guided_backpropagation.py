@@ -8,7 +8,12 @@ from typing import Any
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
-from tdhook_fn.attribution import guided_backprop
+from tdhook_fn import Tap
+from tdhook_fn._paths import name_to_path
+from tdhook_fn.attribution import guided_backprop, saliency
+from tdhook_fn.attribution._guided_backprop import guide_taps
+from tdhook_fn.compat.hooks import HookFactory
+from tdhook_fn.compat.modules._scope import HookTap
 
 from .gradient_helpers import GradientAttribution
 from .gradient_helpers.common import AttributionCall, UserFn, inherited
@@ -49,8 +54,29 @@ class GuidedBackpropagation(GradientAttribution):
         self._multiply_by_inputs = multiply_by_inputs
 
     def _attribute(self, call: AttributionCall, td: TensorDict) -> TensorDictBase:
-        return guided_backprop(
-            call.f, call.params, call.inputs, classes_to_skip=self._classes_to_skip,
-            multiply_by_inputs=self._multiply_by_inputs, layers=call.layers, use_inputs=call.use_inputs,
-            input_keys=call.input_keys, **call.options(),
-        )
+        options = {"multiply_by_inputs": self._multiply_by_inputs, "layers": call.layers,
+                   "use_inputs": call.use_inputs, "input_keys": call.input_keys, **call.options()}
+        if not call.hooks_on:  # tdhook's guides are its context's hooks: disabled, the gradients are plain
+            return saliency(call.f, call.params, call.inputs, **options)
+        hooked = {id(tap.target) for tap in call.hooks if isinstance(tap, HookTap)}
+        if not hooked:
+            return guided_backprop(call.f, call.params, call.inputs, classes_to_skip=self._classes_to_skip, **options)
+        # on a module the user hooked since entry, tdhook's backward hook itself, which torch runs before the user's
+        # (NOTE [a context's own hooks])
+        guides: list[Tap] = []
+        for name, submodule in call.f.model.named_modules():
+            if name and not isinstance(submodule, self._classes_to_skip):
+                path = name_to_path(name)
+                guides += ([HookTap(path, "custom", _GUIDE, direction="bwd", target=submodule)]
+                           if id(submodule) in hooked else guide_taps([path]))
+        options["taps"] = (*guides, *options["taps"])
+        return saliency(call.f, call.params, call.inputs, **options)
+
+
+def _relu_of_grad_input(grad_input: tuple[Any, ...], **_: Any) -> tuple[Any, ...]:
+    """tdhook's guide, on floating-point gradients only (docs/compat.md: a boolean input's)."""
+    return tuple(grad if grad is None or not grad.is_floating_point() else nn.functional.relu(grad)
+                 for grad in grad_input)
+
+
+_GUIDE = HookFactory.make_setting_hook(None, callback=_relu_of_grad_input, direction="bwd")

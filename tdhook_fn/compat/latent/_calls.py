@@ -10,7 +10,7 @@
 #
 # tdhook does this work with hooks, which ``disable_context_hooks`` removes for a while: its
 # patching then runs the model plainly and its addition finds no vector. The prepared module
-# does the same while the handle of the context's `_hook_module` (`switch_on`) is removed.
+# does the same while it is off (NOTE [a context's own hooks]).
 #
 # tdhook caches a module's output with a hook that refuses anything but a tensor (a tuple
 # output needs a ``cache_callback``, whose result must then be patched back as a tuple).
@@ -27,44 +27,24 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import Functional, Tap, intervene
-from tdhook_fn.compat.hooks import MultiHookHandle
-from tdhook_fn.compat.modules import FunctionModule, HookedModule, RoutedModule
+from tdhook_fn.compat.modules import FunctionModule, RoutedModule
+from tdhook_fn.compat.modules._hooked import ContextWork
 from tdhook_fn.latent import Site
 
-__all__ = ["MethodModule", "guarded_model", "site_for", "switch_on"]
+__all__ = ["MethodModule", "guarded_model", "site_for"]
 
 
-class MethodModule(FunctionModule):
+class MethodModule(ContextWork, FunctionModule):
     """A latent context's prepared module: ``td_fn`` while the context's hooks are on, ``off_fn`` while they are
-    disabled (NOTE [latent contexts, pure])."""
+    disabled (NOTE [latent contexts, pure]); ``td_fn`` reads ``entered`` (NOTE [a context's own hooks])."""
 
     def __init__(self, td_fn: Callable[[TensorDict], TensorDict], off_fn: Callable[[TensorDict], TensorDict],
                  in_keys: list[Any], out_keys: list[Any]) -> None:
         super().__init__(td_fn, in_keys, out_keys)
         self._off_fn = off_fn
-        self.on = True
 
     def forward(self, td: TensorDict) -> TensorDict:
         return self._td_fn(td) if self.on else self._off_fn(td)
-
-
-class _Off:
-    """The handle of `switch_on`: removing it turns the prepared module off."""
-
-    def __init__(self, prepared: MethodModule) -> None:
-        self._prepared = prepared
-
-    def remove(self) -> None:
-        self._prepared.on = False
-
-
-def switch_on(module: HookedModule) -> MultiHookHandle:
-    """Turn on the `MethodModule` module ``module`` runs (its context's `_hook_module`); the handle turns it off."""
-    prepared = next((m for m in module.td_module.modules() if isinstance(m, MethodModule)), None)
-    if prepared is None:
-        return MultiHookHandle()
-    prepared.on = True
-    return MultiHookHandle([_Off(prepared)])
 
 
 def site_for(index: int, path: str, site: str = "output") -> Site:

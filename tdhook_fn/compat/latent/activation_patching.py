@@ -14,14 +14,15 @@ from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import Tap, resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
-from tdhook_fn.compat.hooks import HookFactory, MultiHookHandle
+from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.hooks._caching import cacheable, same_type
-from tdhook_fn.compat.hooks._registration import order_mark, under
-from tdhook_fn.compat.modules import HookedModule, RoutedModule
+from tdhook_fn.compat.hooks._registration import under
+from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.modules._hooked import switch_on
 from tdhook_fn.compat.modules._wrappers import check_td
 from tdhook_fn.latent import Site, cache, patch
 
-from ._calls import MethodModule, guarded_model, site_for, switch_on
+from ._calls import MethodModule, guarded_model, site_for
 
 __all__ = ["ActivationPatching"]
 
@@ -73,11 +74,10 @@ class ActivationPatching(HookingContextFactory):
         inputs_at = [site_for(i, path, "input") for i, path in enumerate(self._modules_to_patch)]
         in_keys, out_keys = list(in_keys), list(out_keys)
         module_in = [*in_keys, *under(self._patch_key, in_keys)]
-        entered = order_mark()  # (tdhook registers its hooks now: NOTE [the user's hooks after the method's])
 
         def patching(td: TensorDict) -> TensorDict:
             td = check_td("ActivationPatching", td, module_in)
-            f, later, params = guarded_model(module, "ActivationPatching", self._modules_to_patch, entered)
+            f, later, params = guarded_model(module, "ActivationPatching", self._modules_to_patch, prepared.entered)
             batch = td.batch_size
             clean = td.select(*in_keys).reshape(-1)
             corrupted = td.get(self._patch_key).select(*in_keys).reshape(-1)
@@ -109,10 +109,10 @@ class ActivationPatching(HookingContextFactory):
             return td
 
         module_out = [*out_keys, *under(self._patch_key, out_keys)]
-        return MethodModule(patching, plainly, module_in, module_out)
+        prepared = MethodModule(patching, plainly, module_in, module_out)  # (its calls read prepared.entered)
+        return prepared
 
-    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
-        return switch_on(module)
+    _hook_module = staticmethod(switch_on)  # NOTE [a context's own hooks]
 
     def _cached(self, submodule: Any, path: str, first_input: Any, output: torch.Tensor) -> Any:
         assert self._cache_callback is not None

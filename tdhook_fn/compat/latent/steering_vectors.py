@@ -14,12 +14,13 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import resolve_path
 from tdhook_fn.compat.contexts import HookingContextFactory
 from tdhook_fn.compat.hooks import MultiHookHandle
-from tdhook_fn.compat.hooks._registration import all_or_none, order_mark, under
+from tdhook_fn.compat.hooks._registration import all_or_none, under
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
+from tdhook_fn.compat.modules._hooked import switch_on
 from tdhook_fn.compat.modules._wrappers import check_td
 from tdhook_fn.latent import activation_addition
 
-from ._calls import MethodModule, guarded_model, site_for, switch_on
+from ._calls import MethodModule, guarded_model, site_for
 
 __all__ = ["ActivationAddition", "SteeringVectors"]
 
@@ -101,11 +102,10 @@ class ActivationAddition(HookingContextFactory):
         in_keys = list(in_keys)
         module_in = [*under(self._positive_key, in_keys), *under(self._negative_key, in_keys)]
         module_out = under(self._steer_key, self._modules_to_steer)
-        entered = order_mark()  # (tdhook registers its hooks now: NOTE [the user's hooks after the method's])
 
         def vectors(td: TensorDict) -> TensorDict:
             td = check_td("ActivationAddition", td, module_in)
-            f, later, params = guarded_model(module, "ActivationAddition", self._modules_to_steer, entered)
+            f, later, params = guarded_model(module, "ActivationAddition", self._modules_to_steer, prepared.entered)
             positive = td.get(self._positive_key).select(*in_keys).reshape(-1)
             negative = td.get(self._negative_key).select(*in_keys).reshape(-1)
             steer = activation_addition(f, params, positive, negative, sites, taps=later)
@@ -115,7 +115,7 @@ class ActivationAddition(HookingContextFactory):
             return result
 
         nothing = lambda td: TensorDict({}, batch_size=[], device=td.device)  # (hooks disabled: tdhook finds none)
-        return MethodModule(vectors, nothing, module_in, module_out)
+        prepared = MethodModule(vectors, nothing, module_in, module_out)  # (its calls read prepared.entered)
+        return prepared
 
-    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
-        return switch_on(module)
+    _hook_module = staticmethod(switch_on)  # NOTE [a context's own hooks]

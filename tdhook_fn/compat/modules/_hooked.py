@@ -17,14 +17,14 @@ from tdhook_fn._functional import Functional, functional
 from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
-from tdhook_fn.compat.hooks._registration import VirtualHooks
+from tdhook_fn.compat.hooks._registration import MultiHookHandle, VirtualHooks, order_mark
 
 from ._run import HookedModuleRun
 from ._scope import SCOPE, Replacement, Scope, active_hooks, entered, replaced_params, route, taps_for, unseen
 from ._submodule_hooks import SubmoduleHooks
 from ._wrappers import layout
 
-__all__ = ["HookedModule", "RoutedModule"]
+__all__ = ["ContextWork", "HookedModule", "RoutedModule", "switch_on"]
 
 
 class RoutedModule(TensorDictModuleWrapper):
@@ -216,6 +216,42 @@ def _more_than_the_model(module: nn.Module, runner: str) -> NotImplementedError:
         f"{runner} runs {type(module).__name__}, a module that computes more than the model (another method's, "
         "prepared before): a method that takes the model as a pure function cannot compute through it. Prepare "
         "the context over the model itself")
+
+
+# NOTE [a context's own hooks]
+# tdhook's method contexts do their work with hooks registered on entry (guided backprop's
+# ReLUs, ``output_grad_callbacks``, patching's cache and patch), which
+# ``disable_context_hooks`` removes for a while and registers anew after: then they run
+# after the hooks the user recorded in between. Here that work is the prepared module's
+# (a `ContextWork`): the context's ``_hook_module`` is `switch_on`, which turns it on and
+# takes its place in the registration order (``entered``; see
+# NOTE [the user's hooks after the method's]); removing the handle turns it off, and the
+# module does what tdhook's does without those hooks.
+
+
+class ContextWork:
+    """Mixin of a prepared module doing what tdhook does with its context's own hooks: on from `switch_on` until
+    ``remove()``, ``entered`` their place in the registration order (NOTE [a context's own hooks])."""
+
+    on = False
+    entered = sys.maxsize
+
+    def remove(self) -> None:
+        """Turn it off (the handle `switch_on` returns holds the module)."""
+        self.on = False
+
+
+_NOTHING_TO_SWITCH = MultiHookHandle()
+
+
+def switch_on(module: HookedModule) -> MultiHookHandle:
+    """A context's ``_hook_module`` where a `ContextWork` under ``module`` does the work of its hooks: turn it on,
+    placed after every hook recorded so far; the handle turns it off (NOTE [a context's own hooks])."""
+    for work in module.td_module.modules():
+        if isinstance(work, ContextWork):
+            work.on, work.entered = True, order_mark()
+            return MultiHookHandle([work])
+    return _NOTHING_TO_SWITCH
 
 
 HookingContext = Any  # a `tdhook_fn.compat.contexts.HookingContext` (whose module imports this one)

@@ -124,6 +124,22 @@ def test_disabled_context_hooks_turn_the_context_off(context: str) -> None:
         assert not list(out["ours"]["off"].keys())
 
 
+def test_a_hook_set_before_a_disable_block_is_in_the_vectors_after_it() -> None:
+    """tdhook registers its hooks anew when a ``disable_context_hooks`` block ends, so a hook set on the hooked
+    module before the block runs before the steering's caching hooks after it: it is part of the vectors
+    (NOTE [a context's own hooks]). (Patching then patches as for a hook set before entry, which docs/compat.md
+    lists.)"""
+    make, data = CONTEXTS["addition"]
+
+    def inside(hooked: Any) -> TensorDict:
+        hooked.register_submodule_hook("l0", lambda module, args, output: torch.relu(output) * 2.0, "fwd")
+        with hooked.disable_context_hooks():
+            pass
+        return hooked(data())
+
+    assert_same(results(make, data, inside))
+
+
 def test_a_gpt2_on_token_ids_patched_under_a_hook_set_after_entry() -> None:
     """A GPT-2 from a config on token ids: the first block's MLP patched with a halfway ``patch_fn`` under a hook set
     inside the context; the MLP's output after the hook (recorded by a second one) and the patched logits are

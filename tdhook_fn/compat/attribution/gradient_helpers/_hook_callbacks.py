@@ -14,11 +14,11 @@ from torch.utils.hooks import RemovableHandle
 
 from tdhook_fn import Functional, Tap, capture
 from tdhook_fn._functional import with_copied_inputs
-from tdhook_fn._types import GradFn
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.hooks._caching import cacheable
+from tdhook_fn.compat.modules._scope import HookTap
 
-__all__ = ["CACHE_OUT", "CachedOutput", "activations", "grad_output_fn"]
+__all__ = ["CACHE_OUT", "CachedOutput", "OwnHook", "activations", "grad_output_hook", "placed"]
 
 _CACHE_IN = "_tdhook_fn_cache_in_"
 CACHE_OUT = "_tdhook_fn_cache_out_"  # (the keys of `CachedOutput` captures, numbered)
@@ -38,16 +38,35 @@ def activations(f: Functional, hooks: Sequence[Tap], params: TensorDictBase, inp
     return result
 
 
-def grad_output_fn(callback: Callable[..., Any], submodule: nn.Module) -> GradFn:
-    """An ``output_grad_callbacks`` entry as a gradient map (`tdhook_fn.map_grad`), the callback
-    called as tdhook's ``set_grad_output`` hook calls it on ``submodule``."""
+@dataclass(frozen=True)
+class OwnHook:
+    """A backward hook tdhook's context registers on ``target``, the user's submodule at ``path``, on entry: as a
+    tap that works on any module (``fast``) and as the torch hook itself (``real``), which torch orders among the
+    user's hooks on the module (NOTE [a context's own hooks])."""
+
+    target: nn.Module
+    fast: Tap
+    real: Tap
+
+
+def grad_output_hook(path: str, callback: Callable[..., Any], submodule: nn.Module) -> OwnHook:
+    """An ``output_grad_callbacks`` entry, the callback called as tdhook's ``set_grad_output`` hook calls it on
+    ``submodule``: a gradient map (`tdhook_fn.map_grad`) at its output, or that backward pre-hook."""
     hook = HookFactory.make_setting_hook(None, callback=callback, direction="bwd_pre")
 
     def fn(grad: torch.Tensor) -> torch.Tensor:
         new = hook(submodule, (grad,))
         return grad if new is None else new[0]
 
-    return fn
+    return OwnHook(submodule, Tap(path, "map_grad", fn, "output"),
+                   HookTap(path, "custom", hook, direction="bwd_pre", target=submodule))
+
+
+def placed(own: Sequence[OwnHook], later: Sequence[Tap]) -> tuple[Tap, ...]:
+    """The context's hooks ``own`` as taps: the torch hook on a module the user hooked since the context was entered
+    (``later``, whose hooks torch then runs after it), the tap elsewhere (NOTE [a context's own hooks])."""
+    hooked = {id(tap.target) for tap in later if isinstance(tap, HookTap)}
+    return tuple(hook.real if id(hook.target) in hooked else hook.fast for hook in own)
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,12 @@ from tdhook_fn._types import GradFn
 from tdhook_fn.attribution import saliency
 from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.hooks._registration import order_mark, under
+from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.modules._hooked import ContextWork, switch_on
 from tdhook_fn.compat.modules._wrappers import check_td
 
-from ._hook_callbacks import CACHE_OUT, CachedOutput, activations, grad_output_fn
+from ._hook_callbacks import CACHE_OUT, CachedOutput, OwnHook, activations, grad_output_hook, placed
 
 __all__ = [
     "Attributing",
@@ -67,19 +68,26 @@ PathLayout = tuple[Callable[[TensorDictBase, torch.Size], TensorDictBase],
 # module afterwards (unless ``prepend=True`` puts one first): the method reads and
 # differentiates the module's output as the earlier hooks left it, and a later hook changes
 # only what the rest of the model sees. Here the prepared module takes a mark of the
-# registration order when it is built, on entry (`order_mark`); the virtual hooks recorded
+# registration order on entry (`order_mark`, from `switch_on`); the virtual hooks recorded
 # before it are ``f``'s taps, those recorded after it are taps the pure method is handed last
 # (``AttributionCall.hooks``), after the taps it makes for its layers and targets: the same
-# order, on every forward the method runs.
+# order, on every forward the method runs. Backward hooks are the exception torch makes: a
+# module's backward pre-hooks run on the gradient of its output as every forward hook left
+# it, and its backward hooks in registration order, whatever wraps its tensors. So where the
+# user hooked a module after entry, the context's own backward hooks there (guided
+# backprop's, ``output_grad_callbacks``) are torch hooks too, registered first
+# (`_hook_callbacks.placed`); elsewhere they are gradient maps, which also work on a module
+# that writes its input in place (a torch backward hook there fails, in tdhook too).
 
 
 @dataclass(frozen=True)
 class AttributionCall:
     """What one call of a prepared module passes to a pure method: ``f`` (with the active virtual hooks
     recorded before the context was entered), detached ``params``, the ``in_keys`` and
-    ``additional_init_keys`` entries (``[*B]``), the pure methods' options, ``output_grad_callbacks``
-    as gradient maps (``grad_fns``), extra ``taps`` (``cache_callback`` captures) and the virtual
-    hooks recorded since, as taps (``hooks``, attached last: NOTE [the user's hooks after the method's])."""
+    ``additional_init_keys`` entries (``[*B]``), the pure methods' options, the context's own hooks
+    (``output_grad_callbacks``) as taps (``grad_hooks``), extra ``taps`` (``cache_callback`` captures), the virtual
+    hooks recorded since, as taps (``hooks``, attached last: NOTE [the user's hooks after the method's]), and
+    whether the context's hooks are on (``hooks_on``: NOTE [a context's own hooks])."""
 
     f: Functional
     params: TensorDictBase
@@ -90,9 +98,10 @@ class AttributionCall:
     target_layers: tuple[str, ...]
     target: TdFn
     cotangents: TdFn | None
-    grad_fns: Mapping[str, GradFn]
+    grad_hooks: tuple[Tap, ...]
     taps: tuple[Tap, ...]
     hooks: tuple[Tap, ...]
+    hooks_on: bool = True
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments every pure method takes."""
@@ -100,15 +109,14 @@ class AttributionCall:
             "target": self.target,
             "target_layers": self.target_layers,
             "grad_fns": None,
-            "taps": self.all_taps() if self.grad_fns or self.hooks else self.taps,  # (inline: on every call)
+            "taps": self.all_taps() if self.grad_hooks or self.hooks else self.taps,  # (inline: on every call)
             "cotangents": self.cotangents,
         }
 
     def all_taps(self) -> tuple[Tap, ...]:
-        """The gradient maps, the other taps, then the user's hooks. A map at a module the forward never runs
+        """The context's hooks, the other taps, then the user's hooks. A hook at a module the forward never runs
         does nothing, as tdhook's callback never fires (the pure ``grad_fns`` refuse such a module)."""
-        return (*(Tap(path, "map_grad", fn, "output") for path, fn in self.grad_fns.items()), *self.taps,
-                *self.hooks)
+        return (*self.grad_hooks, *self.taps, *self.hooks)
 
 
 def returned_td(name: str, result: Any) -> TensorDictBase:
@@ -291,9 +299,10 @@ class GradientAttribution(HookingContextFactory):
         model = module.model
         for path in [*self._input_modules, *self._target_modules]:
             resolve_path(model, path)  # fail on entry, as tdhook's hook registration does
-        grad_fns: dict[str, GradFn] = {}
-        for path, callback in self._output_grad_callbacks.items():
-            grad_fns[path] = grad_output_fn(callback, resolve_path(model, path))
+        # tdhook's backward hooks registered on entry (NOTE [a context's own hooks])
+        own: list[OwnHook] = []
+        for path, callback in self._output_grad_callbacks.items():  # (a loop: a generator is one more call)
+            own.append(grad_output_hook(path, callback, resolve_path(model, path)))
         cached: tuple[CachedOutput, ...] = ()
         if self._cache_callback is not None:
             cached = tuple(
@@ -301,14 +310,18 @@ class GradientAttribution(HookingContextFactory):
                              target=resolve_path(model, path))
                 for i, path in enumerate(self._target_modules)
             )
-        return Attributing(self, module, list(in_keys), list(out_keys), method, grad_fns, cached)
+        return Attributing(self, module, list(in_keys), list(out_keys), method, tuple(own), cached)
+
+    # the context's own hooks are the prepared module's to apply: on from entry (NOTE [a context's own hooks])
+    _hook_module = staticmethod(switch_on)
 
     def _call(self, prepared: Attributing, td: TensorDict) -> AttributionCall:
         """Everything the pure method needs for ``td`` in a call of ``prepared``."""
-        module, grad_fns, cached = prepared._routed, prepared._grad_fns, prepared._cached
+        module, cached, own = prepared._routed, prepared._cached, prepared._own
         in_keys, out_keys = list(prepared._context_keys[0]), list(prepared._context_keys[1])
         # the params the routed calls run with (a Pruning composed before gives pruned ones: NOTE [one scope])
-        (f, hooks), params = module.functional_and_hooks(prepared._entered), module.params(detach=True)
+        (f, hooks), params = module.functional_and_hooks(prepared.entered), module.params(detach=True)
+        grad_hooks = placed(own, hooks) if own and prepared.on else ()  # (NOTE [a context's own hooks])
         additional = td.select(*self._additional_init_keys)
         inputs = td.select(*in_keys, *self._additional_init_keys)
         # (the user's choices asked for only when there is a callable: no call otherwise)
@@ -336,7 +349,7 @@ class GradientAttribution(HookingContextFactory):
             cotangents = make_cotangents(self._init_attr_grads, additional, self._layout)
         return AttributionCall(
             f, params, inputs, input_keys, self._use_inputs, layers,
-            () if cached else tuple(self._target_modules), target, cotangents, grad_fns, cached, hooks,
+            () if cached else tuple(self._target_modules), target, cotangents, grad_hooks, cached, hooks, prepared.on,
         )
 
     def _attributed_layers(
@@ -375,7 +388,7 @@ class GradientAttribution(HookingContextFactory):
 UNTOUCHING_PREPARES.add(GradientAttribution._prepare_module)  # (it builds a module, sets nothing)
 
 
-class Attributing(TensorDictModuleBase):
+class Attributing(ContextWork, TensorDictModuleBase):
     """The prepared module: ``method(call, td)`` under the factory's ``attribution_key`` on each call
     (the routed module, the context's, sits in ``__dict__``, no submodule of this one)."""
 
@@ -383,13 +396,12 @@ class Attributing(TensorDictModuleBase):
     _routed: RoutedModule
     _context_keys: tuple[list[NestedKey], list[NestedKey]]
     _method: Callable[[AttributionCall, TensorDict], TensorDictBase]
-    _grad_fns: dict[str, GradFn]
+    _own: tuple[OwnHook, ...]
     _cached: tuple[CachedOutput, ...]
-    _entered: int  # a mark of the registration order: NOTE [the user's hooks after the method's]
 
     def __init__(
         self, factory: GradientAttribution, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey],
-        method: Callable[[AttributionCall, TensorDict], TensorDictBase], grad_fns: dict[str, GradFn],
+        method: Callable[[AttributionCall, TensorDict], TensorDictBase], own: tuple[OwnHook, ...],
         cached: tuple[CachedOutput, ...],
     ) -> None:
         super().__init__()
@@ -398,8 +410,7 @@ class Attributing(TensorDictModuleBase):
         # (what tensordict's in_keys/out_keys setters store, stored without nn.Module's checks per name)
         self.__dict__.update(_in_keys=_unravel(module_in), _out_keys=module_out,
                              _out_keys_apparent=module_out, _factory=factory, _routed=module,
-                             _context_keys=(in_keys, out_keys), _method=method, _grad_fns=grad_fns, _cached=cached,
-                             _entered=order_mark())
+                             _context_keys=(in_keys, out_keys), _method=method, _own=own, _cached=cached)
 
     def forward(self, td: TensorDict) -> TensorDict:
         factory = self._factory
