@@ -16,7 +16,7 @@ from torch import nn
 from tdhook_fn import params as params_of
 from tdhook_fn._types import Replace
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
-from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules import HookedModule, RoutedModule
 from tdhook_fn.compat.modules._scope import entered
 from tdhook_fn.weights import apply_vectors, best_alpha, forget_vector, task_vector
 
@@ -62,7 +62,9 @@ class TaskVectorsContext(HookingContext):
 
 
 class TaskVectorsModule(HookedModule):
-    """The hooked module of `TaskVectors`; the model's weights taken on entry are the base of every vector."""
+    """The hooked module of `TaskVectors`; the weights the model runs with on entry are the base of every vector
+    (over another context's hooked module, its weights: pruned, or a block's applied vectors, as tdhook reads them
+    from the module)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -70,7 +72,7 @@ class TaskVectorsModule(HookedModule):
         if not isinstance(target, nn.Module):
             raise TypeError(f"TaskVectors needs an nn.Module to take weights from, got {type(target).__name__}")
         self._target = target
-        self._weights = params_of(target)
+        self._weights = _weights_run(self.td_module, target)
 
     def get_task_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
         """``params(finetuned_module) - params(model)``; ValueError when their keys or shapes differ."""
@@ -113,6 +115,17 @@ class TaskVectorsModule(HookedModule):
         applied = [(tensor, _constant(value)) for tensor, value in values if value is not None]
         with entered(replacements=applied):
             yield self
+
+
+def _weights_run(routed: Any, target: nn.Module) -> TensorDictBase:
+    """``target``'s tensors as the calls of ``routed`` (the context's `RoutedModule`) see them now, detached."""
+    if not isinstance(routed, RoutedModule):  # (a subclass's prepared module: the model's own tensors)
+        return params_of(target)
+    for name, module in routed.model.named_modules():
+        if module is target:
+            weights = routed.params(detach=True)
+            return weights.get(tuple(name.split("."))) if name else weights
+    return params_of(target)
 
 
 def _constant(value: torch.Tensor) -> Replace:

@@ -299,3 +299,52 @@ def test_applied_buffers_in_training_mode_update_a_copy_kept_for_the_block() -> 
         assert torch.equal(fresh, loaded_with(hooked.get_weights(task, alpha=0.6), False)(IMAGES).detach())
         model.train()
     assert same(before, snapshot(model))
+
+
+def _base_and_tuned() -> tuple[nn.Module, nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        for p in tuned.parameters():
+            p.add_(0.5 * torch.randn(p.shape))
+    further = copy.deepcopy(tuned)
+    with torch.no_grad():
+        for p in further.parameters():
+            p.mul_(1.5)
+    return base, tuned, further
+
+
+def test_vectors_over_an_applied_block_start_from_its_weights() -> None:
+    """TaskVectors prepared over the hooked module of an applied vectors block: its base weights are the applied
+    ones, as in tdhook (vector and output)."""
+    x = TensorDict(input=torch.randn(7, 6, generator=torch.Generator().manual_seed(1)), batch_size=[7])
+    results = []
+    for lib in LIBS:
+        base, tuned, further = _base_and_tuned()
+        with lib.TaskVectors([1.0], lambda m: 0.0, lambda m: True).prepare(base) as outer:
+            with outer.with_applied_vectors(outer.get_task_vector(tuned), alpha=1.0) as applied:
+                with lib.TaskVectors([1.0], lambda m: 0.0, lambda m: True).prepare(applied) as inner:
+                    vector = inner.get_task_vector(further)
+                    with inner.with_applied_vectors(vector, alpha=0.5) as twice:
+                        results.append((vector, twice(x.clone())["output"].detach()))
+    (theirs, their_out), (ours, our_out) = results
+    for key in ours.keys(True, True):
+        torch.testing.assert_close(ours.get(key), theirs.get(key))
+    torch.testing.assert_close(our_out, their_out)
+
+
+def test_vectors_over_a_pruned_module_start_from_its_pruned_weights() -> None:
+    """TaskVectors prepared over a Pruning's hooked module: the vector is taken from the pruned weights, as in
+    tdhook."""
+    vectors = []
+    for lib in LIBS:
+        base, tuned, _ = _base_and_tuned()
+        importance = lambda module_key, parameter_name, parameter: parameter.abs()
+        with lib.Pruning(importance, 0.5).prepare(base) as pruned:
+            with lib.TaskVectors([1.0], lambda m: 0.0, lambda m: True).prepare(pruned) as hooked:
+                vectors.append(hooked.get_task_vector(tuned))
+    theirs, ours = vectors
+    assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+    for key in ours.keys(True, True):
+        torch.testing.assert_close(ours.get(key), theirs.get(key))
