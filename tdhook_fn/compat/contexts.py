@@ -17,6 +17,7 @@ from torch import nn
 
 from tdhook_fn.compat._types import UnraveledKey
 from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
+from tdhook_fn.compat.hooks._registration import NO_HOOKS
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
-_NO_HOOKS = MultiHookHandle()  # the default ``_hook_module``'s: one shared empty handle, never removed
 
 
 # NOTE [prepared attributes]
@@ -198,7 +198,7 @@ class HookingContext:
         if not self._in_context:
             raise RuntimeError("Cannot exit a context that was not entered")
         try:
-            if self._handle is not None and self._handle is not _NO_HOOKS:
+            if self._handle is not None and self._handle is not NO_HOOKS:
                 self._handle.remove()
             if self._working is not None:
                 self._restore(self._working, self._in_keys, self._out_keys, self._extra_relative_path)
@@ -339,7 +339,7 @@ class HookingContextFactory:
 
     def _hook_module(self, module: HookedModule) -> MultiHookHandle:
         """Register the context's own hooks on ``module``. Default: none (an empty handle)."""
-        return _NO_HOOKS
+        return NO_HOOKS
 
 
 UNTOUCHING_PREPARES.add(HookingContextFactory._prepare_module)

@@ -16,6 +16,7 @@ from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.modules._scope import HookTap
 
 from .gradient_helpers import GradientAttribution
+from .gradient_helpers._hook_callbacks import hooked_since
 from .gradient_helpers.common import AttributionCall, UserFn, inherited
 
 __all__ = ["GuidedBackpropagation"]
@@ -58,18 +59,20 @@ class GuidedBackpropagation(GradientAttribution):
                    "use_inputs": call.use_inputs, "input_keys": call.input_keys, **call.options()}
         if not call.hooks_on:  # tdhook's guides are its context's hooks: disabled, the gradients are plain
             return saliency(call.f, call.params, call.inputs, **options)
-        hooked = {id(tap.target) for tap in call.hooks if isinstance(tap, HookTap)}
+        hooked = hooked_since(call.hooks)
         if not hooked:
             return guided_backprop(call.f, call.params, call.inputs, classes_to_skip=self._classes_to_skip, **options)
-        # on a module the user hooked since entry, tdhook's backward hook itself, which torch runs before the user's
-        # (NOTE [a context's own hooks])
-        guides: list[Tap] = []
+        # on a module the user hooked since entry, tdhook's backward hook itself, which torch runs before the user's;
+        # elsewhere the pure method's guides (NOTE [a context's own hooks])
+        mapped: list[str] = []
+        real: list[Tap] = []
         for name, submodule in call.f.model.named_modules():
             if name and not isinstance(submodule, self._classes_to_skip):
-                path = name_to_path(name)
-                guides += ([HookTap(path, "custom", _GUIDE, direction="bwd", target=submodule)]
-                           if id(submodule) in hooked else guide_taps([path]))
-        options["taps"] = (*guides, *options["taps"])
+                if id(submodule) in hooked:
+                    real.append(HookTap(name_to_path(name), "custom", _GUIDE, direction="bwd", target=submodule))
+                else:
+                    mapped.append(name_to_path(name))
+        options["taps"] = (*guide_taps(mapped), *real, *options["taps"])
         return saliency(call.f, call.params, call.inputs, **options)
 
 

@@ -172,6 +172,9 @@ class MultiHookHandle:
         return MultiHookHandle(self._handles + other._handles)
 
 
+NO_HOOKS = MultiHookHandle()  # a context that registers nothing: one shared empty handle, never removed
+
+
 def all_or_none(registering: Iterable[RemovableHandleProtocol],
                 handles: list[RemovableHandleProtocol] | None = None) -> MultiHookHandle:
     """One handle for ``handles`` and those ``registering`` yields as it registers hooks; if registering

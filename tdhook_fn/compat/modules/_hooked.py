@@ -17,7 +17,7 @@ from tdhook_fn._functional import Functional, functional
 from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
-from tdhook_fn.compat.hooks._registration import MultiHookHandle, VirtualHooks, order_mark
+from tdhook_fn.compat.hooks._registration import NO_HOOKS, MultiHookHandle, VirtualHooks, order_mark
 
 from ._run import HookedModuleRun
 from ._scope import SCOPE, Replacement, Scope, active_hooks, entered, replaced_params, route, taps_for, unseen
@@ -241,9 +241,6 @@ class ContextWork:
         self.on = False
 
 
-_NOTHING_TO_SWITCH = MultiHookHandle()
-
-
 def switch_on(module: HookedModule) -> MultiHookHandle:
     """A context's ``_hook_module`` where a `ContextWork` under ``module`` does the work of its hooks: turn it on,
     placed after every hook recorded so far; the handle turns it off (NOTE [a context's own hooks])."""
@@ -251,7 +248,7 @@ def switch_on(module: HookedModule) -> MultiHookHandle:
         if isinstance(work, ContextWork):
             work.on, work.entered = True, order_mark()
             return MultiHookHandle([work])
-    return _NOTHING_TO_SWITCH
+    return NO_HOOKS
 
 
 HookingContext = Any  # a `tdhook_fn.compat.contexts.HookingContext` (whose module imports this one)

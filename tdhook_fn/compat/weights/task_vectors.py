@@ -119,13 +119,12 @@ class TaskVectorsModule(HookedModule):
 
 def _weights_run(routed: Any, target: nn.Module) -> TensorDictBase:
     """``target``'s tensors as the calls of ``routed`` (the context's `RoutedModule`) see them now, detached."""
-    if not isinstance(routed, RoutedModule):  # (a subclass's prepared module: the model's own tensors)
-        return params_of(target)
-    for name, module in routed.model.named_modules():
-        if module is target:
-            weights = routed.params(detach=True)
-            return weights.get(tuple(name.split("."))) if name else weights
-    return params_of(target)
+    if isinstance(routed, RoutedModule):
+        for name, module in routed.model.named_modules():
+            if module is target:
+                weights = routed.params(detach=True)
+                return weights.get(tuple(name.split("."))) if name else weights
+    return params_of(target)  # (a subclass's own prepared module, which runs the model's own tensors)
 
 
 def _constant(value: torch.Tensor) -> Replace:

@@ -98,24 +98,26 @@ def test_the_context_hooks_come_back_after_the_block(name: str) -> None:
     assert_same(inside, FACTORIES[name])
 
 
+# (context, the hooked module's setter, path, callback): a backward hook set after entry on a module the context
+# hooks too (its output_grad_callbacks, its guides)
+AFTER_ENTRY = {
+    "saliency_grad_output": ("saliency_callbacks", "set_grad_output", "l1", scale_grad_output),
+    "ig_grad_output": ("ig_callbacks", "set_grad_output", "l1", scale_grad_output),
+    "guided_grad_l1": ("guided", "set_grad", "l1", scale_grad_input),
+    "guided_grad_a0": ("guided", "set_grad", "a0", scale_grad_input),
+}
+
+
 @pytest.mark.parametrize("prepend", [False, True])
-@pytest.mark.parametrize("name", ["saliency_callbacks", "ig_callbacks"])
-def test_a_grad_output_hook_after_entry_runs_after_the_callbacks(name: str, prepend: bool) -> None:
+@pytest.mark.parametrize("case", sorted(AFTER_ENTRY))
+def test_a_backward_hook_after_entry_runs_after_the_contexts(case: str, prepend: bool) -> None:
+    name, setter, path, callback = AFTER_ENTRY[case]
+
     def inside(hooked: Any, td: TensorDict) -> TensorDict:
-        hooked.set_grad_output("l1", value=None, callback=scale_grad_output, prepend=prepend)
+        getattr(hooked, setter)(path, value=None, callback=callback, prepend=prepend)
         return hooked(td)
 
     assert_same(inside, FACTORIES[name])
-
-
-@pytest.mark.parametrize("prepend", [False, True])
-@pytest.mark.parametrize("path", ["l1", "a0"])
-def test_a_grad_hook_after_entry_runs_after_the_guide(path: str, prepend: bool) -> None:
-    def inside(hooked: Any, td: TensorDict) -> TensorDict:
-        hooked.set_grad(path, value=None, callback=scale_grad_input, prepend=prepend)
-        return hooked(td)
-
-    assert_same(inside, FACTORIES["guided"])
 
 
 @pytest.mark.parametrize("in_run", [False, True])

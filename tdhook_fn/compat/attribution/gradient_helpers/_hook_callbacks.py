@@ -18,7 +18,7 @@ from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.hooks._caching import cacheable
 from tdhook_fn.compat.modules._scope import HookTap
 
-__all__ = ["CACHE_OUT", "CachedOutput", "OwnHook", "activations", "grad_output_hook", "placed"]
+__all__ = ["CACHE_OUT", "CachedOutput", "OwnHook", "activations", "grad_output_hook", "hooked_since", "placed"]
 
 _CACHE_IN = "_tdhook_fn_cache_in_"
 CACHE_OUT = "_tdhook_fn_cache_out_"  # (the keys of `CachedOutput` captures, numbered)
@@ -62,10 +62,15 @@ def grad_output_hook(path: str, callback: Callable[..., Any], submodule: nn.Modu
                    HookTap(path, "custom", hook, direction="bwd_pre", target=submodule))
 
 
+def hooked_since(later: Sequence[Tap]) -> set[int]:
+    """The ids of the user's submodules the hooks recorded since the context was entered (``later``) are on."""
+    return {id(tap.target) for tap in later if isinstance(tap, HookTap)}
+
+
 def placed(own: Sequence[OwnHook], later: Sequence[Tap]) -> tuple[Tap, ...]:
     """The context's hooks ``own`` as taps: the torch hook on a module the user hooked since the context was entered
     (``later``, whose hooks torch then runs after it), the tap elsewhere (NOTE [a context's own hooks])."""
-    hooked = {id(tap.target) for tap in later if isinstance(tap, HookTap)}
+    hooked = hooked_since(later)
     return tuple(hook.real if id(hook.target) in hooked else hook.fast for hook in own)
 
 

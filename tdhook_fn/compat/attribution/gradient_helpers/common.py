@@ -101,7 +101,7 @@ class AttributionCall:
     grad_hooks: tuple[Tap, ...]
     taps: tuple[Tap, ...]
     hooks: tuple[Tap, ...]
-    hooks_on: bool = True
+    hooks_on: bool
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments every pure method takes."""
