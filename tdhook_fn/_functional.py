@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ._forward_values import get_input, output_leaves
 from ._params import Key, leaves
@@ -421,25 +422,22 @@ class shadow_of:  # (a context manager read as a function; a class, not a genera
                 pool = pools[model] = []
             shadow = pool.pop() if pool else None
         self.pool = pool
-        if shadow is not None:
-            self.shadow = shadow
-            try:
-                current = shadow.refresh(check=True)  # (False, and left empty, where the model changed)
-            except BaseException:
-                self.__exit__()
-                raise
-            if current:
-                return shadow
-        self.shadow = shadow = Shadow(model, self.fast_pooling)
+        self.shadow = shadow
         try:
-            shadow.refresh()
+            if shadow is None or not shadow.refresh(check=True):  # (False, and left empty, where the model changed)
+                self.shadow = shadow = Shadow(model, self.fast_pooling)
+                shadow.refresh()
         except BaseException:
             self.__exit__()
             raise
+        if shadow.cache_keys and parametrize._cache_enabled:  # NOTE [cached parametrizations]
+            shadow.set_cache_aside()
         return shadow
 
     def __exit__(self, *exc: object) -> None:
         shadow = self.shadow
+        if shadow is None:  # (building it failed)
+            return
         shadow.unload()
         with shadow_lock:
             if len(self.pool) < _POOL_SIZE:

@@ -39,6 +39,14 @@
 # that attribute by the call's tensor for its key, after the load: the forward computes
 # with the given params and gradients reach their keys. A traced call (``_traced``) cannot
 # do this and refuses such a model.
+#
+# NOTE [cached parametrizations]
+# Inside ``torch.nn.utils.parametrize.cached()`` a parametrized weight is computed once and
+# kept in torch's cache under ``(id(module), name)``, where ``module`` is the *model's*
+# module: its shadow's property uses the same key. A call with other params would read the
+# weight another call (or the model's own forward) left there, and leave its own for the
+# next. So a call sets the model's entries aside when it borrows the shadow and puts them
+# back when it returns it, dropping what it cached itself: within the call the cache works.
 
 from __future__ import annotations
 
@@ -48,10 +56,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ._params import Key
 from ._paths import PathError
@@ -111,6 +120,10 @@ class Shadow:
             self.slots_of.setdefault(slot[2], []).append(slot)
         self.rebinder = Rebinder(self.by_id, {type(m) for m in model.modules()}, names, canonical, storages)
         self.pending: list[Node] = []  # nodes with plain container attributes, this call (NOTE [private containers])
+        # torch's cache keys of the model's parametrized tensors; what a call set aside (NOTE [cached parametrizations])
+        self.cache_keys = [(id(module), name) for module in model.modules() if parametrize.is_parametrized(module)
+                           for name in cast(nn.ModuleDict, module.parametrizations)]
+        self.set_aside: dict[tuple[int, str], Any] | None = None
 
     def _copy(self, module: nn.Module, names: dict[int, str]) -> nn.Module:
         if id(module) in self.by_id:  # a submodule used twice keeps one shadow
@@ -199,6 +212,12 @@ class Shadow:
             if node.containers or node.tensor_holders:  # filled after the load (NOTE [held tensors])
                 self.pending.append(node)
         return True
+
+    def set_cache_aside(self) -> None:
+        """Take the model's entries out of torch's parametrization cache for one call; `unload` puts them back
+        (NOTE [cached parametrizations])."""
+        cache = parametrize._cache
+        self.set_aside = {key: cache.pop(key) for key in self.cache_keys if key in cache}
 
     def _fill_held(self) -> None:
         """Point attributes holding the model's tensors at the call's tensors (NOTE [held tensors])."""
@@ -315,6 +334,12 @@ class Shadow:
     def unload(self) -> None:
         """Empty the slots, and drop what each module copied from the original or the forward registered
         (NOTE [registered while running]); keep the shadow's own (emptied) slots."""
+        if self.set_aside is not None:  # (NOTE [cached parametrizations])
+            cache = parametrize._cache
+            for key in self.cache_keys:
+                cache.pop(key, None)
+            cache.update(self.set_aside)
+            self.set_aside = None
         for slots, name, _, _ in self.param_slots:
             slots[name] = None
         for slots, name, _, _ in self.buffer_slots:
