@@ -20,7 +20,19 @@ from tdhook_fn._taps import Tap
 from tdhook_fn.compat.hooks._registration import NO_HOOKS, MultiHookHandle, VirtualHooks, order_mark
 
 from ._run import HookedModuleRun
-from ._scope import SCOPE, Replacement, Scope, active_hooks, entered, replaced_params, route, taps_for, unseen
+from ._scope import (
+    SCOPE,
+    Made,
+    Replacement,
+    Scope,
+    active_hooks,
+    entered,
+    made,
+    replaced_params,
+    route,
+    taps_for,
+    unseen,
+)
 from ._submodule_hooks import SubmoduleHooks
 from ._wrappers import layout
 
@@ -39,8 +51,8 @@ class RoutedModule(TensorDictModuleWrapper):
             TensorDictModule, or the TensorDictModule wrapping the user's ``nn.Module``.
         extra_relative_path (str): the path of the user's model inside ``td_module``
             (``"module"`` for a wrapped ``nn.Module``, ``""`` otherwise). Default: ``""``.
-        replacements (Iterable[Replacement]): ``(tensor, fn)`` pairs giving some of the
-            model's tensors other values in this module's calls. Default: none.
+        replacements (Iterable[Made]): replacements giving some of the model's tensors
+            other values in this module's calls, as `replacing` makes them. Default: none.
         runner (TensorDictModuleBase | None): what `forward` calls instead of routing
             ``td_module`` (a module that routes the model itself: a pre-factory's hooked
             module, or what an earlier factory of a composite prepared). Default: none.
@@ -48,14 +60,14 @@ class RoutedModule(TensorDictModuleWrapper):
 
     _extra_relative_path: str
     model: nn.Module  # the user's model: the module hook keys with ``relative=True`` start from
-    _replacements: tuple[Replacement, ...]
+    _replacements: tuple[Made, ...]
     _runner: TensorDictModuleBase | None
 
     def __init__(
         self,
         td_module: TensorDictModuleBase,
         extra_relative_path: str = "",
-        replacements: Iterable[Replacement] = (),
+        replacements: Iterable[Made] = (),
         runner: TensorDictModuleBase | None = None,
     ) -> None:
         super().__init__(td_module)
@@ -103,9 +115,15 @@ class RoutedModule(TensorDictModuleWrapper):
         else:
             super().__delattr__(name)
 
+    @property
+    def runner(self) -> TensorDictModuleBase | None:
+        """What `forward` calls instead of routing ``td_module``: a hooked module this one was prepared over."""
+        return self._runner
+
     def replacing(self, replacements: Iterable[Replacement]) -> RoutedModule:
-        """This routed module, whose calls also give the tensors of ``replacements`` their values."""
-        return RoutedModule(self.td_module, self._extra_relative_path, (*self._replacements, *replacements),
+        """This routed module, whose calls also give the tensors of ``replacements`` (``(tensor, fn)`` pairs)
+        their values, after the replacements made before now (NOTE [one scope])."""
+        return RoutedModule(self.td_module, self._extra_relative_path, (*self._replacements, *made(replacements)),
                             self._runner)
 
     @staticmethod

@@ -12,8 +12,12 @@
 # it runs inside, never another thread's. At call time the targets are found by identity in
 # whatever root is routed (the user's model, or a TensorDictModule around it): hooks become
 # the call's taps, replacements the core's ``overrides`` (`route`), or entries of a detached
-# params TensorDict (`replaced_params`). Replacements of one tensor compose in order, each
-# receiving the value the previous one gave (a composite of two Prunings masks twice).
+# params TensorDict (`replaced_params`). Replacements of one tensor compose in the order they
+# were *made* (`made`: when their context was prepared or their block entered, as tdhook
+# writes weights in that order), each receiving the value the previous one gave (a composite
+# of two Prunings masks twice; vectors applied over a pruned module replace the pruned
+# weights; a Pruning prepared inside an applied block masks the applied ones). The order of
+# calls is not it: a hooked module prepared over another's runs it, so enters its own after.
 
 from __future__ import annotations
 
@@ -38,14 +42,21 @@ from tdhook_fn._probe import measuring
 from tdhook_fn._taps import Captured, Tap
 from tdhook_fn._types import Replace
 from tdhook_fn.compat.hooks import HookDirection
-from tdhook_fn.compat.hooks._registration import VirtualHook, VirtualHooks, register_checked
+from tdhook_fn.compat.hooks._registration import VirtualHook, VirtualHooks, order_mark, register_checked
 
 __all__ = [
-    "SCOPE", "HookTap", "Replacement", "Scope", "active_hooks", "entered", "module_path", "module_paths",
-    "replaced_params", "replacing", "route", "taps_for", "unseen",
+    "SCOPE", "HookTap", "Made", "Replacement", "Scope", "active_hooks", "entered", "made", "module_path",
+    "module_paths", "replaced_params", "replacing", "route", "taps_for", "unseen",
 ]
 
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
+Made = tuple[torch.Tensor, Replace, int]  # a replacement and its place in the order they were made (`made`)
+
+
+def made(replacements: Iterable[Replacement]) -> tuple[Made, ...]:
+    """``replacements`` made now: they apply after those made before (NOTE [one scope])."""
+    mark = order_mark()
+    return tuple((tensor, fn, mark) for tensor, fn in replacements)
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class Scope:
 
     hooks: tuple[VirtualHooks, ...] = ()
     recording: VirtualHooks | None = None
-    replacements: tuple[Replacement, ...] = ()
+    replacements: tuple[Made, ...] = ()
 
 
 SCOPE: ContextVar[Scope] = ContextVar("tdhook_fn_compat_scope", default=Scope())  # noqa: B039 (frozen)
@@ -67,7 +78,7 @@ def entered(
     *,
     hooks: VirtualHooks | None = None,
     recording: VirtualHooks | None = None,
-    replacements: Iterable[Replacement] = (),
+    replacements: Iterable[Made] = (),
 ) -> Iterator[Scope]:
     """Extend this thread's scope until exit: one more active registry, a recording
     registry, more replacements (those already in the scope are not added twice)."""
@@ -92,14 +103,14 @@ def entered(
 
 def replacing(*replacements: Replacement) -> AbstractContextManager[Scope]:
     """Give each model ``tensor`` (by identity) the value ``fn(value)`` in every routed call of this thread
-    until exit, ``value`` being the tensor, live, or what the pairs before gave it."""
-    return entered(replacements=replacements)
+    until exit, ``value`` being the tensor, live, or what the replacements made before gave it."""
+    return entered(replacements=made(replacements))
 
 
-def unseen(present: Sequence[Replacement], more: Iterable[Replacement]) -> tuple[Replacement, ...]:
-    """The pairs of ``more`` not in ``present`` (by identity of tensor and function)."""
-    seen = {(id(t), id(fn)) for t, fn in present}
-    return tuple(pair for pair in more if (id(pair[0]), id(pair[1])) not in seen)
+def unseen(present: Sequence[Made], more: Iterable[Made]) -> tuple[Made, ...]:
+    """The replacements of ``more`` not in ``present`` (by identity of tensor and function)."""
+    seen = {(id(t), id(fn)) for t, fn, _ in present}
+    return tuple(entry for entry in more if (id(entry[0]), id(entry[1])) not in seen)
 
 
 def active_hooks(scope: Scope | None = None) -> list[VirtualHook]:
@@ -152,19 +163,24 @@ def _keys(root: nn.Module, tensors: Sequence[torch.Tensor]) -> dict[int, tuple[s
     return found
 
 
-def _values(root: nn.Module, replacements: Sequence[Replacement], start: Callable[[torch.Tensor], torch.Tensor],
+def _values(root: nn.Module, replacements: Sequence[Made], start: Callable[[torch.Tensor], torch.Tensor],
             ) -> dict[tuple[str, ...], torch.Tensor]:
-    """The replaced tensors of ``root`` (those it holds), by key, each from ``start(tensor)``."""
-    keys = _keys(root, [tensor for tensor, _ in replacements])
+    """The replaced tensors of ``root`` (those it holds), by key, each from ``start(tensor)`` through its
+    replacements in the order they were made."""
+    keys = _keys(root, [tensor for tensor, _, _ in replacements])
     values: dict[tuple[str, ...], torch.Tensor] = {}
-    for tensor, fn in replacements:
+    for tensor, fn, _ in sorted(replacements, key=_made_at):
         key = keys.get(id(tensor))
         if key is not None:
             values[key] = fn(values[key] if key in values else start(tensor))
     return values
 
 
-def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Sequence[Replacement], *,
+def _made_at(replacement: Made) -> int:
+    return replacement[2]
+
+
+def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Sequence[Made], *,
                     detach: bool) -> TensorDictBase:
     """``params`` of ``root`` (from `tdhook_fn.params`) with ``replacements`` set in it (``detach``: from
     detached tensors, detached)."""

@@ -10,16 +10,18 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-from tensordict import NestedKey, TensorDict
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn._params import params as params_of
+from tdhook_fn._paths import PathError
 from tdhook_fn._types import Replace
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
-from tdhook_fn.compat.hooks import resolve_submodule_path
-from tdhook_fn.compat.modules import RoutedModule
+from tdhook_fn.compat.hooks import merge_paths, resolve_submodule_path
+from tdhook_fn.compat.modules import HookedModule, RoutedModule
 from tdhook_fn.compat.modules._scope import Replacement
+from tdhook_fn.compat.weights._running_weights import running_weights
 from tdhook_fn.weights import (
     apply_masks,
     default_skip,
@@ -50,6 +52,37 @@ class _PrunedValues(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
+
+
+def _walk_to_model(module: Any) -> str:
+    """The path tdhook's walk takes from a hooked module it is handed to the TensorDictModule around the model:
+    ``td_module`` for each hooked module on the way (``""``: not a hooked module)."""
+    levels = []
+    while isinstance(module, HookedModule):
+        levels.append("td_module")
+        module = getattr(module.hooking_context, "_module", None)
+    return ".".join(levels)
+
+
+def _within(prefix: str, path: str, argument: str) -> str:
+    """``path``, a tdhook name from the hooked module, from the TensorDictModule ``prefix`` leads to.
+
+    Raises:
+        PathError: ``path`` names something outside the model.
+    """
+    if path == prefix or path.startswith(prefix + "."):
+        return path[len(prefix) + 1:]
+    raise PathError(f"Pruning over a hooked module: {argument} {path!r} does not start with {prefix!r}, the path "
+                    "to the model there (as tdhook names it); compat prunes only the model's parameters")
+
+
+def _named_from(prefix: str, importance: Callable[..., Any], skip: Callable[[str, nn.Module], bool] | None,
+                ) -> tuple[Callable[..., Any], Callable[[str, nn.Module], bool] | None]:
+    """``importance`` and ``skip`` receiving names from the hooked module, as tdhook's (``prefix`` + the name)."""
+    def named(module_key: str, **rest: Any) -> Any:
+        return importance(module_key=merge_paths(prefix, module_key), **rest)
+
+    return named, (None if skip is None else lambda name, module: skip(merge_paths(prefix, name), module))
 
 
 # (torch declares Function.apply untyped: its signature here, stated once)
@@ -83,7 +116,8 @@ class Pruning(HookingContextFactory):
         importance_callback (Callable): ``importance_callback(module_key=...,
             parameter_name=..., parameter=...)`` gives the importance of one parameter
             (a tensor of its shape), or ``None`` to leave it alone. ``parameter`` is the
-            model's own ``nn.Parameter`` (its ``.grad`` included); ``module_key`` is the
+            model's own ``nn.Parameter`` (its ``.grad`` included), or where the module runs
+            another value (pruned, applied vectors), that value; ``module_key`` is the
             submodule's name from the pruning root, or in structured mode the key of
             ``modules_to_prune``.
         amount_to_prune (float | int | None): global mode: the ``amount`` of
@@ -136,31 +170,66 @@ class Pruning(HookingContextFactory):
         self, module: RoutedModule, in_keys: list[NestedKey], out_keys: list[NestedKey], extra_relative_path: str
     ) -> TensorDictModuleBase:
         """``module`` running with pruned parameters, masks computed now (replacements: NOTE [one scope])."""
-        root = resolve_submodule_path(module.model, self._relative_path)
+        # tdhook walks the module it is handed: over another context's hooked module, names start there
+        prefix = "" if extra_relative_path else _walk_to_model(module.runner)
+        path, names_from = self._relative_path, ""
+        if prefix and not path:
+            self._check_only_the_model_scored(module.runner)
+            names_from = prefix
+        elif prefix:
+            path = _within(prefix, path, "relative_path")
+        root = resolve_submodule_path(module.model, path)
         if not isinstance(root, nn.Module):
             raise ValueError(f"Pruning: relative_path {self._relative_path!r} names a {type(root).__name__}")
-        targets = self._global_targets(root) if self._modules_to_prune is None else self._structured_targets(root)
+        running = running_weights(module, root, detach=False)  # the scores' input: what the module runs
+        targets = (self._global_targets(root, running, names_from) if self._modules_to_prune is None
+                   else self._structured_targets(root, running, names_from))
         # (one replacement per target: a parameter listed twice gets both masks, one after the other)
         replacements: list[Replacement] = [(param, _masking(param, keep)) for param, keep in targets]
         return module.replacing(replacements)
 
-    def _global_targets(self, root: nn.Module) -> Targets:
-        live = params_of(root, detach=False)  # the model's own Parameters: callbacks may read .grad
-        scores = pruning_scores(root, live, self._importance_callback, skip=self._skip_modules or None)
+    def _check_only_the_model_scored(self, hooked: Any) -> None:
+        """Raise where tdhook would also prune a parameter the hooked module holds besides the model (an adapter's).
+
+        Raises:
+            NotImplementedError: naming the parameter.
+        """
+        if self._modules_to_prune is not None:
+            return  # (keys outside the model do not resolve: PathError)
+        for name, submodule in hooked.named_modules():
+            if name.split(".")[0] == "td_module" or (self._skip_modules and self._skip_modules(name, submodule)):
+                continue
+            for param_name, param in submodule.named_parameters(recurse=False):
+                if self._importance_callback(module_key=name, parameter_name=param_name, parameter=param) is not None:
+                    raise NotImplementedError(
+                        f"Pruning over {type(hooked).__name__}: tdhook also prunes {name}.{param_name}, which the "
+                        "hooked module holds besides the model; compat prunes only the model's parameters. Skip it "
+                        "(skip_modules, or None from importance_callback), or pass relative_path='td_module'")
+
+    def _global_targets(self, root: nn.Module, running: TensorDictBase, names_from: str) -> Targets:
+        live = params_of(root, detach=False)  # the model's own Parameters: the replacements' keys
+        importance, skip = self._importance_callback, self._skip_modules or None
+        if names_from:  # (tdhook's names, from the hooked module)
+            importance, skip = _named_from(names_from, importance, skip)
+        scores = pruning_scores(root, running, importance, skip=skip)
         assert self._amount_to_prune is not None  # checked in __init__
         masks = global_unstructured_masks(scores, self._amount_to_prune)
         return [(live.get(key), masks.get(key)) for key in masks.keys(True, True)]
 
-    def _structured_targets(self, root: nn.Module) -> Targets:
+    def _structured_targets(self, root: nn.Module, running: TensorDictBase, names_from: str) -> Targets:
         assert self._modules_to_prune is not None
+        names = {id(module): name for name, module in root.named_modules()}
         scored = []  # every module's scores first, then the masks: as tdhook, each callback runs before any error
         for module_key, (dim, amount) in self._modules_to_prune.items():
-            submodule = resolve_submodule_path(root, module_key)
+            key = _within(names_from, module_key, "modules_to_prune key") if names_from else module_key
+            submodule = resolve_submodule_path(root, key)
             if not isinstance(submodule, nn.Module):
                 raise ValueError(f"Pruning: {module_key!r} names a {type(submodule).__name__}, not a module")
             live = params_of(submodule, detach=False)
+            name = names[id(submodule)]
+            values = running.get(tuple(name.split("."))) if name else running
             # (the module's own parameters only: every submodule below it is skipped)
-            scores = pruning_scores(submodule, live, self._importance_at(module_key), skip=lambda name, _: name != "")
+            scores = pruning_scores(submodule, values, self._importance_at(module_key), skip=lambda name, _: name != "")
             scored.append((module_key, dim, amount, live, scores))
         targets: Targets = []
         for module_key, dim, amount, live, scores in scored:

@@ -16,8 +16,9 @@ from torch import nn
 from tdhook_fn import params as params_of
 from tdhook_fn._types import Replace
 from tdhook_fn.compat.contexts import HookingContext, HookingContextFactory
-from tdhook_fn.compat.modules import HookedModule, RoutedModule
-from tdhook_fn.compat.modules._scope import entered
+from tdhook_fn.compat.modules import HookedModule
+from tdhook_fn.compat.modules._scope import replacing
+from tdhook_fn.compat.weights._running_weights import running_weights
 from tdhook_fn.weights import apply_vectors, best_alpha, forget_vector, task_vector
 
 __all__ = ["TaskVectors", "TaskVectorsContext", "TaskVectorsModule"]
@@ -72,7 +73,7 @@ class TaskVectorsModule(HookedModule):
         if not isinstance(target, nn.Module):
             raise TypeError(f"TaskVectors needs an nn.Module to take weights from, got {type(target).__name__}")
         self._target = target
-        self._weights = _weights_run(self.td_module, target)
+        self._weights = running_weights(self.td_module, target, detach=True)
 
     def get_task_vector(self, finetuned_module: nn.Module) -> TensorDictBase:
         """``params(finetuned_module) - params(model)``; ValueError when their keys or shapes differ."""
@@ -113,18 +114,8 @@ class TaskVectorsModule(HookedModule):
         tensors = (*self._target.named_parameters(), *self._target.named_buffers())
         values = [(tensor, weights.get(tuple(name.split(".")), None)) for name, tensor in tensors]
         applied = [(tensor, _constant(value)) for tensor, value in values if value is not None]
-        with entered(replacements=applied):
+        with replacing(*applied):
             yield self
-
-
-def _weights_run(routed: Any, target: nn.Module) -> TensorDictBase:
-    """``target``'s tensors as the calls of ``routed`` (the context's `RoutedModule`) see them now, detached."""
-    if isinstance(routed, RoutedModule):
-        for name, module in routed.model.named_modules():
-            if module is target:
-                weights = routed.params(detach=True)
-                return weights.get(tuple(name.split("."))) if name else weights
-    return params_of(target)  # (a subclass's own prepared module, which runs the model's own tensors)
 
 
 def _constant(value: torch.Tensor) -> Replace:

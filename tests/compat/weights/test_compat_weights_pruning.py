@@ -448,29 +448,6 @@ def test_composite_factories() -> None:
     assert same(before, snapshot(model))
 
 
-def test_composite_of_two_prunings_applies_both_masks() -> None:
-    """Each Pruning scores the model's own values (tdhook: the second sees the first's zeros)."""
-
-    class Both(tdhook_fn.compat.contexts.CompositeHookingContextFactory):
-        _hooking_context_class = OURS.pruning.PruningContext
-
-    model = make_blocks()
-    before = snapshot(model)
-    alone = []
-    for name in ("global_int", "structured"):
-        with factory(OURS, name).prepare(model) as hooked:
-            alone.append(pruned_params(hooked, model))
-    with Both(factory(OURS, "global_int"), factory(OURS, "structured")).prepare(model) as hooked:
-        both = pruned_params(hooked, model)
-        out = hooked_output(hooked)
-    first, second = alone
-    for key, value in both.items():
-        assert torch.equal(value, first[key] * (second[key] != 0)), key
-    params = {tuple(k.split(".")): v for k, v in both.items()}
-    assert torch.equal(out, tdhook_fn.call(model, TensorDict(params, batch_size=[]), X))
-    assert same(before, snapshot(model))
-
-
 def test_composite_with_an_attribution_attributes_the_pruned_model() -> None:
     """A method composed after Pruning sees the pruned params (tdhook: the pruned model)."""
 

@@ -335,16 +335,47 @@ def test_vectors_over_an_applied_block_start_from_its_weights() -> None:
 
 
 def test_vectors_over_a_pruned_module_start_from_its_pruned_weights() -> None:
-    """TaskVectors prepared over a Pruning's hooked module: the vector is taken from the pruned weights, as in
-    tdhook."""
-    vectors = []
+    """TaskVectors prepared over a Pruning's hooked module: the vector is taken from the pruned weights, and the
+    applied weights replace the pruned ones (the later context's edit wins), as in tdhook."""
+    x = TensorDict(input=torch.randn(7, 6, generator=torch.Generator().manual_seed(1)), batch_size=[7])
+    results = []
     for lib in LIBS:
         base, tuned, _ = _base_and_tuned()
         importance = lambda module_key, parameter_name, parameter: parameter.abs()
         with lib.Pruning(importance, 0.5).prepare(base) as pruned:
             with lib.TaskVectors([1.0], lambda m: 0.0, lambda m: True).prepare(pruned) as hooked:
-                vectors.append(hooked.get_task_vector(tuned))
-    theirs, ours = vectors
+                vector = hooked.get_task_vector(tuned)
+                with hooked.with_applied_vectors(vector, alpha=0.5) as applied:
+                    results.append((vector, applied(x.clone())["output"].detach()))
+    (theirs, their_out), (ours, our_out) = results
     assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
     for key in ours.keys(True, True):
         torch.testing.assert_close(ours.get(key), theirs.get(key))
+    torch.testing.assert_close(our_out, their_out)
+
+
+@pytest.mark.parametrize("structured", [False, True], ids=["global", "structured"])
+def test_pruning_inside_an_applied_block_scores_and_masks_the_applied_weights(structured: bool) -> None:
+    """Pruning prepared over the hooked module of an applied vectors block: its importance callback sees the
+    applied weights, and it masks them, as tdhook (which prunes the weights the model holds in the block)."""
+    x = TensorDict(input=torch.randn(7, 6, generator=torch.Generator().manual_seed(1)), batch_size=[7])
+    results = []
+    for lib in LIBS:
+        base, tuned, _ = _base_and_tuned()
+        seen: list[torch.Tensor] = []
+
+        def importance(module_key: str, parameter_name: str, parameter: torch.Tensor) -> torch.Tensor | None:
+            seen.append(parameter.detach().clone())
+            return parameter.abs() if parameter_name == "weight" else None
+
+        structured_options = {"modules_to_prune": {"td_module.module[2]": (0, 0.5)}}  # (tdhook's names from `applied`)
+        options: dict[str, Any] = structured_options if structured else {"amount_to_prune": 0.5}
+        with lib.TaskVectors([1.0], lambda m: 0.0, lambda m: True).prepare(base) as hooked:
+            with hooked.with_applied_vectors(hooked.get_task_vector(tuned), alpha=0.5) as applied:
+                with lib.Pruning(importance, **options).prepare(applied) as pruned:
+                    results.append((seen, pruned(x.clone())["output"].detach()))
+    (their_seen, their_out), (our_seen, our_out) = results
+    assert len(our_seen) == len(their_seen)
+    for ours, theirs in zip(our_seen, their_seen, strict=True):
+        torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(our_out, their_out)
