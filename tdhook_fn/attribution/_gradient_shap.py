@@ -265,3 +265,8 @@ def _check_draws(inputs: TensorDictBase, draws: Any, keys: Sequence[NestedKey], 
         out_of_range = untransformed() and bool(((value < 0) | (value >= n_refs)).any())  # (values unread under vmap)
         if value.is_floating_point() or out_of_range:
             raise ValueError(f"gradient_shap: draws {name!r} must be integer indices into the {n_refs} baselines")
+    noise = draws.get("noise", None)
+    if noise is not None and not isinstance(noise, TensorDictBase):
+        raise TypeError(f"gradient_shap: draws 'noise' must be a TensorDict keyed like the attributed inputs "
+                        f"{list(keys)} (a draws TensorDict holding ('noise', key) entries), got a "
+                        f"{type(noise).__name__}")

@@ -251,3 +251,17 @@ def test_path_points_of_a_large_call_are_captums_bitwise(dtype):
     torch.manual_seed(2)
     theirs = ca.GradientShap(model).attribute(x.clone(), refs, n_samples=k, target=3)
     assert torch.equal(ours, theirs)
+
+
+def test_draws_with_noise_not_keyed_like_the_inputs_name_the_entry():
+    net = torch.nn.Linear(3, 2)
+    f, p = functional(net), params(net)
+    x = TensorDict(input=torch.randn(4, 3), batch_size=[4])
+    refs = TensorDict(input=torch.randn(6, 3), batch_size=[6])
+    draws = TensorDict(index=torch.zeros(4, 2, dtype=torch.long), alpha=torch.rand(4, 2),
+                       noise=torch.zeros(4, 2, 3), batch_size=[4, 2])
+    with pytest.raises(TypeError, match=r"draws 'noise' must be a TensorDict keyed like the attributed inputs"):
+        gradient_shap(f, p, x, refs, target=0, n_samples=2, draws=draws)
+    draws["noise"] = TensorDict(input=torch.zeros(4, 2, 3), batch_size=[4, 2])
+    expected = gradient_shap(f, p, x, refs, target=0, n_samples=2, draws=draws.exclude("noise"))
+    torch.testing.assert_close(gradient_shap(f, p, x, refs, target=0, n_samples=2, draws=draws), expected)
