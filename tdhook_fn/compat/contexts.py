@@ -6,7 +6,7 @@ Differences from tdhook 0.1.3 are listed in ``docs/compat.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -16,7 +16,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from tdhook_fn.compat._types import UnraveledKey
-from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol, merge_paths
+from tdhook_fn.compat.hooks import MultiHookHandle, RemovableHandleProtocol
 from tdhook_fn.compat.hooks._registration import NO_HOOKS
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 
@@ -26,6 +26,7 @@ __all__ = [
     "HookingContext",
     "HookingContextFactory",
     "HookingContextWithCache",
+    "under",
 ]
 
 InKeys = list[NestedKey] | dict[NestedKey, str]
@@ -38,6 +39,16 @@ InKeys = list[NestedKey] | dict[NestedKey, str]
 # (the behaviour: docs/compat.md). Prepare steps of compat's own that set nothing
 # (`UNTOUCHING_PREPARES`, by function) skip the snapshots; an override is snapshotted.
 UNTOUCHING_PREPARES: set[Callable[..., Any]] = set()
+
+
+def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
+    """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str): the entries
+    a factory writes or reads besides the module's (``("attr", key)``, ``("patched", key)``)."""
+    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+    nested = []
+    for key in keys:  # (a loop: a comprehension is one more call)
+        nested.append((*head, *((key,) if isinstance(key, str) else key)))
+    return nested
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _SKIPPED = frozenset((*_SLOTS, "training"))
 _State = dict[str, tuple[str, Any]]
@@ -334,11 +345,12 @@ class HookingContextFactory:
     ) -> HookedModule:
         """Wrap the prepared module in ``_hooked_module_class``."""
         base = self._hooked_module_kwargs.get("relative_path", "td_module")
-        kwargs = {**self._hooked_module_kwargs, "relative_path": merge_paths(base, extra_relative_path)}
+        path = ".".join(filter(None, (base, extra_relative_path)))  # (`merge_paths`, inline: a call on every entry)
+        kwargs = {**self._hooked_module_kwargs, "relative_path": path}
         return self._hooked_module_class(prep_module, hooking_context=hooking_context, **kwargs)
 
-    def _hook_module(self, module: HookedModule) -> MultiHookHandle:
-        """Register the context's own hooks on ``module``. Default: none (an empty handle)."""
+    def _hook_module(self, module: HookedModule) -> RemovableHandleProtocol:
+        """Register the context's own hooks on ``module``; their handle. Default: none (an empty handle)."""
         return NO_HOOKS
 
 

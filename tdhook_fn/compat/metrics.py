@@ -30,7 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from tdhook_fn import Functional
 from tdhook_fn.attribution.metrics import infidelity, normal_perturbation, sensitivity_max, uniform_perturbation
-from tdhook_fn.compat.hooks._registration import under
+from tdhook_fn.compat.contexts import under
 from tdhook_fn.compat.modules import HookedModule
 from tdhook_fn.compat.modules._scope import entered
 

@@ -18,7 +18,7 @@ import inspect
 import itertools
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
@@ -88,15 +88,6 @@ def _check_hook_signature(hook: Callable[..., Any], direction: HookDirection) ->
         return
     if len(params) != len(expected) + optional:
         raise ValueError(f"Hook ({direction}) must take the parameters {expected}")
-
-
-def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
-    """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str)."""
-    head = (prefix,) if isinstance(prefix, str) else tuple(prefix)
-    nested = []
-    for key in keys:  # (a loop: a comprehension is one more call)
-        nested.append((*head, *((key,) if isinstance(key, str) else key)))
-    return nested
 
 
 def merge_paths(*paths: str) -> str:
@@ -276,12 +267,15 @@ class VirtualHookHandle:
         self.remove()
 
 
-class VirtualHooks:
-    """A thread-safe registry of virtual hooks: recorded here, attached only to each call's private shadow."""
+class VirtualHooks(dict[int, VirtualHook]):
+    """A thread-safe registry of virtual hooks, by their place in the registration order: recorded here, attached
+    only to each call's private shadow. Every hooked module has one; it is a dict, so making one runs no Python
+    code, and compares by identity, as a registry (two empty ones are not the same). Writes and copies hold one
+    lock, shared by all registries: they are rare and short."""
 
-    def __init__(self) -> None:
-        self.recorded: dict[int, VirtualHook] = {}  # by order; written under the lock
-        self._lock = threading.Lock()
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
     def add(
         self, target: nn.Module, hook: Callable[..., Any], direction: HookDirection, prepend: bool = False
@@ -289,21 +283,17 @@ class VirtualHooks:
         """Record ``hook``; its signature is checked now, as torch registration would."""
         _check_hook_signature(hook, direction)
         entry = VirtualHook(next(_ORDER), target, direction, hook, prepend)
-        with self._lock:
-            self.recorded[entry.order] = entry
+        with _REGISTRIES_LOCK:
+            self[entry.order] = entry
         return VirtualHookHandle(self, entry.order)
 
-    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle: a lock cannot be copied
-        return {"recorded": self.entries()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.recorded = {entry.order: entry for entry in state["recorded"]}
-        self._lock = threading.Lock()
-
     def discard(self, order: int) -> None:
-        with self._lock:
-            self.recorded.pop(order, None)
+        with _REGISTRIES_LOCK:
+            self.pop(order, None)
 
     def entries(self) -> list[VirtualHook]:
-        with self._lock:
-            return list(self.recorded.values())
+        with _REGISTRIES_LOCK:
+            return list(self.values())
+
+
+_REGISTRIES_LOCK = threading.Lock()

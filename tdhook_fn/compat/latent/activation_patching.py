@@ -13,10 +13,9 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import Tap, resolve_path
-from tdhook_fn.compat.contexts import HookingContextFactory
+from tdhook_fn.compat.contexts import HookingContextFactory, under
 from tdhook_fn.compat.hooks import HookFactory
 from tdhook_fn.compat.hooks._caching import cacheable, same_type
-from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._hooked import switch_on
 from tdhook_fn.compat.modules._wrappers import check_td

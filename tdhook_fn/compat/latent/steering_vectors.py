@@ -12,9 +12,9 @@ from tensordict import NestedKey, TensorDict
 from tensordict.nn import TensorDictModuleBase
 
 from tdhook_fn import resolve_path
-from tdhook_fn.compat.contexts import HookingContextFactory
+from tdhook_fn.compat.contexts import HookingContextFactory, under
 from tdhook_fn.compat.hooks import MultiHookHandle
-from tdhook_fn.compat.hooks._registration import all_or_none, under
+from tdhook_fn.compat.hooks._registration import all_or_none
 from tdhook_fn.compat.modules import HookedModule, RoutedModule
 from tdhook_fn.compat.modules._hooked import switch_on
 from tdhook_fn.compat.modules._wrappers import check_td

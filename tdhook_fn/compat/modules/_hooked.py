@@ -17,7 +17,7 @@ from tdhook_fn._functional import Functional, functional
 from tdhook_fn._params import params as params_of
 from tdhook_fn._paths import resolve_path
 from tdhook_fn._taps import Tap
-from tdhook_fn.compat.hooks._registration import NO_HOOKS, MultiHookHandle, VirtualHooks, order_mark
+from tdhook_fn.compat.hooks._registration import NO_HOOKS, RemovableHandleProtocol, VirtualHooks, order_mark
 
 from ._run import HookedModuleRun
 from ._scope import (
@@ -223,7 +223,7 @@ class RoutedModule(TensorDictModuleWrapper):
                 f = functional(model, in_keys, list(wrapper.out_keys))
             self.__dict__["_functional"] = f
         for registry in SCOPE.get().hooks:  # (no call when no hook is recorded: the usual case)
-            if registry.recorded:  # (its dict read without the lock: emptiness is one atomic read)
+            if registry:  # (read without the lock: a dict's emptiness is one atomic read)
                 earlier, later = taps_for(self.model, active_hooks(), since)
                 return (f.with_taps(*earlier) if earlier else f), later
         return f, ()
@@ -255,17 +255,18 @@ class ContextWork:
     entered = sys.maxsize
 
     def remove(self) -> None:
-        """Turn it off (the handle `switch_on` returns holds the module)."""
+        """Turn it off (`switch_on` returns the module as the handle of the context's hooks)."""
         self.on = False
 
 
-def switch_on(module: HookedModule) -> MultiHookHandle:
+def switch_on(module: HookedModule) -> RemovableHandleProtocol:
     """A context's ``_hook_module`` where a `ContextWork` under ``module`` does the work of its hooks: turn it on,
-    placed after every hook recorded so far; the handle turns it off (NOTE [a context's own hooks])."""
+    placed after every hook recorded so far; it is its own handle, whose ``remove()`` turns it off
+    (NOTE [a context's own hooks])."""
     for work in module.td_module.modules():
         if isinstance(work, ContextWork):
             work.on, work.entered = True, order_mark()
-            return MultiHookHandle([work])
+            return work
     return NO_HOOKS
 
 

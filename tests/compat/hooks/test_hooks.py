@@ -948,3 +948,23 @@ def test_callback_signature_checks_agree(factory: str, callback: Any, direction:
         assert mine[1] == theirs[1] == "ValueError"
     elif factory != "check":
         assert callable(mine[1])
+
+
+def test_a_virtual_hooks_registry_is_itself_copies_with_its_entries_and_compares_by_identity() -> None:
+    """A registry is a dict of entries by order: two empty ones are different registries (a scope holds them by
+    identity), and a copy (deepcopy, pickle) keeps the entries in a registry of its own."""
+    import copy
+    import pickle
+
+    from tdhook_fn.compat.modules import VirtualHooks
+
+    first, second = VirtualHooks(), VirtualHooks()
+    assert first != second and first not in (second,) and len({first, second}) == 2
+    target = nn.Linear(2, 2)
+    handle = first.add(target, print, "fwd_pre")
+    for twin in (copy.deepcopy(first), pickle.loads(pickle.dumps(first))):
+        assert type(twin) is VirtualHooks and twin is not first
+        [entry] = twin.entries()
+        assert entry.hook is print and entry.direction == "fwd_pre"
+    handle.remove()
+    assert first.entries() == [] and not first

@@ -31,9 +31,8 @@ from tensordict.nn import TensorDictModuleBase
 from tdhook_fn import Functional, Tap, resolve_path
 from tdhook_fn._types import GradFn
 from tdhook_fn.attribution import saliency
-from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory
+from tdhook_fn.compat.contexts import UNTOUCHING_PREPARES, HookingContextFactory, under
 from tdhook_fn.compat.hooks import HookFactory
-from tdhook_fn.compat.hooks._registration import under
 from tdhook_fn.compat.modules import RoutedModule
 from tdhook_fn.compat.modules._hooked import ContextWork, switch_on
 from tdhook_fn.compat.modules._wrappers import check_td
