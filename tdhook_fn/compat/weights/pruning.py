@@ -174,7 +174,6 @@ class Pruning(HookingContextFactory):
         prefix = "" if extra_relative_path else _walk_to_model(module.runner)
         path, names_from = self._relative_path, ""
         if prefix and not path:
-            self._check_only_the_model_scored(module.runner)
             names_from = prefix
         elif prefix:
             path = _within(prefix, path, "relative_path")
@@ -184,6 +183,8 @@ class Pruning(HookingContextFactory):
         running = running_weights(module, root, detach=False)  # the scores' input: what the module runs
         targets = (self._global_targets(root, running, names_from) if self._modules_to_prune is None
                    else self._structured_targets(root, running, names_from))
+        if names_from:  # (after the model's: tdhook's walk scores the hooked module's other parameters last)
+            self._check_only_the_model_scored(module.runner)
         # (one replacement per target: a parameter listed twice gets both masks, one after the other)
         replacements: list[Replacement] = [(param, _masking(param, keep)) for param, keep in targets]
         return module.replacing(replacements)
@@ -226,8 +227,8 @@ class Pruning(HookingContextFactory):
             if not isinstance(submodule, nn.Module):
                 raise ValueError(f"Pruning: {module_key!r} names a {type(submodule).__name__}, not a module")
             live = params_of(submodule, detach=False)
-            name = names[id(submodule)]
-            values = running.get(tuple(name.split("."))) if name else running
+            name = names.get(id(submodule))  # (None: a module reached from outside the root, scored as it is)
+            values = live if name is None else running.get(tuple(name.split("."))) if name else running
             # (the module's own parameters only: every submodule below it is skipped)
             scores = pruning_scores(submodule, values, self._importance_at(module_key), skip=lambda name, _: name != "")
             scored.append((module_key, dim, amount, live, scores))
