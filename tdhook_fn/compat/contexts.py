@@ -32,15 +32,6 @@ __all__ = [
 InKeys = list[NestedKey] | dict[NestedKey, str]
 
 
-# NOTE [prepared attributes]
-# What a ``_prepare_module`` changed on the context's TensorDictModule (names in
-# ``__dict__``, ``_parameters``, ``_buffers``, ``_modules``; not ``training``) is diffed
-# against a snapshot taken before it, and what ``_restore_module`` left is put back on exit
-# (the behaviour: docs/compat.md). Prepare steps of compat's own that set nothing
-# (`UNTOUCHING_PREPARES`, by function) skip the snapshots; an override is snapshotted.
-UNTOUCHING_PREPARES: set[Callable[..., Any]] = set()
-
-
 def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
     """The flat nested keys ``prefix`` + ``key`` for each of ``keys`` (each a str or a tuple of str): the entries
     a factory writes or reads besides the module's (``("attr", key)``, ``("patched", key)``)."""
@@ -49,6 +40,16 @@ def under(prefix: Any, keys: Sequence[Any]) -> list[Any]:
     for key in keys:  # (a loop: a comprehension is one more call)
         nested.append((*head, *((key,) if isinstance(key, str) else key)))
     return nested
+
+
+# NOTE [prepared attributes]
+# What a ``_prepare_module`` changed on the context's TensorDictModule (names in
+# ``__dict__``, ``_parameters``, ``_buffers``, ``_modules``; not ``training``) is diffed
+# against a snapshot taken before it, and what ``_restore_module`` left is put back on exit
+# (the behaviour: docs/compat.md). Prepare steps of compat's own that set nothing
+# (`UNTOUCHING_PREPARES`, by function) skip the snapshots; an override is snapshotted.
+UNTOUCHING_PREPARES: set[Callable[..., Any]] = set()
+
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _SKIPPED = frozenset((*_SLOTS, "training"))
 _State = dict[str, tuple[str, Any]]

@@ -270,8 +270,8 @@ class VirtualHookHandle:
 class VirtualHooks(dict[int, VirtualHook]):
     """A thread-safe registry of virtual hooks, by their place in the registration order: recorded here, attached
     only to each call's private shadow. Every hooked module has one; it is a dict, so making one runs no Python
-    code, and compares by identity, as a registry (two empty ones are not the same). Writes and copies hold one
-    lock, shared by all registries: they are rare and short."""
+    code, and compares by identity, as a registry (two empty ones are not the same). Writing and listing the
+    entries hold one lock, shared by all registries: they are rare and short."""
 
     __eq__ = object.__eq__
     __ne__ = object.__ne__

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 import threading
 import weakref
@@ -51,6 +52,7 @@ __all__ = [
 
 Replacement = tuple[torch.Tensor, Replace]  # (the model's tensor, the function giving its value in a call)
 Made = tuple[torch.Tensor, Replace, int]  # a replacement and its place in the order they were made (`made`)
+_MADE_AT = operator.itemgetter(2)
 
 
 def made(replacements: Iterable[Replacement]) -> tuple[Made, ...]:
@@ -169,15 +171,11 @@ def _values(root: nn.Module, replacements: Sequence[Made], start: Callable[[torc
     replacements in the order they were made."""
     keys = _keys(root, [tensor for tensor, _, _ in replacements])
     values: dict[tuple[str, ...], torch.Tensor] = {}
-    for tensor, fn, _ in sorted(replacements, key=_made_at):
+    for tensor, fn, _ in sorted(replacements, key=_MADE_AT):  # (a stable sort, keyed in C: on every call)
         key = keys.get(id(tensor))
         if key is not None:
             values[key] = fn(values[key] if key in values else start(tensor))
     return values
-
-
-def _made_at(replacement: Made) -> int:
-    return replacement[2]
 
 
 def replaced_params(root: nn.Module, params: TensorDictBase, replacements: Sequence[Made], *,

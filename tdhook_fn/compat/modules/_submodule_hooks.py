@@ -16,12 +16,11 @@ from tdhook_fn.compat.hooks import (
     CacheProxy,
     HookDirection,
     HookFactory,
-    MultiHookHandle,
     RemovableHandleProtocol,
     _check_hook_signature,
     resolve_submodule_path,
 )
-from tdhook_fn.compat.hooks._registration import VirtualHooks
+from tdhook_fn.compat.hooks._registration import NO_HOOKS, VirtualHooks
 
 from ._run import directed
 from ._scope import SCOPE, module_path
@@ -81,7 +80,7 @@ class SubmoduleHooks:
         if module_path(self._model(), submodule) is None:
             if isinstance(submodule, nn.ModuleList):  # e.g. a slice: never executed anyway
                 _check_hook_signature(hook, direction)
-                return MultiHookHandle()  # nothing to remove: tdhook hooks such modules anyway
+                return NO_HOOKS  # nothing to remove: tdhook hooks such modules anyway
             raise PathError(
                 f"{key!r} resolves to a {type(submodule).__name__} outside the hooked model; "
                 "only the model's own submodules can be hooked"
